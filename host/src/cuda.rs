@@ -1,0 +1,253 @@
+//! The CUDA driver, loaded at run time through `cudarc` (no CUDA toolkit at build time).
+//!
+//! cudarc panics when asked to call into a `libcuda` that is not there, so every entry point
+//! here probes first ([`driver_present`]) and turns absence into [`CudaError::NoDriver`].
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
+use cudarc::driver::{CudaContext, CudaModule, DriverError, LaunchConfig, PushKernelArg};
+use thiserror::Error;
+
+use crate::ptx::{self, PtxUnavailable};
+
+/// The oldest driver API the bindings are generated for (CUDA 13.0).
+pub const MIN_DRIVER_VERSION: i32 = 13000;
+
+/// Errors from the GPU side of the host library.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// `libcuda.so` could not be loaded: no NVIDIA driver on this machine.
+    #[error("no NVIDIA driver: libcuda.so could not be loaded (GPU mode unavailable; CPU mode works)")]
+    NoDriver,
+    /// The driver is older than the CUDA API the bindings use.
+    #[error("NVIDIA driver supports CUDA {}, gdaki needs CUDA {} or newer", fmt_version(*.found), fmt_version(*.needed))]
+    DriverTooOld {
+        /// Version the driver reports (e.g. 12040 for 12.4).
+        found: i32,
+        /// Version needed.
+        needed: i32,
+    },
+    /// The driver loaded but sees no GPU.
+    #[error("the NVIDIA driver reports no GPU")]
+    NoDevice,
+    /// The GPU index is beyond the number of GPUs.
+    #[error("GPU {ordinal} requested but only {count} GPU(s) present")]
+    NoSuchDevice {
+        /// Requested index.
+        ordinal: usize,
+        /// GPUs present.
+        count: usize,
+    },
+    /// The library was built without its kernels.
+    #[error(transparent)]
+    Ptx(#[from] PtxUnavailable),
+    /// A driver call failed.
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] DriverError),
+    /// A kernel ran but its results are wrong.
+    #[error("kernel {kernel} produced wrong results: {detail}")]
+    WrongResult {
+        /// Kernel name.
+        kernel: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+fn fmt_version(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+/// Whether `libcuda` can be loaded. Never panics.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries `dlopen` on cudarc's candidate names; loads nothing it keeps.
+    unsafe { sys::is_culib_present() }
+}
+
+/// The driver's CUDA version (e.g. 13000), after checking the library is there.
+pub fn driver_version() -> Result<i32, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let mut version = 0;
+    // SAFETY: the library is present (checked above); the out-pointer is a valid local.
+    let rc = unsafe { sys::cuDriverGetVersion(&mut version) };
+    rc.result()?;
+    Ok(version)
+}
+
+/// One GPU as a newcomer wants to see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuInfo {
+    /// CUDA ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
+    pub total_memory: usize,
+    /// Number of streaming multiprocessors.
+    pub multiprocessors: i32,
+    /// PCI address, `dddd:bb:dd.0`.
+    pub pci_address: String,
+    /// Whether GPU memory can be exported as dma-buf (the modern GPUDirect RDMA registration).
+    pub dma_buf: bool,
+    /// Whether the driver reports GPUDirect RDMA support at all.
+    pub gpudirect_rdma: bool,
+}
+
+/// The driver and its GPUs.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CudaInfo {
+    /// CUDA version the driver supports, e.g. 13000.
+    pub driver_version: i32,
+    /// The GPUs, by ordinal.
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// Probes the driver and lists the GPUs. Never panics when there is no driver.
+pub fn probe() -> Result<CudaInfo, CudaError> {
+    let driver_version = checked_driver_version()?;
+    let count = CudaContext::device_count()? as usize;
+    let mut gpus = Vec::with_capacity(count);
+    for ordinal in 0..count {
+        let ctx = CudaContext::new(ordinal)?;
+        let attr = |a| ctx.attribute(a);
+        gpus.push(GpuInfo {
+            ordinal,
+            name: ctx.name()?,
+            compute_capability: ctx.compute_capability()?,
+            total_memory: ctx.total_mem()?,
+            multiprocessors: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            pci_address: format!(
+                "{:04x}:{:02x}:{:02x}.0",
+                attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
+            ),
+            dma_buf: attr(Attr::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? != 0,
+            gpudirect_rdma: attr(Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)? != 0,
+        });
+    }
+    Ok(CudaInfo { driver_version, gpus })
+}
+
+fn checked_driver_version() -> Result<i32, CudaError> {
+    let found = driver_version()?;
+    if found < MIN_DRIVER_VERSION {
+        return Err(CudaError::DriverTooOld {
+            found,
+            needed: MIN_DRIVER_VERSION,
+        });
+    }
+    Ok(found)
+}
+
+/// A GPU with gdaki's kernels loaded: the handle everything GPU-side starts from.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    module: Arc<CudaModule>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ctx.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` and loads the embedded PTX into it.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        let text = ptx::ptx()?;
+        checked_driver_version()?;
+        let count = CudaContext::device_count()? as usize;
+        if count == 0 {
+            return Err(CudaError::NoDevice);
+        }
+        if ordinal >= count {
+            return Err(CudaError::NoSuchDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
+        Ok(Gpu { ctx, module })
+    }
+
+    /// The CUDA context (primary context of the device).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The loaded gdaki module.
+    pub fn module(&self) -> &Arc<CudaModule> {
+        &self.module
+    }
+
+    /// Runs the `gdaki_selftest` kernel over `threads` threads and checks every result: the
+    /// proof that the PTX loads, launches, stores big-endian words and does device atomics.
+    pub fn selftest(&self, threads: u32) -> Result<SelftestReport, CudaError> {
+        const KERNEL: &str = "gdaki_selftest";
+        let threads = threads.max(1);
+        let block = threads.min(256);
+        let grid = threads.div_ceil(block);
+        let launched = grid * block;
+        let seed = 0x5eed_0000u32 ^ threads;
+        let function = self.module.load_function(KERNEL)?;
+        let stream = self.ctx.default_stream();
+        let mut out = stream.alloc_zeros::<u32>(threads as usize)?;
+        let mut count = stream.alloc_zeros::<u64>(1)?;
+        let started = std::time::Instant::now();
+        let mut launch = stream.launch_builder(&function);
+        launch.arg(&mut out).arg(&mut count).arg(&threads).arg(&seed);
+        let config = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the argument list matches `gdaki_selftest(out: *mut u32, count: *mut u64, n: u32,
+        // seed: u32)`; `out` holds `threads` elements and only threads below `n` write them.
+        unsafe { launch.launch(config) }?;
+        let words = stream.clone_dtoh(&out)?;
+        let counted = stream.clone_dtoh(&count)?[0];
+        let elapsed = started.elapsed();
+        if counted != u64::from(launched) {
+            return Err(CudaError::WrongResult {
+                kernel: KERNEL,
+                detail: format!("counted {counted} of {launched} threads"),
+            });
+        }
+        if let Some((i, w)) = words
+            .iter()
+            .enumerate()
+            .find(|(i, w)| u32::from_be(**w) != *i as u32 ^ seed)
+        {
+            return Err(CudaError::WrongResult {
+                kernel: KERNEL,
+                detail: format!(
+                    "word {i} is {:#010x}, expected {:#010x}",
+                    u32::from_be(*w),
+                    i as u32 ^ seed
+                ),
+            });
+        }
+        Ok(SelftestReport {
+            kernel: KERNEL,
+            threads: launched,
+            elapsed_us: elapsed.as_secs_f64() * 1e6,
+        })
+    }
+}
+
+/// What [`Gpu::selftest`] saw.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SelftestReport {
+    /// The kernel launched.
+    pub kernel: &'static str,
+    /// Threads launched (all verified).
+    pub threads: u32,
+    /// Launch to results copied back, first launch included (module load excluded).
+    pub elapsed_us: f64,
+}

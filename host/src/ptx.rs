@@ -1,0 +1,122 @@
+//! The PTX of `gdaki-device`, built by this crate's build script with the Debian `rustc-web`
+//! compiler and embedded in the library, so users never build kernels by hand. When that
+//! compiler was absent at build time the library is CPU-only and [`ptx`] says how to fix it.
+use thiserror::Error;
+
+const EMBEDDED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device.ptx"));
+const MISSING_REASON: &str = include_str!(concat!(env!("OUT_DIR"), "/ptx_missing.txt"));
+
+/// The kernel entry points the PTX must declare; the host launches them by these names.
+pub const ENTRY_POINTS: &[&str] = &["gdaki_selftest"];
+
+/// The PTX was not built into this copy of the library.
+#[derive(Debug, Clone, Error)]
+#[error("gdaki was built without GPU kernels: {reason}")]
+pub struct PtxUnavailable {
+    /// Why, with the fix (as the build script recorded it).
+    pub reason: &'static str,
+}
+
+/// The embedded PTX text, or why there is none.
+pub fn ptx() -> Result<&'static str, PtxUnavailable> {
+    if EMBEDDED.is_empty() {
+        Err(PtxUnavailable {
+            reason: MISSING_REASON.trim(),
+        })
+    } else {
+        Ok(EMBEDDED)
+    }
+}
+
+/// What a PTX module declares, read from its text: enough to check a build before loading it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PtxSummary {
+    /// `.version` (PTX ISA), e.g. `8.4`.
+    pub version: String,
+    /// `.target`, e.g. `sm_90`.
+    pub target: String,
+    /// Names of the `.entry` kernels.
+    pub entries: Vec<String>,
+    /// Names of functions declared `.extern .func` (unresolved: loading would fail).
+    pub unresolved: Vec<String>,
+}
+
+impl PtxSummary {
+    /// Scans PTX text for its directives. Unknown lines are ignored; nothing here panics.
+    pub fn parse(text: &str) -> Self {
+        let mut summary = PtxSummary {
+            version: String::new(),
+            target: String::new(),
+            entries: vec![],
+            unresolved: vec![],
+        };
+        let ident = |text: &str| -> Option<String> {
+            let name: String = text
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        };
+        let name_after = |line: &str, keyword: &str| ident(line.split(keyword).nth(1)?.trim_start());
+        for line in text.lines().map(str::trim) {
+            if let Some(v) = line.strip_prefix(".version") {
+                summary.version = v.trim().to_string();
+            } else if let Some(t) = line.strip_prefix(".target") {
+                summary.target = t.trim().to_string();
+            } else if line.contains(".entry") && !line.starts_with("//") {
+                summary.entries.extend(name_after(line, ".entry"));
+            } else if line.starts_with(".extern") && line.contains(".func") {
+                // `.extern .func (retval) name(` or `.extern .func name(`
+                let after = line.split(".func").nth(1).unwrap_or("");
+                let after = after.trim_start();
+                let after = if after.starts_with('(') {
+                    after.split_once(')').map_or("", |(_, rest)| rest)
+                } else {
+                    after
+                };
+                summary.unresolved.extend(ident(after.trim_start()));
+            }
+        }
+        summary
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_finds_entries_and_externs() {
+        let text = ".version 8.4\n.target sm_90\n.address_size 64\n.extern .func (.param .b32 r) vprintf(\n\
+                    .visible .entry k_one(\n.param .u64 p\n)\n.entry k_two()\n.extern .func __assertfail(\n";
+        let s = PtxSummary::parse(text);
+        assert_eq!(s.version, "8.4");
+        assert_eq!(s.target, "sm_90");
+        assert_eq!(s.entries, ["k_one", "k_two"]);
+        assert_eq!(s.unresolved, ["vprintf", "__assertfail"]);
+    }
+
+    /// The test command installs the PTX compiler first, so a missing PTX here is a failure:
+    /// the GPU half of the project would otherwise ship unbuilt without anyone noticing.
+    #[test]
+    fn embedded_ptx_declares_every_entry_point_and_nothing_unresolved() {
+        let text = ptx().unwrap_or_else(|e| panic!("{e}"));
+        let s = PtxSummary::parse(text);
+        for entry in ENTRY_POINTS {
+            assert!(
+                s.entries.iter().any(|e| e == entry),
+                "PTX lacks .entry {entry}; it has {:?}",
+                s.entries
+            );
+        }
+        assert!(
+            s.unresolved.is_empty(),
+            "PTX has unresolved externals: {:?}",
+            s.unresolved
+        );
+        assert!(
+            !s.version.is_empty() && s.target.starts_with("sm_"),
+            "odd PTX header: {s:?}"
+        );
+    }
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Packages everything the GPU tests need for a machine that has an NVIDIA GPU but no Rust:
+# the release test executables, the tool and example binaries, the PTX, and a runner.
+#
+#   tools/gpu-bundle.sh [DIR]        (default DIR: gpu-bundle, ignored by git)
+#   then, on the GPU machine:        DIR/run.sh [FILTER]
+#
+# With the device tool of this workplace: build here, then
+#   run(command="gpu-bundle/run.sh", carry=["gpu-bundle"])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-gpu-bundle}
+tools/setup.sh --check >/dev/null || tools/setup.sh
+
+rm -rf "$dir"; mkdir -p "$dir/tests" "$dir/bin"
+echo "gpu-bundle: building release test executables and binaries" >&2
+cargo build --release --locked --workspace --bins -q
+cargo test --release --locked --workspace --no-run --message-format=json -q 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        t = m["target"]
+        print(m["executable"], m["package_id"].split("#")[-1].split("@")[0].split("/")[-1] + "-" + t["kind"][0] + "-" + t["name"])
+' | while read -r exe name; do
+  cp "$exe" "$dir/tests/$name"
+done
+for bin in target/release/*; do
+  [[ -f $bin && -x $bin && ! $bin == *.d && ! $bin == *.so ]] && cp "$bin" "$dir/bin/"
+done
+cp target/ptx/gdaki_device.ptx "$dir/"
+strip --strip-debug "$dir"/tests/* "$dir"/bin/* 2>/dev/null || true
+
+cat > "$dir/run.sh" <<'RUNNER'
+#!/usr/bin/env bash
+# Runs every packaged test executable with GPU tests required (a missing GPU fails them instead
+# of skipping), then doctor --require gpu, and prints a summary. Optional FILTER: only test
+# executables whose name contains it. Logs: logs/<name>.log beside this script (or $OUT).
+cd "$(dirname "$0")"
+filter=${1:-}
+logs=${OUT:-.}/logs; mkdir -p "$logs"
+export GDAKI_REQUIRE_GPU=1 RUST_BACKTRACE=1
+pass=0; fail=0; summary=()
+for t in tests/*; do
+  name=$(basename "$t")
+  [[ -n $filter && $name != *"$filter"* ]] && continue
+  if "$t" --test-threads=4 >"$logs/$name.log" 2>&1; then r=ok; pass=$((pass+1)); else r=FAILED; fail=$((fail+1)); fi
+  counts=$(grep -E '^test result' "$logs/$name.log" | tail -1 | sed 's/test result: //')
+  skipped=$(grep -c '^SKIPPED' "$logs/$name.log")
+  summary+=("$(printf '%-7s %-45s %s%s' "$r" "$name" "$counts" "$([[ $skipped != 0 ]] && echo ", $skipped SKIPPED")")")
+  [[ $r == FAILED ]] && tail -40 "$logs/$name.log"
+done
+echo; echo "== doctor --require gpu"
+if bin/doctor --require gpu; then d=ok; else d=FAILED; fail=$((fail+1)); fi
+echo; echo "== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1))"
+printf '%s\n' "${summary[@]}"
+echo "doctor: $d"
+echo "executables: $pass passed, $fail failed"
+[[ $fail == 0 ]]
+RUNNER
+chmod +x "$dir/run.sh"
+echo "gpu-bundle: $(du -sh "$dir" | cut -f1) in $dir ($(ls "$dir/tests" | wc -l) test executables, $(ls "$dir/bin" | wc -l) binaries)" >&2

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Installs what building and testing gdaki needs on Debian (12 or newer), idempotently: a second
+# run installs nothing and takes about a second. Says what it did and checks versions.
+#
+#   tools/setup.sh            install what is missing, then check
+#   tools/setup.sh --check    only check; exit 1 if something is missing
+set -euo pipefail
+
+check_only=0
+[[ "${1:-}" == "--check" ]] && check_only=1
+
+# Debian packages and why each is needed.
+packages=(
+  rustc-web        # rustc 1.96 with the NVPTX backend: builds gdaki-device to PTX
+  cargo-web        # its cargo, for -Zbuild-std
+  rust-web-src     # the core library sources -Zbuild-std compiles for nvptx64
+  libibverbs-dev   # verbs and mlx5dv headers: the mlx5 provider and the golden layout tests
+  librdmacm-dev    # rdma-sys builds against it
+  libclang-dev     # bindgen (rdma-sys, mlx5-sys)
+  ibverbs-providers # libmlx5.so.1 at run time
+  gcc              # the golden tests compile a C program against mlx5dv.h
+  libc6-dev
+  pkg-config
+)
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  if ((check_only)); then
+    say "missing Debian packages: ${missing[*]} (run tools/setup.sh)"
+    exit 1
+  fi
+  command -v apt-get >/dev/null || { say "apt-get not found: install ${missing[*]} by hand"; exit 1; }
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { say "not root and no sudo: install ${missing[*]} as root"; exit 1; }
+    sudo=(sudo)
+  fi
+  say "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  if ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    say "apt-get install failed. rustc-web/cargo-web/rust-web-src come from Debian's security suite"
+    say "(bookworm-security); make sure it is in /etc/apt/sources.list(.d)."
+    exit 1
+  fi
+  say "installed ${#missing[@]} package(s)"
+else
+  say "Debian packages: all ${#packages[@]} present, nothing installed"
+fi
+
+# The PTX compiler pair: version, NVPTX target, library sources.
+ptx_rustc=/usr/bin/rustc
+ver=$($ptx_rustc --version 2>/dev/null | awk '{print $2}')
+if [[ -z "$ver" ]]; then say "$ptx_rustc does not run"; exit 1; fi
+IFS=. read -r major minor _ <<<"$ver"
+if ((major < 1 || (major == 1 && minor < 90))); then
+  say "$ptx_rustc is $ver; the PTX build needs rustc-web 1.90 or newer"; exit 1
+fi
+if ! $ptx_rustc --print target-list | grep -qx nvptx64-nvidia-cuda; then
+  say "$ptx_rustc has no nvptx64-nvidia-cuda target"; exit 1
+fi
+src="$($ptx_rustc --print sysroot)/lib/rustlib/src/rust/library/core"
+[[ -d "$src" ]] || { say "library sources missing at $src (package rust-web-src)"; exit 1; }
+say "PTX compiler: $ptx_rustc $ver (nvptx64 target, library sources present)"
+
+# The host toolchain (rustup's, or any cargo on PATH) with rustfmt and clippy.
+if ! command -v cargo >/dev/null; then
+  say "no cargo on PATH: install Rust (https://rustup.rs), then rerun"; exit 1
+fi
+for tool in fmt clippy; do
+  if ! cargo "$tool" --version >/dev/null 2>&1; then
+    say "cargo $tool missing: rustup component add $([[ $tool == fmt ]] && echo rustfmt || echo clippy)"; exit 1
+  fi
+done
+say "host toolchain: $(cargo --version), $(cargo clippy --version), rustfmt $(cargo fmt --version | awk '{print $2}')"
+say "ready"

@@ -1,0 +1,262 @@
+//! `doctor`: tells a newcomer whether this machine can run gdaki, and how: GPUs, kernels, RDMA
+//! devices, GPU-memory registration, and what `auto` would choose. Exit status 0 when gdaki can
+//! run in some mode (and every `--require` holds), 1 otherwise.
+use std::process::ExitCode;
+
+use clap::Parser;
+use gdaki::cuda::{self, CudaInfo, Gpu, SelftestReport};
+use gdaki::ptx::{self, PtxSummary};
+use gdaki::system::{self, RdmaDevice};
+use gdaki::{ExecutionMode, Provider, Selection};
+use serde::Serialize;
+
+#[derive(Parser, Debug)]
+#[command(name = "doctor", version, about = "Can this machine run gdaki, and how?")]
+struct Args {
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    json: bool,
+    /// Skip launching the self-test kernel on each GPU.
+    #[arg(long)]
+    no_selftest: bool,
+    /// Fail (exit 1) unless this is available: `gpu` (kernels run on a GPU) or `mlx5` (an mlx5
+    /// RDMA device). May be repeated.
+    #[arg(long, value_parser = ["gpu", "mlx5"])]
+    require: Vec<String>,
+    /// Provider to resolve as `auto` would (`auto`, `soft`, `mlx5`).
+    #[arg(long, default_value = "auto")]
+    provider: Provider,
+    /// Log more (also `RUST_LOG`).
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    gdaki_version: &'static str,
+    cuda: Result<CudaInfo, String>,
+    ptx: Result<PtxSummary, String>,
+    selftests: Vec<GpuSelftest>,
+    libibverbs: bool,
+    libmlx5: bool,
+    rdma_devices: Vec<RdmaDevice>,
+    nvidia_peermem: bool,
+    selection: Selection,
+    can_run: bool,
+    failed_requirements: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct GpuSelftest {
+    ordinal: usize,
+    result: Result<SelftestReport, String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    gdaki_tools::init_tracing(args.verbose);
+    let report = examine(&args);
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("doctor: cannot encode the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print_report(&report);
+    }
+    if report.can_run && report.failed_requirements.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn examine(args: &Args) -> Report {
+    let cuda = cuda::probe().map_err(|e| e.to_string());
+    let ptx = ptx::ptx().map(PtxSummary::parse).map_err(|e| e.to_string());
+    let mut selftests = Vec::new();
+    if let (Ok(info), Ok(_), false) = (&cuda, &ptx, args.no_selftest) {
+        for gpu in &info.gpus {
+            let result = Gpu::open(gpu.ordinal)
+                .and_then(|g| g.selftest(4096))
+                .map_err(|e| e.to_string());
+            selftests.push(GpuSelftest {
+                ordinal: gpu.ordinal,
+                result,
+            });
+        }
+    }
+    let gpu_usable = match (&cuda, &ptx) {
+        (Ok(info), Ok(_)) if !info.gpus.is_empty() => args.no_selftest || selftests.iter().any(|t| t.result.is_ok()),
+        _ => false,
+    };
+    let rdma_devices = system::rdma_devices();
+    let selection = Selection::resolve(args.provider, &rdma_devices, gpu_usable);
+    let mut failed_requirements = Vec::new();
+    for req in &args.require {
+        let ok = match req.as_str() {
+            "gpu" => gpu_usable,
+            _ => rdma_devices.iter().any(|d| d.mlx5),
+        };
+        if !ok {
+            failed_requirements.push(req.clone());
+        }
+    }
+    // The soft provider in CPU mode needs nothing beyond this binary; mlx5 requested explicitly
+    // needs a device.
+    let can_run = selection.provider != Provider::Mlx5 || rdma_devices.iter().any(|d| d.mlx5);
+    Report {
+        gdaki_version: env!("CARGO_PKG_VERSION"),
+        cuda,
+        ptx,
+        selftests,
+        libibverbs: system::library_loadable("libibverbs.so.1"),
+        libmlx5: system::library_loadable("libmlx5.so.1"),
+        rdma_devices,
+        nvidia_peermem: system::nvidia_peermem_loaded(),
+        selection,
+        can_run,
+        failed_requirements,
+    }
+}
+
+fn yes_no(b: bool, yes: &str, no: &str) -> String {
+    if b {
+        yes.to_string()
+    } else {
+        no.to_string()
+    }
+}
+
+fn print_report(r: &Report) {
+    println!("gdaki doctor (gdaki {})", r.gdaki_version);
+    println!("\nGPU");
+    match &r.cuda {
+        Ok(info) => {
+            println!(
+                "  driver:          loaded, supports CUDA {}.{}",
+                info.driver_version / 1000,
+                info.driver_version % 1000 / 10
+            );
+            if info.gpus.is_empty() {
+                println!("  GPUs:            none");
+            }
+            for g in &info.gpus {
+                println!(
+                    "  GPU {}:           {} (sm_{}{}), {:.1} GiB, {} SMs, PCI {}",
+                    g.ordinal,
+                    g.name,
+                    g.compute_capability.0,
+                    g.compute_capability.1,
+                    g.total_memory as f64 / (1u64 << 30) as f64,
+                    g.multiprocessors,
+                    g.pci_address
+                );
+                println!(
+                    "                   GPUDirect RDMA {}, dma-buf export {}",
+                    yes_no(g.gpudirect_rdma, "supported", "not supported"),
+                    yes_no(g.dma_buf, "supported", "not supported")
+                );
+            }
+        }
+        Err(e) => println!("  none: {e}"),
+    }
+    match &r.ptx {
+        Ok(s) => println!(
+            "  kernels (PTX):   built in: PTX {} for {}, {} entry points{}",
+            s.version,
+            s.target,
+            s.entries.len(),
+            yes_no(s.unresolved.is_empty(), "", ", UNRESOLVED EXTERNALS")
+        ),
+        Err(e) => println!("  kernels (PTX):   missing: {e}"),
+    }
+    for t in &r.selftests {
+        match &t.result {
+            Ok(s) => println!(
+                "  self-test GPU {}: ok ({} threads ran {}, {:.0} us)",
+                t.ordinal, s.threads, s.kernel, s.elapsed_us
+            ),
+            Err(e) => println!("  self-test GPU {}: FAILED: {e}", t.ordinal),
+        }
+    }
+    println!("\nRDMA");
+    println!(
+        "  libibverbs.so.1: {}",
+        yes_no(
+            r.libibverbs,
+            "present",
+            "missing (install libibverbs1 / ibverbs-providers)"
+        )
+    );
+    println!(
+        "  libmlx5.so.1:    {}",
+        yes_no(r.libmlx5, "present", "missing (install ibverbs-providers)")
+    );
+    if r.rdma_devices.is_empty() {
+        println!(
+            "  devices:         none ({} is empty or absent)",
+            system::SYSFS_INFINIBAND
+        );
+    }
+    for d in &r.rdma_devices {
+        println!(
+            "  {}:{}{} {}{} fw {}",
+            d.name,
+            " ".repeat(16usize.saturating_sub(d.name.len() + 1)),
+            yes_no(d.mlx5, "mlx5", "not mlx5"),
+            d.hca_type,
+            yes_no(d.driver.is_empty(), String::new().as_str(), &format!(" ({})", d.driver)),
+            if d.fw_ver.is_empty() { "?" } else { &d.fw_ver }
+        );
+        for p in &d.ports {
+            println!(
+                "                   port {}: {} {} {}",
+                p.number, p.state, p.link_layer, p.rate
+            );
+        }
+    }
+    println!("\nGPU memory registration (for the mlx5 provider)");
+    let dma_buf = r
+        .cuda
+        .as_ref()
+        .map(|i| i.gpus.iter().any(|g| g.dma_buf))
+        .unwrap_or(false);
+    println!(
+        "  dma-buf:         {}",
+        yes_no(dma_buf, "available", "unavailable (no GPU reports it)")
+    );
+    println!(
+        "  nvidia_peermem:  {}",
+        yes_no(r.nvidia_peermem, "loaded", "not loaded")
+    );
+    println!("  soft provider:   needs neither (it copies GPU payloads itself)");
+    println!("\nWhat `auto` chooses");
+    println!("  provider:        {}", r.selection.provider);
+    println!("  mode:            {}", r.selection.mode);
+    let rings = match r.selection.handler {
+        gdaki::DoorbellHandler::Gpu => "the posting thread rings the doorbell itself",
+        gdaki::DoorbellHandler::CpuProxy => "a CPU proxy thread rings it for the poster",
+    };
+    println!("  doorbell:        {} ({rings})", r.selection.handler);
+    println!("  why:             {}", r.selection.reason);
+    println!();
+    if r.can_run {
+        let how = match r.selection.mode {
+            ExecutionMode::Gpu => "GPU kernels post",
+            ExecutionMode::Cpu => "CPU mode: CPU threads post",
+        };
+        println!(
+            "verdict: gdaki can run here ({} provider, {how}).",
+            r.selection.provider
+        );
+    } else {
+        println!("verdict: gdaki cannot run with the requested provider here.");
+    }
+    for req in &r.failed_requirements {
+        println!("required but unavailable: {req}");
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls exactly this): setup, formatting, lints,
+# every test of the workspace (GPU tests say SKIPPED where there is no GPU), and the PTX build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo test"
+cargo test --workspace --locked
+step "PTX build"
+ptx=target/ptx/gdaki_device.ptx
+[[ -s $ptx ]] || { echo "test: $ptx was not built" >&2; exit 1; }
+entries=$(grep -c '^\.visible \.entry\|^\.entry' "$ptx" || true)
+echo "PTX: $ptx, $(wc -c <"$ptx") bytes, $entries entry points, $(grep -m1 '^\.target' "$ptx")" >&2
+step "all passed"

@@ -1,0 +1,75 @@
+//! `doctor` end to end: it runs, says the truth about this machine, and its JSON is stable.
+use std::process::Command;
+
+fn doctor(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_doctor"))
+        .args(args)
+        .output()
+        .expect("run doctor")
+}
+
+#[test]
+fn json_report_has_the_documented_keys_and_a_concrete_choice() {
+    let out = doctor(&["--json", "--no-selftest"]);
+    assert!(
+        out.status.success(),
+        "doctor failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    for key in [
+        "cuda",
+        "ptx",
+        "libibverbs",
+        "rdma_devices",
+        "nvidia_peermem",
+        "selection",
+        "can_run",
+    ] {
+        assert!(v.get(key).is_some(), "missing key {key} in {v}");
+    }
+    let provider = v["selection"]["provider"].as_str().unwrap();
+    assert!(
+        provider == "soft" || provider == "mlx5",
+        "auto must resolve, got {provider}"
+    );
+    let has_mlx5 = v["rdma_devices"].as_array().unwrap().iter().any(|d| d["mlx5"] == true);
+    assert_eq!(
+        provider == "mlx5",
+        has_mlx5,
+        "auto picks mlx5 exactly when an mlx5 device exists"
+    );
+    assert_eq!(v["can_run"], true);
+}
+
+#[test]
+fn text_report_names_the_mode() {
+    let out = doctor(&["--no-selftest"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("verdict: gdaki can run here"), "{text}");
+    if !gdaki::cuda::driver_present() {
+        assert!(text.contains("no NVIDIA driver"), "{text}");
+        assert!(text.contains("CPU mode"), "{text}");
+    }
+}
+
+#[test]
+fn unmet_requirement_fails_and_says_so() {
+    if std::path::Path::new(gdaki::system::SYSFS_INFINIBAND)
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some())
+    {
+        return; // a machine with RDMA devices may meet the requirement
+    }
+    let out = doctor(&["--require", "mlx5", "--no-selftest"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("required but unavailable: mlx5"));
+}
+
+#[test]
+fn bad_flag_is_a_usage_error() {
+    let out = doctor(&["--provider", "mlx4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mlx4"));
+}
