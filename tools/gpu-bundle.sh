@@ -17,13 +17,14 @@ echo "gpu-bundle: building release test executables and binaries" >&2
 cargo build --release --locked --workspace --bins -q
 cargo test --release --locked --workspace --no-run --message-format=json -q 2>/dev/null \
   | python3 -c '
-import json, sys
+import json, os, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         t = m["target"]
-        print(m["executable"], m["package_id"].split("#")[-1].split("@")[0].split("/")[-1] + "-" + t["kind"][0] + "-" + t["name"])
+        crate_dir = os.path.basename(os.path.dirname(m["manifest_path"]))
+        print(m["executable"], crate_dir + "-" + t["kind"][0] + "-" + t["name"])
 ' | while read -r exe name; do
   cp "$exe" "$dir/tests/$name"
 done
@@ -37,11 +38,13 @@ cat > "$dir/run.sh" <<'RUNNER'
 #!/usr/bin/env bash
 # Runs every packaged test executable with GPU tests required (a missing GPU fails them instead
 # of skipping), then doctor --require gpu, and prints a summary. Optional FILTER: only test
-# executables whose name contains it. Logs: logs/<name>.log beside this script (or $OUT).
+# executables whose name contains it. Logs: logs/<name>.log beside this script; the logs of
+# failed executables are also copied to $OUT/ when that is set (the device tool's return folder).
 cd "$(dirname "$0")"
 filter=${1:-}
-logs=${OUT:-.}/logs; mkdir -p "$logs"
-export GDAKI_REQUIRE_GPU=1 RUST_BACKTRACE=1
+logs=logs; mkdir -p "$logs"
+# Tests that run binaries find them here instead of at their build-machine path.
+export GDAKI_REQUIRE_GPU=1 RUST_BACKTRACE=1 GDAKI_BIN_DIR="$PWD/bin"
 pass=0; fail=0; summary=()
 for t in tests/*; do
   name=$(basename "$t")
@@ -50,7 +53,10 @@ for t in tests/*; do
   counts=$(grep -E '^test result' "$logs/$name.log" | tail -1 | sed 's/test result: //')
   skipped=$(grep -c '^SKIPPED' "$logs/$name.log")
   summary+=("$(printf '%-7s %-45s %s%s' "$r" "$name" "$counts" "$([[ $skipped != 0 ]] && echo ", $skipped SKIPPED")")")
-  [[ $r == FAILED ]] && tail -40 "$logs/$name.log"
+  if [[ $r == FAILED ]]; then
+    tail -40 "$logs/$name.log"
+    [[ -n ${OUT:-} ]] && cp "$logs/$name.log" "$OUT/"
+  fi
 done
 echo; echo "== doctor --require gpu"
 if bin/doctor --require gpu; then d=ok; else d=FAILED; fail=$((fail+1)); fi
