@@ -1,14 +1,66 @@
-//! `gdaki-layout`: the bit-exact mlx5 formats (work-queue entries, completion-queue entries, doorbell
-//! records) and the `#[repr(C)]` device handles that the host library, the GPU data path and the
-//! software HCA share. It is the single source of truth for every byte that crosses the
-//! host / GPU / HCA boundary: no other crate declares an offset of its own.
+//! `gdaki-layout`: the bit-exact mlx5 formats (work-queue entries, completion-queue entries,
+//! doorbell records, the UAR doorbell value) and the `#[repr(C)]` device handles that the host
+//! library, the GPU data path and the software HCA share. It is the single source of truth for
+//! every byte that crosses the host / GPU / HCA boundary: no other crate declares an offset.
 //!
-//! The crate is `no_std`, has no unsafe code, and every type that crosses a boundary is
-//! `bytemuck::Pod` with its size and field offsets asserted at compile time, so a layout
-//! mistake fails the host build and the PTX build alike.
+//! # The wire layers
+//! Each format has its own module, in the style of smoltcp's `wire`: a `field` module of byte
+//! ranges named after the PRM fields (`opmod_idx_opcode`, `qpn_ds`, `fm_ce_se`, `op_own`), a size
+//! derived from the last field, bit fields as named constants, and a `Pod` struct whose offsets
+//! are asserted against those ranges at compile time. Multi-byte fields are big-endian
+//! ([`Be16`], [`Be32`], [`Be64`]), as the NIC reads them.
+//!
+//! - [`ctrl`], [`raddr`], [`data`], [`inline`], [`atomic`]: the 16-byte WQE segments.
+//! - [`cqe`]: the 64-byte CQE and its error overlay; [`dbrec`]: doorbell records;
+//!   [`doorbell`]: the 8-byte value written to the UAR.
+//! - [`opcode`]: WQE and CQE opcodes and error syndromes (never fail to parse).
+//! - [`ring`]: ring arithmetic (`const fn`), written once for device, proxy, soft HCA and tests.
+//! - [`wqe`]: a length-checked view of untrusted WQE bytes and the decoded [`wqe::WorkRequest`].
+//! - [`handle`]: [`DevQp`] and [`DevCq`], the handles exported to the GPU.
+//!
+//! The crate is `no_std` and has no unsafe code; every accessor on a checked view is panic-free.
 #![no_std]
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[macro_use]
+mod macros;
+mod endian;
+
+pub mod atomic;
+pub mod cqe;
+pub mod ctrl;
+pub mod data;
+pub mod dbrec;
+pub mod doorbell;
+pub mod handle;
+pub mod inline;
+pub mod opcode;
+pub mod raddr;
+pub mod ring;
+pub mod wqe;
+
+pub use endian::{Be16, Be32, Be64};
+pub use handle::{DevCq, DevQp, DoorbellKind};
+pub use opcode::{CqeOpcode, Syndrome, WqeOpcode};
+
+/// A byte range of a field inside a format.
+pub type Field = core::ops::Range<usize>;
+
 /// Size in bytes of one send work-queue building block (`MLX5_SEND_WQE_BB`).
 pub const SEND_WQE_BB: usize = 64;
+/// log2 of [`SEND_WQE_BB`] (`MLX5_SEND_WQE_SHIFT`).
+pub const SEND_WQE_SHIFT: u32 = 6;
+/// Size in bytes of the unit the `ds` field counts (one WQE segment).
+pub const WQE_DS_UNIT: usize = 16;
+
+/// A 16-byte WQE segment, as the two 8-byte words a device stores it with (each word holds the
+/// segment's bytes in memory order). Every segment type converts to this.
+pub trait Segment: bytemuck::Pod {
+    /// The segment as two words for two 8-byte (or one 16-byte) stores.
+    #[inline(always)]
+    fn to_words(self) -> [u64; 2] {
+        // Every implementor is 16 bytes (asserted where it is declared), so this cannot fail.
+        bytemuck::cast(self)
+    }
+}

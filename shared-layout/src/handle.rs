@@ -1,0 +1,130 @@
+//! The device handles: what the host exports into GPU (or, in CPU mode, host) memory for the
+//! data path. `#[repr(C)]`, `Pod`, sizes and offsets asserted. Counters that posters and pollers
+//! write sit in cache lines of their own; constants the host sets once sit apart, so reading
+//! them never contends with the atomics.
+use bytemuck::{Pod, Zeroable};
+
+/// Who rings a QP's doorbell (`DevQp::doorbell_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DoorbellKind {
+    /// The poster writes the doorbell record, then stores the 8-byte doorbell to the UAR (or
+    /// the soft HCA's doorbell word) at `DevQp::doorbell`.
+    Gpu = 0,
+    /// The poster publishes its producer index (a u64, raised monotonically) at
+    /// `DevQp::doorbell`; a CPU proxy thread writes the record and rings the doorbell.
+    CpuProxy = 1,
+}
+
+impl DoorbellKind {
+    /// Decodes the handle's byte; unknown values are `None`.
+    #[inline(always)]
+    pub const fn from_raw(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(DoorbellKind::Gpu),
+            1 => Some(DoorbellKind::CpuProxy),
+            _ => None,
+        }
+    }
+}
+
+/// `DevCq::error` when no error CQE has been seen.
+pub const NO_ERROR: u64 = 0;
+/// `DevCq::error`: set when the word holds an error.
+pub const ERROR_VALID: u64 = 1 << 63;
+/// `DevCq::error`: shift of the syndrome.
+pub const ERROR_SYNDROME_SHIFT: u32 = 32;
+/// `DevCq::error`: shift of the vendor syndrome.
+pub const ERROR_VENDOR_SHIFT: u32 = 40;
+/// `DevCq::error`: shift of the failed WQE's opcode.
+pub const ERROR_WQE_OPCODE_SHIFT: u32 = 48;
+
+/// Packs the first error seen on a CQ: low 32 bits of the failed WQE's counter, syndrome,
+/// vendor syndrome, WQE opcode, valid bit. One word, so it is published with one atomic.
+#[inline(always)]
+pub const fn error_word(index: u64, syndrome: u8, vendor: u8, wqe_opcode: u8) -> u64 {
+    ERROR_VALID
+        | (wqe_opcode as u64) << ERROR_WQE_OPCODE_SHIFT
+        | (vendor as u64) << ERROR_VENDOR_SHIFT
+        | (syndrome as u64) << ERROR_SYNDROME_SHIFT
+        | index as u32 as u64
+}
+
+/// A completion queue as the device sees it (embedded in [`DevQp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct DevCq {
+    /// Hot: CQEs consumed so far (every WQE is signalled, so also WQEs completed). Raised
+    /// monotonically by pollers.
+    pub consumed: u64,
+    /// Hot: the first error CQE seen ([`error_word`]), or [`NO_ERROR`]. Sticky, so a waiter whose
+    /// CQE someone else consumed still learns of the error.
+    pub error: u64,
+    /// Pads the hot line.
+    pub hot_pad: [u64; 6],
+    /// Address of CQE 0 (64-byte entries, `1 << log_size` of them).
+    pub cqe_base: u64,
+    /// Address of the CQ doorbell record (`set_ci`, then `arm_db`).
+    pub dbrec: u64,
+    /// CQ number.
+    pub cqn: u32,
+    /// log2 of the number of CQEs.
+    pub log_size: u32,
+    /// Pads the constant line.
+    pub const_pad: [u64; 5],
+}
+
+/// A send queue with its CQ as the device sees it: the handle device functions take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct DevQp {
+    /// Hot: WQE building blocks reserved so far (advanced by `reserve`).
+    pub sq_reserved: u64,
+    /// Hot: blocks whose WQEs are written, in order (advanced by `mark_ready`).
+    pub sq_ready: u64,
+    /// Hot: blocks announced to the HCA (doorbell record and doorbell written).
+    pub sq_rung: u64,
+    /// Hot: serialises doorbell writes of the GPU handler (0 free, 1 held).
+    pub db_lock: u32,
+    /// Pads `db_lock`.
+    pub lock_pad: u32,
+    /// Pads the hot line.
+    pub hot_pad: [u64; 4],
+    /// Address of WQE building block 0 (`1 << sq_log_size` blocks of 64 bytes).
+    pub sq_base: u64,
+    /// Address of the send word of the QP doorbell record (record + 4).
+    pub sq_dbrec: u64,
+    /// GPU handler: address of the 8-byte doorbell register. CPU proxy: address of the u64
+    /// producer index the proxy watches.
+    pub doorbell: u64,
+    /// Largest message one WQE carries; longer puts and gets are split.
+    pub max_msg_size: u64,
+    /// Bound of every wait, in nanoseconds of the device's global timer.
+    pub timeout_ns: u64,
+    /// QP number.
+    pub qpn: u32,
+    /// log2 of the send queue size in building blocks.
+    pub sq_log_size: u32,
+    /// [`DoorbellKind`] as a byte.
+    pub doorbell_kind: u8,
+    /// Pads the constant line.
+    pub const_pad: [u8; 15],
+    /// The send completion queue.
+    pub cq: DevCq,
+}
+
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<DevCq>() == 128 && align_of::<DevCq>() == 64);
+    assert!(offset_of!(DevCq, consumed) == 0 && offset_of!(DevCq, error) == 8);
+    assert!(offset_of!(DevCq, cqe_base) == 64 && offset_of!(DevCq, dbrec) == 72);
+    assert!(offset_of!(DevCq, cqn) == 80 && offset_of!(DevCq, log_size) == 84);
+    assert!(size_of::<DevQp>() == 256 && align_of::<DevQp>() == 64);
+    assert!(offset_of!(DevQp, sq_reserved) == 0 && offset_of!(DevQp, sq_ready) == 8);
+    assert!(offset_of!(DevQp, sq_rung) == 16 && offset_of!(DevQp, db_lock) == 24);
+    assert!(offset_of!(DevQp, sq_base) == 64 && offset_of!(DevQp, sq_dbrec) == 72);
+    assert!(offset_of!(DevQp, doorbell) == 80 && offset_of!(DevQp, max_msg_size) == 88);
+    assert!(offset_of!(DevQp, timeout_ns) == 96 && offset_of!(DevQp, qpn) == 104);
+    assert!(offset_of!(DevQp, sq_log_size) == 108 && offset_of!(DevQp, doorbell_kind) == 112);
+    assert!(offset_of!(DevQp, cq) == 128);
+};

@@ -1,0 +1,521 @@
+//! Reading WQEs from untrusted bytes (the soft HCA parses WQEs it did not write), in smoltcp's
+//! pattern: [`WqeView`] checks lengths once, after which no accessor panics, and
+//! [`WorkRequest::parse`] decodes the meaning into a value tests compare with `assert_eq!`.
+//!
+//! A WQE handed to the view starts with its control segment and holds at least `ds * 16` bytes
+//! (the caller gathers building blocks across the ring's wrap first).
+use crate::{atomic, ctrl, data, inline, raddr, Syndrome, WqeOpcode, SEND_WQE_BB, WQE_DS_UNIT};
+
+/// Data segments a WQE may carry (gather or scatter list).
+pub const MAX_SGES: usize = 4;
+/// Largest WQE in bytes (`ds` is 6 bits: 63 units of 16 bytes, in 16 building blocks).
+pub const MAX_WQE_SIZE: usize = 63 * WQE_DS_UNIT;
+/// Building blocks of the largest WQE.
+pub const MAX_WQEBBS: usize = MAX_WQE_SIZE.div_ceil(SEND_WQE_BB);
+
+/// Why a WQE cannot be executed. Each maps to the syndrome a NIC would report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqeError {
+    /// Fewer bytes than the control segment or than `ds` claims.
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes given.
+        available: usize,
+    },
+    /// `ds` does not fit the opcode (e.g. 0, or an atomic without its four segments).
+    BadDs {
+        /// The opcode.
+        opcode: WqeOpcode,
+        /// The `ds` found.
+        ds: u8,
+    },
+    /// More data segments than [`MAX_SGES`].
+    TooManySges {
+        /// Segments found.
+        count: usize,
+    },
+    /// An inline segment longer than the WQE holds, or inline data where it is not allowed.
+    BadInline {
+        /// Claimed length.
+        len: u32,
+        /// Bytes the WQE has room for.
+        room: usize,
+    },
+    /// An atomic whose result buffer is not 8 bytes.
+    BadAtomicLength {
+        /// The result segment's length.
+        len: u32,
+    },
+    /// An opcode the model does not execute.
+    UnsupportedOpcode(WqeOpcode),
+}
+
+impl WqeError {
+    /// The syndrome a NIC reports for this error.
+    pub const fn syndrome(&self) -> Syndrome {
+        match self {
+            WqeError::TooManySges { .. } | WqeError::BadInline { .. } | WqeError::BadAtomicLength { .. } => {
+                Syndrome::LocalLength
+            }
+            _ => Syndrome::LocalQpOp,
+        }
+    }
+}
+
+/// A length-checked view of the bytes of one WQE.
+#[derive(Debug, Clone, Copy)]
+pub struct WqeView<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> WqeView<T> {
+    /// Wraps without checking; accessors may panic on short buffers. For emitters.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        WqeView { buffer }
+    }
+
+    /// Wraps and checks that the control segment and the `ds` units it claims are present and
+    /// that `ds` is not 0.
+    pub fn new_checked(buffer: T) -> Result<Self, WqeError> {
+        let view = WqeView { buffer };
+        view.check_len()?;
+        Ok(view)
+    }
+
+    /// The check [`new_checked`](Self::new_checked) makes.
+    pub fn check_len(&self) -> Result<(), WqeError> {
+        let available = self.buffer.as_ref().len();
+        if available < ctrl::SIZE {
+            return Err(WqeError::Truncated {
+                needed: ctrl::SIZE,
+                available,
+            });
+        }
+        let ds = self.ctrl().ds();
+        if ds == 0 {
+            return Err(WqeError::BadDs {
+                opcode: self.ctrl().opcode(),
+                ds,
+            });
+        }
+        let needed = ds as usize * WQE_DS_UNIT;
+        if available < needed {
+            return Err(WqeError::Truncated { needed, available });
+        }
+        Ok(())
+    }
+
+    /// The control segment.
+    pub fn ctrl(&self) -> ctrl::CtrlSeg {
+        bytemuck::pod_read_unaligned(&self.buffer.as_ref()[..ctrl::SIZE])
+    }
+
+    /// 16-byte segment `n` (0 is the control segment); `None` beyond `ds`.
+    pub fn segment(&self, n: usize) -> Option<&[u8; WQE_DS_UNIT]> {
+        if n >= self.ctrl().ds() as usize {
+            return None;
+        }
+        self.buffer
+            .as_ref()
+            .get(n * WQE_DS_UNIT..(n + 1) * WQE_DS_UNIT)?
+            .try_into()
+            .ok()
+    }
+
+    /// The WQE's bytes (`ds * 16` of them).
+    pub fn bytes(&self) -> &[u8] {
+        let len = (self.ctrl().ds() as usize * WQE_DS_UNIT).min(self.buffer.as_ref().len());
+        &self.buffer.as_ref()[..len]
+    }
+}
+
+/// A remote buffer: address and key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Remote {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// A local buffer: address, length and key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Local virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key.
+    pub lkey: u32,
+}
+
+/// Up to [`MAX_SGES`] local buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SgeList {
+    sges: [Sge; MAX_SGES],
+    count: u8,
+}
+
+impl SgeList {
+    /// A list of one buffer.
+    pub const fn one(sge: Sge) -> Self {
+        let mut sges = [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_SGES];
+        sges[0] = sge;
+        SgeList { sges, count: 1 }
+    }
+
+    /// The buffers.
+    pub fn as_slice(&self) -> &[Sge] {
+        &self.sges[..self.count as usize]
+    }
+
+    /// Total length in bytes.
+    pub fn total_len(&self) -> u64 {
+        self.as_slice().iter().map(|s| s.length as u64).sum()
+    }
+
+    fn push(&mut self, sge: Sge) -> Result<(), WqeError> {
+        let slot = self
+            .sges
+            .get_mut(self.count as usize)
+            .ok_or(WqeError::TooManySges { count: MAX_SGES + 1 })?;
+        *slot = sge;
+        self.count += 1;
+        Ok(())
+    }
+}
+
+/// Where an RDMA WRITE's payload comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// Gathered from local buffers.
+    Gather(SgeList),
+    /// Carried in the WQE: `len` bytes at byte `offset` of the WQE.
+    Inline {
+        /// Offset of the payload inside the WQE bytes.
+        offset: u16,
+        /// Length in bytes.
+        len: u16,
+    },
+}
+
+/// What a WQE asks the HCA to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Nothing (completes like any WQE).
+    Nop,
+    /// RDMA WRITE (with immediate when the opcode says so).
+    Write {
+        /// Destination.
+        remote: Remote,
+        /// Source.
+        payload: Payload,
+    },
+    /// RDMA READ from `remote` into `local`.
+    Read {
+        /// Source.
+        remote: Remote,
+        /// Destination buffers.
+        local: SgeList,
+    },
+    /// 8-byte fetch-and-add at `remote`; the old value lands in `result`.
+    FetchAdd {
+        /// Target.
+        remote: Remote,
+        /// Addend.
+        add: u64,
+        /// Where the fetched value goes (8 bytes).
+        result: Sge,
+    },
+    /// 8-byte compare-and-swap at `remote`; the old value lands in `result`.
+    CompareSwap {
+        /// Target.
+        remote: Remote,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+        /// Where the fetched value goes (8 bytes).
+        result: Sge,
+    },
+}
+
+/// A decoded work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// The opcode.
+    pub opcode: WqeOpcode,
+    /// Opcode modifier.
+    pub opmod: u8,
+    /// 16-bit WQE index.
+    pub wqe_index: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// Size in 16-byte units.
+    pub ds: u8,
+    /// Fence / completion / solicited flags.
+    pub fm_ce_se: u8,
+    /// Immediate data as stored.
+    pub imm: u32,
+    /// The operation.
+    pub op: Operation,
+}
+
+impl WorkRequest {
+    /// Whether the WQE asks for a CQE.
+    pub const fn signaled(&self) -> bool {
+        self.fm_ce_se & ctrl::CE_CQ_UPDATE != 0
+    }
+
+    /// Decodes a checked view. Never panics.
+    pub fn parse<T: AsRef<[u8]>>(view: &WqeView<T>) -> Result<WorkRequest, WqeError> {
+        view.check_len()?;
+        let c = view.ctrl();
+        let (opcode, ds) = (c.opcode(), c.ds());
+        let bad_ds = WqeError::BadDs { opcode, ds };
+        let seg = |n: usize| view.segment(n).ok_or(bad_ds);
+        let remote = || -> Result<Remote, WqeError> {
+            let r: raddr::RaddrSeg = bytemuck::pod_read_unaligned(seg(1)?);
+            Ok(Remote {
+                addr: r.raddr.get(),
+                rkey: r.rkey.get(),
+            })
+        };
+        let sge = |n: usize| -> Result<Sge, WqeError> {
+            let d: data::DataSeg = bytemuck::pod_read_unaligned(seg(n)?);
+            Ok(Sge {
+                addr: d.addr.get(),
+                length: d.byte_count.get(),
+                lkey: d.lkey.get(),
+            })
+        };
+        let gather = |first: usize| -> Result<SgeList, WqeError> {
+            let count = ds as usize - first;
+            if count > MAX_SGES {
+                return Err(WqeError::TooManySges { count });
+            }
+            let mut list = SgeList::default();
+            for n in first..ds as usize {
+                let s = sge(n)?;
+                if s.length & inline::INLINE_SEG != 0 {
+                    return Err(WqeError::BadInline {
+                        len: s.length & !inline::INLINE_SEG,
+                        room: 0,
+                    });
+                }
+                list.push(s)?;
+            }
+            Ok(list)
+        };
+        let op = match opcode {
+            WqeOpcode::Nop => Operation::Nop,
+            WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm | WqeOpcode::RdmaRead if ds < 2 => return Err(bad_ds),
+            WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => {
+                let payload = match view.segment(2) {
+                    Some(s) if u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & inline::INLINE_SEG != 0 => {
+                        let len = u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & !inline::INLINE_SEG;
+                        let offset = ctrl::SIZE + raddr::SIZE + inline::HEADER_SIZE;
+                        let room = ds as usize * WQE_DS_UNIT - offset;
+                        if len as usize > room || inline::ds(len as usize) != ds as usize - 2 {
+                            return Err(WqeError::BadInline { len, room });
+                        }
+                        Payload::Inline {
+                            offset: offset as u16,
+                            len: len as u16,
+                        }
+                    }
+                    _ => Payload::Gather(gather(2)?),
+                };
+                Operation::Write {
+                    remote: remote()?,
+                    payload,
+                }
+            }
+            WqeOpcode::RdmaRead => Operation::Read {
+                remote: remote()?,
+                local: gather(2)?,
+            },
+            WqeOpcode::AtomicFa | WqeOpcode::AtomicCs => {
+                if ds != crate::ring::DS_ATOMIC {
+                    return Err(bad_ds);
+                }
+                let a: atomic::AtomicSeg = bytemuck::pod_read_unaligned(seg(2)?);
+                let result = sge(3)?;
+                if result.length != atomic::OPERAND_SIZE as u32 {
+                    return Err(WqeError::BadAtomicLength { len: result.length });
+                }
+                let remote = remote()?;
+                if opcode == WqeOpcode::AtomicFa {
+                    Operation::FetchAdd {
+                        remote,
+                        add: a.swap_add.get(),
+                        result,
+                    }
+                } else {
+                    Operation::CompareSwap {
+                        remote,
+                        compare: a.compare.get(),
+                        swap: a.swap_add.get(),
+                        result,
+                    }
+                }
+            }
+            other => return Err(WqeError::UnsupportedOpcode(other)),
+        };
+        Ok(WorkRequest {
+            opcode,
+            opmod: c.opmod(),
+            wqe_index: c.wqe_index(),
+            qpn: c.qpn(),
+            ds,
+            fm_ce_se: c.fm_ce_se,
+            imm: c.imm.get(),
+            op,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::atomic::AtomicSeg;
+    use crate::ctrl::{CtrlSeg, CE_CQ_UPDATE};
+    use crate::data::DataSeg;
+    use crate::raddr::RaddrSeg;
+
+    fn wqe(segs: &[&[u8]]) -> [u8; 128] {
+        let mut buf = [0xa5u8; 128];
+        let mut at = 0;
+        for s in segs {
+            buf[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        buf
+    }
+
+    #[test]
+    fn parses_a_write() {
+        let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 7, 0x99, 3, CE_CQ_UPDATE, 0);
+        let r = RaddrSeg::new(0x1000, 0xabc);
+        let d = DataSeg::new(4096, 0x55, 0x2000);
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&r), bytemuck::bytes_of(&d)]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        let sge = Sge {
+            addr: 0x2000,
+            length: 4096,
+            lkey: 0x55,
+        };
+        assert_eq!(
+            wr.op,
+            Operation::Write {
+                remote: Remote {
+                    addr: 0x1000,
+                    rkey: 0xabc
+                },
+                payload: Payload::Gather(SgeList::one(sge))
+            }
+        );
+        assert_eq!((wr.wqe_index, wr.qpn, wr.ds), (7, 0x99, 3));
+        assert!(wr.signaled());
+    }
+
+    #[test]
+    fn parses_inline_and_atomics() {
+        let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 1, 1, 4, 0, 0);
+        let r = RaddrSeg::new(8, 9);
+        let mut inl = [0u8; 32];
+        inl[..4].copy_from_slice(&inline::byte_count(20).to_be_bytes());
+        inl[4..24].copy_from_slice(&[7u8; 20]);
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&r), &inl]);
+        let view = WqeView::new_checked(&buf[..]).unwrap();
+        let wr = WorkRequest::parse(&view).unwrap();
+        assert_eq!(
+            wr.op,
+            Operation::Write {
+                remote: Remote { addr: 8, rkey: 9 },
+                payload: Payload::Inline { offset: 36, len: 20 }
+            }
+        );
+        assert!(!wr.signaled());
+        assert_eq!(&view.bytes()[36..56], &[7u8; 20]);
+
+        let c = CtrlSeg::new(WqeOpcode::AtomicCs, 0, 2, 1, 4, CE_CQ_UPDATE, 0);
+        let a = AtomicSeg::compare_swap(5, 6);
+        let d = DataSeg::new(8, 3, 0x40);
+        let buf = wqe(&[
+            bytemuck::bytes_of(&c),
+            bytemuck::bytes_of(&r),
+            bytemuck::bytes_of(&a),
+            bytemuck::bytes_of(&d),
+        ]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        let result = Sge {
+            addr: 0x40,
+            length: 8,
+            lkey: 3,
+        };
+        assert_eq!(
+            wr.op,
+            Operation::CompareSwap {
+                remote: Remote { addr: 8, rkey: 9 },
+                compare: 5,
+                swap: 6,
+                result
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_wqes_with_the_right_syndrome() {
+        let short = [0u8; 8];
+        assert_eq!(
+            WqeView::new_checked(&short[..]).unwrap_err(),
+            WqeError::Truncated {
+                needed: 16,
+                available: 8
+            }
+        );
+        let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 0, 1, 9, 0, 0);
+        let buf = wqe(&[bytemuck::bytes_of(&c)]);
+        let err = WorkRequest::parse(&WqeView::new_unchecked(&buf[..])).unwrap_err();
+        assert_eq!(
+            err,
+            WqeError::Truncated {
+                needed: 144,
+                available: 128
+            }
+        );
+        let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 0, 1, 7, 0, 0);
+        let zeros = [0u8; 80];
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&RaddrSeg::new(0, 0)), &zeros]);
+        let err = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap_err();
+        assert_eq!(err, WqeError::TooManySges { count: 5 });
+        assert_eq!(err.syndrome(), Syndrome::LocalLength);
+        let c = CtrlSeg::new(WqeOpcode::AtomicFa, 0, 0, 1, 3, 0, 0);
+        let buf = wqe(&[bytemuck::bytes_of(&c)]);
+        assert!(matches!(
+            WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()),
+            Err(WqeError::BadDs { .. })
+        ));
+        let c = CtrlSeg::new(WqeOpcode::Send, 0, 0, 1, 1, 0, 0);
+        let buf = wqe(&[bytemuck::bytes_of(&c)]);
+        let err = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap_err();
+        assert_eq!(
+            (err, err.syndrome()),
+            (WqeError::UnsupportedOpcode(WqeOpcode::Send), Syndrome::LocalQpOp)
+        );
+        let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 0, 1, 3, 0, 0);
+        let mut inl = [0u8; 16];
+        inl[..4].copy_from_slice(&inline::byte_count(200).to_be_bytes());
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&RaddrSeg::new(0, 0)), &inl]);
+        assert!(matches!(
+            WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()),
+            Err(WqeError::BadInline { len: 200, .. })
+        ));
+    }
+}
