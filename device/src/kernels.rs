@@ -1,8 +1,21 @@
-//! The PTX entry points (`extern "ptx-kernel"`), one place for all of them. Each is a thin shell
-//! that reads its thread coordinates and calls the data-path API; the logic lives in the rest of
-//! the crate so that CPU threads run it too.
+//! The PTX entry points (`extern "ptx-kernel"`), all in one place. Each is a thin shell that
+//! reads its thread coordinates and calls the data-path API, so the logic is the code CPU
+//! threads run too. Kernels are instantiated for every sharing mode (`_exclusive`, `_cta`,
+//! `_gpu`); results go to `status[thread]` as [`crate::status`] codes.
 use core::arch::nvptx::{_block_dim_x, _block_idx_x, _thread_idx_x};
 use core::sync::atomic::{AtomicU64, Ordering};
+
+use gdaki_layout::DevQp;
+
+use crate::qp::{AtomicOp, Local, Qp, Remote};
+use crate::sharing::{Cta, Exclusive, Gpu, Sharing};
+use crate::status::{PostError, CODE_OK};
+
+#[inline(always)]
+fn global_thread() -> u32 {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe { _block_idx_x() as u32 * _block_dim_x() as u32 + _thread_idx_x() as u32 }
+}
 
 /// Self-test kernel used by `doctor` and the GPU runner: thread `i` of the grid writes the
 /// big-endian encoding of `i ^ seed` to `out[i]` (the byte order every WQE field uses) and adds
@@ -10,10 +23,10 @@ use core::sync::atomic::{AtomicU64, Ordering};
 ///
 /// # Safety
 /// `out` must be valid for `n` u32 writes and `count` must point to a u64 in device-accessible
-/// memory; the launch must not have more than `n` threads that write (extra threads only count).
+/// memory.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn gdaki_selftest(out: *mut u32, count: *mut u64, n: u32, seed: u32) {
-    let i = _block_idx_x() as u32 * _block_dim_x() as u32 + _thread_idx_x() as u32;
+    let i = global_thread();
     if i < n {
         // SAFETY: i < n and the caller guarantees `out` holds n elements.
         unsafe { out.add(i as usize).write_volatile((i ^ seed).to_be()) };
@@ -21,3 +34,130 @@ pub unsafe extern "ptx-kernel" fn gdaki_selftest(out: *mut u32, count: *mut u64,
     // SAFETY: the caller guarantees `count` is a valid, aligned u64 in device-visible memory.
     unsafe { AtomicU64::from_ptr(count) }.fetch_add(1, Ordering::Relaxed);
 }
+
+/// Each thread puts `iters` messages of `len` bytes from `src + t*len` to `dst + t*len`, then
+/// waits for all of them.
+#[inline(always)]
+unsafe fn put_loop<M: Sharing>(qp: *mut DevQp, dst: Remote, src: Local, len: u64, iters: u32) -> Result<(), PostError> {
+    // SAFETY: the caller passes an exported handle used in mode M by every thread.
+    let qp = unsafe { Qp::<M>::from_raw(qp) };
+    let t = global_thread() as u64;
+    let mut last = None;
+    for _ in 0..iters {
+        let d = Remote {
+            addr: dst.addr + t * len,
+            rkey: dst.rkey,
+        };
+        last = Some(qp.put(
+            d,
+            Local {
+                addr: src.addr + t * len,
+                lkey: src.lkey,
+            },
+            len,
+        )?);
+    }
+    if let Some(ticket) = last {
+        qp.wait(ticket)?;
+    }
+    Ok(())
+}
+
+/// Exercises every high- and low-level operation once, against a remote region of at least
+/// 64 bytes per thread at `remote` and a local one at `local` (the same size): the PTX proof
+/// that the whole API instantiates, and a GPU smoke test.
+#[inline(always)]
+unsafe fn all_ops<M: Sharing>(qp: *mut DevQp, remote: Remote, local: Local) -> Result<(), PostError> {
+    // SAFETY: as in `put_loop`.
+    let qp = unsafe { Qp::<M>::from_raw(qp) };
+    let t = global_thread() as u64 * 64;
+    let r = |off: u64| Remote {
+        addr: remote.addr + t + off,
+        rkey: remote.rkey,
+    };
+    let l = |off: u64| Local {
+        addr: local.addr + t + off,
+        lkey: local.lkey,
+    };
+    qp.put(r(0), l(0), 16)?;
+    qp.put_inline(r(16), &t.to_le_bytes())?;
+    qp.fence()?;
+    qp.get(l(24), r(0), 8)?;
+    qp.put_signal(r(32), l(32), 8, r(40), 1, l(48))?;
+    qp.signal(r(40), 1, l(48))?;
+    let before = qp.atomic_fetch_add(r(40), 5, l(48))?;
+    let _ = qp.atomic_compare_swap(r(40), before + 5, 0, l(56))?;
+    // The low level, by hand: one NOP.
+    let i = qp.reserve(1)?;
+    qp.wqe_prepare_nop(i, 0);
+    qp.mark_ready(i, i + 1)?;
+    qp.submit(i + 1)?;
+    let _ = qp.poll_one();
+    let _ = qp.atomic(AtomicOp::FetchAdd(0), r(40), l(48))?;
+    qp.quiet()?;
+    Ok(())
+}
+
+macro_rules! kernels_for {
+    ($mode:ty, $put:ident, $ops:ident) => {
+        /// Put loop (see `put_loop`) in this sharing mode.
+        ///
+        /// # Safety
+        /// `qp` is an exported handle shared only by this launch's threads in this mode; the
+        /// buffers hold `len * threads` bytes and are registered with the keys given; `status`
+        /// holds one u32 per thread.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $put(
+            qp: *mut DevQp,
+            dst: u64,
+            rkey: u32,
+            src: u64,
+            lkey: u32,
+            len: u64,
+            iters: u32,
+            status: *mut u32,
+        ) {
+            let r = unsafe {
+                put_loop::<$mode>(
+                    qp,
+                    Remote { addr: dst, rkey },
+                    Local { addr: src, lkey },
+                    len,
+                    iters,
+                )
+            };
+            // SAFETY: one status word per thread, per the contract.
+            unsafe {
+                status
+                    .add(global_thread() as usize)
+                    .write_volatile(r.map_or_else(|e| e.code(), |()| CODE_OK))
+            };
+        }
+
+        /// Every operation once (see `all_ops`) in this sharing mode.
+        ///
+        /// # Safety
+        /// As for the put kernel, with 64 bytes per thread at `remote` and `local`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $ops(
+            qp: *mut DevQp,
+            remote: u64,
+            rkey: u32,
+            local: u64,
+            lkey: u32,
+            status: *mut u32,
+        ) {
+            let r = unsafe { all_ops::<$mode>(qp, Remote { addr: remote, rkey }, Local { addr: local, lkey }) };
+            // SAFETY: one status word per thread, per the contract.
+            unsafe {
+                status
+                    .add(global_thread() as usize)
+                    .write_volatile(r.map_or_else(|e| e.code(), |()| CODE_OK))
+            };
+        }
+    };
+}
+
+kernels_for!(Exclusive, gdaki_put_thread_exclusive, gdaki_ops_thread_exclusive);
+kernels_for!(Cta, gdaki_put_thread_cta, gdaki_ops_thread_cta);
+kernels_for!(Gpu, gdaki_put_thread_gpu, gdaki_ops_thread_gpu);

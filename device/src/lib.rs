@@ -1,19 +1,33 @@
 //! `gdaki-device`: the gdaki data path, written once and compiled twice: to PTX for GPU kernels
 //! (`nvptx64-nvidia-cuda`) and to the host, where CPU threads run the very same code (CPU mode,
-//! tests). GPU threads reserve send-queue slots, write mlx5 WQEs, ring the NIC doorbell (or
-//! publish to a CPU proxy) and poll completions, with no CPU on the data path.
+//! tests). Posters reserve send-queue slots, write mlx5 WQEs, ring the NIC doorbell (or publish
+//! to a CPU proxy) and poll completions, with no CPU on the data path.
 //!
-//! Kernels live in [`kernels`] (compiled only for nvptx64); the PTX file built from this crate
-//! is embedded into the host library `gdaki` at build time.
+//! - [`qp::Qp`]: a queue pair in a [`sharing`] mode ([`Exclusive`], [`Cta`], [`Gpu`]): the
+//!   high-level operations (`put`, `put_inline`, `put_signal`, `signal`, `get`,
+//!   `atomic_fetch_add`, `atomic_compare_swap`, `wait`, `quiet`, `fence`) and the low-level
+//!   protocol under them (`reserve`, `wqe_prepare_*`, `mark_ready`, `submit`, `ring`,
+//!   `poll_one`, `poll_at`).
+//! - [`status`]: tickets and the bounded outcome of every wait.
+//! - [`arch`]: one module per target, barriers named by purpose.
+//! - [`kernels`]: the PTX entry points (nvptx64 only), in one place.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch))]
 #![warn(missing_docs)]
 
+pub mod arch;
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;
+pub mod qp;
+pub mod sharing;
+pub mod status;
+
+pub use qp::{AtomicOp, Local, Qp, Remote, MAX_INLINE};
+pub use sharing::{Cta, Exclusive, Gpu, Sharing};
+pub use status::{CqeError, PostError, Ticket, WaitError};
 
 /// The handler's panic on the GPU: trap the warp. Only the PTX build needs it (the host build
-/// links `std`'s handler); the device code never panics on valid handles by construction.
+/// links `std`'s handler); the device code does not panic on valid handles by construction.
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {

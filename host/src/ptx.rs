@@ -7,7 +7,15 @@ const EMBEDDED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device.ptx"
 const MISSING_REASON: &str = include_str!(concat!(env!("OUT_DIR"), "/ptx_missing.txt"));
 
 /// The kernel entry points the PTX must declare; the host launches them by these names.
-pub const ENTRY_POINTS: &[&str] = &["gdaki_selftest"];
+pub const ENTRY_POINTS: &[&str] = &[
+    "gdaki_selftest",
+    "gdaki_put_thread_exclusive",
+    "gdaki_put_thread_cta",
+    "gdaki_put_thread_gpu",
+    "gdaki_ops_thread_exclusive",
+    "gdaki_ops_thread_cta",
+    "gdaki_ops_thread_gpu",
+];
 
 /// The PTX was not built into this copy of the library.
 #[derive(Debug, Clone, Error)]

@@ -1,0 +1,112 @@
+//! Host (CPU mode and tests): std atomics with the ordering the GPU instructions give, so CPU
+//! threads run the data path against the soft HCA or a test consumer in another thread.
+extern crate std;
+
+use core::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// Earlier writes are visible to the consumer (HCA) before later stores.
+#[inline(always)]
+pub fn to_device_barrier() {
+    fence(Ordering::Release);
+}
+
+/// Later reads see what the HCA wrote before the flag just read.
+#[inline(always)]
+pub fn from_device_barrier() {
+    fence(Ordering::Acquire);
+}
+
+/// Stores one 16-byte WQE segment.
+///
+/// # Safety
+/// `dst` is valid for 16 bytes of writes and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn store_seg(dst: *mut u64, words: [u64; 2]) {
+    // SAFETY: the caller guarantees `dst` is a valid, aligned 16-byte slot. Relaxed atomic
+    // stores, since the consumer reads the ring concurrently (ordered by the doorbell).
+    unsafe {
+        AtomicU64::from_ptr(dst).store(words[0], Ordering::Relaxed);
+        AtomicU64::from_ptr(dst.add(1)).store(words[1], Ordering::Relaxed);
+    }
+}
+
+/// The doorbell store. On the host it is a release store, so a consumer that acquires the
+/// doorbell word sees everything written before it.
+///
+/// # Safety
+/// `dst` is a valid, 8-byte aligned doorbell word.
+#[inline(always)]
+pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
+    // SAFETY: per the caller's contract.
+    unsafe { AtomicU64::from_ptr(dst).store(value, Ordering::Release) }
+}
+
+/// Stores a doorbell-record word.
+///
+/// # Safety
+/// `dst` is a valid, 4-byte aligned doorbell-record word.
+#[inline(always)]
+pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
+    // SAFETY: per the caller's contract.
+    unsafe { AtomicU32::from_ptr(dst).store(value, Ordering::Release) }
+}
+
+/// Compare-and-swap on a doorbell-record word; returns the previous value.
+///
+/// # Safety
+/// `dst` is a valid, 4-byte aligned doorbell-record word.
+#[inline(always)]
+pub unsafe fn cas_dbrec(dst: *mut u32, current: u32, new: u32) -> u32 {
+    // SAFETY: per the caller's contract.
+    match unsafe { AtomicU32::from_ptr(dst) }.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+/// Raises a host-visible u64 to at least `value` with release order; returns the old value.
+///
+/// # Safety
+/// `dst` is a valid, 8-byte aligned u64.
+#[inline(always)]
+pub unsafe fn fetch_max_sys(dst: *mut u64, value: u64) -> u64 {
+    // SAFETY: per the caller's contract.
+    unsafe { AtomicU64::from_ptr(dst) }.fetch_max(value, Ordering::AcqRel)
+}
+
+/// Reads a byte the HCA writes (a CQE's `op_own`).
+///
+/// # Safety
+/// `src` is valid for reads.
+#[inline(always)]
+pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
+    // SAFETY: per the caller's contract; atomic, since the HCA writes it concurrently.
+    unsafe { AtomicU8::from_ptr(src as *mut u8) }.load(Ordering::Relaxed)
+}
+
+/// Reads a word the HCA writes (CQE body, fetched atomic values).
+///
+/// # Safety
+/// `src` is valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64_volatile(src: *const u64) -> u64 {
+    // SAFETY: per the caller's contract.
+    unsafe { AtomicU64::from_ptr(src as *mut u64) }.load(Ordering::Relaxed)
+}
+
+/// Monotonic nanoseconds since the first call in this process.
+#[inline]
+pub fn global_timer_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Between polls: spin briefly, then yield the core (a 2-core machine runs posters, the HCA
+/// model and proxies together).
+#[inline]
+pub fn backoff(round: u32) {
+    if round < 64 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}

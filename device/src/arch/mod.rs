@@ -1,0 +1,28 @@
+//! The architecture layer: one module per target with the same functions, so the data path above
+//! it is written once. Barriers are named by purpose (rdma-core's `udma_barrier.h` vocabulary);
+//! call sites never write a bare fence.
+//!
+//! | function | meaning |
+//! | --- | --- |
+//! | [`to_device_barrier`] | earlier writes (WQEs, payloads) are visible to the HCA before later stores (doorbell record, doorbell) |
+//! | [`from_device_barrier`] | reads after it (CQE body, fetched values) see what the HCA wrote before the owner bit just read |
+//! | [`store_seg`] | one 16-byte WQE segment store |
+//! | [`mmio_store`] | the 8-byte doorbell store to the UAR |
+//! | [`store_dbrec`] | a doorbell-record word, system scope |
+//! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
+//! | [`fetch_max_sys`] | raise a host-visible u64 (the CPU proxy's producer index) |
+//! | [`load_u8_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |
+//! | [`global_timer_ns`] | monotonic nanoseconds (GPU `%globaltimer`) |
+//! | [`backoff`] | what a waiter does between polls |
+//!
+//! Scoped atomics on the QP's counters live in [`crate::sharing`]; lane, ballot and
+//! broadcast in [`crate::scope`].
+#[cfg(not(target_arch = "nvptx64"))]
+mod host;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::*;
+
+#[cfg(target_arch = "nvptx64")]
+mod nvptx;
+#[cfg(target_arch = "nvptx64")]
+pub use nvptx::*;

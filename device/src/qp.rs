@@ -1,0 +1,728 @@
+//! A queue pair as the device drives it: the low-level protocol and the high-level operations
+//! built on it, in thread scope (each call posts for the calling thread).
+//!
+//! # Protocol
+//! 1. [`Qp::reserve`]: an atomic add on `sq_reserved` claims WQE slots; on a ring wrap the
+//!    caller first waits for the CQE of the slot's previous user.
+//! 2. `wqe_prepare_*`: the WQE is written with 16-byte stores.
+//! 3. [`Qp::mark_ready`]: in reservation order, `sq_ready` advances past the caller's WQEs.
+//! 4. [`Qp::submit`]: the doorbell covers every ready WQE. GPU handler: one poster at a time
+//!    (a lock in shared modes) writes the doorbell record and rings with the newest ready
+//!    index, so doorbells never go backwards and concurrent posters share one doorbell.
+//!    CPU-proxy handler: the newest ready index is published to the proxy's word.
+//! 5. [`Qp::poll_at`] / [`Qp::wait`]: the CQE of a WQE is polled by owner-bit parity.
+//!
+//! Every WQE this crate writes is one 64-byte building block and asks for a CQE, so WQE index,
+//! building-block index and CQE index are the same number: a ticket. Mixing these functions
+//! with WQEs of several blocks or unsignalled WQEs on one QP is unsupported.
+use core::marker::PhantomData;
+use core::ptr::addr_of_mut;
+
+use gdaki_layout::atomic::AtomicSeg;
+use gdaki_layout::cqe::{self, Cqe64};
+use gdaki_layout::ctrl::{self, CtrlSeg};
+use gdaki_layout::data::DataSeg;
+use gdaki_layout::handle::{error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR};
+use gdaki_layout::raddr::RaddrSeg;
+use gdaki_layout::{dbrec, doorbell, inline, ring, DevQp, DoorbellKind, Segment, Syndrome, WqeOpcode};
+
+use crate::arch;
+use crate::sharing::Sharing;
+use crate::status::{CqeError, PostError, Ticket, WaitError};
+
+pub use gdaki_layout::wqe::Remote;
+
+/// A local buffer: address (as the device and the HCA see it) and local key.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct Local {
+    /// Address.
+    pub addr: u64,
+    /// Local key.
+    pub lkey: u32,
+}
+
+/// The atomic a WQE performs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub enum AtomicOp {
+    /// Add `0` to the remote u64.
+    FetchAdd(u64),
+    /// If the remote u64 equals `compare`, store `swap`.
+    CompareSwap {
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+}
+
+/// The most bytes [`Qp::put_inline`] carries (one building block).
+pub const MAX_INLINE: usize = inline::MAX_SINGLE_BB;
+
+/// Flags every WQE carries: a CQE for each, so tickets are CQE indices.
+const SIGNALED: u8 = ctrl::CE_CQ_UPDATE;
+
+/// A queue pair handle used in sharing mode `M`.
+pub struct Qp<M: Sharing> {
+    ptr: *mut DevQp,
+    _mode: PhantomData<M>,
+}
+
+impl<M: Sharing> Clone for Qp<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M: Sharing> Copy for Qp<M> {}
+
+/// A bounded wait: backs off between rounds and reports expiry of the handle's timeout.
+struct Deadline {
+    start: u64,
+    limit: u64,
+    round: u32,
+}
+
+impl Deadline {
+    #[inline(always)]
+    fn expired(&mut self) -> bool {
+        self.round = self.round.wrapping_add(1);
+        arch::backoff(self.round);
+        arch::global_timer_ns().wrapping_sub(self.start) > self.limit
+    }
+}
+
+impl<M: Sharing> Qp<M> {
+    /// Wraps an exported handle.
+    ///
+    /// # Safety
+    /// `ptr` points to a `DevQp` exported by the host (rings, records and doorbell addresses
+    /// valid for this device or thread), alive for as long as this value is used, and accessed
+    /// concurrently only through this crate in the same sharing mode.
+    #[inline(always)]
+    pub const unsafe fn from_raw(ptr: *mut DevQp) -> Self {
+        Qp {
+            ptr,
+            _mode: PhantomData,
+        }
+    }
+
+    /// The raw handle.
+    #[inline(always)]
+    pub const fn as_ptr(&self) -> *mut DevQp {
+        self.ptr
+    }
+
+    // Field access through the raw pointer: hot counters are only touched with atomics, and
+    // constants are read by value, so no reference to the shared handle is ever made.
+    #[inline(always)]
+    fn sq_reserved(&self) -> *mut u64 {
+        // SAFETY (all field helpers): `ptr` is valid per `from_raw`.
+        unsafe { addr_of_mut!((*self.ptr).sq_reserved) }
+    }
+    #[inline(always)]
+    fn sq_ready(&self) -> *mut u64 {
+        unsafe { addr_of_mut!((*self.ptr).sq_ready) }
+    }
+    #[inline(always)]
+    fn sq_rung(&self) -> *mut u64 {
+        unsafe { addr_of_mut!((*self.ptr).sq_rung) }
+    }
+    #[inline(always)]
+    fn db_lock(&self) -> *mut u32 {
+        unsafe { addr_of_mut!((*self.ptr).db_lock) }
+    }
+    #[inline(always)]
+    fn cq_consumed(&self) -> *mut u64 {
+        unsafe { addr_of_mut!((*self.ptr).cq.consumed) }
+    }
+    #[inline(always)]
+    fn cq_error(&self) -> *mut u64 {
+        unsafe { addr_of_mut!((*self.ptr).cq.error) }
+    }
+    #[inline(always)]
+    fn sq_log_size(&self) -> u32 {
+        unsafe { (*self.ptr).sq_log_size }
+    }
+    #[inline(always)]
+    fn qpn(&self) -> u32 {
+        unsafe { (*self.ptr).qpn }
+    }
+    #[inline(always)]
+    fn max_msg_size(&self) -> u64 {
+        unsafe { (*self.ptr).max_msg_size }.max(1)
+    }
+
+    #[inline(always)]
+    fn deadline(&self) -> Deadline {
+        Deadline {
+            start: arch::global_timer_ns(),
+            limit: unsafe { (*self.ptr).timeout_ns },
+            round: 0,
+        }
+    }
+
+    /// Address of WQE `index`.
+    #[inline(always)]
+    pub fn wqe_ptr(&self, index: u64) -> *mut u64 {
+        let base = unsafe { (*self.ptr).sq_base };
+        (base + ring::wqe_offset(index, self.sq_log_size())) as *mut u64
+    }
+
+    // ---------------------------------------------------------------- low level: posting
+
+    /// Claims `count` consecutive WQE slots and returns the first index, after waiting (bounded)
+    /// until the slots' previous users have completed.
+    #[inline(always)]
+    pub fn reserve(&self, count: u32) -> Result<u64, PostError> {
+        let size = 1u64 << self.sq_log_size();
+        if count == 0 || count as u64 > size {
+            return Err(PostError::Wait(WaitError::Timeout { index: u64::MAX }));
+        }
+        // SAFETY: the counter belongs to the live handle.
+        let base = unsafe { M::fetch_add(self.sq_reserved(), count as u64) };
+        let last = base + count as u64 - 1;
+        if last >= size {
+            // Completions are in order, so the CQE of the last slot's previous user covers all.
+            // Its outcome is not ours: a failed previous user still frees the slot, and our WQE
+            // then reports the QP's error itself (flushed).
+            self.wait_until(last - size, false)?;
+        }
+        Ok(base)
+    }
+
+    /// Writes segments at WQE `index`.
+    #[inline(always)]
+    fn write_wqe(&self, index: u64, segs: &[[u64; 2]]) {
+        let p = self.wqe_ptr(index);
+        for (i, s) in segs.iter().enumerate() {
+            // SAFETY: `index` was reserved by the caller; a WQE of at most 4 segments stays in
+            // its 64-byte slot of the ring.
+            unsafe { arch::store_seg(p.add(2 * i), *s) };
+        }
+    }
+
+    #[inline(always)]
+    fn ctrl(&self, opcode: WqeOpcode, index: u64, ds: u8, flags: u8) -> [u64; 2] {
+        CtrlSeg::new(opcode, 0, index as u16, self.qpn(), ds, SIGNALED | flags, 0).to_words()
+    }
+
+    /// Writes a NOP at reserved slot `index` (`flags`: extra `fm_ce_se` bits, e.g. a fence).
+    #[inline(always)]
+    pub fn wqe_prepare_nop(&self, index: u64, flags: u8) {
+        self.write_wqe(index, &[self.ctrl(WqeOpcode::Nop, index, ring::DS_NOP, flags)]);
+    }
+
+    /// Writes an RDMA WRITE of `len` bytes from `src` to `dst` at reserved slot `index`.
+    #[inline(always)]
+    pub fn wqe_prepare_write(&self, index: u64, dst: Remote, src: Local, len: u32, flags: u8) {
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl(WqeOpcode::RdmaWrite, index, ring::DS_RDMA, flags),
+                RaddrSeg::new(dst.addr, dst.rkey).to_words(),
+                DataSeg::new(len, src.lkey, src.addr).to_words(),
+            ],
+        );
+    }
+
+    /// Writes an RDMA WRITE carrying `data` inline (at most [`MAX_INLINE`] bytes) at `index`.
+    #[inline(always)]
+    pub fn wqe_prepare_write_inline(&self, index: u64, dst: Remote, data: &[u8], flags: u8) -> Result<(), PostError> {
+        if data.len() > MAX_INLINE {
+            return Err(PostError::InlineTooLong {
+                len: data.len(),
+                max: MAX_INLINE,
+            });
+        }
+        // Segments 2 and 3 hold the inline header and up to 28 payload bytes.
+        let mut tail = [0u8; 32];
+        tail[..4].copy_from_slice(&inline::byte_count(data.len() as u32).to_be_bytes());
+        tail[4..4 + data.len()].copy_from_slice(data);
+        let w = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&tail[8 * i..8 * i + 8]);
+            u64::from_ne_bytes(b)
+        };
+        let ds = ring::ds_write_inline(data.len());
+        let segs = [
+            self.ctrl(WqeOpcode::RdmaWrite, index, ds, flags),
+            RaddrSeg::new(dst.addr, dst.rkey).to_words(),
+            [w(0), w(1)],
+            [w(2), w(3)],
+        ];
+        self.write_wqe(index, &segs[..ds as usize]);
+        Ok(())
+    }
+
+    /// Writes an RDMA READ of `len` bytes from `src` into `dst` at reserved slot `index`.
+    #[inline(always)]
+    pub fn wqe_prepare_read(&self, index: u64, dst: Local, src: Remote, len: u32, flags: u8) {
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl(WqeOpcode::RdmaRead, index, ring::DS_RDMA, flags),
+                RaddrSeg::new(src.addr, src.rkey).to_words(),
+                DataSeg::new(len, dst.lkey, dst.addr).to_words(),
+            ],
+        );
+    }
+
+    /// Writes an 8-byte atomic on `target` at reserved slot `index`; the old value lands
+    /// (big-endian, as mlx5 returns it) in the 8 bytes at `result`.
+    #[inline(always)]
+    pub fn wqe_prepare_atomic(&self, index: u64, op: AtomicOp, target: Remote, result: Local, flags: u8) {
+        let (opcode, seg) = match op {
+            AtomicOp::FetchAdd(add) => (WqeOpcode::AtomicFa, AtomicSeg::fetch_add(add)),
+            AtomicOp::CompareSwap { compare, swap } => (WqeOpcode::AtomicCs, AtomicSeg::compare_swap(compare, swap)),
+        };
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl(opcode, index, ring::DS_ATOMIC, flags),
+                RaddrSeg::new(target.addr, target.rkey).to_words(),
+                seg.to_words(),
+                DataSeg::new(8, result.lkey, result.addr).to_words(),
+            ],
+        );
+    }
+
+    /// Declares WQEs `start..end` written, in reservation order: waits (bounded) until every
+    /// earlier reservation is ready, then advances `sq_ready` to `end`.
+    #[inline(always)]
+    pub fn mark_ready(&self, start: u64, end: u64) -> Result<(), WaitError> {
+        if M::SHARED {
+            let mut deadline = self.deadline();
+            // SAFETY: counters of the live handle.
+            while unsafe { M::load_acquire(self.sq_ready()) } != start {
+                if deadline.expired() {
+                    return Err(WaitError::Timeout { index: start });
+                }
+            }
+        }
+        unsafe { M::store_release(self.sq_ready(), end) };
+        Ok(())
+    }
+
+    /// Makes the HCA see every ready WQE up to at least `pi` (which the caller marked ready).
+    #[inline(always)]
+    pub fn submit(&self, pi: u64) -> Result<(), PostError> {
+        let kind = DoorbellKind::from_raw(unsafe { (*self.ptr).doorbell_kind });
+        match kind {
+            Some(DoorbellKind::Gpu) if !M::SHARED => {
+                self.ring(pi);
+                unsafe { M::store_release(self.sq_rung(), pi) };
+                Ok(())
+            }
+            Some(DoorbellKind::Gpu) => {
+                let mut deadline = self.deadline();
+                loop {
+                    // SAFETY: counters and lock of the live handle.
+                    if unsafe { M::load_acquire(self.sq_rung()) } >= pi {
+                        return Ok(()); // someone rang for us
+                    }
+                    if unsafe { M::try_lock(self.db_lock()) } {
+                        let ready = unsafe { M::load_acquire(self.sq_ready()) };
+                        if ready > unsafe { M::load_acquire(self.sq_rung()) } {
+                            self.ring(ready);
+                            unsafe { M::store_release(self.sq_rung(), ready) };
+                        }
+                        unsafe { M::unlock(self.db_lock()) };
+                        return Ok(());
+                    }
+                    if deadline.expired() {
+                        return Err(WaitError::Timeout { index: pi }.into());
+                    }
+                }
+            }
+            Some(DoorbellKind::CpuProxy) => {
+                let ready = if M::SHARED {
+                    unsafe { M::load_acquire(self.sq_ready()) }
+                } else {
+                    pi
+                };
+                arch::to_device_barrier();
+                // SAFETY: the proxy word is a valid host-visible u64 per the handle.
+                unsafe { arch::fetch_max_sys((*self.ptr).doorbell as *mut u64, ready.max(pi)) };
+                Ok(())
+            }
+            None => Err(PostError::BadHandle),
+        }
+    }
+
+    /// Writes the send doorbell record and rings the doorbell with producer index `pi`, with no
+    /// serialisation: for exclusive use, or by the holder of the doorbell lock.
+    #[inline(always)]
+    pub fn ring(&self, pi: u64) {
+        // SAFETY: the record and doorbell addresses come from the live handle.
+        unsafe {
+            arch::to_device_barrier();
+            arch::store_dbrec((*self.ptr).sq_dbrec as *mut u32, dbrec::wq_counter(pi).to_be());
+            arch::to_device_barrier();
+            arch::mmio_store((*self.ptr).doorbell as *mut u64, doorbell::word(self.qpn(), pi));
+        }
+    }
+
+    // ---------------------------------------------------------------- low level: completions
+
+    /// Looks at the CQE of `index` once: `None` if not written yet, else its outcome, consuming
+    /// it (consumer index, doorbell record, sticky error).
+    #[inline(always)]
+    fn try_complete(&self, index: u64) -> Option<Result<(), CqeError>> {
+        let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
+        let slot = base + ring::cqe_offset(index, log);
+        // SAFETY: the CQ ring of the live handle; op_own is its last byte.
+        let op_own = unsafe { arch::load_u8_volatile((slot + cqe::field::OP_OWN.start as u64) as *const u8) };
+        if !ring::cqe_ready(op_own, index, log) {
+            return None;
+        }
+        arch::from_device_barrier();
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = unsafe { arch::load_u64_volatile((slot as *const u64).add(i)) };
+        }
+        let cqe: Cqe64 = bytemuck::cast(words);
+        // The owner bit only tells laps apart modulo 2: an entry two laps old looks written too.
+        // Its WQE counter does not match (rings are at most 2^15 entries).
+        if cqe.wqe_counter.get() != index as u16 {
+            return None;
+        }
+        let outcome = if cqe.opcode().is_error() {
+            let e = cqe.as_error();
+            self.record_earlier_errors(index);
+            self.record_error(error_word(index, e.syndrome, e.vendor_err_synd, e.wqe_opcode()));
+            Err(CqeError::from_word(error_word(
+                index,
+                e.syndrome,
+                e.vendor_err_synd,
+                e.wqe_opcode(),
+            )))
+        } else {
+            Ok(())
+        };
+        self.consume_through(index);
+        Some(outcome)
+    }
+
+    /// Before consuming an error CQE past unread ones, records the earliest error among them: a
+    /// flush seen first must not hide the error that caused it. CQEs are written in order, so
+    /// every one before `index` is there. Error path only.
+    #[inline(never)]
+    fn record_earlier_errors(&self, index: u64) {
+        let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
+        let first = unsafe { M::load_acquire(self.cq_consumed()) };
+        for j in first..index {
+            let slot = base + ring::cqe_offset(j, log);
+            // SAFETY: a slot of the live CQ ring.
+            let op_own = unsafe { arch::load_u8_volatile((slot + cqe::field::OP_OWN.start as u64) as *const u8) };
+            if ring::cqe_ready(op_own, j, log) && cqe::opcode(op_own).is_error() {
+                arch::from_device_barrier();
+                let mut words = [0u64; 8];
+                for (i, w) in words.iter_mut().enumerate() {
+                    *w = unsafe { arch::load_u64_volatile((slot as *const u64).add(i)) };
+                }
+                let e = bytemuck::cast::<[u64; 8], Cqe64>(words).as_error();
+                if e.syndrome() != Syndrome::WrFlush {
+                    self.record_error(error_word(j, e.syndrome, e.vendor_err_synd, e.wqe_opcode()));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Keeps the first real error: an earlier flush is replaced by the error that caused it.
+    #[inline(always)]
+    fn record_error(&self, word: u64) {
+        let is_flush = |w: u64| (w >> ERROR_SYNDROME_SHIFT) as u8 == Syndrome::WrFlush.raw();
+        // SAFETY: the CQ's error word of the live handle.
+        let cur = unsafe { M::load_acquire(self.cq_error()) };
+        if cur == NO_ERROR || (is_flush(cur) && !is_flush(word)) {
+            // A lost race only loses to another error recorded at the same moment; both are
+            // errors of this QP, so either describes it.
+            unsafe { M::store_release(self.cq_error(), word) };
+        }
+    }
+
+    /// Raises the consumer index past `index` and tells the HCA (the doorbell record never moves
+    /// backwards: it is compare-and-swapped in 24-bit wrapped order).
+    #[inline(always)]
+    fn consume_through(&self, index: u64) {
+        let next = index + 1;
+        // SAFETY: counters and record of the live handle.
+        let old = unsafe { M::fetch_max(self.cq_consumed(), next) };
+        if old >= next {
+            return;
+        }
+        let rec = unsafe { (*self.ptr).cq.dbrec } as *mut u32;
+        let want = dbrec::cq_ci(next);
+        if !M::SHARED {
+            unsafe { arch::store_dbrec(rec, want.to_be()) };
+            return;
+        }
+        let mut cur = unsafe { arch::load_u64_volatile(rec as *const u64) } as u32; // set_ci is the low word
+        while !ring::cq_ci_at_or_after(u32::from_be(cur), want) {
+            let seen = unsafe { arch::cas_dbrec(rec, cur, want.to_be()) };
+            if seen == cur {
+                break;
+            }
+            cur = seen;
+        }
+    }
+
+    /// The sticky error, if it concerns WQE `index` (at or before it).
+    #[inline(always)]
+    fn error_at_or_before(&self, index: u64) -> Result<(), CqeError> {
+        let err = unsafe { M::load_acquire(self.cq_error()) };
+        if err & ERROR_VALID != 0 && ((index as u32).wrapping_sub(err as u32) as i32) >= 0 {
+            return Err(CqeError::from_word(err));
+        }
+        Ok(())
+    }
+
+    /// Consumes the oldest unconsumed CQE if it is there: `Some(Ok(index))`, `Some(Err(..))`
+    /// for an error CQE, `None` if the HCA has not written it.
+    #[inline(always)]
+    pub fn poll_one(&self) -> Option<Result<u64, CqeError>> {
+        let index = unsafe { M::load_acquire(self.cq_consumed()) };
+        self.try_complete(index).map(|r| r.map(|()| index))
+    }
+
+    /// Waits (bounded) until WQE `index` has completed: success, its error (or the QP's earlier
+    /// one), or a timeout. Works whoever else polls the same CQ. `index` must be a posted WQE
+    /// (a ticket) or within one ring of the consumed count.
+    #[inline(always)]
+    pub fn poll_at(&self, index: u64) -> Result<(), WaitError> {
+        self.wait_until(index, true)
+    }
+
+    /// Waits (bounded) until WQE `index` has completed; with `report_errors`, its error (or the
+    /// QP's earlier one) is the result, without, any completion is success.
+    #[inline(always)]
+    fn wait_until(&self, index: u64, report_errors: bool) -> Result<(), WaitError> {
+        let mut deadline = self.deadline();
+        loop {
+            // Already consumed (by anyone): done, unless the QP failed at or before it.
+            if unsafe { M::load_acquire(self.cq_consumed()) } > index {
+                if !report_errors {
+                    return Ok(());
+                }
+                return self.error_at_or_before(index).map_err(WaitError::Cqe);
+            }
+            if let Some(outcome) = self.try_complete(index) {
+                return if report_errors {
+                    outcome.map_err(WaitError::Cqe)
+                } else {
+                    Ok(())
+                };
+            }
+            if deadline.expired() {
+                return Err(WaitError::Timeout { index });
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- high level
+
+    /// Reserves `count` WQEs (at most the ring), lets `write(index, k)` fill each, marks them
+    /// ready and submits. Returns the last index.
+    #[inline(always)]
+    fn post(&self, count: u32, mut write: impl FnMut(u64, u32) -> Result<(), PostError>) -> Result<Ticket, PostError> {
+        let base = self.reserve(count)?;
+        let mut written = Ok(());
+        for k in 0..count {
+            if written.is_ok() {
+                written = write(base + k as u64, k);
+            }
+            if written.is_err() {
+                // Keep the ring consistent: the slot must hold a valid WQE before it is ready.
+                self.wqe_prepare_nop(base + k as u64, 0);
+            }
+        }
+        self.mark_ready(base, base + count as u64)?;
+        self.submit(base + count as u64)?;
+        written.map(|()| base + count as u64 - 1)
+    }
+
+    /// Posts a transfer of `len` bytes split into WQEs of at most `max_msg_size` (one NOP when
+    /// `len` is 0), in batches that fit the ring. `one(index, offset, chunk)` writes one WQE.
+    #[inline(always)]
+    fn post_split(&self, len: u64, mut one: impl FnMut(u64, u64, u32)) -> Result<Ticket, PostError> {
+        if len == 0 {
+            return self.post(1, |i, _| {
+                self.wqe_prepare_nop(i, 0);
+                Ok(())
+            });
+        }
+        let max = self.max_msg_size().min(gdaki_layout::data::MAX_BYTE_COUNT as u64);
+        let total = len.div_ceil(max);
+        let batch = (1u64 << self.sq_log_size()).min(total);
+        let mut done = 0u64;
+        let mut ticket = 0;
+        while done < total {
+            let n = batch.min(total - done) as u32;
+            ticket = self.post(n, |i, k| {
+                let offset = (done + k as u64) * max;
+                one(i, offset, (len - offset).min(max) as u32);
+                Ok(())
+            })?;
+            done += n as u64;
+        }
+        Ok(ticket)
+    }
+
+    /// RDMA WRITE of `len` bytes from `src` to `dst` (split as needed; 0 bytes is a NOP).
+    #[inline(always)]
+    pub fn put(&self, dst: Remote, src: Local, len: u64) -> Result<Ticket, PostError> {
+        self.post_split(len, |i, off, n| {
+            let d = Remote {
+                addr: dst.addr + off,
+                rkey: dst.rkey,
+            };
+            self.wqe_prepare_write(
+                i,
+                d,
+                Local {
+                    addr: src.addr + off,
+                    lkey: src.lkey,
+                },
+                n,
+                0,
+            )
+        })
+    }
+
+    /// RDMA WRITE of `data` carried in the WQE (at most [`MAX_INLINE`] bytes): no local key needed.
+    #[inline(always)]
+    pub fn put_inline(&self, dst: Remote, data: &[u8]) -> Result<Ticket, PostError> {
+        if data.len() > MAX_INLINE {
+            return Err(PostError::InlineTooLong {
+                len: data.len(),
+                max: MAX_INLINE,
+            });
+        }
+        self.post(1, |i, _| self.wqe_prepare_write_inline(i, dst, data, 0))
+    }
+
+    /// [`put`](Self::put), then an atomic add of `add` at `signal`, which RC ordering makes
+    /// visible only after the data. The fetched value lands in the 8-byte `scratch`.
+    #[inline(always)]
+    pub fn put_signal(
+        &self,
+        dst: Remote,
+        src: Local,
+        len: u64,
+        signal: Remote,
+        add: u64,
+        scratch: Local,
+    ) -> Result<Ticket, PostError> {
+        if len > 0 {
+            self.put(dst, src, len)?;
+        }
+        self.signal(signal, add, scratch)
+    }
+
+    /// An atomic add of `add` at `signal` (the fetched value lands in `scratch`).
+    #[inline(always)]
+    pub fn signal(&self, signal: Remote, add: u64, scratch: Local) -> Result<Ticket, PostError> {
+        self.atomic(AtomicOp::FetchAdd(add), signal, scratch)
+    }
+
+    /// RDMA READ of `len` bytes from `src` into `dst` (split as needed; 0 bytes is a NOP).
+    #[inline(always)]
+    pub fn get(&self, dst: Local, src: Remote, len: u64) -> Result<Ticket, PostError> {
+        self.post_split(len, |i, off, n| {
+            let s = Remote {
+                addr: src.addr + off,
+                rkey: src.rkey,
+            };
+            self.wqe_prepare_read(
+                i,
+                Local {
+                    addr: dst.addr + off,
+                    lkey: dst.lkey,
+                },
+                s,
+                n,
+                0,
+            )
+        })
+    }
+
+    /// Posts one atomic; the old value lands (big-endian) at `result`.
+    #[inline(always)]
+    pub fn atomic(&self, op: AtomicOp, target: Remote, result: Local) -> Result<Ticket, PostError> {
+        self.post(1, |i, _| {
+            self.wqe_prepare_atomic(i, op, target, result, 0);
+            Ok(())
+        })
+    }
+
+    /// Atomic fetch-and-add; waits and returns the value before the add.
+    #[inline(always)]
+    pub fn atomic_fetch_add(&self, target: Remote, add: u64, result: Local) -> Result<u64, PostError> {
+        let t = self.atomic(AtomicOp::FetchAdd(add), target, result)?;
+        self.wait(t)?;
+        Ok(Self::fetched(result))
+    }
+
+    /// Atomic compare-and-swap; waits and returns the value found (equal to `compare` when the
+    /// swap happened).
+    #[inline(always)]
+    pub fn atomic_compare_swap(
+        &self,
+        target: Remote,
+        compare: u64,
+        swap: u64,
+        result: Local,
+    ) -> Result<u64, PostError> {
+        let t = self.atomic(AtomicOp::CompareSwap { compare, swap }, target, result)?;
+        self.wait(t)?;
+        Ok(Self::fetched(result))
+    }
+
+    /// Reads a fetched atomic value after its completion.
+    #[inline(always)]
+    fn fetched(result: Local) -> u64 {
+        arch::from_device_barrier();
+        // SAFETY: `result` is the caller's 8-byte, device-readable buffer, written by the HCA
+        // before the completion that was just observed.
+        u64::from_be(unsafe { arch::load_u64_volatile(result.addr as *const u64) })
+    }
+
+    /// Waits for the operation that returned `ticket`.
+    #[inline(always)]
+    pub fn wait(&self, ticket: Ticket) -> Result<(), WaitError> {
+        self.poll_at(ticket)
+    }
+
+    /// Waits for every WQE reserved on this QP so far.
+    #[inline(always)]
+    pub fn quiet(&self) -> Result<(), WaitError> {
+        let reserved = unsafe { M::load_acquire(self.sq_reserved()) };
+        if reserved == 0 {
+            return Ok(());
+        }
+        let target = reserved - 1;
+        let size = 1u64 << self.sq_log_size();
+        // Other posters' WQEs may be more than a lap ahead of the consumer; wait a lap at a
+        // time so every polled slot holds at worst the previous lap's entry.
+        loop {
+            let consumed = unsafe { M::load_acquire(self.cq_consumed()) };
+            let step = target.min(consumed + size - 1);
+            self.wait_until(step, true)?;
+            if step == target {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Orders: WQEs posted after this start only once every earlier one has completed at the
+    /// requester (a NOP with the strong fence flag). Returns the NOP's ticket.
+    #[inline(always)]
+    pub fn fence(&self) -> Result<Ticket, PostError> {
+        self.post(1, |i, _| {
+            self.wqe_prepare_nop(i, ctrl::FM_FENCE);
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! What posting and waiting return. Every wait is bounded: the result is success, a decoded
+//! error CQE, or a timeout, never a hang.
+use gdaki_layout::handle::{ERROR_SYNDROME_SHIFT, ERROR_VENDOR_SHIFT, ERROR_WQE_OPCODE_SHIFT};
+use gdaki_layout::{Syndrome, WqeOpcode};
+
+/// The WQE index of a posted operation's last WQE; waiting on it waits for the whole operation.
+pub type Ticket = u64;
+
+/// An error CQE, decoded: the first error the QP's CQ reported.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct CqeError {
+    /// The syndrome.
+    pub syndrome: Syndrome,
+    /// The vendor syndrome.
+    pub vendor_syndrome: u8,
+    /// Opcode of the WQE that failed.
+    pub wqe_opcode: WqeOpcode,
+    /// Low 32 bits of the failed WQE's index.
+    pub wqe_index: u32,
+}
+
+impl CqeError {
+    /// Decodes the CQ's sticky error word (`DevCq::error`).
+    #[inline(always)]
+    pub const fn from_word(word: u64) -> Self {
+        CqeError {
+            syndrome: Syndrome::from_raw((word >> ERROR_SYNDROME_SHIFT) as u8),
+            vendor_syndrome: (word >> ERROR_VENDOR_SHIFT) as u8,
+            wqe_opcode: WqeOpcode::from_raw((word >> ERROR_WQE_OPCODE_SHIFT) as u8),
+            wqe_index: word as u32,
+        }
+    }
+}
+
+/// Why a wait did not succeed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub enum WaitError {
+    /// The QP reported an error at or before the awaited WQE.
+    Cqe(CqeError),
+    /// The bound in the handle (`timeout_ns`) passed first.
+    Timeout {
+        /// The index waited for.
+        index: u64,
+    },
+}
+
+/// Why a post did not happen (nothing was posted unless said otherwise).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub enum PostError {
+    /// Waiting for a free slot, for this poster's turn, or for the doorbell failed. Slots
+    /// already reserved stay reserved: the QP is in error or stuck.
+    Wait(WaitError),
+    /// Inline data longer than a single-block WQE holds.
+    InlineTooLong {
+        /// Bytes asked for.
+        len: usize,
+        /// Most allowed.
+        max: usize,
+    },
+    /// The handle's doorbell kind is not one this crate knows.
+    BadHandle,
+}
+
+impl From<WaitError> for PostError {
+    #[inline(always)]
+    fn from(e: WaitError) -> Self {
+        PostError::Wait(e)
+    }
+}
+
+// Formatting is host-only: on the GPU it would drag in core::fmt, which the PTX cannot link.
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::fmt::Display for WaitError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            WaitError::Cqe(e) => write!(
+                f,
+                "error CQE: {} (vendor {:#04x}) on WQE {} ({:?})",
+                e.syndrome, e.vendor_syndrome, e.wqe_index, e.wqe_opcode
+            ),
+            WaitError::Timeout { index } => write!(f, "timed out waiting for WQE {index}"),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PostError::Wait(e) => e.fmt(f),
+            PostError::InlineTooLong { len, max } => write!(f, "inline data of {len} bytes exceeds {max}"),
+            PostError::BadHandle => f.write_str("unknown doorbell kind in the QP handle"),
+        }
+    }
+}
+
+/// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
+/// [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], or [`CODE_CQE_ERROR`] | syndrome.
+pub const CODE_OK: u32 = 0;
+/// A wait timed out.
+pub const CODE_TIMEOUT: u32 = 1;
+/// Inline data too long.
+pub const CODE_INLINE_TOO_LONG: u32 = 2;
+/// Unknown doorbell kind in the handle.
+pub const CODE_BAD_HANDLE: u32 = 3;
+/// An error CQE; the low byte is the syndrome.
+pub const CODE_CQE_ERROR: u32 = 0x100;
+
+impl WaitError {
+    /// The outcome code.
+    #[inline(always)]
+    pub const fn code(&self) -> u32 {
+        match self {
+            WaitError::Cqe(e) => CODE_CQE_ERROR | e.syndrome.raw() as u32,
+            WaitError::Timeout { .. } => CODE_TIMEOUT,
+        }
+    }
+}
+
+impl PostError {
+    /// The outcome code.
+    #[inline(always)]
+    pub const fn code(&self) -> u32 {
+        match self {
+            PostError::Wait(w) => w.code(),
+            PostError::InlineTooLong { .. } => CODE_INLINE_TOO_LONG,
+            PostError::BadHandle => CODE_BAD_HANDLE,
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! The device data path driven by CPU threads against a small consumer thread that plays the
+//! HCA: it reads the doorbell, parses every WQE with `gdaki_layout::wqe` (checking order,
+//! index, QP number, `ds`), executes it on registered host buffers, and writes CQEs (error CQEs
+//! for bad keys, then flushes, as a NIC does). Every scenario checks the data byte for byte.
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Sharing, WaitError};
+use gdaki_layout::cqe::{Cqe64, ErrCqe};
+use gdaki_layout::wqe::{Operation, Payload, WorkRequest, WqeView};
+use gdaki_layout::{dbrec, doorbell, ring, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
+
+const QPN: u32 = 0x1234;
+const RKEY: u32 = 0xbeef;
+const LKEY: u32 = 0xcafe;
+
+/// 64-byte aligned memory shared with the consumer.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+struct Setup {
+    qp: Box<DevQp>,
+    sq: Vec<Line>,
+    cq: Vec<Line>,
+    qp_dbrec: Box<[u32; 2]>,
+    cq_dbrec: Box<[u32; 2]>,
+    doorbell: Box<u64>,
+    remote: Vec<Line>,
+    local: Vec<Line>,
+}
+
+/// What the consumer saw and does.
+struct Consumer {
+    stop: AtomicBool,
+    /// Reject the WQE with this index with a remote access error (u64::MAX: none).
+    fail_at: AtomicU64,
+    seen: Mutex<Vec<WorkRequest>>,
+    error: Mutex<Option<String>>,
+}
+
+struct Harness {
+    setup: Box<Setup>,
+    consumer: Arc<Consumer>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+/// Raw pointers the consumer thread uses; the harness outlives the thread (joined on drop).
+#[derive(Clone, Copy)]
+struct Ptrs {
+    qp: *mut DevQp,
+    remote: (u64, u64),
+    local: (u64, u64),
+}
+unsafe impl Send for Ptrs {}
+
+impl Harness {
+    fn new(sq_log: u32, kind: DoorbellKind, max_msg: u64, remote_bytes: usize) -> Self {
+        let lines = |bytes: usize| vec![Line([0; 64]); bytes.div_ceil(64).max(1)];
+        let mut cq = lines(64 << sq_log);
+        for l in &mut cq {
+            l.0 = bytemuck::cast(Cqe64::default());
+        }
+        let mut s = Box::new(Setup {
+            qp: Box::new(bytemuck::Zeroable::zeroed()),
+            sq: lines(64 << sq_log),
+            cq,
+            qp_dbrec: Box::new([0; 2]),
+            cq_dbrec: Box::new([0; 2]),
+            doorbell: Box::new(0),
+            remote: lines(remote_bytes),
+            local: lines(remote_bytes),
+        });
+        let cq_handle = DevCq {
+            cqe_base: s.cq.as_ptr() as u64,
+            dbrec: s.cq_dbrec.as_ptr() as u64,
+            cqn: 7,
+            log_size: sq_log,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        *s.qp = DevQp {
+            sq_base: s.sq.as_ptr() as u64,
+            sq_dbrec: unsafe { s.qp_dbrec.as_ptr().add(dbrec::SND_DBR) } as u64,
+            doorbell: &*s.doorbell as *const u64 as u64,
+            max_msg_size: max_msg,
+            timeout_ns: 2_000_000_000,
+            qpn: QPN,
+            sq_log_size: sq_log,
+            doorbell_kind: kind as u8,
+            cq: cq_handle,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        for (i, l) in s.local.iter_mut().enumerate() {
+            l.0 = [i as u8 ^ 0x5a; 64];
+            for (k, b) in l.0.iter_mut().enumerate() {
+                *b = (i * 64 + k) as u8 ^ 0x5a;
+            }
+        }
+        let consumer = Arc::new(Consumer {
+            stop: AtomicBool::new(false),
+            fail_at: AtomicU64::new(u64::MAX),
+            seen: Mutex::new(Vec::new()),
+            error: Mutex::new(None),
+        });
+        let ptrs = Ptrs {
+            qp: &mut *s.qp,
+            remote: (s.remote.as_ptr() as u64, (s.remote.len() * 64) as u64),
+            local: (s.local.as_ptr() as u64, (s.local.len() * 64) as u64),
+        };
+        let c = consumer.clone();
+        let thread = Some(thread::spawn(move || {
+            let p = ptrs;
+            if let Err(e) = run_consumer(&c, p) {
+                *c.error.lock().unwrap() = Some(e);
+            }
+        }));
+        Harness {
+            setup: s,
+            consumer,
+            thread,
+        }
+    }
+
+    fn qp<M: Sharing>(&self) -> Qp<M> {
+        // SAFETY: the handle lives as long as the harness.
+        unsafe { Qp::from_raw(&*self.setup.qp as *const DevQp as *mut DevQp) }
+    }
+    fn remote(&self, off: u64) -> Remote {
+        Remote {
+            addr: self.setup.remote.as_ptr() as u64 + off,
+            rkey: RKEY,
+        }
+    }
+    fn local(&self, off: u64) -> Local {
+        Local {
+            addr: self.setup.local.as_ptr() as u64 + off,
+            lkey: LKEY,
+        }
+    }
+    fn remote_bytes(&self) -> Vec<u8> {
+        self.setup.remote.iter().flat_map(|l| l.0).collect()
+    }
+    fn local_bytes(&self) -> Vec<u8> {
+        self.setup.local.iter().flat_map(|l| l.0).collect()
+    }
+    fn finish(mut self) -> Vec<WorkRequest> {
+        self.consumer.stop.store(true, Release);
+        self.thread.take().unwrap().join().unwrap();
+        if let Some(e) = self.consumer.error.lock().unwrap().take() {
+            panic!("consumer: {e}");
+        }
+        std::mem::take(&mut *self.consumer.seen.lock().unwrap())
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.consumer.stop.store(true, Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn load64(addr: u64) -> u64 {
+    unsafe { AtomicU64::from_ptr(addr as *mut u64) }.load(Acquire)
+}
+
+/// The consumer loop: a minimal in-order HCA.
+fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
+    let h = unsafe { &*p.qp };
+    let (log, kind) = (h.sq_log_size, DoorbellKind::from_raw(h.doorbell_kind).unwrap());
+    let size = 1u64 << log;
+    let mut done = 0u64;
+    let mut in_error = false;
+    let check = |(base, len): (u64, u64), addr: u64, n: u64| addr >= base && addr + n <= base + len;
+    loop {
+        let stopping = c.stop.load(Acquire);
+        let db = load64(h.doorbell);
+        let target = match kind {
+            DoorbellKind::Gpu => {
+                let (qpn, pi16) = doorbell::decode(db.to_ne_bytes());
+                if db != 0 && qpn != QPN {
+                    return Err(format!("doorbell for QP {qpn:#x}"));
+                }
+                // The doorbell record is written before the doorbell, so it is never behind it.
+                let dbr = u32::from_be(unsafe { AtomicU32::from_ptr(h.sq_dbrec as *mut u32) }.load(Acquire));
+                if db != 0 && !ring::wq_counter_at_or_after(dbr as u16, pi16) {
+                    return Err(format!("doorbell record {dbr:#x} behind doorbell {pi16:#x}"));
+                }
+                done + pi16.wrapping_sub(done as u16) as u64
+            }
+            DoorbellKind::CpuProxy => db,
+        };
+        if done == target {
+            if stopping {
+                return Ok(());
+            }
+            thread::yield_now();
+            continue;
+        }
+        while done < target {
+            let slot = h.sq_base + ring::wqe_offset(done, log);
+            let words: Vec<u64> = (0..8).map(|i| load64(slot + 8 * i)).collect();
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            let view = WqeView::new_checked(&bytes[..]).map_err(|e| format!("WQE {done}: {e:?}"))?;
+            let wr = WorkRequest::parse(&view).map_err(|e| format!("WQE {done}: {e:?}"))?;
+            if wr.wqe_index != done as u16 || wr.qpn != QPN || !wr.signaled() {
+                return Err(format!("WQE {done} out of order or malformed: {wr:?}"));
+            }
+            let ci = u32::from_be(unsafe { std::ptr::read_volatile(h.cq.dbrec as *const u32) });
+            if done - (ci as u64) >= size && !ring::cq_ci_at_or_after(ci, dbrec::cq_ci(done + 1 - size)) {
+                return Err(format!("CQ overrun writing CQE {done} with consumer index {ci}"));
+            }
+            let fail = c.fail_at.load(Acquire) == done;
+            let mut syndrome = None;
+            if in_error {
+                syndrome = Some(Syndrome::WrFlush);
+            } else if fail {
+                syndrome = Some(Syndrome::RemoteAccess);
+            } else {
+                let bad = |r: &Remote, n: u64| r.rkey != RKEY || !check(p.remote, r.addr, n);
+                match wr.op {
+                    Operation::Nop => {}
+                    Operation::Write { remote, payload } => match payload {
+                        Payload::Gather(list) => {
+                            let s = list.as_slice()[0];
+                            if bad(&remote, s.length as u64)
+                                || s.lkey != LKEY
+                                || !check(p.local, s.addr, s.length as u64)
+                            {
+                                syndrome = Some(Syndrome::RemoteAccess);
+                            } else {
+                                unsafe {
+                                    std::ptr::copy(s.addr as *const u8, remote.addr as *mut u8, s.length as usize)
+                                };
+                            }
+                        }
+                        Payload::Inline { offset, len } => {
+                            if bad(&remote, len as u64) {
+                                syndrome = Some(Syndrome::RemoteAccess);
+                            } else {
+                                let src = &view.bytes()[offset as usize..(offset + len) as usize];
+                                unsafe { std::ptr::copy(src.as_ptr(), remote.addr as *mut u8, len as usize) };
+                            }
+                        }
+                    },
+                    Operation::Read { remote, local } => {
+                        let s = local.as_slice()[0];
+                        if bad(&remote, s.length as u64) || !check(p.local, s.addr, s.length as u64) {
+                            syndrome = Some(Syndrome::RemoteAccess);
+                        } else {
+                            unsafe { std::ptr::copy(remote.addr as *const u8, s.addr as *mut u8, s.length as usize) };
+                        }
+                    }
+                    Operation::FetchAdd { remote, result, .. } | Operation::CompareSwap { remote, result, .. } => {
+                        if bad(&remote, 8) || remote.addr % 8 != 0 || !check(p.local, result.addr, 8) {
+                            syndrome = Some(Syndrome::RemoteAccess);
+                        } else {
+                            let target = unsafe { AtomicU64::from_ptr(remote.addr as *mut u64) };
+                            let old = match wr.op {
+                                Operation::FetchAdd { add, .. } => target.fetch_add(add, SeqCst),
+                                Operation::CompareSwap { compare, swap, .. } => target
+                                    .compare_exchange(compare, swap, SeqCst, SeqCst)
+                                    .unwrap_or_else(|v| v),
+                                _ => unreachable!(),
+                            };
+                            unsafe { AtomicU64::from_ptr(result.addr as *mut u64) }.store(old.to_be(), Release);
+                        }
+                    }
+                }
+            }
+            let owner = ring::owner_parity(done, log);
+            let cqe = match syndrome {
+                None => Cqe64::success(QPN, done as u16, 0, owner),
+                Some(s) => {
+                    in_error = true;
+                    ErrCqe::new(QPN, done as u16, wr.opcode.raw(), s, 0x42, owner).as_cqe()
+                }
+            };
+            let words: [u64; 8] = bytemuck::cast(cqe);
+            let cslot = h.cq.cqe_base + ring::cqe_offset(done, log);
+            for (i, w) in words.iter().enumerate() {
+                // The word holding op_own goes last, with release: the CQE body is visible first.
+                let order = if i == 7 { Release } else { Relaxed };
+                unsafe { AtomicU64::from_ptr((cslot + 8 * i as u64) as *mut u64) }.store(*w, order);
+            }
+            c.seen.lock().unwrap().push(wr);
+            done += 1;
+        }
+    }
+}
+
+fn pattern(off: usize, len: usize) -> Vec<u8> {
+    (off..off + len).map(|i| (i as u8) ^ 0x5a).collect()
+}
+
+/// Many threads post puts of varied sizes into one QP; every byte lands, WQEs arrive in order.
+fn many_posters<M: Sharing>(threads: usize, per_thread: usize, sq_log: u32, kind: DoorbellKind) {
+    let chunk = 256usize;
+    let h = Harness::new(sq_log, kind, 1 << 30, threads * per_thread * chunk);
+    thread::scope(|s| {
+        for t in 0..threads {
+            let h = &h;
+            s.spawn(move || {
+                let qp = h.qp::<M>();
+                for i in 0..per_thread {
+                    let off = ((t * per_thread + i) * chunk) as u64;
+                    let len = 1 + (t * 31 + i * 7) % chunk;
+                    let ticket = qp.put(h.remote(off), h.local(off), len as u64).expect("put");
+                    if i % 16 == 0 {
+                        qp.wait(ticket).expect("wait");
+                    }
+                }
+                qp.quiet().expect("quiet");
+            });
+        }
+    });
+    let remote = h.remote_bytes();
+    for t in 0..threads {
+        for i in 0..per_thread {
+            let off = (t * per_thread + i) * chunk;
+            let len = 1 + (t * 31 + i * 7) % chunk;
+            assert_eq!(&remote[off..off + len], &pattern(off, len)[..], "thread {t} put {i}");
+            assert!(
+                remote[off + len..off + chunk].iter().all(|&b| b == 0),
+                "bytes past put {t}/{i} written"
+            );
+        }
+    }
+    let seen = h.finish();
+    assert_eq!(seen.len(), threads * per_thread);
+    assert!(seen
+        .iter()
+        .enumerate()
+        .all(|(i, wr)| wr.wqe_index == i as u16 && wr.opcode == WqeOpcode::RdmaWrite));
+}
+
+#[test]
+fn exclusive_poster_wraps_the_ring_many_times() {
+    many_posters::<Exclusive>(1, 3000, 3, DoorbellKind::Gpu);
+}
+
+#[test]
+fn gpu_mode_many_threads_one_qp() {
+    many_posters::<Gpu>(4, 500, 5, DoorbellKind::Gpu);
+}
+
+#[test]
+fn cta_mode_many_threads_small_ring() {
+    many_posters::<Cta>(3, 400, 2, DoorbellKind::Gpu);
+}
+
+#[test]
+fn cpu_proxy_handler_publishes_the_producer_index() {
+    many_posters::<Gpu>(3, 300, 4, DoorbellKind::CpuProxy);
+}
+
+#[test]
+fn large_messages_are_split_and_zero_length_is_a_nop() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1000, 64 * 1024);
+    let qp = h.qp::<Exclusive>();
+    let t = qp.put(h.remote(0), h.local(0), 20_500).unwrap();
+    qp.wait(t).unwrap();
+    let t = qp.put(h.remote(30_000), h.local(0), 0).unwrap();
+    qp.wait(t).unwrap();
+    assert_eq!(&h.remote_bytes()[..20_500], &pattern(0, 20_500)[..]);
+    let seen = h.finish();
+    assert_eq!(seen.len(), 22, "21 writes of at most 1000 bytes, then one NOP");
+    assert!(seen[..21]
+        .iter()
+        .all(|w| matches!(w.op, Operation::Write { payload: Payload::Gather(l), .. } if l.total_len() <= 1000)));
+    assert_eq!(seen[21].op, Operation::Nop);
+}
+
+#[test]
+fn inline_get_signal_fence_and_atomics() {
+    let h = Harness::new(4, DoorbellKind::Gpu, 1 << 20, 4096);
+    let qp = h.qp::<Gpu>();
+    qp.put_inline(h.remote(100), b"hello, inline world!").unwrap();
+    assert!(matches!(
+        qp.put_inline(h.remote(0), &[0; 29]),
+        Err(PostError::InlineTooLong { len: 29, max: 28 })
+    ));
+    qp.fence().unwrap();
+    let t = qp.get(h.local(2048), h.remote(100), 20).unwrap();
+    qp.wait(t).unwrap();
+    assert_eq!(&h.local_bytes()[2048..2068], b"hello, inline world!");
+    qp.put_signal(h.remote(200), h.local(200), 64, h.remote(1024), 3, h.local(3000))
+        .unwrap();
+    qp.signal(h.remote(1024), 4, h.local(3000)).unwrap();
+    assert_eq!(qp.atomic_fetch_add(h.remote(1024), 10, h.local(3000)).unwrap(), 7);
+    assert_eq!(
+        qp.atomic_compare_swap(h.remote(1024), 17, 99, h.local(3008)).unwrap(),
+        17
+    );
+    assert_eq!(
+        qp.atomic_compare_swap(h.remote(1024), 17, 5, h.local(3008)).unwrap(),
+        99,
+        "failed CAS returns the value found"
+    );
+    qp.quiet().unwrap();
+    assert_eq!(&h.remote_bytes()[200..264], &pattern(200, 64)[..]);
+    h.finish();
+}
+
+#[test]
+fn concurrent_fetch_adds_return_distinct_values() {
+    let h = Harness::new(4, DoorbellKind::Gpu, 1 << 20, 4096);
+    let fetched = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for t in 0..4u64 {
+            let (h, fetched) = (&h, &fetched);
+            s.spawn(move || {
+                let qp = h.qp::<Gpu>();
+                for _ in 0..200 {
+                    let v = qp.atomic_fetch_add(h.remote(0), 1, h.local(64 + t * 8)).unwrap();
+                    fetched.lock().unwrap().push(v);
+                }
+            });
+        }
+    });
+    let mut v = fetched.into_inner().unwrap();
+    v.sort_unstable();
+    assert_eq!(v, (0..800).collect::<Vec<u64>>());
+    assert_eq!(u64::from_ne_bytes(h.remote_bytes()[..8].try_into().unwrap()), 800);
+    h.finish();
+}
+
+#[test]
+fn error_cqe_reaches_every_waiter_and_later_work_is_flushed() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    let qp = h.qp::<Gpu>();
+    let ok = qp.put(h.remote(0), h.local(0), 8).unwrap();
+    qp.wait(ok).unwrap();
+    let bad = qp
+        .put(
+            Remote {
+                addr: h.remote(0).addr,
+                rkey: 0xdead,
+            },
+            h.local(0),
+            8,
+        )
+        .unwrap();
+    let after = qp.put(h.remote(8), h.local(8), 8).unwrap();
+    match qp.wait(after) {
+        Err(WaitError::Cqe(e)) => assert_eq!(e.syndrome, Syndrome::WrFlush, "the later WQE is flushed: {e:?}"),
+        other => panic!("expected a flush error, got {other:?}"),
+    }
+    // The bad WQE's CQE was consumed by the wait above; its waiter still learns the real cause.
+    match qp.wait(bad) {
+        Err(WaitError::Cqe(e)) => {
+            assert_eq!(
+                (e.syndrome, e.wqe_index, e.vendor_syndrome),
+                (Syndrome::RemoteAccess, bad as u32, 0x42)
+            );
+            assert_eq!(e.wqe_opcode, WqeOpcode::RdmaWrite);
+        }
+        other => panic!("expected the remote access error, got {other:?}"),
+    }
+    assert_eq!(qp.wait(ok), Ok(()), "work completed before the error stays successful");
+    // Posting continues to fail fast (flushes), never hangs, also across a ring wrap.
+    for _ in 0..20 {
+        let t = qp.put(h.remote(16), h.local(16), 8).unwrap();
+        assert!(matches!(qp.wait(t), Err(WaitError::Cqe(_))));
+    }
+    h.finish();
+}
+
+#[test]
+fn injected_fault_mid_stream_under_contention() {
+    let h = Harness::new(4, DoorbellKind::Gpu, 1 << 20, 64 * 1024);
+    h.consumer.fail_at.store(150, Release);
+    let failures = AtomicU64::new(0);
+    thread::scope(|s| {
+        for t in 0..3u64 {
+            let (h, failures) = (&h, &failures);
+            s.spawn(move || {
+                let qp = h.qp::<Gpu>();
+                for i in 0..100u64 {
+                    match qp
+                        .put(h.remote((t * 100 + i) * 8), h.local(0), 8)
+                        .and_then(|tk| qp.wait(tk).map_err(PostError::from))
+                    {
+                        Ok(()) => {}
+                        Err(PostError::Wait(WaitError::Cqe(_))) => {
+                            failures.fetch_add(1, Relaxed);
+                        }
+                        Err(e) => panic!("unexpected {e}"),
+                    }
+                }
+            });
+        }
+    });
+    let f = failures.load(Relaxed);
+    assert!((100..=150).contains(&f), "WQEs from index 150 on fail: {f}");
+    h.finish();
+}
+
+#[test]
+fn waits_time_out_when_nothing_answers() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    h.consumer.stop.store(true, Release);
+    thread::sleep(Duration::from_millis(20)); // the consumer has exited
+    unsafe { (*(&*h.setup.qp as *const DevQp as *mut DevQp)).timeout_ns = 50_000_000 };
+    let qp = h.qp::<Gpu>();
+    let t = qp.put(h.remote(0), h.local(0), 8).unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(qp.wait(t), Err(WaitError::Timeout { index: t }));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "bounded by the handle's timeout"
+    );
+    // A full ring then makes reserve time out too.
+    for _ in 0..7 {
+        qp.put(h.remote(0), h.local(0), 8).unwrap();
+    }
+    assert!(matches!(
+        qp.put(h.remote(0), h.local(0), 8),
+        Err(PostError::Wait(WaitError::Timeout { .. }))
+    ));
+    assert!(matches!(
+        qp.atomic(AtomicOp::FetchAdd(1), h.remote(0), h.local(8)),
+        Err(PostError::Wait(WaitError::Timeout { .. }))
+    ));
+}
