@@ -23,7 +23,7 @@ for line in sys.stdin:
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         t = m["target"]
-        # The golden layout tests compile C against the build machine's rdma-core headers at
+        # The golden layout tests compile C against the rdma-core headers of the build machine at
         # paths fixed at build time; they check the build, not the GPU, and run in CI instead.
         if t["name"] == "golden":
             continue
