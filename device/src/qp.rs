@@ -216,12 +216,18 @@ impl<M: Sharing> Qp<M> {
     /// Writes an RDMA WRITE of `len` bytes from `src` to `dst` at reserved slot `index`.
     #[inline(always)]
     pub fn wqe_prepare_write(&self, index: u64, dst: Remote, src: Local, len: u32, flags: u8) {
+        self.prepare_rdma(WqeOpcode::RdmaWrite, index, dst, src, len, flags);
+    }
+
+    /// An RDMA WRITE or READ: control, remote address, one data segment (the local buffer).
+    #[inline(always)]
+    fn prepare_rdma(&self, opcode: WqeOpcode, index: u64, remote: Remote, local: Local, len: u32, flags: u8) {
         self.write_wqe(
             index,
             &[
-                self.ctrl(WqeOpcode::RdmaWrite, index, ring::DS_RDMA, flags),
-                RaddrSeg::new(dst.addr, dst.rkey).to_words(),
-                DataSeg::new(len, src.lkey, src.addr).to_words(),
+                self.ctrl(opcode, index, ring::DS_RDMA, flags),
+                RaddrSeg::new(remote.addr, remote.rkey).to_words(),
+                DataSeg::new(len, local.lkey, local.addr).to_words(),
             ],
         );
     }
@@ -258,14 +264,7 @@ impl<M: Sharing> Qp<M> {
     /// Writes an RDMA READ of `len` bytes from `src` into `dst` at reserved slot `index`.
     #[inline(always)]
     pub fn wqe_prepare_read(&self, index: u64, dst: Local, src: Remote, len: u32, flags: u8) {
-        self.write_wqe(
-            index,
-            &[
-                self.ctrl(WqeOpcode::RdmaRead, index, ring::DS_RDMA, flags),
-                RaddrSeg::new(src.addr, src.rkey).to_words(),
-                DataSeg::new(len, dst.lkey, dst.addr).to_words(),
-            ],
-        );
+        self.prepare_rdma(WqeOpcode::RdmaRead, index, src, dst, len, flags);
     }
 
     /// Writes an 8-byte atomic on `target` at reserved slot `index`; the old value lands
@@ -376,12 +375,7 @@ impl<M: Sharing> Qp<M> {
         if !ring::cqe_ready(op_own, index, log) {
             return None;
         }
-        arch::from_device_barrier();
-        let mut words = [0u64; 8];
-        for (i, w) in words.iter_mut().enumerate() {
-            *w = unsafe { arch::load_u64_volatile((slot as *const u64).add(i)) };
-        }
-        let cqe: Cqe64 = bytemuck::cast(words);
+        let cqe = Self::read_cqe(slot);
         // The owner bit only tells laps apart modulo 2: an entry two laps old looks written too.
         // Its WQE counter does not match (rings are at most 2^15 entries).
         if cqe.wqe_counter.get() != index as u16 {
@@ -404,6 +398,18 @@ impl<M: Sharing> Qp<M> {
         Some(outcome)
     }
 
+    /// Reads the CQE at `slot` after its owner bit said it is written.
+    #[inline(always)]
+    fn read_cqe(slot: u64) -> Cqe64 {
+        arch::from_device_barrier();
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: `slot` is a 64-byte entry of the live CQ ring.
+            *w = unsafe { arch::load_u64_volatile((slot as *const u64).add(i)) };
+        }
+        bytemuck::cast(words)
+    }
+
     /// Before consuming an error CQE past unread ones, records the earliest error among them: a
     /// flush seen first must not hide the error that caused it. CQEs are written in order, so
     /// every one before `index` is there. Error path only.
@@ -416,12 +422,7 @@ impl<M: Sharing> Qp<M> {
             // SAFETY: a slot of the live CQ ring.
             let op_own = unsafe { arch::load_u8_volatile((slot + cqe::field::OP_OWN.start as u64) as *const u8) };
             if ring::cqe_ready(op_own, j, log) && cqe::opcode(op_own).is_error() {
-                arch::from_device_barrier();
-                let mut words = [0u64; 8];
-                for (i, w) in words.iter_mut().enumerate() {
-                    *w = unsafe { arch::load_u64_volatile((slot as *const u64).add(i)) };
-                }
-                let e = bytemuck::cast::<[u64; 8], Cqe64>(words).as_error();
+                let e = Self::read_cqe(slot).as_error();
                 if e.syndrome() != Syndrome::WrFlush {
                     self.record_error(error_word(j, e.syndrome, e.vendor_err_synd, e.wqe_opcode()));
                     return;
