@@ -177,7 +177,7 @@ impl<M: Sharing> Qp<M> {
     pub fn reserve(&self, count: u32) -> Result<u64, PostError> {
         let size = 1u64 << self.sq_log_size();
         if count == 0 || count as u64 > size {
-            return Err(PostError::Wait(WaitError::Timeout { index: u64::MAX }));
+            return Err(PostError::BadCount { count, ring: size });
         }
         // SAFETY: the counter belongs to the live handle.
         let base = unsafe { M::fetch_add(self.sq_reserved(), count as u64) };
@@ -384,13 +384,9 @@ impl<M: Sharing> Qp<M> {
         let outcome = if cqe.opcode().is_error() {
             let e = cqe.as_error();
             self.record_earlier_errors(index);
-            self.record_error(error_word(index, e.syndrome, e.vendor_err_synd, e.wqe_opcode()));
-            Err(CqeError::from_word(error_word(
-                index,
-                e.syndrome,
-                e.vendor_err_synd,
-                e.wqe_opcode(),
-            )))
+            let word = error_word(index, e.syndrome, e.vendor_err_synd, e.wqe_opcode());
+            self.record_error(word);
+            Err(CqeError::from_word(word))
         } else {
             Ok(())
         };
@@ -460,7 +456,7 @@ impl<M: Sharing> Qp<M> {
             unsafe { arch::store_dbrec(rec, want.to_be()) };
             return;
         }
-        let mut cur = unsafe { arch::load_u64_volatile(rec as *const u64) } as u32; // set_ci is the low word
+        let mut cur = unsafe { arch::load_u32_volatile(rec) };
         while !ring::cq_ci_at_or_after(u32::from_be(cur), want) {
             let seen = unsafe { arch::cas_dbrec(rec, cur, want.to_be()) };
             if seen == cur {
@@ -544,10 +540,10 @@ impl<M: Sharing> Qp<M> {
         written.map(|()| base + count as u64 - 1)
     }
 
-    /// Posts a transfer of `len` bytes split into WQEs of at most `max_msg_size` (one NOP when
-    /// `len` is 0), in batches that fit the ring. `one(index, offset, chunk)` writes one WQE.
+    /// Posts an RDMA WRITE or READ of `len` bytes between `remote` and `local`, split into WQEs
+    /// of at most `max_msg_size` (one NOP when `len` is 0), in batches that fit the ring.
     #[inline(always)]
-    fn post_split(&self, len: u64, mut one: impl FnMut(u64, u64, u32)) -> Result<Ticket, PostError> {
+    fn post_split(&self, opcode: WqeOpcode, remote: Remote, local: Local, len: u64) -> Result<Ticket, PostError> {
         if len == 0 {
             return self.post(1, |i, _| {
                 self.wqe_prepare_nop(i, 0);
@@ -562,8 +558,16 @@ impl<M: Sharing> Qp<M> {
         while done < total {
             let n = batch.min(total - done) as u32;
             ticket = self.post(n, |i, k| {
-                let offset = (done + k as u64) * max;
-                one(i, offset, (len - offset).min(max) as u32);
+                let off = (done + k as u64) * max;
+                let r = Remote {
+                    addr: remote.addr + off,
+                    rkey: remote.rkey,
+                };
+                let l = Local {
+                    addr: local.addr + off,
+                    lkey: local.lkey,
+                };
+                self.prepare_rdma(opcode, i, r, l, (len - off).min(max) as u32, 0);
                 Ok(())
             })?;
             done += n as u64;
@@ -574,22 +578,7 @@ impl<M: Sharing> Qp<M> {
     /// RDMA WRITE of `len` bytes from `src` to `dst` (split as needed; 0 bytes is a NOP).
     #[inline(always)]
     pub fn put(&self, dst: Remote, src: Local, len: u64) -> Result<Ticket, PostError> {
-        self.post_split(len, |i, off, n| {
-            let d = Remote {
-                addr: dst.addr + off,
-                rkey: dst.rkey,
-            };
-            self.wqe_prepare_write(
-                i,
-                d,
-                Local {
-                    addr: src.addr + off,
-                    lkey: src.lkey,
-                },
-                n,
-                0,
-            )
-        })
+        self.post_split(WqeOpcode::RdmaWrite, dst, src, len)
     }
 
     /// RDMA WRITE of `data` carried in the WQE (at most [`MAX_INLINE`] bytes): no local key needed.
@@ -631,22 +620,7 @@ impl<M: Sharing> Qp<M> {
     /// RDMA READ of `len` bytes from `src` into `dst` (split as needed; 0 bytes is a NOP).
     #[inline(always)]
     pub fn get(&self, dst: Local, src: Remote, len: u64) -> Result<Ticket, PostError> {
-        self.post_split(len, |i, off, n| {
-            let s = Remote {
-                addr: src.addr + off,
-                rkey: src.rkey,
-            };
-            self.wqe_prepare_read(
-                i,
-                Local {
-                    addr: dst.addr + off,
-                    lkey: dst.lkey,
-                },
-                s,
-                n,
-                0,
-            )
-        })
+        self.post_split(WqeOpcode::RdmaRead, src, dst, len)
     }
 
     /// Posts one atomic; the old value lands (big-endian) at `result`.

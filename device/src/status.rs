@@ -62,6 +62,13 @@ pub enum PostError {
     },
     /// The handle's doorbell kind is not one this crate knows.
     BadHandle,
+    /// A reservation of 0 WQEs, or of more than the ring holds.
+    BadCount {
+        /// WQEs asked for.
+        count: u32,
+        /// Ring size in WQEs.
+        ring: u64,
+    },
 }
 
 impl From<WaitError> for PostError {
@@ -93,12 +100,13 @@ impl core::fmt::Display for PostError {
             PostError::Wait(e) => e.fmt(f),
             PostError::InlineTooLong { len, max } => write!(f, "inline data of {len} bytes exceeds {max}"),
             PostError::BadHandle => f.write_str("unknown doorbell kind in the QP handle"),
+            PostError::BadCount { count, ring } => write!(f, "cannot reserve {count} WQEs in a ring of {ring}"),
         }
     }
 }
 
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
-/// [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], or [`CODE_CQE_ERROR`] | syndrome.
+/// [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`], or [`CODE_CQE_ERROR`] | syndrome.
 pub const CODE_OK: u32 = 0;
 /// A wait timed out.
 pub const CODE_TIMEOUT: u32 = 1;
@@ -106,6 +114,8 @@ pub const CODE_TIMEOUT: u32 = 1;
 pub const CODE_INLINE_TOO_LONG: u32 = 2;
 /// Unknown doorbell kind in the handle.
 pub const CODE_BAD_HANDLE: u32 = 3;
+/// A reservation of 0 WQEs or more than the ring.
+pub const CODE_BAD_COUNT: u32 = 4;
 /// An error CQE; the low byte is the syndrome.
 pub const CODE_CQE_ERROR: u32 = 0x100;
 
@@ -128,6 +138,7 @@ impl PostError {
             PostError::Wait(w) => w.code(),
             PostError::InlineTooLong { .. } => CODE_INLINE_TOO_LONG,
             PostError::BadHandle => CODE_BAD_HANDLE,
+            PostError::BadCount { .. } => CODE_BAD_COUNT,
         }
     }
 }

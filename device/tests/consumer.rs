@@ -384,6 +384,8 @@ fn inline_get_signal_fence_and_atomics() {
         qp.put_inline(h.remote(0), &[0; 29]),
         Err(PostError::InlineTooLong { len: 29, max: 28 })
     ));
+    assert_eq!(qp.reserve(0), Err(PostError::BadCount { count: 0, ring: 16 }));
+    assert_eq!(qp.reserve(17), Err(PostError::BadCount { count: 17, ring: 16 }));
     qp.fence().unwrap();
     let t = qp.get(h.local(2048), h.remote(100), 20).unwrap();
     qp.wait(t).unwrap();

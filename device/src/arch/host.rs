@@ -83,6 +83,16 @@ pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
     unsafe { AtomicU8::from_ptr(src as *mut u8) }.load(Ordering::Relaxed)
 }
 
+/// Reads a 4-byte word the device and HCA share (a doorbell-record word).
+///
+/// # Safety
+/// `src` is valid for reads and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u32_volatile(src: *const u32) -> u32 {
+    // SAFETY: per the caller's contract.
+    unsafe { AtomicU32::from_ptr(src as *mut u32) }.load(Ordering::Relaxed)
+}
+
 /// Reads a word the HCA writes (CQE body, fetched atomic values).
 ///
 /// # Safety

@@ -11,7 +11,7 @@
 //! | [`store_dbrec`] | a doorbell-record word, system scope |
 //! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
 //! | [`fetch_max_sys`] | raise a host-visible u64 (the CPU proxy's producer index) |
-//! | [`load_u8_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |
+//! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |
 //! | [`global_timer_ns`] | monotonic nanoseconds (GPU `%globaltimer`) |
 //! | [`backoff`] | what a waiter does between polls |
 //!

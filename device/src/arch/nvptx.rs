@@ -92,6 +92,18 @@ pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
     v as u8
 }
 
+/// Reads a 4-byte word the device and HCA share (`ld.relaxed.sys`).
+///
+/// # Safety
+/// `src` is valid for reads and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u32_volatile(src: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("ld.relaxed.sys.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) src, options(nostack, readonly)) }
+    v
+}
+
 /// Reads a word the HCA writes (`ld.relaxed.sys`).
 ///
 /// # Safety
