@@ -1,15 +1,21 @@
 //! The PTX entry points (`extern "ptx-kernel"`), all in one place. Each is a thin shell that
 //! reads its thread coordinates and calls the data-path API, so the logic is the code CPU
-//! threads run too. Kernels are instantiated for every sharing mode (`_exclusive`, `_cta`,
-//! `_gpu`); results go to `status[thread]` as [`crate::status`] codes.
+//! threads run too. Kernels are instantiated for every execution scope and sharing mode
+//! (`gdaki_<kernel>_<scope>_<mode>`), all with the same parameters; results go to
+//! `status[thread]` as [`crate::status`] codes.
+//!
+//! Launch shapes: a warp-scope kernel needs whole warps (a partial warp reports
+//! [`CODE_BAD_SCOPE`]); block-scope kernels take one [`BlockScratch`] per block at `scratch`
+//! (others ignore it); exclusive mode means one thread, warp or block in all.
 use core::arch::nvptx::{_block_dim_x, _block_idx_x, _thread_idx_x};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use gdaki_layout::DevQp;
 
 use crate::qp::{AtomicOp, Local, Qp, Remote};
+use crate::scope::{Block, BlockScratch, Scope, Thread, Warp};
 use crate::sharing::{Cta, Exclusive, Gpu, Sharing};
-use crate::status::{PostError, CODE_OK};
+use crate::status::{PostError, CODE_BAD_SCOPE, CODE_OK};
 
 #[inline(always)]
 fn global_thread() -> u32 {
@@ -38,9 +44,13 @@ pub unsafe extern "ptx-kernel" fn gdaki_selftest(out: *mut u32, count: *mut u64,
 /// Each thread puts `iters` messages of `len` bytes from `src + t*len` to `dst + t*len`, then
 /// waits for all of them.
 #[inline(always)]
-unsafe fn put_loop<M: Sharing>(qp: *mut DevQp, dst: Remote, src: Local, len: u64, iters: u32) -> Result<(), PostError> {
-    // SAFETY: the caller passes an exported handle used in mode M by every thread.
-    let qp = unsafe { Qp::<M>::from_raw(qp) };
+fn put_loop<M: Sharing, S: Scope>(
+    qp: Qp<M, S>,
+    dst: Remote,
+    src: Local,
+    len: u64,
+    iters: u32,
+) -> Result<(), PostError> {
     let t = global_thread() as u64;
     let mut last = None;
     for _ in 0..iters {
@@ -48,14 +58,11 @@ unsafe fn put_loop<M: Sharing>(qp: *mut DevQp, dst: Remote, src: Local, len: u64
             addr: dst.addr + t * len,
             rkey: dst.rkey,
         };
-        last = Some(qp.put(
-            d,
-            Local {
-                addr: src.addr + t * len,
-                lkey: src.lkey,
-            },
-            len,
-        )?);
+        let s = Local {
+            addr: src.addr + t * len,
+            lkey: src.lkey,
+        };
+        last = Some(qp.put(d, s, len)?);
     }
     if let Some(ticket) = last {
         qp.wait(ticket)?;
@@ -67,9 +74,7 @@ unsafe fn put_loop<M: Sharing>(qp: *mut DevQp, dst: Remote, src: Local, len: u64
 /// 64 bytes per thread at `remote` and a local one at `local` (the same size): the PTX proof
 /// that the whole API instantiates, and a GPU smoke test.
 #[inline(always)]
-unsafe fn all_ops<M: Sharing>(qp: *mut DevQp, remote: Remote, local: Local) -> Result<(), PostError> {
-    // SAFETY: as in `put_loop`.
-    let qp = unsafe { Qp::<M>::from_raw(qp) };
+fn all_ops<M: Sharing, S: Scope>(qp: Qp<M, S>, remote: Remote, local: Local) -> Result<(), PostError> {
     let t = global_thread() as u64 * 64;
     let r = |off: u64| Remote {
         addr: remote.addr + t + off,
@@ -87,25 +92,72 @@ unsafe fn all_ops<M: Sharing>(qp: *mut DevQp, remote: Remote, local: Local) -> R
     qp.signal(r(40), 1, l(48))?;
     let before = qp.atomic_fetch_add(r(40), 5, l(48))?;
     let _ = qp.atomic_compare_swap(r(40), before + 5, 0, l(56))?;
-    // The low level, by hand: one NOP.
-    let i = qp.reserve(1)?;
-    qp.wqe_prepare_nop(i, 0);
-    qp.mark_ready(i, i + 1)?;
-    qp.submit(i + 1)?;
-    let _ = qp.poll_one();
     let _ = qp.atomic(AtomicOp::FetchAdd(0), r(40), l(48))?;
+    // The low level, by hand: one NOP (by the leader only: in exclusive mode only one thread
+    // may change the QP's state).
+    if qp.scope().is_leader() {
+        let i = qp.reserve(1)?;
+        qp.wqe_prepare_nop(i, 0);
+        qp.mark_ready(i, i + 1)?;
+        qp.submit(i + 1)?;
+        let _ = qp.poll_one();
+    }
     qp.quiet()?;
     Ok(())
 }
 
+/// The calling thread's member of scope `S` (`None`: the launch shape does not fit it).
+trait Launch: Scope {
+    /// # Safety
+    /// For block scope, `scratch` holds one [`BlockScratch`] per block of the grid.
+    unsafe fn here(scratch: *mut BlockScratch) -> Option<Self>;
+}
+impl Launch for Thread {
+    #[inline(always)]
+    unsafe fn here(_: *mut BlockScratch) -> Option<Self> {
+        Some(Thread)
+    }
+}
+impl Launch for Warp {
+    #[inline(always)]
+    unsafe fn here(_: *mut BlockScratch) -> Option<Self> {
+        Warp::converged()
+    }
+}
+impl Launch for Block {
+    #[inline(always)]
+    unsafe fn here(scratch: *mut BlockScratch) -> Option<Self> {
+        // SAFETY: one scratch per block, per the contract; every thread of the block computes
+        // the same pointer.
+        Some(unsafe { Block::new(scratch.add(_block_idx_x() as usize)) })
+    }
+}
+
+/// Runs `f` with the QP in scope `S` and writes the thread's outcome code.
+#[inline(always)]
+unsafe fn run<M: Sharing, S: Launch>(
+    qp: *mut DevQp,
+    scratch: *mut BlockScratch,
+    status: *mut u32,
+    f: impl FnOnce(Qp<M, S>) -> Result<(), PostError>,
+) {
+    // SAFETY: the caller passes an exported handle used in mode M and scope S by the launch.
+    let code = match unsafe { S::here(scratch) } {
+        Some(scope) => f(unsafe { Qp::<M>::from_raw(qp) }.with_scope(scope)).map_or_else(|e| e.code(), |()| CODE_OK),
+        None => CODE_BAD_SCOPE,
+    };
+    // SAFETY: one status word per thread, per the kernel's contract.
+    unsafe { status.add(global_thread() as usize).write_volatile(code) };
+}
+
 macro_rules! kernels_for {
-    ($mode:ty, $put:ident, $ops:ident) => {
-        /// Put loop (see `put_loop`) in this sharing mode.
+    ($mode:ty, $scope:ty, $put:ident, $ops:ident) => {
+        /// Put loop (see `put_loop`) in this scope and sharing mode.
         ///
         /// # Safety
         /// `qp` is an exported handle shared only by this launch's threads in this mode; the
         /// buffers hold `len * threads` bytes and are registered with the keys given; `status`
-        /// holds one u32 per thread.
+        /// holds one u32 per thread; `scratch` as in the module documentation.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $put(
             qp: *mut DevQp,
@@ -115,26 +167,14 @@ macro_rules! kernels_for {
             lkey: u32,
             len: u64,
             iters: u32,
+            scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
-            let r = unsafe {
-                put_loop::<$mode>(
-                    qp,
-                    Remote { addr: dst, rkey },
-                    Local { addr: src, lkey },
-                    len,
-                    iters,
-                )
-            };
-            // SAFETY: one status word per thread, per the contract.
-            unsafe {
-                status
-                    .add(global_thread() as usize)
-                    .write_volatile(r.map_or_else(|e| e.code(), |()| CODE_OK))
-            };
+            let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
+            unsafe { run::<$mode, $scope>(qp, scratch, status, |qp| put_loop(qp, dst, src, len, iters)) }
         }
 
-        /// Every operation once (see `all_ops`) in this sharing mode.
+        /// Every operation once (see `all_ops`) in this scope and sharing mode.
         ///
         /// # Safety
         /// As for the put kernel, with 64 bytes per thread at `remote` and `local`.
@@ -145,19 +185,26 @@ macro_rules! kernels_for {
             rkey: u32,
             local: u64,
             lkey: u32,
+            scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
-            let r = unsafe { all_ops::<$mode>(qp, Remote { addr: remote, rkey }, Local { addr: local, lkey }) };
-            // SAFETY: one status word per thread, per the contract.
-            unsafe {
-                status
-                    .add(global_thread() as usize)
-                    .write_volatile(r.map_or_else(|e| e.code(), |()| CODE_OK))
-            };
+            let (remote, local) = (Remote { addr: remote, rkey }, Local { addr: local, lkey });
+            unsafe { run::<$mode, $scope>(qp, scratch, status, |qp| all_ops(qp, remote, local)) }
         }
     };
 }
 
-kernels_for!(Exclusive, gdaki_put_thread_exclusive, gdaki_ops_thread_exclusive);
-kernels_for!(Cta, gdaki_put_thread_cta, gdaki_ops_thread_cta);
-kernels_for!(Gpu, gdaki_put_thread_gpu, gdaki_ops_thread_gpu);
+kernels_for!(
+    Exclusive,
+    Thread,
+    gdaki_put_thread_exclusive,
+    gdaki_ops_thread_exclusive
+);
+kernels_for!(Cta, Thread, gdaki_put_thread_cta, gdaki_ops_thread_cta);
+kernels_for!(Gpu, Thread, gdaki_put_thread_gpu, gdaki_ops_thread_gpu);
+kernels_for!(Exclusive, Warp, gdaki_put_warp_exclusive, gdaki_ops_warp_exclusive);
+kernels_for!(Cta, Warp, gdaki_put_warp_cta, gdaki_ops_warp_cta);
+kernels_for!(Gpu, Warp, gdaki_put_warp_gpu, gdaki_ops_warp_gpu);
+kernels_for!(Exclusive, Block, gdaki_put_block_exclusive, gdaki_ops_block_exclusive);
+kernels_for!(Cta, Block, gdaki_put_block_cta, gdaki_ops_block_cta);
+kernels_for!(Gpu, Block, gdaki_put_block_gpu, gdaki_ops_block_gpu);

@@ -8,21 +8,27 @@
 //!   `atomic_fetch_add`, `atomic_compare_swap`, `wait`, `quiet`, `fence`) and the low-level
 //!   protocol under them (`reserve`, `wqe_prepare_*`, `mark_ready`, `submit`, `ring`,
 //!   `poll_one`, `poll_at`).
+//! - [`scope`]: execution scopes ([`Thread`], [`Warp`], [`Block`]): who posts together.
 //! - [`status`]: tickets and the bounded outcome of every wait.
 //! - [`arch`]: one module per target, barriers named by purpose.
 //! - [`kernels`]: the PTX entry points (nvptx64 only), in one place.
 #![no_std]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)
+)]
 #![warn(missing_docs)]
 
 pub mod arch;
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;
 pub mod qp;
+pub mod scope;
 pub mod sharing;
 pub mod status;
 
 pub use qp::{AtomicOp, Local, Qp, Remote, MAX_INLINE};
+pub use scope::{Block, Scope, Thread, Warp};
 pub use sharing::{Cta, Exclusive, Gpu, Sharing};
 pub use status::{CqeError, PostError, Ticket, WaitError};
 

@@ -1,5 +1,6 @@
 //! A queue pair as the device drives it: the low-level protocol and the high-level operations
-//! built on it, in thread scope (each call posts for the calling thread).
+//! built on it, in every execution scope ([`crate::scope`]): a thread posts for itself, a warp
+//! or block posts its members' operations with one reservation and one doorbell.
 //!
 //! # Protocol
 //! 1. [`Qp::reserve`]: an atomic add on `sq_reserved` claims WQE slots; on a ring wrap the
@@ -14,7 +15,16 @@
 //!
 //! Every WQE this crate writes is one 64-byte building block and asks for a CQE, so WQE index,
 //! building-block index and CQE index are the same number: a ticket. Mixing these functions
-//! with WQEs of several blocks or unsignalled WQEs on one QP is unsupported.
+//! with WQEs of several blocks or unsignalled WQEs on one QP is unsupported. Mixing the high-
+//! and low-level functions on one QP is safe: both follow the protocol above.
+//!
+//! # Scopes
+//! The high-level functions are collectives in warp and block scope (see [`crate::scope`]):
+//! every member brings its own operation, the group's WQEs are reserved, marked ready and rung
+//! by the leader, and every member gets the group's last ticket (waiting on it covers the
+//! whole group). Errors of the group's reservation or doorbell reach every member; an error in
+//! a member's own arguments (say, inline data too long) reaches that member only, whose slots
+//! then hold NOPs. The low-level functions are per thread in every scope.
 use core::marker::PhantomData;
 use core::ptr::addr_of_mut;
 
@@ -27,8 +37,9 @@ use gdaki_layout::raddr::RaddrSeg;
 use gdaki_layout::{dbrec, doorbell, inline, ring, DevQp, DoorbellKind, Segment, Syndrome, WqeOpcode};
 
 use crate::arch;
+use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
-use crate::status::{CqeError, PostError, Ticket, WaitError};
+use crate::status::{self, CqeError, PostError, Ticket, WaitError};
 
 pub use gdaki_layout::wqe::Remote;
 
@@ -63,18 +74,19 @@ pub const MAX_INLINE: usize = inline::MAX_SINGLE_BB;
 /// Flags every WQE carries: a CQE for each, so tickets are CQE indices.
 const SIGNALED: u8 = ctrl::CE_CQ_UPDATE;
 
-/// A queue pair handle used in sharing mode `M`.
-pub struct Qp<M: Sharing> {
+/// A queue pair handle used in sharing mode `M` by execution scope `S`.
+pub struct Qp<M: Sharing, S: Scope = Thread> {
     ptr: *mut DevQp,
+    scope: S,
     _mode: PhantomData<M>,
 }
 
-impl<M: Sharing> Clone for Qp<M> {
+impl<M: Sharing, S: Scope> Clone for Qp<M, S> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<M: Sharing> Copy for Qp<M> {}
+impl<M: Sharing, S: Scope> Copy for Qp<M, S> {}
 
 /// A bounded wait: backs off between rounds and reports expiry of the handle's timeout.
 struct Deadline {
@@ -92,8 +104,8 @@ impl Deadline {
     }
 }
 
-impl<M: Sharing> Qp<M> {
-    /// Wraps an exported handle.
+impl<M: Sharing> Qp<M, Thread> {
+    /// Wraps an exported handle, in thread scope.
     ///
     /// # Safety
     /// `ptr` points to a `DevQp` exported by the host (rings, records and doorbell addresses
@@ -103,8 +115,27 @@ impl<M: Sharing> Qp<M> {
     pub const unsafe fn from_raw(ptr: *mut DevQp) -> Self {
         Qp {
             ptr,
+            scope: Thread,
             _mode: PhantomData,
         }
+    }
+}
+
+impl<M: Sharing, S: Scope> Qp<M, S> {
+    /// The same QP used by the group `scope` (every member converts its own handle).
+    #[inline(always)]
+    pub const fn with_scope<T: Scope>(self, scope: T) -> Qp<M, T> {
+        Qp {
+            ptr: self.ptr,
+            scope,
+            _mode: PhantomData,
+        }
+    }
+
+    /// The execution scope.
+    #[inline(always)]
+    pub const fn scope(&self) -> S {
+        self.scope
     }
 
     /// The raw handle.
@@ -520,59 +551,104 @@ impl<M: Sharing> Qp<M> {
 
     // ---------------------------------------------------------------- high level
 
-    /// Reserves `count` WQEs (at most the ring), lets `write(index, k)` fill each, marks them
-    /// ready and submits. Returns the last index.
+    /// Runs `f` on the leader and hands its outcome to every member.
     #[inline(always)]
-    fn post(&self, count: u32, mut write: impl FnMut(u64, u32) -> Result<(), PostError>) -> Result<Ticket, PostError> {
-        let base = self.reserve(count)?;
-        let mut written = Ok(());
-        for k in 0..count {
-            if written.is_ok() {
-                written = write(base + k as u64, k);
-            }
-            if written.is_err() {
-                // Keep the ring consistent: the slot must hold a valid WQE before it is ready.
-                self.wqe_prepare_nop(base + k as u64, 0);
-            }
+    fn on_leader(&self, f: impl FnOnce() -> Result<u64, PostError>) -> Result<u64, PostError> {
+        if S::SOLO {
+            return f();
         }
-        self.mark_ready(base, base + count as u64)?;
-        self.submit(base + count as u64)?;
-        written.map(|()| base + count as u64 - 1)
+        let mine = if self.scope.is_leader() {
+            status::encode(f())
+        } else {
+            [0; 2]
+        };
+        status::decode(self.scope.broadcast(mine))
+    }
+
+    /// [`on_leader`](Self::on_leader) for waits.
+    #[inline(always)]
+    fn wait_on_leader(&self, index: u64, f: impl FnOnce() -> Result<(), WaitError>) -> Result<(), WaitError> {
+        match self.on_leader(|| f().map(|()| 0).map_err(PostError::Wait)) {
+            Ok(_) => Ok(()),
+            Err(PostError::Wait(e)) => Err(e),
+            // Only wait errors are encoded above.
+            Err(_) => Err(WaitError::Timeout { index }),
+        }
+    }
+
+    /// The group posts: each member brings `count` WQEs (0 allowed), its `k`-th written by
+    /// `write(index, k)`. In rounds of at most one ring, the leader reserves, members write,
+    /// the leader marks ready and submits. Returns the group's last index.
+    #[inline(always)]
+    fn post(&self, count: u64, mut write: impl FnMut(u64, u64) -> Result<(), PostError>) -> Result<Ticket, PostError> {
+        let (first, total) = self.scope.scan(count);
+        let ring = 1u64 << self.sq_log_size();
+        let mut written = Ok(());
+        let mut last = Err(PostError::BadCount { count: 0, ring });
+        let mut done = 0u64;
+        while done < total {
+            let n = ring.min(total - done);
+            let base = self.on_leader(|| self.reserve(n as u32))?;
+            // This member's WQEs that fall in this round.
+            for p in first.max(done)..(first + count).min(done + n) {
+                let index = base + (p - done);
+                if written.is_ok() {
+                    written = write(index, p - first);
+                }
+                if written.is_err() {
+                    // Keep the ring consistent: the slot must hold a valid WQE before it is ready.
+                    self.wqe_prepare_nop(index, 0);
+                }
+            }
+            self.scope.sync();
+            last = self.on_leader(|| {
+                self.mark_ready(base, base + n)?;
+                self.submit(base + n)?;
+                Ok(base + n - 1)
+            });
+            last?;
+            done += n;
+        }
+        written?;
+        last
+    }
+
+    /// WQEs a message of `len` bytes takes (one NOP for 0 bytes), and the bytes per WQE.
+    #[inline(always)]
+    fn split(&self, len: u64) -> (u64, u64) {
+        let max = self.max_msg_size().min(gdaki_layout::data::MAX_BYTE_COUNT as u64);
+        (len.div_ceil(max).max(1), max)
+    }
+
+    /// Writes WQE `k` of an RDMA WRITE or READ of `len` bytes split by `max` bytes (`len` 0:
+    /// a NOP).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn write_chunk(&self, opcode: WqeOpcode, index: u64, k: u64, remote: Remote, local: Local, len: u64, max: u64) {
+        if len == 0 {
+            return self.wqe_prepare_nop(index, 0);
+        }
+        let off = k * max;
+        let r = Remote {
+            addr: remote.addr + off,
+            rkey: remote.rkey,
+        };
+        let l = Local {
+            addr: local.addr + off,
+            lkey: local.lkey,
+        };
+        self.prepare_rdma(opcode, index, r, l, (len - off).min(max) as u32, 0);
     }
 
     /// Posts an RDMA WRITE or READ of `len` bytes between `remote` and `local`, split into WQEs
-    /// of at most `max_msg_size` (one NOP when `len` is 0), in batches that fit the ring.
+    /// of at most `max_msg_size` (one NOP when `len` is 0).
     #[inline(always)]
     fn post_split(&self, opcode: WqeOpcode, remote: Remote, local: Local, len: u64) -> Result<Ticket, PostError> {
-        if len == 0 {
-            return self.post(1, |i, _| {
-                self.wqe_prepare_nop(i, 0);
-                Ok(())
-            });
-        }
-        let max = self.max_msg_size().min(gdaki_layout::data::MAX_BYTE_COUNT as u64);
-        let total = len.div_ceil(max);
-        let batch = (1u64 << self.sq_log_size()).min(total);
-        let mut done = 0u64;
-        let mut ticket = 0;
-        while done < total {
-            let n = batch.min(total - done) as u32;
-            ticket = self.post(n, |i, k| {
-                let off = (done + k as u64) * max;
-                let r = Remote {
-                    addr: remote.addr + off,
-                    rkey: remote.rkey,
-                };
-                let l = Local {
-                    addr: local.addr + off,
-                    lkey: local.lkey,
-                };
-                self.prepare_rdma(opcode, i, r, l, (len - off).min(max) as u32, 0);
-                Ok(())
-            })?;
-            done += n as u64;
-        }
-        Ok(ticket)
+        let (count, max) = self.split(len);
+        self.post(count, |i, k| {
+            self.write_chunk(opcode, i, k, remote, local, len, max);
+            Ok(())
+        })
     }
 
     /// RDMA WRITE of `len` bytes from `src` to `dst` (split as needed; 0 bytes is a NOP).
@@ -584,17 +660,21 @@ impl<M: Sharing> Qp<M> {
     /// RDMA WRITE of `data` carried in the WQE (at most [`MAX_INLINE`] bytes): no local key needed.
     #[inline(always)]
     pub fn put_inline(&self, dst: Remote, data: &[u8]) -> Result<Ticket, PostError> {
-        if data.len() > MAX_INLINE {
+        let too_long = data.len() > MAX_INLINE;
+        // A member with bad arguments still takes part in the collective, with nothing to post.
+        let r = self.post(!too_long as u64, |i, _| self.wqe_prepare_write_inline(i, dst, data, 0));
+        if too_long {
             return Err(PostError::InlineTooLong {
                 len: data.len(),
                 max: MAX_INLINE,
             });
         }
-        self.post(1, |i, _| self.wqe_prepare_write_inline(i, dst, data, 0))
+        r
     }
 
-    /// [`put`](Self::put), then an atomic add of `add` at `signal`, which RC ordering makes
-    /// visible only after the data. The fetched value lands in the 8-byte `scratch`.
+    /// [`put`](Self::put), then an atomic add of `add` at `signal`, posted together (one
+    /// doorbell); RC ordering makes the signal visible only after the data. The fetched value
+    /// lands in the 8-byte `scratch`. `len` 0 posts the signal alone.
     #[inline(always)]
     pub fn put_signal(
         &self,
@@ -605,10 +685,15 @@ impl<M: Sharing> Qp<M> {
         add: u64,
         scratch: Local,
     ) -> Result<Ticket, PostError> {
-        if len > 0 {
-            self.put(dst, src, len)?;
-        }
-        self.signal(signal, add, scratch)
+        let (chunks, max) = if len == 0 { (0, 0) } else { self.split(len) };
+        self.post(chunks + 1, |i, k| {
+            if k < chunks {
+                self.write_chunk(WqeOpcode::RdmaWrite, i, k, dst, src, len, max);
+            } else {
+                self.wqe_prepare_atomic(i, AtomicOp::FetchAdd(add), signal, scratch, 0);
+            }
+            Ok(())
+        })
     }
 
     /// An atomic add of `add` at `signal` (the fetched value lands in `scratch`).
@@ -664,15 +749,22 @@ impl<M: Sharing> Qp<M> {
         u64::from_be(unsafe { arch::load_u64_volatile(result.addr as *const u64) })
     }
 
-    /// Waits for the operation that returned `ticket`.
+    /// Waits for the operation that returned `ticket`. In group scope the leader waits for its
+    /// ticket, which is the group's (every member got the same one from the group's posts).
     #[inline(always)]
     pub fn wait(&self, ticket: Ticket) -> Result<(), WaitError> {
-        self.poll_at(ticket)
+        self.wait_on_leader(ticket, || self.poll_at(ticket))
     }
 
     /// Waits for every WQE reserved on this QP so far.
     #[inline(always)]
     pub fn quiet(&self) -> Result<(), WaitError> {
+        self.wait_on_leader(0, || self.quiet_here())
+    }
+
+    /// [`quiet`](Self::quiet) by the calling thread.
+    #[inline(always)]
+    fn quiet_here(&self) -> Result<(), WaitError> {
         let reserved = unsafe { M::load_acquire(self.sq_reserved()) };
         if reserved == 0 {
             return Ok(());
@@ -692,10 +784,10 @@ impl<M: Sharing> Qp<M> {
     }
 
     /// Orders: WQEs posted after this start only once every earlier one has completed at the
-    /// requester (a NOP with the strong fence flag). Returns the NOP's ticket.
+    /// requester (a NOP with the strong fence flag; one per group). Returns the NOP's ticket.
     #[inline(always)]
     pub fn fence(&self) -> Result<Ticket, PostError> {
-        self.post(1, |i, _| {
+        self.post(self.scope.is_leader() as u64, |i, _| {
             self.wqe_prepare_nop(i, ctrl::FM_FENCE);
             Ok(())
         })

@@ -1,6 +1,6 @@
 //! What posting and waiting return. Every wait is bounded: the result is success, a decoded
 //! error CQE, or a timeout, never a hang.
-use gdaki_layout::handle::{ERROR_SYNDROME_SHIFT, ERROR_VENDOR_SHIFT, ERROR_WQE_OPCODE_SHIFT};
+use gdaki_layout::handle::{error_word, ERROR_SYNDROME_SHIFT, ERROR_VENDOR_SHIFT, ERROR_WQE_OPCODE_SHIFT};
 use gdaki_layout::{Syndrome, WqeOpcode};
 
 /// The WQE index of a posted operation's last WQE; waiting on it waits for the whole operation.
@@ -21,6 +21,17 @@ pub struct CqeError {
 }
 
 impl CqeError {
+    /// Encodes it as the CQ's sticky error word ([`CqeError::from_word`] inverts it).
+    #[inline(always)]
+    pub const fn to_word(&self) -> u64 {
+        error_word(
+            self.wqe_index as u64,
+            self.syndrome.raw(),
+            self.vendor_syndrome,
+            self.wqe_opcode.raw(),
+        )
+    }
+
     /// Decodes the CQ's sticky error word (`DevCq::error`).
     #[inline(always)]
     pub const fn from_word(word: u64) -> Self {
@@ -116,6 +127,9 @@ pub const CODE_INLINE_TOO_LONG: u32 = 2;
 pub const CODE_BAD_HANDLE: u32 = 3;
 /// A reservation of 0 WQEs or more than the ring.
 pub const CODE_BAD_COUNT: u32 = 4;
+/// A kernel was launched in a shape its scope cannot use (for example a warp-scope kernel
+/// whose warp is partial). Reported by kernels, not by the API.
+pub const CODE_BAD_SCOPE: u32 = 5;
 /// An error CQE; the low byte is the syndrome.
 pub const CODE_CQE_ERROR: u32 = 0x100;
 
@@ -139,6 +153,71 @@ impl PostError {
             PostError::InlineTooLong { .. } => CODE_INLINE_TOO_LONG,
             PostError::BadHandle => CODE_BAD_HANDLE,
             PostError::BadCount { .. } => CODE_BAD_COUNT,
+        }
+    }
+}
+
+/// A post's or wait's outcome as two words, so a group leader can hand it to its members through
+/// [`Scope::broadcast`](crate::scope::Scope::broadcast): `[code, payload]`.
+#[inline(always)]
+pub(crate) fn encode(r: Result<u64, PostError>) -> [u64; 2] {
+    let payload = match r {
+        Ok(v) => return [CODE_OK as u64, v],
+        Err(PostError::Wait(WaitError::Cqe(e))) => e.to_word(),
+        Err(PostError::Wait(WaitError::Timeout { index })) => index,
+        Err(PostError::InlineTooLong { len, max }) => (len as u64) << 32 | max as u64,
+        Err(PostError::BadHandle) => 0,
+        Err(PostError::BadCount { count, ring }) => (count as u64) << 32 | ring,
+    };
+    [r.err().map_or(CODE_OK, |e| e.code()) as u64, payload]
+}
+
+/// Inverts [`encode`].
+#[inline(always)]
+pub(crate) fn decode(w: [u64; 2]) -> Result<u64, PostError> {
+    let [code, payload] = w;
+    Err(match code as u32 {
+        CODE_OK => return Ok(payload),
+        CODE_TIMEOUT => WaitError::Timeout { index: payload }.into(),
+        CODE_INLINE_TOO_LONG => PostError::InlineTooLong {
+            len: (payload >> 32) as usize,
+            max: payload as u32 as usize,
+        },
+        CODE_BAD_COUNT => PostError::BadCount {
+            count: (payload >> 32) as u32,
+            ring: payload as u32 as u64,
+        },
+        c if c & CODE_CQE_ERROR != 0 => WaitError::Cqe(CqeError::from_word(payload)).into(),
+        _ => PostError::BadHandle,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_survive_encoding() {
+        let cases = [
+            Ok(0),
+            Ok(u64::MAX),
+            Err(WaitError::Timeout { index: 1 << 40 }.into()),
+            Err(WaitError::Cqe(CqeError {
+                syndrome: Syndrome::RemoteAccess,
+                vendor_syndrome: 0x88,
+                wqe_opcode: WqeOpcode::RdmaRead,
+                wqe_index: 0xdead_beef,
+            })
+            .into()),
+            Err(PostError::InlineTooLong { len: 29, max: 28 }),
+            Err(PostError::BadHandle),
+            Err(PostError::BadCount {
+                count: 0,
+                ring: 1 << 15,
+            }),
+        ];
+        for c in cases {
+            assert_eq!(decode(encode(c)), c);
         }
     }
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Sharing, WaitError};
+use gdaki_device::scope::Group;
+use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Scope, Sharing, WaitError};
 use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::wqe::{Operation, Payload, WorkRequest, WqeView};
 use gdaki_layout::{dbrec, doorbell, ring, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
@@ -528,4 +529,212 @@ fn waits_time_out_when_nothing_answers() {
         qp.atomic(AtomicOp::FetchAdd(1), h.remote(0), h.local(8)),
         Err(PostError::Wait(WaitError::Timeout { .. }))
     ));
+}
+
+// ------------------------------------------------------------------ warp and block scope
+
+/// Groups of CPU threads post as warps: every member its own put (some split, some empty),
+/// one reservation per group and ring lap. Checks every byte, and that each group's WQEs
+/// arrive in at most one run per round (a per-thread reservation would scatter them).
+#[test]
+fn warp_groups_post_members_operations_with_one_reservation_per_round() {
+    const GROUPS: usize = 2;
+    const LANES: usize = 4;
+    const ITERS: usize = 60;
+    const SLOT: usize = 256;
+    const MAX_MSG: u64 = 100;
+    let len_of = |lane: usize, i: usize| (lane * 37 + i * 11) % 250;
+    let off_of = |g: usize, lane: usize, i: usize| ((g * LANES + lane) * ITERS + i) * SLOT;
+    let wqes_of = |len: usize| (len as u64).div_ceil(MAX_MSG).max(1);
+    let h = Harness::new(3, DoorbellKind::Gpu, MAX_MSG, GROUPS * LANES * ITERS * SLOT);
+    let tickets = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for g in 0..GROUPS {
+            let group = Arc::new(Group::new(LANES as u32).unwrap());
+            for lane in 0..LANES {
+                let (h, group, tickets) = (&h, group.clone(), &tickets);
+                s.spawn(move || {
+                    let warp = group.warp(lane as u32).unwrap();
+                    assert_eq!((warp.rank(), warp.size()), (lane as u32, LANES as u32));
+                    let qp = h.qp::<Gpu>().with_scope(warp);
+                    for i in 0..ITERS {
+                        let off = off_of(g, lane, i) as u64;
+                        let t = qp
+                            .put(h.remote(off), h.local(off), len_of(lane, i) as u64)
+                            .expect("put");
+                        tickets.lock().unwrap().push((g, i, t));
+                        if i % 8 == 7 {
+                            qp.wait(t).expect("wait");
+                        }
+                    }
+                    qp.quiet().expect("quiet");
+                });
+            }
+        }
+    });
+    let mut t = tickets.into_inner().unwrap();
+    t.sort_unstable();
+    for call in t.chunks(LANES) {
+        assert!(
+            call.iter().all(|&x| x == call[0]),
+            "members of one call share the ticket: {call:?}"
+        );
+    }
+    let remote = h.remote_bytes();
+    let mut rounds = [0u64; GROUPS];
+    let mut total = 0;
+    for (g, r) in rounds.iter_mut().enumerate() {
+        for i in 0..ITERS {
+            let wqes: u64 = (0..LANES).map(|lane| wqes_of(len_of(lane, i))).sum();
+            *r += wqes.div_ceil(8);
+            total += wqes;
+            for lane in 0..LANES {
+                let (off, len) = (off_of(g, lane, i), len_of(lane, i));
+                assert_eq!(
+                    &remote[off..off + len],
+                    &pattern(off, len)[..],
+                    "group {g} lane {lane} put {i}"
+                );
+                assert!(remote[off + len..off + SLOT].iter().all(|&b| b == 0));
+            }
+        }
+    }
+    let seen = h.finish();
+    assert_eq!(seen.len() as u64, total);
+    // Attribute each WQE to its group by its remote address (NOPs by their neighbours).
+    let base = seen
+        .iter()
+        .filter_map(|w| match w.op {
+            Operation::Write { remote, .. } => Some(remote.addr),
+            _ => None,
+        })
+        .min()
+        .unwrap();
+    let per_group = (LANES * ITERS * SLOT) as u64;
+    let mut runs = [0u64; GROUPS];
+    let mut prev = None;
+    for w in &seen {
+        let g = match w.op {
+            Operation::Write { remote, .. } => Some(((remote.addr - base) / per_group) as usize),
+            _ => prev,
+        };
+        if g != prev {
+            if let Some(g) = g {
+                runs[g] += 1;
+            }
+        }
+        prev = g.or(prev);
+    }
+    for g in 0..GROUPS {
+        assert!(
+            runs[g] <= rounds[g],
+            "group {g}: {} runs for {} rounds",
+            runs[g],
+            rounds[g]
+        );
+    }
+}
+
+/// A block of CPU threads that owns a QP (exclusive mode) runs every high-level operation as a
+/// collective, on a ring smaller than the group.
+#[test]
+fn block_scope_runs_every_operation_in_exclusive_mode() {
+    const THREADS: u32 = 5;
+    let h = Harness::new(2, DoorbellKind::Gpu, 1 << 20, 8192);
+    let group = Group::new(THREADS).unwrap();
+    assert!(Group::new(0).is_none());
+    assert!(group.block(THREADS).is_none());
+    assert!(Group::new(33).unwrap().warp(0).is_none(), "a warp has at most 32 lanes");
+    let fetched = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for r in 0..THREADS {
+            let (h, group, fetched) = (&h, &group, &fetched);
+            s.spawn(move || {
+                let qp = h.qp::<Exclusive>().with_scope(group.block(r).unwrap());
+                let me = r as u64 * 64;
+                // One member's inline data is too long: only it fails, the others' posts land.
+                let data = if r == 3 { vec![7u8; 29] } else { vec![r as u8 + 1; 8] };
+                let res = qp.put_inline(h.remote(me), &data);
+                if r == 3 {
+                    assert_eq!(res, Err(PostError::InlineTooLong { len: 29, max: 28 }));
+                } else {
+                    res.expect("put_inline");
+                }
+                qp.fence().expect("fence");
+                let t = qp.get(h.local(4096 + me), h.remote(me), 8).expect("get");
+                qp.wait(t).expect("wait");
+                let got = &h.local_bytes()[4096 + me as usize..4096 + me as usize + 8];
+                if r != 3 {
+                    assert_eq!(got, &[r as u8 + 1; 8][..]);
+                }
+                qp.put_signal(
+                    h.remote(me + 16),
+                    h.local(me + 16),
+                    16,
+                    h.remote(2048),
+                    1,
+                    h.local(6000 + me),
+                )
+                .expect("put_signal");
+                let v = qp
+                    .atomic_fetch_add(h.remote(2048 + 8), 10, h.local(6016 + me))
+                    .expect("fetch_add");
+                fetched.lock().unwrap().push(v);
+                qp.quiet().expect("quiet");
+                let cas = qp
+                    .atomic_compare_swap(h.remote(2048 + 8), 50, 1000 + r as u64, h.local(6032 + me))
+                    .expect("cas");
+                assert!(
+                    cas == 50 || cas >= 1000,
+                    "a CAS finds the sum or the winner's value: {cas}"
+                );
+            });
+        }
+    });
+    let mut v = fetched.into_inner().unwrap();
+    v.sort_unstable();
+    assert_eq!(v, vec![0, 10, 20, 30, 40]);
+    let remote = h.remote_bytes();
+    assert_eq!(
+        u64::from_ne_bytes(remote[2048..2056].try_into().unwrap()),
+        THREADS as u64
+    );
+    for r in 0..THREADS as usize {
+        let off = r * 64 + 16;
+        assert_eq!(&remote[off..off + 16], &pattern(off, 16)[..]);
+    }
+    let seen = h.finish();
+    let nops = seen.iter().filter(|w| w.op == Operation::Nop).count();
+    assert_eq!(nops, 1, "one fence NOP per group, none for the failed inline put");
+    // inline 4 + fence 1 + get 5 + put_signal 10 + fetch_add 5 + CAS 5
+    assert_eq!(seen.len(), 30);
+}
+
+/// An error CQE in a group's WQEs reaches every member's wait.
+#[test]
+fn every_member_of_a_warp_sees_the_error() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    h.consumer.fail_at.store(2, Release);
+    let group = Group::new(4).unwrap();
+    thread::scope(|s| {
+        for lane in 0..4 {
+            let (h, group) = (&h, &group);
+            s.spawn(move || {
+                let qp = h.qp::<Cta>().with_scope(group.warp(lane).unwrap());
+                let t = qp.put(h.remote(lane as u64 * 8), h.local(0), 8).unwrap();
+                assert_eq!(t, 3);
+                // The group's last WQE was flushed; the cause is recorded for the failed one.
+                match qp.wait(t) {
+                    Err(WaitError::Cqe(e)) => assert_eq!((e.wqe_index, e.syndrome), (3, Syndrome::WrFlush)),
+                    other => panic!("lane {lane}: {other:?}"),
+                }
+                match qp.wait(2) {
+                    Err(WaitError::Cqe(e)) => assert_eq!((e.wqe_index, e.syndrome), (2, Syndrome::RemoteAccess)),
+                    other => panic!("lane {lane}: {other:?}"),
+                }
+                assert_eq!(qp.wait(1), Ok(()));
+            });
+        }
+    });
+    h.finish();
 }

@@ -12,9 +12,21 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_put_thread_exclusive",
     "gdaki_put_thread_cta",
     "gdaki_put_thread_gpu",
+    "gdaki_put_warp_exclusive",
+    "gdaki_put_warp_cta",
+    "gdaki_put_warp_gpu",
+    "gdaki_put_block_exclusive",
+    "gdaki_put_block_cta",
+    "gdaki_put_block_gpu",
     "gdaki_ops_thread_exclusive",
     "gdaki_ops_thread_cta",
     "gdaki_ops_thread_gpu",
+    "gdaki_ops_warp_exclusive",
+    "gdaki_ops_warp_cta",
+    "gdaki_ops_warp_gpu",
+    "gdaki_ops_block_exclusive",
+    "gdaki_ops_block_cta",
+    "gdaki_ops_block_gpu",
 ];
 
 /// The PTX was not built into this copy of the library.

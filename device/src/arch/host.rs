@@ -120,3 +120,44 @@ pub fn backoff(round: u32) {
         std::thread::yield_now();
     }
 }
+
+/// Every lane of a warp.
+pub const FULL_WARP: u32 = u32::MAX;
+
+// A CPU thread is a warp of one lane: the warp primitives below are that warp's, so code written
+// for the GPU's warp runs unchanged. Groups of CPU threads (warp and block scope in CPU mode)
+// are emulated by `crate::scope::Group`.
+
+/// This thread's lane: 0.
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    0
+}
+
+/// The lanes executing together: lane 0.
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    1
+}
+
+/// Lane 0's vote, if lane 0 is in `mask`.
+#[inline(always)]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    pred as u32 & mask & 1
+}
+
+/// `value`: lane 0 is the only source.
+#[inline(always)]
+pub fn shfl_idx(_mask: u32, value: u32, _src: u32) -> u32 {
+    value
+}
+
+/// `value`: below lane `delta` a lane keeps its own.
+#[inline(always)]
+pub fn shfl_up(_mask: u32, value: u32, _delta: u32) -> u32 {
+    value
+}
+
+/// Nothing to wait for.
+#[inline(always)]
+pub fn warp_sync(_mask: u32) {}

@@ -14,9 +14,11 @@
 //! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |
 //! | [`global_timer_ns`] | monotonic nanoseconds (GPU `%globaltimer`) |
 //! | [`backoff`] | what a waiter does between polls |
+//! | [`lane_id`], [`active_mask`], [`ballot`], [`shfl_idx`], [`shfl_up`], [`warp_sync`] | warp primitives (on the host, a warp of one lane) |
+//! | `block_sync`, `block_thread_rank`, `block_size` | block primitives (nvptx only; CPU groups live in [`crate::scope`]) |
 //!
-//! Scoped atomics on the QP's counters live in [`crate::sharing`]; lane, ballot and
-//! broadcast in [`crate::scope`].
+//! Scoped atomics on the QP's counters live in [`crate::sharing`]; the collectives that warp and
+//! block scope are built from (scan, broadcast) in [`crate::scope`].
 #[cfg(not(target_arch = "nvptx64"))]
 mod host;
 #[cfg(not(target_arch = "nvptx64"))]

@@ -135,3 +135,95 @@ pub fn backoff(round: u32) {
         unsafe { asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nostack, nomem)) }
     }
 }
+
+// Warp and block primitives go through LLVM's NVVM intrinsics rather than inline PTX: the
+// intrinsics are marked convergent, so the optimiser never moves them into divergent code.
+#[allow(improper_ctypes)]
+extern "C" {
+    #[link_name = "llvm.nvvm.read.ptx.sreg.laneid"]
+    fn nvvm_laneid() -> i32;
+    #[link_name = "llvm.nvvm.activemask"]
+    fn nvvm_activemask() -> i32;
+    #[link_name = "llvm.nvvm.vote.ballot.sync"]
+    fn nvvm_ballot(mask: i32, pred: bool) -> i32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+    fn nvvm_shfl_idx(mask: i32, value: i32, lane: i32, clamp: i32) -> i32;
+    #[link_name = "llvm.nvvm.shfl.sync.up.i32"]
+    fn nvvm_shfl_up(mask: i32, value: i32, delta: i32, clamp: i32) -> i32;
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn nvvm_bar_warp_sync(mask: i32);
+}
+
+/// Every lane of a warp.
+pub const FULL_WARP: u32 = u32::MAX;
+
+/// This thread's lane in its warp (`%laneid`).
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvvm_laneid() as u32 }
+}
+
+/// The lanes of this warp executing this instruction together (`activemask`).
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    // SAFETY: no operands.
+    unsafe { nvvm_activemask() as u32 }
+}
+
+/// One bit per lane of `mask` whose `pred` is true (`vote.sync.ballot`). Every lane in `mask`
+/// must call it together.
+#[inline(always)]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    // SAFETY: the caller's lanes in `mask` converge here, per the contract.
+    unsafe { nvvm_ballot(mask as i32, pred) as u32 }
+}
+
+/// `value` of lane `src` (`shfl.sync.idx`). Every lane in `mask` must call it together.
+#[inline(always)]
+pub fn shfl_idx(mask: u32, value: u32, src: u32) -> u32 {
+    // SAFETY: as for `ballot`; clamp 0x1f keeps the whole warp one segment.
+    unsafe { nvvm_shfl_idx(mask as i32, value as i32, src as i32, 0x1f) as u32 }
+}
+
+/// `value` of lane `lane_id() - delta`, or the caller's own below lane `delta`
+/// (`shfl.sync.up`). Every lane in `mask` must call it together.
+#[inline(always)]
+pub fn shfl_up(mask: u32, value: u32, delta: u32) -> u32 {
+    // SAFETY: as for `ballot`.
+    unsafe { nvvm_shfl_up(mask as i32, value as i32, delta as i32, 0) as u32 }
+}
+
+/// Warp barrier with memory ordering among the lanes of `mask` (`bar.warp.sync`).
+#[inline(always)]
+pub fn warp_sync(mask: u32) {
+    // SAFETY: as for `ballot`.
+    unsafe { nvvm_bar_warp_sync(mask as i32) }
+}
+
+/// Block barrier with memory ordering among the block's threads (`bar.sync 0`). Every thread
+/// of the block must call it together.
+#[inline(always)]
+pub fn block_sync() {
+    // SAFETY: the caller's block converges here, per the contract.
+    unsafe { core::arch::nvptx::_syncthreads() }
+}
+
+/// This thread's linear index in its block (x fastest).
+#[inline(always)]
+pub fn block_thread_rank() -> u32 {
+    use core::arch::nvptx::*;
+    // SAFETY: special registers.
+    unsafe {
+        (_thread_idx_z() as u32 * _block_dim_y() as u32 + _thread_idx_y() as u32) * _block_dim_x() as u32
+            + _thread_idx_x() as u32
+    }
+}
+
+/// Threads in this block.
+#[inline(always)]
+pub fn block_size() -> u32 {
+    use core::arch::nvptx::*;
+    // SAFETY: special registers.
+    unsafe { _block_dim_x() as u32 * _block_dim_y() as u32 * _block_dim_z() as u32 }
+}

@@ -1,0 +1,361 @@
+//! Execution scopes: which threads call an operation together.
+//!
+//! - [`Thread`]: each thread posts for itself.
+//! - [`Warp`]: the 32 lanes of a warp call together; each lane brings its own operation (its own
+//!   buffers and lengths) and the warp posts them with one reservation and one doorbell.
+//! - [`Block`]: the same for every thread of a block.
+//!
+//! In group scope, lane or thread 0 (the leader) does every change to the QP's shared state
+//! (reserve, mark ready, submit, poll), and the members only write WQEs into the slots the
+//! leader reserved. So a group is one poster as far as the sharing mode is concerned:
+//! [`Exclusive`](crate::Exclusive) is valid for a warp or block that owns a QP.
+//!
+//! Every member must make the same sequence of high-level calls (the calls are collectives);
+//! a member with nothing to post still calls (for example with a zero-length put, which posts a
+//! NOP, or by calling `quiet`). The low-level functions stay per thread in every scope.
+//!
+//! On the GPU the collectives are warp shuffles and block barriers. On the host, a [`Group`]
+//! of CPU threads plays a warp or a block with a barrier and shared slots, so CPU mode and the
+//! tests run the same group code.
+
+/// A group of threads that posts together.
+///
+/// # Safety
+/// All members of one group calling [`scan`](Self::scan) or [`broadcast`](Self::broadcast)
+/// together must get consistent results (disjoint prefix ranges that sum to the total; the
+/// leader's value), and ranks must be distinct, `0..size`: the QP lets members write the slots
+/// these results assign to them.
+pub unsafe trait Scope: Copy {
+    /// Scope name (`thread`, `warp`, `block`).
+    const NAME: &'static str;
+    /// A group of one ([`Thread`]): collectives are no-ops and can be skipped.
+    const SOLO: bool = false;
+    /// This member's rank, `0..size()`; rank 0 leads.
+    fn rank(&self) -> u32;
+    /// Members in the group.
+    fn size(&self) -> u32;
+    /// Whether this member leads.
+    #[inline(always)]
+    fn is_leader(&self) -> bool {
+        self.rank() == 0
+    }
+    /// Barrier: every member's memory writes before it are visible to every member after it.
+    fn sync(&self);
+    /// Exclusive prefix sum of `value` over ranks, and the group's total.
+    fn scan(&self, value: u64) -> (u64, u64);
+    /// The leader's `value`, for every member.
+    fn broadcast(&self, value: [u64; 2]) -> [u64; 2];
+}
+
+/// One thread on its own.
+#[derive(Clone, Copy, Default)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct Thread;
+
+// SAFETY: a group of one: rank 0, the whole range, its own value.
+unsafe impl Scope for Thread {
+    const NAME: &'static str = "thread";
+    const SOLO: bool = true;
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn size(&self) -> u32 {
+        1
+    }
+    #[inline(always)]
+    fn sync(&self) {}
+    #[inline(always)]
+    fn scan(&self, value: u64) -> (u64, u64) {
+        (0, value)
+    }
+    #[inline(always)]
+    fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
+        value
+    }
+}
+
+/// Inclusive prefix sum over the lanes of `mask` (contiguous from lane 0), by shuffles.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn warp_inclusive_scan(mask: u32, lane: u32, value: u64) -> u64 {
+    let mut x = value;
+    let mut d = 1;
+    while d < 32 {
+        let lo = crate::arch::shfl_up(mask, x as u32, d);
+        let hi = crate::arch::shfl_up(mask, (x >> 32) as u32, d);
+        if lane >= d {
+            x += (hi as u64) << 32 | lo as u64;
+        }
+        d <<= 1;
+    }
+    x
+}
+
+/// `value` of lane `src`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
+    let lo = crate::arch::shfl_idx(mask, value as u32, src);
+    let hi = crate::arch::shfl_idx(mask, (value >> 32) as u32, src);
+    (hi as u64) << 32 | lo as u64
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod gpu {
+    use super::*;
+    use crate::arch::{self, FULL_WARP};
+
+    /// The 32 lanes of a warp, all converged (see [`Warp::converged`]).
+    #[derive(Clone, Copy)]
+    pub struct Warp(());
+
+    impl Warp {
+        /// The calling warp, if all 32 lanes execute this call together; `None` otherwise (a
+        /// partial or diverged warp cannot post as a warp).
+        #[inline(always)]
+        pub fn converged() -> Option<Warp> {
+            (arch::active_mask() == FULL_WARP).then_some(Warp(()))
+        }
+    }
+
+    // SAFETY: ranks are lane ids; the scan and broadcast are whole-warp shuffles.
+    unsafe impl Scope for Warp {
+        const NAME: &'static str = "warp";
+        #[inline(always)]
+        fn rank(&self) -> u32 {
+            arch::lane_id()
+        }
+        #[inline(always)]
+        fn size(&self) -> u32 {
+            32
+        }
+        #[inline(always)]
+        fn sync(&self) {
+            arch::warp_sync(FULL_WARP)
+        }
+        #[inline(always)]
+        fn scan(&self, value: u64) -> (u64, u64) {
+            let incl = warp_inclusive_scan(FULL_WARP, arch::lane_id(), value);
+            (incl - value, shfl_u64(FULL_WARP, incl, 31))
+        }
+        #[inline(always)]
+        fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
+            [shfl_u64(FULL_WARP, value[0], 0), shfl_u64(FULL_WARP, value[1], 0)]
+        }
+    }
+
+    /// Scratch memory a block's collectives use: shared memory (fastest) or a per-block area of
+    /// global memory, readable and writable by every thread of the block.
+    #[repr(C, align(16))]
+    pub struct BlockScratch {
+        warp_totals: [u64; 32],
+        value: [u64; 2],
+    }
+
+    /// Every thread of a block.
+    #[derive(Clone, Copy)]
+    pub struct Block {
+        scratch: *mut BlockScratch,
+    }
+
+    impl Block {
+        /// The calling block, with its scratch area.
+        ///
+        /// # Safety
+        /// `scratch` is valid for reads and writes of a [`BlockScratch`] by every thread of
+        /// this block, used by no one else while the block's collectives run, and every thread
+        /// of the block passes the same pointer.
+        #[inline(always)]
+        pub const unsafe fn new(scratch: *mut BlockScratch) -> Block {
+            Block { scratch }
+        }
+    }
+
+    // SAFETY: ranks are linear thread indices; the scan and broadcast go through the block's
+    // scratch between barriers, so every thread reads what every other wrote.
+    unsafe impl Scope for Block {
+        const NAME: &'static str = "block";
+        #[inline(always)]
+        fn rank(&self) -> u32 {
+            arch::block_thread_rank()
+        }
+        #[inline(always)]
+        fn size(&self) -> u32 {
+            arch::block_size()
+        }
+        #[inline(always)]
+        fn sync(&self) {
+            arch::block_sync()
+        }
+        #[inline(always)]
+        fn scan(&self, value: u64) -> (u64, u64) {
+            let (rank, size) = (self.rank(), self.size());
+            let (warp, lane) = (rank / 32, rank % 32);
+            // The last warp may be partial: its lanes are the low ones.
+            let lanes = (size - warp * 32).min(32);
+            let mask = if lanes == 32 { FULL_WARP } else { (1u32 << lanes) - 1 };
+            let incl = warp_inclusive_scan(mask, lane, value);
+            // SAFETY (scratch accesses): valid per `new`; barriers order them. Volatile, so the
+            // compiler keeps them on their side of each barrier.
+            let totals = unsafe { core::ptr::addr_of_mut!((*self.scratch).warp_totals) } as *mut u64;
+            if lane == lanes - 1 {
+                unsafe { totals.add(warp as usize).write_volatile(incl) };
+            }
+            arch::block_sync();
+            let (mut before, mut total) = (0, 0);
+            for w in 0..size.div_ceil(32) {
+                let t = unsafe { totals.add(w as usize).read_volatile() };
+                if w < warp {
+                    before += t;
+                }
+                total += t;
+            }
+            arch::block_sync(); // the totals are free for the next collective
+            (before + incl - value, total)
+        }
+        #[inline(always)]
+        fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
+            // SAFETY: as in `scan`.
+            let slot = unsafe { core::ptr::addr_of_mut!((*self.scratch).value) };
+            if self.is_leader() {
+                unsafe { slot.write_volatile(value) };
+            }
+            arch::block_sync();
+            let v = unsafe { slot.read_volatile() };
+            arch::block_sync();
+            v
+        }
+    }
+}
+#[cfg(target_arch = "nvptx64")]
+pub use gpu::{Block, BlockScratch, Warp};
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod host {
+    extern crate std;
+    use core::sync::atomic::{AtomicU64, Ordering::*};
+    use std::sync::Barrier;
+    use std::vec::Vec;
+
+    use super::*;
+
+    /// CPU threads that play a warp or a block: `size` members meeting at a barrier, with one
+    /// slot per member for scans and two for broadcasts.
+    #[derive(Debug)]
+    pub struct Group {
+        size: u32,
+        barrier: Barrier,
+        slots: Vec<AtomicU64>,
+    }
+
+    impl Group {
+        /// A group of `size` members; `None` for 0.
+        pub fn new(size: u32) -> Option<Group> {
+            (size > 0).then(|| Group {
+                size,
+                barrier: Barrier::new(size as usize),
+                slots: (0..size + 2).map(|_| AtomicU64::new(0)).collect(),
+            })
+        }
+
+        /// Member `lane` as a warp lane; `None` if `lane` is out of range or the group is
+        /// larger than a warp.
+        pub fn warp(&self, lane: u32) -> Option<Warp<'_>> {
+            (lane < self.size && self.size <= 32).then_some(Warp(Member {
+                group: self,
+                rank: lane,
+            }))
+        }
+
+        /// Member `thread` as a thread of a block; `None` if out of range.
+        pub fn block(&self, thread: u32) -> Option<Block<'_>> {
+            (thread < self.size).then_some(Block(Member {
+                group: self,
+                rank: thread,
+            }))
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    struct Member<'a> {
+        group: &'a Group,
+        rank: u32,
+    }
+
+    impl Member<'_> {
+        fn sync(&self) {
+            self.group.barrier.wait();
+        }
+
+        fn scan(&self, value: u64) -> (u64, u64) {
+            let slots = &self.group.slots;
+            slots[self.rank as usize].store(value, Relaxed);
+            self.sync();
+            let (mut before, mut total) = (0, 0);
+            for (r, s) in slots[..self.group.size as usize].iter().enumerate() {
+                let v = s.load(Relaxed);
+                if (r as u32) < self.rank {
+                    before += v;
+                }
+                total += v;
+            }
+            self.sync();
+            (before, total)
+        }
+
+        fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
+            let n = self.group.size as usize;
+            let slots = &self.group.slots[n..n + 2];
+            if self.rank == 0 {
+                slots[0].store(value[0], Relaxed);
+                slots[1].store(value[1], Relaxed);
+            }
+            self.sync();
+            let v = [slots[0].load(Relaxed), slots[1].load(Relaxed)];
+            self.sync();
+            v
+        }
+    }
+
+    /// A lane of a [`Group`] playing a warp.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Warp<'a>(Member<'a>);
+
+    /// A thread of a [`Group`] playing a block.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Block<'a>(Member<'a>);
+
+    macro_rules! group_scope {
+        ($t:ident, $name:literal) => {
+            // SAFETY: every member reads the same slots between the same two barriers (a mutex
+            // and a condition variable, which order the slot accesses). Ranks are distinct as
+            // long as each member is taken once; if a caller takes one twice, two threads write
+            // the same WQE slots, which garbles the WQEs but stays memory-safe on the host,
+            // where ring stores are atomic.
+            unsafe impl Scope for $t<'_> {
+                const NAME: &'static str = $name;
+                fn rank(&self) -> u32 {
+                    self.0.rank
+                }
+                fn size(&self) -> u32 {
+                    self.0.group.size
+                }
+                fn sync(&self) {
+                    self.0.sync()
+                }
+                fn scan(&self, value: u64) -> (u64, u64) {
+                    self.0.scan(value)
+                }
+                fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
+                    self.0.broadcast(value)
+                }
+            }
+        };
+    }
+    group_scope!(Warp, "warp");
+    group_scope!(Block, "block");
+}
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::{Block, Group, Warp};
