@@ -88,9 +88,10 @@ impl<M: Sharing, S: Scope> Clone for Qp<M, S> {
 }
 impl<M: Sharing, S: Scope> Copy for Qp<M, S> {}
 
-/// A bounded wait: backs off between rounds and reports expiry of the handle's timeout.
+/// A bounded wait: backs off between rounds and reports expiry of the handle's timeout. The
+/// clock starts at the first unsuccessful round, so a wait that is not needed reads no timer.
 struct Deadline {
-    start: u64,
+    start: Option<u64>,
     limit: u64,
     round: u32,
 }
@@ -98,9 +99,11 @@ struct Deadline {
 impl Deadline {
     #[inline(always)]
     fn expired(&mut self) -> bool {
+        let now = arch::global_timer_ns();
+        let start = *self.start.get_or_insert(now);
         self.round = self.round.wrapping_add(1);
         arch::backoff(self.round);
-        arch::global_timer_ns().wrapping_sub(self.start) > self.limit
+        now.wrapping_sub(start) > self.limit
     }
 }
 
@@ -187,7 +190,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     fn deadline(&self) -> Deadline {
         Deadline {
-            start: arch::global_timer_ns(),
+            start: None,
             limit: unsafe { (*self.ptr).timeout_ns },
             round: 0,
         }
