@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this): setup, formatting, lints,
-# every test of the workspace (GPU tests say SKIPPED where there is no GPU), and the PTX build.
+# every test of the workspace (GPU tests say SKIPPED where there is no GPU), the loom model of
+# the posting protocol, and the PTX build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -12,6 +13,9 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
+step "loom model of the posting protocol (device/tests/loom.rs)"
+# Its own target dir: --cfg loom changes every crate's build, which must not evict the normal one.
+RUSTFLAGS="--cfg loom" cargo test -p gdaki-device --test loom --release --locked --target-dir target/loom
 step "PTX build"
 ptx=target/ptx/gdaki_device.ptx
 [[ -s $ptx ]] || { echo "test: $ptx was not built" >&2; exit 1; }

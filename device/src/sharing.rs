@@ -60,9 +60,10 @@ pub struct Gpu;
 
 #[cfg(not(target_arch = "nvptx64"))]
 mod imp {
-    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+    use core::sync::atomic::Ordering::*;
 
     use super::*;
+    use crate::arch::cells::{u32_at, u64_at};
 
     macro_rules! shared_host {
         ($t:ty, $name:literal) => {
@@ -72,29 +73,29 @@ mod imp {
                 const NAME: &'static str = $name;
                 #[inline(always)]
                 unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
-                    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Relaxed)
+                    unsafe { u64_at(p) }.fetch_add(v, Relaxed)
                 }
                 #[inline(always)]
                 unsafe fn load_acquire(p: *const u64) -> u64 {
-                    unsafe { AtomicU64::from_ptr(p as *mut u64) }.load(Acquire)
+                    unsafe { u64_at(p as *mut u64) }.load(Acquire)
                 }
                 #[inline(always)]
                 unsafe fn store_release(p: *mut u64, v: u64) {
-                    unsafe { AtomicU64::from_ptr(p) }.store(v, Release)
+                    unsafe { u64_at(p) }.store(v, Release)
                 }
                 #[inline(always)]
                 unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
-                    unsafe { AtomicU64::from_ptr(p) }.fetch_max(v, AcqRel)
+                    unsafe { u64_at(p) }.fetch_max(v, AcqRel)
                 }
                 #[inline(always)]
                 unsafe fn try_lock(p: *mut u32) -> bool {
-                    unsafe { AtomicU32::from_ptr(p) }
+                    unsafe { u32_at(p) }
                         .compare_exchange(0, 1, Acquire, Relaxed)
                         .is_ok()
                 }
                 #[inline(always)]
                 unsafe fn unlock(p: *mut u32) {
-                    unsafe { AtomicU32::from_ptr(p) }.store(0, Release)
+                    unsafe { u32_at(p) }.store(0, Release)
                 }
             }
         };
@@ -109,22 +110,22 @@ mod imp {
         const NAME: &'static str = "exclusive";
         #[inline(always)]
         unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
-            let a = unsafe { AtomicU64::from_ptr(p) };
+            let a = unsafe { u64_at(p) };
             let old = a.load(Relaxed);
             a.store(old + v, Relaxed);
             old
         }
         #[inline(always)]
         unsafe fn load_acquire(p: *const u64) -> u64 {
-            unsafe { AtomicU64::from_ptr(p as *mut u64) }.load(Acquire)
+            unsafe { u64_at(p as *mut u64) }.load(Acquire)
         }
         #[inline(always)]
         unsafe fn store_release(p: *mut u64, v: u64) {
-            unsafe { AtomicU64::from_ptr(p) }.store(v, Release)
+            unsafe { u64_at(p) }.store(v, Release)
         }
         #[inline(always)]
         unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
-            let a = unsafe { AtomicU64::from_ptr(p) };
+            let a = unsafe { u64_at(p) };
             let old = a.load(Relaxed);
             if v > old {
                 a.store(v, Release);

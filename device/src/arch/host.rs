@@ -2,7 +2,85 @@
 //! threads run the data path against the soft HCA or a test consumer in another thread.
 extern crate std;
 
-use core::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::Ordering;
+
+use cells::{fence, u32_at, u64_at, u8_at};
+
+/// Atomic views of memory shared with the consumer (HCA, proxy) or other posters. Normally std
+/// atomics over the raw memory; under `--cfg loom`, loom's atomics, one per address, created
+/// on first use with the memory's value, so the loom model runs this very code.
+#[cfg(not(loom))]
+pub(crate) mod cells {
+    pub use core::sync::atomic::fence;
+    use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
+
+    /// # Safety
+    /// `p` is valid, 8-byte aligned, and only accessed atomically while the view is used.
+    #[inline(always)]
+    pub unsafe fn u64_at<'a>(p: *mut u64) -> &'a AtomicU64 {
+        // SAFETY: per the caller's contract.
+        unsafe { AtomicU64::from_ptr(p) }
+    }
+    /// # Safety
+    /// As for [`u64_at`], 4-byte aligned.
+    #[inline(always)]
+    pub unsafe fn u32_at<'a>(p: *mut u32) -> &'a AtomicU32 {
+        // SAFETY: per the caller's contract.
+        unsafe { AtomicU32::from_ptr(p) }
+    }
+    /// # Safety
+    /// As for [`u64_at`].
+    #[inline(always)]
+    pub unsafe fn u8_at<'a>(p: *mut u8) -> &'a AtomicU8 {
+        // SAFETY: per the caller's contract.
+        unsafe { AtomicU8::from_ptr(p) }
+    }
+}
+
+#[cfg(loom)]
+pub(crate) mod cells {
+    extern crate std;
+    use std::boxed::Box;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    pub use loom::sync::atomic::fence;
+    use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
+
+    enum Cell {
+        U64(&'static AtomicU64),
+        U32(&'static AtomicU32),
+        U8(&'static AtomicU8),
+    }
+
+    loom::lazy_static! {
+        // Reset for every execution of the model. Loom runs one thread at a time, so the
+        // mutex never blocks. The leaked atomics belong to one execution each.
+        static ref CELLS: Mutex<HashMap<usize, Cell>> = Mutex::new(HashMap::new());
+    }
+
+    macro_rules! cell_at {
+        ($name:ident, $t:ty, $atomic:ident, $variant:ident) => {
+            /// # Safety
+            /// `p` is valid and aligned; every access to it goes through this registry with
+            /// the same width.
+            pub unsafe fn $name(p: *mut $t) -> &'static $atomic {
+                let mut cells = CELLS.lock().unwrap();
+                let cell = cells
+                    .entry(p as usize)
+                    // SAFETY: first access: the memory holds the value the test set up.
+                    .or_insert_with(|| Cell::$variant(Box::leak(Box::new($atomic::new(unsafe { p.read() })))));
+                match cell {
+                    Cell::$variant(a) => a,
+                    _ => panic!("loom model: {:p} accessed with two widths", p),
+                }
+            }
+        };
+    }
+    cell_at!(u64_at, u64, AtomicU64, U64);
+    cell_at!(u32_at, u32, AtomicU32, U32);
+    cell_at!(u8_at, u8, AtomicU8, U8);
+}
 
 /// Earlier writes are visible to the consumer (HCA) before later stores.
 #[inline(always)]
@@ -25,8 +103,8 @@ pub unsafe fn store_seg(dst: *mut u64, words: [u64; 2]) {
     // SAFETY: the caller guarantees `dst` is a valid, aligned 16-byte slot. Relaxed atomic
     // stores, since the consumer reads the ring concurrently (ordered by the doorbell).
     unsafe {
-        AtomicU64::from_ptr(dst).store(words[0], Ordering::Relaxed);
-        AtomicU64::from_ptr(dst.add(1)).store(words[1], Ordering::Relaxed);
+        u64_at(dst).store(words[0], Ordering::Relaxed);
+        u64_at(dst.add(1)).store(words[1], Ordering::Relaxed);
     }
 }
 
@@ -38,7 +116,7 @@ pub unsafe fn store_seg(dst: *mut u64, words: [u64; 2]) {
 #[inline(always)]
 pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
     // SAFETY: per the caller's contract.
-    unsafe { AtomicU64::from_ptr(dst).store(value, Ordering::Release) }
+    unsafe { u64_at(dst).store(value, Ordering::Release) }
 }
 
 /// Stores a doorbell-record word.
@@ -48,7 +126,7 @@ pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
 #[inline(always)]
 pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
     // SAFETY: per the caller's contract.
-    unsafe { AtomicU32::from_ptr(dst).store(value, Ordering::Release) }
+    unsafe { u32_at(dst).store(value, Ordering::Release) }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.
@@ -58,7 +136,7 @@ pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
 #[inline(always)]
 pub unsafe fn cas_dbrec(dst: *mut u32, current: u32, new: u32) -> u32 {
     // SAFETY: per the caller's contract.
-    match unsafe { AtomicU32::from_ptr(dst) }.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire) {
+    match unsafe { u32_at(dst) }.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire) {
         Ok(v) | Err(v) => v,
     }
 }
@@ -70,7 +148,7 @@ pub unsafe fn cas_dbrec(dst: *mut u32, current: u32, new: u32) -> u32 {
 #[inline(always)]
 pub unsafe fn fetch_max_sys(dst: *mut u64, value: u64) -> u64 {
     // SAFETY: per the caller's contract.
-    unsafe { AtomicU64::from_ptr(dst) }.fetch_max(value, Ordering::AcqRel)
+    unsafe { u64_at(dst) }.fetch_max(value, Ordering::AcqRel)
 }
 
 /// Reads a byte the HCA writes (a CQE's `op_own`).
@@ -80,7 +158,7 @@ pub unsafe fn fetch_max_sys(dst: *mut u64, value: u64) -> u64 {
 #[inline(always)]
 pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
     // SAFETY: per the caller's contract; atomic, since the HCA writes it concurrently.
-    unsafe { AtomicU8::from_ptr(src as *mut u8) }.load(Ordering::Relaxed)
+    unsafe { u8_at(src as *mut u8) }.load(Ordering::Relaxed)
 }
 
 /// Reads a 4-byte word the device and HCA share (a doorbell-record word).
@@ -90,7 +168,7 @@ pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
 #[inline(always)]
 pub unsafe fn load_u32_volatile(src: *const u32) -> u32 {
     // SAFETY: per the caller's contract.
-    unsafe { AtomicU32::from_ptr(src as *mut u32) }.load(Ordering::Relaxed)
+    unsafe { u32_at(src as *mut u32) }.load(Ordering::Relaxed)
 }
 
 /// Reads a word the HCA writes (CQE body, fetched atomic values).
@@ -100,7 +178,7 @@ pub unsafe fn load_u32_volatile(src: *const u32) -> u32 {
 #[inline(always)]
 pub unsafe fn load_u64_volatile(src: *const u64) -> u64 {
     // SAFETY: per the caller's contract.
-    unsafe { AtomicU64::from_ptr(src as *mut u64) }.load(Ordering::Relaxed)
+    unsafe { u64_at(src as *mut u64) }.load(Ordering::Relaxed)
 }
 
 /// Monotonic nanoseconds since the first call in this process.
@@ -114,6 +192,10 @@ pub fn global_timer_ns() -> u64 {
 /// model and proxies together).
 #[inline]
 pub fn backoff(round: u32) {
+    #[cfg(loom)]
+    if true {
+        return loom::thread::yield_now();
+    }
     if round < 64 {
         core::hint::spin_loop();
     } else {
