@@ -36,6 +36,18 @@ for bin in target/release/*; do
   [[ -f $bin && -x $bin && ! $bin == *.d && ! $bin == *.so ]] && cp "$bin" "$dir/bin/"
 done
 cp target/ptx/gdaki_device.ptx "$dir/"
+# Host benchmarks travel too: the device machine has more cores and less noise than CI.
+cargo bench --locked -p gdaki-device --no-run --message-format=json -q 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and "bench" in m["target"]["kind"] and m.get("executable"):
+        print(m["executable"], m["target"]["name"])
+' | while read -r exe name; do
+  cp "$exe" "$dir/bin/bench-$name"
+done
 strip --strip-debug "$dir"/tests/* "$dir"/bin/* 2>/dev/null || true
 
 cat > "$dir/run.sh" <<'RUNNER'
@@ -62,6 +74,18 @@ for t in tests/*; do
     [[ -n ${OUT:-} ]] && cp "$logs/$name.log" "$OUT/"
   fi
 done
+echo; echo "== ptxas -arch=sm_90 (every entry point assembles)"
+if command -v ptxas >/dev/null || [[ -x /usr/local/cuda/bin/ptxas ]]; then
+  px=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
+  if "$px" -arch=sm_90 -v gdaki_device.ptx -o "$logs/gdaki_device.cubin" >"$logs/ptxas.log" 2>&1; then
+    echo "ptxas: ok, $(grep -c 'Compiling entry' "$logs/ptxas.log") entries; registers per entry:"
+    grep -o 'Used [0-9]* registers' "$logs/ptxas.log" | awk '{print $2}' | sort -n | uniq -c | awk '{printf "  %s x %s\n", $1, $2}'
+  else
+    tail -20 "$logs/ptxas.log"; fail=$((fail+1))
+  fi
+else
+  echo "ptxas: not found, skipped"
+fi
 echo; echo "== doctor --require gpu"
 if bin/doctor --require gpu; then d=ok; else d=FAILED; fail=$((fail+1)); fi
 echo; echo "== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1))"
