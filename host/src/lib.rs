@@ -5,11 +5,35 @@
 //! themselves. This crate also embeds the device crate's PTX ([`ptx`]), talks to the CUDA driver
 //! through run-time loading ([`cuda`], no CUDA needed to build) and describes what the machine
 //! offers ([`system`], [`provider`]), which is what `doctor` reports.
+//!
+//! ```no_run
+//! use gdaki::{Access, Context, Provider, QpConfig};
+//! # fn main() -> gdaki::Result<()> {
+//! let ctx = Context::open(Provider::Auto)?;
+//! let mr = ctx.alloc_region(1 << 20, Access::ALL)?;
+//! let cq = ctx.create_cq(1024)?;
+//! let qp = ctx.create_qp(&cq, QpConfig::default())?;
+//! qp.connect(&qp.endpoint())?; // loopback
+//! // CPU mode: post from this thread with the device crate's API.
+//! let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+//! let t = dev.put(mr.remote(4096), mr.local(0), 4096).expect("put");
+//! dev.wait(t).expect("completion");
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 
+pub mod context;
 pub mod cuda;
+pub mod error;
+pub mod memory;
 pub mod provider;
 pub mod ptx;
+pub mod queue;
+pub mod soft;
 pub mod system;
 
+pub use context::Context;
+pub use error::{Error, Result};
+pub use memory::{Access, MemoryRegion};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
+pub use queue::{CompletionQueue, Endpoint, QpConfig, QpState, QueuePair};

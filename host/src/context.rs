@@ -1,0 +1,114 @@
+//! A context: one opened provider (an HCA), the owner of everything created from it. Objects
+//! hold the context alive; when the last one goes, its engine thread is stopped and joined.
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::memory::{Access, MemoryRegion};
+use crate::provider::Provider;
+use crate::queue::{CompletionQueue, QpConfig, QueuePair};
+use crate::soft::{self, dma::HostDma, lock, Hca};
+use crate::system;
+
+/// The state every object of a context shares.
+pub(crate) struct ContextInner {
+    pub hca: Arc<Hca>,
+    engine: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        self.hca.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = lock(&self.engine).take() {
+            // An engine that panicked has already said so on stderr; nothing more to do here.
+            let _ = t.join();
+        }
+    }
+}
+
+/// An opened provider.
+pub struct Context {
+    inner: Arc<ContextInner>,
+    provider: Provider,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("provider", &self.provider)
+            .field("hca", &self.inner.hca.id)
+            .finish()
+    }
+}
+
+impl Context {
+    /// Opens `provider`. `Auto` takes mlx5 where an mlx5 RDMA device exists and the provider
+    /// is supported, else the soft HCA, and logs why.
+    pub fn open(provider: Provider) -> Result<Context> {
+        let provider = match provider {
+            Provider::Soft => Provider::Soft,
+            Provider::Mlx5 => {
+                if system::rdma_devices().iter().any(|d| d.mlx5) {
+                    return Err(Error::Mlx5Unsupported);
+                }
+                return Err(Error::NoRdmaDevice);
+            }
+            Provider::Auto => {
+                if let Some(d) = system::rdma_devices().iter().find(|d| d.mlx5) {
+                    warn!(device = %d.name, "mlx5 device found, but the mlx5 provider is not supported yet: using the soft HCA");
+                } else {
+                    info!("no mlx5 RDMA device: using the soft HCA");
+                }
+                Provider::Soft
+            }
+        };
+        let hca = Hca::new();
+        let engine_hca = hca.clone();
+        let engine = std::thread::Builder::new()
+            .name(format!("gdaki-soft-{}", hca.id))
+            .spawn(move || soft::engine::run(engine_hca))
+            .map_err(|source| Error::Io {
+                what: "starting the soft HCA engine thread",
+                source,
+            })?;
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                hca,
+                engine: Mutex::new(Some(engine)),
+            }),
+            provider,
+        })
+    }
+
+    /// The provider in use (never `Auto`).
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// Allocates `len` zeroed bytes of host memory registered with `access`.
+    pub fn alloc_region(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::alloc(&self.inner, len, access)
+    }
+
+    /// Registers caller-owned host memory.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is host memory that stays valid (and is not freed) for as long as
+    /// the returned region lives, and that the application lets the HCA read and write as
+    /// `access` allows.
+    pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::register(&self.inner, addr as u64, len as u64, access, Arc::new(HostDma))
+    }
+
+    /// A completion queue of `size` CQEs (a power of two).
+    pub fn create_cq(&self, size: u32) -> Result<CompletionQueue> {
+        CompletionQueue::create(&self.inner, size)
+    }
+
+    /// A reliable-connected queue pair completing into `cq` (which must serve no other QP).
+    pub fn create_qp(&self, cq: &CompletionQueue, config: QpConfig) -> Result<QueuePair> {
+        QueuePair::create(&self.inner, cq, config)
+    }
+}

@@ -1,0 +1,114 @@
+//! The host library's errors: one enum, each variant saying what was wrong and with what value.
+use gdaki_layout::Syndrome;
+
+use crate::queue::QpState;
+
+/// What a host-library call can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The mlx5 provider was asked for but there is no mlx5 RDMA device.
+    #[error("no mlx5 RDMA device on this machine (/sys/class/infiniband has none); use --provider soft")]
+    NoRdmaDevice,
+    /// The mlx5 provider is not implemented yet.
+    #[error("the mlx5 provider is not supported yet; use --provider soft")]
+    Mlx5Unsupported,
+    /// A size that must be a power of two within limits is not.
+    #[error("{what} must be a power of two between {min} and {max}, got {got}")]
+    BadSize {
+        /// Which size.
+        what: &'static str,
+        /// Value given.
+        got: u64,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// A length or count out of range.
+    #[error("{what} out of range: {got} (allowed {min}..={max})")]
+    OutOfRange {
+        /// Which value.
+        what: &'static str,
+        /// Value given.
+        got: u64,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// Memory for a region or queue could not be allocated.
+    #[error("cannot allocate {bytes} bytes for {what}")]
+    Alloc {
+        /// What the memory was for.
+        what: &'static str,
+        /// Size asked for.
+        bytes: usize,
+    },
+    /// The completion queue already serves a queue pair (every device QP has its own CQ, so
+    /// that tickets are CQE indices).
+    #[error("completion queue {cqn:#x} already serves queue pair {qpn:#x}")]
+    CqInUse {
+        /// The CQ.
+        cqn: u32,
+        /// The QP it serves.
+        qpn: u32,
+    },
+    /// Objects of two different contexts (or providers) were mixed where one is needed.
+    #[error("{what} belongs to another context")]
+    ForeignObject {
+        /// Which object.
+        what: &'static str,
+    },
+    /// A QP state transition that the state machine does not allow.
+    #[error("queue pair {qpn:#x}: cannot go from {from} to {to}")]
+    BadTransition {
+        /// The QP.
+        qpn: u32,
+        /// Current state.
+        from: QpState,
+        /// State asked for.
+        to: QpState,
+    },
+    /// The peer named in a connection is not reachable (in-process: its context is gone).
+    #[error("peer {what} is not reachable")]
+    PeerUnreachable {
+        /// Which peer.
+        what: String,
+    },
+    /// The completion queue overran (the HCA had a CQE to write and no room).
+    #[error("completion queue {cqn:#x} overran")]
+    CqOverrun {
+        /// The CQ.
+        cqn: u32,
+    },
+    /// A queue pair is in the error state.
+    #[error("queue pair {qpn:#x} is in error: {syndrome}")]
+    QpError {
+        /// The QP.
+        qpn: u32,
+        /// The first error's syndrome.
+        syndrome: Syndrome,
+    },
+    /// An I/O error (engine thread start, sockets).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Checks that `v` is a power of two in `min..=max`.
+pub(crate) fn check_pow2(what: &'static str, v: u64, min: u64, max: u64) -> Result<u32> {
+    if v.is_power_of_two() && (min..=max).contains(&v) {
+        Ok(v.trailing_zeros())
+    } else {
+        Err(Error::BadSize { what, got: v, min, max })
+    }
+}

@@ -1,0 +1,221 @@
+//! Memory: host buffers the library owns (rings, records, doorbell pages, regions) and memory
+//! regions registered with an HCA, with their access rights and keys.
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::context::ContextInner;
+use crate::error::{Error, Result};
+use crate::soft::dma::{Dma, HostDma};
+
+bitflags::bitflags! {
+    /// What a memory region allows (the verbs access flags).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Access: u32 {
+        /// The local HCA may write it (RDMA READ destinations, atomic results).
+        const LOCAL_WRITE = 1 << 0;
+        /// Peers may write it (RDMA WRITE targets).
+        const REMOTE_WRITE = 1 << 1;
+        /// Peers may read it (RDMA READ sources).
+        const REMOTE_READ = 1 << 2;
+        /// Peers may run atomics on it.
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
+impl Access {
+    /// Everything: what perftests and examples register.
+    pub const ALL: Access = Access::all();
+}
+
+/// A zeroed, page-aligned host allocation the library owns. Its memory is shared with engine
+/// threads and posters, which access it through raw pointers and atomics only.
+pub(crate) struct HostBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is plain memory; every access goes through raw pointers whose users
+// synchronise (atomics, doorbells), as with DMA memory.
+unsafe impl Send for HostBuffer {}
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes (at least one), aligned to 4096.
+    pub(crate) fn new(what: &'static str, len: usize) -> Result<HostBuffer> {
+        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|_| Error::Alloc { what, bytes: len })?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or(Error::Alloc { what, bytes: len })?;
+        Ok(HostBuffer { ptr, layout })
+    }
+
+    /// The first byte.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Its address as the HCA and posters see it.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A memory region registered with a context: an address range, its rights, and its key (used
+/// as both lkey and rkey, as mlx5 mkeys are). Keys are random, not sequential, so a peer cannot
+/// guess its way to another region. Dropping it deregisters the range.
+pub struct MemoryRegion {
+    ctx: Arc<ContextInner>,
+    key: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+    // Keeps library-owned memory alive for as long as the HCA may use it.
+    _owned: Option<Arc<HostBuffer>>,
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("key", &format_args!("{:#x}", self.key))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Allocates `len` zeroed bytes of host memory and registers them.
+    pub(crate) fn alloc(ctx: &Arc<ContextInner>, len: usize, access: Access) -> Result<MemoryRegion> {
+        let buf = Arc::new(HostBuffer::new("a memory region", len)?);
+        let (addr, len) = (buf.addr(), len as u64);
+        let key = ctx.hca.register(addr, len, access, Arc::new(HostDma))?;
+        Ok(MemoryRegion {
+            ctx: ctx.clone(),
+            key,
+            addr,
+            len,
+            access,
+            _owned: Some(buf),
+        })
+    }
+
+    /// Registers caller-owned memory.
+    pub(crate) fn register(
+        ctx: &Arc<ContextInner>,
+        addr: u64,
+        len: u64,
+        access: Access,
+        dma: Arc<dyn Dma>,
+    ) -> Result<MemoryRegion> {
+        let key = ctx.hca.register(addr, len, access, dma)?;
+        Ok(MemoryRegion {
+            ctx: ctx.clone(),
+            key,
+            addr,
+            len,
+            access,
+            _owned: None,
+        })
+    }
+
+    /// First address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+    /// Rights.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The buffer at `offset` as a local operand for `gdaki-device` (no bounds check: the HCA
+    /// checks every access against the region).
+    pub fn local(&self, offset: u64) -> gdaki_device::Local {
+        gdaki_device::Local {
+            addr: self.addr.wrapping_add(offset),
+            lkey: self.key,
+        }
+    }
+
+    /// The buffer at `offset` as a remote operand (what a peer needs).
+    pub fn remote(&self, offset: u64) -> gdaki_device::Remote {
+        gdaki_device::Remote {
+            addr: self.addr.wrapping_add(offset),
+            rkey: self.key,
+        }
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<*mut u8> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len && self._owned.is_some() => Ok((self.addr + offset) as *mut u8),
+            _ => Err(Error::OutOfRange {
+                what: "region offset + length",
+                got: offset.saturating_add(len as u64),
+                min: 0,
+                max: if self._owned.is_some() { self.len } else { 0 },
+            }),
+        }
+    }
+
+    /// Copies `buf.len()` bytes at `offset` out of a region this library allocated. Like any
+    /// DMA buffer, bytes an RDMA operation is writing at the same time may be torn.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let src = self.check(offset, buf.len())?;
+        // SAFETY: in bounds of the owned allocation, which outlives this call.
+        unsafe { std::ptr::copy(src, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` into a region this library allocated, at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let dst = self.check(offset, data.len())?;
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Atomically loads the native u64 at `offset` (8-byte aligned), e.g. a signal word.
+    pub fn load_u64(&self, offset: u64) -> Result<u64> {
+        let p = self.check(offset, 8)?;
+        if p as usize % 8 != 0 {
+            return Err(Error::OutOfRange {
+                what: "u64 offset alignment",
+                got: offset % 8,
+                min: 0,
+                max: 0,
+            });
+        }
+        // SAFETY: in bounds and aligned; the HCA updates such words atomically too.
+        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p as *mut u64) }.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.ctx.hca.deregister(self.key);
+    }
+}

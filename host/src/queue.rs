@@ -1,0 +1,458 @@
+//! Completion queues and (RC) queue pairs: creation with validated sizes, placement of rings,
+//! doorbell records and the doorbell word, the QP state machine, connection, and export of the
+//! device handle (`gdaki_layout::DevQp`) that `gdaki-device` posts through.
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use gdaki_layout::{cqe, DevCq, DevQp, DoorbellKind, Syndrome};
+use tracing::debug;
+
+use crate::context::ContextInner;
+use crate::error::{check_pow2, Error, Result};
+use crate::memory::HostBuffer;
+use crate::soft::{lock, Hca};
+
+/// Largest send queue in WQEs (the device tells CQE laps apart by 16-bit WQE counters).
+pub const MAX_SQ_SIZE: u32 = 1 << 15;
+/// Largest completion queue in CQEs.
+pub const MAX_CQ_SIZE: u32 = 1 << 22;
+
+/// The state of a queue pair (the verbs state machine, RC subset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum QpState {
+    /// Created; nothing is executed.
+    Reset = 0,
+    /// Initialised; not yet connected.
+    Init = 1,
+    /// Ready to receive: connected to its peer, serving its requests.
+    Rtr = 2,
+    /// Ready to send: executes its own WQEs.
+    Rts = 3,
+    /// Failed: every WQE is flushed (completes in error).
+    Error = 4,
+}
+
+impl QpState {
+    fn from_raw(v: u8) -> QpState {
+        match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            _ => QpState::Error,
+        }
+    }
+}
+
+impl fmt::Display for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Error => "ERROR",
+        })
+    }
+}
+
+/// What a peer needs to connect to a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Endpoint {
+    /// The soft HCA that owns the QP (process-local identity).
+    pub hca: u64,
+    /// Queue pair number.
+    pub qpn: u32,
+    /// Initial packet sequence number.
+    pub psn: u32,
+}
+
+/// Sizes and limits of a new queue pair.
+#[derive(Debug, Clone, Copy)]
+pub struct QpConfig {
+    /// Send queue size in WQEs: a power of two, at most [`MAX_SQ_SIZE`], and at most the CQ's.
+    pub sq_size: u32,
+    /// Largest message one WQE may carry; bigger puts are split by the device.
+    pub max_msg_size: u64,
+    /// How long device waits on this QP may take before they report a timeout.
+    pub timeout: Duration,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            sq_size: 1024,
+            max_msg_size: 1 << 30,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------ model state
+
+/// A completion queue as the soft HCA holds it.
+pub(crate) struct SoftCq {
+    pub cqn: u32,
+    pub log_size: u32,
+    /// The CQE ring.
+    pub ring: HostBuffer,
+    /// Doorbell record: word 0 the consumer index (big-endian), word 1 arm.
+    pub dbrec: HostBuffer,
+    /// CQEs written so far (the engine's producer index).
+    pub pi: AtomicU64,
+    /// Set when the engine had a CQE to write and no room.
+    pub overrun: AtomicBool,
+    /// The QP it serves, if any.
+    pub qpn: Mutex<Option<u32>>,
+}
+
+/// The peer a connected QP sends to.
+#[derive(Clone)]
+pub(crate) struct Peer {
+    pub hca: Weak<Hca>,
+    pub qpn: u32,
+}
+
+/// The engine's progress on a send queue (touched by the engine thread only).
+#[derive(Default)]
+pub(crate) struct SqProgress {
+    /// Next building block to fetch.
+    pub ci: u64,
+    /// The doorbell value last acted on.
+    pub last_doorbell: u64,
+}
+
+/// A queue pair as the soft HCA holds it.
+pub(crate) struct SoftQp {
+    pub qpn: u32,
+    state: AtomicU8,
+    pub sq_log: u32,
+    pub sq: HostBuffer,
+    /// Doorbell records: `[receive, send]` (big-endian WQE counters).
+    pub records: HostBuffer,
+    /// The doorbell page: the 8-byte doorbell word at offset 0.
+    pub uar: HostBuffer,
+    pub cq: Arc<SoftCq>,
+    pub max_msg_size: u64,
+    pub peer: Mutex<Option<Peer>>,
+    pub progress: Mutex<SqProgress>,
+    pub first_error: Mutex<Option<Syndrome>>,
+}
+
+impl SoftQp {
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        QpState::from_raw(self.state.load(Ordering::Acquire))
+    }
+
+    fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Moves to the error state, keeping the first error's syndrome.
+    pub fn fail(&self, syndrome: Syndrome) {
+        let mut first = lock(&self.first_error);
+        if first.is_none() {
+            *first = Some(syndrome);
+            tracing::warn!(qpn = format_args!("{:#x}", self.qpn), %syndrome, "queue pair to error");
+        }
+        self.set_state(QpState::Error);
+    }
+
+    /// The doorbell word.
+    pub fn doorbell(&self) -> &AtomicU64 {
+        // SAFETY: the UAR buffer is at least 8 bytes, page-aligned, and lives as long as self.
+        unsafe { AtomicU64::from_ptr(self.uar.as_ptr() as *mut u64) }
+    }
+}
+
+// ------------------------------------------------------------------------------ public objects
+
+/// A completion queue. Each queue pair has its own (device tickets are CQE indices).
+pub struct CompletionQueue {
+    ctx: Arc<ContextInner>,
+    pub(crate) inner: Arc<SoftCq>,
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("cqn", &self.inner.cqn)
+            .field("size", &(1u32 << self.inner.log_size))
+            .finish()
+    }
+}
+
+impl CompletionQueue {
+    pub(crate) fn create(ctx: &Arc<ContextInner>, size: u32) -> Result<CompletionQueue> {
+        let log_size = check_pow2("completion queue size", size as u64, 1, MAX_CQ_SIZE as u64)?;
+        let ring = HostBuffer::new("a CQE ring", 64 << log_size)?;
+        // Every CQE starts invalid with owner 1, so the first lap (owner 0) is not mistaken.
+        for i in 0..1usize << log_size {
+            // SAFETY: byte 63 of entry i lies inside the ring just allocated.
+            unsafe {
+                ring.as_ptr()
+                    .add(64 * i + cqe::field::OP_OWN.start)
+                    .write(cqe::OP_OWN_INIT)
+            };
+        }
+        let inner = Arc::new(SoftCq {
+            cqn: ctx.hca.alloc_qpn(),
+            log_size,
+            ring,
+            dbrec: HostBuffer::new("a CQ doorbell record", 64)?,
+            pi: AtomicU64::new(0),
+            overrun: AtomicBool::new(false),
+            qpn: Mutex::new(None),
+        });
+        Ok(CompletionQueue {
+            ctx: ctx.clone(),
+            inner,
+        })
+    }
+
+    /// CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.inner.cqn
+    }
+
+    /// Size in CQEs.
+    pub fn size(&self) -> u32 {
+        1 << self.inner.log_size
+    }
+
+    /// CQEs the HCA has written so far.
+    pub fn written(&self) -> u64 {
+        self.inner.pi.load(Ordering::Acquire)
+    }
+
+    /// `Err(CqOverrun)` once the HCA found no room for a CQE.
+    pub fn status(&self) -> Result<()> {
+        if self.inner.overrun.load(Ordering::Acquire) {
+            return Err(Error::CqOverrun { cqn: self.inner.cqn });
+        }
+        Ok(())
+    }
+}
+
+/// A reliable-connected queue pair, with its device handle.
+pub struct QueuePair {
+    ctx: Arc<ContextInner>,
+    inner: Arc<SoftQp>,
+    /// The exported `DevQp`, in memory posters can reach.
+    handle: HostBuffer,
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.inner.qpn)
+            .field("state", &self.state())
+            .field("sq_size", &(1u32 << self.inner.sq_log))
+            .finish()
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn create(ctx: &Arc<ContextInner>, cq: &CompletionQueue, cfg: QpConfig) -> Result<QueuePair> {
+        if !Arc::ptr_eq(&cq.ctx, ctx) {
+            return Err(Error::ForeignObject {
+                what: "the completion queue",
+            });
+        }
+        let sq_log = check_pow2("send queue size", cfg.sq_size as u64, 1, MAX_SQ_SIZE as u64)?;
+        if cfg.sq_size > cq.size() {
+            return Err(Error::OutOfRange {
+                what: "send queue size (must not exceed its CQ's)",
+                got: cfg.sq_size as u64,
+                min: 1,
+                max: cq.size() as u64,
+            });
+        }
+        if cfg.max_msg_size == 0 || cfg.max_msg_size > 1 << 31 {
+            return Err(Error::OutOfRange {
+                what: "max_msg_size",
+                got: cfg.max_msg_size,
+                min: 1,
+                max: 1 << 31,
+            });
+        }
+        let qpn = ctx.hca.alloc_qpn();
+        {
+            let mut serves = lock(&cq.inner.qpn);
+            if let Some(other) = *serves {
+                return Err(Error::CqInUse {
+                    cqn: cq.cqn(),
+                    qpn: other,
+                });
+            }
+            *serves = Some(qpn);
+        }
+        let built = (|| -> Result<(Arc<SoftQp>, HostBuffer)> {
+            let inner = Arc::new(SoftQp {
+                qpn,
+                state: AtomicU8::new(QpState::Reset as u8),
+                sq_log,
+                sq: HostBuffer::new("a send queue", 64 << sq_log)?,
+                records: HostBuffer::new("QP doorbell records", 64)?,
+                uar: HostBuffer::new("a doorbell page", 64)?,
+                cq: cq.inner.clone(),
+                max_msg_size: cfg.max_msg_size,
+                peer: Mutex::new(None),
+                progress: Mutex::new(SqProgress::default()),
+                first_error: Mutex::new(None),
+            });
+            let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
+            let dev = DevQp {
+                sq_base: inner.sq.addr(),
+                sq_dbrec: inner.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64,
+                doorbell: inner.uar.addr(),
+                max_msg_size: cfg.max_msg_size,
+                timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
+                qpn,
+                sq_log_size: sq_log,
+                doorbell_kind: DoorbellKind::Gpu as u8,
+                cq: DevCq {
+                    cqe_base: cq.inner.ring.addr(),
+                    dbrec: cq.inner.dbrec.addr(),
+                    cqn: cq.inner.cqn,
+                    log_size: cq.inner.log_size,
+                    ..bytemuck::Zeroable::zeroed()
+                },
+                ..bytemuck::Zeroable::zeroed()
+            };
+            // SAFETY: the buffer is DevQp-sized and page-aligned; nobody else sees it yet.
+            unsafe { (handle.as_ptr() as *mut DevQp).write(dev) };
+            Ok((inner, handle))
+        })();
+        let (inner, handle) = match built {
+            Ok(b) => b,
+            Err(e) => {
+                *lock(&cq.inner.qpn) = None;
+                return Err(e);
+            }
+        };
+        ctx.hca.attach(&inner);
+        debug!(
+            qpn = format_args!("{qpn:#x}"),
+            cqn = format_args!("{:#x}", cq.cqn()),
+            sq = cfg.sq_size,
+            "queue pair created"
+        );
+        Ok(QueuePair {
+            ctx: ctx.clone(),
+            inner,
+            handle,
+        })
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    /// The first error's syndrome, once the QP is in error.
+    pub fn error(&self) -> Option<Syndrome> {
+        *lock(&self.inner.first_error)
+    }
+
+    /// What a peer needs to connect to this QP.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            hca: self.ctx.hca.id,
+            qpn: self.inner.qpn,
+            psn: 0,
+        }
+    }
+
+    fn transition(&self, from: &[QpState], to: QpState) -> Result<()> {
+        let now = self.state();
+        if !from.contains(&now) {
+            return Err(Error::BadTransition {
+                qpn: self.qpn(),
+                from: now,
+                to,
+            });
+        }
+        self.inner.set_state(to);
+        debug!(qpn = format_args!("{:#x}", self.qpn()), %now, %to, "modify QP");
+        Ok(())
+    }
+
+    /// RESET → INIT.
+    pub fn to_init(&self) -> Result<()> {
+        self.transition(&[QpState::Reset], QpState::Init)
+    }
+
+    /// INIT → RTR: connects to `peer`, which must be reachable.
+    pub fn to_rtr(&self, peer: &Endpoint) -> Result<()> {
+        let hca = Hca::find(peer.hca).ok_or_else(|| Error::PeerUnreachable {
+            what: format!("HCA {} (QP {:#x})", peer.hca, peer.qpn),
+        })?;
+        if hca.qp(peer.qpn).is_none() {
+            return Err(Error::PeerUnreachable {
+                what: format!("QP {:#x} on HCA {}", peer.qpn, peer.hca),
+            });
+        }
+        if self.state() != QpState::Init {
+            return Err(Error::BadTransition {
+                qpn: self.qpn(),
+                from: self.state(),
+                to: QpState::Rtr,
+            });
+        }
+        *lock(&self.inner.peer) = Some(Peer {
+            hca: Arc::downgrade(&hca),
+            qpn: peer.qpn,
+        });
+        self.transition(&[QpState::Init], QpState::Rtr)
+    }
+
+    /// RTR → RTS.
+    pub fn to_rts(&self) -> Result<()> {
+        self.transition(&[QpState::Rtr], QpState::Rts)
+    }
+
+    /// Any state → ERROR: outstanding and later WQEs are flushed.
+    pub fn to_error(&self) {
+        self.inner.fail(Syndrome::WrFlush);
+    }
+
+    /// RESET → INIT → RTR → RTS against `peer`.
+    pub fn connect(&self, peer: &Endpoint) -> Result<()> {
+        self.to_init()?;
+        self.to_rtr(peer)?;
+        self.to_rts()
+    }
+
+    /// The exported device handle. Valid while this QP lives; posters use it through
+    /// `gdaki_device::Qp::from_raw` (CPU mode here; GPU export comes with the GPU provider).
+    pub fn device_handle(&self) -> *mut DevQp {
+        self.handle.as_ptr() as *mut DevQp
+    }
+
+    /// A CPU-mode poster's view of this QP in sharing mode `M`.
+    ///
+    /// # Safety
+    /// The value must not outlive this `QueuePair`, and all concurrent posters must use the
+    /// same sharing mode (exclusive: one thread at a time).
+    pub unsafe fn cpu<M: gdaki_device::Sharing>(&self) -> gdaki_device::Qp<M> {
+        // SAFETY: the handle was filled in `create` and lives as long as self (caller's contract).
+        unsafe { gdaki_device::Qp::from_raw(self.device_handle()) }
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.ctx.hca.detach(self.inner.qpn);
+        *lock(&self.inner.cq.qpn) = None;
+    }
+}

@@ -1,0 +1,123 @@
+//! The engine thread of a soft HCA: watches the doorbells of its queue pairs, fetches the WQEs
+//! up to each rung index, and runs them through requester, responder and completer, in order.
+//! When nothing happens it spins briefly, then yields, then sleeps a little longer each round
+//! (bounded), so an idle engine leaves the cores to posters and proxies.
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gdaki_layout::wqe::{WorkRequest, WqeView, MAX_WQEBBS};
+use gdaki_layout::{ctrl, doorbell, ring, Syndrome, SEND_WQE_BB};
+use tracing::{trace, warn};
+
+use crate::queue::{QpState, SoftQp};
+use crate::soft::completer::{self, Outcome};
+use crate::soft::requester::{self, Scratch};
+use crate::soft::{lock, Hca};
+
+/// Runs until `hca.stop` is set.
+pub(crate) fn run(hca: Arc<Hca>) {
+    let mut qps: Vec<Arc<SoftQp>> = Vec::new();
+    let mut version = u64::MAX;
+    let mut scratch = Scratch::default();
+    let mut idle = 0u32;
+    while !hca.stop.load(Ordering::Acquire) {
+        if let Some(list) = hca.qps_if_changed(&mut version) {
+            qps = list;
+        }
+        let mut busy = false;
+        for qp in &qps {
+            busy |= service(&hca, qp, &mut scratch);
+        }
+        if busy {
+            idle = 0;
+        } else {
+            idle = idle.saturating_add(1);
+            backoff(idle);
+        }
+    }
+}
+
+/// Idle rounds: spin, then yield, then sleep up to 200 us.
+fn backoff(idle: u32) {
+    if idle < 512 {
+        std::hint::spin_loop();
+    } else if idle < 4096 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(((idle - 4096) as u64 / 64).clamp(10, 200)));
+    }
+}
+
+/// Executes whatever `qp`'s doorbell announces. Returns whether there was anything.
+fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
+    let db = qp.doorbell().load(Ordering::Acquire);
+    let mut progress = lock(&qp.progress);
+    if db == progress.last_doorbell {
+        return false;
+    }
+    progress.last_doorbell = db;
+    let (qpn, pi) = doorbell::decode(db.to_ne_bytes());
+    if qpn != qp.qpn {
+        warn!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            rung = format_args!("{qpn:#x}"),
+            "doorbell names another QP; ignored"
+        );
+        return true;
+    }
+    let size = 1u64 << qp.sq_log;
+    let target = progress.ci + pi.wrapping_sub(progress.ci as u16) as u64;
+    if target - progress.ci > size {
+        // More than a ring ahead: the poster cannot have written that much. A NIC would fault
+        // the QP; so do we, without reading anything.
+        qp.fail(Syndrome::LocalQpOp);
+        return true;
+    }
+    let peer = lock(&qp.peer).clone();
+    let mut wqe = [0u8; MAX_WQEBBS * SEND_WQE_BB];
+    while progress.ci < target {
+        let index = progress.ci;
+        let bbs = fetch(qp, index, &mut wqe);
+        let bytes = &wqe[..bbs * SEND_WQE_BB];
+        let ctrl_seg = WqeView::new_unchecked(bytes).ctrl();
+        let (opcode, signaled) = (ctrl_seg.opcode().raw(), ctrl_seg.fm_ce_se & ctrl::CE_CQ_UPDATE != 0);
+        let outcome = match qp.state() {
+            QpState::Error => Outcome::Error(Syndrome::WrFlush),
+            QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
+                Ok(wr) => requester::execute(hca, qp, peer.as_ref(), &wr, bytes, scratch),
+                Err(e) => {
+                    trace!(qpn = format_args!("{:#x}", qp.qpn), index, ?e, "malformed WQE");
+                    Outcome::Error(e.syndrome())
+                }
+            },
+            // Posting to a QP that is not ready to send.
+            _ => Outcome::Error(Syndrome::LocalQpOp),
+        };
+        if let Outcome::Error(s) = outcome {
+            qp.fail(s);
+        }
+        completer::complete(qp, index as u16, opcode, signaled, outcome);
+        progress.ci += bbs as u64;
+    }
+    true
+}
+
+/// Copies the WQE at building block `index` (all its blocks, across the ring's wrap) into
+/// `out`; returns its size in blocks (at least one, whatever `ds` claims).
+fn fetch(qp: &SoftQp, index: u64, out: &mut [u8; MAX_WQEBBS * SEND_WQE_BB]) -> usize {
+    let base = qp.sq.addr();
+    let copy_bb = |i: u64, dst: &mut [u8]| {
+        let src = base + ring::wqe_offset(index + i, qp.sq_log);
+        // SAFETY: a 64-byte block of the live send queue, written before the doorbell this
+        // engine acquired.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), SEND_WQE_BB) };
+    };
+    copy_bb(0, &mut out[..SEND_WQE_BB]);
+    let ds = WqeView::new_unchecked(&out[..]).ctrl().ds();
+    let bbs = (ring::wqebbs(ds as u32) as usize).clamp(1, MAX_WQEBBS.min(1 << qp.sq_log));
+    for i in 1..bbs {
+        copy_bb(i as u64, &mut out[i * SEND_WQE_BB..(i + 1) * SEND_WQE_BB]);
+    }
+    bbs
+}

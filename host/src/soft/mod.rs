@@ -1,0 +1,202 @@
+//! The soft provider: a software model of an mlx5 HCA ("Soft-RoCE for GDAKI"). It consumes the
+//! very queues, WQEs, doorbells and CQEs a ConnectX NIC would, so `gdaki-device` cannot tell it
+//! from hardware.
+//!
+//! - [`Hca`]: one per context: its memory regions (key table), its queue pairs, the atomics
+//!   lock (IB serialises atomics per HCA), and the engine thread that serves them.
+//! - [`engine`]: the thread: watches doorbells, fetches WQEs up to the rung index.
+//! - [`requester`]: parses a WQE as untrusted bytes, checks the local side, sends the request.
+//! - [`responder`]: executes a request against the target HCA's memory (rkey, bounds, rights).
+//! - [`completer`]: applies responses locally (READ data, fetched values) and writes CQEs.
+//! - [`dma`]: the memory trait every data movement goes through.
+//!
+//! Peers in one process talk directly (the responder runs on the requester's engine thread,
+//! against the peer HCA's tables).
+pub mod completer;
+pub mod dma;
+pub mod engine;
+pub mod requester;
+pub mod responder;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+
+use tracing::debug;
+
+use crate::error::{Error, Result};
+use crate::memory::Access;
+use crate::queue::SoftQp;
+use dma::Dma;
+
+/// A registered range.
+pub(crate) struct Region {
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+    pub dma: Arc<dyn Dma>,
+}
+
+impl Region {
+    /// Whether `addr..addr + len` lies inside.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// The state of one soft HCA, shared by its context's objects and its engine thread.
+pub(crate) struct Hca {
+    /// Process-unique identity, how in-process peers find each other.
+    pub id: u64,
+    regions: RwLock<HashMap<u32, Arc<Region>>>,
+    /// Queue pairs the engine serves; `qps_version` tells the engine to reload the list.
+    qps: Mutex<Vec<Arc<SoftQp>>>,
+    qps_version: AtomicU64,
+    by_qpn: RwLock<HashMap<u32, Weak<SoftQp>>>,
+    next_qpn: AtomicU32,
+    /// Serialises atomics at this HCA (as responder).
+    pub atomics: Mutex<()>,
+    /// Asks the engine to exit.
+    pub stop: AtomicBool,
+}
+
+/// Live HCAs of this process, by id (in-process connections look peers up here).
+fn registry() -> &'static Mutex<HashMap<u64, Weak<Hca>>> {
+    static REG: OnceLock<Mutex<HashMap<u64, Weak<Hca>>>> = OnceLock::new();
+    REG.get_or_init(Default::default)
+}
+
+/// 32 random bits from the OS.
+pub(crate) fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // The OS generator only fails on exotic platforms; fall back to a clock-derived value there
+    // rather than refusing to register memory.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0x9e37_79b9);
+        b = t.rotate_left(13).wrapping_mul(0x9e37_79b9).to_ne_bytes();
+    }
+    u32::from_ne_bytes(b)
+}
+
+impl Hca {
+    /// A new HCA, registered in the process's table.
+    pub fn new() -> Arc<Hca> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let hca = Arc::new(Hca {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            regions: RwLock::new(HashMap::new()),
+            qps: Mutex::new(Vec::new()),
+            qps_version: AtomicU64::new(0),
+            by_qpn: RwLock::new(HashMap::new()),
+            // QPNs are 24 bits; start somewhere random so two HCAs rarely share numbers.
+            next_qpn: AtomicU32::new(0x100 + (random_u32() & 0xffff)),
+            atomics: Mutex::new(()),
+            stop: AtomicBool::new(false),
+        });
+        lock(registry()).insert(hca.id, Arc::downgrade(&hca));
+        hca
+    }
+
+    /// The live HCA with this id.
+    pub fn find(id: u64) -> Option<Arc<Hca>> {
+        lock(registry()).get(&id).and_then(Weak::upgrade)
+    }
+
+    /// Registers `addr..addr + len` with a fresh random key.
+    pub fn register(&self, addr: u64, len: u64, access: Access, dma: Arc<dyn Dma>) -> Result<u32> {
+        if addr.checked_add(len).is_none() {
+            return Err(Error::OutOfRange {
+                what: "region end",
+                got: len,
+                min: 0,
+                max: u64::MAX - addr,
+            });
+        }
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let key = loop {
+            // Key 0 is never handed out, so a zeroed WQE field never matches a region.
+            let k = random_u32();
+            if k != 0 && !regions.contains_key(&k) {
+                break k;
+            }
+        };
+        regions.insert(key, Arc::new(Region { addr, len, access, dma }));
+        debug!(
+            hca = self.id,
+            key = format_args!("{key:#x}"),
+            addr = format_args!("{addr:#x}"),
+            len,
+            ?access,
+            "registered"
+        );
+        Ok(key)
+    }
+
+    /// Removes a key (in-flight work that already looked it up finishes).
+    pub fn deregister(&self, key: u32) {
+        self.regions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+    }
+
+    /// The region of `key` if it covers `addr..addr + len` with `need` rights.
+    pub fn region(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Arc<Region>> {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let r = regions.get(&key)?;
+        (r.contains(addr, len) && r.access.contains(need)).then(|| r.clone())
+    }
+
+    /// A fresh queue pair number.
+    pub fn alloc_qpn(&self) -> u32 {
+        self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+    }
+
+    /// Adds a queue pair to the engine's list.
+    pub fn attach(&self, qp: &Arc<SoftQp>) {
+        self.by_qpn
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qp.qpn, Arc::downgrade(qp));
+        lock(&self.qps).push(qp.clone());
+        self.qps_version.fetch_add(1, Ordering::Release);
+    }
+
+    /// Removes a queue pair from the engine's list.
+    pub fn detach(&self, qpn: u32) {
+        self.by_qpn.write().unwrap_or_else(|e| e.into_inner()).remove(&qpn);
+        lock(&self.qps).retain(|q| q.qpn != qpn);
+        self.qps_version.fetch_add(1, Ordering::Release);
+    }
+
+    /// The queue pair `qpn` (as a responder's target).
+    pub fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
+        self.by_qpn
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+    }
+
+    /// The engine's list, if it changed since `version`.
+    pub fn qps_if_changed(&self, version: &mut u64) -> Option<Vec<Arc<SoftQp>>> {
+        let now = self.qps_version.load(Ordering::Acquire);
+        if now == *version {
+            return None;
+        }
+        *version = now;
+        Some(lock(&self.qps).clone())
+    }
+}
+
+impl Drop for Hca {
+    fn drop(&mut self) {
+        lock(registry()).remove(&self.id);
+    }
+}
+
+/// Locks a mutex, taking it over if a thread panicked while holding it (the data it guards
+/// stays consistent at every unlock point).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,75 @@
+//! The responder: executes a request against the target HCA's memory, checking everything a
+//! NIC checks (the target QP's state, the rkey, bounds, access rights, atomic alignment) and
+//! answering with a NAK syndrome instead of touching memory when a check fails.
+use gdaki_device::Remote;
+use gdaki_layout::Syndrome;
+
+use crate::memory::Access;
+use crate::queue::QpState;
+use crate::soft::Hca;
+
+/// An 8-byte atomic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Add.
+    FetchAdd(u64),
+    /// Compare and swap.
+    CompareSwap {
+        /// Expected.
+        compare: u64,
+        /// New.
+        swap: u64,
+    },
+}
+
+/// The target QP must exist and accept requests (RTR or RTS). A target that is gone or in
+/// error does not answer: the requester's transport retries run out.
+fn check_target(hca: &Hca, qpn: u32) -> Result<(), Syndrome> {
+    match hca.qp(qpn).map(|q| q.state()) {
+        Some(QpState::Rtr | QpState::Rts) => Ok(()),
+        _ => Err(Syndrome::TransportRetryExc),
+    }
+}
+
+/// RDMA WRITE of `data` at `remote`.
+pub(crate) fn write(hca: &Hca, qpn: u32, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
+    check_target(hca, qpn)?;
+    if data.is_empty() {
+        return Ok(()); // a zero-length WRITE touches no memory, so its rkey is not checked
+    }
+    let r = hca
+        .region(remote.rkey, remote.addr, data.len() as u64, Access::REMOTE_WRITE)
+        .ok_or(Syndrome::RemoteAccess)?;
+    r.dma.write(remote.addr, data);
+    Ok(())
+}
+
+/// RDMA READ of `out.len()` bytes at `remote` into `out`.
+pub(crate) fn read(hca: &Hca, qpn: u32, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
+    check_target(hca, qpn)?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let r = hca
+        .region(remote.rkey, remote.addr, out.len() as u64, Access::REMOTE_READ)
+        .ok_or(Syndrome::RemoteAccess)?;
+    r.dma.read(remote.addr, out);
+    Ok(())
+}
+
+/// An 8-byte atomic at `remote` (native byte order in memory); returns the old value.
+/// Serialised per HCA, which is IB's atomicity guarantee.
+pub(crate) fn atomic(hca: &Hca, qpn: u32, remote: Remote, op: AtomicOp) -> Result<u64, Syndrome> {
+    check_target(hca, qpn)?;
+    if remote.addr % 8 != 0 {
+        return Err(Syndrome::RemoteInvalReq);
+    }
+    let r = hca
+        .region(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
+        .ok_or(Syndrome::RemoteAccess)?;
+    let _serial = crate::soft::lock(&hca.atomics);
+    Ok(match op {
+        AtomicOp::FetchAdd(add) => r.dma.fetch_add(remote.addr, add),
+        AtomicOp::CompareSwap { compare, swap } => r.dma.compare_swap(remote.addr, compare, swap),
+    })
+}

@@ -1,0 +1,448 @@
+//! The soft provider end to end in CPU mode: the device crate's API, driven by CPU threads,
+//! against the soft HCA: every opcode, sizes from 0 B to 64 MiB, many QPs, ring wrap, every
+//! fault with its syndrome and the flush after it, CQ overrun, a vanished peer.
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use gdaki::{Access, Context, Error, Provider, QpConfig, QpState, QueuePair};
+use gdaki_device::{Exclusive, Gpu, PostError, WaitError};
+use gdaki_layout::Syndrome;
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Posts one operation and returns its ticket.
+type Post<'a> = dyn Fn(&gdaki_device::Qp<Exclusive>) -> Result<u64, PostError> + 'a;
+
+fn qp_pair(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
+    let cq = ctx.create_cq(sq).unwrap();
+    ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap()
+}
+
+fn cqe_error(r: Result<(), WaitError>) -> Syndrome {
+    match r {
+        Err(WaitError::Cqe(e)) => e.syndrome,
+        other => panic!("expected an error CQE, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_opcode_between_two_contexts() {
+    let (a, b) = (
+        Context::open(Provider::Soft).unwrap(),
+        Context::open(Provider::Auto).unwrap(),
+    );
+    assert_eq!(b.provider(), Provider::Soft);
+    let (qa, qb) = (
+        qp_pair(&a, 64, QpConfig::default()),
+        qp_pair(&b, 64, QpConfig::default()),
+    );
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    assert_eq!(qa.state(), QpState::Rts);
+    let la = a.alloc_region(1 << 16, Access::ALL).unwrap();
+    let rb = b.alloc_region(1 << 16, Access::ALL).unwrap();
+    let data = pattern(1, 5000);
+    la.write(0, &data).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    dev.wait(dev.put(rb.remote(100), la.local(0), 5000).unwrap()).unwrap();
+    let mut got = vec![0; 5000];
+    rb.read(100, &mut got).unwrap();
+    assert_eq!(got, data, "RDMA WRITE");
+    dev.wait(dev.put_inline(rb.remote(8000), b"inline bytes").unwrap())
+        .unwrap();
+    dev.wait(dev.get(la.local(20000), rb.remote(8000), 12).unwrap())
+        .unwrap();
+    let mut back = [0u8; 12];
+    la.read(20000, &mut back).unwrap();
+    assert_eq!(&back, b"inline bytes", "RDMA READ of an inline WRITE");
+    dev.wait(dev.put(rb.remote(0), la.local(0), 0).unwrap()).unwrap();
+    dev.wait(dev.fence().unwrap()).unwrap();
+    assert_eq!(dev.atomic_fetch_add(rb.remote(12288), 5, la.local(4096)).unwrap(), 0);
+    assert_eq!(dev.atomic_fetch_add(rb.remote(12288), 7, la.local(4096)).unwrap(), 5);
+    assert_eq!(
+        dev.atomic_compare_swap(rb.remote(12288), 12, 100, la.local(4096))
+            .unwrap(),
+        12
+    );
+    assert_eq!(
+        dev.atomic_compare_swap(rb.remote(12288), 12, 1, la.local(4096))
+            .unwrap(),
+        100
+    );
+    assert_eq!(rb.load_u64(12288).unwrap(), 100, "remote memory holds the native value");
+    dev.wait(
+        dev.put_signal(rb.remote(9000), la.local(0), 64, rb.remote(12296), 1, la.local(4200))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rb.load_u64(12296).unwrap(), 1);
+    dev.quiet().unwrap();
+    assert_eq!(qa.error(), None);
+}
+
+#[test]
+fn sizes_from_zero_to_64_mib_and_splits() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(
+        &ctx,
+        16,
+        QpConfig {
+            max_msg_size: 1 << 20,
+            ..Default::default()
+        },
+    );
+    qp.connect(&qp.endpoint()).unwrap();
+    let total = 64 << 20;
+    let src = ctx.alloc_region(total, Access::ALL).unwrap();
+    let dst = ctx.alloc_region(total, Access::ALL).unwrap();
+    let data = pattern(7, total);
+    src.write(0, &data).unwrap();
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    for len in [
+        0usize,
+        1,
+        7,
+        8,
+        63,
+        64,
+        65,
+        4095,
+        4096,
+        1 << 20,
+        (1 << 20) + 1,
+        3 << 20,
+        total,
+    ] {
+        let t = dev.put(dst.remote(0), src.local(0), len as u64).unwrap();
+        dev.wait(t).unwrap();
+        let mut got = vec![0; len];
+        dst.read(0, &mut got).unwrap();
+        assert!(got == data[..len], "{len} bytes");
+    }
+    assert_eq!(qp.error(), None);
+}
+
+#[test]
+fn many_qps_many_threads_wrap_their_rings() {
+    let ctx = Arc::new(Context::open(Provider::Soft).unwrap());
+    let mr = Arc::new(ctx.alloc_region(8 * 64 * 1024, Access::ALL).unwrap());
+    let reference = pattern(3, 64 * 1024);
+    mr.write(0, &reference).unwrap();
+    thread::scope(|s| {
+        for q in 0..4u64 {
+            let (ctx, mr, reference) = (ctx.clone(), mr.clone(), &reference);
+            s.spawn(move || {
+                let qp = qp_pair(&ctx, 8, QpConfig::default());
+                qp.connect(&qp.endpoint()).unwrap();
+                let dev = unsafe { qp.cpu::<Exclusive>() };
+                let base = (q + 1) * 64 * 1024;
+                for i in 0..500u64 {
+                    let off = (i * 131) % (64 * 1024 - 256);
+                    dev.put(mr.remote(base + off), mr.local(off), 200).unwrap();
+                }
+                dev.quiet().unwrap();
+                let mut got = vec![0; 200];
+                let off = (499 * 131) % (64 * 1024 - 256);
+                mr.read(base + off, &mut got).unwrap();
+                assert_eq!(got, reference[off as usize..off as usize + 200]);
+            });
+        }
+    });
+}
+
+#[test]
+fn shared_qp_gpu_mode_threads_fetch_add() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(&ctx, 32, QpConfig::default());
+    qp.connect(&qp.endpoint()).unwrap();
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let mut seen: Vec<u64> = thread::scope(|s| {
+        let hs: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (qp, mr) = (&qp, &mr);
+                s.spawn(move || {
+                    let dev = unsafe { qp.cpu::<Gpu>() };
+                    (0..300)
+                        .map(|_| dev.atomic_fetch_add(mr.remote(0), 1, mr.local(64 + 8 * t)).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    seen.sort_unstable();
+    assert_eq!(seen, (0..900).collect::<Vec<_>>());
+}
+
+/// One fault per case: the failing WQE reports its syndrome, the next is flushed, and nothing
+/// outside a region is written.
+#[test]
+fn faults_report_their_syndrome_and_flush_what_follows() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let ro = ctx.alloc_region(4096, Access::REMOTE_READ).unwrap();
+    let cases: Vec<(&str, Syndrome, Box<Post<'_>>)> = vec![
+        (
+            "bad rkey",
+            Syndrome::RemoteAccess,
+            Box::new(|d| {
+                d.put(
+                    gdaki_device::Remote {
+                        addr: mr.addr(),
+                        rkey: mr.rkey() ^ 1,
+                    },
+                    mr.local(0),
+                    8,
+                )
+            }),
+        ),
+        (
+            "remote out of bounds",
+            Syndrome::RemoteAccess,
+            Box::new(|d| d.put(mr.remote(4090), mr.local(0), 8)),
+        ),
+        (
+            "no remote write right",
+            Syndrome::RemoteAccess,
+            Box::new(|d| d.put(ro.remote(0), mr.local(0), 8)),
+        ),
+        (
+            "bad lkey",
+            Syndrome::LocalProt,
+            Box::new(|d| {
+                d.put(
+                    mr.remote(0),
+                    gdaki_device::Local {
+                        addr: mr.addr(),
+                        lkey: 0x1234,
+                    },
+                    8,
+                )
+            }),
+        ),
+        (
+            "local out of bounds",
+            Syndrome::LocalProt,
+            Box::new(|d| d.put(mr.remote(0), mr.local(4095), 8)),
+        ),
+        (
+            "READ into a region without local write",
+            Syndrome::LocalProt,
+            Box::new(|d| d.get(ro.local(0), mr.remote(0), 8)),
+        ),
+        (
+            "misaligned atomic",
+            Syndrome::RemoteInvalReq,
+            Box::new(|d| d.signal(mr.remote(4), 1, mr.local(64))),
+        ),
+        (
+            "atomic without the right",
+            Syndrome::RemoteAccess,
+            Box::new(|d| d.signal(ro.remote(0), 1, mr.local(64))),
+        ),
+    ];
+    for (name, syndrome, post) in cases {
+        let qp = qp_pair(&ctx, 8, QpConfig::default());
+        qp.connect(&qp.endpoint()).unwrap();
+        let dev = unsafe { qp.cpu::<Exclusive>() };
+        let bad = post(&dev).unwrap();
+        let after = dev.put(mr.remote(0), mr.local(0), 8).unwrap();
+        assert_eq!(cqe_error(dev.wait(bad)), syndrome, "{name}");
+        assert_eq!(
+            cqe_error(dev.wait(after)),
+            Syndrome::WrFlush,
+            "{name}: the next WQE is flushed"
+        );
+        assert_eq!(qp.state(), QpState::Error, "{name}");
+        assert_eq!(qp.error(), Some(syndrome), "{name}");
+    }
+    // Nothing was written past the read-only region or the end of the other.
+    let mut ro_bytes = vec![1; 4096];
+    ro.read(0, &mut ro_bytes).unwrap();
+    assert!(ro_bytes.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn message_larger_than_the_limit_is_a_local_length_error() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    qp.connect(&qp.endpoint()).unwrap();
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    // Write a WQE by hand that claims more than max_msg_size (the device API splits instead).
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let i = dev.reserve(1).unwrap();
+    dev.wqe_prepare_write(i, mr.remote(0), mr.local(0), u32::MAX, 0);
+    dev.mark_ready(i, i + 1).unwrap();
+    dev.submit(i + 1).unwrap();
+    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalLength);
+}
+
+#[test]
+fn malformed_wqe_is_an_error_not_a_crash() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    qp.connect(&qp.endpoint()).unwrap();
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let i = dev.reserve(1).unwrap();
+    dev.wqe_prepare_nop(i, 0);
+    // Corrupt the opcode into one the model does not execute (0x7f), keeping the CQE request.
+    unsafe { *(dev.wqe_ptr(i) as *mut u8).add(3) = 0x7f };
+    dev.mark_ready(i, i + 1).unwrap();
+    dev.submit(i + 1).unwrap();
+    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalQpOp);
+}
+
+#[test]
+fn posting_to_a_qp_that_is_not_ready_fails_and_states_are_checked() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    assert!(matches!(qp.to_rts(), Err(Error::BadTransition { .. })));
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let t = dev.fence().unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::LocalQpOp, "a WQE on a QP in RESET");
+    assert_eq!(qp.state(), QpState::Error);
+    assert!(matches!(qp.connect(&qp.endpoint()), Err(Error::BadTransition { .. })));
+}
+
+#[test]
+fn sizes_and_objects_are_validated() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    assert!(matches!(ctx.create_cq(0), Err(Error::BadSize { .. })));
+    assert!(matches!(ctx.create_cq(100), Err(Error::BadSize { .. })));
+    let cq = ctx.create_cq(16).unwrap();
+    for sq in [0, 3, 32, 1 << 16] {
+        assert!(
+            ctx.create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: sq,
+                    ..Default::default()
+                }
+            )
+            .is_err(),
+            "sq {sq}"
+        );
+    }
+    let qp = ctx
+        .create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 16,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(matches!(
+        ctx.create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 16,
+                ..Default::default()
+            }
+        ),
+        Err(Error::CqInUse { .. })
+    ));
+    let other = Context::open(Provider::Soft).unwrap();
+    assert!(matches!(
+        other.create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 16,
+                ..Default::default()
+            }
+        ),
+        Err(Error::ForeignObject { .. })
+    ));
+    drop(qp);
+    ctx.create_qp(
+        &cq,
+        QpConfig {
+            sq_size: 16,
+            ..Default::default()
+        },
+    )
+    .expect("the CQ is free again");
+    assert!(matches!(
+        Context::open(Provider::Mlx5),
+        Err(Error::NoRdmaDevice | Error::Mlx5Unsupported)
+    ));
+    let a = ctx.alloc_region(64, Access::ALL).unwrap();
+    let b = ctx.alloc_region(64, Access::ALL).unwrap();
+    assert_ne!(a.rkey(), b.rkey());
+    assert_ne!(b.rkey().wrapping_sub(a.rkey()), 1, "keys are not sequential");
+    assert!(a.read(60, &mut [0; 8]).is_err());
+}
+
+#[test]
+fn cq_overrun_is_an_error_not_an_overwrite() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cq = ctx.create_cq(4).unwrap();
+    let qp = ctx
+        .create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    qp.connect(&qp.endpoint()).unwrap();
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    // Ring 8 NOPs by hand without ever consuming a CQE: slots 0..4, then 4..8 (the device API
+    // would wait for completions before reusing a slot; this poster does not).
+    for round in 0..2u64 {
+        for i in 0..4 {
+            dev.wqe_prepare_nop(round * 4 + i, 0);
+        }
+        dev.ring((round + 1) * 4);
+        thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cq.status().is_ok() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(cq.status(), Err(Error::CqOverrun { .. })));
+    assert_eq!(cq.written(), 4, "no CQE was overwritten");
+    assert_eq!(qp.state(), QpState::Error);
+}
+
+#[test]
+fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
+    let a = Context::open(Provider::Soft).unwrap();
+    let qa = qp_pair(&a, 8, QpConfig::default());
+    let mr = a.alloc_region(4096, Access::ALL).unwrap();
+    let remote = {
+        let b = Context::open(Provider::Soft).unwrap();
+        let qb = qp_pair(&b, 8, QpConfig::default());
+        qa.connect(&qb.endpoint()).unwrap();
+        let rb = b.alloc_region(4096, Access::ALL).unwrap();
+        rb.remote(0)
+    }; // b and everything of it are gone
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let started = Instant::now();
+    let t = dev.put(remote, mr.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Connecting to a vanished peer is refused up front.
+    let qc = qp_pair(&a, 8, QpConfig::default());
+    qc.to_init().unwrap();
+    assert!(matches!(
+        qc.to_rtr(&gdaki::Endpoint {
+            hca: u64::MAX,
+            qpn: 1,
+            psn: 0
+        }),
+        Err(Error::PeerUnreachable { .. })
+    ));
+}
