@@ -96,8 +96,8 @@ impl Context {
     ///
     /// # Safety
     /// `addr..addr + len` is host memory that stays valid (and is not freed) for as long as
-    /// the returned region lives, and that the application lets the HCA read and write as
-    /// `access` allows.
+    /// the returned region lives and until every WQE naming it has completed, and that the
+    /// application lets the HCA read and write as `access` allows.
     pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
         MemoryRegion::register(&self.inner, addr as u64, len as u64, access, Arc::new(HostDma))
     }

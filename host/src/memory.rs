@@ -97,7 +97,9 @@ impl MemoryRegion {
     pub(crate) fn alloc(ctx: &Arc<ContextInner>, len: usize, access: Access) -> Result<MemoryRegion> {
         let buf = Arc::new(HostBuffer::new("a memory region", len)?);
         let (addr, len) = (buf.addr(), len as u64);
-        let key = ctx.hca.register(addr, len, access, Arc::new(HostDma))?;
+        let key = ctx
+            .hca
+            .register(addr, len, access, Arc::new(HostDma), Some(buf.clone()))?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),
             key,
@@ -116,7 +118,7 @@ impl MemoryRegion {
         access: Access,
         dma: Arc<dyn Dma>,
     ) -> Result<MemoryRegion> {
-        let key = ctx.hca.register(addr, len, access, dma)?;
+        let key = ctx.hca.register(addr, len, access, dma, None)?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),
             key,

@@ -103,6 +103,9 @@ pub(crate) struct SoftCq {
     pub dbrec: HostBuffer,
     /// CQEs written so far (the engine's producer index).
     pub pi: AtomicU64,
+    /// The consumer index last read from the doorbell record (re-read only when the CQ looks
+    /// full, so the record's cache line is not pulled from the poller on every CQE).
+    pub ci_seen: std::sync::atomic::AtomicU32,
     /// Set when the engine had a CQE to write and no room.
     pub overrun: AtomicBool,
     /// The QP it serves, if any.
@@ -113,16 +116,18 @@ pub(crate) struct SoftCq {
 #[derive(Clone)]
 pub(crate) struct Peer {
     pub hca: Weak<Hca>,
-    pub qpn: u32,
+    pub qp: Weak<SoftQp>,
 }
 
-/// The engine's progress on a send queue (touched by the engine thread only).
+/// The engine's progress on a send queue, and where it sends (set at RTR).
 #[derive(Default)]
 pub(crate) struct SqProgress {
     /// Next building block to fetch.
     pub ci: u64,
     /// The doorbell value last acted on.
     pub last_doorbell: u64,
+    /// The connected peer.
+    pub peer: Option<Peer>,
 }
 
 /// A queue pair as the soft HCA holds it.
@@ -137,7 +142,6 @@ pub(crate) struct SoftQp {
     pub uar: HostBuffer,
     pub cq: Arc<SoftCq>,
     pub max_msg_size: u64,
-    pub peer: Mutex<Option<Peer>>,
     pub progress: Mutex<SqProgress>,
     pub first_error: Mutex<Option<Syndrome>>,
 }
@@ -205,6 +209,7 @@ impl CompletionQueue {
             ring,
             dbrec: HostBuffer::new("a CQ doorbell record", 64)?,
             pi: AtomicU64::new(0),
+            ci_seen: std::sync::atomic::AtomicU32::new(0),
             overrun: AtomicBool::new(false),
             qpn: Mutex::new(None),
         });
@@ -301,7 +306,6 @@ impl QueuePair {
                 uar: HostBuffer::new("a doorbell page", 64)?,
                 cq: cq.inner.clone(),
                 max_msg_size: cfg.max_msg_size,
-                peer: Mutex::new(None),
                 progress: Mutex::new(SqProgress::default()),
                 first_error: Mutex::new(None),
             });
@@ -397,11 +401,11 @@ impl QueuePair {
         let hca = Hca::find(peer.hca).ok_or_else(|| Error::PeerUnreachable {
             what: format!("HCA {} (QP {:#x})", peer.hca, peer.qpn),
         })?;
-        if hca.qp(peer.qpn).is_none() {
+        let Some(target) = hca.qp(peer.qpn) else {
             return Err(Error::PeerUnreachable {
                 what: format!("QP {:#x} on HCA {}", peer.qpn, peer.hca),
             });
-        }
+        };
         if self.state() != QpState::Init {
             return Err(Error::BadTransition {
                 qpn: self.qpn(),
@@ -409,9 +413,9 @@ impl QueuePair {
                 to: QpState::Rtr,
             });
         }
-        *lock(&self.inner.peer) = Some(Peer {
+        lock(&self.inner.progress).peer = Some(Peer {
             hca: Arc::downgrade(&hca),
-            qpn: peer.qpn,
+            qp: Arc::downgrade(&target),
         });
         self.transition(&[QpState::Init], QpState::Rtr)
     }

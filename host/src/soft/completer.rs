@@ -43,13 +43,18 @@ pub(crate) fn complete(qp: &SoftQp, wqe_counter: u16, opcode: u8, signaled: bool
 /// Writes `cqe` at the CQ's producer index with the lap's owner bit, unless the CQ is full.
 fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
     let pi = cq.pi.load(Ordering::Relaxed);
-    // SAFETY: word 0 of the CQ's doorbell record, 4-byte aligned, alive with the CQ.
-    let ci_rec =
-        unsafe { std::sync::atomic::AtomicU32::from_ptr(cq.dbrec.as_ptr() as *mut u32) }.load(Ordering::Acquire);
-    let ci = u32::from_be(ci_rec) & dbrec::CQ_CI_MASK;
     // Entries not yet consumed: the 24-bit distance from the consumer index to ours.
-    let outstanding = (pi as u32).wrapping_sub(ci) & dbrec::CQ_CI_MASK;
-    if outstanding as u64 >= 1u64 << cq.log_size {
+    let outstanding = |ci: u32| ((pi as u32).wrapping_sub(ci) & dbrec::CQ_CI_MASK) as u64;
+    let size = 1u64 << cq.log_size;
+    let mut ci = cq.ci_seen.load(Ordering::Relaxed);
+    if outstanding(ci) >= size {
+        // Re-read the record only now, so its cache line is not pulled from the poller on
+        // every CQE. SAFETY: word 0 of the CQ's doorbell record, aligned, alive with the CQ.
+        let rec = unsafe { std::sync::atomic::AtomicU32::from_ptr(cq.dbrec.as_ptr() as *mut u32) };
+        ci = u32::from_be(rec.load(Ordering::Acquire)) & dbrec::CQ_CI_MASK;
+        cq.ci_seen.store(ci, Ordering::Relaxed);
+    }
+    if outstanding(ci) >= size {
         if !cq.overrun.swap(true, Ordering::AcqRel) {
             error!(
                 cqn = format_args!("{:#x}", cq.cqn),

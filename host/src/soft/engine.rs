@@ -74,7 +74,7 @@ fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
         qp.fail(Syndrome::LocalQpOp);
         return true;
     }
-    let peer = lock(&qp.peer).clone();
+    let peer = requester::resolve(progress.peer.as_ref());
     let mut wqe = [0u8; MAX_WQEBBS * SEND_WQE_BB];
     while progress.ci < target {
         let index = progress.ci;
@@ -85,7 +85,7 @@ fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
         let outcome = match qp.state() {
             QpState::Error => Outcome::Error(Syndrome::WrFlush),
             QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
-                Ok(wr) => requester::execute(hca, qp, peer.as_ref(), &wr, bytes, scratch),
+                Ok(wr) => requester::execute(hca, qp, &peer, &wr, bytes, scratch),
                 Err(e) => {
                     trace!(qpn = format_args!("{:#x}", qp.qpn), index, ?e, "malformed WQE");
                     Outcome::Error(e.syndrome())

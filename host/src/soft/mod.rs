@@ -29,12 +29,37 @@ use crate::memory::Access;
 use crate::queue::SoftQp;
 use dma::Dma;
 
+/// Hashes u32 keys as themselves: keys and QP numbers are random or sequential values this
+/// HCA chose, so there is nothing to defend against, and lookups sit on the per-WQE path.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ *b as u64;
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        // Spread the bits so hashbrown's top-7-bit tags differ too.
+        self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type KeyMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdentityHasher>>;
+
 /// A registered range.
 pub(crate) struct Region {
     pub addr: u64,
     pub len: u64,
     pub access: Access,
     pub dma: Arc<dyn Dma>,
+    /// Library-owned memory stays allocated while the engine may still use a lookup of it
+    /// (a WQE in flight when its region is dropped).
+    pub _keep: Option<Arc<dyn Send + Sync>>,
 }
 
 impl Region {
@@ -48,11 +73,11 @@ impl Region {
 pub(crate) struct Hca {
     /// Process-unique identity, how in-process peers find each other.
     pub id: u64,
-    regions: RwLock<HashMap<u32, Arc<Region>>>,
+    regions: RwLock<KeyMap<Arc<Region>>>,
     /// Queue pairs the engine serves; `qps_version` tells the engine to reload the list.
     qps: Mutex<Vec<Arc<SoftQp>>>,
     qps_version: AtomicU64,
-    by_qpn: RwLock<HashMap<u32, Weak<SoftQp>>>,
+    by_qpn: RwLock<KeyMap<Weak<SoftQp>>>,
     next_qpn: AtomicU32,
     /// Serialises atomics at this HCA (as responder).
     pub atomics: Mutex<()>,
@@ -87,10 +112,10 @@ impl Hca {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let hca = Arc::new(Hca {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
-            regions: RwLock::new(HashMap::new()),
+            regions: RwLock::new(KeyMap::default()),
             qps: Mutex::new(Vec::new()),
             qps_version: AtomicU64::new(0),
-            by_qpn: RwLock::new(HashMap::new()),
+            by_qpn: RwLock::new(KeyMap::default()),
             // QPNs are 24 bits; start somewhere random so two HCAs rarely share numbers.
             next_qpn: AtomicU32::new(0x100 + (random_u32() & 0xffff)),
             atomics: Mutex::new(()),
@@ -106,7 +131,14 @@ impl Hca {
     }
 
     /// Registers `addr..addr + len` with a fresh random key.
-    pub fn register(&self, addr: u64, len: u64, access: Access, dma: Arc<dyn Dma>) -> Result<u32> {
+    pub fn register(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        dma: Arc<dyn Dma>,
+        keep: Option<Arc<dyn Send + Sync>>,
+    ) -> Result<u32> {
         if addr.checked_add(len).is_none() {
             return Err(Error::OutOfRange {
                 what: "region end",
@@ -123,7 +155,16 @@ impl Hca {
                 break k;
             }
         };
-        regions.insert(key, Arc::new(Region { addr, len, access, dma }));
+        regions.insert(
+            key,
+            Arc::new(Region {
+                addr,
+                len,
+                access,
+                dma,
+                _keep: keep,
+            }),
+        );
         debug!(
             hca = self.id,
             key = format_args!("{key:#x}"),

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use gdaki_device::Remote as DevRemote;
-use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest};
+use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
 use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
@@ -28,28 +28,54 @@ fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
     }
 }
 
+/// Checked local buffers (at most a WQE's worth, without allocating).
+struct Locals {
+    items: [Option<(Sge, Arc<Region>)>; MAX_SGES],
+}
+
+impl Locals {
+    fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
+        self.items.iter().map_while(Option::as_ref)
+    }
+}
+
 /// The local regions of `sges`, with the rights `need`; a bad key, range or right is a local
 /// protection error.
-fn locals(hca: &Hca, sges: &[Sge], need: Access) -> Result<Vec<(Sge, Arc<Region>)>, Syndrome> {
-    sges.iter()
-        .map(|s| {
-            hca.region(s.lkey, s.addr, s.length as u64, need)
-                .map(|r| (*s, r))
-                .ok_or(Syndrome::LocalProt)
-        })
-        .collect()
+fn locals(hca: &Hca, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
+    let mut out = Locals {
+        items: Default::default(),
+    };
+    for (slot, s) in out.items.iter_mut().zip(sges) {
+        let r = hca
+            .region(s.lkey, s.addr, s.length as u64, need)
+            .ok_or(Syndrome::LocalProt)?;
+        *slot = Some((*s, r));
+    }
+    Ok(out)
+}
+
+/// Where requests go: the peer HCA, resolved once per doorbell batch (or why requests cannot
+/// go anywhere).
+pub(crate) type Target = Result<Arc<Hca>, Syndrome>;
+
+/// Resolves a QP's peer: its HCA and QP must still exist and the QP must accept requests.
+pub(crate) fn resolve(peer: Option<&Peer>) -> Target {
+    let p = peer.ok_or(Syndrome::LocalQpOp)?;
+    let hca = p.hca.upgrade().ok_or(Syndrome::TransportRetryExc)?;
+    responder::accepts(p.qp.upgrade().as_deref())?;
+    Ok(hca)
 }
 
 /// Executes `wr` (whose bytes are `wqe`) for `qp`.
 pub(crate) fn execute(
     hca: &Hca,
     qp: &SoftQp,
-    peer: Option<&Peer>,
+    target: &Target,
     wr: &WorkRequest,
     wqe: &[u8],
     scratch: &mut Scratch,
 ) -> Outcome {
-    match run(hca, qp, peer, wr, wqe, scratch) {
+    match run(hca, qp, target, wr, wqe, scratch) {
         Ok(bytes) => Outcome::Success { bytes },
         Err(s) => Outcome::Error(s),
     }
@@ -58,7 +84,7 @@ pub(crate) fn execute(
 fn run(
     hca: &Hca,
     qp: &SoftQp,
-    peer: Option<&Peer>,
+    target: &Target,
     wr: &WorkRequest,
     wqe: &[u8],
     scratch: &mut Scratch,
@@ -70,11 +96,7 @@ fn run(
             Ok(len as u32)
         }
     };
-    // The peer HCA, if it is still there: a vanished peer never answers.
-    let target = || -> Result<(Arc<Hca>, u32), Syndrome> {
-        let p = peer.ok_or(Syndrome::LocalQpOp)?;
-        Ok((p.hca.upgrade().ok_or(Syndrome::TransportRetryExc)?, p.qpn))
-    };
+    let target = || -> Result<&Hca, Syndrome> { target.as_ref().map(|h| &**h).map_err(|s| *s) };
     match wr.op {
         Operation::Nop => Ok(0),
         Operation::Write { remote: r, payload } => match payload {
@@ -83,30 +105,30 @@ fn run(
                 let data = wqe
                     .get(offset as usize..(offset + len) as usize)
                     .ok_or(Syndrome::LocalLength)?;
-                let (peer_hca, qpn) = target()?;
-                responder::write(&peer_hca, qpn, remote(r), data)?;
+                let peer_hca = target()?;
+                responder::write(peer_hca, remote(r), data)?;
                 Ok(bytes)
             }
             Payload::Gather(list) => {
                 let bytes = check_len(list.total_len())?;
                 let src = locals(hca, list.as_slice(), Access::empty())?;
-                let (peer_hca, qpn) = target()?;
-                match &src[..] {
+                let peer_hca = target()?;
+                match &src.items {
                     // One host buffer: hand it to the responder without a copy.
-                    [(s, region)] if region.dma.host_addressable() => {
+                    [Some((s, region)), None, ..] if region.dma.host_addressable() => {
                         // SAFETY: the range was checked against a live, host-addressable region;
                         // like DMA, concurrent writes by the application may be torn.
                         let data = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-                        responder::write(&peer_hca, qpn, remote(r), data)?;
+                        responder::write(peer_hca, remote(r), data)?;
                     }
                     _ => {
                         scratch.data.clear();
-                        for (s, region) in &src {
+                        for (s, region) in src.iter() {
                             let at = scratch.data.len();
                             scratch.data.resize(at + s.length as usize, 0);
                             region.dma.read(s.addr, &mut scratch.data[at..]);
                         }
-                        responder::write(&peer_hca, qpn, remote(r), &scratch.data)?;
+                        responder::write(peer_hca, remote(r), &scratch.data)?;
                     }
                 }
                 Ok(bytes)
@@ -115,13 +137,13 @@ fn run(
         Operation::Read { remote: r, local } => {
             let bytes = check_len(local.total_len())?;
             let dst = locals(hca, local.as_slice(), Access::LOCAL_WRITE)?;
-            let (peer_hca, qpn) = target()?;
+            let peer_hca = target()?;
             scratch.data.clear();
             scratch.data.resize(bytes as usize, 0);
-            responder::read(&peer_hca, qpn, remote(r), &mut scratch.data)?;
+            responder::read(peer_hca, remote(r), &mut scratch.data)?;
             // Completer side: scatter the response.
             let mut at = 0;
-            for (s, region) in &dst {
+            for (s, region) in dst.iter() {
                 region.dma.write(s.addr, &scratch.data[at..at + s.length as usize]);
                 at += s.length as usize;
             }
@@ -141,16 +163,18 @@ fn run(
 
 /// An atomic: the result buffer is checked first, and the fetched value lands there
 /// big-endian, as mlx5 returns it.
-fn atomic(
+fn atomic<'a>(
     hca: &Hca,
-    target: impl FnOnce() -> Result<(Arc<Hca>, u32), Syndrome>,
+    target: impl FnOnce() -> Result<&'a Hca, Syndrome>,
     r: DevRemote,
     op: AtomicOp,
     result: Sge,
 ) -> Result<u32, Syndrome> {
     let dst = locals(hca, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
-    let (peer_hca, qpn) = target()?;
-    let old = responder::atomic(&peer_hca, qpn, r, op)?;
-    dst[0].1.dma.write(result.addr, &old.to_be_bytes());
+    let peer_hca = target()?;
+    let old = responder::atomic(peer_hca, r, op)?;
+    if let Some((_, region)) = &dst.items[0] {
+        region.dma.write(result.addr, &old.to_be_bytes());
+    }
     Ok(8)
 }

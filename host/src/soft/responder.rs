@@ -5,7 +5,7 @@ use gdaki_device::Remote;
 use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
-use crate::queue::QpState;
+use crate::queue::{QpState, SoftQp};
 use crate::soft::Hca;
 
 /// An 8-byte atomic.
@@ -22,18 +22,18 @@ pub enum AtomicOp {
     },
 }
 
-/// The target QP must exist and accept requests (RTR or RTS). A target that is gone or in
-/// error does not answer: the requester's transport retries run out.
-fn check_target(hca: &Hca, qpn: u32) -> Result<(), Syndrome> {
-    match hca.qp(qpn).map(|q| q.state()) {
+/// Whether target QP `qpn` accepts requests: it must exist and be in RTR or RTS. A target
+/// that is gone or in error does not answer: the requester's transport retries run out.
+/// Checked once per batch of requests.
+pub(crate) fn accepts(target: Option<&SoftQp>) -> Result<(), Syndrome> {
+    match target.map(|q| q.state()) {
         Some(QpState::Rtr | QpState::Rts) => Ok(()),
         _ => Err(Syndrome::TransportRetryExc),
     }
 }
 
 /// RDMA WRITE of `data` at `remote`.
-pub(crate) fn write(hca: &Hca, qpn: u32, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
-    check_target(hca, qpn)?;
+pub(crate) fn write(hca: &Hca, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
     if data.is_empty() {
         return Ok(()); // a zero-length WRITE touches no memory, so its rkey is not checked
     }
@@ -45,8 +45,7 @@ pub(crate) fn write(hca: &Hca, qpn: u32, remote: Remote, data: &[u8]) -> Result<
 }
 
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
-pub(crate) fn read(hca: &Hca, qpn: u32, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
-    check_target(hca, qpn)?;
+pub(crate) fn read(hca: &Hca, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
     if out.is_empty() {
         return Ok(());
     }
@@ -59,8 +58,7 @@ pub(crate) fn read(hca: &Hca, qpn: u32, remote: Remote, out: &mut [u8]) -> Resul
 
 /// An 8-byte atomic at `remote` (native byte order in memory); returns the old value.
 /// Serialised per HCA, which is IB's atomicity guarantee.
-pub(crate) fn atomic(hca: &Hca, qpn: u32, remote: Remote, op: AtomicOp) -> Result<u64, Syndrome> {
-    check_target(hca, qpn)?;
+pub(crate) fn atomic(hca: &Hca, remote: Remote, op: AtomicOp) -> Result<u64, Syndrome> {
     if remote.addr % 8 != 0 {
         return Err(Syndrome::RemoteInvalReq);
     }
