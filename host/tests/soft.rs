@@ -446,3 +446,19 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
         Err(Error::PeerUnreachable { .. })
     ));
 }
+
+#[test]
+fn a_deregistered_key_stops_working_at_once() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    qp.connect(&qp.endpoint()).unwrap();
+    let local = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let target = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    // Warm the engine's key cache with the target, then drop the target.
+    dev.wait(dev.put(target.remote(0), local.local(0), 8).unwrap()).unwrap();
+    let gone = target.remote(0);
+    drop(target);
+    let t = dev.put(gone, local.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::RemoteAccess);
+}

@@ -69,11 +69,27 @@ impl Region {
     }
 }
 
+struct CachedRegion {
+    hca: u64,
+    key: u32,
+    version: u64,
+    region: Arc<Region>,
+}
+
+/// An engine thread's last few key lookups (local and remote keys of the WQEs in flight).
+#[derive(Default)]
+pub(crate) struct RegionCache {
+    entries: [Option<CachedRegion>; 4],
+    next: usize,
+}
+
 /// The state of one soft HCA, shared by its context's objects and its engine thread.
 pub(crate) struct Hca {
     /// Process-unique identity, how in-process peers find each other.
     pub id: u64,
     regions: RwLock<KeyMap<Arc<Region>>>,
+    /// Bumped on every (de)registration: engines' [`RegionCache`]s compare it.
+    regions_version: AtomicU64,
     /// Queue pairs the engine serves; `qps_version` tells the engine to reload the list.
     qps: Mutex<Vec<Arc<SoftQp>>>,
     qps_version: AtomicU64,
@@ -113,6 +129,7 @@ impl Hca {
         let hca = Arc::new(Hca {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             regions: RwLock::new(KeyMap::default()),
+            regions_version: AtomicU64::new(0),
             qps: Mutex::new(Vec::new()),
             qps_version: AtomicU64::new(0),
             by_qpn: RwLock::new(KeyMap::default()),
@@ -155,6 +172,7 @@ impl Hca {
                 break k;
             }
         };
+        self.regions_version.fetch_add(1, Ordering::Release);
         regions.insert(
             key,
             Arc::new(Region {
@@ -178,14 +196,49 @@ impl Hca {
 
     /// Removes a key (in-flight work that already looked it up finishes).
     pub fn deregister(&self, key: u32) {
-        self.regions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        regions.remove(&key);
+        self.regions_version.fetch_add(1, Ordering::Release);
     }
 
-    /// The region of `key` if it covers `addr..addr + len` with `need` rights.
-    pub fn region(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Arc<Region>> {
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
-        let r = regions.get(&key)?;
-        (r.contains(addr, len) && r.access.contains(need)).then(|| r.clone())
+    /// The region of `key` if it covers `addr..addr + len` with `need` rights, through the
+    /// engine's cache (one atomic load when the key was seen and nothing was (de)registered
+    /// since).
+    pub fn region<'c>(
+        &self,
+        cache: &'c mut RegionCache,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<&'c Arc<Region>> {
+        let version = self.regions_version.load(Ordering::Acquire);
+        let hit = cache
+            .entries
+            .iter()
+            .position(|e| matches!(e, Some(c) if c.hca == self.id && c.key == key && c.version == version));
+        let slot = match hit {
+            Some(i) => i,
+            None => {
+                let r = self
+                    .regions
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)?
+                    .clone();
+                let i = cache.next;
+                cache.next = (cache.next + 1) % cache.entries.len();
+                cache.entries[i] = Some(CachedRegion {
+                    hca: self.id,
+                    key,
+                    version,
+                    region: r,
+                });
+                i
+            }
+        };
+        let r = &cache.entries[slot].as_ref()?.region;
+        (r.contains(addr, len) && r.access.contains(need)).then_some(r)
     }
 
     /// A fresh queue pair number.

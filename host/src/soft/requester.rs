@@ -13,12 +13,13 @@ use crate::memory::Access;
 use crate::queue::{Peer, SoftQp};
 use crate::soft::completer::Outcome;
 use crate::soft::responder::{self, AtomicOp};
-use crate::soft::{Hca, Region};
+use crate::soft::{Hca, Region, RegionCache};
 
 /// Buffers the engine thread reuses between WQEs.
 #[derive(Default)]
 pub(crate) struct Scratch {
     data: Vec<u8>,
+    regions: RegionCache,
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -41,15 +42,15 @@ impl Locals {
 
 /// The local regions of `sges`, with the rights `need`; a bad key, range or right is a local
 /// protection error.
-fn locals(hca: &Hca, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
+fn locals(hca: &Hca, cache: &mut RegionCache, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
     let mut out = Locals {
         items: Default::default(),
     };
     for (slot, s) in out.items.iter_mut().zip(sges) {
         let r = hca
-            .region(s.lkey, s.addr, s.length as u64, need)
+            .region(cache, s.lkey, s.addr, s.length as u64, need)
             .ok_or(Syndrome::LocalProt)?;
-        *slot = Some((*s, r));
+        *slot = Some((*s, r.clone()));
     }
     Ok(out)
 }
@@ -106,12 +107,12 @@ fn run(
                     .get(offset as usize..(offset + len) as usize)
                     .ok_or(Syndrome::LocalLength)?;
                 let peer_hca = target()?;
-                responder::write(peer_hca, remote(r), data)?;
+                responder::write(peer_hca, &mut scratch.regions, remote(r), data)?;
                 Ok(bytes)
             }
             Payload::Gather(list) => {
                 let bytes = check_len(list.total_len())?;
-                let src = locals(hca, list.as_slice(), Access::empty())?;
+                let src = locals(hca, &mut scratch.regions, list.as_slice(), Access::empty())?;
                 let peer_hca = target()?;
                 match &src.items {
                     // One host buffer: hand it to the responder without a copy.
@@ -119,7 +120,7 @@ fn run(
                         // SAFETY: the range was checked against a live, host-addressable region;
                         // like DMA, concurrent writes by the application may be torn.
                         let data = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-                        responder::write(peer_hca, remote(r), data)?;
+                        responder::write(peer_hca, &mut scratch.regions, remote(r), data)?;
                     }
                     _ => {
                         scratch.data.clear();
@@ -128,7 +129,7 @@ fn run(
                             scratch.data.resize(at + s.length as usize, 0);
                             region.dma.read(s.addr, &mut scratch.data[at..]);
                         }
-                        responder::write(peer_hca, remote(r), &scratch.data)?;
+                        responder::write(peer_hca, &mut scratch.regions, remote(r), &scratch.data)?;
                     }
                 }
                 Ok(bytes)
@@ -136,11 +137,11 @@ fn run(
         },
         Operation::Read { remote: r, local } => {
             let bytes = check_len(local.total_len())?;
-            let dst = locals(hca, local.as_slice(), Access::LOCAL_WRITE)?;
+            let dst = locals(hca, &mut scratch.regions, local.as_slice(), Access::LOCAL_WRITE)?;
             let peer_hca = target()?;
             scratch.data.clear();
             scratch.data.resize(bytes as usize, 0);
-            responder::read(peer_hca, remote(r), &mut scratch.data)?;
+            responder::read(peer_hca, &mut scratch.regions, remote(r), &mut scratch.data)?;
             // Completer side: scatter the response.
             let mut at = 0;
             for (s, region) in dst.iter() {
@@ -149,15 +150,27 @@ fn run(
             }
             Ok(bytes)
         }
-        Operation::FetchAdd { remote: r, add, result } => {
-            atomic(hca, target, remote(r), AtomicOp::FetchAdd(add), result)
-        }
+        Operation::FetchAdd { remote: r, add, result } => atomic(
+            hca,
+            &mut scratch.regions,
+            target,
+            remote(r),
+            AtomicOp::FetchAdd(add),
+            result,
+        ),
         Operation::CompareSwap {
             remote: r,
             compare,
             swap,
             result,
-        } => atomic(hca, target, remote(r), AtomicOp::CompareSwap { compare, swap }, result),
+        } => atomic(
+            hca,
+            &mut scratch.regions,
+            target,
+            remote(r),
+            AtomicOp::CompareSwap { compare, swap },
+            result,
+        ),
     }
 }
 
@@ -165,14 +178,15 @@ fn run(
 /// big-endian, as mlx5 returns it.
 fn atomic<'a>(
     hca: &Hca,
+    cache: &mut RegionCache,
     target: impl FnOnce() -> Result<&'a Hca, Syndrome>,
     r: DevRemote,
     op: AtomicOp,
     result: Sge,
 ) -> Result<u32, Syndrome> {
-    let dst = locals(hca, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
+    let dst = locals(hca, cache, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
     let peer_hca = target()?;
-    let old = responder::atomic(peer_hca, r, op)?;
+    let old = responder::atomic(peer_hca, cache, r, op)?;
     if let Some((_, region)) = &dst.items[0] {
         region.dma.write(result.addr, &old.to_be_bytes());
     }

@@ -6,7 +6,7 @@ use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
 use crate::queue::{QpState, SoftQp};
-use crate::soft::Hca;
+use crate::soft::{Hca, RegionCache};
 
 /// An 8-byte atomic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,24 +33,24 @@ pub(crate) fn accepts(target: Option<&SoftQp>) -> Result<(), Syndrome> {
 }
 
 /// RDMA WRITE of `data` at `remote`.
-pub(crate) fn write(hca: &Hca, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
+pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
     if data.is_empty() {
         return Ok(()); // a zero-length WRITE touches no memory, so its rkey is not checked
     }
     let r = hca
-        .region(remote.rkey, remote.addr, data.len() as u64, Access::REMOTE_WRITE)
+        .region(cache, remote.rkey, remote.addr, data.len() as u64, Access::REMOTE_WRITE)
         .ok_or(Syndrome::RemoteAccess)?;
     r.dma.write(remote.addr, data);
     Ok(())
 }
 
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
-pub(crate) fn read(hca: &Hca, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
+pub(crate) fn read(hca: &Hca, cache: &mut RegionCache, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
     if out.is_empty() {
         return Ok(());
     }
     let r = hca
-        .region(remote.rkey, remote.addr, out.len() as u64, Access::REMOTE_READ)
+        .region(cache, remote.rkey, remote.addr, out.len() as u64, Access::REMOTE_READ)
         .ok_or(Syndrome::RemoteAccess)?;
     r.dma.read(remote.addr, out);
     Ok(())
@@ -58,12 +58,12 @@ pub(crate) fn read(hca: &Hca, remote: Remote, out: &mut [u8]) -> Result<(), Synd
 
 /// An 8-byte atomic at `remote` (native byte order in memory); returns the old value.
 /// Serialised per HCA, which is IB's atomicity guarantee.
-pub(crate) fn atomic(hca: &Hca, remote: Remote, op: AtomicOp) -> Result<u64, Syndrome> {
+pub(crate) fn atomic(hca: &Hca, cache: &mut RegionCache, remote: Remote, op: AtomicOp) -> Result<u64, Syndrome> {
     if remote.addr % 8 != 0 {
         return Err(Syndrome::RemoteInvalReq);
     }
     let r = hca
-        .region(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
+        .region(cache, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
         .ok_or(Syndrome::RemoteAccess)?;
     let _serial = crate::soft::lock(&hca.atomics);
     Ok(match op {
