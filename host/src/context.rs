@@ -99,7 +99,7 @@ impl Context {
     /// the returned region lives and until every WQE naming it has completed, and that the
     /// application lets the HCA read and write as `access` allows.
     pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register(&self.inner, addr as u64, len as u64, access, Arc::new(HostDma))
+        MemoryRegion::register(&self.inner, addr as u64, len as u64, access, Arc::new(HostDma), None)
     }
 
     /// A completion queue of `size` CQEs (a power of two).

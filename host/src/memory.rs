@@ -96,36 +96,27 @@ impl MemoryRegion {
     /// Allocates `len` zeroed bytes of host memory and registers them.
     pub(crate) fn alloc(ctx: &Arc<ContextInner>, len: usize, access: Access) -> Result<MemoryRegion> {
         let buf = Arc::new(HostBuffer::new("a memory region", len)?);
-        let (addr, len) = (buf.addr(), len as u64);
-        let key = ctx
-            .hca
-            .register(addr, len, access, Arc::new(HostDma), Some(buf.clone()))?;
-        Ok(MemoryRegion {
-            ctx: ctx.clone(),
-            key,
-            addr,
-            len,
-            access,
-            _owned: Some(buf),
-        })
+        Self::register(ctx, buf.addr(), len as u64, access, Arc::new(HostDma), Some(buf))
     }
 
-    /// Registers caller-owned memory.
+    /// Registers memory: caller-owned (`owned` None) or allocated here.
     pub(crate) fn register(
         ctx: &Arc<ContextInner>,
         addr: u64,
         len: u64,
         access: Access,
         dma: Arc<dyn Dma>,
+        owned: Option<Arc<HostBuffer>>,
     ) -> Result<MemoryRegion> {
-        let key = ctx.hca.register(addr, len, access, dma, None)?;
+        let keep = owned.clone().map(|b| b as Arc<dyn Send + Sync>);
+        let key = ctx.hca.register(addr, len, access, dma, keep)?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),
             key,
             addr,
             len,
             access,
-            _owned: None,
+            _owned: owned,
         })
     }
 

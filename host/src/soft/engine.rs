@@ -85,7 +85,8 @@ fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
         let outcome = match qp.state() {
             QpState::Error => Outcome::Error(Syndrome::WrFlush),
             QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
-                Ok(wr) => requester::execute(hca, qp, &peer, &wr, bytes, scratch),
+                Ok(wr) => requester::execute(hca, qp, &peer, &wr, bytes, scratch)
+                    .map_or_else(Outcome::Error, |bytes| Outcome::Success { bytes }),
                 Err(e) => {
                     trace!(qpn = format_args!("{:#x}", qp.qpn), index, ?e, "malformed WQE");
                     Outcome::Error(e.syndrome())

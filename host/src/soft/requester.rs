@@ -11,7 +11,6 @@ use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
 use crate::queue::{Peer, SoftQp};
-use crate::soft::completer::Outcome;
 use crate::soft::responder::{self, AtomicOp};
 use crate::soft::{Hca, Region, RegionCache};
 
@@ -67,22 +66,8 @@ pub(crate) fn resolve(peer: Option<&Peer>) -> Target {
     Ok(hca)
 }
 
-/// Executes `wr` (whose bytes are `wqe`) for `qp`.
+/// Executes `wr` (whose bytes are `wqe`) for `qp`: bytes moved, or the syndrome.
 pub(crate) fn execute(
-    hca: &Hca,
-    qp: &SoftQp,
-    target: &Target,
-    wr: &WorkRequest,
-    wqe: &[u8],
-    scratch: &mut Scratch,
-) -> Outcome {
-    match run(hca, qp, target, wr, wqe, scratch) {
-        Ok(bytes) => Outcome::Success { bytes },
-        Err(s) => Outcome::Error(s),
-    }
-}
-
-fn run(
     hca: &Hca,
     qp: &SoftQp,
     target: &Target,
