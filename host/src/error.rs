@@ -60,6 +60,13 @@ pub enum Error {
         /// Which object.
         what: &'static str,
     },
+    /// The library cannot read or write a region it did not allocate (its owner has the
+    /// pointer).
+    #[error("memory region {key:#x} is caller-registered: access it through your own pointer")]
+    CallerMemory {
+        /// The region's key.
+        key: u32,
+    },
     /// A QP state transition that the state machine does not allow.
     #[error("queue pair {qpn:#x}: cannot go from {from} to {to}")]
     BadTransition {

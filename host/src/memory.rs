@@ -78,7 +78,7 @@ pub struct MemoryRegion {
     len: u64,
     access: Access,
     // Keeps library-owned memory alive for as long as the HCA may use it.
-    _owned: Option<Arc<HostBuffer>>,
+    owned: Option<Arc<HostBuffer>>,
 }
 
 impl std::fmt::Debug for MemoryRegion {
@@ -116,7 +116,7 @@ impl MemoryRegion {
             addr,
             len,
             access,
-            _owned: owned,
+            owned,
         })
     }
 
@@ -162,14 +162,19 @@ impl MemoryRegion {
         }
     }
 
+    /// The address of `offset..offset + len` in library-owned memory. Caller-registered
+    /// memory is accessed through the caller's own pointer instead.
     fn check(&self, offset: u64, len: usize) -> Result<*mut u8> {
+        if self.owned.is_none() {
+            return Err(Error::CallerMemory { key: self.key });
+        }
         match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len && self._owned.is_some() => Ok((self.addr + offset) as *mut u8),
+            Some(end) if end <= self.len => Ok((self.addr + offset) as *mut u8),
             _ => Err(Error::OutOfRange {
                 what: "region offset + length",
                 got: offset.saturating_add(len as u64),
                 min: 0,
-                max: if self._owned.is_some() { self.len } else { 0 },
+                max: self.len,
             }),
         }
     }

@@ -304,6 +304,21 @@ fn malformed_wqe_is_an_error_not_a_crash() {
 }
 
 #[test]
+fn a_wqe_running_past_the_doorbell_is_an_error_and_nothing_past_it_is_read() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    qp.connect(&qp.endpoint()).unwrap();
+    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let i = dev.reserve(1).unwrap();
+    dev.wqe_prepare_nop(i, 0);
+    // Claim 5 segments (two building blocks) but ring only one.
+    unsafe { *(dev.wqe_ptr(i) as *mut u8).add(7) = 5 };
+    dev.mark_ready(i, i + 1).unwrap();
+    dev.submit(i + 1).unwrap();
+    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalQpOp);
+}
+
+#[test]
 fn posting_to_a_qp_that_is_not_ready_fails_and_states_are_checked() {
     let ctx = Context::open(Provider::Soft).unwrap();
     let qp = qp_pair(&ctx, 8, QpConfig::default());
@@ -381,7 +396,11 @@ fn sizes_and_objects_are_validated() {
     let b = ctx.alloc_region(64, Access::ALL).unwrap();
     assert_ne!(a.rkey(), b.rkey());
     assert_ne!(b.rkey().wrapping_sub(a.rkey()), 1, "keys are not sequential");
-    assert!(a.read(60, &mut [0; 8]).is_err());
+    assert!(matches!(a.read(60, &mut [0; 8]), Err(Error::OutOfRange { .. })));
+    let mut mine = vec![0u8; 64];
+    let theirs = unsafe { ctx.register_host(mine.as_mut_ptr(), mine.len(), Access::ALL) }.unwrap();
+    assert!(matches!(theirs.read(0, &mut [0; 8]), Err(Error::CallerMemory { .. })));
+    drop(theirs);
 }
 
 #[test]

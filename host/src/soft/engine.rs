@@ -20,6 +20,8 @@ pub(crate) fn run(hca: Arc<Hca>) {
     let mut qps: Vec<Arc<SoftQp>> = Vec::new();
     let mut version = u64::MAX;
     let mut scratch = Scratch::default();
+    // One WQE's bytes, reused: a fresh buffer per doorbell would be a 1 KiB memset per batch.
+    let mut wqe = [0u8; MAX_WQEBBS * SEND_WQE_BB];
     let mut idle = 0u32;
     while !hca.stop.load(Ordering::Acquire) {
         if let Some(list) = hca.qps_if_changed(&mut version) {
@@ -27,7 +29,7 @@ pub(crate) fn run(hca: Arc<Hca>) {
         }
         let mut busy = false;
         for qp in &qps {
-            busy |= service(&hca, qp, &mut scratch);
+            busy |= service(&hca, qp, &mut wqe, &mut scratch);
         }
         if busy {
             idle = 0;
@@ -50,7 +52,7 @@ fn backoff(idle: u32) {
 }
 
 /// Executes whatever `qp`'s doorbell announces. Returns whether there was anything.
-fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
+fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scratch: &mut Scratch) -> bool {
     let db = qp.doorbell().load(Ordering::Acquire);
     let mut progress = lock(&qp.progress);
     if db == progress.last_doorbell {
@@ -75,15 +77,22 @@ fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
         return true;
     }
     let peer = requester::resolve(progress.peer.as_ref());
-    let mut wqe = [0u8; MAX_WQEBBS * SEND_WQE_BB];
     while progress.ci < target {
         let index = progress.ci;
-        let bbs = fetch(qp, index, &mut wqe);
-        let bytes = &wqe[..bbs * SEND_WQE_BB];
+        let fetched = fetch(qp, index, target - index, wqe);
+        // An incomplete WQE consumes what was rung; only its first block was read.
+        let (bbs, read) = match fetched {
+            Ok(n) => (n, n),
+            Err(rung) => (rung, 1),
+        };
+        let bytes = &wqe[..read * SEND_WQE_BB];
         let ctrl_seg = WqeView::new_unchecked(bytes).ctrl();
         let (opcode, signaled) = (ctrl_seg.opcode().raw(), ctrl_seg.fm_ce_se & ctrl::CE_CQ_UPDATE != 0);
         let outcome = match qp.state() {
             QpState::Error => Outcome::Error(Syndrome::WrFlush),
+            // The WQE's `ds` runs past the rung index: the doorbell does not cover it, and the
+            // blocks after the index may still be in the writing.
+            QpState::Rts if fetched.is_err() => Outcome::Error(Syndrome::LocalQpOp),
             QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
                 Ok(wr) => requester::execute(hca, qp, &peer, &wr, bytes, scratch)
                     .map_or_else(Outcome::Error, |bytes| Outcome::Success { bytes }),
@@ -105,8 +114,10 @@ fn service(hca: &Hca, qp: &SoftQp, scratch: &mut Scratch) -> bool {
 }
 
 /// Copies the WQE at building block `index` (all its blocks, across the ring's wrap) into
-/// `out`; returns its size in blocks (at least one, whatever `ds` claims).
-fn fetch(qp: &SoftQp, index: u64, out: &mut [u8; MAX_WQEBBS * SEND_WQE_BB]) -> usize {
+/// `out`; returns its size in blocks (at least one, whatever `ds` claims), or `Err(rung)` with
+/// nothing past the first block read when it is larger than the `rung` blocks the doorbell
+/// covers from `index`.
+fn fetch(qp: &SoftQp, index: u64, rung: u64, out: &mut [u8; MAX_WQEBBS * SEND_WQE_BB]) -> Result<usize, usize> {
     let base = qp.sq.addr();
     let copy_bb = |i: u64, dst: &mut [u8]| {
         let src = base + ring::wqe_offset(index + i, qp.sq_log);
@@ -116,9 +127,12 @@ fn fetch(qp: &SoftQp, index: u64, out: &mut [u8; MAX_WQEBBS * SEND_WQE_BB]) -> u
     };
     copy_bb(0, &mut out[..SEND_WQE_BB]);
     let ds = WqeView::new_unchecked(&out[..]).ctrl().ds();
-    let bbs = (ring::wqebbs(ds as u32) as usize).clamp(1, MAX_WQEBBS.min(1 << qp.sq_log));
+    let bbs = (ring::wqebbs(ds as u32) as usize).max(1);
+    if bbs as u64 > rung {
+        return Err(rung as usize);
+    }
     for i in 1..bbs {
         copy_bb(i as u64, &mut out[i * SEND_WQE_BB..(i + 1) * SEND_WQE_BB]);
     }
-    bbs
+    Ok(bbs)
 }
