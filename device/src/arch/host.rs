@@ -192,10 +192,13 @@ pub fn global_timer_ns() -> u64 {
 /// model and proxies together).
 #[inline]
 pub fn backoff(round: u32) {
+    // Under loom a waiter must yield every round, so the model scheduler runs the others.
     #[cfg(loom)]
-    if true {
-        return loom::thread::yield_now();
+    {
+        let _ = round;
+        loom::thread::yield_now();
     }
+    #[cfg(not(loom))]
     if round < 64 {
         core::hint::spin_loop();
     } else {
