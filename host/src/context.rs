@@ -21,6 +21,7 @@ pub(crate) struct ContextInner {
 impl Drop for ContextInner {
     fn drop(&mut self) {
         self.hca.stop.store(true, std::sync::atomic::Ordering::Release);
+        soft::net::stop(&self.hca);
         if let Some(t) = lock(&self.engine).take() {
             // An engine that panicked has already said so on stderr; nothing more to do here.
             let _ = t.join();
@@ -100,6 +101,16 @@ impl Context {
     /// application lets the HCA read and write as `access` allows.
     pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
         MemoryRegion::register(&self.inner, addr as u64, len as u64, access, Arc::new(HostDma), None)
+    }
+
+    /// Starts accepting transport connections from peers in other processes or hosts on
+    /// `bind` (port 0: any free port) and returns the bound address, which every
+    /// [`Endpoint`](crate::Endpoint) of this context then carries. Once per context: later
+    /// calls return the first address. Requests are checked against keys, bounds and rights
+    /// like any RDMA request, but the connection itself is neither authenticated nor
+    /// encrypted: bind to an interface of a network you trust.
+    pub fn listen(&self, bind: std::net::SocketAddr) -> Result<std::net::SocketAddr> {
+        soft::net::listen(&self.inner.hca, bind)
     }
 
     /// A completion queue of `size` CQEs (a power of two).

@@ -97,6 +97,31 @@ pub enum Error {
         /// The first error's syndrome.
         syndrome: Syndrome,
     },
+    /// A peer sent bytes that are not a valid frame (or not the one expected).
+    #[error("peer {peer} sent a bad frame: {source}")]
+    Protocol {
+        /// The peer's address.
+        peer: String,
+        /// What was wrong.
+        #[source]
+        source: crate::wire::WireError,
+    },
+    /// The peer refused the handshake and said why.
+    #[error("peer {peer} refused: {reason}")]
+    Rejected {
+        /// The peer's address.
+        peer: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// A wait on a peer ran out of time.
+    #[error("{what}: no answer within {after:?}")]
+    Timeout {
+        /// What was being waited for.
+        what: String,
+        /// How long.
+        after: std::time::Duration,
+    },
     /// An I/O error (engine thread start, sockets).
     #[error("{what}: {source}")]
     Io {

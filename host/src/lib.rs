@@ -25,12 +25,14 @@
 pub mod context;
 pub mod cuda;
 pub mod error;
+pub mod handshake;
 pub mod memory;
 pub mod provider;
 pub mod ptx;
 pub mod queue;
 pub mod soft;
 pub mod system;
+pub mod wire;
 
 pub use context::Context;
 pub use error::{Error, Result};

@@ -162,6 +162,15 @@ impl MemoryRegion {
         }
     }
 
+    /// The whole region as a peer sees it (what a handshake sends).
+    pub fn remote_region(&self) -> crate::wire::RemoteRegion {
+        crate::wire::RemoteRegion {
+            addr: self.addr,
+            len: self.len,
+            rkey: self.key,
+        }
+    }
+
     /// The address of `offset..offset + len` in library-owned memory. Caller-registered
     /// memory is accessed through the caller's own pointer instead.
     fn check(&self, offset: u64, len: usize) -> Result<*mut u8> {

@@ -2,6 +2,7 @@
 //! doorbell records and the doorbell word, the QP state machine, connection, and export of the
 //! device handle (`gdaki_layout::DevQp`) that `gdaki-device` posts through.
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use tracing::debug;
 use crate::context::ContextInner;
 use crate::error::{check_pow2, Error, Result};
 use crate::memory::HostBuffer;
+use crate::soft::net::Link;
 use crate::soft::{lock, Hca};
 
 /// Largest send queue in WQEs (the device tells CQE laps apart by 16-bit WQE counters).
@@ -59,15 +61,20 @@ impl fmt::Display for QpState {
     }
 }
 
-/// What a peer needs to connect to a queue pair.
+/// What a peer needs to connect to a queue pair: its identity, and where to reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
-    /// The soft HCA that owns the QP (process-local identity).
+    /// The HCA that owns the QP: a random 64-bit identity. A peer in the same process is
+    /// reached directly through it; 0 means "not in this process" (go through `addr`).
     pub hca: u64,
-    /// Queue pair number.
+    /// Queue pair number (24 bits).
     pub qpn: u32,
-    /// Initial packet sequence number.
+    /// Initial packet sequence number (24 bits).
     pub psn: u32,
+    /// Where the HCA accepts transport connections from other processes or hosts (the soft
+    /// HCA's listener, see [`Context::listen`](crate::Context::listen)); `None` when it does
+    /// not listen.
+    pub addr: Option<SocketAddr>,
 }
 
 /// Sizes and limits of a new queue pair.
@@ -79,6 +86,10 @@ pub struct QpConfig {
     pub max_msg_size: u64,
     /// How long device waits on this QP may take before they report a timeout.
     pub timeout: Duration,
+    /// How long the HCA waits for a remote peer's answer before it completes the request with
+    /// a transport error (IB's retry count times its timeout). Keep it below `timeout` so
+    /// waits see the transport error rather than their own timeout.
+    pub retry_timeout: Duration,
 }
 
 impl Default for QpConfig {
@@ -87,6 +98,7 @@ impl Default for QpConfig {
             sq_size: 1024,
             max_msg_size: 1 << 30,
             timeout: Duration::from_secs(10),
+            retry_timeout: Duration::from_secs(4),
         }
     }
 }
@@ -113,10 +125,16 @@ pub(crate) struct SoftCq {
 }
 
 /// The peer a connected QP sends to.
-#[derive(Clone)]
-pub(crate) struct Peer {
-    pub hca: Weak<Hca>,
-    pub qp: Weak<SoftQp>,
+pub(crate) enum Peer {
+    /// In this process: the responder runs on the requester's engine thread.
+    Local {
+        /// The peer's HCA.
+        hca: Weak<Hca>,
+        /// The peer QP.
+        qp: Weak<SoftQp>,
+    },
+    /// In another process or host, over TCP.
+    Remote(Link),
 }
 
 /// The engine's progress on a send queue, and where it sends (set at RTR).
@@ -133,6 +151,9 @@ pub(crate) struct SqProgress {
 /// A queue pair as the soft HCA holds it.
 pub(crate) struct SoftQp {
     pub qpn: u32,
+    /// Initial PSN: the first transport request's sequence number.
+    pub psn: u32,
+    pub retry_timeout: Duration,
     state: AtomicU8,
     pub sq_log: u32,
     pub sq: HostBuffer,
@@ -277,6 +298,16 @@ impl QueuePair {
                 max: cq.size() as u64,
             });
         }
+        for (what, d) in [("timeout", cfg.timeout), ("retry_timeout", cfg.retry_timeout)] {
+            if d.is_zero() || d > Duration::from_secs(3600) {
+                return Err(Error::OutOfRange {
+                    what,
+                    got: d.as_millis().min(u64::MAX as u128) as u64,
+                    min: 1,
+                    max: 3_600_000,
+                });
+            }
+        }
         if cfg.max_msg_size == 0 || cfg.max_msg_size > 1 << 31 {
             return Err(Error::OutOfRange {
                 what: "max_msg_size",
@@ -299,6 +330,8 @@ impl QueuePair {
         let built = (|| -> Result<(Arc<SoftQp>, HostBuffer)> {
             let inner = Arc::new(SoftQp {
                 qpn,
+                psn: crate::soft::random_u32() & 0xff_ffff,
+                retry_timeout: cfg.retry_timeout,
                 state: AtomicU8::new(QpState::Reset as u8),
                 sq_log,
                 sq: HostBuffer::new("a send queue", 64 << sq_log)?,
@@ -373,7 +406,8 @@ impl QueuePair {
         Endpoint {
             hca: self.ctx.hca.id,
             qpn: self.inner.qpn,
-            psn: 0,
+            psn: self.inner.psn,
+            addr: self.ctx.hca.listen_addr(),
         }
     }
 
@@ -396,16 +430,10 @@ impl QueuePair {
         self.transition(&[QpState::Reset], QpState::Init)
     }
 
-    /// INIT → RTR: connects to `peer`, which must be reachable.
+    /// INIT → RTR: connects to `peer`, which must be reachable: an HCA of this process is
+    /// reached directly, any other through `peer.addr` (its soft HCA's listener), which must
+    /// accept the connection.
     pub fn to_rtr(&self, peer: &Endpoint) -> Result<()> {
-        let hca = Hca::find(peer.hca).ok_or_else(|| Error::PeerUnreachable {
-            what: format!("HCA {} (QP {:#x})", peer.hca, peer.qpn),
-        })?;
-        let Some(target) = hca.qp(peer.qpn) else {
-            return Err(Error::PeerUnreachable {
-                what: format!("QP {:#x} on HCA {}", peer.qpn, peer.hca),
-            });
-        };
         if self.state() != QpState::Init {
             return Err(Error::BadTransition {
                 qpn: self.qpn(),
@@ -413,10 +441,30 @@ impl QueuePair {
                 to: QpState::Rtr,
             });
         }
-        lock(&self.inner.progress).peer = Some(Peer {
-            hca: Arc::downgrade(&hca),
-            qp: Arc::downgrade(&target),
-        });
+        let local = (peer.hca != 0).then(|| Hca::find(peer.hca)).flatten();
+        let link = match (local, peer.addr) {
+            (Some(hca), _) => {
+                let Some(target) = hca.qp(peer.qpn) else {
+                    return Err(Error::PeerUnreachable {
+                        what: format!("QP {:#x} on HCA {:#x}", peer.qpn, peer.hca),
+                    });
+                };
+                Peer::Local {
+                    hca: Arc::downgrade(&hca),
+                    qp: Arc::downgrade(&target),
+                }
+            }
+            (None, Some(addr)) => Peer::Remote(Link::connect(self.ctx.hca.id, &self.inner, peer, addr)?),
+            (None, None) => {
+                return Err(Error::PeerUnreachable {
+                    what: format!(
+                        "HCA {:#x} (QP {:#x}): not in this process, and the endpoint has no address",
+                        peer.hca, peer.qpn
+                    ),
+                })
+            }
+        };
+        lock(&self.inner.progress).peer = Some(link);
         self.transition(&[QpState::Init], QpState::Rtr)
     }
 

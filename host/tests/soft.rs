@@ -460,7 +460,8 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
         qc.to_rtr(&gdaki::Endpoint {
             hca: u64::MAX,
             qpn: 1,
-            psn: 0
+            psn: 0,
+            addr: None,
         }),
         Err(Error::PeerUnreachable { .. })
     ));

@@ -10,9 +10,10 @@ use gdaki_layout::wqe::{WorkRequest, WqeView, MAX_WQEBBS};
 use gdaki_layout::{ctrl, doorbell, ring, Syndrome, SEND_WQE_BB};
 use tracing::{trace, warn};
 
-use crate::queue::{QpState, SoftQp};
+use crate::queue::{QpState, SoftQp, SqProgress};
 use crate::soft::completer::{self, Outcome};
-use crate::soft::requester::{self, Scratch};
+use crate::soft::net::Meta;
+use crate::soft::requester::{self, Scratch, Target};
 use crate::soft::{lock, Hca};
 
 /// Runs until `hca.stop` is set.
@@ -69,17 +70,18 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
         return true;
     }
     let size = 1u64 << qp.sq_log;
-    let target = progress.ci + pi.wrapping_sub(progress.ci as u16) as u64;
-    if target - progress.ci > size {
+    let target_bb = progress.ci + pi.wrapping_sub(progress.ci as u16) as u64;
+    if target_bb - progress.ci > size {
         // More than a ring ahead: the poster cannot have written that much. A NIC would fault
         // the QP; so do we, without reading anything.
         qp.fail(Syndrome::LocalQpOp);
         return true;
     }
-    let peer = requester::resolve(progress.peer.as_ref());
-    while progress.ci < target {
-        let index = progress.ci;
-        let fetched = fetch(qp, index, target - index, wqe);
+    let SqProgress { ci, peer, .. } = &mut *progress;
+    let mut target = requester::resolve(peer.as_mut());
+    while *ci < target_bb {
+        let index = *ci;
+        let fetched = fetch(qp, index, target_bb - index, wqe);
         // An incomplete WQE consumes what was rung; only its first block was read.
         let (bbs, read) = match fetched {
             Ok(n) => (n, n),
@@ -87,28 +89,48 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
         };
         let bytes = &wqe[..read * SEND_WQE_BB];
         let ctrl_seg = WqeView::new_unchecked(bytes).ctrl();
-        let (opcode, signaled) = (ctrl_seg.opcode().raw(), ctrl_seg.fm_ce_se & ctrl::CE_CQ_UPDATE != 0);
+        let meta = Meta {
+            index: index as u16,
+            opcode: ctrl_seg.opcode().raw(),
+            signaled: ctrl_seg.fm_ce_se & ctrl::CE_CQ_UPDATE != 0,
+        };
+        let halted = matches!(&target, Target::Remote(link) if link.halted);
         let outcome = match qp.state() {
-            QpState::Error => Outcome::Error(Syndrome::WrFlush),
+            QpState::Error => Some(Outcome::Error(Syndrome::WrFlush)),
+            // An earlier WQE failed and is still queued behind requests in flight.
+            _ if halted => Some(Outcome::Error(Syndrome::WrFlush)),
             // The WQE's `ds` runs past the rung index: the doorbell does not cover it, and the
             // blocks after the index may still be in the writing.
-            QpState::Rts if fetched.is_err() => Outcome::Error(Syndrome::LocalQpOp),
+            QpState::Rts if fetched.is_err() => Some(Outcome::Error(Syndrome::LocalQpOp)),
             QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
-                Ok(wr) => requester::execute(hca, qp, &peer, &wr, bytes, scratch)
-                    .map_or_else(Outcome::Error, |bytes| Outcome::Success { bytes }),
+                Ok(wr) => match requester::execute(hca, qp, &mut target, meta, &wr, bytes, scratch) {
+                    Ok(Some(bytes)) => Some(Outcome::Success { bytes }),
+                    Ok(None) => None, // in flight: the link completes it
+                    Err(s) => Some(Outcome::Error(s)),
+                },
                 Err(e) => {
                     trace!(qpn = format_args!("{:#x}", qp.qpn), index, ?e, "malformed WQE");
-                    Outcome::Error(e.syndrome())
+                    Some(Outcome::Error(e.syndrome()))
                 }
             },
             // Posting to a QP that is not ready to send.
-            _ => Outcome::Error(Syndrome::LocalQpOp),
+            _ => Some(Outcome::Error(Syndrome::LocalQpOp)),
         };
-        if let Outcome::Error(s) = outcome {
-            qp.fail(s);
+        match (outcome, &mut target) {
+            (None, _) => {}
+            // Behind requests in flight, completions wait their turn.
+            (Some(o), Target::Remote(link)) => link.complete_local(meta, o),
+            (Some(o), _) => {
+                if let Outcome::Error(s) = o {
+                    qp.fail(s);
+                }
+                completer::complete(qp, meta.index, meta.opcode, meta.signaled, o);
+            }
         }
-        completer::complete(qp, index as u16, opcode, signaled, outcome);
-        progress.ci += bbs as u64;
+        *ci += bbs as u64;
+    }
+    if let Target::Remote(link) = &mut target {
+        link.flush();
     }
     true
 }

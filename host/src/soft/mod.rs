@@ -9,12 +9,14 @@
 //! - [`responder`]: executes a request against the target HCA's memory (rkey, bounds, rights).
 //! - [`completer`]: applies responses locally (READ data, fetched values) and writes CQEs.
 //! - [`dma`]: the memory trait every data movement goes through.
+//! - [`net`]: the transport to peers in other processes or hosts (TCP).
 //!
 //! Peers in one process talk directly (the responder runs on the requester's engine thread,
 //! against the peer HCA's tables).
 pub mod completer;
 pub mod dma;
 pub mod engine;
+pub mod net;
 pub mod requester;
 pub mod responder;
 
@@ -85,7 +87,8 @@ pub(crate) struct RegionCache {
 
 /// The state of one soft HCA, shared by its context's objects and its engine thread.
 pub(crate) struct Hca {
-    /// Process-unique identity, how in-process peers find each other.
+    /// Random 64-bit identity (never 0), how in-process peers find each other; random so an
+    /// endpoint from another process does not name an HCA of this one.
     pub id: u64,
     regions: RwLock<KeyMap<Arc<Region>>>,
     /// Bumped on every (de)registration: engines' [`RegionCache`]s compare it.
@@ -97,8 +100,10 @@ pub(crate) struct Hca {
     next_qpn: AtomicU32,
     /// Serialises atomics at this HCA (as responder).
     pub atomics: Mutex<()>,
-    /// Asks the engine to exit.
+    /// Asks the engine (and the transport threads) to exit.
     pub stop: AtomicBool,
+    /// The transport listener, once started.
+    pub(crate) listening: Mutex<Option<net::Listening>>,
 }
 
 /// Live HCAs of this process, by id (in-process connections look peers up here).
@@ -125,9 +130,15 @@ pub(crate) fn random_u32() -> u32 {
 impl Hca {
     /// A new HCA, registered in the process's table.
     pub fn new() -> Arc<Hca> {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let mut reg = lock(registry());
+        let id = loop {
+            let id = (random_u32() as u64) << 32 | random_u32() as u64;
+            if id != 0 && !reg.contains_key(&id) {
+                break id;
+            }
+        };
         let hca = Arc::new(Hca {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            id,
             regions: RwLock::new(KeyMap::default()),
             regions_version: AtomicU64::new(0),
             qps: Mutex::new(Vec::new()),
@@ -137,9 +148,15 @@ impl Hca {
             next_qpn: AtomicU32::new(0x100 + (random_u32() & 0xffff)),
             atomics: Mutex::new(()),
             stop: AtomicBool::new(false),
+            listening: Mutex::new(None),
         });
-        lock(registry()).insert(hca.id, Arc::downgrade(&hca));
+        reg.insert(hca.id, Arc::downgrade(&hca));
         hca
+    }
+
+    /// The transport listener's address, once listening.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        lock(&self.listening).as_ref().map(|l| l.addr)
     }
 
     /// The live HCA with this id.

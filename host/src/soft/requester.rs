@@ -11,8 +11,10 @@ use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
 use crate::queue::{Peer, SoftQp};
+use crate::soft::net::{Link, Meta, Sink};
 use crate::soft::responder::{self, AtomicOp};
 use crate::soft::{Hca, Region, RegionCache};
+use crate::wire::Op;
 
 /// Buffers the engine thread reuses between WQEs.
 #[derive(Default)]
@@ -29,12 +31,13 @@ fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
 }
 
 /// Checked local buffers (at most a WQE's worth, without allocating).
-struct Locals {
+pub(crate) struct Locals {
     items: [Option<(Sge, Arc<Region>)>; MAX_SGES],
 }
 
 impl Locals {
-    fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
+    /// The buffers, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
         self.items.iter().map_while(Option::as_ref)
     }
 }
@@ -54,27 +57,45 @@ fn locals(hca: &Hca, cache: &mut RegionCache, sges: &[Sge], need: Access) -> Res
     Ok(out)
 }
 
-/// Where requests go: the peer HCA, resolved once per doorbell batch (or why requests cannot
-/// go anywhere).
-pub(crate) type Target = Result<Arc<Hca>, Syndrome>;
-
-/// Resolves a QP's peer: its HCA and QP must still exist and the QP must accept requests.
-pub(crate) fn resolve(peer: Option<&Peer>) -> Target {
-    let p = peer.ok_or(Syndrome::LocalQpOp)?;
-    let hca = p.hca.upgrade().ok_or(Syndrome::TransportRetryExc)?;
-    responder::accepts(p.qp.upgrade().as_deref())?;
-    Ok(hca)
+/// Where a QP's requests go, resolved once per doorbell batch.
+pub(crate) enum Target<'a> {
+    /// A peer HCA in this process: its responder runs right here.
+    Local(Arc<Hca>),
+    /// A peer in another process, over the QP's link.
+    Remote(&'a mut Link),
+    /// Nowhere: requests fail with this syndrome.
+    Down(Syndrome),
 }
 
-/// Executes `wr` (whose bytes are `wqe`) for `qp`: bytes moved, or the syndrome.
+/// Resolves a QP's peer: an in-process HCA and QP must still exist and the QP must accept
+/// requests; a remote peer is its link (which reports its own failures).
+pub(crate) fn resolve(peer: Option<&mut Peer>) -> Target<'_> {
+    match peer {
+        None => Target::Down(Syndrome::LocalQpOp),
+        Some(Peer::Remote(link)) => Target::Remote(link),
+        Some(Peer::Local { hca, qp }) => {
+            let Some(hca) = hca.upgrade() else {
+                return Target::Down(Syndrome::TransportRetryExc);
+            };
+            match responder::accepts(qp.upgrade().as_deref()) {
+                Ok(()) => Target::Local(hca),
+                Err(s) => Target::Down(s),
+            }
+        }
+    }
+}
+
+/// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`: `Some(bytes moved)`, or
+/// `None` when the request went to a remote peer (its link completes it), or the syndrome.
 pub(crate) fn execute(
     hca: &Hca,
     qp: &SoftQp,
-    target: &Target,
+    target: &mut Target<'_>,
+    meta: Meta,
     wr: &WorkRequest,
     wqe: &[u8],
     scratch: &mut Scratch,
-) -> Result<u32, Syndrome> {
+) -> Result<Option<u32>, Syndrome> {
     let check_len = |len: u64| {
         if len > qp.max_msg_size {
             Err(Syndrome::LocalLength)
@@ -82,67 +103,80 @@ pub(crate) fn execute(
             Ok(len as u32)
         }
     };
-    let target = || -> Result<&Hca, Syndrome> { target.as_ref().map(|h| &**h).map_err(|s| *s) };
+    let Scratch { data: buf, regions } = scratch;
     match wr.op {
-        Operation::Nop => Ok(0),
-        Operation::Write { remote: r, payload } => match payload {
-            Payload::Inline { offset, len } => {
-                let bytes = check_len(len as u64)?;
-                let data = wqe
-                    .get(offset as usize..(offset + len) as usize)
-                    .ok_or(Syndrome::LocalLength)?;
-                let peer_hca = target()?;
-                responder::write(peer_hca, &mut scratch.regions, remote(r), data)?;
-                Ok(bytes)
-            }
-            Payload::Gather(list) => {
-                let bytes = check_len(list.total_len())?;
-                let src = locals(hca, &mut scratch.regions, list.as_slice(), Access::empty())?;
-                let peer_hca = target()?;
-                match &src.items {
-                    // One host buffer: hand it to the responder without a copy.
-                    [Some((s, region)), None, ..] if region.dma.host_addressable() => {
-                        // SAFETY: the range was checked against a live, host-addressable region;
-                        // like DMA, concurrent writes by the application may be torn.
-                        let data = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-                        responder::write(peer_hca, &mut scratch.regions, remote(r), data)?;
-                    }
-                    _ => {
-                        scratch.data.clear();
-                        for (s, region) in src.iter() {
-                            let at = scratch.data.len();
-                            scratch.data.resize(at + s.length as usize, 0);
-                            region.dma.read(s.addr, &mut scratch.data[at..]);
+        Operation::Nop => Ok(Some(0)),
+        Operation::Write { remote: r, payload } => {
+            let (bytes, data): (u32, &[u8]) = match payload {
+                Payload::Inline { offset, len } => {
+                    let bytes = check_len(len as u64)?;
+                    let data = wqe
+                        .get(offset as usize..(offset + len) as usize)
+                        .ok_or(Syndrome::LocalLength)?;
+                    (bytes, data)
+                }
+                Payload::Gather(list) => {
+                    let bytes = check_len(list.total_len())?;
+                    let src = locals(hca, regions, list.as_slice(), Access::empty())?;
+                    if matches!(target, Target::Down(_)) {
+                        (bytes, &[][..])
+                    } else {
+                        match &src.items {
+                            // One host buffer: hand it on without a copy.
+                            [Some((s, region)), None, ..] if region.dma.host_addressable() => {
+                                // SAFETY: the range was checked against a live, host-addressable
+                                // region; like DMA, concurrent writes by the application may be torn.
+                                let d = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                                (bytes, d)
+                            }
+                            _ => {
+                                buf.clear();
+                                for (s, region) in src.iter() {
+                                    let at = buf.len();
+                                    buf.resize(at + s.length as usize, 0);
+                                    region.dma.read(s.addr, &mut buf[at..]);
+                                }
+                                (bytes, &buf[..])
+                            }
                         }
-                        responder::write(peer_hca, &mut scratch.regions, remote(r), &scratch.data)?;
                     }
                 }
-                Ok(bytes)
+            };
+            match target {
+                Target::Local(peer) => responder::write(peer, regions, remote(r), data).map(|()| Some(bytes)),
+                Target::Remote(link) => {
+                    link.post(meta, remote(r), Op::Write { len: bytes }, data, Sink::Ack);
+                    Ok(None)
+                }
+                Target::Down(s) => Err(*s),
             }
-        },
+        }
         Operation::Read { remote: r, local } => {
             let bytes = check_len(local.total_len())?;
-            let dst = locals(hca, &mut scratch.regions, local.as_slice(), Access::LOCAL_WRITE)?;
-            let peer_hca = target()?;
-            scratch.data.clear();
-            scratch.data.resize(bytes as usize, 0);
-            responder::read(peer_hca, &mut scratch.regions, remote(r), &mut scratch.data)?;
-            // Completer side: scatter the response.
-            let mut at = 0;
-            for (s, region) in dst.iter() {
-                region.dma.write(s.addr, &scratch.data[at..at + s.length as usize]);
-                at += s.length as usize;
+            let dst = locals(hca, regions, local.as_slice(), Access::LOCAL_WRITE)?;
+            match target {
+                Target::Local(peer) => {
+                    buf.clear();
+                    buf.resize(bytes as usize, 0);
+                    responder::read(peer, regions, remote(r), buf)?;
+                    // Completer side: scatter the response.
+                    let mut at = 0;
+                    for (s, region) in dst.iter() {
+                        region.dma.write(s.addr, &buf[at..at + s.length as usize]);
+                        at += s.length as usize;
+                    }
+                    Ok(Some(bytes))
+                }
+                Target::Remote(link) => {
+                    link.post(meta, remote(r), Op::Read { len: bytes }, &[], Sink::Scatter(dst));
+                    Ok(None)
+                }
+                Target::Down(s) => Err(*s),
             }
-            Ok(bytes)
         }
-        Operation::FetchAdd { remote: r, add, result } => atomic(
-            hca,
-            &mut scratch.regions,
-            target,
-            remote(r),
-            AtomicOp::FetchAdd(add),
-            result,
-        ),
+        Operation::FetchAdd { remote: r, add, result } => {
+            atomic(hca, regions, target, meta, remote(r), AtomicOp::FetchAdd(add), result)
+        }
         Operation::CompareSwap {
             remote: r,
             compare,
@@ -150,8 +184,9 @@ pub(crate) fn execute(
             result,
         } => atomic(
             hca,
-            &mut scratch.regions,
+            regions,
             target,
+            meta,
             remote(r),
             AtomicOp::CompareSwap { compare, swap },
             result,
@@ -161,19 +196,32 @@ pub(crate) fn execute(
 
 /// An atomic: the result buffer is checked first, and the fetched value lands there
 /// big-endian, as mlx5 returns it.
-fn atomic<'a>(
+fn atomic(
     hca: &Hca,
     cache: &mut RegionCache,
-    target: impl FnOnce() -> Result<&'a Hca, Syndrome>,
+    target: &mut Target<'_>,
+    meta: Meta,
     r: DevRemote,
     op: AtomicOp,
     result: Sge,
-) -> Result<u32, Syndrome> {
+) -> Result<Option<u32>, Syndrome> {
     let dst = locals(hca, cache, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
-    let peer_hca = target()?;
-    let old = responder::atomic(peer_hca, cache, r, op)?;
-    if let Some((_, region)) = &dst.items[0] {
-        region.dma.write(result.addr, &old.to_be_bytes());
+    match target {
+        Target::Local(peer) => {
+            let old = responder::atomic(peer, cache, r, op)?;
+            if let Some((_, region)) = &dst.items[0] {
+                region.dma.write(result.addr, &old.to_be_bytes());
+            }
+            Ok(Some(8))
+        }
+        Target::Remote(link) => {
+            let wire_op = match op {
+                AtomicOp::FetchAdd(add) => Op::FetchAdd { add },
+                AtomicOp::CompareSwap { compare, swap } => Op::CompareSwap { compare, swap },
+            };
+            link.post(meta, r, wire_op, &[], Sink::Atomic(dst));
+            Ok(None)
+        }
+        Target::Down(s) => Err(*s),
     }
-    Ok(8)
 }

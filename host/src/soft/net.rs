@@ -1,0 +1,824 @@
+//! The soft HCA's transport between processes or hosts: one TCP connection per connected QP,
+//! reliable and ordered as an RC connection is, carrying the frames of [`crate::wire`].
+//!
+//! - **Requester side** ([`Link`]): the engine thread sends each request as soon as the WQE is
+//!   checked, without waiting (requests are pipelined). A receiver thread per link reads the
+//!   responses, applies them (READ data and atomic results land in local memory) and writes
+//!   the CQEs. Completions stay in WQE order: WQEs whose outcome is known locally (NOPs, local
+//!   errors, flushes) queue behind the requests still in flight ([`Inflight`]).
+//! - **Responder side** ([`listen`]): a listener per HCA, one thread per incoming connection.
+//!   It checks each request as a NIC does (target QP state, rkey, bounds, rights, atomic
+//!   alignment), executes it through the region's [`Dma`](super::dma::Dma), acknowledges
+//!   writes in batches (when no more requests are buffered) and, after a NAK, executes
+//!   nothing more on that connection.
+//! - **Dead peers**: a closed connection, a socket error, a malformed frame, or no answer within
+//!   the QP's retry timeout completes the oldest outstanding WQE with a transport error and
+//!   flushes the rest; the QP goes to error. Nothing waits forever.
+//!
+//! Payloads go through a bounce buffer rather than straight from the socket into registered
+//! memory: the memory may be GPU memory, and other agents write host memory concurrently.
+use std::collections::VecDeque;
+use std::io::{self, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gdaki_layout::Syndrome;
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::memory::Access;
+use crate::queue::{Endpoint, QpState, SoftQp};
+use crate::soft::completer::{self, Outcome};
+use crate::soft::requester::Locals;
+use crate::soft::responder::{self, AtomicOp};
+use crate::soft::{lock, Hca, Region, RegionCache};
+use crate::wire::{self, Header, Kind, Op, Request, Response, WireError, HEADER_LEN};
+
+/// How often blocked socket reads wake up to check deadlines and stop flags.
+const POLL: Duration = Duration::from_millis(50);
+/// Bounce buffer size for payloads.
+const CHUNK: usize = 256 << 10;
+/// How long connection set-up may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a connection ended.
+#[derive(Debug)]
+enum Fault {
+    Io(io::Error),
+    Wire(WireError),
+    /// The peer broke the protocol's rules (an answer to nothing, a wrong length).
+    Protocol(String),
+    /// No answer within the retry timeout.
+    Timeout,
+    /// This side is shutting down.
+    Stopped,
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => f.write_str("peer closed the connection"),
+            Fault::Io(e) => write!(f, "socket error: {e}"),
+            Fault::Wire(e) => write!(f, "malformed frame: {e}"),
+            Fault::Protocol(s) => write!(f, "protocol violation: {s}"),
+            Fault::Timeout => f.write_str("no answer within the retry timeout"),
+            Fault::Stopped => f.write_str("shutting down"),
+        }
+    }
+}
+
+impl From<io::Error> for Fault {
+    fn from(e: io::Error) -> Fault {
+        Fault::Io(e)
+    }
+}
+
+impl From<WireError> for Fault {
+    fn from(e: WireError) -> Fault {
+        Fault::Wire(e)
+    }
+}
+
+/// Reads from a socket with a read timeout, calling `idle` on every timeout (to check
+/// deadlines and stop flags) without losing a byte.
+struct Reader {
+    s: TcpStream,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+}
+
+impl Reader {
+    fn new(s: TcpStream) -> io::Result<Reader> {
+        s.set_read_timeout(Some(POLL))?;
+        Ok(Reader {
+            s,
+            buf: vec![0u8; 64 << 10].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+        })
+    }
+
+    /// Bytes received but not yet consumed.
+    fn buffered(&self) -> usize {
+        self.end - self.pos
+    }
+
+    fn read_exact(&mut self, dst: &mut [u8], idle: &mut dyn FnMut() -> Result<(), Fault>) -> Result<(), Fault> {
+        let n = dst.len().min(self.buffered());
+        dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        let mut done = n;
+        while done < dst.len() {
+            let direct = dst.len() - done >= self.buf.len();
+            let r = if direct {
+                self.s.read(&mut dst[done..])
+            } else {
+                self.s.read(&mut self.buf)
+            };
+            match r {
+                Ok(0) => return Err(Fault::Io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(got) if direct => done += got,
+                Ok(got) => {
+                    let take = got.min(dst.len() - done);
+                    dst[done..done + take].copy_from_slice(&self.buf[..take]);
+                    (self.pos, self.end) = (take, got);
+                    done += take;
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => idle()?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn header(&mut self, idle: &mut dyn FnMut() -> Result<(), Fault>) -> Result<Header, Fault> {
+        let mut h = [0u8; HEADER_LEN];
+        self.read_exact(&mut h, idle)?;
+        Ok(Header::parse(&h)?)
+    }
+
+    /// Reads the fixed part of a frame (at most 32 bytes).
+    fn fixed<'b>(
+        &mut self,
+        n: usize,
+        out: &'b mut [u8; 32],
+        idle: &mut dyn FnMut() -> Result<(), Fault>,
+    ) -> Result<&'b [u8], Fault> {
+        self.read_exact(&mut out[..n], idle)?;
+        Ok(&out[..n])
+    }
+
+    /// Reads a whole small payload (handshake-sized frames).
+    fn payload(&mut self, h: Header, idle: &mut dyn FnMut() -> Result<(), Fault>) -> Result<Vec<u8>, Fault> {
+        let mut p = vec![0u8; h.len as usize];
+        self.read_exact(&mut p, idle)?;
+        Ok(p)
+    }
+
+    /// Reads `len` bytes into registered memory at `addr`, through a bounce buffer.
+    fn read_to_region(
+        &mut self,
+        region: Option<&Region>,
+        mut addr: u64,
+        len: u64,
+        bounce: &mut Vec<u8>,
+        idle: &mut dyn FnMut() -> Result<(), Fault>,
+    ) -> Result<(), Fault> {
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            bounce.resize(n, 0);
+            self.read_exact(&mut bounce[..n], idle)?;
+            if let Some(r) = region {
+                r.dma.write(addr, &bounce[..n]);
+            }
+            addr += n as u64;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `len` bytes of registered memory at `addr` to `w`, through a bounce buffer.
+fn from_region(w: &mut impl Write, region: &Region, mut addr: u64, len: u64, bounce: &mut Vec<u8>) -> io::Result<()> {
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        bounce.resize(n, 0);
+        region.dma.read(addr, &mut bounce[..n]);
+        w.write_all(&bounce[..n])?;
+        addr += n as u64;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// Whether sequence number `a` comes at or before `b` (wrapping, as PSNs do).
+fn seq_le(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a) < 1 << 31
+}
+
+// ------------------------------------------------------------------------------ requester side
+
+/// Which WQE a completion belongs to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meta {
+    /// WQE counter (its first building block).
+    pub index: u16,
+    /// Opcode, for error CQEs.
+    pub opcode: u8,
+    /// Whether a successful completion writes a CQE.
+    pub signaled: bool,
+}
+
+/// Where a response's data goes on the requester's side.
+pub(crate) enum Sink {
+    /// Nothing comes back (WRITE).
+    Ack,
+    /// READ data, scattered over these checked local buffers.
+    Scatter(Locals),
+    /// An atomic's old value, big-endian into this checked 8-byte buffer.
+    Atomic(Locals),
+}
+
+struct Entry {
+    meta: Meta,
+    /// The request's sequence number; `None` for WQEs completed locally.
+    seq: Option<u32>,
+    outcome: Option<Outcome>,
+    sink: Sink,
+    bytes: u32,
+}
+
+/// WQEs of one linked QP not yet completed, in order.
+#[derive(Default)]
+struct Inflight {
+    entries: VecDeque<Entry>,
+    /// Set once the connection is gone: later requests fail with this.
+    dead: Option<Syndrome>,
+    /// When the oldest unanswered request was sent (or the last answer came).
+    waiting_since: Option<Instant>,
+}
+
+impl Inflight {
+    fn unanswered(&self) -> bool {
+        self.entries.iter().any(|e| e.outcome.is_none())
+    }
+
+    /// Fails every unanswered request: the first with `first`, the rest flushed.
+    fn fail_unanswered(&mut self, first: Syndrome) {
+        let mut s = first;
+        for e in self.entries.iter_mut().filter(|e| e.outcome.is_none()) {
+            e.outcome = Some(Outcome::Error(s));
+            s = Syndrome::WrFlush;
+        }
+        self.dead.get_or_insert(first);
+    }
+
+    /// Completes the entries at the front that have an outcome, in order.
+    fn drain(&mut self, qp: Option<&SoftQp>) {
+        while self.entries.front().is_some_and(|e| e.outcome.is_some()) {
+            let Some(e) = self.entries.pop_front() else { break };
+            let Some(qp) = qp else { continue };
+            let outcome = match e.outcome {
+                Some(Outcome::Error(s)) => {
+                    qp.fail(s);
+                    Outcome::Error(s)
+                }
+                // Answered, but the QP went to error before it was completed: flushed.
+                _ if qp.state() == QpState::Error => Outcome::Error(Syndrome::WrFlush),
+                Some(o) => o,
+                None => Outcome::Error(Syndrome::WrFlush),
+            };
+            completer::complete(qp, e.meta.index, e.meta.opcode, e.meta.signaled, outcome);
+        }
+    }
+}
+
+/// What the engine and a link's receiver thread share.
+struct Shared {
+    qp: Weak<SoftQp>,
+    retry_timeout: Duration,
+    inflight: Mutex<Inflight>,
+    closed: AtomicBool,
+}
+
+/// A QP's connection to a peer in another process (the requester's side of it).
+pub(crate) struct Link {
+    tx: BufWriter<TcpStream>,
+    stream: TcpStream,
+    next_seq: u32,
+    /// The engine hit a local error on this QP with requests still in flight: the QP goes
+    /// to error when that WQE completes, and nothing after it executes.
+    pub halted: bool,
+    shared: Arc<Shared>,
+    receiver: Option<JoinHandle<()>>,
+    peer: SocketAddr,
+}
+
+impl Link {
+    /// Connects `qp` (of HCA `hca`) to `peer`'s QP at `addr`: the peer's soft HCA must accept.
+    pub(crate) fn connect(hca: u64, qp: &Arc<SoftQp>, peer: &Endpoint, addr: SocketAddr) -> Result<Link> {
+        let io = |what: &'static str| move |source| Error::Io { what, source };
+        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| Error::PeerUnreachable {
+            what: format!("QP {:#x} at {addr}: {e}", peer.qpn),
+        })?;
+        stream.set_nodelay(true).map_err(io("setting TCP_NODELAY"))?;
+        stream
+            .set_write_timeout(Some(qp.retry_timeout))
+            .map_err(io("setting a socket write timeout"))?;
+        let hello = wire::Connect {
+            hca,
+            qpn: qp.qpn,
+            target_qpn: peer.qpn,
+            psn: qp.psn,
+        };
+        (&stream)
+            .write_all(&hello.encode())
+            .map_err(io("sending a transport connect"))?;
+        let mut reader = Reader::new(stream.try_clone().map_err(io("cloning a socket"))?)
+            .map_err(io("setting a socket read timeout"))?;
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        let mut idle = || {
+            if Instant::now() > deadline {
+                Err(Fault::Timeout)
+            } else {
+                Ok(())
+            }
+        };
+        let refused = |why: String| Error::PeerUnreachable {
+            what: format!("QP {:#x} at {addr}: {why}", peer.qpn),
+        };
+        let h = reader.header(&mut idle).map_err(|f| refused(f.to_string()))?;
+        let p = reader.payload(h, &mut idle).map_err(|f| refused(f.to_string()))?;
+        match h.kind {
+            Kind::Accept if wire::decode_accept(&p).map_err(|e| refused(e.to_string()))? == peer.qpn => {}
+            Kind::Reject => {
+                return Err(refused(format!(
+                    "refused: {}",
+                    wire::decode_reject(&p).map_err(|e| refused(e.to_string()))?
+                )))
+            }
+            k => return Err(refused(format!("unexpected {k:?} answer to a connect"))),
+        }
+        let shared = Arc::new(Shared {
+            qp: Arc::downgrade(qp),
+            retry_timeout: qp.retry_timeout,
+            inflight: Mutex::new(Inflight::default()),
+            closed: AtomicBool::new(false),
+        });
+        let rx_shared = shared.clone();
+        let receiver = std::thread::Builder::new()
+            .name(format!("gdaki-rx-{:x}", qp.qpn))
+            .spawn(move || receive(reader, rx_shared, addr))
+            .map_err(io("starting a transport receiver thread"))?;
+        info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer.qpn), %addr, "connected over TCP");
+        Ok(Link {
+            tx: BufWriter::with_capacity(CHUNK, stream.try_clone().map_err(io("cloning a socket"))?),
+            stream,
+            next_seq: qp.psn,
+            halted: false,
+            shared,
+            receiver: Some(receiver),
+            peer: addr,
+        })
+    }
+
+    /// Sends a request for WQE `meta` (`data`: a WRITE's payload) and queues its completion.
+    pub(crate) fn post(&mut self, meta: Meta, remote: gdaki_device::Remote, op: Op, data: &[u8], sink: Sink) {
+        let bytes = match op {
+            Op::Write { len } | Op::Read { len } => len,
+            Op::FetchAdd { .. } | Op::CompareSwap { .. } => 8,
+        };
+        let (rkey, addr) = (remote.rkey, remote.addr);
+        let seq = self.next_seq;
+        {
+            let mut inflight = lock(&self.shared.inflight);
+            let outcome = inflight
+                .dead
+                .map(|s| Outcome::Error(if inflight.unanswered() { Syndrome::WrFlush } else { s }));
+            if outcome.is_none() && !inflight.unanswered() {
+                inflight.waiting_since = Some(Instant::now());
+            }
+            inflight.entries.push_back(Entry {
+                meta,
+                seq: outcome.is_none().then_some(seq),
+                outcome,
+                sink,
+                bytes,
+            });
+            if outcome.is_some() {
+                let qp = self.shared.qp.upgrade();
+                inflight.drain(qp.as_deref());
+                return;
+            }
+        }
+        self.next_seq = seq.wrapping_add(1);
+        let head = Request { seq, rkey, addr, op }.encode_head();
+        let sent = self.tx.write_all(&head).and_then(|()| self.tx.write_all(data));
+        if let Err(e) = sent {
+            self.kill(&format!("sending to {}: {e}", self.peer));
+        }
+    }
+
+    /// Queues the completion of a WQE whose outcome is known without the peer.
+    pub(crate) fn complete_local(&mut self, meta: Meta, outcome: Outcome) {
+        if matches!(outcome, Outcome::Error(_)) {
+            self.halted = true;
+        }
+        let mut inflight = lock(&self.shared.inflight);
+        inflight.entries.push_back(Entry {
+            meta,
+            seq: None,
+            outcome: Some(outcome),
+            sink: Sink::Ack,
+            bytes: 0,
+        });
+        let qp = self.shared.qp.upgrade();
+        inflight.drain(qp.as_deref());
+    }
+
+    /// Pushes buffered requests onto the wire (end of a doorbell batch).
+    pub(crate) fn flush(&mut self) {
+        if let Err(e) = self.tx.flush() {
+            self.kill(&format!("sending to {}: {e}", self.peer));
+        }
+    }
+
+    fn kill(&mut self, why: &str) {
+        warn!(peer = %self.peer, "transport connection lost: {why}");
+        let _ = self.stream.shutdown(Shutdown::Both);
+        let mut inflight = lock(&self.shared.inflight);
+        inflight.fail_unanswered(Syndrome::TransportRetryExc);
+        let qp = self.shared.qp.upgrade();
+        inflight.drain(qp.as_deref());
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        let _ = self.tx.flush();
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(t) = self.receiver.take() {
+            // The receiver may itself drop the last reference to the QP (and so this link).
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The receiver thread: applies responses in order until the connection ends.
+fn receive(mut reader: Reader, shared: Arc<Shared>, peer: SocketAddr) {
+    let fault = receive_loop(&mut reader, &shared).unwrap_err();
+    let _ = reader.s.shutdown(Shutdown::Both);
+    let mut inflight = lock(&shared.inflight);
+    let unanswered = inflight.unanswered();
+    match fault {
+        Fault::Stopped => return,
+        _ if unanswered => warn!(%peer, "transport: {fault}; outstanding requests fail"),
+        _ => debug!(%peer, "transport: {fault}"),
+    }
+    inflight.fail_unanswered(Syndrome::TransportRetryExc);
+    let qp = shared.qp.upgrade();
+    inflight.drain(qp.as_deref());
+}
+
+fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
+    let mut idle = || {
+        if shared.closed.load(Ordering::Acquire) {
+            return Err(Fault::Stopped);
+        }
+        let inflight = lock(&shared.inflight);
+        match inflight.waiting_since {
+            Some(t) if inflight.unanswered() && t.elapsed() > shared.retry_timeout => Err(Fault::Timeout),
+            _ => Ok(()),
+        }
+    };
+    let mut fixed = [0u8; 32];
+    let mut bounce = Vec::new();
+    loop {
+        let h = reader.header(&mut idle)?;
+        let n = Response::fixed_len(h)?;
+        let resp = Response::decode(h, reader.fixed(n, &mut fixed, &mut idle)?)?;
+        let seq = match resp {
+            Response::Ack { seq }
+            | Response::ReadResp { seq, .. }
+            | Response::Atomic { seq, .. }
+            | Response::Nak { seq, .. } => seq,
+        };
+        // Everything before `seq` succeeded (responses come in order); `seq` itself is answered
+        // below. Take the target's sink out to fill it without holding the lock.
+        let sink = {
+            let mut inflight = lock(&shared.inflight);
+            let mut found = None;
+            for (i, e) in inflight.entries.iter_mut().enumerate() {
+                let Some(s) = e.seq else { continue };
+                if e.outcome.is_some() {
+                    continue;
+                }
+                if s == seq {
+                    found = Some(i);
+                    break;
+                }
+                if !seq_le(s, seq) {
+                    break;
+                }
+                if !matches!(e.sink, Sink::Ack) {
+                    return Err(Fault::Protocol(format!(
+                        "request {s} (a read or atomic) skipped by an answer to {seq}"
+                    )));
+                }
+                e.outcome = Some(Outcome::Success { bytes: e.bytes });
+            }
+            let Some(i) = found else {
+                return Err(Fault::Protocol(format!(
+                    "answer to request {seq}, which is not outstanding"
+                )));
+            };
+            inflight.waiting_since = Some(Instant::now());
+            std::mem::replace(&mut inflight.entries[i].sink, Sink::Ack)
+        };
+        let outcome = match (resp, sink) {
+            (Response::Ack { .. }, Sink::Ack) => None,
+            (Response::Nak { syndrome, .. }, _) => Some(Outcome::Error(syndrome)),
+            (Response::ReadResp { len, .. }, Sink::Scatter(dst)) => {
+                let want: u64 = dst.iter().map(|(s, _)| s.length as u64).sum();
+                if want != len as u64 {
+                    return Err(Fault::Protocol(format!(
+                        "read response of {len} bytes for a read of {want}"
+                    )));
+                }
+                for (s, region) in dst.iter() {
+                    reader.read_to_region(Some(region), s.addr, s.length as u64, &mut bounce, &mut idle)?;
+                }
+                None
+            }
+            (Response::Atomic { old, .. }, Sink::Atomic(dst)) => {
+                if let Some((s, region)) = dst.iter().next() {
+                    region.dma.write(s.addr, &old.to_be_bytes());
+                }
+                None
+            }
+            (r, _) => return Err(Fault::Protocol(format!("{r:?} does not answer its request's kind"))),
+        };
+        let mut inflight = lock(&shared.inflight);
+        let nak = matches!(outcome, Some(Outcome::Error(_)));
+        if let Some(e) = inflight
+            .entries
+            .iter_mut()
+            .find(|e| e.seq == Some(seq) && e.outcome.is_none())
+        {
+            e.outcome = Some(outcome.unwrap_or(Outcome::Success { bytes: e.bytes }));
+        }
+        if nak {
+            // The responder executes nothing after a NAK: the rest is flushed.
+            inflight.fail_unanswered(Syndrome::WrFlush);
+        }
+        let qp = shared.qp.upgrade();
+        inflight.drain(qp.as_deref());
+        if nak {
+            return Err(Fault::Stopped);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------ responder side
+
+/// A running listener.
+pub(crate) struct Listening {
+    pub addr: SocketAddr,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Starts `hca`'s transport listener on `bind` (once; later calls return the first address).
+pub(crate) fn listen(hca: &Arc<Hca>, bind: SocketAddr) -> Result<SocketAddr> {
+    let mut slot = lock(&hca.listening);
+    if let Some(l) = slot.as_ref() {
+        return Ok(l.addr);
+    }
+    let listener = TcpListener::bind(bind).map_err(|source| Error::Io {
+        what: "binding the soft HCA's transport listener",
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| Error::Io {
+        what: "reading the listener's address",
+        source,
+    })?;
+    let weak = Arc::downgrade(hca);
+    let thread = std::thread::Builder::new()
+        .name(format!("gdaki-listen-{}", addr.port()))
+        .spawn(move || accept_loop(listener, weak))
+        .map_err(|source| Error::Io {
+            what: "starting the listener thread",
+            source,
+        })?;
+    info!(%addr, "soft HCA listening for transport connections");
+    *slot = Some(Listening {
+        addr,
+        thread: Some(thread),
+    });
+    Ok(addr)
+}
+
+/// Stops the listener (the HCA is stopping): wakes its `accept` with a connection of its own.
+pub(crate) fn stop(hca: &Hca) {
+    let Some(mut l) = lock(&hca.listening).take() else {
+        return;
+    };
+    let mut wake = l.addr;
+    if wake.ip().is_unspecified() {
+        wake.set_ip(match wake {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    if TcpStream::connect_timeout(&wake, Duration::from_secs(1)).is_ok() {
+        if let Some(t) = l.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, hca: Weak<Hca>) {
+    for conn in listener.incoming() {
+        let Some(h) = hca.upgrade().filter(|h| !h.stop.load(Ordering::Acquire)) else {
+            return;
+        };
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("transport listener: {e}");
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
+        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let spawned = std::thread::Builder::new()
+            .name("gdaki-responder".into())
+            .spawn(move || {
+                if let Err(f) = serve(&h, stream) {
+                    match f {
+                        Fault::Stopped => {}
+                        f => debug!(%peer, "transport connection ended: {f}"),
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!("cannot start a responder thread: {e}");
+        }
+    }
+}
+
+/// Serves one incoming connection: the connect, then requests until the peer closes.
+fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
+    stream.set_nodelay(true)?;
+    let mut reader = Reader::new(stream.try_clone()?)?;
+    let mut w = BufWriter::with_capacity(CHUNK, stream);
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    let mut connecting = || {
+        if hca.stop.load(Ordering::Acquire) {
+            Err(Fault::Stopped)
+        } else if Instant::now() > deadline {
+            Err(Fault::Timeout)
+        } else {
+            Ok(())
+        }
+    };
+    let h = reader.header(&mut connecting)?;
+    if h.kind != Kind::Connect {
+        return Err(WireError::Unexpected {
+            got: h.kind,
+            want: "a connect",
+        }
+        .into());
+    }
+    let c = wire::Connect::decode(&reader.payload(h, &mut connecting)?)?;
+    let Some(target) = hca.qp(c.target_qpn) else {
+        w.write_all(&wire::encode_reject(&format!("no queue pair {:#x} here", c.target_qpn)))?;
+        w.flush()?;
+        return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
+    };
+    w.get_ref().set_write_timeout(Some(target.retry_timeout))?;
+    w.write_all(&wire::encode_accept(c.target_qpn))?;
+    w.flush()?;
+    let target = Arc::downgrade(&target);
+    debug!(
+        qpn = format_args!("{:#x}", c.target_qpn),
+        from = format_args!("{:#x}", c.qpn),
+        "transport connection accepted"
+    );
+    let mut idle = || {
+        if hca.stop.load(Ordering::Acquire) {
+            Err(Fault::Stopped)
+        } else {
+            Ok(())
+        }
+    };
+    let mut cache = RegionCache::default();
+    let mut fixed = [0u8; 32];
+    let mut bounce = Vec::new();
+    let mut expect = c.psn;
+    let mut unacked: Option<u32> = None;
+    let mut failed = false;
+    loop {
+        if reader.buffered() == 0 {
+            // About to wait for more requests: acknowledge what was executed.
+            if let Some(seq) = unacked.take() {
+                w.write_all(&Response::Ack { seq }.encode_head())?;
+            }
+            w.flush()?;
+        }
+        let h = reader.header(&mut idle)?;
+        let n = Request::fixed_len(h)?;
+        let req = Request::decode(h, reader.fixed(n, &mut fixed, &mut idle)?)?;
+        if hca.stop.load(Ordering::Acquire) {
+            // Its context is gone: a dead HCA answers nothing.
+            return Err(Fault::Stopped);
+        }
+        if req.seq != expect {
+            return Err(Fault::Protocol(format!("request {} where {expect} was due", req.seq)));
+        }
+        expect = expect.wrapping_add(1);
+        if failed {
+            // After a NAK nothing executes; WRITE data is read and dropped.
+            if let Op::Write { len } = req.op {
+                reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
+            }
+            continue;
+        }
+        let ready = responder::accepts(target.upgrade().as_deref());
+        let answer = match ready {
+            Err(s) => {
+                if let Op::Write { len } = req.op {
+                    reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
+                }
+                Err(s)
+            }
+            Ok(()) => execute(hca, &mut cache, &mut reader, &mut w, req, &mut bounce, &mut idle)?,
+        };
+        match answer {
+            Ok(true) => unacked = Some(req.seq),
+            Ok(false) => unacked = None, // answered with data, which acknowledges everything before
+            Err(syndrome) => {
+                w.write_all(&Response::Nak { seq: req.seq, syndrome }.encode_head())?;
+                unacked = None;
+                failed = true;
+            }
+        }
+    }
+}
+
+/// Executes one request. `Ok(Ok(true))`: a write, to acknowledge; `Ok(Ok(false))`: answered;
+/// `Ok(Err(s))`: to NAK.
+fn execute(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    reader: &mut Reader,
+    w: &mut BufWriter<TcpStream>,
+    req: Request,
+    bounce: &mut Vec<u8>,
+    idle: &mut dyn FnMut() -> Result<(), Fault>,
+) -> Result<Result<bool, Syndrome>, Fault> {
+    let remote = gdaki_device::Remote {
+        addr: req.addr,
+        rkey: req.rkey,
+    };
+    Ok(match req.op {
+        Op::Write { len } => {
+            let region = match len {
+                0 => None,
+                _ => match hca.region(cache, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
+                    Some(r) => Some(r.clone()),
+                    None => {
+                        reader.read_to_region(None, 0, len as u64, bounce, idle)?;
+                        return Ok(Err(Syndrome::RemoteAccess));
+                    }
+                },
+            };
+            reader.read_to_region(region.as_deref(), req.addr, len as u64, bounce, idle)?;
+            Ok(true)
+        }
+        Op::Read { len } => {
+            let region = match len {
+                0 => None,
+                _ => match hca.region(cache, req.rkey, req.addr, len as u64, Access::REMOTE_READ) {
+                    Some(r) => Some(r.clone()),
+                    None => return Ok(Err(Syndrome::RemoteAccess)),
+                },
+            };
+            w.write_all(&Response::ReadResp { seq: req.seq, len }.encode_head())?;
+            if let Some(r) = region {
+                from_region(w, &r, req.addr, len as u64, bounce)?;
+            }
+            Ok(false)
+        }
+        Op::FetchAdd { add } => atomic(hca, cache, w, req.seq, remote, AtomicOp::FetchAdd(add))?,
+        Op::CompareSwap { compare, swap } => {
+            atomic(hca, cache, w, req.seq, remote, AtomicOp::CompareSwap { compare, swap })?
+        }
+    })
+}
+
+fn atomic(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    w: &mut impl Write,
+    seq: u32,
+    remote: gdaki_device::Remote,
+    op: AtomicOp,
+) -> io::Result<Result<bool, Syndrome>> {
+    Ok(match responder::atomic(hca, cache, remote, op) {
+        Ok(old) => {
+            w.write_all(&Response::Atomic { seq, old }.encode_head())?;
+            Ok(false)
+        }
+        Err(s) => Err(s),
+    })
+}

@@ -1,0 +1,957 @@
+//! The bytes gdaki sends over TCP: one frame format for the out-of-band handshake
+//! ([`crate::handshake`]) and for the soft HCA's transport between processes
+//! ([`crate::soft::net`]).
+//!
+//! Every frame is a 12-byte header followed by its payload, all big-endian:
+//!
+//! | bytes | field   | value                                              |
+//! |-------|---------|----------------------------------------------------|
+//! | 0..4  | magic   | `GDKI` (0x4744_4b49)                               |
+//! | 4..6  | version | [`VERSION`]; a peer with another version is refused |
+//! | 6..8  | kind    | a [`Kind`]                                         |
+//! | 8..12 | length  | payload bytes, at most the kind's limit            |
+//!
+//! Everything here parses untrusted bytes: every decoder checks lengths, counts, ranges and
+//! trailing bytes and answers a [`WireError`]; none panics or allocates more than the frame's
+//! limit. The fuzz targets in `fuzz/` drive these decoders.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use gdaki_layout::Syndrome;
+
+use crate::queue::Endpoint;
+
+/// Frame magic, "GDKI".
+pub const MAGIC: u32 = 0x4744_4b49;
+/// Protocol version. Bumped on any incompatible change to a payload.
+pub const VERSION: u16 = 1;
+/// Header size.
+pub const HEADER_LEN: usize = 12;
+/// Largest application blob in a [`Hello`].
+pub const MAX_APP_BYTES: usize = 4096;
+/// Most endpoints (and, separately, regions) in a [`Hello`].
+pub const MAX_HELLO_ITEMS: usize = 1024;
+/// Longest reason in an error frame.
+pub const MAX_REASON_BYTES: usize = 1024;
+/// Largest RDMA message carried by one transport frame (a WQE's limit).
+pub const MAX_MESSAGE: u32 = 1 << 31;
+
+/// Why bytes were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The frame does not start with [`MAGIC`] (not a gdaki peer).
+    #[error("not a gdaki peer (magic {0:#010x})")]
+    BadMagic(u32),
+    /// The peer speaks another protocol version.
+    #[error("peer speaks protocol version {got}, this build speaks {VERSION}")]
+    Version {
+        /// The peer's version.
+        got: u16,
+    },
+    /// A frame kind this build does not know.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u16),
+    /// A frame of a kind that is valid but not expected here.
+    #[error("unexpected {got:?} frame (expected {want})")]
+    Unexpected {
+        /// What came.
+        got: Kind,
+        /// What was expected.
+        want: &'static str,
+    },
+    /// The length field exceeds the kind's limit (or is below its fixed part).
+    #[error("{kind:?} frame of {len} bytes (allowed {min}..={max})")]
+    Length {
+        /// Frame kind.
+        kind: Kind,
+        /// Length given.
+        len: u32,
+        /// Smallest allowed.
+        min: u32,
+        /// Largest allowed.
+        max: u32,
+    },
+    /// The payload ended inside a field.
+    #[error("payload ends inside {0}")]
+    Truncated(&'static str),
+    /// Bytes left after the last field.
+    #[error("{0} bytes after the last field")]
+    Trailing(usize),
+    /// A field holds a value that is not allowed.
+    #[error("invalid {field}: {why}")]
+    Invalid {
+        /// Which field.
+        field: &'static str,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Frame kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Kind {
+    /// Handshake: what one side offers ([`Hello`]).
+    Hello = 1,
+    /// Either protocol: the sender refuses, with a reason (UTF-8 text).
+    Reject = 2,
+    /// Handshake: a barrier step (u64).
+    Sync = 3,
+    /// Transport: a requester opens a connection to one of the responder's QPs.
+    Connect = 16,
+    /// Transport: the responder accepts a [`Kind::Connect`].
+    Accept = 17,
+    /// Transport request: RDMA WRITE (head, then the data).
+    Write = 20,
+    /// Transport request: RDMA READ.
+    Read = 21,
+    /// Transport request: fetch-and-add.
+    FetchAdd = 22,
+    /// Transport request: compare-and-swap.
+    CompareSwap = 23,
+    /// Transport response: every request up to `seq` succeeded.
+    Ack = 30,
+    /// Transport response: READ data.
+    ReadResp = 31,
+    /// Transport response: an atomic's old value.
+    AtomicResp = 32,
+    /// Transport response: request `seq` failed with a syndrome; nothing after it executes.
+    Nak = 33,
+}
+
+impl Kind {
+    /// The kind with this number.
+    pub fn from_raw(v: u16) -> Result<Kind, WireError> {
+        Ok(match v {
+            1 => Kind::Hello,
+            2 => Kind::Reject,
+            3 => Kind::Sync,
+            16 => Kind::Connect,
+            17 => Kind::Accept,
+            20 => Kind::Write,
+            21 => Kind::Read,
+            22 => Kind::FetchAdd,
+            23 => Kind::CompareSwap,
+            30 => Kind::Ack,
+            31 => Kind::ReadResp,
+            32 => Kind::AtomicResp,
+            33 => Kind::Nak,
+            _ => return Err(WireError::UnknownKind(v)),
+        })
+    }
+
+    /// Allowed payload lengths.
+    pub fn limits(self) -> (u32, u32) {
+        match self {
+            // app length + two counts, then the items.
+            Kind::Hello => (
+                6,
+                (6 + MAX_APP_BYTES + MAX_HELLO_ITEMS * (ENDPOINT_MAX + REGION_LEN)) as u32,
+            ),
+            Kind::Reject => (2, 2 + MAX_REASON_BYTES as u32),
+            Kind::Sync => (8, 8),
+            Kind::Connect => (CONNECT_LEN as u32, CONNECT_LEN as u32),
+            Kind::Accept => (4, 4),
+            Kind::Write => (REQ_HEAD as u32, REQ_HEAD as u32 + MAX_MESSAGE),
+            Kind::Read => (REQ_HEAD as u32 + 4, REQ_HEAD as u32 + 4),
+            Kind::FetchAdd => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8),
+            Kind::CompareSwap => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
+            Kind::Ack => (4, 4),
+            Kind::ReadResp => (4, 4 + MAX_MESSAGE),
+            Kind::AtomicResp => (12, 12),
+            Kind::Nak => (5, 5),
+        }
+    }
+}
+
+/// A checked frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Frame kind.
+    pub kind: Kind,
+    /// Payload length, within the kind's limits.
+    pub len: u32,
+}
+
+impl Header {
+    /// A header for `kind` with `len` payload bytes.
+    pub fn new(kind: Kind, len: u32) -> Header {
+        Header { kind, len }
+    }
+
+    /// Encodes the header.
+    pub fn encode(self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
+        b[6..8].copy_from_slice(&(self.kind as u16).to_be_bytes());
+        b[8..12].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// Decodes and checks a header: magic, version, kind, and the length against the kind.
+    pub fn parse(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+        let magic = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let version = u16::from_be_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(WireError::Version { got: version });
+        }
+        let kind = Kind::from_raw(u16::from_be_bytes([b[6], b[7]]))?;
+        let len = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
+        let (min, max) = kind.limits();
+        if !(min..=max).contains(&len) {
+            return Err(WireError::Length { kind, len, min, max });
+        }
+        Ok(Header { kind, len })
+    }
+}
+
+// ------------------------------------------------------------------------------ cursor
+
+/// A bounds-checked big-endian reader over a payload.
+struct Cursor<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        if self.b.len() < n {
+            return Err(WireError::Truncated(what));
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], WireError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, what)?);
+        Ok(a)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(self.array(what)?))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array(what)?))
+    }
+    fn end(&self) -> Result<(), WireError> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Trailing(self.b.len()))
+        }
+    }
+}
+
+fn invalid(field: &'static str, why: impl Into<String>) -> WireError {
+    WireError::Invalid { field, why: why.into() }
+}
+
+/// Checks a 24-bit number (QPNs and PSNs are 24 bits in IB).
+fn u24(field: &'static str, v: u32) -> Result<u32, WireError> {
+    if v > 0xff_ffff {
+        return Err(invalid(field, format!("{v:#x} is wider than 24 bits")));
+    }
+    Ok(v)
+}
+
+fn frame(kind: Kind, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&Header::new(kind, payload.len() as u32).encode());
+    out.extend_from_slice(payload);
+    out
+}
+
+// ------------------------------------------------------------------------------ handshake
+
+/// A registered region as a peer sees it: where to write or read, and the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct RemoteRegion {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes (at least 1).
+    pub len: u64,
+    /// Remote key (never 0).
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// The device-API address of byte `offset`, if it lies inside.
+    pub fn at(&self, offset: u64) -> Option<gdaki_device::Remote> {
+        (offset < self.len).then_some(gdaki_device::Remote {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        })
+    }
+}
+
+/// What one side of a handshake offers: its queue pairs' endpoints, its regions, and an
+/// application blob both sides agree on (e.g. test parameters that must match).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hello {
+    /// Application data, at most [`MAX_APP_BYTES`].
+    pub app: Vec<u8>,
+    /// Queue pairs to connect to, at most [`MAX_HELLO_ITEMS`].
+    pub endpoints: Vec<Endpoint>,
+    /// Regions the peer may access, at most [`MAX_HELLO_ITEMS`].
+    pub regions: Vec<RemoteRegion>,
+}
+
+const ENDPOINT_MAX: usize = 8 + 4 + 4 + 1 + 16 + 2;
+const REGION_LEN: usize = 8 + 8 + 4;
+
+impl Hello {
+    /// The whole frame, or why these values cannot be sent.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        if self.app.len() > MAX_APP_BYTES {
+            return Err(invalid(
+                "app data",
+                format!("{} bytes (at most {MAX_APP_BYTES})", self.app.len()),
+            ));
+        }
+        for (what, n) in [
+            ("endpoint count", self.endpoints.len()),
+            ("region count", self.regions.len()),
+        ] {
+            if n > MAX_HELLO_ITEMS {
+                return Err(invalid(what, format!("{n} (at most {MAX_HELLO_ITEMS})")));
+            }
+        }
+        let mut p = Vec::new();
+        p.extend_from_slice(&(self.app.len() as u16).to_be_bytes());
+        p.extend_from_slice(&self.app);
+        p.extend_from_slice(&(self.endpoints.len() as u16).to_be_bytes());
+        for e in &self.endpoints {
+            check_endpoint(e)?;
+            p.extend_from_slice(&e.hca.to_be_bytes());
+            p.extend_from_slice(&e.qpn.to_be_bytes());
+            p.extend_from_slice(&e.psn.to_be_bytes());
+            match e.addr {
+                None => p.push(0),
+                Some(SocketAddr::V4(a)) => {
+                    p.push(4);
+                    p.extend_from_slice(&a.ip().octets());
+                    p.extend_from_slice(&a.port().to_be_bytes());
+                }
+                Some(SocketAddr::V6(a)) => {
+                    p.push(6);
+                    p.extend_from_slice(&a.ip().octets());
+                    p.extend_from_slice(&a.port().to_be_bytes());
+                }
+            }
+        }
+        p.extend_from_slice(&(self.regions.len() as u16).to_be_bytes());
+        for r in &self.regions {
+            check_region(r)?;
+            p.extend_from_slice(&r.addr.to_be_bytes());
+            p.extend_from_slice(&r.len.to_be_bytes());
+            p.extend_from_slice(&r.rkey.to_be_bytes());
+        }
+        Ok(frame(Kind::Hello, &p))
+    }
+
+    /// Decodes and validates a [`Kind::Hello`] payload.
+    pub fn decode(payload: &[u8]) -> Result<Hello, WireError> {
+        let mut c = Cursor { b: payload };
+        let app_len = c.u16("app data length")? as usize;
+        if app_len > MAX_APP_BYTES {
+            return Err(invalid(
+                "app data length",
+                format!("{app_len} (at most {MAX_APP_BYTES})"),
+            ));
+        }
+        let app = c.take(app_len, "app data")?.to_vec();
+        let n = count(&mut c, "endpoint count")?;
+        let mut endpoints = Vec::with_capacity(n);
+        for _ in 0..n {
+            let hca = c.u64("endpoint HCA")?;
+            let qpn = c.u32("endpoint QPN")?;
+            let psn = c.u32("endpoint PSN")?;
+            let addr = match c.u8("endpoint address family")? {
+                0 => None,
+                4 => {
+                    let ip = Ipv4Addr::from(c.array::<4>("IPv4 address")?);
+                    Some(SocketAddr::new(IpAddr::V4(ip), c.u16("port")?))
+                }
+                6 => {
+                    let ip = Ipv6Addr::from(c.array::<16>("IPv6 address")?);
+                    Some(SocketAddr::new(IpAddr::V6(ip), c.u16("port")?))
+                }
+                f => return Err(invalid("endpoint address family", format!("{f} (expected 0, 4 or 6)"))),
+            };
+            let e = Endpoint { hca, qpn, psn, addr };
+            check_endpoint(&e)?;
+            endpoints.push(e);
+        }
+        let n = count(&mut c, "region count")?;
+        let mut regions = Vec::with_capacity(n);
+        for _ in 0..n {
+            let r = RemoteRegion {
+                addr: c.u64("region address")?,
+                len: c.u64("region length")?,
+                rkey: c.u32("region key")?,
+            };
+            check_region(&r)?;
+            regions.push(r);
+        }
+        c.end()?;
+        Ok(Hello {
+            app,
+            endpoints,
+            regions,
+        })
+    }
+}
+
+fn count(c: &mut Cursor<'_>, what: &'static str) -> Result<usize, WireError> {
+    let n = c.u16(what)? as usize;
+    if n > MAX_HELLO_ITEMS {
+        return Err(invalid(what, format!("{n} (at most {MAX_HELLO_ITEMS})")));
+    }
+    Ok(n)
+}
+
+fn check_endpoint(e: &Endpoint) -> Result<(), WireError> {
+    u24("endpoint QPN", e.qpn)?;
+    u24("endpoint PSN", e.psn)?;
+    if let Some(a) = e.addr {
+        if a.port() == 0 {
+            return Err(invalid("endpoint address", "port 0"));
+        }
+        if a.ip().is_multicast() {
+            return Err(invalid(
+                "endpoint address",
+                format!("{} is a multicast address", a.ip()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_region(r: &RemoteRegion) -> Result<(), WireError> {
+    if r.len == 0 {
+        return Err(invalid("region length", "0"));
+    }
+    if r.addr.checked_add(r.len).is_none() {
+        return Err(invalid("region", format!("{:#x} + {} wraps around", r.addr, r.len)));
+    }
+    if r.rkey == 0 {
+        return Err(invalid("region key", "0 is never a valid key"));
+    }
+    Ok(())
+}
+
+/// A [`Kind::Reject`] frame (the reason is cut at [`MAX_REASON_BYTES`], on a character
+/// boundary).
+pub fn encode_reject(reason: &str) -> Vec<u8> {
+    let mut end = reason.len().min(MAX_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut p = Vec::with_capacity(2 + end);
+    p.extend_from_slice(&(end as u16).to_be_bytes());
+    p.extend_from_slice(&reason.as_bytes()[..end]);
+    frame(Kind::Reject, &p)
+}
+
+/// Decodes a [`Kind::Reject`] payload.
+pub fn decode_reject(payload: &[u8]) -> Result<String, WireError> {
+    let mut c = Cursor { b: payload };
+    let n = c.u16("reason length")? as usize;
+    let text = c.take(n, "reason")?;
+    c.end()?;
+    String::from_utf8(text.to_vec()).map_err(|_| invalid("reason", "not UTF-8"))
+}
+
+/// A [`Kind::Sync`] frame.
+pub fn encode_sync(step: u64) -> Vec<u8> {
+    frame(Kind::Sync, &step.to_be_bytes())
+}
+
+/// Decodes a [`Kind::Sync`] payload.
+pub fn decode_sync(payload: &[u8]) -> Result<u64, WireError> {
+    let mut c = Cursor { b: payload };
+    let v = c.u64("sync step")?;
+    c.end()?;
+    Ok(v)
+}
+
+// ------------------------------------------------------------------------------ transport
+
+const CONNECT_LEN: usize = 8 + 4 + 4 + 4;
+/// Fixed part of every request: seq, rkey, addr.
+pub const REQ_HEAD: usize = 4 + 4 + 8;
+
+/// A requester's opening of a transport connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connect {
+    /// The requester's HCA.
+    pub hca: u64,
+    /// The requester's QP.
+    pub qpn: u32,
+    /// The responder's QP it sends to.
+    pub target_qpn: u32,
+    /// The requester's first PSN (the first request's `seq`).
+    pub psn: u32,
+}
+
+impl Connect {
+    /// The whole frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(CONNECT_LEN);
+        p.extend_from_slice(&self.hca.to_be_bytes());
+        p.extend_from_slice(&self.qpn.to_be_bytes());
+        p.extend_from_slice(&self.target_qpn.to_be_bytes());
+        p.extend_from_slice(&self.psn.to_be_bytes());
+        frame(Kind::Connect, &p)
+    }
+
+    /// Decodes and validates a [`Kind::Connect`] payload.
+    pub fn decode(payload: &[u8]) -> Result<Connect, WireError> {
+        let mut c = Cursor { b: payload };
+        let v = Connect {
+            hca: c.u64("HCA")?,
+            qpn: u24("QPN", c.u32("QPN")?)?,
+            target_qpn: u24("target QPN", c.u32("target QPN")?)?,
+            psn: u24("PSN", c.u32("PSN")?)?,
+        };
+        c.end()?;
+        Ok(v)
+    }
+}
+
+/// An [`Kind::Accept`] frame for `target_qpn`.
+pub fn encode_accept(target_qpn: u32) -> [u8; HEADER_LEN + 4] {
+    let mut b = [0u8; HEADER_LEN + 4];
+    b[..HEADER_LEN].copy_from_slice(&Header::new(Kind::Accept, 4).encode());
+    b[HEADER_LEN..].copy_from_slice(&target_qpn.to_be_bytes());
+    b
+}
+
+/// Decodes an [`Kind::Accept`] payload: the accepted QPN.
+pub fn decode_accept(payload: &[u8]) -> Result<u32, WireError> {
+    let mut c = Cursor { b: payload };
+    let qpn = u24("accepted QPN", c.u32("accepted QPN")?)?;
+    c.end()?;
+    Ok(qpn)
+}
+
+/// What a request asks for (the WRITE data follows the head on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// RDMA WRITE of `len` bytes.
+    Write {
+        /// Data bytes after the head.
+        len: u32,
+    },
+    /// RDMA READ of `len` bytes.
+    Read {
+        /// Bytes to read.
+        len: u32,
+    },
+    /// Fetch-and-add.
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+    /// Compare-and-swap.
+    CompareSwap {
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+}
+
+/// A request without its WRITE data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Sequence number (the requester's PSN, counting requests).
+    pub seq: u32,
+    /// Remote key.
+    pub rkey: u32,
+    /// Remote address.
+    pub addr: u64,
+    /// The operation.
+    pub op: Op,
+}
+
+impl Request {
+    /// The frame's header and fixed part (a WRITE's data is sent after it).
+    pub fn encode_head(&self) -> Vec<u8> {
+        let (kind, extra, tail): (Kind, u32, Vec<u8>) = match self.op {
+            Op::Write { len } => (Kind::Write, len, Vec::new()),
+            Op::Read { len } => (Kind::Read, 0, len.to_be_bytes().to_vec()),
+            Op::FetchAdd { add } => (Kind::FetchAdd, 0, add.to_be_bytes().to_vec()),
+            Op::CompareSwap { compare, swap } => {
+                let mut t = compare.to_be_bytes().to_vec();
+                t.extend_from_slice(&swap.to_be_bytes());
+                (Kind::CompareSwap, 0, t)
+            }
+        };
+        let len = (REQ_HEAD + tail.len()) as u32 + extra;
+        let mut out = Vec::with_capacity(HEADER_LEN + REQ_HEAD + tail.len());
+        out.extend_from_slice(&Header::new(kind, len).encode());
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.extend_from_slice(&self.rkey.to_be_bytes());
+        out.extend_from_slice(&self.addr.to_be_bytes());
+        out.extend_from_slice(&tail);
+        out
+    }
+
+    /// How many payload bytes of a `header.kind` request form its fixed part (a WRITE's data
+    /// follows them).
+    pub fn fixed_len(header: Header) -> Result<usize, WireError> {
+        Ok(REQ_HEAD
+            + match header.kind {
+                Kind::Write => 0,
+                Kind::Read => 4,
+                Kind::FetchAdd => 8,
+                Kind::CompareSwap => 16,
+                k => {
+                    return Err(WireError::Unexpected {
+                        got: k,
+                        want: "a request",
+                    })
+                }
+            })
+    }
+
+    /// Decodes a request from its header and fixed part (`fixed.len()` ==
+    /// [`Request::fixed_len`]).
+    pub fn decode(header: Header, fixed: &[u8]) -> Result<Request, WireError> {
+        let n = Self::fixed_len(header)?;
+        let mut c = Cursor { b: fixed };
+        let seq = c.u32("sequence number")?;
+        let rkey = c.u32("rkey")?;
+        let addr = c.u64("remote address")?;
+        let op = match header.kind {
+            Kind::Write => Op::Write {
+                len: header.len - n as u32,
+            },
+            Kind::Read => {
+                let len = c.u32("read length")?;
+                if len > MAX_MESSAGE {
+                    return Err(invalid("read length", format!("{len} (at most {MAX_MESSAGE})")));
+                }
+                Op::Read { len }
+            }
+            Kind::FetchAdd => Op::FetchAdd { add: c.u64("addend")? },
+            _ => Op::CompareSwap {
+                compare: c.u64("compare value")?,
+                swap: c.u64("swap value")?,
+            },
+        };
+        c.end()?;
+        Ok(Request { seq, rkey, addr, op })
+    }
+}
+
+/// A responder's answer (a READ response's data follows its head on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Response {
+    /// Every request up to and including `seq` succeeded.
+    Ack {
+        /// Last request acknowledged.
+        seq: u32,
+    },
+    /// READ data for `seq`: `len` bytes follow.
+    ReadResp {
+        /// The READ's sequence number.
+        seq: u32,
+        /// Data bytes.
+        len: u32,
+    },
+    /// An atomic's old value.
+    Atomic {
+        /// The atomic's sequence number.
+        seq: u32,
+        /// Value before the operation.
+        old: u64,
+    },
+    /// Request `seq` failed; nothing after it was executed.
+    Nak {
+        /// The failed request.
+        seq: u32,
+        /// Why.
+        syndrome: Syndrome,
+    },
+}
+
+impl Response {
+    /// The frame's header and fixed part (a READ response's data follows).
+    pub fn encode_head(&self) -> Vec<u8> {
+        let (kind, len, mut body) = match *self {
+            Response::Ack { seq } => (Kind::Ack, 4, seq.to_be_bytes().to_vec()),
+            Response::ReadResp { seq, len } => (Kind::ReadResp, 4 + len, seq.to_be_bytes().to_vec()),
+            Response::Atomic { seq, old } => {
+                let mut b = seq.to_be_bytes().to_vec();
+                b.extend_from_slice(&old.to_be_bytes());
+                (Kind::AtomicResp, 12, b)
+            }
+            Response::Nak { seq, syndrome } => {
+                let mut b = seq.to_be_bytes().to_vec();
+                b.push(syndrome.raw());
+                (Kind::Nak, 5, b)
+            }
+        };
+        let mut out = Header::new(kind, len).encode().to_vec();
+        out.append(&mut body);
+        out
+    }
+
+    /// How many payload bytes of a `header.kind` response form its fixed part.
+    pub fn fixed_len(header: Header) -> Result<usize, WireError> {
+        Ok(match header.kind {
+            Kind::Ack | Kind::ReadResp => 4,
+            Kind::AtomicResp => 12,
+            Kind::Nak => 5,
+            k => {
+                return Err(WireError::Unexpected {
+                    got: k,
+                    want: "a response",
+                })
+            }
+        })
+    }
+
+    /// Decodes a response from its header and fixed part.
+    pub fn decode(header: Header, fixed: &[u8]) -> Result<Response, WireError> {
+        Self::fixed_len(header)?;
+        let mut c = Cursor { b: fixed };
+        let seq = c.u32("sequence number")?;
+        let r = match header.kind {
+            Kind::Ack => Response::Ack { seq },
+            Kind::ReadResp => Response::ReadResp {
+                seq,
+                len: header.len - 4,
+            },
+            Kind::AtomicResp => Response::Atomic {
+                seq,
+                old: c.u64("old value")?,
+            },
+            _ => {
+                let syndrome = Syndrome::from_raw(c.u8("syndrome")?);
+                if matches!(syndrome, Syndrome::Unknown(_)) {
+                    return Err(invalid(
+                        "syndrome",
+                        format!("{:#04x} is not a known syndrome", syndrome.raw()),
+                    ));
+                }
+                Response::Nak { seq, syndrome }
+            }
+        };
+        c.end()?;
+        Ok(r)
+    }
+}
+
+/// Decodes any complete frame (header and payload in `bytes`), for fuzzing and tests:
+/// returns the header once every field of the payload checked out.
+pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
+    let head: &[u8; HEADER_LEN] = bytes
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(WireError::Truncated("the frame header"))?;
+    let h = Header::parse(head)?;
+    let payload = &bytes[HEADER_LEN..];
+    if payload.len() != h.len as usize {
+        return Err(WireError::Invalid {
+            field: "frame length",
+            why: format!("header says {}, {} bytes follow", h.len, payload.len()),
+        });
+    }
+    match h.kind {
+        Kind::Hello => Hello::decode(payload).map(drop)?,
+        Kind::Reject => decode_reject(payload).map(drop)?,
+        Kind::Sync => decode_sync(payload).map(drop)?,
+        Kind::Connect => Connect::decode(payload).map(drop)?,
+        Kind::Accept => decode_accept(payload).map(drop)?,
+        Kind::Write | Kind::Read | Kind::FetchAdd | Kind::CompareSwap => {
+            let n = Request::fixed_len(h)?;
+            Request::decode(h, &payload[..n])?;
+        }
+        Kind::Ack | Kind::ReadResp | Kind::AtomicResp | Kind::Nak => {
+            let n = Response::fixed_len(h)?;
+            Response::decode(h, &payload[..n])?;
+        }
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Hello {
+        Hello {
+            app: b"size=8 iters=1000".to_vec(),
+            endpoints: vec![
+                Endpoint {
+                    hca: 0xdead_beef_0000_0001,
+                    qpn: 0x1234,
+                    psn: 7,
+                    addr: Some("10.0.0.2:18515".parse().unwrap()),
+                },
+                Endpoint {
+                    hca: 3,
+                    qpn: 0xff_ffff,
+                    psn: 0,
+                    addr: Some("[fe80::1]:9".parse().unwrap()),
+                },
+                Endpoint {
+                    hca: 0,
+                    qpn: 1,
+                    psn: 1,
+                    addr: None,
+                },
+            ],
+            regions: vec![RemoteRegion {
+                addr: 0x7f00_0000_0000,
+                len: 1 << 20,
+                rkey: 0x55aa,
+            }],
+        }
+    }
+
+    #[test]
+    fn hello_round_trips() {
+        let h = sample();
+        let bytes = h.encode().unwrap();
+        assert_eq!(check_frame(&bytes).unwrap().kind, Kind::Hello);
+        assert_eq!(Hello::decode(&bytes[HEADER_LEN..]).unwrap(), h);
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_refused() {
+        let bytes = sample().encode().unwrap();
+        let payload = &bytes[HEADER_LEN..];
+        for n in 0..payload.len() {
+            assert!(Hello::decode(&payload[..n]).is_err(), "prefix of {n} bytes accepted");
+        }
+        let mut longer = payload.to_vec();
+        longer.push(0);
+        assert_eq!(Hello::decode(&longer), Err(WireError::Trailing(1)));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let mut h = sample();
+        h.endpoints[0].qpn = 1 << 24;
+        assert!(matches!(
+            h.encode(),
+            Err(WireError::Invalid {
+                field: "endpoint QPN",
+                ..
+            })
+        ));
+        let mut h = sample();
+        h.regions[0].rkey = 0;
+        assert!(matches!(
+            h.encode(),
+            Err(WireError::Invalid {
+                field: "region key",
+                ..
+            })
+        ));
+        let mut h = sample();
+        h.regions[0].addr = u64::MAX;
+        assert!(h.encode().is_err());
+        let mut h = sample();
+        h.endpoints[1].addr = Some("1.2.3.4:0".parse().unwrap());
+        assert!(h.encode().is_err());
+        // A hostile family byte.
+        let mut bytes = sample().encode().unwrap();
+        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 16;
+        assert_eq!(bytes[fam], 4);
+        bytes[fam] = 5;
+        assert!(matches!(
+            check_frame(&bytes),
+            Err(WireError::Invalid {
+                field: "endpoint address family",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        let good = Header::new(Kind::Sync, 8).encode();
+        assert_eq!(Header::parse(&good).unwrap(), Header::new(Kind::Sync, 8));
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Header::parse(&b), Err(WireError::BadMagic(_))));
+        let mut b = good;
+        b[5] = 9;
+        assert_eq!(Header::parse(&b), Err(WireError::Version { got: 9 }));
+        let mut b = good;
+        b[7] = 99;
+        assert_eq!(Header::parse(&b), Err(WireError::UnknownKind(99)));
+        let b = Header::new(Kind::Sync, 9).encode();
+        assert!(matches!(Header::parse(&b), Err(WireError::Length { .. })));
+        let b = Header::new(Kind::Hello, u32::MAX).encode();
+        assert!(matches!(Header::parse(&b), Err(WireError::Length { .. })));
+    }
+
+    #[test]
+    fn transport_frames_round_trip() {
+        for op in [
+            Op::Write { len: 5 },
+            Op::Read { len: 1 << 20 },
+            Op::FetchAdd { add: 3 },
+            Op::CompareSwap { compare: 1, swap: 2 },
+        ] {
+            let r = Request {
+                seq: 9,
+                rkey: 0xabc,
+                addr: 0x1000,
+                op,
+            };
+            let mut bytes = r.encode_head();
+            if let Op::Write { len } = op {
+                bytes.extend(std::iter::repeat_n(0xee, len as usize));
+            }
+            let h = check_frame(&bytes).unwrap();
+            let n = Request::fixed_len(h).unwrap();
+            assert_eq!(Request::decode(h, &bytes[HEADER_LEN..HEADER_LEN + n]).unwrap(), r);
+        }
+        for resp in [
+            Response::Ack { seq: 1 },
+            Response::ReadResp { seq: 2, len: 0 },
+            Response::Atomic { seq: 3, old: u64::MAX },
+            Response::Nak {
+                seq: 4,
+                syndrome: Syndrome::RemoteAccess,
+            },
+        ] {
+            let bytes = resp.encode_head();
+            let h = check_frame(&bytes).unwrap();
+            assert_eq!(Response::decode(h, &bytes[HEADER_LEN..]).unwrap(), resp);
+        }
+        let mut nak = Response::Nak {
+            seq: 4,
+            syndrome: Syndrome::RemoteAccess,
+        }
+        .encode_head();
+        *nak.last_mut().unwrap() = 0xee;
+        assert!(check_frame(&nak).is_err());
+        let c = Connect {
+            hca: 1,
+            qpn: 2,
+            target_qpn: 3,
+            psn: 4,
+        };
+        assert_eq!(Connect::decode(&c.encode()[HEADER_LEN..]).unwrap(), c);
+        assert_eq!(decode_reject(&encode_reject("nope")[HEADER_LEN..]).unwrap(), "nope");
+        let long = "é".repeat(MAX_REASON_BYTES);
+        assert!(decode_reject(&encode_reject(&long)[HEADER_LEN..]).unwrap().len() <= MAX_REASON_BYTES);
+    }
+}

@@ -1,0 +1,514 @@
+//! The soft HCA's TCP transport and the handshake: every operation between two HCAs over
+//! loopback TCP (in one process, endpoints stripped of their in-process identity, and across
+//! two processes), faults with their syndromes, a peer process killed mid-run, and the
+//! handshake's refusals.
+//!
+//! The two-process tests run this test binary a second time as the peer (`peer_process`,
+//! which does nothing unless `GDAKI_TCP_PEER` is set).
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use gdaki::handshake::{Channel, Hello};
+use gdaki::{Access, Context, Endpoint, Error, MemoryRegion, Provider, QpConfig, QpState, QueuePair};
+use gdaki_device::{Exclusive, Gpu, WaitError};
+use gdaki_layout::Syndrome;
+
+const LOOPBACK: &str = "127.0.0.1:0";
+const APP: &[u8] = b"gdaki tcp test v1";
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+trait ReadVec {
+    fn read_vec(&self, offset: u64, len: usize) -> gdaki::Result<Vec<u8>>;
+}
+
+impl ReadVec for MemoryRegion {
+    fn read_vec(&self, offset: u64, len: usize) -> gdaki::Result<Vec<u8>> {
+        let mut v = vec![0; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+fn cqe_error(r: Result<(), WaitError>) -> Syndrome {
+    match r {
+        Err(WaitError::Cqe(e)) => e.syndrome,
+        other => panic!("expected an error CQE, got {other:?}"),
+    }
+}
+
+fn listening_context() -> Context {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    ctx.listen(LOOPBACK.parse().unwrap()).unwrap();
+    ctx
+}
+
+fn qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
+    let cq = ctx.create_cq(sq).unwrap();
+    ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap()
+}
+
+/// The endpoint as another process would see it: no in-process identity, so the connection
+/// goes over TCP.
+fn over_tcp(e: Endpoint) -> Endpoint {
+    assert!(e.addr.is_some(), "a listening context's endpoints carry its address");
+    Endpoint { hca: 0, ..e }
+}
+
+/// Two listening contexts with a QP each, connected to each other over TCP.
+fn tcp_pair(cfg: QpConfig) -> (Context, QueuePair, Context, QueuePair) {
+    let (a, b) = (listening_context(), listening_context());
+    let (qa, qb) = (qp(&a, 64, cfg), qp(&b, 64, cfg));
+    qa.connect(&over_tcp(qb.endpoint())).unwrap();
+    qb.connect(&over_tcp(qa.endpoint())).unwrap();
+    (a, qa, b, qb)
+}
+
+#[test]
+fn every_operation_over_tcp() {
+    let (a, qa, b, _qb) = tcp_pair(QpConfig {
+        max_msg_size: 1 << 20,
+        ..Default::default()
+    });
+    let la = a.alloc_region(8 << 20, Access::ALL).unwrap();
+    let rb = b.alloc_region(4 << 20, Access::ALL).unwrap();
+    let data = pattern(1, 3 << 20);
+    la.write(0, &data).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    for len in [0usize, 1, 8, 4095, 4096, (1 << 20) + 3, 3 << 20] {
+        dev.wait(dev.put(rb.remote(1 << 20), la.local(0), len as u64).unwrap())
+            .unwrap();
+        let mut got = vec![0; len];
+        rb.read(1 << 20, &mut got).unwrap();
+        assert!(got == data[..len], "WRITE of {len} bytes");
+        dev.wait(dev.get(la.local(4 << 20), rb.remote(1 << 20), len as u64).unwrap())
+            .unwrap();
+        let mut back = vec![0; len];
+        la.read(4 << 20, &mut back).unwrap();
+        assert!(back == data[..len], "READ of {len} bytes");
+    }
+    dev.wait(dev.put_inline(rb.remote(64), b"inline over tcp").unwrap())
+        .unwrap();
+    let mut inline = [0u8; 15];
+    rb.read(64, &mut inline).unwrap();
+    assert_eq!(&inline, b"inline over tcp");
+    dev.wait(dev.fence().unwrap()).unwrap();
+    assert_eq!(dev.atomic_fetch_add(rb.remote(4096), 5, la.local(8192)).unwrap(), 0);
+    assert_eq!(dev.atomic_fetch_add(rb.remote(4096), 7, la.local(8192)).unwrap(), 5);
+    assert_eq!(
+        dev.atomic_compare_swap(rb.remote(4096), 12, 99, la.local(8192))
+            .unwrap(),
+        12
+    );
+    assert_eq!(
+        dev.atomic_compare_swap(rb.remote(4096), 12, 1, la.local(8192)).unwrap(),
+        99
+    );
+    assert_eq!(rb.load_u64(4096).unwrap(), 99);
+    dev.wait(
+        dev.put_signal(rb.remote(10000), la.local(0), 64, rb.remote(4104), 1, la.local(8200))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rb.load_u64(4104).unwrap(), 1);
+    dev.quiet().unwrap();
+    assert_eq!(qa.error(), None);
+}
+
+#[test]
+fn many_qps_and_threads_pipeline_over_tcp() {
+    let (a, b) = (Arc::new(listening_context()), listening_context());
+    const QPS: usize = 3;
+    const PER_THREAD: usize = 1500;
+    const THREADS: usize = 2;
+    const MSG: usize = 256;
+    let src = Arc::new(a.alloc_region(MSG * PER_THREAD * THREADS, Access::ALL).unwrap());
+    let data = pattern(5, MSG * PER_THREAD * THREADS);
+    src.write(0, &data).unwrap();
+    let dst: Vec<MemoryRegion> = (0..QPS)
+        .map(|_| b.alloc_region(MSG * PER_THREAD * THREADS, Access::ALL).unwrap())
+        .collect();
+    let mut pairs = Vec::new();
+    for _ in 0..QPS {
+        let (qa, qb) = (qp(&a, 128, QpConfig::default()), qp(&b, 128, QpConfig::default()));
+        qa.connect(&over_tcp(qb.endpoint())).unwrap();
+        qb.connect(&over_tcp(qa.endpoint())).unwrap();
+        pairs.push((Arc::new(qa), qb));
+    }
+    thread::scope(|s| {
+        for (i, (qa, _)) in pairs.iter().enumerate() {
+            for t in 0..THREADS {
+                let (qa, src, remote) = (qa.clone(), src.clone(), dst[i].remote(0));
+                s.spawn(move || {
+                    // Shared mode: both threads post to the same QP, which wraps its ring
+                    // many times over.
+                    let dev = unsafe { qa.cpu::<Gpu>() };
+                    for k in 0..PER_THREAD {
+                        let off = ((t * PER_THREAD + k) * MSG) as u64;
+                        let r = gdaki_device::Remote {
+                            addr: remote.addr + off,
+                            rkey: remote.rkey,
+                        };
+                        dev.put(r, src.local(off), MSG as u64).unwrap();
+                    }
+                    dev.quiet().unwrap();
+                });
+            }
+        }
+    });
+    for (i, d) in dst.iter().enumerate() {
+        let mut got = vec![0; data.len()];
+        d.read(0, &mut got).unwrap();
+        assert!(got == data, "QP {i}: data differs");
+        assert_eq!(pairs[i].0.error(), None);
+    }
+}
+
+#[test]
+fn remote_faults_nak_and_flush_what_follows() {
+    let (a, qa, b, qb) = tcp_pair(QpConfig::default());
+    let la = a.alloc_region(1 << 16, Access::ALL).unwrap();
+    let rb = b
+        .alloc_region(1 << 16, Access::REMOTE_READ | Access::LOCAL_WRITE)
+        .unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    // A good READ, a WRITE without the remote-write right, then a WRITE after it.
+    let ok = dev.get(la.local(0), rb.remote(0), 64).unwrap();
+    let bad = dev.put(rb.remote(0), la.local(0), 64).unwrap();
+    let after = dev.put_inline(rb.remote(0), b"x").unwrap();
+    dev.wait(ok).unwrap();
+    assert_eq!(cqe_error(dev.wait(bad)), Syndrome::RemoteAccess);
+    assert_eq!(cqe_error(dev.wait(after)), Syndrome::WrFlush);
+    assert_eq!(rb.read_vec(0, 1).unwrap(), [0], "nothing after the NAK executed");
+    assert_eq!(qa.state(), QpState::Error);
+    assert_eq!(qa.error(), Some(Syndrome::RemoteAccess));
+    // A misaligned atomic on a fresh pair.
+    let (a2, qa2, b2, _qb2) = tcp_pair(QpConfig::default());
+    let (l2, r2) = (
+        a2.alloc_region(4096, Access::ALL).unwrap(),
+        b2.alloc_region(4096, Access::ALL).unwrap(),
+    );
+    let dev2 = unsafe { qa2.cpu::<Exclusive>() };
+    let t = dev2
+        .atomic(gdaki_device::AtomicOp::FetchAdd(1), r2.remote(4), l2.local(0))
+        .unwrap();
+    assert_eq!(cqe_error(dev2.wait(t)), Syndrome::RemoteInvalReq);
+    drop(qb);
+}
+
+#[test]
+fn a_local_error_behind_requests_in_flight_completes_in_order() {
+    let (a, qa, b, _qb) = tcp_pair(QpConfig::default());
+    let la = a.alloc_region(4 << 20, Access::ALL).unwrap();
+    let rb = b.alloc_region(4 << 20, Access::ALL).unwrap();
+    la.write(0, &pattern(3, 4 << 20)).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let big = dev.put(rb.remote(0), la.local(0), 4 << 20).unwrap();
+    let bad_lkey = gdaki_device::Local {
+        addr: la.addr(),
+        lkey: la.rkey() ^ 1,
+    };
+    let bad = dev.put(rb.remote(0), bad_lkey, 8).unwrap();
+    let after = dev.put(rb.remote(0), la.local(0), 8).unwrap();
+    dev.wait(big).unwrap();
+    assert_eq!(cqe_error(dev.wait(bad)), Syndrome::LocalProt);
+    assert_eq!(cqe_error(dev.wait(after)), Syndrome::WrFlush);
+    assert_eq!(rb.read_vec(0, 4 << 20).unwrap(), pattern(3, 4 << 20));
+}
+
+#[test]
+fn a_target_qp_in_error_or_gone_gives_transport_errors() {
+    let cfg = QpConfig {
+        retry_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let (a, qa, b, qb) = tcp_pair(cfg);
+    let la = a.alloc_region(4096, Access::ALL).unwrap();
+    let rb = b.alloc_region(4096, Access::ALL).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
+    qb.to_error();
+    let t = dev.put(rb.remote(0), la.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
+    // The whole peer context goes away: its connections close.
+    let (a2, qa2, b2, qb2) = tcp_pair(cfg);
+    let (l2, r2) = (
+        a2.alloc_region(4096, Access::ALL).unwrap(),
+        b2.alloc_region(4096, Access::ALL).unwrap(),
+    );
+    let remote = r2.remote(0);
+    let dev2 = unsafe { qa2.cpu::<Exclusive>() };
+    dev2.wait(dev2.put(remote, l2.local(0), 8).unwrap()).unwrap();
+    drop((qb2, r2, b2));
+    let started = Instant::now();
+    let t = dev2.put(remote, l2.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev2.wait(t)), Syndrome::TransportRetryExc);
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[test]
+fn connecting_to_nothing_is_refused_at_once() {
+    let a = listening_context();
+    let q = qp(&a, 8, QpConfig::default());
+    q.to_init().unwrap();
+    // A listener that is not a gdaki HCA's QP: an unknown QPN on a real HCA.
+    let b = listening_context();
+    let qb = qp(&b, 8, QpConfig::default());
+    let wrong = Endpoint {
+        qpn: qb.qpn() ^ 0x40_0000,
+        ..over_tcp(qb.endpoint())
+    };
+    match q.to_rtr(&wrong) {
+        Err(Error::PeerUnreachable { what }) => assert!(what.contains("refused"), "{what}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Nobody listening.
+    let port = TcpListener::bind(LOOPBACK).unwrap().local_addr().unwrap();
+    let nobody = Endpoint {
+        addr: Some(port),
+        ..wrong
+    };
+    assert!(matches!(q.to_rtr(&nobody), Err(Error::PeerUnreachable { .. })));
+    assert_eq!(q.state(), QpState::Init, "a failed connect leaves the QP where it was");
+}
+
+#[test]
+fn handshake_exchanges_validates_and_refuses() {
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut ch = Channel::accept(&listener, Duration::from_secs(5)).unwrap();
+        let theirs = ch.receive().unwrap();
+        assert_eq!(theirs.app, APP);
+        ch.send(&Hello {
+            app: APP.to_vec(),
+            endpoints: theirs.endpoints.clone(),
+            regions: vec![],
+        })
+        .unwrap();
+        ch.sync(1).unwrap();
+        // Second client: wrong parameters.
+        let mut ch = Channel::accept(&listener, Duration::from_secs(5)).unwrap();
+        let theirs = ch.receive().unwrap();
+        assert_ne!(theirs.app, APP);
+        ch.reject("test parameters differ: size=8 here").unwrap();
+    });
+    let ep = Endpoint {
+        hca: 7,
+        qpn: 0x1234,
+        psn: 99,
+        addr: Some("0.0.0.0:4791".parse().unwrap()),
+    };
+    let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![ep],
+        regions: vec![],
+    })
+    .unwrap();
+    let back = ch.receive().unwrap();
+    // The unspecified IP came back filled in with the address the peer is reached at.
+    assert_eq!(
+        back.endpoints[0],
+        Endpoint {
+            addr: Some("127.0.0.1:4791".parse().unwrap()),
+            ..ep
+        }
+    );
+    ch.sync(1).unwrap();
+    let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
+    ch.send(&Hello {
+        app: b"other".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    match ch.receive() {
+        Err(Error::Rejected { reason, .. }) => assert!(reason.contains("size=8"), "{reason}"),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    server.join().unwrap();
+    // A port nobody listens on.
+    let closed: SocketAddr = TcpListener::bind(LOOPBACK).unwrap().local_addr().unwrap();
+    assert!(matches!(
+        Channel::connect(closed, Duration::from_secs(2)),
+        Err(Error::PeerUnreachable { .. })
+    ));
+}
+
+#[test]
+fn a_handshake_peer_speaking_garbage_gets_an_error() {
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let garbage = thread::spawn(move || {
+        use std::io::Write;
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        thread::sleep(Duration::from_millis(200));
+    });
+    let mut ch = Channel::connect(addr, Duration::from_secs(2)).unwrap();
+    assert!(matches!(ch.receive(), Err(Error::Protocol { .. })));
+    garbage.join().unwrap();
+}
+
+// ------------------------------------------------------------------------------ two processes
+
+/// Region layout of the peer process: its first 64 KiB hold `pattern(42)`; the test writes
+/// `pattern(7)` at 64 KiB; word at 256 KiB is an atomic counter.
+const PEER_REGION: usize = 1 << 20;
+
+/// The peer process (runs only when spawned by the tests below).
+#[test]
+fn peer_process() {
+    let Ok(mode) = std::env::var("GDAKI_TCP_PEER") else {
+        return;
+    };
+    let ctx = listening_context();
+    let mr = ctx.alloc_region(PEER_REGION, Access::ALL).unwrap();
+    mr.write(0, &pattern(42, 64 << 10)).unwrap();
+    let q = qp(&ctx, 64, QpConfig::default());
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    println!("PORT {}", listener.local_addr().unwrap().port());
+    let mut ch = Channel::accept(&listener, Duration::from_secs(20)).unwrap();
+    let theirs = ch.receive().unwrap();
+    if mode == "reject" || theirs.app != APP {
+        ch.reject("parameters differ").unwrap();
+        return;
+    }
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![q.endpoint()],
+        regions: vec![mr.remote_region()],
+    })
+    .unwrap();
+    q.connect(&theirs.endpoints[0]).unwrap();
+    ch.sync(1).unwrap();
+    ch.sync(2).unwrap();
+    // The test wrote pattern(7) at 64 KiB and added to the counter: check it here, where the
+    // memory is.
+    let ok = mr.read_vec(64 << 10, 64 << 10).unwrap() == pattern(7, 64 << 10) && mr.load_u64(256 << 10).unwrap() == 3;
+    ch.sync(if ok { 3 } else { 999 }).unwrap();
+    // Stay until killed.
+    thread::sleep(Duration::from_secs(60));
+}
+
+struct Peer {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_peer(mode: &str) -> Peer {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
+        .env("GDAKI_TCP_PEER", mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let port = loop {
+        let line = lines.next().expect("peer exited before saying its port").unwrap();
+        // The harness prints "test peer_process ... " on the same line.
+        if let Some(i) = line.find("PORT ") {
+            break line[i + 5..].trim().parse().unwrap();
+        }
+    };
+    // Keep draining its stdout so it never blocks on a full pipe.
+    thread::spawn(move || for _ in lines {});
+    Peer { child, port }
+}
+
+#[test]
+fn two_processes_then_the_peer_is_killed() {
+    let mut peer = spawn_peer("serve");
+    let ctx = listening_context();
+    let mr = ctx.alloc_region(PEER_REGION, Access::ALL).unwrap();
+    mr.write(0, &pattern(7, 64 << 10)).unwrap();
+    let q = qp(
+        &ctx,
+        64,
+        QpConfig {
+            retry_timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
+    let mut ch = Channel::connect(SocketAddr::from(([127, 0, 0, 1], peer.port)), Duration::from_secs(20)).unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![q.endpoint()],
+        regions: vec![],
+    })
+    .unwrap();
+    let theirs = ch.receive().unwrap();
+    assert_ne!(theirs.endpoints[0].hca, ctx_hca(&q), "another process, another HCA");
+    q.connect(&theirs.endpoints[0]).unwrap();
+    ch.sync(1).unwrap();
+    let region = theirs.regions[0];
+    let at = |off: u64| region.at(off).unwrap();
+    let dev = unsafe { q.cpu::<Exclusive>() };
+    // READ what the peer wrote into its memory.
+    dev.wait(dev.get(mr.local(128 << 10), at(0), 64 << 10).unwrap())
+        .unwrap();
+    assert_eq!(mr.read_vec(128 << 10, 64 << 10).unwrap(), pattern(42, 64 << 10));
+    // WRITE (in pieces, unsignaled but for the last), atomics, put_signal.
+    for k in 0..16u64 {
+        dev.put(at((64 << 10) + k * 4096), mr.local(k * 4096), 4096).unwrap();
+    }
+    assert_eq!(dev.atomic_fetch_add(at(256 << 10), 2, mr.local(512 << 10)).unwrap(), 0);
+    dev.wait(
+        dev.put_signal(at(300 << 10), mr.local(0), 8, at(256 << 10), 1, mr.local(512 << 10))
+            .unwrap(),
+    )
+    .unwrap();
+    dev.quiet().unwrap();
+    ch.sync(2).unwrap();
+    ch.sync(3).expect("the peer found the data it was sent");
+    // Kill the peer: the next operations end in transport errors, within the retry timeout.
+    peer.child.kill().unwrap();
+    peer.child.wait().unwrap();
+    let started = Instant::now();
+    let t = dev.put(at(0), mr.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
+    let t = dev.get(mr.local(0), at(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::WrFlush);
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(q.state(), QpState::Error);
+    // The handshake channel is dead too.
+    assert!(ch.sync(4).is_err());
+}
+
+fn ctx_hca(q: &QueuePair) -> u64 {
+    q.endpoint().hca
+}
+
+#[test]
+fn two_processes_with_different_parameters_are_refused() {
+    let peer = spawn_peer("reject");
+    let mut ch = Channel::connect(SocketAddr::from(([127, 0, 0, 1], peer.port)), Duration::from_secs(20)).unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(matches!(ch.receive(), Err(Error::Rejected { reason, .. }) if reason == "parameters differ"));
+}
