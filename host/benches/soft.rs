@@ -1,21 +1,59 @@
-//! The soft provider in CPU mode, loopback on one context: the 8-byte put rate (one poster
-//! thread, the engine thread executing) and 1 MiB put bandwidth next to a plain memcpy of the
-//! same size measured in the same run.
+//! The soft provider in CPU mode, loopback: the 8-byte put rate (one poster thread, the engine
+//! thread executing) and 1 MiB put bandwidth next to a plain memcpy of the same size measured
+//! in the same run. `--transport tcp` puts the two QPs in two contexts connected over loopback
+//! TCP (as two processes would be) and adds a raw TCP stream of the same bytes as a reference.
 //!
-//! `cargo bench -p gdaki --bench soft [-- --json] [--messages N]`
+//! `cargo bench -p gdaki --bench soft [-- --json] [--messages N] [--transport inproc|tcp]`
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
 
-use gdaki::{Access, Context, Provider, QpConfig};
+use gdaki::{Access, Context, Endpoint, Provider, QpConfig};
 use gdaki_device::Exclusive;
 use serde::Serialize;
 
 #[derive(Serialize)]
 struct Report {
+    transport: String,
     put_8b_messages: u64,
     put_8b_msgs_per_s: f64,
     put_1mib_gb_per_s: f64,
     memcpy_1mib_gb_per_s: f64,
     put_vs_memcpy: f64,
+    /// Raw TCP loopback stream of the same 1 MiB writes (tcp transport only).
+    tcp_stream_1mib_gb_per_s: Option<f64>,
+}
+
+/// GB/s of `reps` 1 MiB writes through a plain loopback TCP stream to a reading thread.
+fn tcp_stream(reps: usize) -> anyhow::Result<f64> {
+    const MIB: usize = 1 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; MIB];
+        let mut left = reps * MIB;
+        while left > 0 {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            left -= n.min(left);
+        }
+        s.write_all(b"k")
+    });
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let data = vec![1u8; MIB];
+    let started = Instant::now();
+    for _ in 0..reps {
+        s.write_all(&data)?;
+    }
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack)?;
+    let bw = (reps * MIB) as f64 / started.elapsed().as_secs_f64() / 1e9;
+    reader.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+    Ok(bw)
 }
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
@@ -29,20 +67,48 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
-    let messages: u64 = arg(&args, "--messages", 2_000_000);
+    let transport: String = arg(&args, "--transport", "inproc".to_string());
+    let tcp = match transport.as_str() {
+        "inproc" => false,
+        "tcp" => true,
+        t => anyhow::bail!("--transport {t}: expected inproc or tcp"),
+    };
+    let messages: u64 = arg(&args, "--messages", if tcp { 500_000 } else { 2_000_000 });
     const MIB: usize = 1 << 20;
+    let cfg = QpConfig {
+        sq_size: 4096,
+        ..Default::default()
+    };
     let ctx = Context::open(Provider::Soft)?;
     let cq = ctx.create_cq(4096)?;
-    let qp = ctx.create_qp(
-        &cq,
-        QpConfig {
-            sq_size: 4096,
-            ..Default::default()
-        },
-    )?;
-    qp.connect(&qp.endpoint())?;
+    let qp = ctx.create_qp(&cq, cfg)?;
     let src = ctx.alloc_region(MIB, Access::ALL)?;
-    let dst = ctx.alloc_region(MIB, Access::ALL)?;
+    // The target: the same context (in-process), or a second one reached over loopback TCP.
+    let peer = if tcp {
+        let loopback = "127.0.0.1:0".parse()?;
+        ctx.listen(loopback)?;
+        let peer = Context::open(Provider::Soft)?;
+        peer.listen(loopback)?;
+        let pcq = peer.create_cq(4096)?;
+        let pqp = peer.create_qp(&pcq, cfg)?;
+        // hca 0: not "in this process", so the connection goes over TCP.
+        qp.connect(&Endpoint {
+            hca: 0,
+            ..pqp.endpoint()
+        })?;
+        pqp.connect(&Endpoint {
+            hca: 0,
+            ..qp.endpoint()
+        })?;
+        Some((peer, pcq, pqp))
+    } else {
+        qp.connect(&qp.endpoint())?;
+        None
+    };
+    let dst = match &peer {
+        Some((p, _, _)) => p.alloc_region(MIB, Access::ALL)?,
+        None => ctx.alloc_region(MIB, Access::ALL)?,
+    };
     // SAFETY: `qp` outlives `dev`; only this thread posts.
     let dev = unsafe { qp.cpu::<Exclusive>() };
 
@@ -73,8 +139,11 @@ fn main() -> anyhow::Result<()> {
         std::hint::black_box(&mut b)[i % MIB] ^= 1;
     }
     let memcpy_bw = (reps * MIB) as f64 / started.elapsed().as_secs_f64() / 1e9;
+    let stream_bw = if tcp { Some(tcp_stream(reps)?) } else { None };
 
     let r = Report {
+        transport: transport.clone(),
+        tcp_stream_1mib_gb_per_s: stream_bw,
         put_8b_messages: messages,
         put_8b_msgs_per_s: rate,
         put_1mib_gb_per_s: put_bw,
@@ -84,7 +153,7 @@ fn main() -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!("soft HCA, CPU mode, loopback, one poster thread (exclusive QP, 4096 WQEs)");
+        println!("soft HCA, CPU mode, loopback ({transport}), one poster thread (exclusive QP, 4096 WQEs)");
         println!(
             "  8-byte put rate:     {:>8.2} M msg/s ({} messages)",
             rate / 1e6,
@@ -93,6 +162,10 @@ fn main() -> anyhow::Result<()> {
         println!("  1 MiB put bandwidth: {:>8.2} GB/s", put_bw);
         println!("  1 MiB memcpy:        {:>8.2} GB/s (reference, same run)", memcpy_bw);
         println!("  put / memcpy:        {:>8.1} %", 100.0 * put_bw / memcpy_bw);
+        if let Some(s) = stream_bw {
+            println!("  1 MiB TCP stream:    {s:>8.2} GB/s (reference, same run)");
+            println!("  put / TCP stream:    {:>8.1} %", 100.0 * put_bw / s);
+        }
     }
     Ok(())
 }

@@ -261,6 +261,53 @@ fn a_target_qp_in_error_or_gone_gives_transport_errors() {
 }
 
 #[test]
+fn a_peer_that_accepts_and_then_goes_silent_times_out() {
+    // A "responder" that accepts the connection, then never answers (a host that vanished
+    // without closing anything).
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = listener.accept().unwrap();
+        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
+        s.read_exact(&mut connect).unwrap();
+        let target = u32::from_be_bytes(connect[gdaki::wire::HEADER_LEN + 12..][..4].try_into().unwrap());
+        s.write_all(&gdaki::wire::encode_accept(target)).unwrap();
+        // Swallow requests until the requester gives up and closes.
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let a = listening_context();
+    let la = a.alloc_region(4096, Access::ALL).unwrap();
+    let retry = Duration::from_millis(300);
+    let q = qp(
+        &a,
+        8,
+        QpConfig {
+            retry_timeout: retry,
+            ..Default::default()
+        },
+    );
+    q.connect(&Endpoint {
+        hca: 0,
+        qpn: 0x42,
+        psn: 0,
+        addr: Some(addr),
+    })
+    .unwrap();
+    let dev = unsafe { q.cpu::<Exclusive>() };
+    let started = Instant::now();
+    let first = dev.put(la.remote(0), la.local(0), 8).unwrap();
+    let second = dev.get(la.local(8), la.remote(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(first)), Syndrome::TransportRetryExc);
+    assert_eq!(cqe_error(dev.wait(second)), Syndrome::WrFlush);
+    let took = started.elapsed();
+    assert!(took >= retry && took < retry * 5, "{took:?}");
+    drop(q);
+    silent.join().unwrap();
+}
+
+#[test]
 fn connecting_to_nothing_is_refused_at_once() {
     let a = listening_context();
     let q = qp(&a, 8, QpConfig::default());

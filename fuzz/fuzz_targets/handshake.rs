@@ -1,0 +1,17 @@
+//! The wire decoders (handshake and soft-HCA transport frames) on arbitrary bytes: a frame is
+//! accepted only when every field checks out; anything else is a `WireError`, never a panic.
+//! Accepted handshake frames must re-encode to the same bytes.
+#![no_main]
+use gdaki::wire::{check_frame, Hello, Kind, HEADER_LEN};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(h) = check_frame(data) {
+        if h.kind == Kind::Hello {
+            let hello = Hello::decode(&data[HEADER_LEN..]).expect("check_frame accepted it");
+            assert_eq!(hello.encode().expect("a decoded hello encodes"), data);
+        }
+    }
+    // The payload decoder alone, on bytes that never had a header.
+    let _ = Hello::decode(data);
+});
