@@ -232,6 +232,12 @@ mod gpu {
 #[cfg(target_arch = "nvptx64")]
 pub use gpu::{Block, BlockScratch, Warp};
 
+/// Size of one block's `BlockScratch` (the GPU type), for hosts that allocate it for
+/// block-scope launches.
+pub const BLOCK_SCRATCH_BYTES: usize = 32 * 8 + 2 * 8;
+#[cfg(target_arch = "nvptx64")]
+const _: () = assert!(core::mem::size_of::<BlockScratch>() == BLOCK_SCRATCH_BYTES);
+
 #[cfg(not(target_arch = "nvptx64"))]
 mod host {
     extern crate std;

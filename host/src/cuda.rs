@@ -45,6 +45,16 @@ pub enum CudaError {
     /// A driver call failed.
     #[error("CUDA driver call failed: {0}")]
     Driver(#[from] DriverError),
+    /// A copy outside a device buffer.
+    #[error("{len} bytes at offset {offset} do not fit a device buffer of {size} bytes")]
+    OutOfBounds {
+        /// Offset asked for.
+        offset: usize,
+        /// Bytes asked for.
+        len: usize,
+        /// The buffer's size.
+        size: usize,
+    },
     /// A kernel ran but its results are wrong.
     #[error("kernel {kernel} produced wrong results: {detail}")]
     WrongResult {
@@ -239,6 +249,317 @@ impl Gpu {
             elapsed_us: elapsed.as_secs_f64() * 1e6,
         })
     }
+}
+
+/// Host memory mapped into a GPU's address space: page-locked, so the GPU reads and writes it
+/// over PCIe while the CPU (the soft HCA's engine) sees it as ordinary memory. Unmapped on drop.
+pub struct HostMapping {
+    ctx: Arc<CudaContext>,
+    host: *mut u8,
+    dev: u64,
+    len: usize,
+}
+
+// SAFETY: the mapping is an address range and a context handle; the driver's register and
+// unregister calls are thread-safe once the context is bound.
+unsafe impl Send for HostMapping {}
+// SAFETY: as above; shared references only read the addresses.
+unsafe impl Sync for HostMapping {}
+
+impl std::fmt::Debug for HostMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostMapping({:p} -> {:#x}, {} bytes)", self.host, self.dev, self.len)
+    }
+}
+
+impl HostMapping {
+    /// Maps `host..host + len` into `gpu`.
+    ///
+    /// # Safety
+    /// The range is allocated host memory, page-aligned and of whole pages, not mapped by
+    /// another `HostMapping`, and stays allocated until this value is dropped.
+    pub unsafe fn new(gpu: &Gpu, host: *mut u8, len: usize) -> Result<HostMapping, CudaError> {
+        gpu.ctx.bind_to_thread()?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the range is valid host memory for the mapping's life (caller's contract).
+        unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }.result()?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was registered just above; `dev` is a valid out-pointer.
+        if let Err(e) = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0) }.result() {
+            // SAFETY: registered above, not yet handed out.
+            let _ = unsafe { sys::cuMemHostUnregister(host.cast()) };
+            return Err(e.into());
+        }
+        Ok(HostMapping {
+            ctx: gpu.ctx.clone(),
+            host,
+            dev,
+            len,
+        })
+    }
+
+    /// The address of byte `offset` as GPU code sees it.
+    pub fn device_addr(&self, offset: u64) -> u64 {
+        self.dev + offset
+    }
+
+    /// The address of the host range's first byte.
+    pub fn host_addr(&self) -> u64 {
+        self.host as u64
+    }
+}
+
+impl Drop for HostMapping {
+    fn drop(&mut self) {
+        // Nothing sensible to do on failure: the process keeps a pinned range until exit.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: registered in `new` and not unregistered since.
+            let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+        }
+    }
+}
+
+/// GPU memory allocated with the driver (`cuMemAlloc`), freed on drop.
+pub struct DeviceBuffer {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+// SAFETY: a device address range and a context handle; driver calls bind the context first.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceBuffer {}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({:#x}, {} bytes)", self.ptr, self.len)
+    }
+}
+
+impl DeviceBuffer {
+    /// `len` bytes (at least one) of GPU memory, zeroed.
+    pub fn zeroed(gpu: &Gpu, len: usize) -> Result<DeviceBuffer, CudaError> {
+        gpu.ctx.bind_to_thread()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer; the size is non-zero.
+        unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) }.result()?;
+        let buf = DeviceBuffer {
+            ctx: gpu.ctx.clone(),
+            ptr,
+            len: len.max(1),
+        };
+        // SAFETY: the whole allocation, just made.
+        unsafe { sys::cuMemsetD8_v2(ptr, 0, buf.len) }.result()?;
+        Ok(buf)
+    }
+
+    /// Its device address.
+    pub fn device_addr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never: allocations are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    fn check(&self, offset: usize, n: usize) -> Result<(), CudaError> {
+        if offset.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(CudaError::OutOfBounds {
+                offset,
+                len: n,
+                size: self.len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `src` to `offset` (synchronous).
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
+        self.check(offset, src.len())?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the destination range lies inside this allocation (checked); `src` is a
+        // valid host slice.
+        unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len()) }.result()?;
+        Ok(())
+    }
+
+    /// Copies from `offset` into `dst` (synchronous).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
+        self.check(offset, dst.len())?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the source range lies inside this allocation (checked); `dst` is a valid
+        // host slice.
+        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + offset as u64, dst.len()) }.result()?;
+        Ok(())
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated in `zeroed`, freed once.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// The execution scope of a kernel instantiation (`gdaki_<kernel>_<scope>_<mode>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelScope {
+    /// Every thread posts on its own.
+    Thread,
+    /// Each warp posts as a group (one reservation, one doorbell).
+    Warp,
+    /// Each block posts as a group.
+    Block,
+}
+
+/// The sharing mode of a kernel instantiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelMode {
+    /// One thread, warp or block owns the QP.
+    Exclusive,
+    /// The QP is shared within one block.
+    Cta,
+    /// The QP is shared across the grid.
+    Gpu,
+}
+
+impl KernelScope {
+    fn name(self) -> &'static str {
+        match self {
+            KernelScope::Thread => "thread",
+            KernelScope::Warp => "warp",
+            KernelScope::Block => "block",
+        }
+    }
+}
+
+impl KernelMode {
+    fn name(self) -> &'static str {
+        match self {
+            KernelMode::Exclusive => "exclusive",
+            KernelMode::Cta => "cta",
+            KernelMode::Gpu => "gpu",
+        }
+    }
+}
+
+/// A launch of one of the data-path kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct DataPathLaunch {
+    /// Scope of the instantiation.
+    pub scope: KernelScope,
+    /// Sharing mode of the instantiation.
+    pub mode: KernelMode,
+    /// Blocks.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+}
+
+impl DataPathLaunch {
+    fn threads(&self) -> usize {
+        self.grid as usize * self.block as usize
+    }
+}
+
+impl Gpu {
+    /// Runs `gdaki_put_<scope>_<mode>` on the device QP handle at `qp` (a device address):
+    /// thread `t` puts `iters` messages of `len` bytes from `src + t*len` to `dst + t*len`
+    /// and waits for the last. Returns every thread's status code (`gdaki_device::status`).
+    pub fn run_put(
+        &self,
+        qp: u64,
+        launch: DataPathLaunch,
+        dst: gdaki_device::Remote,
+        src: gdaki_device::Local,
+        len: u64,
+        iters: u32,
+    ) -> Result<Vec<u32>, CudaError> {
+        let name = format!("gdaki_put_{}_{}", launch.scope.name(), launch.mode.name());
+        use Arg::{U32, U64};
+        self.run_data_path(
+            &name,
+            launch,
+            &[
+                U64(qp),
+                U64(dst.addr),
+                U32(dst.rkey),
+                U64(src.addr),
+                U32(src.lkey),
+                U64(len),
+                U32(iters),
+            ],
+        )
+    }
+
+    /// Runs `gdaki_ops_<scope>_<mode>`: every operation once per thread, on 64 bytes per
+    /// thread at `remote` and `local`. Returns every thread's status code.
+    pub fn run_ops(
+        &self,
+        qp: u64,
+        launch: DataPathLaunch,
+        remote: gdaki_device::Remote,
+        local: gdaki_device::Local,
+    ) -> Result<Vec<u32>, CudaError> {
+        let name = format!("gdaki_ops_{}_{}", launch.scope.name(), launch.mode.name());
+        use Arg::{U32, U64};
+        self.run_data_path(
+            &name,
+            launch,
+            &[
+                U64(qp),
+                U64(remote.addr),
+                U32(remote.rkey),
+                U64(local.addr),
+                U32(local.lkey),
+            ],
+        )
+    }
+
+    fn run_data_path(&self, name: &str, launch: DataPathLaunch, args: &[Arg]) -> Result<Vec<u32>, CudaError> {
+        let function = self.module.load_function(name)?;
+        let stream = self.ctx.default_stream();
+        let threads = launch.threads().max(1);
+        let mut status = stream.alloc_zeros::<u32>(threads)?;
+        // Marks threads that never wrote a status.
+        stream.memcpy_htod(&vec![u32::MAX; threads], &mut status)?;
+        let scratch_bytes = gdaki_device::scope::BLOCK_SCRATCH_BYTES * launch.grid.max(1) as usize;
+        let mut scratch = stream.alloc_zeros::<u8>(scratch_bytes)?;
+        let mut b = stream.launch_builder(&function);
+        for a in args {
+            match a {
+                Arg::U64(v) => b.arg(v),
+                Arg::U32(v) => b.arg(v),
+            };
+        }
+        b.arg(&mut scratch).arg(&mut status);
+        let config = LaunchConfig {
+            grid_dim: (launch.grid, 1, 1),
+            block_dim: (launch.block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every data-path kernel takes its own arguments (pushed by `args`), then
+        // `scratch: *mut BlockScratch` (one per block, allocated above) and `status: *mut u32`
+        // (one per thread, above). The QP handle and buffers are the caller's, exported for
+        // this GPU.
+        unsafe { b.launch(config) }?;
+        Ok(stream.clone_dtoh(&status)?)
+    }
+}
+
+/// A scalar kernel argument.
+enum Arg {
+    U64(u64),
+    U32(u32),
 }
 
 /// What [`Gpu::selftest`] saw.

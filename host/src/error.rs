@@ -122,6 +122,9 @@ pub enum Error {
         /// How long.
         after: std::time::Duration,
     },
+    /// A CUDA driver call failed, or there is no usable GPU.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
     /// An I/O error (engine thread start, sockets).
     #[error("{what}: {source}")]
     Io {

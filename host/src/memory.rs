@@ -41,9 +41,15 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    /// Allocates `len` zeroed bytes (at least one), aligned to 4096.
+    /// Allocates `len` zeroed bytes (at least one), aligned to 4096 and rounded up to whole
+    /// pages, so a buffer can be mapped into a GPU (page-locked) without sharing a page with
+    /// another allocation.
     pub(crate) fn new(what: &'static str, len: usize) -> Result<HostBuffer> {
-        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|_| Error::Alloc { what, bytes: len })?;
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(4096)
+            .ok_or(Error::Alloc { what, bytes: len })?;
+        let layout = Layout::from_size_align(size, 4096).map_err(|_| Error::Alloc { what, bytes: len })?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or(Error::Alloc { what, bytes: len })?;
@@ -58,6 +64,11 @@ impl HostBuffer {
     /// Its address as the HCA and posters see it.
     pub(crate) fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
+    }
+
+    /// Its size in bytes (whole pages).
+    pub(crate) fn size(&self) -> usize {
+        self.layout.size()
     }
 }
 

@@ -502,6 +502,75 @@ impl QueuePair {
     }
 }
 
+/// A queue pair exported to a GPU: its send queue, CQ ring, doorbell records and doorbell page
+/// are mapped into the GPU (host-pinned: the GPU writes WQEs and rings over PCIe, the soft HCA
+/// reads them locally), and its device handle lives in GPU memory. Kernels take
+/// [`device_handle`](Self::device_handle) as their `*mut DevQp`.
+pub struct GpuQp {
+    handle: crate::cuda::DeviceBuffer,
+    // Unmapped before the QP's memory can go: the QP is kept alive by `_qp`.
+    _maps: Vec<crate::cuda::HostMapping>,
+    _qp: Arc<SoftQp>,
+    _ctx: Arc<ContextInner>,
+}
+
+impl fmt::Debug for GpuQp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuQp")
+            .field("qpn", &self._qp.qpn)
+            .field("handle", &format_args!("{:#x}", self.handle.device_addr()))
+            .finish()
+    }
+}
+
+impl GpuQp {
+    /// The `DevQp` in GPU memory (pass it to kernels).
+    pub fn device_handle(&self) -> u64 {
+        self.handle.device_addr()
+    }
+}
+
+impl QueuePair {
+    /// Exports this QP to `gpu` (once per QP and GPU: the memory stays mapped while the
+    /// returned value lives). The GPU then posts exactly as CPU threads do through
+    /// [`cpu`](Self::cpu); do not post from both at once unless the sharing mode allows it.
+    pub fn export_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<GpuQp> {
+        let q = &self.inner;
+        let map = |b: &HostBuffer| {
+            // SAFETY: every HostBuffer is page-aligned whole pages, owned by the QP or its
+            // CQ, which `GpuQp` keeps alive for as long as the mapping.
+            unsafe { crate::cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
+        };
+        let maps = vec![
+            map(&q.sq)?,
+            map(&q.records)?,
+            map(&q.uar)?,
+            map(&q.cq.ring)?,
+            map(&q.cq.dbrec)?,
+        ];
+        // SAFETY: the CPU handle was written in `create` and is only read here.
+        let mut dev = unsafe { self.device_handle().read() };
+        dev.sq_base = maps[0].device_addr(0);
+        dev.sq_dbrec = maps[1].device_addr(4 * gdaki_layout::dbrec::SND_DBR as u64);
+        dev.doorbell = maps[2].device_addr(0);
+        dev.cq.cqe_base = maps[3].device_addr(0);
+        dev.cq.dbrec = maps[4].device_addr(0);
+        let handle = crate::cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
+        handle.write(0, bytemuck::bytes_of(&dev))?;
+        debug!(
+            qpn = format_args!("{:#x}", q.qpn),
+            handle = format_args!("{:#x}", handle.device_addr()),
+            "queue pair exported to the GPU"
+        );
+        Ok(GpuQp {
+            handle,
+            _maps: maps,
+            _qp: q.clone(),
+            _ctx: self.ctx.clone(),
+        })
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         self.ctx.hca.detach(self.inner.qpn);

@@ -53,3 +53,212 @@ fn missing_gpu_index_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+// ------------------------------------------------------------------------------ the data path on a GPU
+
+use gdaki::cuda::{DataPathLaunch, KernelMode, KernelScope};
+use gdaki::{Access, Context, MemoryRegion, Provider, QpConfig, QueuePair};
+use gdaki_device::status::{CODE_CQE_ERROR, CODE_OK, CODE_TIMEOUT};
+use gdaki_layout::Syndrome;
+
+fn loopback_qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
+    let cq = ctx.create_cq(sq).unwrap();
+    let qp = ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap();
+    qp.connect(&qp.endpoint()).unwrap();
+    qp
+}
+
+/// Every (scope, mode) with a launch shape that fits it.
+fn shapes() -> Vec<DataPathLaunch> {
+    let mut v = Vec::new();
+    for scope in [KernelScope::Thread, KernelScope::Warp, KernelScope::Block] {
+        for mode in [KernelMode::Exclusive, KernelMode::Cta, KernelMode::Gpu] {
+            let (grid, block) = match (scope, mode) {
+                (KernelScope::Thread, KernelMode::Exclusive) => (1, 1),
+                (KernelScope::Warp, KernelMode::Exclusive) => (1, 32),
+                (_, KernelMode::Exclusive) | (_, KernelMode::Cta) => (1, 128),
+                (_, KernelMode::Gpu) => (4, 128),
+            };
+            v.push(DataPathLaunch {
+                scope,
+                mode,
+                grid,
+                block,
+            });
+        }
+    }
+    v
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn read(mr: &MemoryRegion, off: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    mr.read(off, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
+    let Some(gpu) = gpu_or_skip("put_kernels_post_through_the_soft_hca_in_every_scope_and_mode") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const LEN: u64 = 64;
+    const ITERS: u32 = 16;
+    for launch in shapes() {
+        // A small ring, so every launch wraps it many times.
+        let qp = loopback_qp(&ctx, 256, QpConfig::default());
+        let gq = qp.export_gpu(&gpu).unwrap();
+        let threads = (launch.grid * launch.block) as usize;
+        let src = ctx.alloc_region(threads * LEN as usize, Access::ALL).unwrap();
+        let dst = ctx.alloc_region(threads * LEN as usize, Access::ALL).unwrap();
+        let data = pattern(threads as u64, threads * LEN as usize);
+        src.write(0, &data).unwrap();
+        let status = gpu
+            .run_put(gq.device_handle(), launch, dst.remote(0), src.local(0), LEN, ITERS)
+            .unwrap();
+        assert!(
+            status.iter().all(|&s| s == CODE_OK),
+            "{launch:?}: statuses {:?}",
+            &status[..8.min(status.len())]
+        );
+        assert!(read(&dst, 0, data.len()) == data, "{launch:?}: data differs");
+        assert_eq!(qp.error(), None, "{launch:?}");
+        assert_eq!(qp.state(), gdaki::QpState::Rts, "{launch:?}");
+    }
+}
+
+#[test]
+fn every_operation_from_gpu_kernels() {
+    let Some(gpu) = gpu_or_skip("every_operation_from_gpu_kernels") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    for launch in shapes() {
+        let qp = loopback_qp(&ctx, 1024, QpConfig::default());
+        let gq = qp.export_gpu(&gpu).unwrap();
+        let threads = (launch.grid * launch.block) as usize;
+        let remote = ctx.alloc_region(threads * 64, Access::ALL).unwrap();
+        let local = ctx.alloc_region(threads * 64, Access::ALL).unwrap();
+        local.write(0, &pattern(9, threads * 64)).unwrap();
+        let status = gpu
+            .run_ops(gq.device_handle(), launch, remote.remote(0), local.local(0))
+            .unwrap();
+        assert!(
+            status.iter().all(|&s| s == CODE_OK),
+            "{launch:?}: statuses {:?}",
+            &status[..8.min(status.len())]
+        );
+        for t in 0..threads as u64 {
+            let at = t * 64;
+            assert_eq!(
+                read(&remote, at, 16),
+                read(&local, at, 16),
+                "{launch:?} thread {t}: put"
+            );
+            assert_eq!(
+                read(&remote, at + 16, 8),
+                at.to_le_bytes(),
+                "{launch:?} thread {t}: inline put"
+            );
+            assert_eq!(
+                read(&local, at + 24, 8),
+                read(&remote, at, 8),
+                "{launch:?} thread {t}: get"
+            );
+            // signal +1, signal +1, fetch-add 5, compare-swap 7 -> 0.
+            assert_eq!(remote.load_u64(at + 40).unwrap(), 0, "{launch:?} thread {t}: atomics");
+        }
+    }
+}
+
+#[test]
+fn an_error_cqe_reaches_the_kernel_with_its_syndrome() {
+    let Some(gpu) = gpu_or_skip("an_error_cqe_reaches_the_kernel_with_its_syndrome") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    let gq = qp.export_gpu(&gpu).unwrap();
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let bad = gdaki_device::Remote {
+        addr: mr.addr(),
+        rkey: mr.rkey() ^ 0x5a5a,
+    };
+    let launch = DataPathLaunch {
+        scope: KernelScope::Thread,
+        mode: KernelMode::Exclusive,
+        grid: 1,
+        block: 1,
+    };
+    let status = gpu.run_put(gq.device_handle(), launch, bad, mr.local(0), 8, 1).unwrap();
+    assert_eq!(status, [CODE_CQE_ERROR | Syndrome::RemoteAccess.raw() as u32]);
+    assert_eq!(qp.error(), Some(Syndrome::RemoteAccess));
+}
+
+#[test]
+fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
+    let Some(gpu) = gpu_or_skip("a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel") else {
+        return;
+    };
+    // A peer that accepts the transport connection and then never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = std::thread::spawn(move || {
+        use std::io::{Read, Write as _};
+        let (mut s, _) = listener.accept().unwrap();
+        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
+        s.read_exact(&mut connect).unwrap();
+        let target = u32::from_be_bytes(connect[gdaki::wire::HEADER_LEN + 12..][..4].try_into().unwrap());
+        s.write_all(&gdaki::wire::encode_accept(target)).unwrap();
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let qp = ctx
+        .create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 64,
+                timeout: std::time::Duration::from_millis(300),
+                retry_timeout: std::time::Duration::from_secs(600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    qp.connect(&gdaki::Endpoint {
+        hca: 0,
+        qpn: 0x77,
+        psn: 0,
+        addr: Some(addr),
+    })
+    .unwrap();
+    let gq = qp.export_gpu(&gpu).unwrap();
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let launch = DataPathLaunch {
+        scope: KernelScope::Thread,
+        mode: KernelMode::Exclusive,
+        grid: 1,
+        block: 1,
+    };
+    let started = std::time::Instant::now();
+    let status = gpu
+        .run_put(gq.device_handle(), launch, mr.remote(0), mr.local(0), 8, 1)
+        .unwrap();
+    assert_eq!(status, [CODE_TIMEOUT]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    drop((gq, qp, cq, ctx));
+    silent.join().unwrap();
+}
