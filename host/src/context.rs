@@ -93,6 +93,13 @@ impl Context {
         MemoryRegion::alloc(&self.inner, len, access)
     }
 
+    /// Allocates `len` zeroed bytes of host memory mapped into `gpu` (page-locked), registered
+    /// with `access`: GPU kernels can use it as local or remote operands and read what the HCA
+    /// wrote there (READ data, fetched atomic values).
+    pub fn alloc_pinned_region(&self, gpu: &crate::cuda::Gpu, len: usize, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::alloc_pinned(&self.inner, gpu, len, access)
+    }
+
     /// Registers caller-owned host memory.
     ///
     /// # Safety

@@ -110,6 +110,50 @@ impl MemoryRegion {
         Self::register(ctx, buf.addr(), len as u64, access, Arc::new(HostDma), Some(buf))
     }
 
+    /// Allocates host memory mapped into `gpu` (page-locked) and registers it: kernels and the
+    /// HCA use the same addresses, so GPU code may pass `local`/`remote` operands of it and
+    /// read what the HCA wrote there (READ data, fetched atomic values).
+    pub(crate) fn alloc_pinned(
+        ctx: &Arc<ContextInner>,
+        gpu: &crate::cuda::Gpu,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let buf = Arc::new(HostBuffer::new("a GPU-mapped memory region", len)?);
+        // SAFETY: a page-aligned allocation of whole pages, kept alive by `Pinned` below.
+        let map = unsafe { crate::cuda::HostMapping::new(gpu, buf.as_ptr(), buf.size()) }?;
+        if map.device_addr(0) != buf.addr() {
+            return Err(Error::Cuda(crate::cuda::CudaError::WrongResult {
+                kernel: "cuMemHostGetDevicePointer",
+                detail: format!(
+                    "GPU address {:#x} differs from the host address {:#x}: this GPU cannot use host pointers for mapped memory",
+                    map.device_addr(0),
+                    buf.addr()
+                ),
+            }));
+        }
+        // Unmapped (field order) before the buffer can be freed.
+        struct Pinned {
+            _map: crate::cuda::HostMapping,
+            _buf: Arc<HostBuffer>,
+        }
+        let keep: Arc<dyn Send + Sync> = Arc::new(Pinned {
+            _map: map,
+            _buf: buf.clone(),
+        });
+        let key = ctx
+            .hca
+            .register(buf.addr(), len as u64, access, Arc::new(HostDma), Some(keep))?;
+        Ok(MemoryRegion {
+            ctx: ctx.clone(),
+            key,
+            addr: buf.addr(),
+            len: len as u64,
+            access,
+            owned: Some(buf),
+        })
+    }
+
     /// Registers memory: caller-owned (`owned` None) or allocated here.
     pub(crate) fn register(
         ctx: &Arc<ContextInner>,
