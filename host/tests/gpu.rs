@@ -1,6 +1,8 @@
 //! GPU tests of the host library. Where there is no usable GPU each test prints a `SKIPPED`
 //! line and passes, unless `GDAKI_REQUIRE_GPU=1` (the GPU runner sets it), which makes a
 //! missing GPU a failure instead.
+mod common;
+use common::{pattern, ReadVec};
 use std::io::Write;
 
 use gdaki::cuda::{self, Gpu};
@@ -57,7 +59,7 @@ fn missing_gpu_index_is_an_error_not_a_panic() {
 // ------------------------------------------------------------------------------ the data path on a GPU
 
 use gdaki::cuda::{DataPathLaunch, KernelMode, KernelScope};
-use gdaki::{Access, Context, MemoryRegion, Provider, QpConfig, QueuePair};
+use gdaki::{Access, Context, Provider, QpConfig, QueuePair};
 use gdaki_device::status::{CODE_CQE_ERROR, CODE_OK, CODE_TIMEOUT};
 use gdaki_layout::Syndrome;
 
@@ -98,24 +100,6 @@ fn shapes(broken: &[(KernelScope, KernelMode)]) -> Vec<DataPathLaunch> {
     v
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn read(mr: &MemoryRegion, off: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    mr.read(off, &mut v).unwrap();
-    v
-}
-
 #[test]
 fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
     let Some(gpu) = gpu_or_skip("put_kernels_post_through_the_soft_hca_in_every_scope_and_mode") else {
@@ -147,7 +131,7 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
             "{launch:?}: statuses {:?}",
             &status[..8.min(status.len())]
         );
-        assert!(read(&dst, 0, data.len()) == data, "{launch:?}: data differs");
+        assert!(dst.read_vec(0, data.len()).unwrap() == data, "{launch:?}: data differs");
         assert_eq!(qp.error(), None, "{launch:?}");
         assert_eq!(qp.state(), gdaki::QpState::Rts, "{launch:?}");
     }
@@ -188,18 +172,18 @@ fn every_operation_from_gpu_kernels() {
         for t in 0..threads as u64 {
             let at = t * 64;
             assert_eq!(
-                read(&remote, at, 16),
-                read(&local, at, 16),
+                remote.read_vec(at, 16).unwrap(),
+                local.read_vec(at, 16).unwrap(),
                 "{launch:?} thread {t}: put"
             );
             assert_eq!(
-                read(&remote, at + 16, 8),
+                remote.read_vec(at + 16, 8).unwrap(),
                 at.to_le_bytes(),
                 "{launch:?} thread {t}: inline put"
             );
             assert_eq!(
-                read(&local, at + 24, 8),
-                read(&remote, at, 8),
+                local.read_vec(at + 24, 8).unwrap(),
+                remote.read_vec(at, 8).unwrap(),
                 "{launch:?} thread {t}: get"
             );
             // signal +1, signal +1, fetch-add 5, compare-swap 7 -> 0.
@@ -238,18 +222,7 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
         return;
     };
     // A peer that accepts the transport connection and then never answers.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let silent = std::thread::spawn(move || {
-        use std::io::{Read, Write as _};
-        let (mut s, _) = listener.accept().unwrap();
-        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
-        s.read_exact(&mut connect).unwrap();
-        let target = u32::from_be_bytes(connect[gdaki::wire::HEADER_LEN + 12..][..4].try_into().unwrap());
-        s.write_all(&gdaki::wire::encode_accept(target)).unwrap();
-        let mut sink = [0u8; 4096];
-        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
-    });
+    let (addr, silent) = common::silent_peer();
     let ctx = Context::open(Provider::Soft).unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let qp = ctx

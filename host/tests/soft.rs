@@ -1,6 +1,8 @@
 //! The soft provider end to end in CPU mode: the device crate's API, driven by CPU threads,
 //! against the soft HCA: every opcode, sizes from 0 B to 64 MiB, many QPs, ring wrap, every
 //! fault with its syndrome and the flush after it, CQ overrun, a vanished peer.
+mod common;
+use common::pattern;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -8,18 +10,6 @@ use std::time::{Duration, Instant};
 use gdaki::{Access, Context, Error, Provider, QpConfig, QpState, QueuePair};
 use gdaki_device::{Exclusive, Gpu, PostError, WaitError};
 use gdaki_layout::Syndrome;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// Posts one operation and returns its ticket.
 type Post<'a> = dyn Fn(&gdaki_device::Qp<Exclusive>) -> Result<u64, PostError> + 'a;

@@ -5,6 +5,8 @@
 //!
 //! The two-process tests run this test binary a second time as the peer (`peer_process`,
 //! which does nothing unless `GDAKI_TCP_PEER` is set).
+mod common;
+use common::{pattern, ReadVec};
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -19,30 +21,6 @@ use gdaki_layout::Syndrome;
 
 const LOOPBACK: &str = "127.0.0.1:0";
 const APP: &[u8] = b"gdaki tcp test v1";
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-trait ReadVec {
-    fn read_vec(&self, offset: u64, len: usize) -> gdaki::Result<Vec<u8>>;
-}
-
-impl ReadVec for MemoryRegion {
-    fn read_vec(&self, offset: u64, len: usize) -> gdaki::Result<Vec<u8>> {
-        let mut v = vec![0; len];
-        self.read(offset, &mut v)?;
-        Ok(v)
-    }
-}
 
 fn cqe_error(r: Result<(), WaitError>) -> Syndrome {
     match r {
@@ -264,19 +242,7 @@ fn a_target_qp_in_error_or_gone_gives_transport_errors() {
 fn a_peer_that_accepts_and_then_goes_silent_times_out() {
     // A "responder" that accepts the connection, then never answers (a host that vanished
     // without closing anything).
-    let listener = TcpListener::bind(LOOPBACK).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let silent = thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut s, _) = listener.accept().unwrap();
-        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
-        s.read_exact(&mut connect).unwrap();
-        let target = u32::from_be_bytes(connect[gdaki::wire::HEADER_LEN + 12..][..4].try_into().unwrap());
-        s.write_all(&gdaki::wire::encode_accept(target)).unwrap();
-        // Swallow requests until the requester gives up and closes.
-        let mut sink = [0u8; 4096];
-        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
-    });
+    let (addr, silent) = common::silent_peer();
     let a = listening_context();
     let la = a.alloc_region(4096, Access::ALL).unwrap();
     let retry = Duration::from_millis(300);
