@@ -118,26 +118,22 @@ pub(crate) fn execute(
                 Payload::Gather(list) => {
                     let bytes = check_len(list.total_len())?;
                     let src = locals(hca, regions, list.as_slice(), Access::empty())?;
-                    if matches!(target, Target::Down(_)) {
-                        (bytes, &[][..])
-                    } else {
-                        match &src.items {
-                            // One host buffer: hand it on without a copy.
-                            [Some((s, region)), None, ..] if region.dma.host_addressable() => {
-                                // SAFETY: the range was checked against a live, host-addressable
-                                // region; like DMA, concurrent writes by the application may be torn.
-                                let d = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-                                (bytes, d)
+                    match &src.items {
+                        // One host buffer: hand it on without a copy.
+                        [Some((s, region)), None, ..] if region.dma.host_addressable() => {
+                            // SAFETY: the range was checked against a live, host-addressable
+                            // region; like DMA, concurrent writes by the application may be torn.
+                            let d = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                            (bytes, d)
+                        }
+                        _ => {
+                            buf.clear();
+                            for (s, region) in src.iter() {
+                                let at = buf.len();
+                                buf.resize(at + s.length as usize, 0);
+                                region.dma.read(s.addr, &mut buf[at..]);
                             }
-                            _ => {
-                                buf.clear();
-                                for (s, region) in src.iter() {
-                                    let at = buf.len();
-                                    buf.resize(at + s.length as usize, 0);
-                                    region.dma.read(s.addr, &mut buf[at..]);
-                                }
-                                (bytes, &buf[..])
-                            }
+                            (bytes, &buf[..])
                         }
                     }
                 }
