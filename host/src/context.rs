@@ -69,7 +69,10 @@ impl Context {
         let engine_hca = hca.clone();
         let engine = std::thread::Builder::new()
             .name(format!("gdaki-soft-{}", hca.id))
-            .spawn(move || soft::engine::run(engine_hca))
+            .spawn(move || {
+                soft::mark_hca_thread();
+                soft::engine::run(engine_hca)
+            })
             .map_err(|source| Error::Io {
                 what: "starting the soft HCA engine thread",
                 source,

@@ -38,4 +38,4 @@ pub use context::Context;
 pub use error::{Error, Result};
 pub use memory::{Access, MemoryRegion};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
-pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpState, QueuePair};
+pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair};

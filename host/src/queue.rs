@@ -528,6 +528,44 @@ impl GpuQp {
     pub fn device_handle(&self) -> u64 {
         self.handle.device_addr()
     }
+
+    /// The counters kernels keep in the device handle, read back from GPU memory, next to the
+    /// HCA's own progress: where a stuck or failed kernel left the QP. Read it when no kernel
+    /// runs on the QP (the copy is not atomic against one).
+    pub fn counters(&self) -> Result<QpCounters> {
+        let mut dev: DevQp = bytemuck::Zeroable::zeroed();
+        self.handle.read(0, bytemuck::bytes_of_mut(&mut dev))?;
+        let q = &self._qp;
+        Ok(QpCounters {
+            sq_reserved: dev.sq_reserved,
+            sq_ready: dev.sq_ready,
+            sq_rung: dev.sq_rung,
+            cq_consumed: dev.cq.consumed,
+            cq_error: (dev.cq.error & gdaki_layout::handle::ERROR_VALID != 0).then_some(dev.cq.error),
+            hca_fetched: lock(&q.progress).ci,
+            hca_completed: q.cq.pi.load(Ordering::Acquire),
+        })
+    }
+}
+
+/// Where a QP's posters and its HCA are ([`GpuQp::counters`]): every count is in WQEs (one
+/// building block each, as `gdaki-device` posts them) since the QP was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCounters {
+    /// Slots reserved by posters.
+    pub sq_reserved: u64,
+    /// Slots written and marked ready.
+    pub sq_ready: u64,
+    /// Slots covered by a doorbell.
+    pub sq_rung: u64,
+    /// CQEs consumed by pollers.
+    pub cq_consumed: u64,
+    /// The sticky error word of the CQ (`gdaki_device::CqeError::from_word` decodes it).
+    pub cq_error: Option<u64>,
+    /// Building blocks the HCA has fetched from the send queue.
+    pub hca_fetched: u64,
+    /// CQEs the HCA has written.
+    pub hca_completed: u64,
 }
 
 impl QueuePair {

@@ -152,6 +152,8 @@ extern "C" {
     fn nvvm_shfl_up(mask: i32, value: i32, delta: i32, clamp: i32) -> i32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn nvvm_bar_warp_sync(mask: i32);
+    #[link_name = "llvm.nvvm.barrier.cta.sync.all"]
+    fn nvvm_barrier_cta_sync_all(id: i32);
 }
 
 /// Every lane of a warp.
@@ -201,12 +203,16 @@ pub fn warp_sync(mask: u32) {
     unsafe { nvvm_bar_warp_sync(mask as i32) }
 }
 
-/// Block barrier with memory ordering among the block's threads (`bar.sync 0`). Every thread
-/// of the block must call it together.
+/// Block barrier with memory ordering among the block's threads (`barrier.sync 0`). Every
+/// thread of the block must reach it, but not in step: the *non-aligned* form, because a group
+/// leader arrives late from its own work (polling, reserving) while the rest of its warp already
+/// waits. `__syncthreads` (`bar.sync`, which is `barrier.sync.aligned`) requires every thread of
+/// a warp to execute the same barrier instruction together; a warp that arrives split deadlocks
+/// the block or releases it early.
 #[inline(always)]
 pub fn block_sync() {
-    // SAFETY: the caller's block converges here, per the contract.
-    unsafe { core::arch::nvptx::_syncthreads() }
+    // SAFETY: every thread of the block calls this, per the contract.
+    unsafe { nvvm_barrier_cta_sync_all(0) }
 }
 
 /// This thread's linear index in its block (x fastest).

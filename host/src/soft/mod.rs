@@ -61,7 +61,55 @@ pub(crate) struct Region {
     pub dma: Arc<dyn Dma>,
     /// Library-owned memory stays allocated while the engine may still use a lookup of it
     /// (a WQE in flight when its region is dropped).
-    pub _keep: Option<Arc<dyn Send + Sync>>,
+    pub _keep: Keep,
+}
+
+/// Owned memory behind a region, released off the HCA's threads.
+///
+/// Releasing GPU-mapped memory (`cuMemHostUnregister`, `cuMemFree`) waits for every kernel
+/// running on the GPU. The last reference to a deregistered region is often an HCA thread's
+/// (a cached key lookup, a WQE in flight): releasing it there would block the engine until the
+/// kernels end, while those kernels wait for the engine's completions. So HCA threads hand
+/// the memory to a reaper thread instead, and nothing on the data path waits for the GPU.
+pub(crate) struct Keep(Option<Arc<dyn Send + Sync>>);
+
+impl Keep {
+    pub fn new(owned: Option<Arc<dyn Send + Sync>>) -> Keep {
+        Keep(owned)
+    }
+}
+
+thread_local! {
+    /// Set on the threads of soft HCAs (engine, transport): see [`Keep`].
+    static HCA_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as an HCA thread: memory released there goes to the reaper.
+pub(crate) fn mark_hca_thread() {
+    HCA_THREAD.with(|c| c.set(true));
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        let Some(owned) = self.0.take() else { return };
+        if !HCA_THREAD.with(|c| c.get()) {
+            return; // released here, on a user thread
+        }
+        static REAPER: OnceLock<Option<std::sync::mpsc::Sender<Arc<dyn Send + Sync>>>> = OnceLock::new();
+        let reaper = REAPER.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Arc<dyn Send + Sync>>();
+            std::thread::Builder::new()
+                .name("gdaki-reaper".into())
+                .spawn(move || rx.into_iter().for_each(drop))
+                .map_err(|e| tracing::warn!("no reaper thread ({e}): memory is released on HCA threads"))
+                .ok()
+                .map(|_| tx)
+        });
+        if let Some(tx) = reaper {
+            // The reaper never exits while the sender lives (a static), so this cannot fail.
+            let _ = tx.send(owned);
+        }
+    }
 }
 
 impl Region {
@@ -197,7 +245,7 @@ impl Hca {
                 len,
                 access,
                 dma,
-                _keep: keep,
+                _keep: Keep::new(keep),
             }),
         );
         debug!(
@@ -310,4 +358,38 @@ impl Drop for Hca {
 /// stays consistent at every unlock point).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the name of the thread that drops it.
+    struct Witness(std::sync::mpsc::Sender<Option<String>>);
+    impl Drop for Witness {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().name().map(str::to_owned));
+        }
+    }
+
+    #[test]
+    fn memory_released_on_an_hca_thread_goes_to_the_reaper() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let keep = Keep::new(Some(Arc::new(Witness(tx.clone()))));
+        std::thread::Builder::new()
+            .name("hca-like".into())
+            .spawn(move || {
+                mark_hca_thread();
+                drop(keep);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        assert_eq!(on.as_deref(), Some("gdaki-reaper"));
+        // On any other thread it is released at once, right there.
+        drop(Keep::new(Some(Arc::new(Witness(tx)))));
+        let on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        assert_eq!(on, std::thread::current().name().map(str::to_owned));
+    }
 }

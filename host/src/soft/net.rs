@@ -355,7 +355,10 @@ impl Link {
         let rx_shared = shared.clone();
         let receiver = std::thread::Builder::new()
             .name(format!("gdaki-rx-{:x}", qp.qpn))
-            .spawn(move || receive(reader, rx_shared, addr))
+            .spawn(move || {
+                super::mark_hca_thread();
+                receive(reader, rx_shared, addr)
+            })
             .map_err(io("starting a transport receiver thread"))?;
         info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer.qpn), %addr, "connected over TCP");
         Ok(Link {
@@ -594,7 +597,10 @@ pub(crate) fn listen(hca: &Arc<Hca>, bind: SocketAddr) -> Result<SocketAddr> {
     let weak = Arc::downgrade(hca);
     let thread = std::thread::Builder::new()
         .name(format!("gdaki-listen-{}", addr.port()))
-        .spawn(move || accept_loop(listener, weak))
+        .spawn(move || {
+            super::mark_hca_thread();
+            accept_loop(listener, weak)
+        })
         .map_err(|source| Error::Io {
             what: "starting the listener thread",
             source,
@@ -643,6 +649,7 @@ fn accept_loop(listener: TcpListener, hca: Weak<Hca>) {
         let spawned = std::thread::Builder::new()
             .name("gdaki-responder".into())
             .spawn(move || {
+                super::mark_hca_thread();
                 if let Err(f) = serve(&h, stream) {
                     match f {
                         Fault::Stopped => {}
