@@ -552,7 +552,29 @@ impl Gpu {
         // (one per thread, above). The QP handle and buffers are the caller's, exported for
         // this GPU.
         unsafe { b.launch(config) }?;
+        wait_idle(&stream)?;
         Ok(stream.clone_dtoh(&status)?)
+    }
+}
+
+/// Waits for `stream`'s work by polling it rather than in a blocking driver call: a thread
+/// blocked in a synchronous copy behind a running kernel can stall other threads' driver calls
+/// (seen on the H100 with driver 580), and the kernel may be waiting for one of them.
+fn wait_idle(stream: &cudarc::driver::CudaStream) -> Result<(), CudaError> {
+    let mut pause = std::time::Duration::from_micros(5);
+    loop {
+        // SAFETY: a query of a live stream of the bound context.
+        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            sys::CUresult::CUDA_ERROR_NOT_READY => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_micros(200));
+            }
+            other => {
+                other.result()?; // an error: returned here
+                return Ok(());
+            }
+        }
     }
 }
 

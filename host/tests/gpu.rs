@@ -7,12 +7,18 @@ use std::io::Write;
 
 use gdaki::cuda::{self, Gpu};
 
-/// Opens GPU 0 or reports the skip. Writes to the raw stderr handle because the test harness
-/// captures `eprintln!` of passing tests, and a skip must be seen.
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
+/// GPU tests run one at a time, so one test's kernel never waits behind another's (the
+/// kernels share the legacy stream) and timing-bounded checks stay meaningful.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Opens GPU 0 (holding the GPU-test lock until the returned guard drops) or reports the skip.
+/// Writes to the raw stderr handle because the test harness captures `eprintln!` of passing
+/// tests, and a skip must be seen.
+fn gpu_or_skip(test: &str) -> Option<(Gpu, std::sync::MutexGuard<'static, ()>)> {
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let required = std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1");
     match Gpu::open(0) {
-        Ok(gpu) => Some(gpu),
+        Ok(gpu) => Some((gpu, guard)),
         Err(e) if !required => {
             let _ = writeln!(std::io::stderr(), "SKIPPED (no usable GPU): {test}: {e}");
             None
@@ -23,7 +29,7 @@ fn gpu_or_skip(test: &str) -> Option<Gpu> {
 
 #[test]
 fn selftest_kernel_runs_and_verifies() {
-    let Some(gpu) = gpu_or_skip("selftest_kernel_runs_and_verifies") else {
+    let Some((gpu, _one)) = gpu_or_skip("selftest_kernel_runs_and_verifies") else {
         return;
     };
     for threads in [1, 31, 4096, 100_000] {
@@ -34,7 +40,7 @@ fn selftest_kernel_runs_and_verifies() {
 
 #[test]
 fn probe_matches_the_opened_gpu() {
-    let Some(gpu) = gpu_or_skip("probe_matches_the_opened_gpu") else {
+    let Some((gpu, _one)) = gpu_or_skip("probe_matches_the_opened_gpu") else {
         return;
     };
     let info = cuda::probe().expect("probe after a successful open");
@@ -105,7 +111,7 @@ fn shapes() -> Vec<DataPathLaunch> {
 
 #[test]
 fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
-    let Some(gpu) = gpu_or_skip("put_kernels_post_through_the_soft_hca_in_every_scope_and_mode") else {
+    let Some((gpu, _one)) = gpu_or_skip("put_kernels_post_through_the_soft_hca_in_every_scope_and_mode") else {
         return;
     };
     let ctx = Context::open(Provider::Soft).unwrap();
@@ -147,7 +153,7 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
 
 #[test]
 fn every_operation_from_gpu_kernels() {
-    let Some(gpu) = gpu_or_skip("every_operation_from_gpu_kernels") else {
+    let Some((gpu, _one)) = gpu_or_skip("every_operation_from_gpu_kernels") else {
         return;
     };
     let ctx = Context::open(Provider::Soft).unwrap();
@@ -196,7 +202,7 @@ fn every_operation_from_gpu_kernels() {
 
 #[test]
 fn an_error_cqe_reaches_the_kernel_with_its_syndrome() {
-    let Some(gpu) = gpu_or_skip("an_error_cqe_reaches_the_kernel_with_its_syndrome") else {
+    let Some((gpu, _one)) = gpu_or_skip("an_error_cqe_reaches_the_kernel_with_its_syndrome") else {
         return;
     };
     let ctx = Context::open(Provider::Soft).unwrap();
@@ -220,7 +226,7 @@ fn an_error_cqe_reaches_the_kernel_with_its_syndrome() {
 
 #[test]
 fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
-    let Some(gpu) = gpu_or_skip("a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel") else {
+    let Some((gpu, _one)) = gpu_or_skip("a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel") else {
         return;
     };
     // A peer that accepts the transport connection and then never answers.
