@@ -67,12 +67,7 @@ impl Context {
         };
         let hca = Hca::new();
         let engine_hca = hca.clone();
-        let engine = std::thread::Builder::new()
-            .name(format!("gdaki-soft-{}", hca.id))
-            .spawn(move || {
-                soft::mark_hca_thread();
-                soft::engine::run(engine_hca)
-            })
+        let engine = soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || soft::engine::run(engine_hca))
             .map_err(|source| Error::Io {
                 what: "starting the soft HCA engine thread",
                 source,

@@ -508,16 +508,16 @@ impl QueuePair {
 /// [`device_handle`](Self::device_handle) as their `*mut DevQp`.
 pub struct GpuQp {
     handle: crate::cuda::DeviceBuffer,
-    // Unmapped before the QP's memory can go: the QP is kept alive by `_qp`.
+    // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
     _maps: Vec<crate::cuda::HostMapping>,
-    _qp: Arc<SoftQp>,
+    qp: Arc<SoftQp>,
     _ctx: Arc<ContextInner>,
 }
 
 impl fmt::Debug for GpuQp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuQp")
-            .field("qpn", &self._qp.qpn)
+            .field("qpn", &self.qp.qpn)
             .field("handle", &format_args!("{:#x}", self.handle.device_addr()))
             .finish()
     }
@@ -535,7 +535,7 @@ impl GpuQp {
     pub fn counters(&self) -> Result<QpCounters> {
         let mut dev: DevQp = bytemuck::Zeroable::zeroed();
         self.handle.read(0, bytemuck::bytes_of_mut(&mut dev))?;
-        let q = &self._qp;
+        let q = &self.qp;
         Ok(QpCounters {
             sq_reserved: dev.sq_reserved,
             sq_ready: dev.sq_ready,
@@ -603,7 +603,7 @@ impl QueuePair {
         Ok(GpuQp {
             handle,
             _maps: maps,
-            _qp: q.clone(),
+            qp: q.clone(),
             _ctx: self.ctx.clone(),
         })
     }

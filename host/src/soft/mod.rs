@@ -84,9 +84,16 @@ thread_local! {
     static HCA_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Marks the calling thread as an HCA thread: memory released there goes to the reaper.
-pub(crate) fn mark_hca_thread() {
-    HCA_THREAD.with(|c| c.set(true));
+/// Starts one of an HCA's threads (engine, transport): memory released on it goes to the
+/// reaper (see [`Keep`]).
+pub(crate) fn spawn_hca_thread<T: Send + 'static>(
+    name: String,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new().name(name).spawn(move || {
+        HCA_THREAD.with(|c| c.set(true));
+        f()
+    })
 }
 
 impl Drop for Keep {
@@ -376,12 +383,7 @@ mod tests {
     fn memory_released_on_an_hca_thread_goes_to_the_reaper() {
         let (tx, rx) = std::sync::mpsc::channel();
         let keep = Keep::new(Some(Arc::new(Witness(tx.clone()))));
-        std::thread::Builder::new()
-            .name("hca-like".into())
-            .spawn(move || {
-                mark_hca_thread();
-                drop(keep);
-            })
+        spawn_hca_thread("hca-like".into(), move || drop(keep))
             .unwrap()
             .join()
             .unwrap();

@@ -353,13 +353,10 @@ impl Link {
             closed: AtomicBool::new(false),
         });
         let rx_shared = shared.clone();
-        let receiver = std::thread::Builder::new()
-            .name(format!("gdaki-rx-{:x}", qp.qpn))
-            .spawn(move || {
-                super::mark_hca_thread();
-                receive(reader, rx_shared, addr)
-            })
-            .map_err(io("starting a transport receiver thread"))?;
+        let receiver = super::spawn_hca_thread(format!("gdaki-rx-{:x}", qp.qpn), move || {
+            receive(reader, rx_shared, addr)
+        })
+        .map_err(io("starting a transport receiver thread"))?;
         info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer.qpn), %addr, "connected over TCP");
         Ok(Link {
             tx: BufWriter::with_capacity(CHUNK, stream.try_clone().map_err(io("cloning a socket"))?),
@@ -595,16 +592,13 @@ pub(crate) fn listen(hca: &Arc<Hca>, bind: SocketAddr) -> Result<SocketAddr> {
         source,
     })?;
     let weak = Arc::downgrade(hca);
-    let thread = std::thread::Builder::new()
-        .name(format!("gdaki-listen-{}", addr.port()))
-        .spawn(move || {
-            super::mark_hca_thread();
-            accept_loop(listener, weak)
-        })
-        .map_err(|source| Error::Io {
-            what: "starting the listener thread",
-            source,
-        })?;
+    let thread = super::spawn_hca_thread(format!("gdaki-listen-{}", addr.port()), move || {
+        accept_loop(listener, weak)
+    })
+    .map_err(|source| Error::Io {
+        what: "starting the listener thread",
+        source,
+    })?;
     info!(%addr, "soft HCA listening for transport connections");
     *slot = Some(Listening {
         addr,
@@ -646,17 +640,14 @@ fn accept_loop(listener: TcpListener, hca: Weak<Hca>) {
             }
         };
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        let spawned = std::thread::Builder::new()
-            .name("gdaki-responder".into())
-            .spawn(move || {
-                super::mark_hca_thread();
-                if let Err(f) = serve(&h, stream) {
-                    match f {
-                        Fault::Stopped => {}
-                        f => debug!(%peer, "transport connection ended: {f}"),
-                    }
+        let spawned = super::spawn_hca_thread("gdaki-responder".into(), move || {
+            if let Err(f) = serve(&h, stream) {
+                match f {
+                    Fault::Stopped => {}
+                    f => debug!(%peer, "transport connection ended: {f}"),
                 }
-            });
+            }
+        });
         if let Err(e) = spawned {
             warn!("cannot start a responder thread: {e}");
         }
