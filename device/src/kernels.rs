@@ -7,15 +7,18 @@
 //! Launch shapes: a warp-scope kernel needs whole warps (a partial warp reports
 //! [`CODE_BAD_SCOPE`]); block-scope kernels take one [`BlockScratch`] per block at `scratch`
 //! (others ignore it); exclusive mode means one thread, warp or block in all.
-use core::arch::nvptx::{_block_dim_x, _block_idx_x, _thread_idx_x};
+use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use gdaki_layout::perf::PingPongSide;
 use gdaki_layout::DevQp;
 
+use crate::arch;
+use crate::perf;
 use crate::qp::{AtomicOp, Local, Qp, Remote};
 use crate::scope::{Block, BlockScratch, Scope, Thread, Warp};
 use crate::sharing::{Cta, Exclusive, Gpu, Sharing};
-use crate::status::{PostError, CODE_BAD_SCOPE, CODE_OK};
+use crate::status::{PostError, CODE_BAD_SCOPE, CODE_FLAG_TIMEOUT, CODE_OK};
 
 #[inline(always)]
 fn global_thread() -> u32 {
@@ -39,35 +42,6 @@ pub unsafe extern "ptx-kernel" fn gdaki_selftest(out: *mut u32, count: *mut u64,
     }
     // SAFETY: the caller guarantees `count` is a valid, aligned u64 in device-visible memory.
     unsafe { AtomicU64::from_ptr(count) }.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Each thread puts `iters` messages of `len` bytes from `src + t*len` to `dst + t*len`, then
-/// waits for all of them.
-#[inline(always)]
-fn put_loop<M: Sharing, S: Scope>(
-    qp: Qp<M, S>,
-    dst: Remote,
-    src: Local,
-    len: u64,
-    iters: u32,
-) -> Result<(), PostError> {
-    let t = global_thread() as u64;
-    let mut last = None;
-    for _ in 0..iters {
-        let d = Remote {
-            addr: dst.addr + t * len,
-            rkey: dst.rkey,
-        };
-        let s = Local {
-            addr: src.addr + t * len,
-            lkey: src.lkey,
-        };
-        last = Some(qp.put(d, s, len)?);
-    }
-    if let Some(ticket) = last {
-        qp.wait(ticket)?;
-    }
-    Ok(())
 }
 
 /// Exercises every high- and low-level operation once, against a remote region of at least
@@ -152,26 +126,43 @@ unsafe fn run<M: Sharing, S: Launch>(
 
 macro_rules! kernels_for {
     ($mode:ty, $scope:ty, $put:ident, $ops:ident) => {
-        /// Put loop (see `put_loop`) in this scope and sharing mode.
+        /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode: block
+        /// `b` posts on `qps[b % nqp]`, every thread of the grid `iters` messages of `len`
+        /// bytes into `slots` slots.
         ///
         /// # Safety
-        /// `qp` is an exported handle shared only by this launch's threads in this mode; the
-        /// buffers hold `len * threads` bytes and are registered with the keys given; `status`
-        /// holds one u32 per thread; `scratch` as in the module documentation.
+        /// `qps` holds `nqp` (at least one) exported handles, each shared only by this launch's
+        /// threads in this mode; the buffers hold `len * slots` bytes and are registered with
+        /// the keys given; `status` holds one u32 per thread; `scratch` as in the module
+        /// documentation.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $put(
-            qp: *mut DevQp,
+            qps: *const u64,
+            nqp: u32,
             dst: u64,
             rkey: u32,
             src: u64,
             lkey: u32,
             len: u64,
+            slots: u64,
             iters: u32,
             scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
             let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
-            unsafe { run::<$mode, $scope>(qp, scratch, status, |qp| put_loop(qp, dst, src, len, iters)) }
+            // SAFETY: `qps` holds `nqp` entries (contract); special registers are always readable.
+            let (qp, threads) = unsafe {
+                (
+                    *qps.add((_block_idx_x() as u32 % nqp.max(1)) as usize) as *mut DevQp,
+                    _grid_dim_x() as u64 * _block_dim_x() as u64,
+                )
+            };
+            let t = global_thread() as u64;
+            unsafe {
+                run::<$mode, $scope>(qp, scratch, status, |qp| {
+                    perf::put_stream(qp, dst, src, len, slots, t, threads, iters)
+                })
+            }
         }
 
         /// Every operation once (see `all_ops`) in this scope and sharing mode.
@@ -208,3 +199,64 @@ kernels_for!(Gpu, Warp, gdaki_put_warp_gpu, gdaki_ops_warp_gpu);
 kernels_for!(Exclusive, Block, gdaki_put_block_exclusive, gdaki_ops_block_exclusive);
 kernels_for!(Cta, Block, gdaki_put_block_cta, gdaki_ops_block_cta);
 kernels_for!(Gpu, Block, gdaki_put_block_gpu, gdaki_ops_block_gpu);
+
+/// `write_lat`'s ping-pong (see [`perf::ping_pong`]): thread 0 of block `b` plays `sides[b]`,
+/// with the QP exclusively its own; other threads only report OK. One block per side, so a
+/// loopback run has both sides in one launch.
+///
+/// # Safety
+/// `sides` holds one [`PingPongSide`] per block, valid as `perf::ping_pong` requires;
+/// `status` holds one u32 per thread.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_write_lat(sides: *const PingPongSide, size: u64, iters: u32, status: *mut u32) {
+    let code = if unsafe { _thread_idx_x() } == 0 {
+        // SAFETY: one side per block (contract).
+        let side = unsafe { *sides.add(_block_idx_x() as usize) };
+        // SAFETY: the side's QP is exclusively this thread's; its buffers are valid.
+        let qp = unsafe { Qp::<Exclusive>::from_raw(side.qp as *mut DevQp) };
+        unsafe { perf::ping_pong(qp, &side, size, iters) }.map_or_else(|e| e.code(), |()| CODE_OK)
+    } else {
+        CODE_OK
+    };
+    // SAFETY: one status word per thread.
+    unsafe { status.add(global_thread() as usize).write_volatile(code) };
+}
+
+/// `write_lat`'s reference: a flag ping-pong between this (single) thread and a CPU thread
+/// through host-pinned memory, with no HCA in between. Round `i` (from 1) records the time,
+/// stores `i` to `*gpu_word` and waits until the CPU echoes `i` in `*cpu_word`. `*status` gets
+/// OK or [`CODE_FLAG_TIMEOUT`] (no echo within `timeout_ns`).
+///
+/// # Safety
+/// `gpu_word` and `cpu_word` are host-pinned u64s mapped for this GPU; `times` holds `iters`
+/// u64s; `status` one u32. Launch one thread.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_pinned_pingpong(
+    gpu_word: *mut u64,
+    cpu_word: *const u64,
+    iters: u32,
+    timeout_ns: u64,
+    times: *mut u64,
+    status: *mut u32,
+) {
+    let mut code = CODE_OK;
+    'rounds: for i in 1..=iters as u64 {
+        let start = arch::global_timer_ns();
+        // SAFETY: `times` holds `iters` entries; the words are valid (contract).
+        unsafe {
+            times.add(i as usize - 1).write_volatile(start);
+            arch::to_device_barrier();
+            gpu_word.write_volatile(i);
+        }
+        let mut polls = 0u32;
+        while unsafe { arch::load_u64_volatile(cpu_word) } != i {
+            polls = polls.wrapping_add(1);
+            if polls % 256 == 0 && arch::global_timer_ns().wrapping_sub(start) > timeout_ns {
+                code = CODE_FLAG_TIMEOUT;
+                break 'rounds;
+            }
+        }
+    }
+    // SAFETY: one status word (contract).
+    unsafe { status.write_volatile(code) };
+}

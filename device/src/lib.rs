@@ -11,6 +11,7 @@
 //! - [`scope`]: execution scopes ([`Thread`], [`Warp`], [`Block`]): who posts together.
 //! - [`status`]: tickets and the bounded outcome of every wait.
 //! - [`arch`]: one module per target, barriers named by purpose.
+//! - [`perf`]: the perftest loops (`put_bw`, `write_lat`), shared by kernels and CPU mode.
 //! - [`kernels`]: the PTX entry points (nvptx64 only), in one place.
 #![no_std]
 #![cfg_attr(
@@ -22,6 +23,7 @@
 pub mod arch;
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;
+pub mod perf;
 pub mod qp;
 pub mod scope;
 pub mod sharing;

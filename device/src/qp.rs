@@ -552,6 +552,43 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         }
     }
 
+    /// Waits (bounded by the handle's timeout) until the byte at `flag` equals `value`: how a
+    /// receiver learns that a peer's put has landed (the flag is the put's last byte, written
+    /// by the HCA). Spins tightly at first, since latency is the point, and backs off only after
+    /// long waits (thousands of polls); each calling thread waits on its own (no group
+    /// semantics). Touches no QP state.
+    ///
+    /// # Safety
+    /// `flag` is valid for reads for the whole wait (memory the HCA writes, mapped for this
+    /// device).
+    #[inline(always)]
+    pub unsafe fn wait_until_u8(&self, flag: *const u8, value: u8) -> Result<(), WaitError> {
+        // The timer is read (and the backoff consulted) once every 256 polls: a poll costs
+        // about a memory round trip.
+        let limit = unsafe { (*self.ptr).timeout_ns };
+        let mut start = None;
+        let mut polls = 0u32;
+        loop {
+            // SAFETY: per the caller's contract.
+            let found = unsafe { arch::load_u8_volatile(flag) };
+            if found == value {
+                arch::from_device_barrier();
+                return Ok(());
+            }
+            polls = polls.wrapping_add(1);
+            if polls % 256 == 0 {
+                let now = arch::global_timer_ns();
+                if now.wrapping_sub(*start.get_or_insert(now)) > limit {
+                    return Err(WaitError::Flag {
+                        expected: value as u64,
+                        found: found as u64,
+                    });
+                }
+                arch::backoff(polls / 256);
+            }
+        }
+    }
+
     // ---------------------------------------------------------------- high level
 
     /// Runs `f` on the leader and hands its outcome to every member.

@@ -55,6 +55,13 @@ pub enum WaitError {
         /// The index waited for.
         index: u64,
     },
+    /// A wait for a value in memory (a flag a peer's put writes) passed the handle's bound.
+    Flag {
+        /// The value waited for.
+        expected: u64,
+        /// The value last read.
+        found: u64,
+    },
 }
 
 /// Why a post did not happen (nothing was posted unless said otherwise).
@@ -100,6 +107,12 @@ impl core::fmt::Display for WaitError {
                 e.syndrome, e.vendor_syndrome, e.wqe_index, e.wqe_opcode
             ),
             WaitError::Timeout { index } => write!(f, "timed out waiting for WQE {index}"),
+            WaitError::Flag { expected, found } => {
+                write!(
+                    f,
+                    "timed out waiting for flag value {expected:#x} (last read {found:#x})"
+                )
+            }
         }
     }
 }
@@ -117,7 +130,7 @@ impl core::fmt::Display for PostError {
 }
 
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
-/// [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`], or [`CODE_CQE_ERROR`] | syndrome.
+/// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`], or [`CODE_CQE_ERROR`] | syndrome.
 pub const CODE_OK: u32 = 0;
 /// A wait timed out.
 pub const CODE_TIMEOUT: u32 = 1;
@@ -127,6 +140,8 @@ pub const CODE_INLINE_TOO_LONG: u32 = 2;
 pub const CODE_BAD_HANDLE: u32 = 3;
 /// A reservation of 0 WQEs or more than the ring.
 pub const CODE_BAD_COUNT: u32 = 4;
+/// A wait for a flag in memory timed out.
+pub const CODE_FLAG_TIMEOUT: u32 = 6;
 /// A kernel was launched in a shape its scope cannot use (for example a warp-scope kernel
 /// whose warp is partial). Reported by kernels, not by the API.
 pub const CODE_BAD_SCOPE: u32 = 5;
@@ -140,6 +155,7 @@ impl WaitError {
         match self {
             WaitError::Cqe(e) => CODE_CQE_ERROR | e.syndrome.raw() as u32,
             WaitError::Timeout { .. } => CODE_TIMEOUT,
+            WaitError::Flag { .. } => CODE_FLAG_TIMEOUT,
         }
     }
 }
@@ -165,6 +181,7 @@ pub(crate) fn encode(r: Result<u64, PostError>) -> [u64; 2] {
         Ok(v) => return [CODE_OK as u64, v],
         Err(PostError::Wait(WaitError::Cqe(e))) => e.to_word(),
         Err(PostError::Wait(WaitError::Timeout { index })) => index,
+        Err(PostError::Wait(WaitError::Flag { expected, found })) => expected << 32 | (found & 0xffff_ffff),
         Err(PostError::InlineTooLong { len, max }) => (len as u64) << 32 | max as u64,
         Err(PostError::BadHandle) => 0,
         Err(PostError::BadCount { count, ring }) => (count as u64) << 32 | ring,
@@ -179,6 +196,11 @@ pub(crate) fn decode(w: [u64; 2]) -> Result<u64, PostError> {
     Err(match code as u32 {
         CODE_OK => return Ok(payload),
         CODE_TIMEOUT => WaitError::Timeout { index: payload }.into(),
+        CODE_FLAG_TIMEOUT => WaitError::Flag {
+            expected: payload >> 32,
+            found: payload & 0xffff_ffff,
+        }
+        .into(),
         CODE_INLINE_TOO_LONG => PostError::InlineTooLong {
             len: (payload >> 32) as usize,
             max: payload as u32 as usize,
@@ -202,6 +224,11 @@ mod tests {
             Ok(0),
             Ok(u64::MAX),
             Err(WaitError::Timeout { index: 1 << 40 }.into()),
+            Err(WaitError::Flag {
+                expected: 0xab,
+                found: 0x7f,
+            }
+            .into()),
             Err(WaitError::Cqe(CqeError {
                 syndrome: Syndrome::RemoteAccess,
                 vendor_syndrome: 0x88,

@@ -27,6 +27,8 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_ops_block_exclusive",
     "gdaki_ops_block_cta",
     "gdaki_ops_block_gpu",
+    "gdaki_write_lat",
+    "gdaki_pinned_pingpong",
 ];
 
 /// The PTX was not built into this copy of the library.

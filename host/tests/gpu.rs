@@ -130,8 +130,17 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
             src.write(0, &data).unwrap();
             let _ = writeln!(std::io::stderr(), "put: {launch:?}");
             let status = gpu
-                .run_put(gq.device_handle(), launch, dst.remote(0), src.local(0), LEN, ITERS)
-                .unwrap();
+                .run_put(
+                    &[gq.device_handle()],
+                    launch,
+                    dst.remote(0),
+                    src.local(0),
+                    LEN,
+                    threads as u64,
+                    ITERS,
+                )
+                .unwrap()
+                .status;
             let outcome = if !status.iter().all(|&s| s == CODE_OK) {
                 Err(format!(
                     "statuses {:?}, {:?}",
@@ -149,6 +158,130 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
         })
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn put_kernel_spreads_blocks_over_several_qps() {
+    let Some((gpu, _one)) = gpu_or_skip("put_kernel_spreads_blocks_over_several_qps") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    // 6 blocks over 3 QPs: each QP shared by two blocks (GPU mode), 24 slots for 768 threads,
+    // so slots are written many times over.
+    let qps: Vec<QueuePair> = (0..3).map(|_| loopback_qp(&ctx, 128, QpConfig::default())).collect();
+    let exported: Vec<_> = qps.iter().map(|q| q.export_gpu(&gpu).unwrap()).collect();
+    let handles: Vec<u64> = exported.iter().map(|g| g.device_handle()).collect();
+    const LEN: u64 = 1000;
+    const SLOTS: u64 = 24;
+    let src = ctx
+        .alloc_pinned_region(&gpu, (LEN * SLOTS) as usize, Access::ALL)
+        .unwrap();
+    let dst = ctx
+        .alloc_pinned_region(&gpu, (LEN * SLOTS) as usize, Access::ALL)
+        .unwrap();
+    let data = pattern(5, (LEN * SLOTS) as usize);
+    src.write(0, &data).unwrap();
+    let launch = DataPathLaunch {
+        scope: KernelScope::Warp,
+        mode: KernelMode::Gpu,
+        grid: 6,
+        block: 128,
+    };
+    let run = gpu
+        .run_put(&handles, launch, dst.remote(0), src.local(0), LEN, SLOTS, 10)
+        .unwrap();
+    assert_eq!(run.first_failure(), None);
+    assert!(run.elapsed > std::time::Duration::ZERO);
+    assert_eq!(dst.read_vec(0, data.len()).unwrap(), data);
+    for (q, g) in qps.iter().zip(&exported) {
+        assert_eq!(q.state(), gdaki::QpState::Rts);
+        // 2 blocks x 128 threads x 10 messages per QP, all completed and consumed.
+        let c = g.counters().unwrap();
+        assert_eq!((c.hca_completed, c.cq_consumed), (2560, 2560), "{c:?}");
+    }
+    // No handles: an error, not a launch.
+    assert!(gpu
+        .run_put(&[], launch, dst.remote(0), src.local(0), LEN, SLOTS, 1)
+        .is_err());
+}
+
+#[test]
+fn write_lat_kernel_ping_pongs_between_two_qps() {
+    let Some((gpu, _one)) = gpu_or_skip("write_lat_kernel_ping_pongs_between_two_qps") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cq_a = ctx.create_cq(64).unwrap();
+    let cq_b = ctx.create_cq(64).unwrap();
+    let cfg = QpConfig {
+        sq_size: 64,
+        timeout: std::time::Duration::from_secs(3),
+        ..Default::default()
+    };
+    let a = ctx.create_qp(&cq_a, cfg).unwrap();
+    let b = ctx.create_qp(&cq_b, cfg).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let (ga, gb) = (a.export_gpu(&gpu).unwrap(), b.export_gpu(&gpu).unwrap());
+    const SIZE: u64 = 100;
+    const ITERS: u32 = 300; // the u8 flag wraps
+    let bufs: Vec<_> = (0..4)
+        .map(|_| ctx.alloc_pinned_region(&gpu, SIZE as usize, Access::ALL).unwrap())
+        .collect();
+    let (a_post, a_poll, b_post, b_poll) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    a_post.write(0, &pattern(1, SIZE as usize - 1)).unwrap();
+    b_post.write(0, &pattern(2, SIZE as usize - 1)).unwrap();
+    let side = |qp: &gdaki::GpuQp,
+                post: &gdaki::MemoryRegion,
+                poll: &gdaki::MemoryRegion,
+                peer_poll: &gdaki::MemoryRegion,
+                initiator| {
+        gdaki_layout::perf::PingPongSide {
+            qp: qp.device_handle(),
+            post: post.addr(),
+            poll: poll.addr(),
+            remote: peer_poll.addr(),
+            lkey: post.lkey(),
+            rkey: peer_poll.rkey(),
+            initiator,
+            pad: 0,
+            times: 0,
+        }
+    };
+    let sides = [
+        side(&ga, a_post, a_poll, b_poll, 1),
+        side(&gb, b_post, b_poll, a_poll, 0),
+    ];
+    let run = gpu.run_write_lat(&sides, SIZE, ITERS).unwrap();
+    assert_eq!(run.status, vec![CODE_OK, CODE_OK]);
+    assert_eq!(run.times.len(), 2);
+    assert!(run.times[0].windows(2).all(|w| w[1] >= w[0]), "timestamps go forward");
+    // Each side received the other's bytes, and the last flag.
+    let last = (ITERS as u8).to_le_bytes()[0];
+    let mut want_a = pattern(2, SIZE as usize - 1);
+    want_a.push(last);
+    let mut want_b = pattern(1, SIZE as usize - 1);
+    want_b.push(last);
+    assert_eq!(a_poll.read_vec(0, SIZE as usize).unwrap(), want_a);
+    assert_eq!(b_poll.read_vec(0, SIZE as usize).unwrap(), want_b);
+
+    // A peer that never answers: the initiator's flag wait times out with a status.
+    let lonely = [side(&ga, a_post, a_poll, b_poll, 1)];
+    a_poll.write(0, &[0; SIZE as usize]).unwrap();
+    let run = gpu.run_write_lat(&lonely, SIZE, 2).unwrap();
+    assert_eq!(run.status, vec![gdaki_device::status::CODE_FLAG_TIMEOUT]);
+}
+
+#[test]
+fn reference_measurements_run() {
+    let Some((gpu, _one)) = gpu_or_skip("reference_measurements_run") else {
+        return;
+    };
+    let rt = gpu.pinned_round_trip(200).unwrap();
+    assert_eq!(rt.len(), 199);
+    assert!(rt.iter().all(|&ns| ns > 0 && ns < 1_000_000), "{:?}", &rt[..8]);
+    assert!(gpu.device_copy(1 << 20, 10).unwrap() > std::time::Duration::ZERO);
+    assert_eq!(gpu.synced_copy(5).unwrap().len(), 5);
 }
 
 #[test]
@@ -219,7 +352,10 @@ fn an_error_cqe_reaches_the_kernel_with_its_syndrome() {
         grid: 1,
         block: 1,
     };
-    let status = gpu.run_put(gq.device_handle(), launch, bad, mr.local(0), 8, 1).unwrap();
+    let status = gpu
+        .run_put(&[gq.device_handle()], launch, bad, mr.local(0), 8, 1, 1)
+        .unwrap()
+        .status;
     assert_eq!(status, [CODE_CQE_ERROR | Syndrome::RemoteAccess.raw() as u32]);
     assert_eq!(qp.error(), Some(Syndrome::RemoteAccess));
 }
@@ -261,8 +397,9 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
     };
     let started = std::time::Instant::now();
     let status = gpu
-        .run_put(gq.device_handle(), launch, mr.remote(0), mr.local(0), 8, 1)
-        .unwrap();
+        .run_put(&[gq.device_handle()], launch, mr.remote(0), mr.local(0), 8, 1, 1)
+        .unwrap()
+        .status;
     assert_eq!(status, [CODE_TIMEOUT]);
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     drop((gq, qp, cq, ctx));

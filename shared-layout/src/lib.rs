@@ -17,6 +17,7 @@
 //! - [`ring`]: ring arithmetic (`const fn`), written once for device, proxy, soft HCA and tests.
 //! - [`wqe`]: a length-checked view of untrusted WQE bytes and the decoded [`wqe::WorkRequest`].
 //! - [`handle`]: [`DevQp`] and [`DevCq`], the handles exported to the GPU.
+//! - [`perf`]: what the perftest kernels take ([`perf::PingPongSide`]).
 //!
 //! The crate is `no_std` and has no unsafe code; every accessor on a checked view is panic-free.
 #![no_std]
@@ -36,6 +37,7 @@ pub mod doorbell;
 pub mod handle;
 pub mod inline;
 pub mod opcode;
+pub mod perf;
 pub mod raddr;
 pub mod ring;
 pub mod wqe;

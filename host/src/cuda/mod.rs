@@ -10,6 +10,10 @@ use thiserror::Error;
 
 use crate::ptx::{self, PtxUnavailable};
 
+mod launch;
+mod reference;
+pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, WriteLatRun};
+
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
 pub const MIN_DRIVER_VERSION: i32 = 13000;
 
@@ -54,6 +58,14 @@ pub enum CudaError {
         len: usize,
         /// The buffer's size.
         size: usize,
+    },
+    /// An argument the call cannot use.
+    #[error("{what}: {why}")]
+    BadArgument {
+        /// The call.
+        what: &'static str,
+        /// What is wrong with it.
+        why: String,
     },
     /// A kernel ran but its results are wrong.
     #[error("kernel {kernel} produced wrong results: {detail}")]
@@ -408,180 +420,6 @@ impl Drop for DeviceBuffer {
             let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }
     }
-}
-
-/// The execution scope of a kernel instantiation (`gdaki_<kernel>_<scope>_<mode>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelScope {
-    /// Every thread posts on its own.
-    Thread,
-    /// Each warp posts as a group (one reservation, one doorbell).
-    Warp,
-    /// Each block posts as a group.
-    Block,
-}
-
-/// The sharing mode of a kernel instantiation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelMode {
-    /// One thread, warp or block owns the QP.
-    Exclusive,
-    /// The QP is shared within one block.
-    Cta,
-    /// The QP is shared across the grid.
-    Gpu,
-}
-
-impl KernelScope {
-    fn name(self) -> &'static str {
-        match self {
-            KernelScope::Thread => "thread",
-            KernelScope::Warp => "warp",
-            KernelScope::Block => "block",
-        }
-    }
-}
-
-impl KernelMode {
-    fn name(self) -> &'static str {
-        match self {
-            KernelMode::Exclusive => "exclusive",
-            KernelMode::Cta => "cta",
-            KernelMode::Gpu => "gpu",
-        }
-    }
-}
-
-/// A launch of one of the data-path kernels.
-#[derive(Debug, Clone, Copy)]
-pub struct DataPathLaunch {
-    /// Scope of the instantiation.
-    pub scope: KernelScope,
-    /// Sharing mode of the instantiation.
-    pub mode: KernelMode,
-    /// Blocks.
-    pub grid: u32,
-    /// Threads per block.
-    pub block: u32,
-}
-
-impl DataPathLaunch {
-    fn threads(&self) -> usize {
-        self.grid as usize * self.block as usize
-    }
-}
-
-impl Gpu {
-    /// Runs `gdaki_put_<scope>_<mode>` on the device QP handle at `qp` (a device address):
-    /// thread `t` puts `iters` messages of `len` bytes from `src + t*len` to `dst + t*len`
-    /// and waits for the last. Returns every thread's status code (`gdaki_device::status`).
-    pub fn run_put(
-        &self,
-        qp: u64,
-        launch: DataPathLaunch,
-        dst: gdaki_device::Remote,
-        src: gdaki_device::Local,
-        len: u64,
-        iters: u32,
-    ) -> Result<Vec<u32>, CudaError> {
-        let name = format!("gdaki_put_{}_{}", launch.scope.name(), launch.mode.name());
-        use Arg::{U32, U64};
-        self.run_data_path(
-            &name,
-            launch,
-            &[
-                U64(qp),
-                U64(dst.addr),
-                U32(dst.rkey),
-                U64(src.addr),
-                U32(src.lkey),
-                U64(len),
-                U32(iters),
-            ],
-        )
-    }
-
-    /// Runs `gdaki_ops_<scope>_<mode>`: every operation once per thread, on 64 bytes per
-    /// thread at `remote` and `local`. Returns every thread's status code.
-    pub fn run_ops(
-        &self,
-        qp: u64,
-        launch: DataPathLaunch,
-        remote: gdaki_device::Remote,
-        local: gdaki_device::Local,
-    ) -> Result<Vec<u32>, CudaError> {
-        let name = format!("gdaki_ops_{}_{}", launch.scope.name(), launch.mode.name());
-        use Arg::{U32, U64};
-        self.run_data_path(
-            &name,
-            launch,
-            &[
-                U64(qp),
-                U64(remote.addr),
-                U32(remote.rkey),
-                U64(local.addr),
-                U32(local.lkey),
-            ],
-        )
-    }
-
-    fn run_data_path(&self, name: &str, launch: DataPathLaunch, args: &[Arg]) -> Result<Vec<u32>, CudaError> {
-        let function = self.module.load_function(name)?;
-        let stream = self.ctx.default_stream();
-        let threads = launch.threads().max(1);
-        let mut status = stream.alloc_zeros::<u32>(threads)?;
-        // Marks threads that never wrote a status.
-        stream.memcpy_htod(&vec![u32::MAX; threads], &mut status)?;
-        let scratch_bytes = gdaki_device::scope::BLOCK_SCRATCH_BYTES * launch.grid.max(1) as usize;
-        let mut scratch = stream.alloc_zeros::<u8>(scratch_bytes)?;
-        let mut b = stream.launch_builder(&function);
-        for a in args {
-            match a {
-                Arg::U64(v) => b.arg(v),
-                Arg::U32(v) => b.arg(v),
-            };
-        }
-        b.arg(&mut scratch).arg(&mut status);
-        let config = LaunchConfig {
-            grid_dim: (launch.grid, 1, 1),
-            block_dim: (launch.block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: every data-path kernel takes its own arguments (pushed by `args`), then
-        // `scratch: *mut BlockScratch` (one per block, allocated above) and `status: *mut u32`
-        // (one per thread, above). The QP handle and buffers are the caller's, exported for
-        // this GPU.
-        unsafe { b.launch(config) }?;
-        wait_idle(&stream)?;
-        Ok(stream.clone_dtoh(&status)?)
-    }
-}
-
-/// Waits for `stream`'s work by polling it rather than in a blocking driver call: a thread
-/// blocked in a synchronous copy behind a running kernel can stall other threads' driver calls
-/// (seen on the H100 with driver 580), and the kernel may be waiting for one of them.
-fn wait_idle(stream: &cudarc::driver::CudaStream) -> Result<(), CudaError> {
-    let mut pause = std::time::Duration::from_micros(5);
-    loop {
-        // SAFETY: a query of a live stream of the bound context.
-        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
-            sys::CUresult::CUDA_SUCCESS => return Ok(()),
-            sys::CUresult::CUDA_ERROR_NOT_READY => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_micros(200));
-            }
-            other => {
-                other.result()?; // an error: returned here
-                return Ok(());
-            }
-        }
-    }
-}
-
-/// A scalar kernel argument.
-enum Arg {
-    U64(u64),
-    U32(u32),
 }
 
 /// What [`Gpu::selftest`] saw.

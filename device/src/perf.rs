@@ -1,0 +1,103 @@
+//! The perftest loops, written once: `put_bw`'s stream of puts and `write_lat`'s ping-pong.
+//! The GPU kernels ([`crate::kernels`]) and CPU mode (`gdaki-examples`) run this very code, so
+//! a figure measured in one mode is the other's reference.
+use gdaki_layout::perf::PingPongSide;
+
+use crate::arch;
+use crate::qp::{Local, Qp, Remote};
+use crate::scope::{Scope, Thread};
+use crate::sharing::Sharing;
+use crate::status::PostError;
+
+/// Member `t` of `threads` posters sharing `qp` puts `iters` messages of `len` bytes: message
+/// `m = t + k * threads` goes from slot `m % slots` of `src` to the same slot of `dst` (slots
+/// are `len` bytes apart), so every slot is written once there are at least `slots` messages.
+/// Then it waits for its last message (in group scope, the group's).
+#[allow(clippy::too_many_arguments)] // the perftest's parameters, each a scalar
+#[inline(always)]
+pub fn put_stream<M: Sharing, S: Scope>(
+    qp: Qp<M, S>,
+    dst: Remote,
+    src: Local,
+    len: u64,
+    slots: u64,
+    t: u64,
+    threads: u64,
+    iters: u32,
+) -> Result<(), PostError> {
+    let slots = slots.max(1);
+    let mut last = None;
+    let mut m = t;
+    for _ in 0..iters {
+        let off = (m % slots) * len;
+        let d = Remote {
+            addr: dst.addr + off,
+            rkey: dst.rkey,
+        };
+        let s = Local {
+            addr: src.addr + off,
+            lkey: src.lkey,
+        };
+        last = Some(qp.put(d, s, len)?);
+        m += threads;
+    }
+    if let Some(ticket) = last {
+        qp.wait(ticket)?;
+    }
+    Ok(())
+}
+
+/// One side of `write_lat`'s ping-pong over `iters` round trips of `size`-byte RDMA WRITEs. The
+/// last byte of each message is its flag, `(i + 1) as u8` in round `i`: the initiator writes
+/// the flag into its post buffer, puts the message into the peer's poll buffer and waits for
+/// the peer's message with the same flag in its own; the other side waits first, then answers.
+/// Timestamps (ns) are taken just before each send. Ends with a quiet.
+///
+/// A message is only rewritten after the peer's answer arrived, which the peer sent after
+/// receiving it, so the HCA never reads a post buffer being changed.
+///
+/// # Safety
+/// `qp` is `side.qp`; `side.post` and `side.poll` are valid for `size` bytes (reads and writes
+/// by this device); `side.times` is 0 or valid for `iters` u64 writes; both poll buffers
+/// start with a flag byte that is not 1 (zeroed).
+#[inline(always)]
+pub unsafe fn ping_pong<M: Sharing>(
+    qp: Qp<M, Thread>,
+    side: &PingPongSide,
+    size: u64,
+    iters: u32,
+) -> Result<(), PostError> {
+    let size = size.max(1);
+    let post_flag = (side.post + size - 1) as *mut u8;
+    let poll_flag = (side.poll + size - 1) as *const u8;
+    let dst = Remote {
+        addr: side.remote,
+        rkey: side.rkey,
+    };
+    let src = Local {
+        addr: side.post,
+        lkey: side.lkey,
+    };
+    let times = side.times as *mut u64;
+    for i in 0..iters {
+        let flag = (i as u8).wrapping_add(1);
+        if side.initiator == 0 {
+            // SAFETY: the poll buffer is valid (caller's contract).
+            unsafe { qp.wait_until_u8(poll_flag, flag) }?;
+        }
+        if !times.is_null() {
+            // SAFETY: `times` holds `iters` entries (caller's contract).
+            unsafe { times.add(i as usize).write_volatile(arch::global_timer_ns()) };
+        }
+        // SAFETY: the post buffer is valid; the put's barrier makes the byte visible to the
+        // HCA before its doorbell.
+        unsafe { post_flag.write_volatile(flag) };
+        qp.put(dst, src, size)?;
+        if side.initiator != 0 {
+            // SAFETY: as above.
+            unsafe { qp.wait_until_u8(poll_flag, flag) }?;
+        }
+    }
+    qp.quiet()?;
+    Ok(())
+}

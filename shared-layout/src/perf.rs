@@ -1,0 +1,35 @@
+//! What the host hands the perftest kernels (`put_bw`, `write_lat`) besides scalars: one
+//! [`PingPongSide`] per ping-pong participant, in GPU (or, in CPU mode, host) memory.
+use bytemuck::{Pod, Zeroable};
+
+/// One side of `write_lat`'s ping-pong: its QP, the buffer it sends from, the buffer its peer
+/// writes into, and where its timestamps go. Addresses are as the side's device sees them
+/// (which is also how the HCA sees them for the soft provider's host-pinned memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct PingPongSide {
+    /// Address of the side's exported [`DevQp`](crate::DevQp).
+    pub qp: u64,
+    /// The local buffer each message is sent from (`size` bytes; the last is the flag).
+    pub post: u64,
+    /// The local buffer the peer's messages land in (`size` bytes; the last is the flag).
+    pub poll: u64,
+    /// The peer's poll buffer, as the peer's HCA knows it.
+    pub remote: u64,
+    /// Local key of `post`.
+    pub lkey: u32,
+    /// Remote key of `remote`.
+    pub rkey: u32,
+    /// 1: this side sends first (the client); 0: it answers (the server).
+    pub initiator: u32,
+    /// Pads to 8 bytes.
+    pub pad: u32,
+    /// Where the side writes one u64 timestamp (ns) per iteration as it sends, or 0 for none.
+    pub times: u64,
+}
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<PingPongSide>() == 56);
+    assert!(offset_of!(PingPongSide, lkey) == 32 && offset_of!(PingPongSide, times) == 48);
+};
