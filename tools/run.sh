@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job for a newcomer: set the machine up, then check what gdaki can do here.
-# Arguments go to `doctor` (e.g. --json).
+# The main job for a newcomer: set the machine up, then run put_bw in loopback on the default
+# provider (the soft HCA where there is no ConnectX NIC), posted by GPU kernels if a usable GPU
+# is there, else by CPU threads. Arguments go to put_bw (e.g. -a, --json, --scope warp);
+# `cargo run --release -p gdaki-tools --bin doctor` says what this machine can do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-exec cargo run --release --locked -q -p gdaki-tools --bin doctor -- "$@"
+exec cargo run --release --locked -q -p gdaki-examples --bin put_bw -- "$@"

@@ -128,7 +128,7 @@ macro_rules! kernels_for {
     ($mode:ty, $scope:ty, $put:ident, $ops:ident) => {
         /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode: block
         /// `b` posts on `qps[b % nqp]`, every thread of the grid `iters` messages of `len`
-        /// bytes into `slots` slots.
+        /// bytes into `slots` slots, thread `t` numbering its messages from `first + t`.
         ///
         /// # Safety
         /// `qps` holds `nqp` (at least one) exported handles, each shared only by this launch's
@@ -145,6 +145,7 @@ macro_rules! kernels_for {
             lkey: u32,
             len: u64,
             slots: u64,
+            first: u64,
             iters: u32,
             scratch: *mut BlockScratch,
             status: *mut u32,
@@ -157,7 +158,7 @@ macro_rules! kernels_for {
                     _grid_dim_x() as u64 * _block_dim_x() as u64,
                 )
             };
-            let t = global_thread() as u64;
+            let t = first + global_thread() as u64;
             unsafe {
                 run::<$mode, $scope>(qp, scratch, status, |qp| {
                     perf::put_stream(qp, dst, src, len, slots, t, threads, iters)

@@ -148,6 +148,29 @@ pub const CODE_BAD_SCOPE: u32 = 5;
 /// An error CQE; the low byte is the syndrome.
 pub const CODE_CQE_ERROR: u32 = 0x100;
 
+/// A status code as kernels report it ([`CODE_OK`], ...), for messages: `Code(c).to_string()`.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Code(pub u32);
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::fmt::Display for Code {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            CODE_OK => f.write_str("ok"),
+            CODE_TIMEOUT => f.write_str("a completion wait timed out"),
+            CODE_FLAG_TIMEOUT => f.write_str("a flag wait timed out (the peer's message never came)"),
+            CODE_INLINE_TOO_LONG => f.write_str("inline data too long"),
+            CODE_BAD_HANDLE => f.write_str("bad QP handle"),
+            CODE_BAD_COUNT => f.write_str("bad reservation count"),
+            CODE_BAD_SCOPE => f.write_str("launch shape does not fit the kernel's scope"),
+            u32::MAX => f.write_str("no status written (the thread did not finish)"),
+            c if c & CODE_CQE_ERROR != 0 => write!(f, "error CQE: {}", Syndrome::from_raw(c as u8)),
+            c => write!(f, "unknown status {c:#x}"),
+        }
+    }
+}
+
 impl WaitError {
     /// The outcome code.
     #[inline(always)]

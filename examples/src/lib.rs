@@ -1,5 +1,22 @@
 //! `gdaki-examples`: the perftests people quote (`put_bw`, RDMA WRITE bandwidth and message
 //! rate; `write_lat`, ping-pong latency), following perftest's `ib_write_bw` / `ib_write_lat`
 //! conventions, and an example of embedding gdaki in an NVSHMEM-like CUDA C++ library. Shared
-//! pieces of the perftests (flags, the header block, the result table, `--json`) live here.
+//! pieces of the perftests live here: flags ([`cli`]), setup and the two-process handshake
+//! ([`session`]), output and statistics ([`report`]), and `--plot` ([`plot`]). The loops that
+//! post are `gdaki_device::perf`'s, run by GPU kernels or by CPU threads.
 #![warn(missing_docs)]
+
+pub mod cli;
+pub mod plot;
+pub mod report;
+pub mod session;
+
+/// Sets `tracing` up for a perftest: warnings and above on stderr unless `RUST_LOG` says more.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

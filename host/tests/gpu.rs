@@ -64,7 +64,19 @@ fn missing_gpu_index_is_an_error_not_a_panic() {
 
 // ------------------------------------------------------------------------------ the data path on a GPU
 
-use gdaki::cuda::{DataPathLaunch, KernelMode, KernelScope};
+use gdaki::cuda::{DataPathLaunch, KernelMode, KernelScope, PutStream};
+
+/// One 8-byte put per thread.
+fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
+    PutStream {
+        dst,
+        src,
+        len: 8,
+        slots: 1,
+        first: 0,
+        iters: 1,
+    }
+}
 use gdaki::{Access, Context, Provider, QpConfig, QueuePair};
 use gdaki_device::status::{CODE_CQE_ERROR, CODE_OK, CODE_TIMEOUT};
 use gdaki_layout::Syndrome;
@@ -133,11 +145,14 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
                 .run_put(
                     &[gq.device_handle()],
                     launch,
-                    dst.remote(0),
-                    src.local(0),
-                    LEN,
-                    threads as u64,
-                    ITERS,
+                    &PutStream {
+                        dst: dst.remote(0),
+                        src: src.local(0),
+                        len: LEN,
+                        slots: threads as u64,
+                        first: 0,
+                        iters: ITERS,
+                    },
                 )
                 .unwrap()
                 .status;
@@ -187,9 +202,15 @@ fn put_kernel_spreads_blocks_over_several_qps() {
         grid: 6,
         block: 128,
     };
-    let run = gpu
-        .run_put(&handles, launch, dst.remote(0), src.local(0), LEN, SLOTS, 10)
-        .unwrap();
+    let stream = PutStream {
+        dst: dst.remote(0),
+        src: src.local(0),
+        len: LEN,
+        slots: SLOTS,
+        first: 7,
+        iters: 10,
+    };
+    let run = gpu.run_put(&handles, launch, &stream).unwrap();
     assert_eq!(run.first_failure(), None);
     assert!(run.elapsed > std::time::Duration::ZERO);
     assert_eq!(dst.read_vec(0, data.len()).unwrap(), data);
@@ -200,9 +221,7 @@ fn put_kernel_spreads_blocks_over_several_qps() {
         assert_eq!((c.hca_completed, c.cq_consumed), (2560, 2560), "{c:?}");
     }
     // No handles: an error, not a launch.
-    assert!(gpu
-        .run_put(&[], launch, dst.remote(0), src.local(0), LEN, SLOTS, 1)
-        .is_err());
+    assert!(gpu.run_put(&[], launch, &stream).is_err());
 }
 
 #[test]
@@ -353,7 +372,7 @@ fn an_error_cqe_reaches_the_kernel_with_its_syndrome() {
         block: 1,
     };
     let status = gpu
-        .run_put(&[gq.device_handle()], launch, bad, mr.local(0), 8, 1, 1)
+        .run_put(&[gq.device_handle()], launch, &one_put(bad, mr.local(0)))
         .unwrap()
         .status;
     assert_eq!(status, [CODE_CQE_ERROR | Syndrome::RemoteAccess.raw() as u32]);
@@ -397,7 +416,7 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
     };
     let started = std::time::Instant::now();
     let status = gpu
-        .run_put(&[gq.device_handle()], launch, mr.remote(0), mr.local(0), 8, 1, 1)
+        .run_put(&[gq.device_handle()], launch, &one_put(mr.remote(0), mr.local(0)))
         .unwrap()
         .status;
     assert_eq!(status, [CODE_TIMEOUT]);

@@ -69,6 +69,25 @@ impl DataPathLaunch {
     }
 }
 
+/// What a put kernel posts: thread `t` of the grid puts `iters` messages of `len` bytes,
+/// numbered `first + t + k * threads`; message `m` goes from slot `m % slots` of `src` to the
+/// same slot of `dst` (slots `len` bytes apart).
+#[derive(Debug, Clone, Copy)]
+pub struct PutStream {
+    /// Target buffer.
+    pub dst: gdaki_device::Remote,
+    /// Source buffer.
+    pub src: gdaki_device::Local,
+    /// Message size.
+    pub len: u64,
+    /// Slots in each buffer (at least one).
+    pub slots: u64,
+    /// Number of thread 0's first message.
+    pub first: u64,
+    /// Messages per thread.
+    pub iters: u32,
+}
+
 /// What a data-path kernel launch returned.
 #[derive(Debug, Clone)]
 pub struct KernelRun {
@@ -103,20 +122,9 @@ pub struct WriteLatRun {
 impl Gpu {
     /// Runs `gdaki_put_<scope>_<mode>` (`put_bw`'s stream, `gdaki_device::perf::put_stream`):
     /// block `b` posts on the exported QP handle `qps[b % qps.len()]` (device addresses), every
-    /// thread `iters` messages of `len` bytes into `slots` slots of `len` bytes at `dst` from
-    /// `src`, then waits for its last. Each handle must be used in `launch.mode` by the blocks
-    /// that map to it.
-    #[allow(clippy::too_many_arguments)] // the kernel's parameters
-    pub fn run_put(
-        &self,
-        qps: &[u64],
-        launch: DataPathLaunch,
-        dst: gdaki_device::Remote,
-        src: gdaki_device::Local,
-        len: u64,
-        slots: u64,
-        iters: u32,
-    ) -> Result<KernelRun, CudaError> {
+    /// thread `stream.iters` messages, then waits for its last. Each handle must be used in
+    /// `launch.mode` by the blocks that map to it.
+    pub fn run_put(&self, qps: &[u64], launch: DataPathLaunch, stream: &PutStream) -> Result<KernelRun, CudaError> {
         if qps.is_empty() || qps.len() > u32::MAX as usize {
             return Err(CudaError::BadArgument {
                 what: "run_put",
@@ -124,22 +132,23 @@ impl Gpu {
             });
         }
         let name = format!("gdaki_put_{}_{}", launch.scope.name(), launch.mode.name());
-        let stream = self.ctx.default_stream();
-        let handles = stream.clone_htod(qps)?;
+        let handles = self.ctx.default_stream().clone_htod(qps)?;
         use Arg::{Ptr, U32, U64};
+        let s = stream;
         self.run_data_path(
             &name,
             launch,
             &[
                 Ptr(&handles),
                 U32(qps.len() as u32),
-                U64(dst.addr),
-                U32(dst.rkey),
-                U64(src.addr),
-                U32(src.lkey),
-                U64(len),
-                U64(slots),
-                U32(iters),
+                U64(s.dst.addr),
+                U32(s.dst.rkey),
+                U64(s.src.addr),
+                U32(s.src.lkey),
+                U64(s.len),
+                U64(s.slots),
+                U64(s.first),
+                U32(s.iters),
             ],
         )
     }

@@ -12,7 +12,7 @@ use crate::ptx::{self, PtxUnavailable};
 
 mod launch;
 mod reference;
-pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, WriteLatRun};
+pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun};
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
 pub const MIN_DRIVER_VERSION: i32 = 13000;

@@ -1,0 +1,619 @@
+//! `put_bw`: RDMA WRITE bandwidth and message rate, posted by GPU kernels (or, in CPU mode, by
+//! CPU threads running the same device code), in perftest `ib_write_bw`'s format, next to a
+//! reference measured in the same run (a device-to-device copy on the GPU, memcpy on the CPU).
+//!
+//! `put_bw [-s SIZE | -a] [-n ITERS] [-q QPS] [--scope thread|warp|block] [--json] [--plot F.svg]`
+//! loops back in one process; `put_bw --server` and `put_bw SERVER` run across two.
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Parser;
+use gdaki::cuda::{DataPathLaunch, KernelMode};
+use gdaki::handshake::{Hello, RemoteRegion};
+use gdaki::{CompletionQueue, QpConfig, QueuePair};
+use gdaki_device::status::Code;
+use gdaki_device::{Exclusive, Local, Remote};
+use gdaki_examples::cli::{check_plot_path, Common, Role, Scope};
+use gdaki_examples::plot::{self, Panel, Series};
+use gdaki_examples::report::{self, BwRow, JsonReport, MIB};
+use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
+use serde::Serialize;
+
+/// Most bytes of message slots per buffer: messages cycle through `BUFFER_BYTES / size` slots
+/// (at most [`MAX_SLOTS`]), so an 8 MiB sweep does not need gigabytes.
+const BUFFER_BYTES: u64 = 64 << 20;
+/// Most slots per buffer.
+const MAX_SLOTS: u64 = 1024;
+/// Timed windows per size: the average is over all of them, the peak is the best one.
+const WINDOWS: u32 = 4;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "put_bw",
+    version,
+    about = "RDMA WRITE bandwidth and message rate, posted by GPU kernels (or CPU threads) through gdaki"
+)]
+struct Cli {
+    #[command(flatten)]
+    common: Common,
+    /// Number of QPs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Bandwidth in Gbit/s (10^9 bits) instead of MiB/s (2^20 bytes).
+    #[arg(long = "report-gbits", alias = "report_gbits")]
+    report_gbits: bool,
+    /// Write an SVG of bandwidth and message rate against size (for -a sweeps).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// GPU blocks (default: 2, or the number of QPs if more); block b posts on QP b mod q.
+    #[arg(long)]
+    blocks: Option<u32>,
+    /// GPU threads per block.
+    #[arg(long, default_value_t = 256)]
+    threads: u32,
+}
+
+/// The run's parameters, as `--json` reports them.
+#[derive(Debug, Serialize)]
+struct Params {
+    role: &'static str,
+    provider: String,
+    device: String,
+    mode: &'static str,
+    gpu: Option<String>,
+    scope: Scope,
+    handler: &'static str,
+    qps: u32,
+    tx_depth: u32,
+    memory: &'static str,
+    blocks: Option<u32>,
+    threads_per_block: Option<u32>,
+    sharing: Option<String>,
+    iterations: u32,
+    sizes: Vec<u64>,
+    bw_unit: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+struct Reference {
+    what: &'static str,
+}
+
+/// Slots per buffer for `size`-byte messages, `iters` per QP: never more than the messages,
+/// so every slot is written and validated.
+fn slots(size: u64, iters: u32) -> u64 {
+    (BUFFER_BYTES / size).clamp(1, MAX_SLOTS.min(iters as u64))
+}
+
+fn buffer_len(sizes: &[u64], iters: u32) -> u64 {
+    sizes.iter().map(|&s| s * slots(s, iters)).max().unwrap_or(1)
+}
+
+fn main() {
+    gdaki_examples::init_tracing();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("put_bw: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The GPU launch: shape and the sharing mode the QP mapping needs.
+fn gpu_launch(cli: &Cli, scope: Scope) -> anyhow::Result<DataPathLaunch> {
+    let blocks = cli.blocks.unwrap_or(cli.qps.max(2));
+    if blocks == 0 || blocks % cli.qps != 0 {
+        bail!(
+            "--blocks {blocks}: must be a multiple of -q {} (block b posts on QP b mod q)",
+            cli.qps
+        );
+    }
+    if !(1..=1024).contains(&cli.threads) || (scope == Scope::Warp && cli.threads % 32 != 0) {
+        bail!(
+            "--threads {}: 1 to 1024 per block, a multiple of 32 in warp scope",
+            cli.threads
+        );
+    }
+    // One block per QP: the block owns it (block scope) or shares it within itself.
+    let mode = match (blocks == cli.qps, scope) {
+        (true, Scope::Block) => KernelMode::Exclusive,
+        (true, _) => KernelMode::Cta,
+        (false, _) => KernelMode::Gpu,
+    };
+    Ok(DataPathLaunch {
+        scope: scope.kernel(),
+        mode,
+        grid: blocks,
+        block: cli.threads,
+    })
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    check_plot_path(&cli.plot)?;
+    if !(1..=64).contains(&cli.qps) {
+        bail!("-q {}: 1 to 64 QPs", cli.qps);
+    }
+    let plan = cli
+        .common
+        .plan(65536, 5000, || gdaki::cuda::Gpu::open(cli.common.gpu).is_ok())?;
+    let launch = match plan.gpu {
+        Some(_) => Some(gpu_launch(&cli, plan.scope)?),
+        None => None,
+    };
+    let mut session = Session::open(&cli.common, &plan)?;
+    let symmetric = Symmetric {
+        test: "put_bw".into(),
+        sizes: plan.sizes.clone(),
+        iters: plan.iters,
+        qps: cli.qps,
+    };
+    let cfg = QpConfig {
+        sq_size: plan.tx_depth,
+        timeout: plan.timeout,
+        retry_timeout: plan.timeout.mul_f64(0.8),
+        ..Default::default()
+    };
+    let len = buffer_len(&plan.sizes, plan.iters);
+    let mut qps: Vec<(CompletionQueue, QueuePair)> = Vec::new();
+    for _ in 0..cli.qps {
+        let cq = session.ctx.create_cq(plan.tx_depth)?;
+        let qp = session.ctx.create_qp(&cq, cfg)?;
+        qps.push((cq, qp));
+    }
+
+    // The server only offers its buffer and validates what lands there.
+    if plan.role != Role::Loopback && matches!(plan.role, Role::Server(_)) {
+        let dst = session.ctx.alloc_region(len as usize, gdaki::Access::ALL)?;
+        let hello = Hello {
+            app: vec![],
+            endpoints: qps.iter().map(|(_, q)| q.endpoint()).collect(),
+            regions: vec![dst.remote_region()],
+        };
+        let theirs = session.exchange(&symmetric, hello)?.context("no hello")?;
+        connect(&qps, &theirs.endpoints)?;
+        session.agree(1, Ok(()))?;
+        if !cli.common.json {
+            report::print_header(
+                "RDMA_Write BW Test (gdaki put_bw, server)",
+                &header_lines(&cli, &plan, &session, None, &qps),
+            );
+        }
+        for (i, &size) in plan.sizes.iter().enumerate() {
+            session.agree(10 + 2 * i as u64, Ok(()))?; // the client is done with this size
+            let n = slots(size, plan.iters) * size;
+            let verdict = check_bytes(
+                &dst,
+                0,
+                &pattern_bytes(size, 0, n as usize),
+                &format!("{size}-byte messages"),
+            );
+            session.agree(11 + 2 * i as u64, verdict)?;
+            eprintln!("put_bw: {size} B: data validated");
+        }
+        if cli.common.json {
+            println!(
+                "{}",
+                serde_json::json!({"test": "put_bw", "role": "server", "sizes": plan.sizes, "validation": "ok"})
+            );
+        } else {
+            println!(
+                " Validation: {} size(s), data received correctly from the client",
+                plan.sizes.len()
+            );
+        }
+        return Ok(());
+    }
+
+    // Loopback or client: this side posts.
+    let src = session.alloc(len as usize)?;
+    let (dst_local, target) = match plan.role {
+        Role::Loopback => {
+            let dst = session.alloc(len as usize)?;
+            for (_, q) in &qps {
+                q.connect(&q.endpoint())?;
+            }
+            let r = dst.remote(0);
+            (Some(dst), r)
+        }
+        _ => {
+            let hello = Hello {
+                app: vec![],
+                endpoints: qps.iter().map(|(_, q)| q.endpoint()).collect(),
+                regions: vec![],
+            };
+            let theirs = session.exchange(&symmetric, hello)?.context("no hello")?;
+            let Some(RemoteRegion { addr, len: rlen, rkey }) = theirs.regions.first().copied() else {
+                bail!("the server offered no buffer");
+            };
+            if rlen < len {
+                bail!("the server's buffer is {rlen} bytes, {len} needed");
+            }
+            connect(&qps, &theirs.endpoints)?;
+            session.agree(1, Ok(()))?;
+            (None, Remote { addr, rkey })
+        }
+    };
+    let exported = match &session.gpu {
+        Some(gpu) => qps
+            .iter()
+            .map(|(_, q)| q.export_gpu(gpu))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+    };
+    let gbits = cli.report_gbits;
+    if !cli.common.json {
+        report::print_header(
+            "RDMA_Write BW Test (gdaki put_bw)",
+            &header_lines(&cli, &plan, &session, launch.as_ref(), &qps),
+        );
+        println!("{}", BwRow::header(gbits));
+    }
+    let mut rows = Vec::new();
+    for (i, &size) in plan.sizes.iter().enumerate() {
+        report::progress("put_bw", i, plan.sizes.len(), size);
+        let nslots = slots(size, plan.iters);
+        src.write(0, &pattern_bytes(size, 0, (nslots * size) as usize))?;
+        let (windows, per_qp) = match (&session.gpu, launch) {
+            (Some(gpu), Some(l)) => {
+                let handles: Vec<u64> = exported.iter().map(|g| g.device_handle()).collect();
+                gpu_windows(
+                    gpu,
+                    &handles,
+                    l,
+                    target,
+                    src.local(0),
+                    size,
+                    nslots,
+                    plan.iters,
+                    cli.qps,
+                )?
+            }
+            _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters)?,
+        };
+        // Validation: here in loopback, by the server otherwise.
+        let written = (nslots * size) as usize;
+        let verdict = match &dst_local {
+            Some(dst) => check_bytes(
+                dst,
+                0,
+                &pattern_bytes(size, 0, written),
+                &format!("{size}-byte messages"),
+            ),
+            None => Ok(()),
+        };
+        session.agree(10 + 2 * i as u64, verdict)?;
+        session
+            .agree(11 + 2 * i as u64, Ok(()))
+            .context("the server's validation")?;
+        let messages = per_qp * cli.qps as u64;
+        let total: Duration = windows.iter().map(|w| w.0).sum();
+        let bytes = (messages * size) as f64;
+        let avg = bytes / total.as_secs_f64().max(1e-12) / MIB;
+        let peak = windows
+            .iter()
+            .map(|(t, m)| (m * size) as f64 / t.as_secs_f64().max(1e-12) / MIB)
+            .fold(0.0, f64::max);
+        let reference = reference_bw(&session, size, nslots, messages.min(u32::MAX as u64) as u32)?;
+        let row = BwRow {
+            bytes: size,
+            iterations: per_qp,
+            bw_peak_mib_s: peak,
+            bw_avg_mib_s: avg,
+            msg_rate_mpps: messages as f64 / total.as_secs_f64().max(1e-12) / 1e6,
+            ref_bw_mib_s: reference,
+            bw_vs_ref: avg / reference.max(1e-12),
+        };
+        if !cli.common.json {
+            println!("{}", row.line(gbits));
+        }
+        rows.push(row);
+    }
+    let reference = Reference {
+        what: if session.gpu.is_some() {
+            "device-to-device copy (cuMemcpyDtoDAsync), same size and message count, on the same GPU"
+        } else {
+            "memcpy by one CPU thread, same size, message count and buffer slots"
+        },
+    };
+    if cli.common.json {
+        let params = params(&cli, &plan, &session, launch.as_ref());
+        let out = JsonReport {
+            test: "put_bw",
+            version: env!("CARGO_PKG_VERSION"),
+            params,
+            reference,
+            results: rows.clone(),
+            validation: "ok",
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        report::print_rule();
+        println!(" Ref: {}", reference.what);
+        println!(" Validation: every size's data arrived intact");
+    }
+    if let Some(path) = &cli.plot {
+        write_plot(path, &cli, &session, &rows)?;
+    }
+    Ok(())
+}
+
+fn connect(qps: &[(CompletionQueue, QueuePair)], peers: &[gdaki::Endpoint]) -> anyhow::Result<()> {
+    if peers.len() != qps.len() {
+        bail!("the peer offered {} QPs, {} needed", peers.len(), qps.len());
+    }
+    for ((_, q), e) in qps.iter().zip(peers) {
+        q.connect(e)?;
+    }
+    Ok(())
+}
+
+/// Timed GPU windows: (GPU time, messages over all QPs) each, and messages per QP in all.
+/// Message numbers continue across windows, so every slot gets written.
+#[allow(clippy::too_many_arguments)] // the run's parameters, each a scalar
+fn gpu_windows(
+    gpu: &gdaki::cuda::Gpu,
+    handles: &[u64],
+    launch: DataPathLaunch,
+    dst: Remote,
+    src: Local,
+    size: u64,
+    slots: u64,
+    iters: u32,
+    qps: u32,
+) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
+    let threads = launch.grid as u64 * launch.block as u64;
+    let per_thread = (iters as u64 * qps as u64).div_ceil(threads).max(1);
+    let windows = (WINDOWS as u64).min(per_thread);
+    let per_window = per_thread.div_ceil(windows) as u32;
+    let check = |run: gdaki::cuda::KernelRun| -> anyhow::Result<Duration> {
+        if let Some((t, code)) = run.first_failure() {
+            bail!("GPU thread {t}: {}", Code(code));
+        }
+        Ok(run.elapsed)
+    };
+    let stream = |first: u64, iters: u32| gdaki::cuda::PutStream {
+        dst,
+        src,
+        len: size,
+        slots,
+        first,
+        iters,
+    };
+    // Warm-up: one message per thread (module load, first touches of the rings).
+    check(gpu.run_put(handles, launch, &stream(0, 1))?)?;
+    let mut out = Vec::new();
+    for w in 0..windows {
+        let first = w * per_window as u64 * threads;
+        let t = check(gpu.run_put(handles, launch, &stream(first, per_window))?)?;
+        out.push((t, per_window as u64 * threads));
+    }
+    let per_qp = windows * per_window as u64 * threads / qps as u64;
+    Ok((out, per_qp))
+}
+
+/// Timed CPU windows: one thread per QP, released together; (wall time, messages) each, and
+/// messages per QP in all.
+fn cpu_windows(
+    qps: &[(CompletionQueue, QueuePair)],
+    dst: Remote,
+    src: Local,
+    size: u64,
+    slots: u64,
+    iters: u32,
+) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
+    let windows = WINDOWS.min(iters);
+    let per_window = iters.div_ceil(windows);
+    let barrier = Barrier::new(qps.len() + 1);
+    let mut out = Vec::new();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let workers: Vec<_> = qps
+            .iter()
+            .map(|(_, q)| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<(), String> {
+                    // SAFETY: each QP has exactly one posting thread (this one), in exclusive
+                    // mode, and the QP outlives the scope.
+                    let dev = unsafe { q.cpu::<Exclusive>() };
+                    // Warm-up, untimed: every slot once (first touches of the pages).
+                    let mut result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32)
+                        .map_err(|e| e.to_string());
+                    for w in 0..windows {
+                        barrier.wait();
+                        if result.is_ok() {
+                            // Messages continue across windows, so every slot gets written.
+                            let first = (w * per_window) as u64;
+                            result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, first, 1, per_window)
+                                .map_err(|e| e.to_string());
+                        }
+                        barrier.wait();
+                    }
+                    result
+                })
+            })
+            .collect();
+        for _ in 0..windows {
+            barrier.wait();
+            let started = Instant::now();
+            barrier.wait();
+            out.push((started.elapsed(), per_window as u64 * qps.len() as u64));
+        }
+        for (i, w) in workers.into_iter().enumerate() {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("posting thread {i} panicked"))?
+                .map_err(|e| anyhow::anyhow!("QP {i}: {e}"))?;
+        }
+        Ok(())
+    })?;
+    Ok((out, windows as u64 * per_window as u64))
+}
+
+/// The reference bandwidth (MiB/s) for `count` messages of `size` bytes: on the GPU a device
+/// copy between two buffers, on the CPU memcpy through the same slots the puts cycle through
+/// (so both see the same caches).
+fn reference_bw(session: &Session, size: u64, slots: u64, count: u32) -> anyhow::Result<f64> {
+    let elapsed = match &session.gpu {
+        Some(gpu) => gpu.device_copy(size as usize, count)?,
+        None => {
+            let n = (size * slots) as usize;
+            let (a, mut b) = (vec![1u8; n], vec![0u8; n]);
+            b.copy_from_slice(&a); // first touches, untimed
+            let started = Instant::now();
+            for m in 0..count as u64 {
+                let at = ((m % slots) * size) as usize;
+                b[at..at + size as usize].copy_from_slice(&a[at..at + size as usize]);
+                std::hint::black_box(&mut b);
+            }
+            started.elapsed()
+        }
+    };
+    Ok((size * count as u64) as f64 / elapsed.as_secs_f64().max(1e-12) / MIB)
+}
+
+fn header_lines(
+    cli: &Cli,
+    plan: &gdaki_examples::cli::Plan,
+    session: &Session,
+    launch: Option<&DataPathLaunch>,
+    qps: &[(CompletionQueue, QueuePair)],
+) -> Vec<(&'static str, String)> {
+    let p = params(cli, plan, session, launch);
+    let mut v = vec![
+        ("Device", p.device.clone()),
+        ("Provider", p.provider.clone()),
+        (
+            "Mode",
+            match &p.gpu {
+                Some(g) => format!("gpu ({g})"),
+                None => "cpu (CPU threads run the device code)".into(),
+            },
+        ),
+        ("Scope", format!("{:?}", p.scope).to_lowercase()),
+        ("Handler", "direct (the poster rings the doorbell)".into()),
+        ("Number of qps", p.qps.to_string()),
+        ("Connection type", "RC".into()),
+        (
+            "Transport",
+            match &plan.role {
+                Role::Loopback => "in-process loopback".into(),
+                Role::Server(port) => format!("server, setup port {port}"),
+                Role::Client(a) => format!("client of {a}"),
+            },
+        ),
+        ("TX depth", p.tx_depth.to_string()),
+        ("Memory", p.memory.into()),
+        ("Iterations", format!("{} per QP per size", p.iterations)),
+        (
+            "Sizes",
+            match plan.sizes.as_slice() {
+                [one] => one.to_string(),
+                s => format!("{} .. {} ({} sizes)", s[0], s[s.len() - 1], s.len()),
+            },
+        ),
+    ];
+    if let Some(l) = launch {
+        v.push((
+            "GPU launch",
+            format!(
+                "{} blocks x {} threads, {} sharing",
+                l.grid,
+                l.block,
+                p.sharing.unwrap_or_default()
+            ),
+        ));
+    }
+    for (_, q) in qps.iter().take(4) {
+        let e = q.endpoint();
+        v.push(("local address", format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn)));
+    }
+    v
+}
+
+fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch: Option<&DataPathLaunch>) -> Params {
+    Params {
+        role: match plan.role {
+            Role::Loopback => "loopback",
+            Role::Server(_) => "server",
+            Role::Client(_) => "client",
+        },
+        provider: session.ctx.provider().to_string(),
+        device: cli
+            .common
+            .device
+            .clone()
+            .unwrap_or_else(|| session.ctx.provider().to_string()),
+        mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
+        gpu: session.gpu.as_ref().map(|g| {
+            let name = g.context().name().unwrap_or_else(|_| "?".into());
+            format!("{name}, GPU {}", cli.common.gpu)
+        }),
+        scope: plan.scope,
+        handler: "direct",
+        qps: cli.qps,
+        tx_depth: plan.tx_depth,
+        memory: match (&session.gpu, &plan.role) {
+            (_, Role::Server(_)) => "host",
+            (Some(_), _) => "host-pinned, mapped into the GPU",
+            (None, _) => "host",
+        },
+        blocks: launch.map(|l| l.grid),
+        threads_per_block: launch.map(|l| l.block),
+        sharing: launch.map(|l| format!("{:?}", l.mode).to_lowercase()),
+        iterations: plan.iters,
+        sizes: plan.sizes.clone(),
+        bw_unit: if cli.report_gbits { "Gb/s" } else { "MiB/s" },
+    }
+}
+
+fn write_plot(path: &PathBuf, cli: &Cli, session: &Session, rows: &[BwRow]) -> anyhow::Result<()> {
+    let who = match &session.gpu {
+        Some(g) => g.context().name().unwrap_or_else(|_| "GPU".into()),
+        None => "CPU mode".into(),
+    };
+    let ref_name = if session.gpu.is_some() { "device copy" } else { "memcpy" };
+    let bw: Vec<(f64, f64)> = rows.iter().map(|r| (r.bytes as f64, r.bw_avg_mib_s)).collect();
+    let rf: Vec<(f64, f64)> = rows.iter().map(|r| (r.bytes as f64, r.ref_bw_mib_s)).collect();
+    let rate: Vec<(f64, f64)> = rows.iter().map(|r| (r.bytes as f64, r.msg_rate_mpps)).collect();
+    let ref_rate: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.bytes as f64, r.ref_bw_mib_s * MIB / r.bytes as f64 / 1e6))
+        .collect();
+    let doc = plot::svg(
+        &format!("put_bw, {} QP(s), {:?} scope, {who}", cli.qps, cli.common.scope).to_lowercase(),
+        "message size [bytes]",
+        &[
+            Panel {
+                y_label: "bandwidth [MiB/s]",
+                series: vec![
+                    Series {
+                        name: "put_bw average",
+                        color: "#1f77b4",
+                        points: bw,
+                    },
+                    Series {
+                        name: ref_name,
+                        color: "#ff7f0e",
+                        points: rf,
+                    },
+                ],
+            },
+            Panel {
+                y_label: "message rate [Mpps]",
+                series: vec![
+                    Series {
+                        name: "put_bw",
+                        color: "#1f77b4",
+                        points: rate,
+                    },
+                    Series {
+                        name: ref_name,
+                        color: "#ff7f0e",
+                        points: ref_rate,
+                    },
+                ],
+            },
+        ],
+    );
+    std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("put_bw: plot written to {}", path.display());
+    Ok(())
+}

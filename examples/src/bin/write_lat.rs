@@ -1,0 +1,400 @@
+//! `write_lat`: RDMA WRITE ping-pong latency, both sides polling for the peer's message in a
+//! GPU kernel (or, in CPU mode, a CPU thread running the same device code), timed with the
+//! GPU's global timer, in perftest `ib_write_lat`'s format (one-way = half the round trip),
+//! next to references measured in the same run: the GPU <-> CPU round trip through host-pinned
+//! memory and a synchronised 8-byte copy (CPU mode: a thread-to-thread round trip).
+//!
+//! `write_lat [-s SIZE | -a] [-n ITERS] [--json]` loops back in one process; `write_lat --server`
+//! and `write_lat SERVER` run across two.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use clap::Parser;
+use gdaki::handshake::Hello;
+use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair};
+use gdaki_device::status::Code;
+use gdaki_device::Exclusive;
+use gdaki_examples::cli::{Common, Plan, Role};
+use gdaki_examples::report::{self, JsonReport, LatRow};
+use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
+use gdaki_layout::perf::PingPongSide;
+use serde::Serialize;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "write_lat",
+    version,
+    about = "RDMA WRITE ping-pong latency, polled by GPU kernels (or CPU threads) through gdaki"
+)]
+struct Cli {
+    #[command(flatten)]
+    common: Common,
+}
+
+/// One participant of the ping-pong in this process.
+struct Side {
+    _cq: CompletionQueue,
+    qp: QueuePair,
+    post: MemoryRegion,
+    poll: MemoryRegion,
+    initiator: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Params {
+    role: &'static str,
+    provider: String,
+    mode: &'static str,
+    gpu: Option<String>,
+    handler: &'static str,
+    memory: &'static str,
+    iterations: u32,
+    sizes: Vec<u64>,
+}
+
+/// The references, in microseconds (medians).
+#[derive(Debug, Default, Serialize)]
+struct Reference {
+    /// GPU thread <-> CPU thread flag round trip through host-pinned memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pinned_round_trip_us: Option<f64>,
+    /// Synchronous 8-byte host-to-device copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    synced_copy_8b_us: Option<f64>,
+    /// CPU mode: thread <-> thread flag round trip through shared memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread_round_trip_us: Option<f64>,
+}
+
+fn main() {
+    gdaki_examples::init_tracing();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("write_lat: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let plan = cli
+        .common
+        .plan(2, 1000, || gdaki::cuda::Gpu::open(cli.common.gpu).is_ok())?;
+    let mut session = Session::open(&cli.common, &plan)?;
+    let symmetric = Symmetric {
+        test: "write_lat".into(),
+        sizes: plan.sizes.clone(),
+        iters: plan.iters,
+        qps: 1,
+    };
+    let cfg = QpConfig {
+        sq_size: plan.tx_depth,
+        timeout: plan.timeout,
+        retry_timeout: plan.timeout.mul_f64(0.8),
+        ..Default::default()
+    };
+    let max = *plan.sizes.last().context("no sizes")? as usize;
+    let side = |session: &Session, initiator| -> anyhow::Result<Side> {
+        let cq = session.ctx.create_cq(plan.tx_depth)?;
+        let qp = session.ctx.create_qp(&cq, cfg)?;
+        Ok(Side {
+            _cq: cq,
+            qp,
+            post: session.alloc(max)?,
+            poll: session.alloc(max)?,
+            initiator,
+        })
+    };
+    // Each side: its own buffers and where its messages go (the peer's poll buffer).
+    let mut sides: Vec<(Side, gdaki_device::Remote)> = Vec::new();
+    match plan.role {
+        Role::Loopback => {
+            let (a, b) = (side(&session, true)?, side(&session, false)?);
+            a.qp.connect(&b.qp.endpoint())?;
+            b.qp.connect(&a.qp.endpoint())?;
+            let (to_b, to_a) = (b.poll.remote(0), a.poll.remote(0));
+            sides.push((a, to_b));
+            sides.push((b, to_a));
+        }
+        Role::Server(_) | Role::Client(_) => {
+            let me = side(&session, matches!(plan.role, Role::Client(_)))?;
+            let hello = Hello {
+                app: vec![],
+                endpoints: vec![me.qp.endpoint()],
+                regions: vec![me.poll.remote_region()],
+            };
+            let theirs = session.exchange(&symmetric, hello)?.context("no hello")?;
+            let (Some(e), Some(r)) = (theirs.endpoints.first(), theirs.regions.first()) else {
+                bail!("the peer offered no QP or no buffer");
+            };
+            if r.len < max as u64 {
+                bail!("the peer's buffer is {} bytes, {max} needed", r.len);
+            }
+            me.qp.connect(e)?;
+            sides.push((
+                me,
+                gdaki_device::Remote {
+                    addr: r.addr,
+                    rkey: r.rkey,
+                },
+            ));
+            session.agree(1, Ok(()))?;
+        }
+    }
+    let exported = match &session.gpu {
+        Some(gpu) => sides
+            .iter()
+            .map(|(s, _)| s.qp.export_gpu(gpu))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+    };
+
+    let reference = measure_reference(&session)?;
+    let params = Params {
+        role: match plan.role {
+            Role::Loopback => "loopback",
+            Role::Server(_) => "server",
+            Role::Client(_) => "client",
+        },
+        provider: session.ctx.provider().to_string(),
+        mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
+        gpu: session.gpu.as_ref().map(|g| {
+            let name = g.context().name().unwrap_or_else(|_| "?".into());
+            format!("{name}, GPU {}", cli.common.gpu)
+        }),
+        handler: "direct",
+        memory: if session.gpu.is_some() {
+            "host-pinned, mapped into the GPU"
+        } else {
+            "host"
+        },
+        iterations: plan.iters,
+        sizes: plan.sizes.clone(),
+    };
+    if !cli.common.json {
+        print_header(&plan, &params, &sides);
+        println!("{}", LatRow::header());
+    }
+    let mut rows = Vec::new();
+    for (i, &size) in plan.sizes.iter().enumerate() {
+        report::progress("write_lat", i, plan.sizes.len(), size);
+        let payload = pattern_bytes(size, 0, size as usize - 1);
+        for (s, _) in &sides {
+            s.poll.write(0, &vec![0u8; size as usize])?;
+            s.post.write(0, &payload)?;
+        }
+        session.agree(10 + 3 * i as u64, Ok(()))?; // both sides ready
+        let times = match &session.gpu {
+            Some(gpu) => {
+                let dev: Vec<PingPongSide> = sides
+                    .iter()
+                    .zip(&exported)
+                    .map(|((s, to), g)| ping_pong_side(s, *to, g.device_handle()))
+                    .collect();
+                let run = gpu.run_write_lat(&dev, size, plan.iters)?;
+                if let Some((k, &c)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
+                    bail!(
+                        "{} side: {}",
+                        if sides[k].0.initiator { "initiator" } else { "responder" },
+                        Code(c)
+                    );
+                }
+                run.times.into_iter().next().unwrap_or_default()
+            }
+            None => cpu_ping_pong(&sides, size, plan.iters)?,
+        };
+        session.agree(11 + 3 * i as u64, Ok(()))?; // both sides done
+                                                   // Every side received the other's message and the last flag.
+        let mut want = payload.clone();
+        want.push((plan.iters as u8).to_le_bytes()[0]);
+        let verdict = sides
+            .iter()
+            .try_for_each(|(s, _)| check_bytes(&s.poll, 0, &want, &format!("{size}-byte message")));
+        session.agree(12 + 3 * i as u64, verdict)?;
+        let round_trips: Vec<u64> = times.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
+        let row = LatRow {
+            iterations: plan.iters as u64,
+            ..LatRow::from_round_trips(size, &round_trips)
+        };
+        if !cli.common.json {
+            println!("{}", row.line());
+        }
+        rows.push(row);
+    }
+    if cli.common.json {
+        let out = JsonReport {
+            test: "write_lat",
+            version: env!("CARGO_PKG_VERSION"),
+            params,
+            reference,
+            results: rows,
+            validation: "ok",
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        report::print_rule();
+        let typical = rows.first().map(|r| r.t_typical_us).unwrap_or(0.0);
+        if let Some(rt) = reference.pinned_round_trip_us {
+            println!(" Ref: GPU <-> CPU round trip through host-pinned memory: {rt:.2} usec (median)");
+            println!(
+                " Ref: synchronised 8-byte host-to-device copy: {:.2} usec (median)",
+                reference.synced_copy_8b_us.unwrap_or(0.0)
+            );
+            println!(
+                " t_typical ({} B) / pinned round trip: {:.2}",
+                plan.sizes[0],
+                typical / rt.max(1e-9)
+            );
+        }
+        if let Some(rt) = reference.thread_round_trip_us {
+            println!(" Ref: CPU thread <-> thread round trip through shared memory: {rt:.2} usec (median)");
+            println!(
+                " t_typical ({} B) / thread round trip: {:.2}",
+                plan.sizes[0],
+                typical / rt.max(1e-9)
+            );
+        }
+        println!(" Validation: every size's messages arrived intact");
+    }
+    Ok(())
+}
+
+fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64) -> PingPongSide {
+    PingPongSide {
+        qp,
+        post: s.post.addr(),
+        poll: s.poll.addr(),
+        remote: to.addr,
+        lkey: s.post.lkey(),
+        rkey: to.rkey,
+        initiator: s.initiator as u32,
+        pad: 0,
+        times: 0,
+    }
+}
+
+/// CPU mode: one thread per side runs the device crate's ping-pong; returns the first side's
+/// send timestamps.
+fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) -> anyhow::Result<Vec<u64>> {
+    std::thread::scope(|sc| {
+        let workers: Vec<_> = sides
+            .iter()
+            .map(|(s, to)| {
+                sc.spawn(move || -> Result<Vec<u64>, String> {
+                    let mut times = vec![0u64; iters as usize];
+                    let mut side = ping_pong_side(s, *to, 0);
+                    side.times = times.as_mut_ptr() as u64;
+                    // SAFETY: this thread is the QP's only poster (exclusive); the buffers are
+                    // the side's regions (at least `size` bytes), and `times` holds `iters`.
+                    let r = unsafe {
+                        let qp = s.qp.cpu::<Exclusive>();
+                        gdaki_device::perf::ping_pong(qp, &side, size, iters)
+                    };
+                    r.map(|()| times).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let mut first = None;
+        for (k, w) in workers.into_iter().enumerate() {
+            let t = w
+                .join()
+                .map_err(|_| anyhow::anyhow!("ping-pong thread panicked"))?
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{} side: {e}",
+                        if sides[k].0.initiator { "initiator" } else { "responder" }
+                    )
+                })?;
+            first.get_or_insert(t);
+        }
+        Ok(first.unwrap_or_default())
+    })
+}
+
+fn median_us(mut ns: Vec<u64>) -> f64 {
+    ns.sort_unstable();
+    ns.get(ns.len() / 2).copied().unwrap_or(0) as f64 / 1e3
+}
+
+fn measure_reference(session: &Session) -> anyhow::Result<Reference> {
+    const N: u32 = 1000;
+    Ok(match &session.gpu {
+        Some(gpu) => Reference {
+            pinned_round_trip_us: Some(median_us(gpu.pinned_round_trip(N)?)),
+            synced_copy_8b_us: Some(median_us(
+                gpu.synced_copy(N)?.iter().map(|d| d.as_nanos() as u64).collect(),
+            )),
+            thread_round_trip_us: None,
+        },
+        None => Reference {
+            thread_round_trip_us: Some(median_us(thread_round_trip(N))),
+            ..Default::default()
+        },
+    })
+}
+
+/// Round trips (ns) of a flag ping-pong between two CPU threads.
+fn thread_round_trip(iters: u32) -> Vec<u64> {
+    let (ping, pong) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=iters as u64 {
+                while ping.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                pong.store(i, Ordering::Release);
+            }
+        });
+        (1..=iters as u64)
+            .map(|i| {
+                let t = Instant::now();
+                ping.store(i, Ordering::Release);
+                while pong.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                t.elapsed().as_nanos() as u64
+            })
+            .collect()
+    })
+}
+
+fn print_header(plan: &Plan, p: &Params, sides: &[(Side, gdaki_device::Remote)]) {
+    let mut lines = vec![
+        ("Device", p.provider.clone()),
+        ("Provider", p.provider.clone()),
+        (
+            "Mode",
+            match &p.gpu {
+                Some(g) => format!("gpu ({g}), one thread per side polls"),
+                None => "cpu (CPU threads run the device code)".into(),
+            },
+        ),
+        ("Handler", "direct (the poster rings the doorbell)".into()),
+        ("Number of qps", "1".into()),
+        ("Connection type", "RC".into()),
+        (
+            "Transport",
+            match &plan.role {
+                Role::Loopback => "in-process loopback".into(),
+                Role::Server(port) => format!("server, setup port {port}"),
+                Role::Client(a) => format!("client of {a}"),
+            },
+        ),
+        ("TX depth", plan.tx_depth.to_string()),
+        ("Memory", p.memory.into()),
+        ("Iterations", format!("{} round trips per size", p.iterations)),
+        (
+            "Timer",
+            if p.gpu.is_some() {
+                "GPU %globaltimer"
+            } else {
+                "CPU monotonic clock"
+            }
+            .into(),
+        ),
+    ];
+    for (s, _) in sides {
+        let e = s.qp.endpoint();
+        lines.push(("local address", format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn)));
+    }
+    report::print_header("RDMA_Write Latency Test (gdaki write_lat)", &lines);
+}

@@ -1,0 +1,239 @@
+//! The flags both perftests take, in perftest's spelling where it has one (`-s`, `-a`, `-n`,
+//! `-q`, `-t`, `-d`, `-p`, `--report-gbits`), plus gdaki's own (provider, mode, scope, GPU
+//! launch shape), and their check into a [`Plan`].
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, ValueEnum};
+use gdaki::cuda::KernelScope;
+use gdaki::Provider;
+
+/// The smallest and largest sizes of an `-a` sweep (perftest's 2 B .. 8 MiB).
+pub const SWEEP: (u64, u64) = (2, 8 << 20);
+/// perftest's default setup port.
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// Who posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// GPU kernels if a usable GPU is there, else CPU threads.
+    Auto,
+    /// GPU kernels.
+    Gpu,
+    /// CPU threads running the same device code.
+    Cpu,
+}
+
+/// Who posts together on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Every thread posts on its own.
+    Thread,
+    /// Each warp posts as one (one reservation and one doorbell per warp).
+    Warp,
+    /// Each block posts as one.
+    Block,
+}
+
+impl Scope {
+    /// The kernel instantiation's scope.
+    pub fn kernel(self) -> KernelScope {
+        match self {
+            Scope::Thread => KernelScope::Thread,
+            Scope::Warp => KernelScope::Warp,
+            Scope::Block => KernelScope::Block,
+        }
+    }
+}
+
+/// Flags common to `put_bw` and `write_lat`.
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// Connect to a server at this address (host or host:port); without it, and without
+    /// --server, both sides run in this process (loopback).
+    pub server_address: Option<String>,
+    /// Wait for a client (the passive side of a two-process run).
+    #[arg(long)]
+    pub server: bool,
+    /// TCP port of the setup connection, on both sides.
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Message size in bytes.
+    #[arg(short = 's', long)]
+    pub size: Option<u64>,
+    /// Every power of two from 2 B to 8 MiB.
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Iterations (messages per QP, or round trips) per size.
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u32>,
+    /// Send queue depth in WQEs (a power of two).
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+    /// RDMA device (the soft provider has one: "soft").
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// Provider: soft, mlx5 or auto (mlx5 where a ConnectX device exists).
+    #[arg(long, default_value = "auto")]
+    pub provider: Provider,
+    /// Who posts: GPU kernels, CPU threads, or auto (GPU if usable).
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+    /// GPU index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Execution scope of the posting kernel.
+    #[arg(long, value_enum, default_value_t = Scope::Thread)]
+    pub scope: Scope,
+    /// Ring doorbells from a CPU proxy thread instead of the poster.
+    #[arg(long)]
+    pub cpu_proxy: bool,
+    /// Seconds to wait for the peer during setup and for each wait of the data path.
+    #[arg(long, default_value_t = 10)]
+    pub timeout: u64,
+    /// Print one JSON object on stdout instead of the header and table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the peer is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Both sides in this process.
+    Loopback,
+    /// Wait for a client on this port.
+    Server(u16),
+    /// Connect to this server.
+    Client(SocketAddr),
+}
+
+/// Checked flags.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Loopback, server or client.
+    pub role: Role,
+    /// Sizes to run, ascending.
+    pub sizes: Vec<u64>,
+    /// Iterations per size.
+    pub iters: u32,
+    /// Send queue depth.
+    pub tx_depth: u32,
+    /// GPU or CPU (resolved).
+    pub gpu: Option<usize>,
+    /// Posting scope.
+    pub scope: Scope,
+    /// Bound of every wait.
+    pub timeout: Duration,
+}
+
+impl Common {
+    /// Checks the flags; `default_size` and `default_iters` are the test's own defaults.
+    pub fn plan(
+        &self,
+        default_size: u64,
+        default_iters: u32,
+        gpu_usable: impl FnOnce() -> bool,
+    ) -> anyhow::Result<Plan> {
+        if self.cpu_proxy {
+            bail!("--cpu-proxy: the CPU proxy is not available yet (it lands with issue #7); run without it");
+        }
+        if let Some(d) = &self.device {
+            if self.provider != Provider::Mlx5 && d != "soft" {
+                bail!("-d {d}: the soft provider has one device, \"soft\" (mlx5 devices need --provider mlx5)");
+            }
+        }
+        let sizes = match (self.all, self.size) {
+            (true, Some(_)) => bail!("-a and -s exclude each other"),
+            (true, None) => (SWEEP.0.trailing_zeros()..=SWEEP.1.trailing_zeros())
+                .map(|b| 1u64 << b)
+                .collect(),
+            (false, Some(0)) => bail!("-s 0: the message size must be at least 1 byte"),
+            (false, Some(s)) if s > SWEEP.1 * 128 => bail!("-s {s}: at most {} bytes", SWEEP.1 * 128),
+            (false, Some(s)) => vec![s],
+            (false, None) => vec![default_size],
+        };
+        let iters = self.iters.unwrap_or(default_iters);
+        if iters < 5 {
+            bail!("-n {iters}: at least 5 iterations");
+        }
+        let tx_depth = self.tx_depth.unwrap_or(1024);
+        if !tx_depth.is_power_of_two() || !(2..=32768).contains(&tx_depth) {
+            bail!("-t {tx_depth}: the send queue depth must be a power of two from 2 to 32768");
+        }
+        let role = match (&self.server_address, self.server) {
+            (Some(_), true) => bail!("--server and a server address exclude each other"),
+            (None, true) => Role::Server(self.port),
+            (None, false) => Role::Loopback,
+            (Some(a), false) => Role::Client(resolve(a, self.port)?),
+        };
+        let gpu = match self.mode {
+            Mode::Cpu => None,
+            Mode::Gpu => Some(self.gpu),
+            Mode::Auto if gpu_usable() => Some(self.gpu),
+            Mode::Auto => None,
+        };
+        if gpu.is_none() && self.scope != Scope::Thread {
+            bail!("--scope {:?}: CPU mode posts from one CPU thread per QP (thread scope); warp and block scope need --mode gpu", self.scope);
+        }
+        if self.timeout == 0 {
+            bail!("--timeout 0: at least one second");
+        }
+        Ok(Plan {
+            role,
+            sizes,
+            iters,
+            tx_depth,
+            gpu,
+            scope: self.scope,
+            timeout: Duration::from_secs(self.timeout),
+        })
+    }
+}
+
+/// `host`, `host:port` or `[v6]:port`, resolved; the port defaults to `-p`'s.
+fn resolve(addr: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let with_port = if addr.parse::<std::net::IpAddr>().is_ok() || !addr.contains(':') {
+        format!("{}:{port}", addr.trim_matches(['[', ']']))
+    } else {
+        addr.to_string()
+    };
+    let with_port = match with_port.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{with_port}]"),
+        Err(_) => with_port,
+    };
+    let mut it = with_port
+        .to_socket_addrs()
+        .or_else(|_| format!("[{}]:{port}", addr.trim_matches(['[', ']'])).to_socket_addrs())
+        .with_context(|| format!("cannot resolve the server address {addr:?}"))?;
+    it.next()
+        .with_context(|| format!("the server address {addr:?} resolves to nothing"))
+}
+
+/// `--plot FILE.svg` (put_bw).
+pub fn check_plot_path(p: &Option<PathBuf>) -> anyhow::Result<()> {
+    if let Some(p) = p {
+        if p.extension().is_none_or(|e| !e.eq_ignore_ascii_case("svg")) {
+            bail!("--plot {}: the plot is an SVG file (name it *.svg)", p.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_resolve_with_and_without_ports() {
+        assert_eq!(resolve("127.0.0.1", 7).unwrap(), "127.0.0.1:7".parse().unwrap());
+        assert_eq!(resolve("127.0.0.1:9", 7).unwrap(), "127.0.0.1:9".parse().unwrap());
+        assert_eq!(resolve("::1", 7).unwrap(), "[::1]:7".parse().unwrap());
+        assert_eq!(resolve("[::1]:9", 7).unwrap(), "[::1]:9".parse().unwrap());
+        assert!(resolve("no.such.host.invalid", 7).is_err());
+    }
+}

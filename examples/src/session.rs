@@ -1,0 +1,192 @@
+//! Setting a run up: the context (and GPU), memory for the test, and for two-process runs the
+//! setup connection (perftest's socket) with the flags check and the barriers around each size.
+use std::net::{SocketAddr, TcpListener};
+
+use anyhow::{bail, Context as _};
+use gdaki::cuda::Gpu;
+use gdaki::handshake::{Channel, Hello};
+use gdaki::{Access, Context, MemoryRegion};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::cli::{Common, Plan, Role};
+
+/// The flags that must be equal on both sides (perftest's "SYMMETRIC" ones), compared by the
+/// server when the client says hello.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Symmetric {
+    /// `put_bw` or `write_lat`.
+    pub test: String,
+    /// Sizes, in order.
+    pub sizes: Vec<u64>,
+    /// Iterations per size.
+    pub iters: u32,
+    /// Number of QPs.
+    pub qps: u32,
+}
+
+impl Symmetric {
+    /// Why `theirs` (the client's) does not match `self` (the server's), flag by flag.
+    pub fn mismatch(&self, theirs: &Symmetric) -> Option<String> {
+        let mut why = Vec::new();
+        if self.test != theirs.test {
+            why.push(format!("the client runs {}, this server {}", theirs.test, self.test));
+        }
+        if self.sizes != theirs.sizes {
+            let show = |s: &[u64]| match s {
+                [one] => format!("-s {one}"),
+                _ => format!("-a ({} sizes)", s.len()),
+            };
+            why.push(format!(
+                "client {} vs server {}",
+                show(&theirs.sizes),
+                show(&self.sizes)
+            ));
+        }
+        if self.iters != theirs.iters {
+            why.push(format!("client -n {} vs server -n {}", theirs.iters, self.iters));
+        }
+        if self.qps != theirs.qps {
+            why.push(format!("client -q {} vs server -q {}", theirs.qps, self.qps));
+        }
+        (!why.is_empty()).then(|| format!("test flags differ: {}", why.join("; ")))
+    }
+}
+
+/// An open run: the context, the GPU when kernels post, and the setup connection when the peer
+/// is another process.
+pub struct Session {
+    /// The provider's context.
+    pub ctx: Context,
+    /// The GPU, in GPU mode.
+    pub gpu: Option<Gpu>,
+    /// The setup connection (server or client).
+    pub channel: Option<Channel>,
+    /// Loopback, server or client.
+    pub role: Role,
+}
+
+impl Session {
+    /// Opens the provider (and GPU), and connects to the peer process if there is one: the
+    /// server waits for one client; the client fails at once on a refused connection.
+    pub fn open(common: &Common, plan: &Plan) -> anyhow::Result<Session> {
+        let gpu = match plan.gpu {
+            Some(i) => Some(Gpu::open(i).with_context(|| format!("GPU {i} (--mode cpu runs without one)"))?),
+            None => None,
+        };
+        let ctx = Context::open(common.provider).with_context(|| format!("opening provider {}", common.provider))?;
+        let channel =
+            match &plan.role {
+                Role::Loopback => None,
+                Role::Server(port) => {
+                    let bind = SocketAddr::from(([0, 0, 0, 0], *port));
+                    let listener = TcpListener::bind(bind).with_context(|| format!("listening on {bind}"))?;
+                    eprintln!("waiting for a client on port {port} ...");
+                    let ch = Channel::accept(&listener, plan.timeout).context("accepting the client")?;
+                    info!(peer = %ch.peer_addr(), "client connected");
+                    Some(ch)
+                }
+                Role::Client(addr) => Some(Channel::connect(*addr, plan.timeout).with_context(|| {
+                    format!("cannot connect to the server at {addr} (is `--server` running there?)")
+                })?),
+            };
+        if let Some(ch) = &channel {
+            // The transport listens on the interface that reaches the peer.
+            ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))
+                .context("starting the soft HCA's transport listener")?;
+        }
+        Ok(Session {
+            ctx,
+            gpu,
+            channel,
+            role: plan.role.clone(),
+        })
+    }
+
+    /// `len` zeroed bytes for the test: host-pinned and mapped into the GPU in GPU mode, plain
+    /// host memory in CPU mode.
+    pub fn alloc(&self, len: usize) -> anyhow::Result<MemoryRegion> {
+        Ok(match &self.gpu {
+            Some(gpu) => self.ctx.alloc_pinned_region(gpu, len, Access::ALL)?,
+            None => self.ctx.alloc_region(len, Access::ALL)?,
+        })
+    }
+
+    /// Says hello to the peer and returns its hello: the client speaks first and the server
+    /// checks the test flags, rejecting a client whose flags differ (both sides then exit with
+    /// the reason). `None` in loopback.
+    pub fn exchange(&mut self, mine: &Symmetric, mut hello: Hello) -> anyhow::Result<Option<Hello>> {
+        let role = self.role.clone();
+        let Some(ch) = self.channel.as_mut() else {
+            return Ok(None);
+        };
+        hello.app = serde_json::to_vec(mine)?;
+        match role {
+            Role::Client(_) => {
+                ch.send(&hello)?;
+                let theirs = ch.receive().context("the server's answer")?;
+                Ok(Some(theirs))
+            }
+            Role::Server(_) => {
+                let theirs = ch.receive().context("the client's hello")?;
+                let flags: Symmetric = serde_json::from_slice(&theirs.app).map_err(|e| {
+                    anyhow::anyhow!(
+                        "the client's test flags are unreadable ({e}): is it a gdaki perftest of this version?"
+                    )
+                })?;
+                if let Some(why) = mine.mismatch(&flags) {
+                    let _ = ch.reject(&why);
+                    bail!("{why}");
+                }
+                ch.send(&hello)?;
+                Ok(Some(theirs))
+            }
+            Role::Loopback => Ok(None),
+        }
+    }
+
+    /// A barrier with the peer that also carries this side's verdict: `Err` is sent to the peer
+    /// as a rejection (and returned), and a peer's rejection comes back as an error. A no-op
+    /// verdict check in loopback.
+    pub fn agree(&mut self, step: u64, verdict: anyhow::Result<()>) -> anyhow::Result<()> {
+        let Some(ch) = self.channel.as_mut() else {
+            return verdict;
+        };
+        if let Err(e) = verdict {
+            let _ = ch.reject(&format!("{e:#}"));
+            return Err(e);
+        }
+        ch.sync(step).context("the peer")?;
+        Ok(())
+    }
+}
+
+/// The byte at `offset` of a `size`-byte test message: differs between sizes, so a stale
+/// message of another size fails validation.
+pub fn pattern(size: u64, offset: u64) -> u8 {
+    (offset
+        .wrapping_mul(131)
+        .wrapping_add(size.wrapping_mul(7))
+        .wrapping_add(1)
+        % 251) as u8
+}
+
+/// `len` bytes of [`pattern`] for `size`, starting at `offset`.
+pub fn pattern_bytes(size: u64, offset: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|i| pattern(size, offset + i)).collect()
+}
+
+/// Compares `len` bytes of `region` at `offset` with `want`, naming the first difference.
+pub fn check_bytes(region: &MemoryRegion, offset: u64, want: &[u8], what: &str) -> anyhow::Result<()> {
+    let mut got = vec![0u8; want.len()];
+    region.read(offset, &mut got)?;
+    match got.iter().zip(want).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(i) => bail!(
+            "validation failed: {what}: byte {} is {:#04x}, expected {:#04x}",
+            offset + i as u64,
+            got[i],
+            want[i]
+        ),
+    }
+}

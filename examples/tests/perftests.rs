@@ -1,0 +1,301 @@
+//! `put_bw` and `write_lat` end to end, as users run them: loopback and server / client on
+//! 127.0.0.1 in CPU mode (the table parses, data is validated, `--json` has the documented
+//! keys), the errors users hit (flag mismatch, refused connection, bad flags), and the same on
+//! a GPU where one is usable (SKIPPED otherwise, unless `GDAKI_REQUIRE_GPU=1`).
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+/// A perftest binary: cargo's build, or `$GDAKI_BIN_DIR/<name>` in the GPU bundle.
+fn bin(name: &str) -> std::path::PathBuf {
+    match std::env::var_os("GDAKI_BIN_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir).join(name),
+        None => match name {
+            "put_bw" => env!("CARGO_BIN_EXE_put_bw").into(),
+            _ => env!("CARGO_BIN_EXE_write_lat").into(),
+        },
+    }
+}
+
+fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(bin(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"))
+}
+
+fn ok(name: &str, args: &[&str]) -> String {
+    let out = run(name, args);
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The table rows: lines that start with a number, split into columns.
+fn rows(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .filter(|l| l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+fn num(s: &str) -> f64 {
+    s.trim_end_matches('%')
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {s}"))
+}
+
+/// A TCP port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `name --server` and `name 127.0.0.1` with their own flags; returns both outputs.
+fn server_client(name: &str, server: &[&str], client: &[&str]) -> (Output, Output) {
+    let port = free_port().to_string();
+    let mut s = Command::new(bin(name))
+        .args(["--server", "-p", &port])
+        .args(server)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client retries until the server listens (a refused connection is an error at once).
+    let mut c = None;
+    for _ in 0..100 {
+        let out = run(name, &[&["127.0.0.1", "-p", &port][..], client].concat());
+        let refused = String::from_utf8_lossy(&out.stderr).contains("cannot connect");
+        if !refused {
+            c = Some(out);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let c = c.expect("the server never listened");
+    let _ = s.stdin.take().map(|mut i| i.flush());
+    (s.wait_with_output().unwrap(), c)
+}
+
+// ------------------------------------------------------------------------------ put_bw
+
+#[test]
+fn put_bw_loopback_prints_a_perftest_table_and_validates() {
+    let out = ok("put_bw", &["--mode", "cpu", "-s", "4096", "-n", "200", "-q", "2"]);
+    assert!(out.contains("RDMA_Write BW Test"), "{out}");
+    assert!(out.contains("#bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]"));
+    let r = rows(&out);
+    assert_eq!(r.len(), 1, "{out}");
+    assert_eq!(r[0].len(), 7, "{:?}", r[0]);
+    assert_eq!((num(&r[0][0]), num(&r[0][1])), (4096.0, 200.0));
+    // Peak >= average > 0, and the message rate matches the average bandwidth.
+    let (peak, avg, mpps) = (num(&r[0][2]), num(&r[0][3]), num(&r[0][4]));
+    assert!(peak >= avg && avg > 0.0, "{out}");
+    let from_bw = avg * (1 << 20) as f64 / 4096.0 / 1e6;
+    assert!((mpps - from_bw).abs() / from_bw < 0.02, "{mpps} vs {from_bw}");
+    assert!(out.contains("Validation: every size's data arrived intact"));
+}
+
+#[test]
+fn put_bw_json_sweep_has_the_documented_schema() {
+    let dir = std::env::temp_dir().join(format!("gdaki-put-bw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("sweep.svg");
+    let out = ok(
+        "put_bw",
+        &[
+            "--mode",
+            "cpu",
+            "-a",
+            "-n",
+            "5",
+            "--json",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON object");
+    assert_eq!(v["test"], "put_bw");
+    assert_eq!(v["validation"], "ok");
+    for key in ["provider", "mode", "scope", "qps", "tx_depth", "iterations", "sizes"] {
+        assert!(v["params"].get(key).is_some(), "params.{key} missing: {v}");
+    }
+    assert!(v["reference"]["what"].as_str().unwrap().contains("memcpy"));
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 23, "2 B .. 8 MiB");
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["bytes"], 2u64 << i);
+        for key in [
+            "iterations",
+            "bw_peak_mib_s",
+            "bw_avg_mib_s",
+            "msg_rate_mpps",
+            "ref_bw_mib_s",
+            "bw_vs_ref",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
+        }
+    }
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        doc.starts_with("<svg") && doc.matches("<polyline").count() == 4,
+        "{doc}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn put_bw_server_and_client_validate_across_processes() {
+    let (s, c) = server_client(
+        "put_bw",
+        &["-s", "1000", "-n", "50", "-q", "2"],
+        &["--mode", "cpu", "-s", "1000", "-n", "50", "-q", "2"],
+    );
+    let (so, co) = (String::from_utf8_lossy(&s.stdout), String::from_utf8_lossy(&c.stdout));
+    assert!(
+        c.status.success(),
+        "client: {co}\n{}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(
+        s.status.success(),
+        "server: {so}\n{}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+    assert!(so.contains("data received correctly"), "{so}");
+    assert_eq!(rows(&co).len(), 1, "{co}");
+}
+
+#[test]
+fn put_bw_flag_mismatch_is_a_clear_error_on_both_sides() {
+    let (s, c) = server_client(
+        "put_bw",
+        &["-s", "4096", "-n", "50"],
+        &["--mode", "cpu", "-s", "8", "-n", "50"],
+    );
+    assert!(!s.status.success() && !c.status.success());
+    for out in [&s, &c] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("test flags differ: client -s 8 vs server -s 4096"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn refused_connections_and_bad_flags_are_clear_errors() {
+    let port = free_port().to_string();
+    for name in ["put_bw", "write_lat"] {
+        let out = run(name, &["127.0.0.1", "-p", &port, "--mode", "cpu", "-n", "5"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot connect to the server"), "{err}");
+    }
+    for (args, says) in [
+        (&["-s", "0"][..], "at least 1 byte"),
+        (&["-t", "3"], "power of two"),
+        (&["-n", "2"], "at least 5"),
+        (&["-a", "-s", "8"], "exclude each other"),
+        (&["--mode", "cpu", "--scope", "warp"], "need --mode gpu"),
+        (&["--cpu-proxy"], "issue #7"),
+        (&["-d", "mlx5_0"], "the soft provider has one device"),
+        (&["--plot", "x.png"], "SVG"),
+        (&["-q", "0"], "1 to 64"),
+    ] {
+        let out = run("put_bw", args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+// ------------------------------------------------------------------------------ write_lat
+
+#[test]
+fn write_lat_loopback_prints_a_perftest_table() {
+    let out = ok("write_lat", &["--mode", "cpu", "-n", "100"]);
+    assert!(out.contains("RDMA_Write Latency Test"), "{out}");
+    assert!(out.contains("t_typical[usec]") && out.contains("99.9% percentile[usec]"));
+    let r = rows(&out);
+    assert_eq!(r.len(), 1, "{out}");
+    assert_eq!(r[0].len(), 9, "{:?}", r[0]);
+    let v: Vec<f64> = r[0].iter().map(|c| num(c)).collect();
+    assert_eq!((v[0], v[1]), (2.0, 100.0));
+    // min <= typical <= p99 <= p99.9 <= max, all positive.
+    assert!(
+        v[2] > 0.0 && v[2] <= v[4] && v[4] <= v[7] && v[7] <= v[8] && v[8] <= v[3],
+        "{v:?}"
+    );
+    assert!(out.contains("thread <-> thread round trip"));
+    assert!(out.contains("Validation: every size's messages arrived intact"));
+}
+
+#[test]
+fn write_lat_json_and_server_client() {
+    let out = ok("write_lat", &["--mode", "cpu", "-s", "64", "-n", "50", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["test"], "write_lat");
+    let r = &v["results"][0];
+    for key in [
+        "t_min_us",
+        "t_max_us",
+        "t_typical_us",
+        "t_avg_us",
+        "t_stdev_us",
+        "p99_us",
+        "p999_us",
+    ] {
+        assert!(r[key].as_f64().is_some(), "{key} in {r}");
+    }
+    assert!(v["reference"]["thread_round_trip_us"].as_f64().is_some());
+
+    let flags = ["--mode", "cpu", "-s", "300", "-n", "60"];
+    let (s, c) = server_client("write_lat", &flags, &flags);
+    assert!(c.status.success(), "client: {}", String::from_utf8_lossy(&c.stderr));
+    assert!(s.status.success(), "server: {}", String::from_utf8_lossy(&s.stderr));
+    for out in [&s, &c] {
+        assert_eq!(rows(&String::from_utf8_lossy(&out.stdout)).len(), 1);
+    }
+}
+
+// ------------------------------------------------------------------------------ on a GPU
+
+/// Whether a GPU test may run here; prints the skip otherwise (fails under GDAKI_REQUIRE_GPU=1).
+fn gpu_or_skip(test: &str) -> bool {
+    match gdaki::cuda::Gpu::open(0) {
+        Ok(_) => true,
+        Err(e) if std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("GDAKI_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no usable GPU): {test}: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn perftests_on_the_gpu_in_every_scope() {
+    if !gpu_or_skip("perftests_on_the_gpu_in_every_scope") {
+        return;
+    }
+    for scope in ["thread", "warp", "block"] {
+        let out = ok(
+            "put_bw",
+            &["--mode", "gpu", "--scope", scope, "-s", "4096", "-n", "2000", "-q", "2"],
+        );
+        assert_eq!(rows(&out).len(), 1, "{out}");
+        assert!(out.contains("gpu ("), "{out}");
+    }
+    let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    assert!(out.contains("host-pinned memory"), "{out}");
+}
