@@ -70,25 +70,32 @@ impl Session {
     /// Opens the provider (and GPU), and connects to the peer process if there is one: the
     /// server waits for one client; the client fails at once on a refused connection.
     pub fn open(common: &Common, plan: &Plan) -> anyhow::Result<Session> {
+        // The server listens before anything slow (loading the GPU's kernels takes seconds), so
+        // a client started right after it is not refused.
+        let listener = match &plan.role {
+            Role::Server(port) => {
+                let bind = SocketAddr::from(([0, 0, 0, 0], *port));
+                Some(TcpListener::bind(bind).with_context(|| format!("listening on {bind}"))?)
+            }
+            _ => None,
+        };
         let gpu = match plan.gpu {
             Some(i) => Some(Gpu::open(i).with_context(|| format!("GPU {i} (--mode cpu runs without one)"))?),
             None => None,
         };
         let ctx = Context::open(common.provider).with_context(|| format!("opening provider {}", common.provider))?;
         let channel =
-            match &plan.role {
-                Role::Loopback => None,
-                Role::Server(port) => {
-                    let bind = SocketAddr::from(([0, 0, 0, 0], *port));
-                    let listener = TcpListener::bind(bind).with_context(|| format!("listening on {bind}"))?;
+            match (&plan.role, listener) {
+                (Role::Server(port), Some(listener)) => {
                     eprintln!("waiting for a client on port {port} ...");
                     let ch = Channel::accept(&listener, plan.timeout).context("accepting the client")?;
                     info!(peer = %ch.peer_addr(), "client connected");
                     Some(ch)
                 }
-                Role::Client(addr) => Some(Channel::connect(*addr, plan.timeout).with_context(|| {
+                (Role::Client(addr), _) => Some(Channel::connect(*addr, plan.timeout).with_context(|| {
                     format!("cannot connect to the server at {addr} (is `--server` running there?)")
                 })?),
+                _ => None,
             };
         if let Some(ch) = &channel {
             // The transport listens on the interface that reaches the peer.

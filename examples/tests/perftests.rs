@@ -70,7 +70,7 @@ fn server_client(name: &str, server: &[&str], client: &[&str]) -> (Output, Outpu
         .unwrap();
     // The client retries until the server listens (a refused connection is an error at once).
     let mut c = None;
-    for _ in 0..100 {
+    for _ in 0..400 {
         let out = run(name, &[&["127.0.0.1", "-p", &port][..], client].concat());
         let refused = String::from_utf8_lossy(&out.stderr).contains("cannot connect");
         if !refused {

@@ -133,9 +133,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if !(1..=64).contains(&cli.qps) {
         bail!("-q {}: 1 to 64 QPs", cli.qps);
     }
-    let plan = cli
-        .common
-        .plan(65536, 5000, || gdaki::cuda::Gpu::open(cli.common.gpu).is_ok())?;
+    let plan = cli.common.plan(65536, 5000, || gdaki::cuda::usable(cli.common.gpu))?;
     let launch = match plan.gpu {
         Some(_) => Some(gpu_launch(&cli, plan.scope)?),
         None => None,

@@ -76,9 +76,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let plan = cli
-        .common
-        .plan(2, 1000, || gdaki::cuda::Gpu::open(cli.common.gpu).is_ok())?;
+    let plan = cli.common.plan(2, 1000, || gdaki::cuda::usable(cli.common.gpu))?;
     let mut session = Session::open(&cli.common, &plan)?;
     let symmetric = Symmetric {
         test: "write_lat".into(),

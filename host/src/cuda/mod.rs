@@ -156,6 +156,12 @@ pub fn probe() -> Result<CudaInfo, CudaError> {
     Ok(CudaInfo { driver_version, gpus })
 }
 
+/// Whether GPU `ordinal` looks usable: a recent enough driver, the GPU present and the kernels
+/// built in. Cheap (no module load, unlike [`Gpu::open`], which is the real test); never panics.
+pub fn usable(ordinal: usize) -> bool {
+    ptx::ptx().is_ok() && probe().is_ok_and(|info| info.gpus.len() > ordinal)
+}
+
 fn checked_driver_version() -> Result<i32, CudaError> {
     let found = driver_version()?;
     if found < MIN_DRIVER_VERSION {
