@@ -133,7 +133,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if !(1..=64).contains(&cli.qps) {
         bail!("-q {}: 1 to 64 QPs", cli.qps);
     }
-    let plan = cli.common.plan(65536, 5000, || gdaki::cuda::usable(cli.common.gpu))?;
+    let mut plan = cli.common.plan(65536, 5000, || gdaki::cuda::usable(cli.common.gpu))?;
+    if matches!(plan.role, Role::Server(_)) {
+        // The server only offers a host buffer and validates it: it needs no GPU.
+        plan.gpu = None;
+    }
     let launch = match plan.gpu {
         Some(_) => Some(gpu_launch(&cli, plan.scope)?),
         None => None,
@@ -160,7 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 
     // The server only offers its buffer and validates what lands there.
-    if plan.role != Role::Loopback && matches!(plan.role, Role::Server(_)) {
+    if matches!(plan.role, Role::Server(_)) {
         let dst = session.ctx.alloc_region(len as usize, gdaki::Access::ALL)?;
         let hello = Hello {
             app: vec![],
