@@ -111,6 +111,26 @@ pub enum Role {
     Client(SocketAddr),
 }
 
+impl Role {
+    /// `loopback`, `server` or `client`, as `--json` reports it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Loopback => "loopback",
+            Role::Server(_) => "server",
+            Role::Client(_) => "client",
+        }
+    }
+
+    /// The header block's transport line.
+    pub fn transport(&self) -> String {
+        match self {
+            Role::Loopback => "in-process loopback".into(),
+            Role::Server(port) => format!("server, setup port {port}"),
+            Role::Client(a) => format!("client of {a}"),
+        }
+    }
+}
+
 /// Checked flags.
 #[derive(Debug, Clone)]
 pub struct Plan {

@@ -20,3 +20,18 @@ pub fn init_tracing() {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+/// Writes one line of results to stdout. A reader that went away (`put_bw | head`) ends the
+/// program quietly with the shell's code for SIGPIPE instead of a panic.
+pub fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if writeln!(std::io::stdout().lock(), "{args}").is_err() {
+        std::process::exit(141);
+    }
+}
+
+/// `println!` for results: see [`write_out`].
+#[macro_export]
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::write_out(format_args!($($t)*)) };
+}

@@ -7,17 +7,17 @@ const RULE: &str = "------------------------------------------------------------
 
 /// The header block: a title and `name : value` lines.
 pub fn print_header(title: &str, lines: &[(&str, String)]) {
-    println!("{RULE}");
-    println!("{title:^87}");
+    crate::outln!("{RULE}");
+    crate::outln!("{title:^87}");
     for (k, v) in lines {
-        println!(" {k:<22}: {v}");
+        crate::outln!(" {k:<22}: {v}");
     }
-    println!("{RULE}");
+    crate::outln!("{RULE}");
 }
 
 /// A horizontal rule, as perftest closes its tables.
 pub fn print_rule() {
-    println!("{RULE}");
+    crate::outln!("{RULE}");
 }
 
 /// Bytes per MiB, the unit perftest reports bandwidth in.

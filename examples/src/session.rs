@@ -110,6 +110,34 @@ impl Session {
         })
     }
 
+    /// The GPU as reports name it (`NVIDIA H100 80GB HBM3, GPU 0`), in GPU mode.
+    pub fn gpu_label(&self, ordinal: usize) -> Option<String> {
+        self.gpu.as_ref().map(|g| {
+            let name = g.context().name().unwrap_or_else(|_| "?".into());
+            format!("{name}, GPU {ordinal}")
+        })
+    }
+
+    /// The header block's lines every perftest has: device, provider, mode, handler, transport.
+    pub fn header_lines(&self, device: Option<&str>, plan: &Plan) -> Vec<(&'static str, String)> {
+        let provider = self.ctx.provider().to_string();
+        vec![
+            ("Device", device.map_or_else(|| provider.clone(), str::to_string)),
+            ("Provider", provider),
+            (
+                "Mode",
+                match self.gpu_label(plan.gpu.unwrap_or(0)) {
+                    Some(g) => format!("gpu ({g})"),
+                    None => "cpu (CPU threads run the device code)".into(),
+                },
+            ),
+            ("Handler", "direct (the poster rings the doorbell)".into()),
+            ("Connection type", "RC".into()),
+            ("Transport", plan.role.transport()),
+            ("TX depth", plan.tx_depth.to_string()),
+        ]
+    }
+
     /// `len` zeroed bytes for the test: host-pinned and mapped into the GPU in GPU mode, plain
     /// host memory in CPU mode.
     pub fn alloc(&self, len: usize) -> anyhow::Result<MemoryRegion> {

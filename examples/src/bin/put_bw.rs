@@ -193,12 +193,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("put_bw: {size} B: data validated");
         }
         if cli.common.json {
-            println!(
+            gdaki_examples::outln!(
                 "{}",
                 serde_json::json!({"test": "put_bw", "role": "server", "sizes": plan.sizes, "validation": "ok"})
             );
         } else {
-            println!(
+            gdaki_examples::outln!(
                 " Validation: {} size(s), data received correctly from the client",
                 plan.sizes.len()
             );
@@ -248,7 +248,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             "RDMA_Write BW Test (gdaki put_bw)",
             &header_lines(&cli, &plan, &session, launch.as_ref(), &qps),
         );
-        println!("{}", BwRow::header(gbits));
+        gdaki_examples::outln!("{}", BwRow::header(gbits));
     }
     let mut rows = Vec::new();
     for (i, &size) in plan.sizes.iter().enumerate() {
@@ -306,7 +306,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             bw_vs_ref: avg / reference.max(1e-12),
         };
         if !cli.common.json {
-            println!("{}", row.line(gbits));
+            gdaki_examples::outln!("{}", row.line(gbits));
         }
         rows.push(row);
     }
@@ -327,11 +327,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             results: rows.clone(),
             validation: "ok",
         };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        gdaki_examples::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         report::print_rule();
-        println!(" Ref: {}", reference.what);
-        println!(" Validation: every size's data arrived intact");
+        gdaki_examples::outln!(" Ref: {}", reference.what);
+        gdaki_examples::outln!(" Validation: every size's data arrived intact");
     }
     if let Some(path) = &cli.plot {
         write_plot(path, &cli, &session, &rows)?;
@@ -479,29 +479,10 @@ fn header_lines(
     qps: &[(CompletionQueue, QueuePair)],
 ) -> Vec<(&'static str, String)> {
     let p = params(cli, plan, session, launch);
-    let mut v = vec![
-        ("Device", p.device.clone()),
-        ("Provider", p.provider.clone()),
-        (
-            "Mode",
-            match &p.gpu {
-                Some(g) => format!("gpu ({g})"),
-                None => "cpu (CPU threads run the device code)".into(),
-            },
-        ),
+    let mut v = session.header_lines(cli.common.device.as_deref(), plan);
+    v.extend([
         ("Scope", format!("{:?}", p.scope).to_lowercase()),
-        ("Handler", "direct (the poster rings the doorbell)".into()),
         ("Number of qps", p.qps.to_string()),
-        ("Connection type", "RC".into()),
-        (
-            "Transport",
-            match &plan.role {
-                Role::Loopback => "in-process loopback".into(),
-                Role::Server(port) => format!("server, setup port {port}"),
-                Role::Client(a) => format!("client of {a}"),
-            },
-        ),
-        ("TX depth", p.tx_depth.to_string()),
         ("Memory", p.memory.into()),
         ("Iterations", format!("{} per QP per size", p.iterations)),
         (
@@ -511,7 +492,7 @@ fn header_lines(
                 s => format!("{} .. {} ({} sizes)", s[0], s[s.len() - 1], s.len()),
             },
         ),
-    ];
+    ]);
     if let Some(l) = launch {
         v.push((
             "GPU launch",
@@ -532,11 +513,7 @@ fn header_lines(
 
 fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch: Option<&DataPathLaunch>) -> Params {
     Params {
-        role: match plan.role {
-            Role::Loopback => "loopback",
-            Role::Server(_) => "server",
-            Role::Client(_) => "client",
-        },
+        role: plan.role.name(),
         provider: session.ctx.provider().to_string(),
         device: cli
             .common
@@ -544,10 +521,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
             .clone()
             .unwrap_or_else(|| session.ctx.provider().to_string()),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
-        gpu: session.gpu.as_ref().map(|g| {
-            let name = g.context().name().unwrap_or_else(|_| "?".into());
-            format!("{name}, GPU {}", cli.common.gpu)
-        }),
+        gpu: session.gpu_label(cli.common.gpu),
         scope: plan.scope,
         handler: "direct",
         qps: cli.qps,

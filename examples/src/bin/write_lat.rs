@@ -148,17 +148,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
     let reference = measure_reference(&session)?;
     let params = Params {
-        role: match plan.role {
-            Role::Loopback => "loopback",
-            Role::Server(_) => "server",
-            Role::Client(_) => "client",
-        },
+        role: plan.role.name(),
         provider: session.ctx.provider().to_string(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
-        gpu: session.gpu.as_ref().map(|g| {
-            let name = g.context().name().unwrap_or_else(|_| "?".into());
-            format!("{name}, GPU {}", cli.common.gpu)
-        }),
+        gpu: session.gpu_label(cli.common.gpu),
         handler: "direct",
         memory: if session.gpu.is_some() {
             "host-pinned, mapped into the GPU"
@@ -169,8 +162,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sizes: plan.sizes.clone(),
     };
     if !cli.common.json {
-        print_header(&plan, &params, &sides);
-        println!("{}", LatRow::header());
+        print_header(&session, cli.common.device.as_deref(), &plan, &params, &sides);
+        gdaki_examples::outln!("{}", LatRow::header());
     }
     let mut rows = Vec::new();
     for (i, &size) in plan.sizes.iter().enumerate() {
@@ -214,7 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ..LatRow::from_round_trips(size, &round_trips)
         };
         if !cli.common.json {
-            println!("{}", row.line());
+            gdaki_examples::outln!("{}", row.line());
         }
         rows.push(row);
     }
@@ -227,31 +220,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             results: rows,
             validation: "ok",
         };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        gdaki_examples::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         report::print_rule();
         let typical = rows.first().map(|r| r.t_typical_us).unwrap_or(0.0);
         if let Some(rt) = reference.pinned_round_trip_us {
-            println!(" Ref: GPU <-> CPU round trip through host-pinned memory: {rt:.2} usec (median)");
-            println!(
+            gdaki_examples::outln!(" Ref: GPU <-> CPU round trip through host-pinned memory: {rt:.2} usec (median)");
+            gdaki_examples::outln!(
                 " Ref: synchronised 8-byte host-to-device copy: {:.2} usec (median)",
                 reference.synced_copy_8b_us.unwrap_or(0.0)
             );
-            println!(
+            gdaki_examples::outln!(
                 " t_typical ({} B) / pinned round trip: {:.2}",
                 plan.sizes[0],
                 typical / rt.max(1e-9)
             );
         }
         if let Some(rt) = reference.thread_round_trip_us {
-            println!(" Ref: CPU thread <-> thread round trip through shared memory: {rt:.2} usec (median)");
-            println!(
+            gdaki_examples::outln!(
+                " Ref: CPU thread <-> thread round trip through shared memory: {rt:.2} usec (median)"
+            );
+            gdaki_examples::outln!(
                 " t_typical ({} B) / thread round trip: {:.2}",
                 plan.sizes[0],
                 typical / rt.max(1e-9)
             );
         }
-        println!(" Validation: every size's messages arrived intact");
+        gdaki_examples::outln!(" Validation: every size's messages arrived intact");
     }
     Ok(())
 }
@@ -355,41 +350,28 @@ fn thread_round_trip(iters: u32) -> Vec<u64> {
     })
 }
 
-fn print_header(plan: &Plan, p: &Params, sides: &[(Side, gdaki_device::Remote)]) {
-    let mut lines = vec![
-        ("Device", p.provider.clone()),
-        ("Provider", p.provider.clone()),
-        (
-            "Mode",
-            match &p.gpu {
-                Some(g) => format!("gpu ({g}), one thread per side polls"),
-                None => "cpu (CPU threads run the device code)".into(),
-            },
-        ),
-        ("Handler", "direct (the poster rings the doorbell)".into()),
+fn print_header(
+    session: &Session,
+    device: Option<&str>,
+    plan: &Plan,
+    p: &Params,
+    sides: &[(Side, gdaki_device::Remote)],
+) {
+    let mut lines = session.header_lines(device, plan);
+    lines.extend([
         ("Number of qps", "1".into()),
-        ("Connection type", "RC".into()),
-        (
-            "Transport",
-            match &plan.role {
-                Role::Loopback => "in-process loopback".into(),
-                Role::Server(port) => format!("server, setup port {port}"),
-                Role::Client(a) => format!("client of {a}"),
-            },
-        ),
-        ("TX depth", plan.tx_depth.to_string()),
         ("Memory", p.memory.into()),
         ("Iterations", format!("{} round trips per size", p.iterations)),
         (
             "Timer",
             if p.gpu.is_some() {
-                "GPU %globaltimer"
+                "GPU %globaltimer, one thread per side polls"
             } else {
                 "CPU monotonic clock"
             }
             .into(),
         ),
-    ];
+    ]);
     for (s, _) in sides {
         let e = s.qp.endpoint();
         lines.push(("local address", format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn)));
