@@ -146,6 +146,73 @@ mod gpu {
         }
     }
 
+    /// The lanes of a warp that execute this call together (CUDA's coalesced group). Thread
+    /// scope posts as one in the shared modes, so a warp's concurrent posters take one
+    /// reservation, one in-order hand-off and one doorbell instead of contending lane by lane.
+    /// Every lane of the group must then run the same collectives in the same order, which the
+    /// posting code does (its loop bounds are the group's, not the lane's).
+    #[derive(Clone, Copy)]
+    pub struct Coalesced {
+        mask: u32,
+    }
+
+    impl Coalesced {
+        /// The lanes executing this call with the caller.
+        #[inline(always)]
+        pub fn here() -> Coalesced {
+            Coalesced {
+                mask: arch::active_mask(),
+            }
+        }
+    }
+
+    // SAFETY: ranks are positions among the mask's lanes (lowest lane leads); the scan and
+    // broadcast are shuffles over exactly the mask, which every lane of it executes.
+    unsafe impl Scope for Coalesced {
+        const NAME: &'static str = "coalesced";
+        #[inline(always)]
+        fn rank(&self) -> u32 {
+            (self.mask & ((1u32 << arch::lane_id()) - 1)).count_ones()
+        }
+        #[inline(always)]
+        fn size(&self) -> u32 {
+            self.mask.count_ones()
+        }
+        #[inline(always)]
+        fn sync(&self) {
+            arch::warp_sync(self.mask)
+        }
+        #[inline(always)]
+        fn scan(&self, value: u64) -> (u64, u64) {
+            let lane = arch::lane_id();
+            if self.mask == FULL_WARP {
+                let incl = warp_inclusive_scan(FULL_WARP, lane, value);
+                return (incl - value, shfl_u64(FULL_WARP, incl, 31));
+            }
+            // Lanes are not contiguous: visit each once (every lane runs the same loop).
+            let (mut before, mut total) = (0, 0);
+            let mut rest = self.mask;
+            while rest != 0 {
+                let l = rest.trailing_zeros();
+                rest &= rest - 1;
+                let v = shfl_u64(self.mask, value, l);
+                if l < lane {
+                    before += v;
+                }
+                total += v;
+            }
+            (before, total)
+        }
+        #[inline(always)]
+        fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
+            let leader = self.mask.trailing_zeros();
+            [
+                shfl_u64(self.mask, value[0], leader),
+                shfl_u64(self.mask, value[1], leader),
+            ]
+        }
+    }
+
     /// Scratch memory a block's collectives use: shared memory (fastest) or a per-block area of
     /// global memory, readable and writable by every thread of the block.
     #[repr(C, align(16))]
@@ -230,7 +297,7 @@ mod gpu {
     }
 }
 #[cfg(target_arch = "nvptx64")]
-pub use gpu::{Block, BlockScratch, Warp};
+pub use gpu::{Block, BlockScratch, Coalesced, Warp};
 
 /// Size of one block's `BlockScratch` (the GPU type), for hosts that allocate it for
 /// block-scope launches.
