@@ -5,8 +5,9 @@
 #   tools/gpu-bundle.sh [DIR]        (default DIR: gpu-bundle, ignored by git)
 #   then, on the GPU machine:        DIR/run.sh [FILTER]
 #
-# With the device tool of this workplace: build here, then
-#   run(command="gpu-bundle/run.sh", carry=["gpu-bundle"])
+# With the device tool of this workplace: build here, then (the packed copy stays well under
+# the tool's 64 MiB carry limit; every binary embeds the PTX)
+#   run(command="tar xzf gpu-bundle.tgz && gpu-bundle/run.sh", carry=["gpu-bundle.tgz"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-gpu-bundle}
@@ -37,7 +38,7 @@ for bin in target/release/*; do
 done
 cp target/ptx/gdaki_device.ptx "$dir/"
 # Host benchmarks travel too: the device machine has more cores and less noise than CI.
-cargo bench --locked -p gdaki-device --no-run --message-format=json -q 2>/dev/null \
+cargo bench --locked -p gdaki-device -p gdaki --no-run --message-format=json -q 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -96,3 +97,5 @@ echo "executables: $pass passed, $fail failed"
 RUNNER
 chmod +x "$dir/run.sh"
 echo "gpu-bundle: $(du -sh "$dir" | cut -f1) in $dir ($(ls "$dir/tests" | wc -l) test executables, $(ls "$dir/bin" | wc -l) binaries)" >&2
+tar czf "$dir.tgz" "$dir"
+echo "gpu-bundle: packed as $dir.tgz ($(du -sh "$dir.tgz" | cut -f1))" >&2

@@ -125,7 +125,7 @@ unsafe fn run<M: Sharing, S: Launch>(
 }
 
 macro_rules! kernels_for {
-    ($mode:ty, $scope:ty, $put:ident, $ops:ident) => {
+    ($mode:ty, $scope:ty, $put:ident, $ops:ident, $rate:ident) => {
         /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode: block
         /// `b` posts on `qps[b % nqp]`, every thread of the grid `iters` messages of `len`
         /// bytes into `slots` slots, thread `t` numbering its messages from `first + t`.
@@ -166,6 +166,39 @@ macro_rules! kernels_for {
             }
         }
 
+        /// The posting rate (see [`perf::post_only`]): thread `t` posts `iters` 8-byte puts on
+        /// `qps[(t / stride) % nqp]` and waits for none.
+        ///
+        /// # Safety
+        /// `qps` holds `nqp` exported handles whose rings hold every WQE posted, each used in
+        /// this mode by the threads that map to it; `stride` is at least 1; `status` and
+        /// `scratch` as for the put kernel.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $rate(
+            qps: *const u64,
+            nqp: u32,
+            stride: u32,
+            iters: u32,
+            scratch: *mut BlockScratch,
+            status: *mut u32,
+        ) {
+            let i = (global_thread() / stride.max(1)) % nqp.max(1);
+            // SAFETY: `qps` holds `nqp` entries (contract).
+            let qp = unsafe { *qps.add(i as usize) } as *mut DevQp;
+            // Never executed (nothing consumes the ring): any address and key.
+            let (dst, src) = (
+                Remote {
+                    addr: 0x1000,
+                    rkey: 1,
+                },
+                Local {
+                    addr: 0x2000,
+                    lkey: 1,
+                },
+            );
+            unsafe { run::<$mode, $scope>(qp, scratch, status, |qp| perf::post_only(qp, dst, src, iters)) }
+        }
+
         /// Every operation once (see `all_ops`) in this scope and sharing mode.
         ///
         /// # Safety
@@ -190,16 +223,65 @@ kernels_for!(
     Exclusive,
     Thread,
     gdaki_put_thread_exclusive,
-    gdaki_ops_thread_exclusive
+    gdaki_ops_thread_exclusive,
+    gdaki_post_rate_thread_exclusive
 );
-kernels_for!(Cta, Thread, gdaki_put_thread_cta, gdaki_ops_thread_cta);
-kernels_for!(Gpu, Thread, gdaki_put_thread_gpu, gdaki_ops_thread_gpu);
-kernels_for!(Exclusive, Warp, gdaki_put_warp_exclusive, gdaki_ops_warp_exclusive);
-kernels_for!(Cta, Warp, gdaki_put_warp_cta, gdaki_ops_warp_cta);
-kernels_for!(Gpu, Warp, gdaki_put_warp_gpu, gdaki_ops_warp_gpu);
-kernels_for!(Exclusive, Block, gdaki_put_block_exclusive, gdaki_ops_block_exclusive);
-kernels_for!(Cta, Block, gdaki_put_block_cta, gdaki_ops_block_cta);
-kernels_for!(Gpu, Block, gdaki_put_block_gpu, gdaki_ops_block_gpu);
+kernels_for!(
+    Cta,
+    Thread,
+    gdaki_put_thread_cta,
+    gdaki_ops_thread_cta,
+    gdaki_post_rate_thread_cta
+);
+kernels_for!(
+    Gpu,
+    Thread,
+    gdaki_put_thread_gpu,
+    gdaki_ops_thread_gpu,
+    gdaki_post_rate_thread_gpu
+);
+kernels_for!(
+    Exclusive,
+    Warp,
+    gdaki_put_warp_exclusive,
+    gdaki_ops_warp_exclusive,
+    gdaki_post_rate_warp_exclusive
+);
+kernels_for!(
+    Cta,
+    Warp,
+    gdaki_put_warp_cta,
+    gdaki_ops_warp_cta,
+    gdaki_post_rate_warp_cta
+);
+kernels_for!(
+    Gpu,
+    Warp,
+    gdaki_put_warp_gpu,
+    gdaki_ops_warp_gpu,
+    gdaki_post_rate_warp_gpu
+);
+kernels_for!(
+    Exclusive,
+    Block,
+    gdaki_put_block_exclusive,
+    gdaki_ops_block_exclusive,
+    gdaki_post_rate_block_exclusive
+);
+kernels_for!(
+    Cta,
+    Block,
+    gdaki_put_block_cta,
+    gdaki_ops_block_cta,
+    gdaki_post_rate_block_cta
+);
+kernels_for!(
+    Gpu,
+    Block,
+    gdaki_put_block_gpu,
+    gdaki_ops_block_gpu,
+    gdaki_post_rate_block_gpu
+);
 
 /// `write_lat`'s ping-pong (see [`perf::ping_pong`]): thread 0 of block `b` plays `sides[b]`,
 /// with the QP exclusively its own; other threads only report OK. One block per side, so a
@@ -260,4 +342,28 @@ pub unsafe extern "ptx-kernel" fn gdaki_pinned_pingpong(
     }
     // SAFETY: one status word (contract).
     unsafe { status.write_volatile(code) };
+}
+
+/// The posting rate's reference: thread `t` writes `iters` 64-byte records (four 16-byte
+/// stores, as WQE segments are written) at record `(t + k * threads) mod 2^records_log` of
+/// `base`: the same memory a ring would be in, with no protocol around the stores.
+///
+/// # Safety
+/// `base` is valid for `64 << records_log` bytes of writes by this device.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_store_loop(base: *mut u64, records_log: u32, iters: u32) {
+    let t = global_thread() as u64;
+    // SAFETY: special registers are always readable.
+    let threads = unsafe { _grid_dim_x() as u64 * _block_dim_x() as u64 };
+    let mask = (1u64 << records_log) - 1;
+    for k in 0..iters as u64 {
+        let m = (t + k * threads) & mask;
+        // SAFETY: record m lies inside the buffer (masked); 16-byte aligned.
+        unsafe {
+            let p = base.add((m * 8) as usize);
+            for seg in 0..4 {
+                arch::store_seg(p.add(seg * 2), [m, seg as u64]);
+            }
+        }
+    }
 }

@@ -47,6 +47,17 @@ pub fn put_stream<M: Sharing, S: Scope>(
     Ok(())
 }
 
+/// Member posts `iters` 8-byte puts from `src` to `dst` and waits for none: the device posting
+/// rate, measured on a ring no HCA consumes (it must hold every WQE posted, or the reservation
+/// waits for completions that never come and times out).
+#[inline(always)]
+pub fn post_only<M: Sharing, S: Scope>(qp: Qp<M, S>, dst: Remote, src: Local, iters: u32) -> Result<(), PostError> {
+    for _ in 0..iters {
+        qp.put(dst, src, 8)?;
+    }
+    Ok(())
+}
+
 /// One side of `write_lat`'s ping-pong over `iters` round trips of `size`-byte RDMA WRITEs. The
 /// last byte of each message is its flag, `(i + 1) as u8` in round `i`: the initiator writes
 /// the flag into its post buffer, puts the message into the peer's poll buffer and waits for

@@ -29,6 +29,16 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_ops_block_gpu",
     "gdaki_write_lat",
     "gdaki_pinned_pingpong",
+    "gdaki_post_rate_thread_exclusive",
+    "gdaki_post_rate_thread_cta",
+    "gdaki_post_rate_thread_gpu",
+    "gdaki_post_rate_warp_exclusive",
+    "gdaki_post_rate_warp_cta",
+    "gdaki_post_rate_warp_gpu",
+    "gdaki_post_rate_block_exclusive",
+    "gdaki_post_rate_block_cta",
+    "gdaki_post_rate_block_gpu",
+    "gdaki_store_loop",
 ];
 
 /// The PTX was not built into this copy of the library.

@@ -31,7 +31,8 @@ pub enum KernelMode {
 }
 
 impl KernelScope {
-    fn name(self) -> &'static str {
+    /// The name in kernel instantiations (`thread`, `warp`, `block`).
+    pub fn name(self) -> &'static str {
         match self {
             KernelScope::Thread => "thread",
             KernelScope::Warp => "warp",
@@ -41,7 +42,8 @@ impl KernelScope {
 }
 
 impl KernelMode {
-    fn name(self) -> &'static str {
+    /// The name in kernel instantiations (`exclusive`, `cta`, `gpu`).
+    pub fn name(self) -> &'static str {
         match self {
             KernelMode::Exclusive => "exclusive",
             KernelMode::Cta => "cta",
@@ -223,7 +225,12 @@ impl Gpu {
         })
     }
 
-    fn run_data_path(&self, name: &str, launch: DataPathLaunch, args: &[Arg]) -> Result<KernelRun, CudaError> {
+    pub(super) fn run_data_path(
+        &self,
+        name: &str,
+        launch: DataPathLaunch,
+        args: &[Arg],
+    ) -> Result<KernelRun, CudaError> {
         let function = self.module.load_function(name)?;
         let stream = self.ctx.default_stream();
         let threads = launch.threads().max(1);
@@ -295,7 +302,7 @@ pub(super) fn wait_idle(stream: &CudaStream) -> Result<(), CudaError> {
 }
 
 /// A kernel argument.
-enum Arg<'a> {
+pub(super) enum Arg<'a> {
     U64(u64),
     U32(u32),
     /// Device memory (its address is pushed).

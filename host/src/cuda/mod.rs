@@ -11,8 +11,10 @@ use thiserror::Error;
 use crate::ptx::{self, PtxUnavailable};
 
 mod launch;
+mod posting;
 mod reference;
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun};
+pub use posting::{PostingRun, RingPlacement};
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
 pub const MIN_DRIVER_VERSION: i32 = 13000;

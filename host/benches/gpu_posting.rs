@@ -1,0 +1,103 @@
+//! The device posting rate on a GPU: 8-byte puts posted by every thread of a full-GPU launch
+//! into send queues no HCA consumes, in warp scope (one QP per warp), thread scope (one QP per
+//! block, its threads sharing it) and block scope (one QP per block), with the rings in
+//! host-pinned memory (the soft HCA's placement) and in device memory (mlx5's), each next to a
+//! plain 64-byte store loop into the same memory measured in the same run.
+//!
+//! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N]`; without a usable GPU it
+//! says so and exits 0.
+use gdaki::cuda::{self, DataPathLaunch, Gpu, KernelMode, KernelScope, RingPlacement};
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Row {
+    placement: RingPlacement,
+    scope: &'static str,
+    qps: u32,
+    threads: u64,
+    wqes: u64,
+    post_mwqe_s: f64,
+    store_mrec_s: f64,
+    post_vs_store: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let json = args.iter().any(|a| a == "--json");
+    let iters: u32 = args
+        .iter()
+        .position(|a| a == "--iters")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(16);
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("gpu_posting: SKIPPED (no usable GPU): {e}");
+            return Ok(());
+        }
+    };
+    let info = cuda::probe()?;
+    let sms = info.gpus[0].multiprocessors.max(1) as u32;
+    let (grid, block) = (sms * 2, 256u32);
+    let warps = grid * block / 32;
+    // (scope name, scope, mode, QPs, threads per QP in a row)
+    let shapes = [
+        ("warp", KernelScope::Warp, KernelMode::Exclusive, warps, 32),
+        ("thread", KernelScope::Thread, KernelMode::Cta, grid, block),
+        ("block", KernelScope::Block, KernelMode::Exclusive, grid, block),
+    ];
+    let mut rows = Vec::new();
+    for placement in [RingPlacement::HostPinned, RingPlacement::Device] {
+        for (name, scope, mode, qps, stride) in shapes {
+            eprintln!("gpu_posting: {placement:?}, {name} scope ...");
+            let launch = DataPathLaunch {
+                scope,
+                mode,
+                grid,
+                block,
+            };
+            let r = gpu.posting_rate(placement, launch, qps, stride, iters)?;
+            let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
+            let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
+            rows.push(Row {
+                placement,
+                scope: name,
+                qps,
+                threads: grid as u64 * block as u64,
+                wqes: r.wqes,
+                post_mwqe_s: post,
+                store_mrec_s: store,
+                post_vs_store: post / store,
+            });
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "gpu": info.gpus[0].name, "grid": grid, "block": block, "iters_per_thread": iters, "rows": rows
+            }))?
+        );
+    } else {
+        println!(
+            "device posting rate, {} ({grid} blocks x {block} threads, {iters} 8-byte puts per thread)",
+            info.gpus[0].name
+        );
+        println!(" placement    scope    QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store");
+        for r in &rows {
+            println!(
+                " {:<12} {:<8} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}%",
+                format!("{:?}", r.placement),
+                r.scope,
+                r.qps,
+                r.wqes,
+                r.post_mwqe_s,
+                r.store_mrec_s,
+                100.0 * r.post_vs_store
+            );
+        }
+    }
+    Ok(())
+}

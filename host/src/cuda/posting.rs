@@ -1,0 +1,177 @@
+//! The device posting-rate benchmark: GPU kernels post 8-byte puts into standalone send queues
+//! that no HCA consumes (each ring holds every WQE a run posts), in host-pinned memory (the
+//! soft HCA's placement) or device memory (the mlx5 placement), with a host-pinned stand-in
+//! for each doorbell record and doorbell. The reference is a plain store loop writing the same
+//! number of 64-byte records into the same memory, timed the same way.
+use std::time::Duration;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use gdaki_layout::{DevCq, DevQp, DoorbellKind, SEND_WQE_BB};
+
+use super::launch::{timed, Arg};
+use super::{CudaError, DataPathLaunch, DeviceBuffer, Gpu, HostMapping};
+use crate::memory::HostBuffer;
+
+/// Where the rings live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RingPlacement {
+    /// Host memory mapped into the GPU: WQE stores cross PCIe.
+    HostPinned,
+    /// GPU memory.
+    Device,
+}
+
+/// What one posting-rate run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PostingRun {
+    /// WQEs posted (and 64-byte records the reference stored).
+    pub wqes: u64,
+    /// GPU time of the posting kernel.
+    pub post: Duration,
+    /// GPU time of the store loop.
+    pub store: Duration,
+}
+
+/// Memory of either placement, freed on drop (a pinned buffer after its mapping: field order).
+enum Rings {
+    Pinned(HostMapping, #[allow(dead_code)] HostBuffer),
+    Device(DeviceBuffer),
+}
+
+impl Rings {
+    fn addr(&self) -> u64 {
+        match self {
+            Rings::Pinned(m, _) => m.device_addr(0),
+            Rings::Device(d) => d.device_addr(),
+        }
+    }
+}
+
+fn bad(why: String) -> CudaError {
+    CudaError::BadArgument {
+        what: "posting_rate",
+        why,
+    }
+}
+
+impl Gpu {
+    /// Posts `per_thread` 8-byte puts from every thread of `launch` (thread `t` on QP
+    /// `(t / stride) % qps`, each QP used in `launch.mode` by the threads that map to it), then
+    /// runs the store-loop reference over the same memory; returns both GPU times.
+    pub fn posting_rate(
+        &self,
+        placement: RingPlacement,
+        launch: DataPathLaunch,
+        qps: u32,
+        stride: u32,
+        per_thread: u32,
+    ) -> Result<PostingRun, CudaError> {
+        let threads = launch.grid as u64 * launch.block as u64;
+        if qps == 0 || stride == 0 || per_thread == 0 || threads == 0 {
+            return Err(bad("QPs, stride, iterations and threads must be at least 1".into()));
+        }
+        // The busiest QP's WQEs, rounded up to a power of two, is every ring's size.
+        let mut per_qp = vec![0u64; qps as usize];
+        for t in 0..threads {
+            per_qp[((t / stride as u64) % qps as u64) as usize] += per_thread as u64;
+        }
+        let ring_log = per_qp
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or(1)
+            .next_power_of_two()
+            .trailing_zeros();
+        let ring_bytes = (SEND_WQE_BB as u64) << ring_log;
+        let total = ring_bytes
+            .checked_mul(qps as u64)
+            .filter(|b| *b <= 1 << 32)
+            .ok_or_else(|| bad(format!("{qps} rings of {ring_bytes} bytes exceed 4 GiB")))?
+            as usize;
+        let rings = match placement {
+            RingPlacement::HostPinned => {
+                let buf = HostBuffer::new("posting-rate rings", total).map_err(|e| bad(e.to_string()))?;
+                // SAFETY: page-aligned whole pages, kept alive next to the mapping (dropped first).
+                let map = unsafe { HostMapping::new(self, buf.as_ptr(), buf.size()) }?;
+                Rings::Pinned(map, buf)
+            }
+            RingPlacement::Device => Rings::Device(DeviceBuffer::zeroed(self, total)?),
+        };
+        // Doorbell record and doorbell stand-ins: 64 bytes per QP, host-pinned.
+        let records = HostBuffer::new("posting-rate doorbells", 64 * qps as usize).map_err(|e| bad(e.to_string()))?;
+        // SAFETY: as above.
+        let records_map = unsafe { HostMapping::new(self, records.as_ptr(), records.size()) }?;
+        let cq = DeviceBuffer::zeroed(self, 64)?;
+        let handles = DeviceBuffer::zeroed(self, std::mem::size_of::<DevQp>() * qps as usize)?;
+        let mut addrs = Vec::with_capacity(qps as usize);
+        for q in 0..qps as u64 {
+            let dev = DevQp {
+                sq_base: rings.addr() + q * ring_bytes,
+                sq_dbrec: records_map.device_addr(q * 64 + 4),
+                doorbell: records_map.device_addr(q * 64 + 8),
+                max_msg_size: 1 << 30,
+                timeout_ns: 10_000_000_000,
+                qpn: q as u32 + 1,
+                sq_log_size: ring_log,
+                doorbell_kind: DoorbellKind::Gpu as u8,
+                cq: DevCq {
+                    cqe_base: cq.device_addr(),
+                    dbrec: records_map.device_addr(q * 64 + 16),
+                    cqn: q as u32 + 1,
+                    log_size: 0,
+                    ..bytemuck::Zeroable::zeroed()
+                },
+                ..bytemuck::Zeroable::zeroed()
+            };
+            let at = q as usize * std::mem::size_of::<DevQp>();
+            handles.write(at, bytemuck::bytes_of(&dev))?;
+            addrs.push(handles.device_addr() + at as u64);
+        }
+        let stream = self.ctx.default_stream();
+        let handle_list = stream.clone_htod(&addrs)?;
+
+        // The store loop first: it also touches every page before the timed posting run.
+        // The largest power of two of whole records the memory holds.
+        let records_log = (total / SEND_WQE_BB).ilog2();
+        let store_loop = self.module.load_function("gdaki_store_loop")?;
+        let config = LaunchConfig {
+            grid_dim: (launch.grid, 1, 1),
+            block_dim: (launch.block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let base = rings.addr();
+        let mut store = Duration::MAX;
+        for _ in 0..2 {
+            let mut b = stream.launch_builder(&store_loop);
+            b.arg(&base).arg(&records_log).arg(&per_thread);
+            // SAFETY: `gdaki_store_loop(base, records_log, iters)`: `base` holds at least
+            // `64 << records_log` bytes (records_log is rounded down).
+            store = store.min(timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))?);
+        }
+        let name = format!("gdaki_post_rate_{}_{}", launch.scope.name(), launch.mode.name());
+        let run = self.run_data_path(
+            &name,
+            launch,
+            &[
+                Arg::Ptr(&handle_list),
+                Arg::U32(qps),
+                Arg::U32(stride),
+                Arg::U32(per_thread),
+            ],
+        )?;
+        if let Some((t, code)) = run.first_failure() {
+            return Err(CudaError::WrongResult {
+                kernel: "gdaki_post_rate",
+                detail: format!("thread {t}: {}", gdaki_device::status::Code(code)),
+            });
+        }
+        drop(records_map);
+        drop(rings);
+        Ok(PostingRun {
+            wqes: threads * per_thread as u64,
+            post: run.elapsed,
+            store,
+        })
+    }
+}
