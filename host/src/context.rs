@@ -81,6 +81,12 @@ impl Context {
         })
     }
 
+    /// The shared state, for the library's own tests (e.g. regions with a custom [`Dma`](crate::soft::dma::Dma)).
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<ContextInner> {
+        &self.inner
+    }
+
     /// The provider in use (never `Auto`).
     pub fn provider(&self) -> Provider {
         self.provider

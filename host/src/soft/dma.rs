@@ -4,6 +4,12 @@
 //! registered region.
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A transfer that could not be made (a GPU copy failed or timed out; the cause is logged where
+/// it happened). The WQE fails as a NIC's DMA error fails it: a local access error at the
+/// requester, a remote operation error at the responder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaFault;
+
 /// Memory the soft HCA reads and writes on a region's behalf.
 ///
 /// # Safety
@@ -11,13 +17,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// caller guarantees lie inside a live registered region of this kind of memory.
 pub unsafe trait Dma: Send + Sync {
     /// Copies `dst.len()` bytes at `addr` into `dst`.
-    fn read(&self, addr: u64, dst: &mut [u8]);
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), DmaFault>;
     /// Copies `src` to `addr`.
-    fn write(&self, addr: u64, src: &[u8]);
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), DmaFault>;
     /// 8-byte fetch-and-add of the native u64 at `addr` (8-byte aligned); returns the old value.
-    fn fetch_add(&self, addr: u64, add: u64) -> u64;
+    /// Callers serialise atomics per HCA.
+    fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault>;
     /// 8-byte compare-and-swap of the native u64 at `addr`; returns the old value.
-    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> u64;
+    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> Result<u64, DmaFault>;
     /// Whether the CPU can address this memory directly (then copies skip the bounce buffer).
     fn host_addressable(&self) -> bool {
         false
@@ -30,29 +37,29 @@ pub struct HostDma;
 
 // SAFETY: only the given ranges are touched, through raw pointers, as a NIC's DMA would.
 unsafe impl Dma for HostDma {
-    fn read(&self, addr: u64, dst: &mut [u8]) {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
         // SAFETY: the range lies in a live registered region (trait contract). `copy` allows
         // overlap (a loopback transfer within one region).
-        unsafe { std::ptr::copy(addr as *const u8, dst.as_mut_ptr(), dst.len()) }
+        unsafe { std::ptr::copy(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
     }
-    fn write(&self, addr: u64, src: &[u8]) {
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), DmaFault> {
         // SAFETY: as in `read`.
-        unsafe { std::ptr::copy(src.as_ptr(), addr as *mut u8, src.len()) }
+        unsafe { std::ptr::copy(src.as_ptr(), addr as *mut u8, src.len()) };
+        Ok(())
     }
-    fn fetch_add(&self, addr: u64, add: u64) -> u64 {
+    fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault> {
         // SAFETY: in a live region, 8-byte aligned (checked by the responder).
-        unsafe { AtomicU64::from_ptr(addr as *mut u64) }.fetch_add(add, Ordering::SeqCst)
+        Ok(unsafe { AtomicU64::from_ptr(addr as *mut u64) }.fetch_add(add, Ordering::SeqCst))
     }
-    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> u64 {
+    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> Result<u64, DmaFault> {
         // SAFETY: as in `fetch_add`.
-        match unsafe { AtomicU64::from_ptr(addr as *mut u64) }.compare_exchange(
-            compare,
-            swap,
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        ) {
-            Ok(v) | Err(v) => v,
-        }
+        let word = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+        Ok(
+            match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+        )
     }
     fn host_addressable(&self) -> bool {
         true

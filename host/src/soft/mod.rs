@@ -394,4 +394,83 @@ mod tests {
         let on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
         assert_eq!(on, std::thread::current().name().map(str::to_owned));
     }
+
+    /// Memory whose every transfer fails, as a GPU copy that failed would.
+    struct FailingDma;
+    // SAFETY: touches no memory at all.
+    unsafe impl dma::Dma for FailingDma {
+        fn read(&self, _: u64, _: &mut [u8]) -> Result<(), dma::DmaFault> {
+            Err(dma::DmaFault)
+        }
+        fn write(&self, _: u64, _: &[u8]) -> Result<(), dma::DmaFault> {
+            Err(dma::DmaFault)
+        }
+        fn fetch_add(&self, _: u64, _: u64) -> Result<u64, dma::DmaFault> {
+            Err(dma::DmaFault)
+        }
+        fn compare_swap(&self, _: u64, _: u64, _: u64) -> Result<u64, dma::DmaFault> {
+            Err(dma::DmaFault)
+        }
+    }
+
+    #[test]
+    fn a_failed_transfer_fails_the_wqe_like_a_dma_error() {
+        use crate::{Access, Context, MemoryRegion, Provider, QpConfig};
+        use gdaki_layout::Syndrome;
+        let ctx = Context::open(Provider::Soft).unwrap();
+        let good = ctx.alloc_region(4096, Access::ALL).unwrap();
+        // A range nobody touches (the DMA fails before it would): any address works.
+        let bad =
+            MemoryRegion::register(ctx.inner(), 0x1000_0000, 4096, Access::ALL, Arc::new(FailingDma), None).unwrap();
+        // (source, target, the error the requester's CQE carries)
+        let cases = [
+            (bad.local(0), good.remote(0), Syndrome::LocalAccess),
+            (good.local(0), bad.remote(0), Syndrome::RemoteOp),
+        ];
+        for (src, dst, want) in cases {
+            let cq = ctx.create_cq(16).unwrap();
+            let qp = ctx
+                .create_qp(
+                    &cq,
+                    QpConfig {
+                        sq_size: 16,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            qp.connect(&qp.endpoint()).unwrap();
+            // SAFETY: one poster, the QP outlives it.
+            let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+            // 3 chunks of 3000 bytes: the failing side is not host-addressable, so it bounces.
+            let t = dev.put(dst, src, 3000).unwrap();
+            match dev.wait(t) {
+                Err(gdaki_device::WaitError::Cqe(e)) => assert_eq!(e.syndrome, want),
+                other => panic!("expected {want:?}, got {other:?}"),
+            }
+            assert_eq!(qp.error(), Some(want));
+        }
+        // A failed atomic at the target, and a failed result write at the requester.
+        for (target, result, want) in [
+            (bad.remote(0), good.local(8), Syndrome::RemoteOp),
+            (good.remote(0), bad.local(8), Syndrome::LocalAccess),
+        ] {
+            let cq = ctx.create_cq(16).unwrap();
+            let qp = ctx
+                .create_qp(
+                    &cq,
+                    QpConfig {
+                        sq_size: 16,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            qp.connect(&qp.endpoint()).unwrap();
+            // SAFETY: as above.
+            let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+            match dev.atomic_fetch_add(target, 1, result) {
+                Err(gdaki_device::PostError::Wait(gdaki_device::WaitError::Cqe(e))) => assert_eq!(e.syndrome, want),
+                other => panic!("expected {want:?}, got {other:?}"),
+            }
+        }
+    }
 }

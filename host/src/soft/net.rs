@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::memory::Access;
 use crate::queue::{Endpoint, QpState, SoftQp};
 use crate::soft::completer::{self, Outcome};
+use crate::soft::dma::DmaFault;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
 use crate::soft::{lock, Hca, Region, RegionCache};
@@ -160,7 +161,8 @@ impl Reader {
         Ok(p)
     }
 
-    /// Reads `len` bytes into registered memory at `addr`, through a bounce buffer.
+    /// Reads `len` bytes into registered memory at `addr`, through a bounce buffer. The stream
+    /// is always consumed in full; a failed copy into the region is the inner error.
     fn read_to_region(
         &mut self,
         region: Option<&Region>,
@@ -168,19 +170,20 @@ impl Reader {
         len: u64,
         bounce: &mut Vec<u8>,
         idle: &mut dyn FnMut() -> Result<(), Fault>,
-    ) -> Result<(), Fault> {
+    ) -> Result<Result<(), DmaFault>, Fault> {
         let mut left = len;
+        let mut copied = Ok(());
         while left > 0 {
             let n = left.min(CHUNK as u64) as usize;
             bounce.resize(n, 0);
             self.read_exact(&mut bounce[..n], idle)?;
-            if let Some(r) = region {
-                r.dma.write(addr, &bounce[..n]);
+            if let (Some(r), Ok(())) = (region, copied) {
+                copied = r.dma.write(addr, &bounce[..n]);
             }
             addr += n as u64;
             left -= n as u64;
         }
-        Ok(())
+        Ok(copied)
     }
 }
 
@@ -190,7 +193,12 @@ fn from_region(w: &mut impl Write, region: &Region, mut addr: u64, len: u64, bou
     while left > 0 {
         let n = left.min(CHUNK as u64) as usize;
         bounce.resize(n, 0);
-        region.dma.read(addr, &mut bounce[..n]);
+        // The response header is out: a copy that fails now can only break the connection,
+        // which the requester sees as a transport error.
+        region
+            .dma
+            .read(addr, &mut bounce[..n])
+            .map_err(|_| io::Error::other("a copy out of the region failed"))?;
         w.write_all(&bounce[..n])?;
         addr += n as u64;
         left -= n as u64;
@@ -535,17 +543,21 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
                         "read response of {len} bytes for a read of {want}"
                     )));
                 }
+                let mut copied = Ok(());
                 for (s, region) in dst.iter() {
-                    reader.read_to_region(Some(region), s.addr, s.length as u64, &mut bounce, &mut idle)?;
+                    let r = reader.read_to_region(Some(region), s.addr, s.length as u64, &mut bounce, &mut idle)?;
+                    copied = copied.and(r);
                 }
-                None
+                copied.err().map(|_| Outcome::Error(Syndrome::LocalAccess))
             }
-            (Response::Atomic { old, .. }, Sink::Atomic(dst)) => {
-                if let Some((s, region)) = dst.iter().next() {
-                    region.dma.write(s.addr, &old.to_be_bytes());
-                }
-                None
-            }
+            (Response::Atomic { old, .. }, Sink::Atomic(dst)) => match dst.iter().next() {
+                Some((s, region)) => region
+                    .dma
+                    .write(s.addr, &old.to_be_bytes())
+                    .err()
+                    .map(|_| Outcome::Error(Syndrome::LocalAccess)),
+                None => None,
+            },
             (r, _) => return Err(Fault::Protocol(format!("{r:?} does not answer its request's kind"))),
         };
         let mut inflight = lock(&shared.inflight);
@@ -727,7 +739,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         if failed {
             // After a NAK nothing executes; WRITE data is read and dropped.
             if let Op::Write { len } = req.op {
-                reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
+                let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
             }
             continue;
         }
@@ -735,7 +747,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         let answer = match ready {
             Err(s) => {
                 if let Op::Write { len } = req.op {
-                    reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
+                    let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
                 }
                 Err(s)
             }
@@ -775,13 +787,15 @@ fn execute(
                 _ => match hca.region(cache, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
                     Some(r) => Some(r.clone()),
                     None => {
-                        reader.read_to_region(None, 0, len as u64, bounce, idle)?;
+                        let _ = reader.read_to_region(None, 0, len as u64, bounce, idle)?;
                         return Ok(Err(Syndrome::RemoteAccess));
                     }
                 },
             };
-            reader.read_to_region(region.as_deref(), req.addr, len as u64, bounce, idle)?;
-            Ok(true)
+            reader
+                .read_to_region(region.as_deref(), req.addr, len as u64, bounce, idle)?
+                .map(|()| true)
+                .map_err(|_| Syndrome::RemoteOp)
         }
         Op::Read { len } => {
             let region = match len {

@@ -131,7 +131,10 @@ pub(crate) fn execute(
                             for (s, region) in src.iter() {
                                 let at = buf.len();
                                 buf.resize(at + s.length as usize, 0);
-                                region.dma.read(s.addr, &mut buf[at..]);
+                                region
+                                    .dma
+                                    .read(s.addr, &mut buf[at..])
+                                    .map_err(|_| Syndrome::LocalAccess)?;
                             }
                             (bytes, &buf[..])
                         }
@@ -158,7 +161,10 @@ pub(crate) fn execute(
                     // Completer side: scatter the response.
                     let mut at = 0;
                     for (s, region) in dst.iter() {
-                        region.dma.write(s.addr, &buf[at..at + s.length as usize]);
+                        region
+                            .dma
+                            .write(s.addr, &buf[at..at + s.length as usize])
+                            .map_err(|_| Syndrome::LocalAccess)?;
                         at += s.length as usize;
                     }
                     Ok(Some(bytes))
@@ -206,7 +212,10 @@ fn atomic(
         Target::Local(peer) => {
             let old = responder::atomic(peer, cache, r, op)?;
             if let Some((_, region)) = &dst.items[0] {
-                region.dma.write(result.addr, &old.to_be_bytes());
+                region
+                    .dma
+                    .write(result.addr, &old.to_be_bytes())
+                    .map_err(|_| Syndrome::LocalAccess)?;
             }
             Ok(Some(8))
         }

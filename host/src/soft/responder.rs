@@ -40,8 +40,7 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, remote: Remote, data: &[
     let r = hca
         .region(cache, remote.rkey, remote.addr, data.len() as u64, Access::REMOTE_WRITE)
         .ok_or(Syndrome::RemoteAccess)?;
-    r.dma.write(remote.addr, data);
-    Ok(())
+    r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
@@ -52,8 +51,7 @@ pub(crate) fn read(hca: &Hca, cache: &mut RegionCache, remote: Remote, out: &mut
     let r = hca
         .region(cache, remote.rkey, remote.addr, out.len() as u64, Access::REMOTE_READ)
         .ok_or(Syndrome::RemoteAccess)?;
-    r.dma.read(remote.addr, out);
-    Ok(())
+    r.dma.read(remote.addr, out).map_err(|_| Syndrome::RemoteOp)
 }
 
 /// An 8-byte atomic at `remote` (native byte order in memory); returns the old value.
@@ -66,8 +64,9 @@ pub(crate) fn atomic(hca: &Hca, cache: &mut RegionCache, remote: Remote, op: Ato
         .region(cache, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
         .ok_or(Syndrome::RemoteAccess)?;
     let _serial = crate::soft::lock(&hca.atomics);
-    Ok(match op {
+    match op {
         AtomicOp::FetchAdd(add) => r.dma.fetch_add(remote.addr, add),
         AtomicOp::CompareSwap { compare, swap } => r.dma.compare_swap(remote.addr, compare, swap),
-    })
+    }
+    .map_err(|_| Syndrome::RemoteOp)
 }
