@@ -367,3 +367,31 @@ pub unsafe extern "ptx-kernel" fn gdaki_store_loop(base: *mut u64, records_log: 
         }
     }
 }
+
+/// The soft HCA's persistent copy kernel (see [`crate::copier::serve`]): runs until the host
+/// sets `*stop` while no descriptor is pending. `work` is one zeroed device allocation: the
+/// state block, then the mirrored descriptors, the per-slot done counts and results.
+///
+/// # Safety
+/// As [`crate::copier::serve`] requires; `work` holds `64 + 64 * RING_SLOTS + 16 * RING_SLOTS`
+/// bytes.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_copier(
+    descs: *const gdaki_layout::copy::CopyDesc,
+    dones: *mut gdaki_layout::copy::CopyDone,
+    stop: *const u32,
+    work: *mut u8,
+    first: u64,
+) {
+    use gdaki_layout::copy::RING_SLOTS;
+    // SAFETY: the layout of the allocation as documented above, all offsets 8-byte aligned.
+    let w = unsafe {
+        crate::copier::Work {
+            state: work.cast(),
+            mirror: work.add(64).cast(),
+            finished: work.add(64 + 64 * RING_SLOTS).cast(),
+            results: work.add(64 + 72 * RING_SLOTS).cast(),
+        }
+    };
+    unsafe { crate::copier::serve(descs, dones, stop, &w, first) }
+}

@@ -11,6 +11,7 @@
 //! - [`scope`]: execution scopes ([`Thread`], [`Warp`], [`Block`]): who posts together.
 //! - [`status`]: tickets and the bounded outcome of every wait.
 //! - [`arch`]: one module per target, barriers named by purpose.
+//! - [`copier`]: the soft HCA's persistent copy kernel body (GPU payloads).
 //! - [`perf`]: the perftest loops (`put_bw`, `write_lat`), shared by kernels and CPU mode.
 //! - [`kernels`]: the PTX entry points (nvptx64 only), in one place.
 #![no_std]
@@ -21,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod arch;
+pub mod copier;
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;
 pub mod perf;

@@ -50,6 +50,31 @@ impl Scope {
     }
 }
 
+/// Where the test's buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mem {
+    /// Host-pinned memory mapped into the GPU in GPU mode, plain host memory in CPU mode.
+    Auto,
+    /// Plain host memory.
+    Host,
+    /// Host memory pinned and mapped into the GPU.
+    Pinned,
+    /// GPU device memory (moved by the soft HCA's GPU copier).
+    Device,
+}
+
+impl Mem {
+    /// How reports name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mem::Auto | Mem::Host => "host",
+            Mem::Pinned => "host-pinned, mapped into the GPU",
+            Mem::Device => "GPU device memory",
+        }
+    }
+}
+
 /// Flags common to `put_bw` and `write_lat`.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
@@ -86,6 +111,10 @@ pub struct Common {
     /// GPU index.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Where the buffers live: host, pinned (host memory mapped into the GPU) or device (GPU
+    /// memory); auto: pinned in GPU mode, host in CPU mode.
+    #[arg(long, value_enum, default_value_t = Mem::Auto)]
+    pub mem: Mem,
     /// Execution scope of the posting kernel.
     #[arg(long, value_enum, default_value_t = Scope::Thread)]
     pub scope: Scope,
@@ -146,6 +175,8 @@ pub struct Plan {
     pub gpu: Option<usize>,
     /// Posting scope.
     pub scope: Scope,
+    /// Where the buffers live (never `Auto`).
+    pub mem: Mem,
     /// Bound of every wait.
     pub timeout: Duration,
 }
@@ -199,6 +230,17 @@ impl Common {
         if gpu.is_none() && self.scope != Scope::Thread {
             bail!("--scope {:?}: CPU mode posts from one CPU thread per QP (thread scope); warp and block scope need --mode gpu", self.scope);
         }
+        let mem = match (self.mem, gpu) {
+            (Mem::Auto, Some(_)) => Mem::Pinned,
+            (Mem::Auto, None) => Mem::Host,
+            (m @ (Mem::Pinned | Mem::Device), None) => {
+                bail!(
+                    "--mem {m:?}: GPU memory needs --mode gpu (CPU mode uses host memory)",
+                    m = m
+                )
+            }
+            (m, _) => m,
+        };
         if self.timeout == 0 {
             bail!("--timeout 0: at least one second");
         }
@@ -209,6 +251,7 @@ impl Common {
             tx_depth,
             gpu,
             scope: self.scope,
+            mem,
             timeout: Duration::from_secs(self.timeout),
         })
     }

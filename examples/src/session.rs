@@ -62,6 +62,8 @@ pub struct Session {
     pub gpu: Option<Gpu>,
     /// The setup connection (server or client).
     pub channel: Option<Channel>,
+    /// Where [`alloc`](Self::alloc) puts buffers.
+    pub mem: crate::cli::Mem,
     /// Loopback, server or client.
     pub role: Role,
 }
@@ -107,6 +109,7 @@ impl Session {
             gpu,
             channel,
             role: plan.role.clone(),
+            mem: plan.mem,
         })
     }
 
@@ -138,12 +141,13 @@ impl Session {
         ]
     }
 
-    /// `len` zeroed bytes for the test: host-pinned and mapped into the GPU in GPU mode, plain
-    /// host memory in CPU mode.
+    /// `len` zeroed bytes for the test, where `--mem` says.
     pub fn alloc(&self, len: usize) -> anyhow::Result<MemoryRegion> {
-        Ok(match &self.gpu {
-            Some(gpu) => self.ctx.alloc_pinned_region(gpu, len, Access::ALL)?,
-            None => self.ctx.alloc_region(len, Access::ALL)?,
+        use crate::cli::Mem;
+        Ok(match (&self.gpu, self.mem) {
+            (Some(gpu), Mem::Pinned) => self.ctx.alloc_pinned_region(gpu, len, Access::ALL)?,
+            (Some(gpu), Mem::Device) => self.ctx.alloc_device_region(gpu, len, Access::ALL)?,
+            _ => self.ctx.alloc_region(len, Access::ALL)?,
         })
     }
 

@@ -208,6 +208,7 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         (&["--cpu-proxy"], "issue #7"),
         (&["-d", "mlx5_0"], "the soft provider has one device"),
         (&["--plot", "x.png"], "SVG"),
+        (&["--mode", "cpu", "--mem", "device"], "GPU memory needs --mode gpu"),
         (&["-q", "0"], "1 to 64"),
     ] {
         let out = run("put_bw", args);
@@ -298,4 +299,18 @@ fn perftests_on_the_gpu_in_every_scope() {
     let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("host-pinned memory"), "{out}");
+    // GPU device memory, moved by the soft HCA's GPU copier.
+    let out = ok(
+        "put_bw",
+        &[
+            "--mode", "gpu", "--mem", "device", "-s", "65536", "-n", "500", "--scope", "warp",
+        ],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    assert!(out.contains("GPU device memory"), "{out}");
+    let out = ok(
+        "write_lat",
+        &["--mode", "gpu", "--mem", "device", "-s", "64", "-n", "100"],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
 }

@@ -104,6 +104,15 @@ impl Context {
         MemoryRegion::alloc_pinned(&self.inner, gpu, len, access)
     }
 
+    /// Allocates `len` zeroed bytes of GPU device memory on `gpu`, registered with `access`: kernels
+    /// use it directly, and the soft HCA moves its bytes with a persistent copy kernel on that GPU
+    /// (started with the first device-memory region and stopped with the last; see
+    /// [`cuda::quiesced`](crate::cuda::quiesced) for what that means for the application's own
+    /// CUDA calls that wait for every kernel).
+    pub fn alloc_device_region(&self, gpu: &crate::cuda::Gpu, len: usize, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::alloc_device(&self.inner, gpu, len, access)
+    }
+
     /// Registers caller-owned host memory.
     ///
     /// # Safety
@@ -111,7 +120,14 @@ impl Context {
     /// the returned region lives and until every WQE naming it has completed, and that the
     /// application lets the HCA read and write as `access` allows.
     pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register(&self.inner, addr as u64, len as u64, access, Arc::new(HostDma), None)
+        MemoryRegion::register(
+            &self.inner,
+            addr as u64,
+            len as u64,
+            access,
+            Arc::new(HostDma::default()),
+            None,
+        )
     }
 
     /// Starts accepting transport connections from peers in other processes or hosts on

@@ -90,6 +90,8 @@ pub struct MemoryRegion {
     access: Access,
     // Keeps library-owned memory alive for as long as the HCA may use it.
     owned: Option<Arc<HostBuffer>>,
+    // Library-owned GPU memory (then `owned` is None).
+    device: Option<Arc<crate::cuda::DeviceBuffer>>,
 }
 
 impl std::fmt::Debug for MemoryRegion {
@@ -107,7 +109,14 @@ impl MemoryRegion {
     /// Allocates `len` zeroed bytes of host memory and registers them.
     pub(crate) fn alloc(ctx: &Arc<ContextInner>, len: usize, access: Access) -> Result<MemoryRegion> {
         let buf = Arc::new(HostBuffer::new("a memory region", len)?);
-        Self::register(ctx, buf.addr(), len as u64, access, Arc::new(HostDma), Some(buf))
+        Self::register(
+            ctx,
+            buf.addr(),
+            len as u64,
+            access,
+            Arc::new(HostDma::default()),
+            Some(buf),
+        )
     }
 
     /// Allocates host memory mapped into `gpu` (page-locked) and registers it: kernels and the
@@ -141,9 +150,13 @@ impl MemoryRegion {
             _map: map,
             _buf: buf.clone(),
         });
-        let key = ctx
-            .hca
-            .register(buf.addr(), len as u64, access, Arc::new(HostDma), Some(keep))?;
+        let key = ctx.hca.register(
+            buf.addr(),
+            len as u64,
+            access,
+            Arc::new(HostDma { mapped: true }),
+            Some(keep),
+        )?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),
             key,
@@ -151,6 +164,35 @@ impl MemoryRegion {
             len: len as u64,
             access,
             owned: Some(buf),
+            device: None,
+        })
+    }
+
+    /// Allocates `len` zeroed bytes of device memory on `gpu` and registers them: the soft
+    /// HCA moves their bytes with the GPU's copier kernel (started with the first such region).
+    pub(crate) fn alloc_device(
+        ctx: &Arc<ContextInner>,
+        gpu: &crate::cuda::Gpu,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let copier = crate::soft::copier::Copier::of(gpu)?;
+        let buf = Arc::new(crate::cuda::DeviceBuffer::zeroed(gpu, len)?);
+        let dma = Arc::new(crate::soft::copier::DeviceDma { copier });
+        // The keep holds the copier too, so its last reference is never dropped on an HCA
+        // thread (stopping it and unmapping its buffers waits for kernels): see `soft::Keep`.
+        let keep: Arc<dyn Send + Sync> = Arc::new((buf.clone(), dma.clone()));
+        let key = ctx
+            .hca
+            .register(buf.device_addr(), len as u64, access, dma, Some(keep))?;
+        Ok(MemoryRegion {
+            ctx: ctx.clone(),
+            key,
+            addr: buf.device_addr(),
+            len: len as u64,
+            access,
+            owned: None,
+            device: Some(buf),
         })
     }
 
@@ -172,6 +214,7 @@ impl MemoryRegion {
             len,
             access,
             owned,
+            device: None,
         })
     }
 
@@ -232,8 +275,13 @@ impl MemoryRegion {
         if self.owned.is_none() {
             return Err(Error::CallerMemory { key: self.key });
         }
+        self.bounds(offset, len)?;
+        Ok((self.addr + offset) as *mut u8)
+    }
+
+    fn bounds(&self, offset: u64, len: usize) -> Result<()> {
         match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len => Ok((self.addr + offset) as *mut u8),
+            Some(end) if end <= self.len => Ok(()),
             _ => Err(Error::OutOfRange {
                 what: "region offset + length",
                 got: offset.saturating_add(len as u64),
@@ -243,9 +291,14 @@ impl MemoryRegion {
         }
     }
 
-    /// Copies `buf.len()` bytes at `offset` out of a region this library allocated. Like any
-    /// DMA buffer, bytes an RDMA operation is writing at the same time may be torn.
+    /// Copies `buf.len()` bytes at `offset` out of a region this library allocated (for device
+    /// memory, a synchronous copy). Like any DMA buffer, bytes an RDMA operation is writing at
+    /// the same time may be torn.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if let Some(d) = &self.device {
+            self.bounds(offset, buf.len())?;
+            return Ok(d.read(offset as usize, buf)?);
+        }
         let src = self.check(offset, buf.len())?;
         // SAFETY: in bounds of the owned allocation, which outlives this call.
         unsafe { std::ptr::copy(src, buf.as_mut_ptr(), buf.len()) };
@@ -254,16 +307,20 @@ impl MemoryRegion {
 
     /// Copies `data` into a region this library allocated, at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if let Some(d) = &self.device {
+            self.bounds(offset, data.len())?;
+            return Ok(d.write(offset as usize, data)?);
+        }
         let dst = self.check(offset, data.len())?;
         // SAFETY: as in `read`.
         unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
         Ok(())
     }
 
-    /// Atomically loads the native u64 at `offset` (8-byte aligned), e.g. a signal word.
+    /// Atomically loads the native u64 at `offset` (8-byte aligned), e.g. a signal word. Device
+    /// memory is read with a synchronous copy (an 8-byte copy is never torn).
     pub fn load_u64(&self, offset: u64) -> Result<u64> {
-        let p = self.check(offset, 8)?;
-        if p as usize % 8 != 0 {
+        if offset % 8 != 0 || self.addr % 8 != 0 {
             return Err(Error::OutOfRange {
                 what: "u64 offset alignment",
                 got: offset % 8,
@@ -271,13 +328,32 @@ impl MemoryRegion {
                 max: 0,
             });
         }
+        if self.device.is_some() {
+            let mut b = [0u8; 8];
+            self.read(offset, &mut b)?;
+            return Ok(u64::from_ne_bytes(b));
+        }
+        let p = self.check(offset, 8)?;
         // SAFETY: in bounds and aligned; the HCA updates such words atomically too.
         Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p as *mut u64) }.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Its bytes, for the library's own tests.
+    #[cfg(test)]
+    pub(crate) fn read_vec_for_tests(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len as usize];
+        let _ = self.read(0, &mut v);
+        v
+    }
+
+    /// Whether the region is GPU device memory.
+    pub fn is_device_memory(&self) -> bool {
+        self.device.is_some()
     }
 }
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.ctx.hca.deregister(self.key);
+        self.ctx.hca.release(self.key);
     }
 }

@@ -39,6 +39,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_post_rate_block_cta",
     "gdaki_post_rate_block_gpu",
     "gdaki_store_loop",
+    "gdaki_copier",
 ];
 
 /// The PTX was not built into this copy of the library.

@@ -16,6 +16,12 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// tests, and a skip must be seen.
 fn gpu_or_skip(test: &str) -> Option<(Gpu, std::sync::MutexGuard<'static, ()>)> {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let required = std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1");
     match Gpu::open(0) {
         Ok(gpu) => Some((gpu, guard)),
@@ -423,4 +429,137 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     drop((gq, qp, cq, ctx));
     silent.join().unwrap();
+}
+
+// ------------------------------------------------------------------------------ GPU memory
+
+#[test]
+fn device_memory_regions_move_through_the_copier() {
+    let Some((gpu, _one)) = gpu_or_skip("device_memory_regions_move_through_the_copier") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const LEN: usize = 5 << 20; // more than the copier's 4 MiB bounce buffer
+    let d1 = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    let d2 = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    let pinned = ctx.alloc_pinned_region(&gpu, LEN, Access::ALL).unwrap();
+    let host = ctx.alloc_region(LEN, Access::ALL).unwrap();
+    assert!(d1.is_device_memory() && !pinned.is_device_memory());
+    let data = pattern(77, LEN);
+    host.write(0, &data).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+    let put = |dst: &gdaki::MemoryRegion, doff: u64, src: &gdaki::MemoryRegion, soff: u64, len: u64| {
+        let t = dev.put(dst.remote(doff), src.local(soff), len).unwrap();
+        dev.wait(t).unwrap_or_else(|e| panic!("put {len} B: {e}"));
+    };
+    // host -> device (bounced, chunked), device -> device (one GPU copy), device -> pinned
+    // (one GPU copy), pinned -> device, device -> host (bounced); odd sizes and offsets.
+    put(&d1, 0, &host, 0, LEN as u64);
+    assert_eq!(d1.read_vec(0, LEN).unwrap(), data, "host -> device");
+    put(&d2, 3, &d1, 5, 1_000_001);
+    assert_eq!(
+        d2.read_vec(3, 1_000_001).unwrap(),
+        data[5..1_000_006],
+        "device -> device"
+    );
+    put(&pinned, 0, &d2, 3, 777);
+    assert_eq!(pinned.read_vec(0, 777).unwrap(), data[5..782], "device -> pinned");
+    put(&d2, 4096, &pinned, 0, 777);
+    assert_eq!(d2.read_vec(4096, 777).unwrap(), data[5..782], "pinned -> device");
+    host.write(0, &[0; 4096]).unwrap();
+    put(&host, 1, &d1, 0, 4000);
+    assert_eq!(host.read_vec(1, 4000).unwrap(), data[..4000], "device -> host");
+    // get: device -> device.
+    let t = dev.get(d2.local(8192), d1.remote(16), 64).unwrap();
+    dev.wait(t).unwrap();
+    assert_eq!(d2.read_vec(8192, 64).unwrap(), data[16..80], "get");
+    // Atomics on device memory, results in pinned and in device memory.
+    d1.write(0, &40u64.to_ne_bytes()).unwrap();
+    assert_eq!(dev.atomic_fetch_add(d1.remote(0), 2, pinned.local(8)).unwrap(), 40);
+    // The result goes to device memory, which this CPU poster cannot read: wait, then copy.
+    let cas = gdaki_device::AtomicOp::CompareSwap { compare: 42, swap: 7 };
+    let t = dev.atomic(cas, d1.remote(0), d2.local(16)).unwrap();
+    dev.wait(t).unwrap();
+    assert_eq!(d1.load_u64(0).unwrap(), 7);
+    assert_eq!(u64::from_be_bytes(d2.read_vec(16, 8).unwrap().try_into().unwrap()), 42);
+    // Freeing memory while the copier runs (it is stopped around the free and restarted).
+    drop(pinned);
+    let extra = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    drop(extra);
+    put(&d2, 0, &d1, 0, 4096);
+    assert_eq!(d2.read_vec(0, 4096).unwrap()[8..], data[8..4096]);
+    assert_eq!(qp.error(), None);
+}
+
+#[test]
+fn gpu_kernels_put_between_device_memory_regions() {
+    let Some((gpu, _one)) = gpu_or_skip("gpu_kernels_put_between_device_memory_regions") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const LEN: u64 = 1000;
+    let failures: Vec<String> = shapes()
+        .into_iter()
+        .filter_map(|launch| {
+            let qp = loopback_qp(&ctx, 256, QpConfig::default());
+            let gq = qp.export_gpu(&gpu).unwrap();
+            let threads = (launch.grid * launch.block) as u64;
+            let src = ctx
+                .alloc_device_region(&gpu, (threads * LEN) as usize, Access::ALL)
+                .unwrap();
+            let dst = ctx
+                .alloc_device_region(&gpu, (threads * LEN) as usize, Access::ALL)
+                .unwrap();
+            let data = pattern(threads, (threads * LEN) as usize);
+            src.write(0, &data).unwrap();
+            let _ = writeln!(std::io::stderr(), "device-memory put: {launch:?}");
+            let stream = PutStream {
+                dst: dst.remote(0),
+                src: src.local(0),
+                len: LEN,
+                slots: threads,
+                first: 0,
+                iters: 4,
+            };
+            let run = gpu.run_put(&[gq.device_handle()], launch, &stream).unwrap();
+            if let Some((t, c)) = run.first_failure() {
+                return Some(format!("{launch:?}: thread {t}: {}", gdaki_device::status::Code(c)));
+            }
+            (dst.read_vec(0, data.len()).unwrap() != data).then(|| format!("{launch:?}: data differs"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn other_kernels_run_while_the_copier_runs() {
+    let Some((gpu, _one)) = gpu_or_skip("other_kernels_run_while_the_copier_runs") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let _d = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let say = |s: &str| {
+        let _ = writeln!(std::io::stderr(), "copier coexistence: {s}");
+    };
+    say("selftest (launch, synchronous copy back)");
+    gpu.selftest(64).unwrap();
+    say("device copy (timing events)");
+    gpu.device_copy(4096, 4).unwrap();
+    say("put kernel on host memory");
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    let gq = qp.export_gpu(&gpu).unwrap();
+    let mr = ctx.alloc_region(64, Access::ALL).unwrap();
+    let launch = DataPathLaunch {
+        scope: KernelScope::Thread,
+        mode: KernelMode::Exclusive,
+        grid: 1,
+        block: 1,
+    };
+    let run = gpu
+        .run_put(&[gq.device_handle()], launch, &one_put(mr.remote(0), mr.local(8)))
+        .unwrap();
+    assert_eq!(run.first_failure(), None);
+    say("done");
 }

@@ -18,6 +18,7 @@
 //! - [`wqe`]: a length-checked view of untrusted WQE bytes and the decoded [`wqe::WorkRequest`].
 //! - [`handle`]: [`DevQp`] and [`DevCq`], the handles exported to the GPU.
 //! - [`perf`]: what the perftest kernels take ([`perf::PingPongSide`]).
+//! - [`copy`]: the soft HCA's GPU copy service (descriptors, completions, kernel state).
 //!
 //! The crate is `no_std` and has no unsafe code; every accessor on a checked view is panic-free.
 #![no_std]
@@ -29,6 +30,7 @@ mod macros;
 mod endian;
 
 pub mod atomic;
+pub mod copy;
 pub mod cqe;
 pub mod ctrl;
 pub mod data;

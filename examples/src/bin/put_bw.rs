@@ -526,10 +526,9 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         handler: "direct",
         qps: cli.qps,
         tx_depth: plan.tx_depth,
-        memory: match (&session.gpu, &plan.role) {
-            (_, Role::Server(_)) => "host",
-            (Some(_), _) => "host-pinned, mapped into the GPU",
-            (None, _) => "host",
+        memory: match plan.role {
+            Role::Server(_) => "host",
+            _ => plan.mem.describe(),
         },
         blocks: launch.map(|l| l.grid),
         threads_per_block: launch.map(|l| l.block),

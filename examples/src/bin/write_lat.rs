@@ -77,6 +77,9 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let plan = cli.common.plan(2, 1000, || gdaki::cuda::usable(cli.common.gpu))?;
+    if plan.gpu.is_some() && plan.mem == gdaki_examples::cli::Mem::Host {
+        bail!("--mem host: in GPU mode the kernels poll their buffers, which must be pinned or device memory");
+    }
     let mut session = Session::open(&cli.common, &plan)?;
     let symmetric = Symmetric {
         test: "write_lat".into(),
@@ -153,11 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
         handler: "direct",
-        memory: if session.gpu.is_some() {
-            "host-pinned, mapped into the GPU"
-        } else {
-            "host"
-        },
+        memory: plan.mem.describe(),
         iterations: plan.iters,
         sizes: plan.sizes.clone(),
     };

@@ -13,6 +13,7 @@ use crate::ptx::{self, PtxUnavailable};
 mod launch;
 mod posting;
 mod reference;
+pub use crate::soft::copier::quiesced;
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun};
 pub use posting::{PostingRun, RingPlacement};
 
@@ -203,6 +204,16 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
+        // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is
+        // loaded at first use, and that load waits for running kernels: behind the soft HCA's
+        // persistent copier it would wait forever.
+        for name in ptx::ENTRY_POINTS {
+            module.load_function(name)?;
+        }
+        // The driver's own memset kernels load lazily too: use them once now.
+        let warm = ctx.default_stream().alloc_zeros::<u32>(64)?;
+        ctx.default_stream().synchronize()?;
+        drop(warm);
         Ok(Gpu { ctx, module })
     }
 
@@ -332,10 +343,13 @@ impl HostMapping {
 impl Drop for HostMapping {
     fn drop(&mut self) {
         // Nothing sensible to do on failure: the process keeps a pinned range until exit.
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: registered in `new` and not unregistered since.
-            let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
-        }
+        // Unregistering waits for every kernel, the soft HCA's copiers included: stop them.
+        crate::soft::copier::quiesced(|| {
+            if self.ctx.bind_to_thread().is_ok() {
+                // SAFETY: registered in `new` and not unregistered since.
+                let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+            }
+        })
     }
 }
 
@@ -423,10 +437,13 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated in `zeroed`, freed once.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
-        }
+        // Freeing waits for every kernel, the soft HCA's copiers included: stop them.
+        crate::soft::copier::quiesced(|| {
+            if self.ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated in `zeroed`, freed once.
+                let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            }
+        })
     }
 }
 

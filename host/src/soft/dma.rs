@@ -29,11 +29,24 @@ pub unsafe trait Dma: Send + Sync {
     fn host_addressable(&self) -> bool {
         false
     }
+    /// Whether GPU kernels reach this memory at the addresses the HCA uses (host memory mapped
+    /// into the GPUs), so a GPU copier can move it directly.
+    fn gpu_mapped(&self) -> bool {
+        false
+    }
+    /// The copier of the GPU this memory lives on (device memory only).
+    fn gpu_copier(&self) -> Option<&std::sync::Arc<crate::soft::copier::Copier>> {
+        None
+    }
 }
 
-/// Host memory: the addresses are CPU pointers.
+/// Host memory: the addresses are CPU pointers. `mapped`: also mapped into the GPUs at the same
+/// addresses (page-locked), so GPU copiers can move it directly.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct HostDma;
+pub struct HostDma {
+    /// Mapped into the GPUs at the same addresses.
+    pub mapped: bool,
+}
 
 // SAFETY: only the given ranges are touched, through raw pointers, as a NIC's DMA would.
 unsafe impl Dma for HostDma {
@@ -63,5 +76,8 @@ unsafe impl Dma for HostDma {
     }
     fn host_addressable(&self) -> bool {
         true
+    }
+    fn gpu_mapped(&self) -> bool {
+        self.mapped
     }
 }

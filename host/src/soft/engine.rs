@@ -28,6 +28,7 @@ pub(crate) fn run(hca: Arc<Hca>) {
         if let Some(list) = hca.qps_if_changed(&mut version) {
             qps = list;
         }
+        scratch.release_stale_regions();
         let mut busy = false;
         for qp in &qps {
             busy |= service(&hca, qp, &mut wqe, &mut scratch);

@@ -14,6 +14,7 @@
 //! Peers in one process talk directly (the responder runs on the requester's engine thread,
 //! against the peer HCA's tables).
 pub mod completer;
+pub mod copier;
 pub mod dma;
 pub mod engine;
 pub mod net;
@@ -138,6 +139,25 @@ struct CachedRegion {
 pub(crate) struct RegionCache {
     entries: [Option<CachedRegion>; 4],
     next: usize,
+    /// [`DEREGISTERED`] when the entries were last checked.
+    epoch: u64,
+}
+
+/// Bumped on every deregistration in the process, so idle HCA threads can drop cached regions
+/// promptly ([`RegionCache::release_if_stale`]) and the memory is released by the thread that
+/// dropped the region, not later on the reaper, perhaps while a kernel runs.
+static DEREGISTERED: AtomicU64 = AtomicU64::new(0);
+
+impl RegionCache {
+    /// Forgets every cached region if any region was deregistered since the last call (one
+    /// atomic load otherwise). HCA threads call it between batches of work.
+    pub fn release_if_stale(&mut self) {
+        let now = DEREGISTERED.load(Ordering::Acquire);
+        if now != self.epoch {
+            self.entries = Default::default();
+            self.epoch = now;
+        }
+    }
 }
 
 /// The state of one soft HCA, shared by its context's objects and its engine thread.
@@ -267,10 +287,27 @@ impl Hca {
     }
 
     /// Removes a key (in-flight work that already looked it up finishes).
-    pub fn deregister(&self, key: u32) {
+    /// Deregisters `key` and releases its memory on the calling thread: HCA threads drop their
+    /// cached references when they next go idle, and this waits (briefly) for that, so the
+    /// memory is not released later on the reaper, perhaps while a kernel that waits on the HCA
+    /// runs (releasing GPU memory waits for every kernel).
+    pub fn release(&self, key: u32) {
+        let Some(region) = self.deregister(key) else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        while Arc::strong_count(&region) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+        drop(region);
+    }
+
+    pub fn deregister(&self, key: u32) -> Option<Arc<Region>> {
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        regions.remove(&key);
+        let gone = regions.remove(&key);
         self.regions_version.fetch_add(1, Ordering::Release);
+        DEREGISTERED.fetch_add(1, Ordering::Release);
+        gone
     }
 
     /// The region of `key` if it covers `addr..addr + len` with `need` rights, through the
@@ -472,5 +509,47 @@ mod tests {
                 other => panic!("expected {want:?}, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_region_used_by_the_engine_is_released_by_the_thread_that_drops_it() {
+        use crate::{Access, Context, Provider, QpConfig};
+        let ctx = Context::open(Provider::Soft).unwrap();
+        let hca = &ctx.inner().hca;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let buf = [7u8; 64];
+        let key = hca
+            .register(
+                buf.as_ptr() as u64,
+                64,
+                Access::ALL,
+                Arc::new(dma::HostDma::default()),
+                Some(Arc::new(Witness(tx))),
+            )
+            .unwrap();
+        let dst = ctx.alloc_region(64, Access::ALL).unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let qp = ctx
+            .create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 16,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        // SAFETY: one poster; the QP outlives it.
+        let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+        let src = gdaki_device::Local {
+            addr: buf.as_ptr() as u64,
+            lkey: key,
+        };
+        let t = dev.put(dst.remote(0), src, 64).unwrap();
+        dev.wait(t).unwrap(); // the engine has the region in its cache now
+        hca.release(key);
+        let on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        assert_eq!(on, std::thread::current().name().map(str::to_owned));
+        assert_eq!(dst.read_vec_for_tests(), vec![7u8; 64]);
     }
 }

@@ -719,7 +719,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     let mut failed = false;
     loop {
         if reader.buffered() == 0 {
-            // About to wait for more requests: acknowledge what was executed.
+            // About to wait for more requests: hold no region while idle (a dropped region's
+            // memory is then released by the thread that dropped it), and acknowledge what
+            // was executed.
+            cache = RegionCache::default();
             if let Some(seq) = unacked.take() {
                 w.write_all(&Response::Ack { seq }.encode_head())?;
             }

@@ -23,6 +23,13 @@ pub(crate) struct Scratch {
     regions: RegionCache,
 }
 
+impl Scratch {
+    /// See [`RegionCache::release_if_stale`].
+    pub(crate) fn release_stale_regions(&mut self) {
+        self.regions.release_if_stale();
+    }
+}
+
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
     DevRemote {
         addr: r.addr,
@@ -118,6 +125,14 @@ pub(crate) fn execute(
                 Payload::Gather(list) => {
                     let bytes = check_len(list.total_len())?;
                     let src = locals(hca, regions, list.as_slice(), Access::empty())?;
+                    // GPU memory to a target in this process: the GPU copies it in one step.
+                    if let (Target::Local(peer), [Some((s, region)), None, ..]) = (&mut *target, &src.items) {
+                        if let Some(done) =
+                            responder::write_by_gpu(peer, regions, remote(r), region, s.addr, s.length as u64)
+                        {
+                            return done.map(|()| Some(bytes));
+                        }
+                    }
                     match &src.items {
                         // One host buffer: hand it on without a copy.
                         [Some((s, region)), None, ..] if region.dma.host_addressable() => {

@@ -43,6 +43,28 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, remote: Remote, data: &[
     r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
+/// RDMA WRITE of `len` bytes from `src` (in `region`, the requester's) at `remote`, done by a
+/// GPU copier in one step when one side is device memory and the other is reachable by the same
+/// GPU. `None`: not such a pair (the caller moves the bytes through host memory).
+pub(crate) fn write_by_gpu(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    remote: Remote,
+    region: &crate::soft::Region,
+    src: u64,
+    len: u64,
+) -> Option<Result<(), Syndrome>> {
+    if len == 0 {
+        return None;
+    }
+    let dst = match hca.region(cache, remote.rkey, remote.addr, len, Access::REMOTE_WRITE) {
+        Some(r) => r.clone(),
+        None => return Some(Err(Syndrome::RemoteAccess)),
+    };
+    let copier = crate::soft::copier::shared_copier(&*region.dma, &*dst.dma)?;
+    Some(copier.copy(remote.addr, src, len).map_err(|_| Syndrome::RemoteOp))
+}
+
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
 pub(crate) fn read(hca: &Hca, cache: &mut RegionCache, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
     if out.is_empty() {

@@ -1,0 +1,426 @@
+//! GPU memory for the soft HCA: the copier, a persistent kernel (`gdaki_copier`) that moves
+//! bytes to, from and within device memory and runs atomics on it, fed descriptors through a
+//! host-pinned ring; and [`DeviceDma`], the [`Dma`] of device-memory regions.
+//!
+//! Why a persistent kernel: the CPU cannot address device memory, CUDA's copy calls cost
+//! microseconds each, and work launched by the HCA's threads while an application kernel runs
+//! can queue behind that kernel on a shared hardware queue, which then waits forever for the
+//! HCA. A kernel started before the application's kernels and fed through memory needs no
+//! launch on the data path.
+//!
+//! What it costs the application: while a GPU has device-memory regions, one kernel of a few
+//! blocks runs on it. CUDA calls that wait for every kernel (`cuMemFree`, `cuMemHostUnregister`,
+//! `cudaDeviceSynchronize`) would wait forever, so the library stops the copiers around its own
+//! such calls ([`quiesced`]), and an application that makes them itself should wrap them in
+//! [`quiesced`] too (or drop its device-memory regions first). Free GPU memory only while no
+//! kernel waits on the soft HCA.
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS};
+use tracing::{debug, error};
+
+use crate::cuda::{CudaError, DeviceBuffer, Gpu, HostMapping};
+use crate::memory::HostBuffer;
+use crate::soft::dma::{Dma, DmaFault};
+use crate::soft::lock;
+
+/// How long one copy may take before it fails (the kernel is gone or the GPU is wedged).
+const COPY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Host-pinned bounce buffer for transfers between device memory and plain host memory.
+const BOUNCE_BYTES: usize = 4 << 20;
+/// Bytes of the kernel's device-memory working state (see `gdaki_copier`).
+const WORK_BYTES: usize = 64 + 80 * RING_SLOTS;
+/// Threads per copier block.
+const BLOCK: u32 = 256;
+
+/// Every live copier of the process, for [`quiesced`].
+static COPIERS: Mutex<Vec<Weak<Copier>>> = Mutex::new(Vec::new());
+
+/// A GPU's copier: the descriptor ring, the answers, the kernel's state and the stream it runs
+/// on. One per GPU per process, alive while device-memory regions on that GPU are.
+pub struct Copier {
+    ctx: Arc<CudaContext>,
+    function: CudaFunction,
+    stream: Arc<CudaStream>,
+    grid: u32,
+    // Mappings before their buffers (field order = drop order).
+    descs: HostMapping,
+    dones: HostMapping,
+    ctl: HostMapping,
+    bounce: HostMapping,
+    descs_buf: HostBuffer,
+    dones_buf: HostBuffer,
+    ctl_buf: HostBuffer,
+    bounce_buf: HostBuffer,
+    work: DeviceBuffer,
+    state: Mutex<State>,
+    resumed: Condvar,
+}
+
+// SAFETY: the raw CUDA handles are usable from any thread once the context is bound (every
+// call here binds it first); the mutable state is behind a mutex.
+unsafe impl Send for Copier {}
+// SAFETY: as above.
+unsafe impl Sync for Copier {}
+
+struct State {
+    /// The next descriptor's sequence number.
+    next: u64,
+    /// The kernel runs.
+    running: bool,
+    /// [`quiesced`] calls in progress.
+    paused: u32,
+    /// A launch or stop failed: every later copy fails.
+    broken: bool,
+}
+
+impl std::fmt::Debug for Copier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Copier")
+            .field("gpu", &self.ctx.ordinal())
+            .field("grid", &self.grid)
+            .finish_non_exhaustive()
+    }
+}
+
+fn fault(what: &str, e: impl std::fmt::Display) -> DmaFault {
+    error!("GPU copier: {what}: {e}");
+    DmaFault
+}
+
+impl Copier {
+    /// The copier of `gpu`: the running one, or a new one started now (on the calling thread,
+    /// which must not be an HCA thread: creating a stream may synchronise the context).
+    pub(crate) fn of(gpu: &Gpu) -> crate::Result<Arc<Copier>> {
+        // One creator at a time; the registry itself is not held while creating, because a
+        // failed creation frees mappings, which takes the registry (see `quiesced`).
+        static CREATING: Mutex<()> = Mutex::new(());
+        let _one = lock(&CREATING);
+        let ordinal = gpu.context().ordinal();
+        let found = lock(&COPIERS)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.ctx.ordinal() == ordinal);
+        if let Some(c) = found {
+            return Ok(c);
+        }
+        let c = Arc::new(Copier::new(gpu)?);
+        {
+            let mut st = lock(&c.state);
+            c.start(&mut st).map_err(crate::Error::Cuda)?;
+        }
+        let mut all = lock(&COPIERS);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&c));
+        Ok(c)
+    }
+
+    fn new(gpu: &Gpu) -> crate::Result<Copier> {
+        let ctx = gpu.context().clone();
+        let function = gpu.module().load_function("gdaki_copier").map_err(CudaError::from)?;
+        let stream = ctx.new_stream().map_err(CudaError::from)?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CudaError::from)?;
+        // A quarter of the SMs: enough for bulk copies, leaving the rest to the application.
+        let grid = (sms.max(4) / 4) as u32;
+        let descs_buf = HostBuffer::new("the copier's descriptor ring", RING_SLOTS * 64)?;
+        let dones_buf = HostBuffer::new("the copier's answers", RING_SLOTS * 64)?;
+        let ctl_buf = HostBuffer::new("the copier's stop word", 64)?;
+        let bounce_buf = HostBuffer::new("the copier's bounce buffer", BOUNCE_BYTES)?;
+        let map = |b: &HostBuffer| {
+            // SAFETY: page-aligned whole-page buffers owned by the copier, unmapped (field
+            // order) before they are freed.
+            unsafe { HostMapping::new(gpu, b.as_ptr(), b.size()) }
+        };
+        let (descs, dones, ctl, bounce) = (map(&descs_buf)?, map(&dones_buf)?, map(&ctl_buf)?, map(&bounce_buf)?);
+        let work = DeviceBuffer::zeroed(gpu, WORK_BYTES)?;
+        debug!(gpu = ctx.ordinal(), grid, "GPU copier ready");
+        Ok(Copier {
+            ctx,
+            function,
+            stream,
+            grid,
+            descs,
+            dones,
+            ctl,
+            bounce,
+            descs_buf,
+            dones_buf,
+            ctl_buf,
+            bounce_buf,
+            work,
+            state: Mutex::new(State {
+                next: 1,
+                running: false,
+                paused: 0,
+                broken: false,
+            }),
+            resumed: Condvar::new(),
+        })
+    }
+
+    fn stop_word(&self) -> &AtomicU32 {
+        // SAFETY: the first word of the live, page-aligned control buffer.
+        unsafe { AtomicU32::from_ptr(self.ctl_buf.as_ptr() as *mut u32) }
+    }
+
+    fn desc(&self, slot: usize) -> *mut CopyDesc {
+        // SAFETY: slot < RING_SLOTS, inside the ring buffer.
+        unsafe { (self.descs_buf.as_ptr() as *mut CopyDesc).add(slot) }
+    }
+
+    fn done_seq(&self, slot: usize) -> &AtomicU64 {
+        // SAFETY: slot < RING_SLOTS; `seq` is the first, aligned word of the slot.
+        unsafe { AtomicU64::from_ptr((self.dones_buf.as_ptr() as *mut CopyDone).add(slot) as *mut u64) }
+    }
+
+    /// Launches the kernel (state zeroed first, in stream order).
+    fn start(&self, st: &mut State) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread()?;
+        self.stop_word().store(0, Ordering::Release);
+        // Zeroed by a copy, not a memset (a memset is a kernel: it could wait behind others).
+        let zeros = [0u8; WORK_BYTES];
+        // SAFETY: the whole work allocation from a host array of its size; synchronous (the
+        // source is pageable), so `zeros` outlives it.
+        unsafe { sys::cuMemcpyHtoD_v2(self.work.device_addr(), zeros.as_ptr().cast(), WORK_BYTES) }.result()?;
+        let (descs, dones, ctl, work) = (
+            self.descs.device_addr(0),
+            self.dones.device_addr(0),
+            self.ctl.device_addr(0),
+            self.work.device_addr(),
+        );
+        let first = st.next;
+        let mut b = self.stream.launch_builder(&self.function);
+        b.arg(&descs).arg(&dones).arg(&ctl).arg(&work).arg(&first);
+        let config = LaunchConfig {
+            grid_dim: (self.grid, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `gdaki_copier(descs, dones, stop, work, first)`: the rings and the stop word
+        // are mapped for this GPU, `work` holds WORK_BYTES zeroed (above, stream-ordered).
+        unsafe { b.launch(config) }?;
+        st.running = true;
+        debug!(gpu = self.ctx.ordinal(), first, "GPU copier started");
+        Ok(())
+    }
+
+    /// Asks the kernel to stop and waits until it has (it finishes what was submitted first).
+    fn stop(&self, st: &mut State) -> Result<(), CudaError> {
+        if !st.running {
+            return Ok(());
+        }
+        self.stop_word().store(1, Ordering::Release);
+        let deadline = Instant::now() + COPY_TIMEOUT;
+        loop {
+            // SAFETY: a query of the copier's live stream.
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => break,
+                sys::CUresult::CUDA_ERROR_NOT_READY if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(50))
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    st.broken = true;
+                    return Err(CudaError::WrongResult {
+                        kernel: "gdaki_copier",
+                        detail: "did not stop within 10 s".into(),
+                    });
+                }
+                other => {
+                    st.broken = true;
+                    other.result()?;
+                }
+            }
+        }
+        st.running = false;
+        debug!(gpu = self.ctx.ordinal(), "GPU copier stopped");
+        Ok(())
+    }
+
+    /// Runs one descriptor and waits for its answer; returns the atomic result.
+    fn run(&self, op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> Result<u64, DmaFault> {
+        let mut st = lock(&self.state);
+        let deadline = Instant::now() + COPY_TIMEOUT;
+        while st.paused > 0 || !st.running {
+            if st.broken {
+                return Err(fault("copy", "the kernel failed earlier"));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(fault("copy", "the copier stayed stopped for 10 s"));
+            }
+            st = self.resumed.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        let n = st.next;
+        let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
+        let desc = CopyDesc {
+            seq: 0,
+            dst,
+            src,
+            len,
+            arg0,
+            arg1,
+            op,
+            pad: 0,
+            pad2: 0,
+        };
+        let p = self.desc(slot);
+        // SAFETY: the slot is free (every earlier descriptor was answered: one at a time, under
+        // the lock); the kernel reads it only once `seq` says so, published last (release).
+        unsafe {
+            p.write_volatile(desc);
+            AtomicU64::from_ptr(p as *mut u64).store(n, Ordering::Release);
+        }
+        st.next += 1;
+        let done = self.done_seq(slot);
+        let started = Instant::now();
+        let mut spins = 0u32;
+        while done.load(Ordering::Acquire) != n {
+            spins = spins.wrapping_add(1);
+            if spins < 2048 {
+                std::hint::spin_loop();
+            } else if spins % 64 == 0 && Instant::now() > deadline {
+                st.broken = true;
+                return Err(fault("copy", "no answer within 10 s"));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let took = started.elapsed();
+        if took > Duration::from_millis(1) {
+            debug!(seq = n, op, len, ?took, "GPU copier: slow answer");
+        }
+        // SAFETY: the answer's result word, written before its seq (acquired above).
+        Ok(unsafe {
+            ((self.dones_buf.as_ptr() as *const CopyDone).add(slot) as *const u64)
+                .add(1)
+                .read_volatile()
+        })
+    }
+
+    /// Copies `len` bytes between GPU addresses (device memory or host memory mapped into this
+    /// GPU), ranges not overlapping.
+    pub(crate) fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DmaFault> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.run(OP_COPY, dst, src, len, 0, 0).map(|_| ())
+    }
+
+    fn bounce_host(&self) -> *mut u8 {
+        self.bounce_buf.as_ptr()
+    }
+}
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        let mut st = lock(&self.state);
+        if let Err(e) = self.stop(&mut st) {
+            error!("GPU copier: stopping at drop: {e}");
+        }
+    }
+}
+
+/// Runs `f` with every copier of the process stopped (and restarts them after): for CUDA calls
+/// that wait for every kernel, such as freeing device memory or unpinning host memory. Nests.
+pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
+    let copiers: Vec<Arc<Copier>> = lock(&COPIERS).iter().filter_map(Weak::upgrade).collect();
+    for c in &copiers {
+        let mut st = lock(&c.state);
+        st.paused += 1;
+        if let Err(e) = c.stop(&mut st) {
+            error!("GPU copier: stopping for a free: {e}");
+        }
+    }
+    let r = f();
+    for c in &copiers {
+        let mut st = lock(&c.state);
+        st.paused -= 1;
+        if st.paused == 0 && !st.running && !st.broken {
+            match c.start(&mut st) {
+                Ok(()) => {}
+                // The process is exiting (the driver is already torn down): nothing to serve.
+                Err(CudaError::Driver(e)) if e.0 == sys::CUresult::CUDA_ERROR_DEINITIALIZED => st.broken = true,
+                Err(e) => {
+                    error!("GPU copier: restarting after a free: {e}");
+                    st.broken = true;
+                }
+            }
+        }
+        c.resumed.notify_all();
+    }
+    r
+}
+
+/// The copier that can move bytes between memory `a` and `b` in one step: one side is device
+/// memory of its GPU and the other the same GPU's, or host memory mapped into the GPUs.
+pub(crate) fn shared_copier<'a>(a: &'a dyn Dma, b: &'a dyn Dma) -> Option<&'a Arc<Copier>> {
+    match (a.gpu_copier(), b.gpu_copier()) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y).then_some(x),
+        (Some(x), None) if b.gpu_mapped() => Some(x),
+        (None, Some(y)) if a.gpu_mapped() => Some(y),
+        _ => None,
+    }
+}
+
+/// Device memory of a region: every access goes through the copier of its GPU. Host memory is
+/// reached through the copier's pinned bounce buffer.
+pub(crate) struct DeviceDma {
+    pub copier: Arc<Copier>,
+}
+
+impl DeviceDma {
+    /// Moves `len` bytes between device memory at `dev` and host memory at `host`, through the
+    /// bounce buffer, a chunk at a time.
+    fn bounce(&self, dev: u64, host: *mut u8, len: usize, to_device: bool) -> Result<(), DmaFault> {
+        let c = &self.copier;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(BOUNCE_BYTES);
+            let at = dev + done as u64;
+            // The bounce buffer is shared: one transfer at a time (the copier's own lock is
+            // taken per descriptor, so hold the bounce for the pair).
+            let _bounce = lock(&BOUNCE_LOCK);
+            // SAFETY: `host + done .. + n` is the caller's buffer; the bounce holds BOUNCE_BYTES.
+            unsafe {
+                if to_device {
+                    std::ptr::copy_nonoverlapping(host.add(done), c.bounce_host(), n);
+                    c.copy(at, c.bounce.device_addr(0), n as u64)?;
+                } else {
+                    c.copy(c.bounce.device_addr(0), at, n as u64)?;
+                    std::ptr::copy_nonoverlapping(c.bounce_host(), host.add(done), n);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Serialises users of the bounce buffers (transfers to plain host memory are the slow path).
+static BOUNCE_LOCK: Mutex<()> = Mutex::new(());
+
+// SAFETY: touches only the given ranges (of device memory, through the copier's kernel, and of
+// the caller's host buffers).
+unsafe impl Dma for DeviceDma {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
+        self.bounce(addr, dst.as_mut_ptr(), dst.len(), false)
+    }
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), DmaFault> {
+        self.bounce(addr, src.as_ptr() as *mut u8, src.len(), true)
+    }
+    fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault> {
+        self.copier.run(OP_FETCH_ADD, addr, 0, 8, add, 0)
+    }
+    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> Result<u64, DmaFault> {
+        self.copier.run(OP_COMPARE_SWAP, addr, 0, 8, compare, swap)
+    }
+    fn gpu_copier(&self) -> Option<&Arc<Copier>> {
+        Some(&self.copier)
+    }
+}

@@ -1,0 +1,74 @@
+//! The soft HCA's GPU copy service. The CPU cannot address device memory, and CUDA's copy calls
+//! cost microseconds each, so the soft HCA hands data movement that touches GPU memory to a
+//! persistent kernel (`gdaki_copier`): the host writes a [`CopyDesc`] into a host-pinned ring,
+//! the kernel's blocks execute it together and publish a [`CopyDone`]. These are the layouts
+//! both sides share.
+use bytemuck::{Pod, Zeroable};
+
+/// [`CopyDesc::op`]: copy `len` bytes from `src` to `dst` (ranges do not overlap).
+pub const OP_COPY: u32 = 1;
+/// [`CopyDesc::op`]: 8-byte fetch-and-add of `arg0` at `dst`; the old value is the result.
+pub const OP_FETCH_ADD: u32 = 2;
+/// [`CopyDesc::op`]: 8-byte compare-and-swap at `dst` (compare `arg0`, swap `arg1`); the old
+/// value is the result.
+pub const OP_COMPARE_SWAP: u32 = 3;
+
+/// One request to the copier, in a host-pinned ring slot. The host fills every field, then
+/// stores `seq` (release); the kernel executes descriptor `n` once it reads `seq == n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct CopyDesc {
+    /// Sequence number, from 1: written last.
+    pub seq: u64,
+    /// Destination (GPU address: device memory or host memory mapped into the GPU).
+    pub dst: u64,
+    /// Source (likewise; unused by atomics).
+    pub src: u64,
+    /// Bytes (copies).
+    pub len: u64,
+    /// First operand (atomics).
+    pub arg0: u64,
+    /// Second operand (compare-and-swap).
+    pub arg1: u64,
+    /// `OP_*`.
+    pub op: u32,
+    /// Pads to 64 bytes.
+    pub pad: u32,
+    /// Pads to 64 bytes.
+    pub pad2: u64,
+}
+
+/// The kernel's answer to descriptor `seq`, in a host-pinned slot of its own: `result` first,
+/// then `seq` (system-scope release), so a host that reads `seq` sees the data and the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct CopyDone {
+    /// The descriptor executed.
+    pub seq: u64,
+    /// Atomics: the old value.
+    pub result: u64,
+    /// Pads to a cache line.
+    pub pad: [u64; 6],
+}
+
+/// The copier's working state in device memory (zeroed before each launch): block 0 mirrors
+/// descriptors here from the host ring, and the blocks count themselves done per slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct CopierState {
+    /// The newest descriptor mirrored (its `seq`).
+    pub head: u64,
+    /// Set by block 0 when the host asked the kernel to stop.
+    pub stop: u64,
+    /// Pads the hot line.
+    pub pad: [u64; 6],
+}
+
+/// Descriptors in the ring (a power of two): how many may be outstanding.
+pub const RING_SLOTS: usize = 64;
+
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<CopyDesc>() == 64 && size_of::<CopyDone>() == 64 && size_of::<CopierState>() == 64);
+    assert!(RING_SLOTS.is_power_of_two());
+};
