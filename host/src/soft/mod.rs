@@ -432,6 +432,18 @@ mod tests {
         assert_eq!(on, std::thread::current().name().map(str::to_owned));
     }
 
+    /// A 16-WQE queue pair connected to itself, with its CQ.
+    fn loopback(ctx: &crate::Context) -> (crate::CompletionQueue, crate::QueuePair) {
+        let cq = ctx.create_cq(16).unwrap();
+        let cfg = crate::QpConfig {
+            sq_size: 16,
+            ..Default::default()
+        };
+        let qp = ctx.create_qp(&cq, cfg).unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        (cq, qp)
+    }
+
     /// Memory whose every transfer fails, as a GPU copy that failed would.
     struct FailingDma;
     // SAFETY: touches no memory at all.
@@ -452,7 +464,7 @@ mod tests {
 
     #[test]
     fn a_failed_transfer_fails_the_wqe_like_a_dma_error() {
-        use crate::{Access, Context, MemoryRegion, Provider, QpConfig};
+        use crate::{Access, Context, MemoryRegion, Provider};
         use gdaki_layout::Syndrome;
         let ctx = Context::open(Provider::Soft).unwrap();
         let good = ctx.alloc_region(4096, Access::ALL).unwrap();
@@ -465,17 +477,7 @@ mod tests {
             (good.local(0), bad.remote(0), Syndrome::RemoteOp),
         ];
         for (src, dst, want) in cases {
-            let cq = ctx.create_cq(16).unwrap();
-            let qp = ctx
-                .create_qp(
-                    &cq,
-                    QpConfig {
-                        sq_size: 16,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
-            qp.connect(&qp.endpoint()).unwrap();
+            let (_cq, qp) = loopback(&ctx);
             // SAFETY: one poster, the QP outlives it.
             let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
             // 3 chunks of 3000 bytes: the failing side is not host-addressable, so it bounces.
@@ -491,17 +493,7 @@ mod tests {
             (bad.remote(0), good.local(8), Syndrome::RemoteOp),
             (good.remote(0), bad.local(8), Syndrome::LocalAccess),
         ] {
-            let cq = ctx.create_cq(16).unwrap();
-            let qp = ctx
-                .create_qp(
-                    &cq,
-                    QpConfig {
-                        sq_size: 16,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
-            qp.connect(&qp.endpoint()).unwrap();
+            let (_cq, qp) = loopback(&ctx);
             // SAFETY: as above.
             let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
             match dev.atomic_fetch_add(target, 1, result) {
@@ -513,7 +505,7 @@ mod tests {
 
     #[test]
     fn a_region_used_by_the_engine_is_released_by_the_thread_that_drops_it() {
-        use crate::{Access, Context, Provider, QpConfig};
+        use crate::{Access, Context, Provider};
         let ctx = Context::open(Provider::Soft).unwrap();
         let hca = &ctx.inner().hca;
         let (tx, rx) = std::sync::mpsc::channel();
@@ -528,17 +520,7 @@ mod tests {
             )
             .unwrap();
         let dst = ctx.alloc_region(64, Access::ALL).unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        let qp = ctx
-            .create_qp(
-                &cq,
-                QpConfig {
-                    sq_size: 16,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        qp.connect(&qp.endpoint()).unwrap();
+        let (_cq, qp) = loopback(&ctx);
         // SAFETY: one poster; the QP outlives it.
         let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
         let src = gdaki_device::Local {
