@@ -146,6 +146,8 @@ pub(crate) struct SqProgress {
     pub last_doorbell: u64,
     /// The connected peer.
     pub peer: Option<Peer>,
+    /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
+    pub deferred: std::collections::VecDeque<crate::soft::engine::Deferred>,
 }
 
 /// A queue pair as the soft HCA holds it.

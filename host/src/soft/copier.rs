@@ -87,6 +87,21 @@ impl std::fmt::Debug for Copier {
     }
 }
 
+/// A descriptor (its `seq` is set when it is posted).
+fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc {
+    CopyDesc {
+        seq: 0,
+        dst,
+        src,
+        len,
+        arg0,
+        arg1,
+        op,
+        pad: 0,
+        pad2: 0,
+    }
+}
+
 fn fault(what: &str, e: impl std::fmt::Display) -> DmaFault {
     error!("GPU copier: {what}: {e}");
     DmaFault
@@ -242,9 +257,11 @@ impl Copier {
         Ok(())
     }
 
-    /// Runs one descriptor and waits for its answer; returns the atomic result.
-    fn run(&self, op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> Result<u64, DmaFault> {
-        let mut st = lock(&self.state);
+    /// Waits (bounded) until the copier runs, holding its state.
+    fn running<'a>(
+        &'a self,
+        mut st: std::sync::MutexGuard<'a, State>,
+    ) -> Result<std::sync::MutexGuard<'a, State>, DmaFault> {
         let deadline = Instant::now() + COPY_TIMEOUT;
         while st.paused > 0 || !st.running {
             if st.broken {
@@ -256,35 +273,48 @@ impl Copier {
             }
             st = self.resumed.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
+        if st.broken {
+            return Err(fault("copy", "the kernel failed earlier"));
+        }
+        Ok(st)
+    }
+
+    /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
+    /// to be answered) and returns its sequence number.
+    fn post(&self, st: &mut State, desc: CopyDesc) -> Result<u64, DmaFault> {
         let n = st.next;
         let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
-        let desc = CopyDesc {
-            seq: 0,
-            dst,
-            src,
-            len,
-            arg0,
-            arg1,
-            op,
-            pad: 0,
-            pad2: 0,
-        };
+        if n > RING_SLOTS as u64 {
+            self.wait_answer(st, n - RING_SLOTS as u64)?;
+        }
         let p = self.desc(slot);
-        // SAFETY: the slot is free (every earlier descriptor was answered: one at a time, under
-        // the lock); the kernel reads it only once `seq` says so, published last (release).
+        // SAFETY: the slot is free (its previous descriptor was answered, above); the kernel
+        // reads it only once `seq` says so, published last (release).
         unsafe {
             p.write_volatile(desc);
             AtomicU64::from_ptr(p as *mut u64).store(n, Ordering::Release);
         }
         st.next += 1;
-        let done = self.done_seq(slot);
+        Ok(n)
+    }
+
+    /// Whether descriptor `n` has been answered (slots are reused for `n + RING_SLOTS`, ...,
+    /// so a later answer in its slot means it was).
+    fn answered(&self, n: u64) -> bool {
+        self.done_seq((n & (RING_SLOTS as u64 - 1)) as usize)
+            .load(Ordering::Acquire)
+            >= n
+    }
+
+    /// Waits (bounded) for the answer to descriptor `n`; a timeout breaks the copier.
+    fn wait_answer(&self, st: &mut State, n: u64) -> Result<(), DmaFault> {
         let started = Instant::now();
         let mut spins = 0u32;
-        while done.load(Ordering::Acquire) != n {
+        while !self.answered(n) {
             spins = spins.wrapping_add(1);
             if spins < 2048 {
                 std::hint::spin_loop();
-            } else if spins % 64 == 0 && Instant::now() > deadline {
+            } else if spins % 64 == 0 && started.elapsed() > COPY_TIMEOUT {
                 st.broken = true;
                 return Err(fault("copy", "no answer within 10 s"));
             } else {
@@ -293,14 +323,52 @@ impl Copier {
         }
         let took = started.elapsed();
         if took > Duration::from_millis(1) {
-            debug!(seq = n, op, len, ?took, "GPU copier: slow answer");
+            debug!(seq = n, ?took, "GPU copier: slow answer");
         }
-        // SAFETY: the answer's result word, written before its seq (acquired above).
+        Ok(())
+    }
+
+    /// Runs one descriptor and waits for its answer; returns the atomic result.
+    fn run(&self, op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> Result<u64, DmaFault> {
+        let mut st = self.running(lock(&self.state))?;
+        let n = self.post(&mut st, desc(op, dst, src, len, arg0, arg1))?;
+        self.wait_answer(&mut st, n)?;
+        let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
+        // SAFETY: the answer's result word, written before its seq (acquired above); the slot
+        // cannot be reused while this thread holds the state.
         Ok(unsafe {
             ((self.dones_buf.as_ptr() as *const CopyDone).add(slot) as *const u64)
                 .add(1)
                 .read_volatile()
         })
+    }
+
+    /// Queues a copy of `len` bytes between GPU addresses and returns without waiting: its
+    /// sequence number, for [`done`](Self::done). Copies run in submission order.
+    pub(crate) fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
+        let mut st = self.running(lock(&self.state))?;
+        self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))
+    }
+
+    /// Whether copy `seq` (from [`submit_copy`](Self::submit_copy)) is done and its bytes are
+    /// visible; `Err` once the copier broke (the copy may never happen).
+    pub(crate) fn done(&self, seq: u64) -> Result<bool, DmaFault> {
+        if self.answered(seq) {
+            return Ok(true);
+        }
+        if lock(&self.state).broken {
+            return Err(DmaFault);
+        }
+        Ok(false)
+    }
+
+    /// Waits (bounded) until copy `seq` is done.
+    pub(crate) fn settle(&self, seq: u64) -> Result<(), DmaFault> {
+        if self.answered(seq) {
+            return Ok(());
+        }
+        let mut st = lock(&self.state);
+        self.wait_answer(&mut st, seq)
     }
 
     /// Copies `len` bytes between GPU addresses (device memory or host memory mapped into this
@@ -324,6 +392,12 @@ impl Drop for Copier {
             error!("GPU copier: stopping at drop: {e}");
         }
     }
+}
+
+/// Lets go of a reference to a copier held on an HCA thread: if it is the last, the copier is
+/// stopped and freed on the reaper (stopping it and unmapping its buffers wait for kernels).
+pub(crate) fn release(copier: Arc<Copier>) {
+    drop(crate::soft::Keep::new(Some(copier)));
 }
 
 /// Runs `f` with every copier of the process stopped (and restarts them after): for CUDA calls

@@ -10,10 +10,13 @@ use gdaki_layout::wqe::{WorkRequest, WqeView, MAX_WQEBBS};
 use gdaki_layout::{ctrl, doorbell, ring, Syndrome, SEND_WQE_BB};
 use tracing::{trace, warn};
 
+use std::collections::VecDeque;
+
 use crate::queue::{QpState, SoftQp, SqProgress};
 use crate::soft::completer::{self, Outcome};
+use crate::soft::copier::Copier;
 use crate::soft::net::Meta;
-use crate::soft::requester::{self, Scratch, Target};
+use crate::soft::requester::{self, Executed, Scratch, Target};
 use crate::soft::{lock, Hca};
 
 /// Runs until `hca.stop` is set.
@@ -53,12 +56,51 @@ fn backoff(idle: u32) {
     }
 }
 
-/// Executes whatever `qp`'s doorbell announces. Returns whether there was anything.
+/// A completion of an in-process WQE waiting behind GPU copies: written, in WQE order, once its
+/// own copy (if any) and every earlier one are done, so a poller that sees the CQE sees the data.
+pub(crate) struct Deferred {
+    meta: Meta,
+    outcome: Outcome,
+    copy: Option<(Arc<Copier>, u64)>,
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        // Dropped on the engine thread (or with its QP): the copier goes off this thread.
+        if let Some((copier, _)) = self.copy.take() {
+            crate::soft::copier::release(copier);
+        }
+    }
+}
+
+/// Writes the deferred completions whose copies are done, oldest first.
+fn drain(qp: &SoftQp, deferred: &mut VecDeque<Deferred>) {
+    while let Some(front) = deferred.front() {
+        let outcome = match &front.copy {
+            None => front.outcome,
+            Some((copier, seq)) => match copier.done(*seq) {
+                Ok(true) => front.outcome,
+                Ok(false) => return,
+                Err(_) => {
+                    qp.fail(Syndrome::RemoteOp);
+                    Outcome::Error(Syndrome::RemoteOp)
+                }
+            },
+        };
+        let meta = front.meta;
+        deferred.pop_front();
+        completer::complete(qp, meta.index, meta.opcode, meta.signaled, outcome);
+    }
+}
+
+/// Executes whatever `qp`'s doorbell announces and writes the completions that are due.
+/// Returns whether there was anything (new WQEs, or completions still waiting).
 fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scratch: &mut Scratch) -> bool {
     let db = qp.doorbell().load(Ordering::Acquire);
     let mut progress = lock(&qp.progress);
+    drain(qp, &mut progress.deferred);
     if db == progress.last_doorbell {
-        return false;
+        return !progress.deferred.is_empty();
     }
     progress.last_doorbell = db;
     let (qpn, pi) = doorbell::decode(db.to_ne_bytes());
@@ -78,7 +120,7 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
         qp.fail(Syndrome::LocalQpOp);
         return true;
     }
-    let SqProgress { ci, peer, .. } = &mut *progress;
+    let SqProgress { ci, peer, deferred, .. } = &mut *progress;
     let mut target = requester::resolve(peer.as_mut());
     while *ci < target_bb {
         let index = *ci;
@@ -97,35 +139,43 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
         };
         let halted = matches!(&target, Target::Remote(link) if link.halted);
         let outcome = match qp.state() {
-            QpState::Error => Some(Outcome::Error(Syndrome::WrFlush)),
+            QpState::Error => Some((Outcome::Error(Syndrome::WrFlush), None)),
             // An earlier WQE failed and is still queued behind requests in flight.
-            _ if halted => Some(Outcome::Error(Syndrome::WrFlush)),
+            _ if halted => Some((Outcome::Error(Syndrome::WrFlush), None)),
             // The WQE's `ds` runs past the rung index: the doorbell does not cover it, and the
             // blocks after the index may still be in the writing.
-            QpState::Rts if fetched.is_err() => Some(Outcome::Error(Syndrome::LocalQpOp)),
+            QpState::Rts if fetched.is_err() => Some((Outcome::Error(Syndrome::LocalQpOp), None)),
             QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
                 Ok(wr) => match requester::execute(hca, qp, &mut target, meta, &wr, bytes, scratch) {
-                    Ok(Some(bytes)) => Some(Outcome::Success { bytes }),
-                    Ok(None) => None, // in flight: the link completes it
-                    Err(s) => Some(Outcome::Error(s)),
+                    Ok(Executed::Done(bytes)) => Some((Outcome::Success { bytes }, None)),
+                    Ok(Executed::InFlight) => None, // the link completes it
+                    Ok(Executed::Copying { bytes, copier, seq }) => {
+                        Some((Outcome::Success { bytes }, Some((copier, seq))))
+                    }
+                    Err(s) => Some((Outcome::Error(s), None)),
                 },
                 Err(e) => {
                     trace!(qpn = format_args!("{:#x}", qp.qpn), index, ?e, "malformed WQE");
-                    Some(Outcome::Error(e.syndrome()))
+                    Some((Outcome::Error(e.syndrome()), None))
                 }
             },
             // Posting to a QP that is not ready to send.
-            _ => Some(Outcome::Error(Syndrome::LocalQpOp)),
+            _ => Some((Outcome::Error(Syndrome::LocalQpOp), None)),
         };
         match (outcome, &mut target) {
             (None, _) => {}
             // Behind requests in flight, completions wait their turn.
-            (Some(o), Target::Remote(link)) => link.complete_local(meta, o),
-            (Some(o), _) => {
+            (Some((o, _)), Target::Remote(link)) => link.complete_local(meta, o),
+            (Some((o, copy)), _) => {
+                // The QP fails at once, so later WQEs flush, even if the CQE waits its turn.
                 if let Outcome::Error(s) = o {
                     qp.fail(s);
                 }
-                completer::complete(qp, meta.index, meta.opcode, meta.signaled, o);
+                if copy.is_none() && deferred.is_empty() {
+                    completer::complete(qp, meta.index, meta.opcode, meta.signaled, o);
+                } else {
+                    deferred.push_back(Deferred { meta, outcome: o, copy });
+                }
             }
         }
         *ci += bbs as u64;
@@ -133,6 +183,7 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
     if let Target::Remote(link) = &mut target {
         link.flush();
     }
+    drain(qp, deferred);
     true
 }
 

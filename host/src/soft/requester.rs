@@ -11,22 +11,71 @@ use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
 use crate::queue::{Peer, SoftQp};
+use crate::soft::copier::Copier;
 use crate::soft::net::{Link, Meta, Sink};
 use crate::soft::responder::{self, AtomicOp};
 use crate::soft::{Hca, Region, RegionCache};
 use crate::wire::Op;
 
-/// Buffers the engine thread reuses between WQEs.
+/// Buffers the engine thread reuses between WQEs, and the GPU copies it has in flight.
 #[derive(Default)]
 pub(crate) struct Scratch {
     data: Vec<u8>,
     regions: RegionCache,
+    /// The newest copy submitted to each GPU copier and not yet known done.
+    copies: Vec<(Arc<Copier>, u64)>,
+}
+
+/// How a WQE was executed.
+pub(crate) enum Executed {
+    /// Done: this many bytes moved.
+    Done(u32),
+    /// Sent to a remote peer: its link completes it.
+    InFlight,
+    /// Handed to a GPU copier: done once copy `seq` is.
+    Copying {
+        /// Bytes moved.
+        bytes: u32,
+        /// The copier.
+        copier: Arc<Copier>,
+        /// The copy.
+        seq: u64,
+    },
 }
 
 impl Scratch {
     /// See [`RegionCache::release_if_stale`].
     pub(crate) fn release_stale_regions(&mut self) {
         self.regions.release_if_stale();
+        // Finished copies need no settling: let go of their copiers (off this thread).
+        let mut i = 0;
+        while i < self.copies.len() {
+            if matches!(self.copies[i].0.done(self.copies[i].1), Ok(true)) {
+                crate::soft::copier::release(self.copies.swap_remove(i).0);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Waits until every GPU copy this engine submitted is done: before the CPU moves data
+    /// itself, so it never overtakes an earlier WQE's copy (a put then its signal).
+    fn settle(&mut self) -> Result<(), Syndrome> {
+        let mut result = Ok(());
+        for (copier, seq) in self.copies.drain(..) {
+            if result.is_ok() {
+                result = copier.settle(seq).map_err(|_| Syndrome::LocalAccess);
+            }
+            crate::soft::copier::release(copier);
+        }
+        result
+    }
+
+    fn copying(&mut self, copier: &Arc<Copier>, seq: u64) {
+        match self.copies.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
+            Some(entry) => entry.1 = seq,
+            None => self.copies.push((copier.clone(), seq)),
+        }
     }
 }
 
@@ -92,8 +141,7 @@ pub(crate) fn resolve(peer: Option<&mut Peer>) -> Target<'_> {
     }
 }
 
-/// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`: `Some(bytes moved)`, or
-/// `None` when the request went to a remote peer (its link completes it), or the syndrome.
+/// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`, or says why not.
 pub(crate) fn execute(
     hca: &Hca,
     qp: &SoftQp,
@@ -102,7 +150,7 @@ pub(crate) fn execute(
     wr: &WorkRequest,
     wqe: &[u8],
     scratch: &mut Scratch,
-) -> Result<Option<u32>, Syndrome> {
+) -> Result<Executed, Syndrome> {
     let check_len = |len: u64| {
         if len > qp.max_msg_size {
             Err(Syndrome::LocalLength)
@@ -110,9 +158,34 @@ pub(crate) fn execute(
             Ok(len as u32)
         }
     };
-    let Scratch { data: buf, regions } = scratch;
+    // GPU memory to a target in this process: the GPU copies it in one step, after the copies
+    // before it (in its copier's order), and the engine completes the WQE once it is done.
+    if let (
+        Target::Local(peer),
+        Operation::Write {
+            remote: r,
+            payload: Payload::Gather(list),
+        },
+    ) = (&mut *target, &wr.op)
+    {
+        let bytes = check_len(list.total_len())?;
+        let src = locals(hca, &mut scratch.regions, list.as_slice(), Access::empty())?;
+        if let [Some((s, region)), None, ..] = &src.items {
+            match responder::write_by_gpu(peer, &mut scratch.regions, remote(*r), region, s.addr, s.length as u64) {
+                Some(Ok((copier, seq))) => {
+                    scratch.copying(&copier, seq);
+                    return Ok(Executed::Copying { bytes, copier, seq });
+                }
+                Some(Err(syndrome)) => return Err(syndrome),
+                None => {}
+            }
+        }
+    }
+    // Everything else moves data on the CPU: after the GPU copies before it.
+    scratch.settle()?;
+    let Scratch { data: buf, regions, .. } = scratch;
     match wr.op {
-        Operation::Nop => Ok(Some(0)),
+        Operation::Nop => Ok(Executed::Done(0)),
         Operation::Write { remote: r, payload } => {
             let (bytes, data): (u32, &[u8]) = match payload {
                 Payload::Inline { offset, len } => {
@@ -125,14 +198,6 @@ pub(crate) fn execute(
                 Payload::Gather(list) => {
                     let bytes = check_len(list.total_len())?;
                     let src = locals(hca, regions, list.as_slice(), Access::empty())?;
-                    // GPU memory to a target in this process: the GPU copies it in one step.
-                    if let (Target::Local(peer), [Some((s, region)), None, ..]) = (&mut *target, &src.items) {
-                        if let Some(done) =
-                            responder::write_by_gpu(peer, regions, remote(r), region, s.addr, s.length as u64)
-                        {
-                            return done.map(|()| Some(bytes));
-                        }
-                    }
                     match &src.items {
                         // One host buffer: hand it on without a copy.
                         [Some((s, region)), None, ..] if region.dma.host_addressable() => {
@@ -157,10 +222,10 @@ pub(crate) fn execute(
                 }
             };
             match target {
-                Target::Local(peer) => responder::write(peer, regions, remote(r), data).map(|()| Some(bytes)),
+                Target::Local(peer) => responder::write(peer, regions, remote(r), data).map(|()| Executed::Done(bytes)),
                 Target::Remote(link) => {
                     link.post(meta, remote(r), Op::Write { len: bytes }, data, Sink::Ack);
-                    Ok(None)
+                    Ok(Executed::InFlight)
                 }
                 Target::Down(s) => Err(*s),
             }
@@ -182,11 +247,11 @@ pub(crate) fn execute(
                             .map_err(|_| Syndrome::LocalAccess)?;
                         at += s.length as usize;
                     }
-                    Ok(Some(bytes))
+                    Ok(Executed::Done(bytes))
                 }
                 Target::Remote(link) => {
                     link.post(meta, remote(r), Op::Read { len: bytes }, &[], Sink::Scatter(dst));
-                    Ok(None)
+                    Ok(Executed::InFlight)
                 }
                 Target::Down(s) => Err(*s),
             }
@@ -221,7 +286,7 @@ fn atomic(
     r: DevRemote,
     op: AtomicOp,
     result: Sge,
-) -> Result<Option<u32>, Syndrome> {
+) -> Result<Executed, Syndrome> {
     let dst = locals(hca, cache, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
     match target {
         Target::Local(peer) => {
@@ -232,7 +297,7 @@ fn atomic(
                     .write(result.addr, &old.to_be_bytes())
                     .map_err(|_| Syndrome::LocalAccess)?;
             }
-            Ok(Some(8))
+            Ok(Executed::Done(8))
         }
         Target::Remote(link) => {
             let wire_op = match op {
@@ -240,7 +305,7 @@ fn atomic(
                 AtomicOp::CompareSwap { compare, swap } => Op::CompareSwap { compare, swap },
             };
             link.post(meta, r, wire_op, &[], Sink::Atomic(dst));
-            Ok(None)
+            Ok(Executed::InFlight)
         }
         Target::Down(s) => Err(*s),
     }

@@ -43,9 +43,10 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, remote: Remote, data: &[
     r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
-/// RDMA WRITE of `len` bytes from `src` (in `region`, the requester's) at `remote`, done by a
-/// GPU copier in one step when one side is device memory and the other is reachable by the same
-/// GPU. `None`: not such a pair (the caller moves the bytes through host memory).
+/// RDMA WRITE of `len` bytes from `src` (in `region`, the requester's) at `remote`, handed to a
+/// GPU copier (one step) when one side is device memory and the other is reachable by the same
+/// GPU: the copier and the copy's sequence number, not waited for. `None`: not such a pair
+/// (the caller moves the bytes through host memory).
 pub(crate) fn write_by_gpu(
     hca: &Hca,
     cache: &mut RegionCache,
@@ -53,7 +54,7 @@ pub(crate) fn write_by_gpu(
     region: &crate::soft::Region,
     src: u64,
     len: u64,
-) -> Option<Result<(), Syndrome>> {
+) -> Option<Result<(std::sync::Arc<crate::soft::copier::Copier>, u64), Syndrome>> {
     if len == 0 {
         return None;
     }
@@ -61,8 +62,11 @@ pub(crate) fn write_by_gpu(
         Some(r) => r.clone(),
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
-    let copier = crate::soft::copier::shared_copier(&*region.dma, &*dst.dma)?;
-    Some(copier.copy(remote.addr, src, len).map_err(|_| Syndrome::RemoteOp))
+    let copier = crate::soft::copier::shared_copier(&*region.dma, &*dst.dma)?.clone();
+    Some(match copier.submit_copy(remote.addr, src, len) {
+        Ok(seq) => Ok((copier, seq)),
+        Err(_) => Err(Syndrome::RemoteOp),
+    })
 }
 
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
