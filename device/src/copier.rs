@@ -1,8 +1,9 @@
-//! The soft HCA's persistent copy kernel (see [`gdaki_layout::copy`]): the blocks of one launch
-//! serve descriptors in order, all of them moving each descriptor's bytes together. Block 0's
-//! first thread watches the host-pinned ring and mirrors each new descriptor into device
-//! memory, where the other blocks wait for it (so only one thread polls across PCIe). The last
-//! block to finish a descriptor publishes its [`CopyDone`] with a system-scope release.
+//! The soft HCA's persistent copy kernel (see [`gdaki_layout::copy`]). Block 0's first thread
+//! watches the host-pinned ring and mirrors each new descriptor into device memory, running
+//! ahead of the others (so only one thread polls across PCIe, and the next descriptor is
+//! fetched while the current one is copied). The other blocks serve descriptors in order,
+//! moving each one's bytes together; the last to finish publishes its [`CopyDone`] with a
+//! system-scope release.
 //!
 //! [`copy_share`] is compiled for the host too, where the tests run it with simulated threads.
 #[cfg(target_arch = "nvptx64")]
@@ -47,6 +48,22 @@ pub unsafe fn copy_share(dst: u64, src: u64, len: u64, tid: u64, n: u64) {
     }
 }
 
+/// The smallest share of a copy worth a block of its own: smaller copies take fewer blocks (an
+/// 8-byte copy, one), so the others skip the hand-off and the done count.
+pub const MIN_BLOCK_SHARE: u64 = 16 << 10;
+
+/// How many of `blocks` blocks move a `len`-byte copy (at least one).
+#[inline(always)]
+pub const fn participants(len: u64, blocks: u64) -> u64 {
+    let want = len.div_ceil(MIN_BLOCK_SHARE);
+    let n = if want < blocks { want } else { blocks };
+    if n == 0 {
+        1
+    } else {
+        n
+    }
+}
+
 /// The byte range `[lo, hi)` of a `len`-byte copy that block `b` of `blocks` moves: equal
 /// shares in multiples of 16 bytes, so aligned copies stay aligned in every share.
 #[inline(always)]
@@ -78,7 +95,7 @@ mod gpu {
 
     use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS};
 
-    use super::{block_share, copy_share, Work};
+    use super::{block_share, copy_share, participants, Work};
     use crate::arch;
 
     #[inline(always)]
@@ -92,6 +109,11 @@ mod gpu {
     unsafe fn st_release_gpu(p: *mut u64, v: u64) {
         // SAFETY: as above.
         unsafe { asm!("st.release.gpu.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) }
+    }
+    #[inline(always)]
+    fn fence_gpu() {
+        // SAFETY: a fence has no operands.
+        unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) }
     }
     #[inline(always)]
     unsafe fn st_release_sys(p: *mut u64, v: u64) {
@@ -139,35 +161,27 @@ mod gpu {
         };
         let head = unsafe { addr_of_mut!((*work.state).head) };
         let stopped = unsafe { addr_of_mut!((*work.state).stop) };
+        if b == 0 {
+            // Block 0's first thread only mirrors descriptors from the host ring into device
+            // memory, running ahead of the copying blocks (the host posts at most a ring ahead
+            // of the answers, so a slot is only overwritten once every block is done with it).
+            if tid == 0 {
+                // SAFETY: the rings and the state are valid per the contract.
+                unsafe { mirror(descs, stop, work, first, head, stopped) };
+            }
+            return;
+        }
+        // The copying blocks: 1..nb, as workers 0..nw.
+        let (w, nw) = (b - 1, nb - 1);
         let mut n = first;
         loop {
             let slot = (n & mask) as usize;
             if tid == 0 {
                 let mut polls = 0u32;
-                // SAFETY (this block): the rings and the state are valid per the contract.
-                unsafe {
-                    if b == 0 {
-                        let d = descs.add(slot);
-                        loop {
-                            if arch::load_u64_volatile(addr_of!((*d).seq)) == n {
-                                arch::from_device_barrier();
-                                work.mirror.add(slot).write_volatile(d.read_volatile());
-                                st_release_gpu(head, n);
-                                break;
-                            }
-                            if stop.read_volatile() != 0 {
-                                st_release_gpu(stopped, 1);
-                                break;
-                            }
-                            polls = polls.wrapping_add(1);
-                            arch::backoff(polls / 64);
-                        }
-                    } else {
-                        while ld_acquire_gpu(head) < n && ld_acquire_gpu(stopped) == 0 {
-                            polls = polls.wrapping_add(1);
-                            arch::backoff(polls / 64);
-                        }
-                    }
+                // SAFETY: the state is valid per the contract.
+                while unsafe { ld_acquire_gpu(head) } < n && unsafe { ld_acquire_gpu(stopped) } == 0 {
+                    polls = polls.wrapping_add(1);
+                    arch::backoff(polls / 64);
                 }
             }
             arch::block_sync();
@@ -175,29 +189,55 @@ mod gpu {
             if unsafe { ld_acquire_gpu(head) } < n {
                 return; // asked to stop, nothing pending
             }
-            let d = unsafe { work.mirror.add(slot).read_volatile() };
-            match d.op {
-                OP_COPY => {
-                    let (lo, hi) = block_share(d.len, b, nb);
-                    // SAFETY: the host names valid, non-overlapping ranges (contract).
-                    unsafe { copy_share(d.dst + lo, d.src + lo, hi - lo, tid, nt) };
+            // Small copies take few blocks; the others skip the descriptor. Only participants
+            // count themselves done, so the host may reuse the slot while a non-participant
+            // lags: it then finds another descriptor there, or one being written (the mirror's
+            // seq is cleared first and set last, and read on both sides of the fields), and
+            // was not needed for this one.
+            let m = work.mirror.add(slot);
+            let d = unsafe {
+                let before = addr_of!((*m).seq).read_volatile();
+                fence_gpu();
+                let d = m.read_volatile();
+                fence_gpu();
+                CopyDesc {
+                    seq: if addr_of!((*m).seq).read_volatile() == before {
+                        before
+                    } else {
+                        0
+                    },
+                    ..d
                 }
-                OP_FETCH_ADD if b == 0 && tid == 0 => unsafe {
-                    let old = add_acq_rel_gpu(d.dst as *mut u64, d.arg0);
-                    work.results.add(slot).write_volatile(old);
-                },
-                OP_COMPARE_SWAP if b == 0 && tid == 0 => unsafe {
-                    let old = cas_gpu(d.dst as *mut u64, d.arg0, d.arg1);
-                    work.results.add(slot).write_volatile(old);
-                },
-                _ => {}
+            };
+            let parts = match (d.seq == n, d.op) {
+                (false, _) => 0,
+                (true, OP_COPY) => participants(d.len, nw),
+                (true, _) => 1,
+            };
+            if w < parts {
+                match d.op {
+                    OP_COPY => {
+                        let (lo, hi) = block_share(d.len, w, parts);
+                        // SAFETY: the host names valid, non-overlapping ranges (contract).
+                        unsafe { copy_share(d.dst + lo, d.src + lo, hi - lo, tid, nt) };
+                    }
+                    OP_FETCH_ADD if tid == 0 => unsafe {
+                        let old = add_acq_rel_gpu(d.dst as *mut u64, d.arg0);
+                        work.results.add(slot).write_volatile(old);
+                    },
+                    OP_COMPARE_SWAP if tid == 0 => unsafe {
+                        let old = cas_gpu(d.dst as *mut u64, d.arg0, d.arg1);
+                        work.results.add(slot).write_volatile(old);
+                    },
+                    _ => {}
+                }
             }
             arch::block_sync();
-            if tid == 0 {
-                // SAFETY: as above. The acq_rel chain on `finished` orders every block's bytes
-                // before the last block's system-scope release of the answer.
+            if tid == 0 && w < parts {
+                // SAFETY: as above. The acq_rel chain on `finished` orders every participating
+                // block's bytes before the last one's system-scope release of the answer.
                 unsafe {
-                    if add_acq_rel_gpu(work.finished.add(slot), 1) == nb - 1 {
+                    if add_acq_rel_gpu(work.finished.add(slot), 1) == parts - 1 {
                         work.finished.add(slot).write_volatile(0);
                         arch::to_device_barrier();
                         let done = dones.add(slot);
@@ -207,6 +247,55 @@ mod gpu {
                 }
             }
             n += 1;
+        }
+    }
+
+    /// Block 0's loop: waits for descriptor `n` in the host ring (or the stop word while the
+    /// ring is empty), mirrors it and publishes `head = n`.
+    ///
+    /// # Safety
+    /// As for [`serve`].
+    unsafe fn mirror(
+        descs: *const CopyDesc,
+        stop: *const u32,
+        work: &Work,
+        first: u64,
+        head: *mut u64,
+        stopped: *mut u64,
+    ) {
+        let mask = RING_SLOTS as u64 - 1;
+        let mut n = first;
+        let mut polls = 0u32;
+        loop {
+            let slot = (n & mask) as usize;
+            // SAFETY: per the contract.
+            unsafe {
+                let d = descs.add(slot);
+                if arch::load_u64_volatile(addr_of!((*d).seq)) == n {
+                    arch::from_device_barrier();
+                    // A plain read after the acquire: its loads cross PCIe together (volatile
+                    // ones would go one round trip at a time).
+                    let desc = d.read();
+                    // seq cleared first and set last: a lagging reader never takes a half
+                    // written slot for its descriptor (see the copying loop).
+                    let m = work.mirror.add(slot);
+                    addr_of_mut!((*m).seq).write_volatile(0);
+                    fence_gpu();
+                    m.write_volatile(CopyDesc { seq: 0, ..desc });
+                    fence_gpu();
+                    addr_of_mut!((*m).seq).write_volatile(n);
+                    st_release_gpu(head, n);
+                    n += 1;
+                    polls = 0;
+                    continue;
+                }
+                if stop.read_volatile() != 0 {
+                    st_release_gpu(stopped, 1);
+                    return;
+                }
+            }
+            polls = polls.wrapping_add(1);
+            arch::backoff(polls / 64);
         }
     }
 }
@@ -247,6 +336,16 @@ mod tests {
                 assert!(dst[..d].iter().chain(&dst[d + len as usize..]).all(|&b| b == 0));
             }
         }
+    }
+
+    #[test]
+    fn small_copies_take_few_blocks() {
+        assert_eq!(participants(0, 33), 1);
+        assert_eq!(participants(8, 33), 1);
+        assert_eq!(participants(MIN_BLOCK_SHARE, 33), 1);
+        assert_eq!(participants(MIN_BLOCK_SHARE + 1, 33), 2);
+        assert_eq!(participants(1 << 20, 33), 33);
+        assert_eq!(participants(1 << 20, 8), 8);
     }
 
     #[test]
