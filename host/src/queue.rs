@@ -13,6 +13,7 @@ use tracing::debug;
 use crate::context::ContextInner;
 use crate::error::{check_pow2, Error, Result};
 use crate::memory::HostBuffer;
+use crate::provider::DoorbellHandler;
 use crate::soft::net::Link;
 use crate::soft::{lock, Hca};
 
@@ -90,6 +91,9 @@ pub struct QpConfig {
     /// a transport error (IB's retry count times its timeout). Keep it below `timeout` so
     /// waits see the transport error rather than their own timeout.
     pub retry_timeout: Duration,
+    /// Who rings the doorbell: the poster itself, or a CPU proxy (posters then publish their
+    /// producer index; hand [`QueuePair::proxy_target`] to a `gdaki_proxy::Proxy`).
+    pub handler: DoorbellHandler,
 }
 
 impl Default for QpConfig {
@@ -99,6 +103,7 @@ impl Default for QpConfig {
             max_msg_size: 1 << 30,
             timeout: Duration::from_secs(10),
             retry_timeout: Duration::from_secs(4),
+            handler: DoorbellHandler::Gpu,
         }
     }
 }
@@ -163,6 +168,10 @@ pub(crate) struct SoftQp {
     pub records: HostBuffer,
     /// The doorbell page: the 8-byte doorbell word at offset 0.
     pub uar: HostBuffer,
+    /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
+    pub proxy_word: HostBuffer,
+    /// Who rings the doorbell.
+    pub handler: DoorbellHandler,
     pub cq: Arc<SoftCq>,
     pub max_msg_size: u64,
     pub progress: Mutex<SqProgress>,
@@ -339,6 +348,8 @@ impl QueuePair {
                 sq: HostBuffer::new("a send queue", 64 << sq_log)?,
                 records: HostBuffer::new("QP doorbell records", 64)?,
                 uar: HostBuffer::new("a doorbell page", 64)?,
+                proxy_word: HostBuffer::new("a proxy producer index", 64)?,
+                handler: cfg.handler,
                 cq: cq.inner.clone(),
                 max_msg_size: cfg.max_msg_size,
                 progress: Mutex::new(SqProgress::default()),
@@ -348,12 +359,18 @@ impl QueuePair {
             let dev = DevQp {
                 sq_base: inner.sq.addr(),
                 sq_dbrec: inner.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64,
-                doorbell: inner.uar.addr(),
+                doorbell: match cfg.handler {
+                    DoorbellHandler::Gpu => inner.uar.addr(),
+                    DoorbellHandler::CpuProxy => inner.proxy_word.addr(),
+                },
                 max_msg_size: cfg.max_msg_size,
                 timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
                 qpn,
                 sq_log_size: sq_log,
-                doorbell_kind: DoorbellKind::Gpu as u8,
+                doorbell_kind: match cfg.handler {
+                    DoorbellHandler::Gpu => DoorbellKind::Gpu,
+                    DoorbellHandler::CpuProxy => DoorbellKind::CpuProxy,
+                } as u8,
                 cq: DevCq {
                     cqe_base: cq.inner.ring.addr(),
                     dbrec: cq.inner.dbrec.addr(),
@@ -493,6 +510,33 @@ impl QueuePair {
         self.handle.as_ptr() as *mut DevQp
     }
 
+    /// Who rings this QP's doorbell.
+    pub fn handler(&self) -> DoorbellHandler {
+        self.inner.handler
+    }
+
+    /// What a CPU proxy needs to ring for this QP (`None` unless it was created with the
+    /// [`DoorbellHandler::CpuProxy`] handler). The target keeps the QP's rings alive.
+    pub fn proxy_target(&self) -> Option<gdaki_proxy::Target> {
+        if self.inner.handler != DoorbellHandler::CpuProxy {
+            return None;
+        }
+        let q = &self.inner;
+        let keep: Arc<dyn Send + Sync> = q.clone();
+        // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
+        // are aligned words of buffers the SoftQp owns, kept alive by `keep`; posters, the
+        // proxy and the HCA access them atomically.
+        Some(unsafe {
+            gdaki_proxy::Target::new(
+                q.qpn,
+                q.proxy_word.as_ptr() as *const u64,
+                (q.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64) as *mut u32,
+                q.uar.as_ptr() as *mut u64,
+                keep,
+            )
+        })
+    }
+
     /// A CPU-mode poster's view of this QP in sharing mode `M`.
     ///
     /// # Safety
@@ -584,7 +628,10 @@ impl QueuePair {
         let maps = vec![
             map(&q.sq)?,
             map(&q.records)?,
-            map(&q.uar)?,
+            match q.handler {
+                DoorbellHandler::Gpu => map(&q.uar)?,
+                DoorbellHandler::CpuProxy => map(&q.proxy_word)?,
+            },
             map(&q.cq.ring)?,
             map(&q.cq.dbrec)?,
         ];
