@@ -38,7 +38,7 @@ for bin in target/release/*; do
 done
 cp target/ptx/gdaki_device.ptx "$dir/"
 # Host benchmarks travel too: the device machine has more cores and less noise than CI.
-cargo bench --locked -p gdaki-device -p gdaki --no-run --message-format=json -q 2>/dev/null \
+cargo bench --locked -p gdaki-device -p gdaki -p gdaki-proxy --no-run --message-format=json -q 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -118,9 +118,13 @@ pub struct Common {
     /// Execution scope of the posting kernel.
     #[arg(long, value_enum, default_value_t = Scope::Thread)]
     pub scope: Scope,
-    /// Ring doorbells from a CPU proxy thread instead of the poster.
+    /// Ring doorbells from CPU proxy threads instead of the poster (posters publish their
+    /// producer index; `gdaki-proxy` rings for them).
     #[arg(long)]
     pub cpu_proxy: bool,
+    /// CPU proxy threads (with --cpu-proxy).
+    #[arg(long, default_value_t = 1)]
+    pub proxy_threads: usize,
     /// Seconds to wait for the peer during setup and for each wait of the data path.
     #[arg(long, default_value_t = 10)]
     pub timeout: u64,
@@ -138,6 +142,24 @@ pub enum Role {
     Server(u16),
     /// Connect to this server.
     Client(SocketAddr),
+}
+
+impl Plan {
+    /// Who rings the doorbells of the QPs this side posts on.
+    pub fn handler(&self) -> gdaki::DoorbellHandler {
+        match self.proxy_threads {
+            Some(_) => gdaki::DoorbellHandler::CpuProxy,
+            None => gdaki::DoorbellHandler::Gpu,
+        }
+    }
+
+    /// The header block's handler line.
+    pub fn handler_line(&self) -> String {
+        match self.proxy_threads {
+            Some(n) => format!("cpu-proxy ({n} proxy thread{})", if n == 1 { "" } else { "s" }),
+            None => "direct (the poster rings the doorbell)".into(),
+        }
+    }
 }
 
 impl Role {
@@ -177,6 +199,8 @@ pub struct Plan {
     pub scope: Scope,
     /// Where the buffers live (never `Auto`).
     pub mem: Mem,
+    /// CPU proxy threads ringing the doorbells, or `None`: the posters ring.
+    pub proxy_threads: Option<usize>,
     /// Bound of every wait.
     pub timeout: Duration,
 }
@@ -189,8 +213,8 @@ impl Common {
         default_iters: u32,
         gpu_usable: impl FnOnce() -> bool,
     ) -> anyhow::Result<Plan> {
-        if self.cpu_proxy {
-            bail!("--cpu-proxy: the CPU proxy is not available yet (it lands with issue #7); run without it");
+        if !(1..=64).contains(&self.proxy_threads) {
+            bail!("--proxy-threads {}: 1 to 64", self.proxy_threads);
         }
         if let Some(d) = &self.device {
             if self.provider != Provider::Mlx5 && d != "soft" {
@@ -252,6 +276,7 @@ impl Common {
             gpu,
             scope: self.scope,
             mem,
+            proxy_threads: self.cpu_proxy.then_some(self.proxy_threads),
             timeout: Duration::from_secs(self.timeout),
         })
     }

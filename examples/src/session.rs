@@ -134,11 +134,33 @@ impl Session {
                     None => "cpu (CPU threads run the device code)".into(),
                 },
             ),
-            ("Handler", "direct (the poster rings the doorbell)".into()),
+            ("Handler", plan.handler_line()),
             ("Connection type", "RC".into()),
             ("Transport", plan.role.transport()),
             ("TX depth", plan.tx_depth.to_string()),
         ]
+    }
+
+    /// With `--cpu-proxy`: a proxy ringing for `qps` (keep it while they post).
+    pub fn proxy<'a>(
+        &self,
+        plan: &Plan,
+        qps: impl IntoIterator<Item = &'a gdaki::QueuePair>,
+    ) -> anyhow::Result<Option<gdaki_proxy::Proxy>> {
+        let Some(threads) = plan.proxy_threads else {
+            return Ok(None);
+        };
+        let proxy = gdaki_proxy::Proxy::start(gdaki_proxy::ProxyConfig {
+            threads,
+            ..Default::default()
+        })?;
+        for q in qps {
+            let target = q
+                .proxy_target()
+                .context("a queue pair for the proxy was created without the proxy handler")?;
+            proxy.add(target);
+        }
+        Ok(Some(proxy))
     }
 
     /// `len` zeroed bytes for the test, where `--mem` says.

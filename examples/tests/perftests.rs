@@ -205,7 +205,7 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         (&["-n", "2"], "at least 5"),
         (&["-a", "-s", "8"], "exclude each other"),
         (&["--mode", "cpu", "--scope", "warp"], "need --mode gpu"),
-        (&["--cpu-proxy"], "issue #7"),
+        (&["--cpu-proxy", "--proxy-threads", "0"], "1 to 64"),
         (&["-d", "mlx5_0"], "the soft provider has one device"),
         (&["--plot", "x.png"], "SVG"),
         (&["--mode", "cpu", "--mem", "device"], "GPU memory needs --mode gpu"),
@@ -216,6 +216,32 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn both_perftests_run_with_the_cpu_proxy() {
+    let out = ok(
+        "put_bw",
+        &["--mode", "cpu", "--cpu-proxy", "-s", "64", "-n", "2000", "-q", "2"],
+    );
+    assert!(out.contains("cpu-proxy (1 proxy thread)"), "{out}");
+    assert!(out.contains(" Proxy: "), "{out}");
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let out = ok(
+        "write_lat",
+        &[
+            "--mode",
+            "cpu",
+            "--cpu-proxy",
+            "--proxy-threads",
+            "2",
+            "-n",
+            "50",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["handler"], "cpu-proxy");
 }
 
 // ------------------------------------------------------------------------------ write_lat

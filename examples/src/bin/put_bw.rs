@@ -135,8 +135,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let mut plan = cli.common.plan(65536, 5000, || gdaki::cuda::usable(cli.common.gpu))?;
     if matches!(plan.role, Role::Server(_)) {
-        // The server only offers a host buffer and validates it: it needs no GPU.
+        // The server only offers a host buffer and validates it: it needs no GPU, and no proxy.
         plan.gpu = None;
+        plan.proxy_threads = None;
     }
     let launch = match plan.gpu {
         Some(_) => Some(gpu_launch(&cli, plan.scope)?),
@@ -153,6 +154,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
+        handler: plan.handler(),
         ..Default::default()
     };
     let len = buffer_len(&plan.sizes, plan.iters);
@@ -242,6 +244,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![],
     };
+    let proxy = session.proxy(&plan, qps.iter().map(|(_, q)| q))?;
     let gbits = cli.report_gbits;
     if !cli.common.json {
         report::print_header(
@@ -330,6 +333,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gdaki_examples::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         report::print_rule();
+        if let Some(p) = &proxy {
+            let c = p.counters();
+            gdaki_examples::outln!(" Proxy: {} doorbells rung in {} batches", c.doorbells, c.batches);
+        }
         gdaki_examples::outln!(" Ref: {}", reference.what);
         gdaki_examples::outln!(" Validation: every size's data arrived intact");
     }
@@ -523,7 +530,11 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
         scope: plan.scope,
-        handler: "direct",
+        handler: if plan.proxy_threads.is_some() {
+            "cpu-proxy"
+        } else {
+            "direct"
+        },
         qps: cli.qps,
         tx_depth: plan.tx_depth,
         memory: match plan.role {

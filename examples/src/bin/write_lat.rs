@@ -91,6 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
+        handler: plan.handler(),
         ..Default::default()
     };
     let max = *plan.sizes.last().context("no sizes")? as usize;
@@ -148,6 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![],
     };
+    let _proxy = session.proxy(&plan, sides.iter().map(|(s, _)| &s.qp))?;
 
     let reference = measure_reference(&session)?;
     let params = Params {
@@ -155,7 +157,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         provider: session.ctx.provider().to_string(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
-        handler: "direct",
+        handler: if plan.proxy_threads.is_some() {
+            "cpu-proxy"
+        } else {
+            "direct"
+        },
         memory: plan.mem.describe(),
         iterations: plan.iters,
         sizes: plan.sizes.clone(),
