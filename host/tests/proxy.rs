@@ -1,8 +1,8 @@
 //! The CPU proxy with the soft HCA, in CPU mode: queue pairs created with the CPU-proxy handler
 //! are posted to by several threads each (publishing their producer index, as GPU kernels
-//! would), and proxy threads ring for them. Data is verified; targets move between proxies
-//! while posting goes on; stopping a proxy rings everything published; a queue pair in error
-//! does not hold up the others.
+//! would), and proxy threads ring for them. Data is verified; targets move between proxies and
+//! proxy threads are added and removed while posting goes on; stopping a proxy rings
+//! everything published; a queue pair in error does not hold up the others.
 mod common;
 use common::{pattern, ReadVec};
 
@@ -60,12 +60,15 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
                 });
             }
         }
-        // Meanwhile, half the QPs move to the second proxy.
+        // Meanwhile, half the QPs move to the second proxy, which gains a thread, and the
+        // first proxy loses one of its two.
         std::thread::sleep(std::time::Duration::from_millis(5));
         for (i, id) in ids.iter().enumerate().take(QPS / 2) {
             assert!(first.remove(*id));
             second.add(qps[i].1.proxy_target().unwrap());
         }
+        assert_eq!(second.add_thread().unwrap(), 2);
+        assert_eq!(first.remove_thread().unwrap(), 1);
     });
     assert_eq!(dst.read_vec(0, len as usize).unwrap(), data);
     let (a, b) = (first.stop(), second.stop());

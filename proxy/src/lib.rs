@@ -190,35 +190,61 @@ pub struct ProxyCounters {
     pub targets: u64,
 }
 
+/// One proxy thread's share: its targets and counters.
 struct Lane {
     targets: Mutex<Vec<(TargetId, Arc<Watched>)>>,
     version: AtomicU64,
+    /// Set to stop this thread (after one last round).
+    stop: AtomicBool,
     doorbells: AtomicU64,
     batches: AtomicU64,
     idle_rounds: AtomicU64,
 }
 
-struct Shared {
-    lanes: Vec<Lane>,
-    stop: AtomicBool,
-    next_id: AtomicU64,
+impl Lane {
+    fn new() -> Arc<Lane> {
+        Arc::new(Lane {
+            targets: Mutex::new(Vec::new()),
+            version: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            doorbells: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            idle_rounds: AtomicU64::new(0),
+        })
+    }
+
+    fn push(&self, entries: impl IntoIterator<Item = (TargetId, Arc<Watched>)>) {
+        lock(&self.targets).extend(entries);
+        self.version.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// A running proxy thread.
+struct Worker {
+    lane: Arc<Lane>,
+    thread: JoinHandle<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The proxy service: threads ringing doorbells for the targets added to it. Stopped (with
-/// everything published rung) by [`stop`](Self::stop) or on drop.
+/// The proxy service: threads ringing doorbells for the targets added to it. Threads can be
+/// added and removed while it runs. Stopped (with everything published rung) by
+/// [`stop`](Self::stop) or on drop.
 pub struct Proxy {
-    shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    workers: Mutex<Vec<Worker>>,
+    /// Counters of threads that were removed.
+    retired: Mutex<ProxyCounters>,
+    idle: IdlePolicy,
+    next_id: AtomicU64,
+    next_thread: AtomicU64,
 }
 
 impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy")
-            .field("threads", &self.threads.len())
+            .field("threads", &self.threads())
             .field("counters", &self.counters())
             .finish()
     }
@@ -230,73 +256,106 @@ impl Proxy {
         if !(1..=64).contains(&cfg.threads) {
             return Err(ProxyError::Config(format!("{} threads (1 to 64)", cfg.threads)));
         }
-        let shared = Arc::new(Shared {
-            lanes: (0..cfg.threads)
-                .map(|_| Lane {
-                    targets: Mutex::new(Vec::new()),
-                    version: AtomicU64::new(0),
-                    doorbells: AtomicU64::new(0),
-                    batches: AtomicU64::new(0),
-                    idle_rounds: AtomicU64::new(0),
-                })
-                .collect(),
-            stop: AtomicBool::new(false),
+        let proxy = Proxy {
+            workers: Mutex::new(Vec::new()),
+            retired: Mutex::new(ProxyCounters::default()),
+            idle: cfg.idle,
             next_id: AtomicU64::new(1),
-        });
-        let mut proxy = Proxy {
-            shared: shared.clone(),
-            threads: Vec::new(),
+            next_thread: AtomicU64::new(0),
         };
-        for index in 0..cfg.threads {
-            let shared = shared.clone();
-            let idle = cfg.idle;
-            let t = std::thread::Builder::new()
-                .name(format!("gdaki-proxy-{index}"))
-                .spawn(move || run(&shared, index, idle))
-                .map_err(|source| ProxyError::Spawn { index, source })?;
-            proxy.threads.push(t);
+        for _ in 0..cfg.threads {
+            proxy.add_thread()?;
         }
         tracing::debug!(threads = cfg.threads, "CPU proxy started");
         Ok(proxy)
     }
 
+    /// Proxy threads running now.
+    pub fn threads(&self) -> usize {
+        lock(&self.workers).len()
+    }
+
+    /// Starts one more proxy thread; it takes targets added from now on (existing ones stay
+    /// where they are). Returns the number of threads. At most 64.
+    pub fn add_thread(&self) -> Result<usize, ProxyError> {
+        let mut workers = lock(&self.workers);
+        if workers.len() >= 64 {
+            return Err(ProxyError::Config("a 65th thread (at most 64)".into()));
+        }
+        let index = self.next_thread.fetch_add(1, Ordering::Relaxed) as usize;
+        let lane = Lane::new();
+        let (l, idle) = (lane.clone(), self.idle);
+        let thread = std::thread::Builder::new()
+            .name(format!("gdaki-proxy-{index}"))
+            .spawn(move || run(&l, idle))
+            .map_err(|source| ProxyError::Spawn { index, source })?;
+        workers.push(Worker { lane, thread });
+        Ok(workers.len())
+    }
+
+    /// Stops one proxy thread (after a last round that rings everything published) and hands
+    /// its targets to the others. The last thread cannot be removed (use [`stop`](Self::stop)).
+    /// Returns the number of threads left.
+    pub fn remove_thread(&self) -> Result<usize, ProxyError> {
+        let mut workers = lock(&self.workers);
+        if workers.len() <= 1 {
+            return Err(ProxyError::Config(
+                "removing the last thread (stop the proxy instead)".into(),
+            ));
+        }
+        let Some(w) = workers.pop() else {
+            return Err(ProxyError::Config("no thread to remove".into()));
+        };
+        // Hand the targets over first: the others ring them from now on; the leaving thread's
+        // last round may ring some too, which the per-target lock keeps in order.
+        let moved = std::mem::take(&mut *lock(&w.lane.targets));
+        w.lane.version.fetch_add(1, Ordering::Release);
+        let n = workers.len();
+        for (k, entry) in moved.into_iter().enumerate() {
+            workers[k % n].lane.push([entry]);
+        }
+        retire(&self.retired, w);
+        Ok(workers.len())
+    }
+
     /// Watches `target` from now on (on the thread with the fewest targets).
     pub fn add(&self, target: Target) -> TargetId {
-        let id = TargetId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
-        let lane = self
-            .shared
-            .lanes
-            .iter()
-            .min_by_key(|l| lock(&l.targets).len())
-            .unwrap_or(&self.shared.lanes[0]);
+        let id = TargetId(self.next_id.fetch_add(1, Ordering::Relaxed));
         // Whatever is already published gets rung in the first round (ringing an index that was
         // rung before is harmless: a doorbell names an absolute index).
-        lock(&lane.targets).push((
+        let entry = (
             id,
             Arc::new(Watched {
                 target,
                 rung: Mutex::new(0),
             }),
-        ));
-        lane.version.fetch_add(1, Ordering::Release);
+        );
+        let workers = lock(&self.workers);
+        match workers.iter().min_by_key(|w| lock(&w.lane.targets).len()) {
+            Some(w) => w.lane.push([entry]),
+            // Stopped: ring once here so nothing published is lost.
+            None => {
+                entry.1.ring_if_needed();
+            }
+        }
         id
     }
 
     /// Stops watching `id` after ringing whatever its posters published; `false` if it was not
     /// watched. Posts after this are no longer rung.
     pub fn remove(&self, id: TargetId) -> bool {
-        for lane in &self.shared.lanes {
+        for w in lock(&self.workers).iter() {
             let removed = {
-                let mut targets = lock(&lane.targets);
+                let mut targets = lock(&w.lane.targets);
                 targets
                     .iter()
                     .position(|(i, _)| *i == id)
                     .map(|at| targets.swap_remove(at).1)
             };
-            if let Some(w) = removed {
-                lane.version.fetch_add(1, Ordering::Release);
-                if w.ring_if_needed() {
-                    lane.doorbells.fetch_add(1, Ordering::Relaxed);
+            if let Some(watched) = removed {
+                w.lane.version.fetch_add(1, Ordering::Release);
+                if watched.ring_if_needed() {
+                    w.lane.doorbells.fetch_add(1, Ordering::Relaxed);
                 }
                 return true;
             }
@@ -304,59 +363,67 @@ impl Proxy {
         false
     }
 
-    /// The counters so far.
+    /// The counters so far (removed threads included).
     pub fn counters(&self) -> ProxyCounters {
-        let mut c = ProxyCounters::default();
-        for l in &self.shared.lanes {
-            c.doorbells += l.doorbells.load(Ordering::Relaxed);
-            c.batches += l.batches.load(Ordering::Relaxed);
-            c.idle_rounds += l.idle_rounds.load(Ordering::Relaxed);
-            c.targets += lock(&l.targets).len() as u64;
+        let mut c = *lock(&self.retired);
+        for w in lock(&self.workers).iter() {
+            add_lane(&mut c, &w.lane);
         }
         c
     }
 
-    /// Stops the threads after a last pass that rings everything published, and returns the
+    /// Stops the threads after a last round that rings everything published, and returns the
     /// final counters.
-    pub fn stop(mut self) -> ProxyCounters {
+    pub fn stop(self) -> ProxyCounters {
         self.halt();
         self.counters()
     }
 
-    fn halt(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
-            // A panicked thread has said so on stderr; its targets are rung below.
-            let _ = t.join();
+    fn halt(&self) {
+        let workers = std::mem::take(&mut *lock(&self.workers));
+        for w in &workers {
+            w.lane.stop.store(true, Ordering::Release);
         }
-        // Whatever a thread could not ring (it panicked) is rung here.
-        for lane in &self.shared.lanes {
-            for (_, w) in lock(&lane.targets).iter() {
-                if w.ring_if_needed() {
-                    lane.doorbells.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+        for w in workers {
+            retire(&self.retired, w);
         }
     }
+}
+
+fn add_lane(c: &mut ProxyCounters, lane: &Lane) {
+    c.doorbells += lane.doorbells.load(Ordering::Relaxed);
+    c.batches += lane.batches.load(Ordering::Relaxed);
+    c.idle_rounds += lane.idle_rounds.load(Ordering::Relaxed);
+    c.targets += lock(&lane.targets).len() as u64;
+}
+
+/// Stops a worker's thread, rings what it could not (it panicked), and keeps its counters.
+fn retire(retired: &Mutex<ProxyCounters>, w: Worker) {
+    w.lane.stop.store(true, Ordering::Release);
+    // A panicked thread has said so on stderr; its targets are rung below.
+    let _ = w.thread.join();
+    for (_, watched) in lock(&w.lane.targets).iter() {
+        if watched.ring_if_needed() {
+            w.lane.doorbells.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    add_lane(&mut lock(retired), &w.lane);
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
-            self.halt();
-        }
+        self.halt();
     }
 }
 
 /// A proxy thread: rounds over its lane's targets until stopped, then one last round.
-fn run(shared: &Shared, index: usize, idle: IdlePolicy) {
-    let lane = &shared.lanes[index];
+fn run(lane: &Lane, idle: IdlePolicy) {
     let mut snapshot: Vec<Arc<Watched>> = Vec::new();
     let mut seen = u64::MAX;
     let mut idle_rounds = 0u32;
     let mut sleep = Duration::from_micros(1);
     loop {
-        let stopping = shared.stop.load(Ordering::Acquire);
+        let stopping = lane.stop.load(Ordering::Acquire);
         let version = lane.version.load(Ordering::Acquire);
         if version != seen {
             snapshot = lock(&lane.targets).iter().map(|(_, w)| w.clone()).collect();
@@ -449,6 +516,36 @@ mod tests {
         // Coalescing: far fewer doorbells than the 2000 publications.
         assert!(counters.doorbells >= 10 && counters.doorbells <= 2000, "{counters:?}");
         assert_eq!(counters.targets, 9);
+    }
+
+    #[test]
+    fn threads_come_and_go_without_losing_a_target() {
+        let proxy = Proxy::start(ProxyConfig::default()).unwrap();
+        let qps: Vec<Arc<Words>> = (0..8).map(|_| Arc::new(Words::default())).collect();
+        for (i, w) in qps.iter().enumerate() {
+            proxy.add(target(w, i as u32));
+        }
+        assert_eq!(proxy.add_thread().unwrap(), 2);
+        assert_eq!(proxy.add_thread().unwrap(), 3);
+        let late = Arc::new(Words::default());
+        proxy.add(target(&late, 99)); // goes to an empty new thread
+        for k in 1..=50u64 {
+            for w in qps.iter().chain([&late]) {
+                w.index.fetch_max(k, Ordering::Release);
+            }
+            if k == 20 {
+                assert_eq!(proxy.remove_thread().unwrap(), 2);
+            }
+            if k == 30 {
+                assert_eq!(proxy.remove_thread().unwrap(), 1);
+                assert!(proxy.remove_thread().is_err(), "the last thread stays");
+            }
+        }
+        let c = proxy.stop();
+        assert_eq!(c.targets, 9, "every target survived the moves: {c:?}");
+        for w in qps.iter().chain([&late]) {
+            assert_eq!(rung(w).1, 50);
+        }
     }
 
     #[test]
