@@ -23,7 +23,7 @@ pub(crate) struct Scratch {
     data: Vec<u8>,
     regions: RegionCache,
     /// The newest copy submitted to each GPU copier and not yet known done.
-    copies: Vec<(Arc<Copier>, u64)>,
+    copies: Copies,
 }
 
 /// How a WQE was executed.
@@ -57,26 +57,48 @@ impl Scratch {
             }
         }
     }
+}
 
-    /// Waits until every GPU copy this engine submitted is done: before the CPU moves data
-    /// itself, so it never overtakes an earlier WQE's copy (a put then its signal).
-    fn settle(&mut self) -> Result<(), Syndrome> {
-        let mut result = Ok(());
-        for (copier, seq) in self.copies.drain(..) {
-            if result.is_ok() {
-                result = copier.settle(seq).map_err(|_| Syndrome::LocalAccess);
-            }
-            crate::soft::copier::release(copier);
-        }
-        result
-    }
+/// The newest copy submitted to each GPU copier and not yet known done.
+type Copies = Vec<(Arc<Copier>, u64)>;
 
-    fn copying(&mut self, copier: &Arc<Copier>, seq: u64) {
-        match self.copies.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
-            Some(entry) => entry.1 = seq,
-            None => self.copies.push((copier.clone(), seq)),
+/// Waits until every GPU copy this engine submitted is done: before the CPU moves data itself,
+/// so it never overtakes an earlier WQE's copy (a put then its signal).
+fn settle(copies: &mut Copies) -> Result<(), Syndrome> {
+    let mut result = Ok(());
+    for (copier, seq) in copies.drain(..) {
+        if result.is_ok() {
+            result = copier.settle(seq).map_err(|_| Syndrome::LocalAccess);
         }
+        crate::soft::copier::release(copier);
     }
+    result
+}
+
+fn copying(copies: &mut Copies, copier: &Arc<Copier>, seq: u64) {
+    match copies.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
+        Some(entry) => entry.1 = seq,
+        None => copies.push((copier.clone(), seq)),
+    }
+}
+
+/// The GPU copy of a WRITE from one buffer to a target in this process, when one copier moves
+/// it in one step (device memory on one side, memory that GPU reaches on the other): submitted,
+/// not waited for. `None` otherwise.
+fn gpu_write(
+    target: &mut Target<'_>,
+    regions: &mut RegionCache,
+    r: DevRemote,
+    src: &Locals,
+) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
+    let (Target::Local(peer), [Some((s, region)), None, ..]) = (target, &src.items) else {
+        return Ok(None);
+    };
+    // Plain host memory never pairs with a copier: no target lookup for it.
+    if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
+        return Ok(None);
+    }
+    responder::write_by_gpu(peer, regions, r, region, s.addr, s.length as u64).transpose()
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -158,37 +180,18 @@ pub(crate) fn execute(
             Ok(len as u32)
         }
     };
-    // GPU memory to a target in this process: the GPU copies it in one step, after the copies
-    // before it (in its copier's order), and the engine completes the WQE once it is done.
-    if let (
-        Target::Local(peer),
-        Operation::Write {
-            remote: r,
-            payload: Payload::Gather(list),
-        },
-    ) = (&mut *target, &wr.op)
-    {
-        let bytes = check_len(list.total_len())?;
-        let src = locals(hca, &mut scratch.regions, list.as_slice(), Access::empty())?;
-        if let [Some((s, region)), None, ..] = &src.items {
-            match responder::write_by_gpu(peer, &mut scratch.regions, remote(*r), region, s.addr, s.length as u64) {
-                Some(Ok((copier, seq))) => {
-                    scratch.copying(&copier, seq);
-                    return Ok(Executed::Copying { bytes, copier, seq });
-                }
-                Some(Err(syndrome)) => return Err(syndrome),
-                None => {}
-            }
-        }
-    }
-    // Everything else moves data on the CPU: after the GPU copies before it.
-    scratch.settle()?;
-    let Scratch { data: buf, regions, .. } = scratch;
+    let Scratch {
+        data: buf,
+        regions,
+        copies,
+    } = scratch;
+    // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
     match wr.op {
-        Operation::Nop => Ok(Executed::Done(0)),
+        Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
         Operation::Write { remote: r, payload } => {
             let (bytes, data): (u32, &[u8]) = match payload {
                 Payload::Inline { offset, len } => {
+                    settle(copies)?;
                     let bytes = check_len(len as u64)?;
                     let data = wqe
                         .get(offset as usize..(offset + len) as usize)
@@ -198,6 +201,13 @@ pub(crate) fn execute(
                 Payload::Gather(list) => {
                     let bytes = check_len(list.total_len())?;
                     let src = locals(hca, regions, list.as_slice(), Access::empty())?;
+                    // GPU memory to a target in this process: the GPU copies it in one step,
+                    // after the copies before it, and the engine completes the WQE once done.
+                    if let Some((copier, seq)) = gpu_write(target, regions, remote(r), &src)? {
+                        copying(copies, &copier, seq);
+                        return Ok(Executed::Copying { bytes, copier, seq });
+                    }
+                    settle(copies)?;
                     match &src.items {
                         // One host buffer: hand it on without a copy.
                         [Some((s, region)), None, ..] if region.dma.host_addressable() => {
@@ -233,6 +243,7 @@ pub(crate) fn execute(
         Operation::Read { remote: r, local } => {
             let bytes = check_len(local.total_len())?;
             let dst = locals(hca, regions, local.as_slice(), Access::LOCAL_WRITE)?;
+            settle(copies)?;
             match target {
                 Target::Local(peer) => {
                     buf.clear();
@@ -257,6 +268,7 @@ pub(crate) fn execute(
             }
         }
         Operation::FetchAdd { remote: r, add, result } => {
+            settle(copies)?;
             atomic(hca, regions, target, meta, remote(r), AtomicOp::FetchAdd(add), result)
         }
         Operation::CompareSwap {
@@ -264,15 +276,18 @@ pub(crate) fn execute(
             compare,
             swap,
             result,
-        } => atomic(
-            hca,
-            regions,
-            target,
-            meta,
-            remote(r),
-            AtomicOp::CompareSwap { compare, swap },
-            result,
-        ),
+        } => {
+            settle(copies)?;
+            atomic(
+                hca,
+                regions,
+                target,
+                meta,
+                remote(r),
+                AtomicOp::CompareSwap { compare, swap },
+                result,
+            )
+        }
     }
 }
 
