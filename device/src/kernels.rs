@@ -369,12 +369,11 @@ pub unsafe extern "ptx-kernel" fn gdaki_store_loop(base: *mut u64, records_log: 
 }
 
 /// The soft HCA's persistent copy kernel (see [`crate::copier::serve`]): runs until the host
-/// sets `*stop` while no descriptor is pending. `work` is one zeroed device allocation: the
-/// state block, then the mirrored descriptors, the per-slot done counts and results.
+/// sets `*stop` while no descriptor is pending. `work` is the zeroed working area
+/// `gdaki_layout::copy::WORK_BYTES` describes.
 ///
 /// # Safety
-/// As [`crate::copier::serve`] requires; `work` holds `64 + 64 * RING_SLOTS + 16 * RING_SLOTS`
-/// bytes.
+/// As [`crate::copier::serve`] requires; `work` holds `WORK_BYTES` bytes.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn gdaki_copier(
     descs: *const gdaki_layout::copy::CopyDesc,
@@ -383,14 +382,14 @@ pub unsafe extern "ptx-kernel" fn gdaki_copier(
     work: *mut u8,
     first: u64,
 ) {
-    use gdaki_layout::copy::RING_SLOTS;
-    // SAFETY: the layout of the allocation as documented above, all offsets 8-byte aligned.
+    use gdaki_layout::copy::{WORK_FINISHED, WORK_MIRROR, WORK_RESULTS};
+    // SAFETY: the layout of the allocation as documented, all offsets 8-byte aligned.
     let w = unsafe {
         crate::copier::Work {
             state: work.cast(),
-            mirror: work.add(64).cast(),
-            finished: work.add(64 + 64 * RING_SLOTS).cast(),
-            results: work.add(64 + 72 * RING_SLOTS).cast(),
+            mirror: work.add(WORK_MIRROR).cast(),
+            finished: work.add(WORK_FINISHED).cast(),
+            results: work.add(WORK_RESULTS).cast(),
         }
     };
     unsafe { crate::copier::serve(descs, dones, stop, &w, first) }

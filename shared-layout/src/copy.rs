@@ -67,6 +67,18 @@ pub struct CopierState {
 /// Descriptors in the ring (a power of two): how many may be outstanding.
 pub const RING_SLOTS: usize = 64;
 
+/// The copier's working area in device memory is one zeroed allocation of [`WORK_BYTES`]:
+/// the [`CopierState`] at offset 0, then the mirrored descriptors ([`WORK_MIRROR`]), each
+/// slot's count of blocks done ([`WORK_FINISHED`], u64s) and each slot's atomic result
+/// ([`WORK_RESULTS`], u64s).
+pub const WORK_MIRROR: usize = 64;
+/// See [`WORK_MIRROR`].
+pub const WORK_FINISHED: usize = WORK_MIRROR + 64 * RING_SLOTS;
+/// See [`WORK_MIRROR`].
+pub const WORK_RESULTS: usize = WORK_FINISHED + 8 * RING_SLOTS;
+/// See [`WORK_MIRROR`].
+pub const WORK_BYTES: usize = WORK_RESULTS + 8 * RING_SLOTS;
+
 const _: () = {
     use core::mem::size_of;
     assert!(size_of::<CopyDesc>() == 64 && size_of::<CopyDone>() == 64 && size_of::<CopierState>() == 64);

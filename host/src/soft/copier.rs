@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS};
+use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS, WORK_BYTES};
 use tracing::{debug, error};
 
 use crate::cuda::{CudaError, DeviceBuffer, Gpu, HostMapping};
@@ -32,8 +32,6 @@ use crate::soft::lock;
 const COPY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Host-pinned bounce buffer for transfers between device memory and plain host memory.
 const BOUNCE_BYTES: usize = 4 << 20;
-/// Bytes of the kernel's device-memory working state (see `gdaki_copier`).
-const WORK_BYTES: usize = 64 + 80 * RING_SLOTS;
 /// Threads per copier block.
 const BLOCK: u32 = 256;
 
@@ -57,6 +55,8 @@ pub struct Copier {
     ctl_buf: HostBuffer,
     bounce_buf: HostBuffer,
     work: DeviceBuffer,
+    /// Held by one bounced transfer at a time (a transfer takes several descriptors).
+    bounce_lock: Mutex<()>,
     state: Mutex<State>,
     resumed: Condvar,
 }
@@ -170,6 +170,7 @@ impl Copier {
             ctl_buf,
             bounce_buf,
             work,
+            bounce_lock: Mutex::new(()),
             state: Mutex::new(State {
                 next: 1,
                 running: false,
@@ -458,9 +459,8 @@ impl DeviceDma {
         while done < len {
             let n = (len - done).min(BOUNCE_BYTES);
             let at = dev + done as u64;
-            // The bounce buffer is shared: one transfer at a time (the copier's own lock is
-            // taken per descriptor, so hold the bounce for the pair).
-            let _bounce = lock(&BOUNCE_LOCK);
+            // The bounce buffer is shared: hold it for the copy and the host side of it.
+            let _bounce = lock(&c.bounce_lock);
             // SAFETY: `host + done .. + n` is the caller's buffer; the bounce holds BOUNCE_BYTES.
             unsafe {
                 if to_device {
@@ -476,9 +476,6 @@ impl DeviceDma {
         Ok(())
     }
 }
-
-/// Serialises users of the bounce buffers (transfers to plain host memory are the slow path).
-static BOUNCE_LOCK: Mutex<()> = Mutex::new(());
 
 // SAFETY: touches only the given ranges (of device memory, through the copier's kernel, and of
 // the caller's host buffers).
