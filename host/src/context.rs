@@ -120,13 +120,12 @@ impl Context {
     /// the returned region lives and until every WQE naming it has completed, and that the
     /// application lets the HCA read and write as `access` allows.
     pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register(
+        MemoryRegion::register_caller(
             &self.inner,
             addr as u64,
             len as u64,
             access,
             Arc::new(HostDma::default()),
-            None,
         )
     }
 

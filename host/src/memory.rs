@@ -88,10 +88,19 @@ pub struct MemoryRegion {
     addr: u64,
     len: u64,
     access: Access,
-    // Keeps library-owned memory alive for as long as the HCA may use it.
-    owned: Option<Arc<HostBuffer>>,
-    // Library-owned GPU memory (then `owned` is None).
-    device: Option<Arc<crate::cuda::DeviceBuffer>>,
+    memory: Owned,
+}
+
+/// The memory behind a region, as far as this library owns it (and so may read and write it
+/// for the application).
+pub(crate) enum Owned {
+    /// The caller's memory: accessed through the caller's own pointer.
+    Caller,
+    /// Host memory allocated here (kept alive by the registration, which lives as long as the
+    /// region).
+    Host,
+    /// GPU device memory allocated here.
+    Device(Arc<crate::cuda::DeviceBuffer>),
 }
 
 impl std::fmt::Debug for MemoryRegion {
@@ -109,12 +118,14 @@ impl MemoryRegion {
     /// Allocates `len` zeroed bytes of host memory and registers them.
     pub(crate) fn alloc(ctx: &Arc<ContextInner>, len: usize, access: Access) -> Result<MemoryRegion> {
         let buf = Arc::new(HostBuffer::new("a memory region", len)?);
+        let addr = buf.addr();
         Self::register(
             ctx,
-            buf.addr(),
+            addr,
             len as u64,
             access,
             Arc::new(HostDma::default()),
+            Owned::Host,
             Some(buf),
         )
     }
@@ -128,7 +139,7 @@ impl MemoryRegion {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
-        let buf = Arc::new(HostBuffer::new("a GPU-mapped memory region", len)?);
+        let buf = HostBuffer::new("a GPU-mapped memory region", len)?;
         // SAFETY: a page-aligned allocation of whole pages, kept alive by `Pinned` below.
         let map = unsafe { crate::cuda::HostMapping::new(gpu, buf.as_ptr(), buf.size()) }?;
         if map.device_addr(0) != buf.addr() {
@@ -144,28 +155,11 @@ impl MemoryRegion {
         // Unmapped (field order) before the buffer can be freed.
         struct Pinned {
             _map: crate::cuda::HostMapping,
-            _buf: Arc<HostBuffer>,
+            _buf: HostBuffer,
         }
-        let keep: Arc<dyn Send + Sync> = Arc::new(Pinned {
-            _map: map,
-            _buf: buf.clone(),
-        });
-        let key = ctx.hca.register(
-            buf.addr(),
-            len as u64,
-            access,
-            Arc::new(HostDma { mapped: true }),
-            Some(keep),
-        )?;
-        Ok(MemoryRegion {
-            ctx: ctx.clone(),
-            key,
-            addr: buf.addr(),
-            len: len as u64,
-            access,
-            owned: Some(buf),
-            device: None,
-        })
+        let (addr, dma) = (buf.addr(), Arc::new(HostDma { mapped: true }));
+        let keep = Arc::new(Pinned { _map: map, _buf: buf });
+        Self::register(ctx, addr, len as u64, access, dma, Owned::Host, Some(keep))
     }
 
     /// Allocates `len` zeroed bytes of device memory on `gpu` and registers them: the soft
@@ -182,30 +176,31 @@ impl MemoryRegion {
         // The keep holds the copier too, so its last reference is never dropped on an HCA
         // thread (stopping it and unmapping its buffers waits for kernels): see `soft::Keep`.
         let keep: Arc<dyn Send + Sync> = Arc::new((buf.clone(), dma.clone()));
-        let key = ctx
-            .hca
-            .register(buf.device_addr(), len as u64, access, dma, Some(keep))?;
-        Ok(MemoryRegion {
-            ctx: ctx.clone(),
-            key,
-            addr: buf.device_addr(),
-            len: len as u64,
-            access,
-            owned: None,
-            device: Some(buf),
-        })
+        let addr = buf.device_addr();
+        Self::register(ctx, addr, len as u64, access, dma, Owned::Device(buf), Some(keep))
     }
 
-    /// Registers memory: caller-owned (`owned` None) or allocated here.
-    pub(crate) fn register(
+    /// Registers caller memory at `addr`.
+    pub(crate) fn register_caller(
         ctx: &Arc<ContextInner>,
         addr: u64,
         len: u64,
         access: Access,
         dma: Arc<dyn Dma>,
-        owned: Option<Arc<HostBuffer>>,
     ) -> Result<MemoryRegion> {
-        let keep = owned.clone().map(|b| b as Arc<dyn Send + Sync>);
+        Self::register(ctx, addr, len, access, dma, Owned::Caller, None)
+    }
+
+    /// Registers `memory` at `addr`; `keep` is what the HCA holds alive while it may use it.
+    fn register(
+        ctx: &Arc<ContextInner>,
+        addr: u64,
+        len: u64,
+        access: Access,
+        dma: Arc<dyn Dma>,
+        memory: Owned,
+        keep: Option<Arc<dyn Send + Sync>>,
+    ) -> Result<MemoryRegion> {
         let key = ctx.hca.register(addr, len, access, dma, keep)?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),
@@ -213,8 +208,7 @@ impl MemoryRegion {
             addr,
             len,
             access,
-            owned,
-            device: None,
+            memory,
         })
     }
 
@@ -272,7 +266,7 @@ impl MemoryRegion {
     /// The address of `offset..offset + len` in library-owned memory. Caller-registered
     /// memory is accessed through the caller's own pointer instead.
     fn check(&self, offset: u64, len: usize) -> Result<*mut u8> {
-        if self.owned.is_none() {
+        if !matches!(self.memory, Owned::Host) {
             return Err(Error::CallerMemory { key: self.key });
         }
         self.bounds(offset, len)?;
@@ -295,7 +289,7 @@ impl MemoryRegion {
     /// memory, a synchronous copy). Like any DMA buffer, bytes an RDMA operation is writing at
     /// the same time may be torn.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        if let Some(d) = &self.device {
+        if let Owned::Device(d) = &self.memory {
             self.bounds(offset, buf.len())?;
             return Ok(d.read(offset as usize, buf)?);
         }
@@ -307,7 +301,7 @@ impl MemoryRegion {
 
     /// Copies `data` into a region this library allocated, at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        if let Some(d) = &self.device {
+        if let Owned::Device(d) = &self.memory {
             self.bounds(offset, data.len())?;
             return Ok(d.write(offset as usize, data)?);
         }
@@ -328,7 +322,7 @@ impl MemoryRegion {
                 max: 0,
             });
         }
-        if self.device.is_some() {
+        if self.is_device_memory() {
             let mut b = [0u8; 8];
             self.read(offset, &mut b)?;
             return Ok(u64::from_ne_bytes(b));
@@ -348,7 +342,7 @@ impl MemoryRegion {
 
     /// Whether the region is GPU device memory.
     pub fn is_device_memory(&self) -> bool {
-        self.device.is_some()
+        matches!(self.memory, Owned::Device(_))
     }
 }
 

@@ -470,7 +470,7 @@ mod tests {
         let good = ctx.alloc_region(4096, Access::ALL).unwrap();
         // A range nobody touches (the DMA fails before it would): any address works.
         let bad =
-            MemoryRegion::register(ctx.inner(), 0x1000_0000, 4096, Access::ALL, Arc::new(FailingDma), None).unwrap();
+            MemoryRegion::register_caller(ctx.inner(), 0x1000_0000, 4096, Access::ALL, Arc::new(FailingDma)).unwrap();
         // (source, target, the error the requester's CQE carries)
         let cases = [
             (bad.local(0), good.remote(0), Syndrome::LocalAccess),
