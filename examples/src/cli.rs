@@ -153,11 +153,23 @@ impl Plan {
         }
     }
 
+    /// The handler as `--json` names it: `direct` (the poster rings) or `cpu-proxy`.
+    pub fn handler_name(&self) -> &'static str {
+        match self.proxy_threads {
+            Some(_) => "cpu-proxy",
+            None => "direct",
+        }
+    }
+
     /// The header block's handler line.
     pub fn handler_line(&self) -> String {
         match self.proxy_threads {
-            Some(n) => format!("cpu-proxy ({n} proxy thread{})", if n == 1 { "" } else { "s" }),
-            None => "direct (the poster rings the doorbell)".into(),
+            Some(n) => format!(
+                "{} ({n} proxy thread{})",
+                self.handler_name(),
+                if n == 1 { "" } else { "s" }
+            ),
+            None => format!("{} (the poster rings the doorbell)", self.handler_name()),
         }
     }
 }

@@ -530,11 +530,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
         scope: plan.scope,
-        handler: if plan.proxy_threads.is_some() {
-            "cpu-proxy"
-        } else {
-            "direct"
-        },
+        handler: plan.handler_name(),
         qps: cli.qps,
         tx_depth: plan.tx_depth,
         memory: match plan.role {

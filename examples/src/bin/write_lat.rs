@@ -157,11 +157,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         provider: session.ctx.provider().to_string(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
-        handler: if plan.proxy_threads.is_some() {
-            "cpu-proxy"
-        } else {
-            "direct"
-        },
+        handler: plan.handler_name(),
         memory: plan.mem.describe(),
         iterations: plan.iters,
         sizes: plan.sizes.clone(),
