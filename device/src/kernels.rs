@@ -50,14 +50,8 @@ pub unsafe extern "ptx-kernel" fn gdaki_selftest(out: *mut u32, count: *mut u64,
 #[inline(always)]
 fn all_ops<M: Sharing, S: Scope>(qp: Qp<M, S>, remote: Remote, local: Local) -> Result<(), PostError> {
     let t = global_thread() as u64 * 64;
-    let r = |off: u64| Remote {
-        addr: remote.addr + t + off,
-        rkey: remote.rkey,
-    };
-    let l = |off: u64| Local {
-        addr: local.addr + t + off,
-        lkey: local.lkey,
-    };
+    let r = |off: u64| remote.offset(t + off);
+    let l = |off: u64| local.offset(t + off);
     qp.put(r(0), l(0), 16)?;
     qp.put_inline(r(16), &t.to_le_bytes())?;
     qp.fence()?;

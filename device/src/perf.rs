@@ -30,15 +30,7 @@ pub fn put_stream<M: Sharing, S: Scope>(
     let mut m = t;
     for _ in 0..iters {
         let off = (m % slots) * len;
-        let d = Remote {
-            addr: dst.addr + off,
-            rkey: dst.rkey,
-        };
-        let s = Local {
-            addr: src.addr + off,
-            lkey: src.lkey,
-        };
-        last = Some(qp.put(d, s, len)?);
+        last = Some(qp.put(dst.offset(off), src.offset(off), len)?);
         m += threads;
     }
     if let Some(ticket) = last {

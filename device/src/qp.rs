@@ -53,6 +53,17 @@ pub struct Local {
     pub lkey: u32,
 }
 
+impl Local {
+    /// The buffer `by` bytes further on, same key.
+    #[inline(always)]
+    pub const fn offset(self, by: u64) -> Local {
+        Local {
+            addr: self.addr.wrapping_add(by),
+            lkey: self.lkey,
+        }
+    }
+}
+
 /// The atomic a WQE performs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
@@ -689,15 +700,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             return self.wqe_prepare_nop(index, 0);
         }
         let off = k * max;
-        let r = Remote {
-            addr: remote.addr + off,
-            rkey: remote.rkey,
-        };
-        let l = Local {
-            addr: local.addr + off,
-            lkey: local.lkey,
-        };
-        self.prepare_rdma(opcode, index, r, l, (len - off).min(max) as u32, 0);
+        self.prepare_rdma(
+            opcode,
+            index,
+            remote.offset(off),
+            local.offset(off),
+            (len - off).min(max) as u32,
+            0,
+        );
     }
 
     /// Posts an RDMA WRITE or READ of `len` bytes between `remote` and `local`, split into WQEs

@@ -139,6 +139,17 @@ pub struct Remote {
     pub rkey: u32,
 }
 
+impl Remote {
+    /// The buffer `by` bytes further on, same key.
+    #[inline(always)]
+    pub const fn offset(self, by: u64) -> Remote {
+        Remote {
+            addr: self.addr.wrapping_add(by),
+            rkey: self.rkey,
+        }
+    }
+}
+
 /// A local buffer: address, length and key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
