@@ -2,7 +2,7 @@
 //! line and passes, unless `GDAKI_REQUIRE_GPU=1` (the GPU runner sets it), which makes a
 //! missing GPU a failure instead.
 mod common;
-use common::{pattern, ReadVec};
+use common::{loopback_qp, pattern, qp, ReadVec};
 use std::io::Write;
 
 use gdaki::cuda::{self, Gpu};
@@ -86,13 +86,6 @@ fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
 use gdaki::{Access, Context, Provider, QpConfig, QueuePair};
 use gdaki_device::status::{CODE_CQE_ERROR, CODE_OK, CODE_TIMEOUT};
 use gdaki_layout::Syndrome;
-
-fn loopback_qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
-    let cq = ctx.create_cq(sq).unwrap();
-    let qp = ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap();
-    qp.connect(&qp.endpoint()).unwrap();
-    qp
-}
 
 /// A launch shape for every (scope, mode): several threads, warps or blocks share one QP in
 /// the shared modes. `GDAKI_GPU_ONLY=warp-exclusive,block-gpu` (say) runs just those, to debug.
@@ -236,15 +229,11 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
         return;
     };
     let ctx = Context::open(Provider::Soft).unwrap();
-    let cq_a = ctx.create_cq(64).unwrap();
-    let cq_b = ctx.create_cq(64).unwrap();
     let cfg = QpConfig {
-        sq_size: 64,
         timeout: std::time::Duration::from_secs(3),
         ..Default::default()
     };
-    let a = ctx.create_qp(&cq_a, cfg).unwrap();
-    let b = ctx.create_qp(&cq_b, cfg).unwrap();
+    let (a, b) = (qp(&ctx, 64, cfg), qp(&ctx, 64, cfg));
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
     let (ga, gb) = (a.export_gpu(&gpu).unwrap(), b.export_gpu(&gpu).unwrap());
@@ -393,18 +382,12 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
     // A peer that accepts the transport connection and then never answers.
     let (addr, silent) = common::silent_peer();
     let ctx = Context::open(Provider::Soft).unwrap();
-    let cq = ctx.create_cq(64).unwrap();
-    let qp = ctx
-        .create_qp(
-            &cq,
-            QpConfig {
-                sq_size: 64,
-                timeout: std::time::Duration::from_millis(300),
-                retry_timeout: std::time::Duration::from_secs(600),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let cfg = QpConfig {
+        timeout: std::time::Duration::from_millis(300),
+        retry_timeout: std::time::Duration::from_secs(600),
+        ..Default::default()
+    };
+    let qp = qp(&ctx, 64, cfg);
     qp.connect(&gdaki::Endpoint {
         hca: 0,
         qpn: 0x77,
@@ -427,7 +410,7 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
         .status;
     assert_eq!(status, [CODE_TIMEOUT]);
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
-    drop((gq, qp, cq, ctx));
+    drop((gq, qp, ctx));
     silent.join().unwrap();
 }
 

@@ -12,16 +12,12 @@ use gdaki_proxy::{Proxy, ProxyConfig};
 
 const MSG: u64 = 64;
 
-fn proxied_qp(ctx: &Context) -> (gdaki::CompletionQueue, QueuePair) {
-    let cq = ctx.create_cq(256).unwrap();
+fn proxied_qp(ctx: &Context) -> QueuePair {
     let cfg = QpConfig {
-        sq_size: 256,
         handler: DoorbellHandler::CpuProxy,
         ..Default::default()
     };
-    let qp = ctx.create_qp(&cq, cfg).unwrap();
-    qp.connect(&qp.endpoint()).unwrap();
-    (cq, qp)
+    common::loopback_qp(ctx, 256, cfg)
 }
 
 #[test]
@@ -31,7 +27,7 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
     const ITERS: u64 = 300;
     let ctx = Context::open(Provider::Soft).unwrap();
     let qps: Vec<_> = (0..QPS).map(|_| proxied_qp(&ctx)).collect();
-    assert!(qps.iter().all(|(_, q)| q.handler() == DoorbellHandler::CpuProxy));
+    assert!(qps.iter().all(|q| q.handler() == DoorbellHandler::CpuProxy));
     let len = (QPS * POSTERS) as u64 * MSG;
     let src = ctx.alloc_region(len as usize, Access::ALL).unwrap();
     let dst = ctx.alloc_region(len as usize, Access::ALL).unwrap();
@@ -42,10 +38,10 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
         ..Default::default()
     })
     .unwrap();
-    let ids: Vec<_> = qps.iter().map(|(_, q)| first.add(q.proxy_target().unwrap())).collect();
+    let ids: Vec<_> = qps.iter().map(|q| first.add(q.proxy_target().unwrap())).collect();
     let second = Proxy::start(ProxyConfig::default()).unwrap();
     std::thread::scope(|s| {
-        for (qi, (_, qp)) in qps.iter().enumerate() {
+        for (qi, qp) in qps.iter().enumerate() {
             for p in 0..POSTERS {
                 let (src, dst) = (&src, &dst);
                 s.spawn(move || {
@@ -65,7 +61,7 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
         std::thread::sleep(std::time::Duration::from_millis(5));
         for (i, id) in ids.iter().enumerate().take(QPS / 2) {
             assert!(first.remove(*id));
-            second.add(qps[i].1.proxy_target().unwrap());
+            second.add(qps[i].proxy_target().unwrap());
         }
         assert_eq!(second.add_thread().unwrap(), 2);
         assert_eq!(first.remove_thread().unwrap(), 1);
@@ -74,7 +70,7 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
     let (a, b) = (first.stop(), second.stop());
     assert!(a.doorbells + b.doorbells > 0);
     assert_eq!((a.targets, b.targets), ((QPS - QPS / 2) as u64, (QPS / 2) as u64));
-    for (_, q) in &qps {
+    for q in &qps {
         assert_eq!(q.error(), None);
     }
 }
@@ -82,7 +78,7 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
 #[test]
 fn stopping_the_proxy_rings_everything_published() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let (_cq, qp) = proxied_qp(&ctx);
+    let qp = proxied_qp(&ctx);
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     // A proxy that sleeps as soon as it is idle: the posts below land while it may sleep.
     let proxy = Proxy::start(ProxyConfig {
@@ -111,8 +107,7 @@ fn stopping_the_proxy_rings_everything_published() {
 #[test]
 fn a_qp_in_error_does_not_hold_up_the_others() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let (_c1, bad) = proxied_qp(&ctx);
-    let (_c2, good) = proxied_qp(&ctx);
+    let (bad, good) = (proxied_qp(&ctx), proxied_qp(&ctx));
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     let proxy = Proxy::start(ProxyConfig::default()).unwrap();
     proxy.add(bad.proxy_target().unwrap());
@@ -142,16 +137,7 @@ fn a_qp_in_error_does_not_hold_up_the_others() {
 #[test]
 fn only_proxy_qps_have_a_proxy_target() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let cq = ctx.create_cq(16).unwrap();
-    let qp = ctx
-        .create_qp(
-            &cq,
-            QpConfig {
-                sq_size: 16,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let qp = common::qp(&ctx, 16, QpConfig::default());
     assert_eq!(qp.handler(), DoorbellHandler::Gpu);
     assert!(qp.proxy_target().is_none());
 }

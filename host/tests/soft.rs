@@ -2,21 +2,26 @@
 //! against the soft HCA: every opcode, sizes from 0 B to 64 MiB, many QPs, ring wrap, every
 //! fault with its syndrome and the flush after it, CQ overrun, a vanished peer.
 mod common;
-use common::pattern;
+use common::{pattern, qp};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gdaki::{Access, Context, Error, Provider, QpConfig, QpState, QueuePair};
+use gdaki::{Access, Context, Error, Provider, QpConfig, QpState};
 use gdaki_device::{Exclusive, Gpu, PostError, WaitError};
 use gdaki_layout::Syndrome;
 
 /// Posts one operation and returns its ticket.
 type Post<'a> = dyn Fn(&gdaki_device::Qp<Exclusive>) -> Result<u64, PostError> + 'a;
 
-fn qp_pair(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
-    let cq = ctx.create_cq(sq).unwrap();
-    ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap()
+/// Posts one WQE written by `write` at its reserved index (by hand, as a fault test needs) and
+/// returns the syndrome of its error CQE.
+fn raw_wqe_error(dev: &gdaki_device::Qp<Exclusive>, write: impl FnOnce(u64)) -> Syndrome {
+    let i = dev.reserve(1).unwrap();
+    write(i);
+    dev.mark_ready(i, i + 1).unwrap();
+    dev.submit(i + 1).unwrap();
+    cqe_error(dev.wait(i))
 }
 
 fn cqe_error(r: Result<(), WaitError>) -> Syndrome {
@@ -33,10 +38,7 @@ fn every_opcode_between_two_contexts() {
         Context::open(Provider::Auto).unwrap(),
     );
     assert_eq!(b.provider(), Provider::Soft);
-    let (qa, qb) = (
-        qp_pair(&a, 64, QpConfig::default()),
-        qp_pair(&b, 64, QpConfig::default()),
-    );
+    let (qa, qb) = (qp(&a, 64, QpConfig::default()), qp(&b, 64, QpConfig::default()));
     qa.connect(&qb.endpoint()).unwrap();
     qb.connect(&qa.endpoint()).unwrap();
     assert_eq!(qa.state(), QpState::Rts);
@@ -84,7 +86,7 @@ fn every_opcode_between_two_contexts() {
 #[test]
 fn sizes_from_zero_to_64_mib_and_splits() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(
+    let qp = qp(
         &ctx,
         16,
         QpConfig {
@@ -133,7 +135,7 @@ fn many_qps_many_threads_wrap_their_rings() {
         for q in 0..4u64 {
             let (ctx, mr, reference) = (ctx.clone(), mr.clone(), &reference);
             s.spawn(move || {
-                let qp = qp_pair(&ctx, 8, QpConfig::default());
+                let qp = qp(&ctx, 8, QpConfig::default());
                 qp.connect(&qp.endpoint()).unwrap();
                 let dev = unsafe { qp.cpu::<Exclusive>() };
                 let base = (q + 1) * 64 * 1024;
@@ -154,7 +156,7 @@ fn many_qps_many_threads_wrap_their_rings() {
 #[test]
 fn shared_qp_gpu_mode_threads_fetch_add() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(&ctx, 32, QpConfig::default());
+    let qp = qp(&ctx, 32, QpConfig::default());
     qp.connect(&qp.endpoint()).unwrap();
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     let mut seen: Vec<u64> = thread::scope(|s| {
@@ -243,7 +245,7 @@ fn faults_report_their_syndrome_and_flush_what_follows() {
         ),
     ];
     for (name, syndrome, post) in cases {
-        let qp = qp_pair(&ctx, 8, QpConfig::default());
+        let qp = qp(&ctx, 8, QpConfig::default());
         qp.connect(&qp.endpoint()).unwrap();
         let dev = unsafe { qp.cpu::<Exclusive>() };
         let bad = post(&dev).unwrap();
@@ -266,52 +268,49 @@ fn faults_report_their_syndrome_and_flush_what_follows() {
 #[test]
 fn message_larger_than_the_limit_is_a_local_length_error() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    let qp = qp(&ctx, 8, QpConfig::default());
     qp.connect(&qp.endpoint()).unwrap();
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     // Write a WQE by hand that claims more than max_msg_size (the device API splits instead).
     let dev = unsafe { qp.cpu::<Exclusive>() };
-    let i = dev.reserve(1).unwrap();
-    dev.wqe_prepare_write(i, mr.remote(0), mr.local(0), u32::MAX, 0);
-    dev.mark_ready(i, i + 1).unwrap();
-    dev.submit(i + 1).unwrap();
-    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalLength);
+    let s = raw_wqe_error(&dev, |i| {
+        dev.wqe_prepare_write(i, mr.remote(0), mr.local(0), u32::MAX, 0)
+    });
+    assert_eq!(s, Syndrome::LocalLength);
 }
 
 #[test]
 fn malformed_wqe_is_an_error_not_a_crash() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    let qp = qp(&ctx, 8, QpConfig::default());
     qp.connect(&qp.endpoint()).unwrap();
     let dev = unsafe { qp.cpu::<Exclusive>() };
-    let i = dev.reserve(1).unwrap();
-    dev.wqe_prepare_nop(i, 0);
-    // Corrupt the opcode into one the model does not execute (0x7f), keeping the CQE request.
-    unsafe { *(dev.wqe_ptr(i) as *mut u8).add(3) = 0x7f };
-    dev.mark_ready(i, i + 1).unwrap();
-    dev.submit(i + 1).unwrap();
-    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalQpOp);
+    let s = raw_wqe_error(&dev, |i| {
+        dev.wqe_prepare_nop(i, 0);
+        // Corrupt the opcode into one the model does not execute (0x7f), keeping the CQE request.
+        unsafe { *(dev.wqe_ptr(i) as *mut u8).add(3) = 0x7f };
+    });
+    assert_eq!(s, Syndrome::LocalQpOp);
 }
 
 #[test]
 fn a_wqe_running_past_the_doorbell_is_an_error_and_nothing_past_it_is_read() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    let qp = qp(&ctx, 8, QpConfig::default());
     qp.connect(&qp.endpoint()).unwrap();
     let dev = unsafe { qp.cpu::<Exclusive>() };
-    let i = dev.reserve(1).unwrap();
-    dev.wqe_prepare_nop(i, 0);
-    // Claim 5 segments (two building blocks) but ring only one.
-    unsafe { *(dev.wqe_ptr(i) as *mut u8).add(7) = 5 };
-    dev.mark_ready(i, i + 1).unwrap();
-    dev.submit(i + 1).unwrap();
-    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalQpOp);
+    let s = raw_wqe_error(&dev, |i| {
+        dev.wqe_prepare_nop(i, 0);
+        // Claim 5 segments (two building blocks) but ring only one.
+        unsafe { *(dev.wqe_ptr(i) as *mut u8).add(7) = 5 };
+    });
+    assert_eq!(s, Syndrome::LocalQpOp);
 }
 
 #[test]
 fn posting_to_a_qp_that_is_not_ready_fails_and_states_are_checked() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    let qp = qp(&ctx, 8, QpConfig::default());
     assert!(matches!(qp.to_rts(), Err(Error::BadTransition { .. })));
     let dev = unsafe { qp.cpu::<Exclusive>() };
     let t = dev.fence().unwrap();
@@ -429,11 +428,11 @@ fn cq_overrun_is_an_error_not_an_overwrite() {
 #[test]
 fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
     let a = Context::open(Provider::Soft).unwrap();
-    let qa = qp_pair(&a, 8, QpConfig::default());
+    let qa = qp(&a, 8, QpConfig::default());
     let mr = a.alloc_region(4096, Access::ALL).unwrap();
     let remote = {
         let b = Context::open(Provider::Soft).unwrap();
-        let qb = qp_pair(&b, 8, QpConfig::default());
+        let qb = qp(&b, 8, QpConfig::default());
         qa.connect(&qb.endpoint()).unwrap();
         let rb = b.alloc_region(4096, Access::ALL).unwrap();
         rb.remote(0)
@@ -444,7 +443,7 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
     assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
     assert!(started.elapsed() < Duration::from_secs(5));
     // Connecting to a vanished peer is refused up front.
-    let qc = qp_pair(&a, 8, QpConfig::default());
+    let qc = qp(&a, 8, QpConfig::default());
     qc.to_init().unwrap();
     assert!(matches!(
         qc.to_rtr(&gdaki::Endpoint {
@@ -460,7 +459,7 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
 #[test]
 fn a_deregistered_key_stops_working_at_once() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp_pair(&ctx, 8, QpConfig::default());
+    let qp = qp(&ctx, 8, QpConfig::default());
     qp.connect(&qp.endpoint()).unwrap();
     let local = ctx.alloc_region(4096, Access::ALL).unwrap();
     let target = ctx.alloc_region(4096, Access::ALL).unwrap();

@@ -6,7 +6,7 @@
 //! The two-process tests run this test binary a second time as the peer (`peer_process`,
 //! which does nothing unless `GDAKI_TCP_PEER` is set).
 mod common;
-use common::{pattern, ReadVec};
+use common::{pattern, qp, ReadVec};
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -33,11 +33,6 @@ fn listening_context() -> Context {
     let ctx = Context::open(Provider::Soft).unwrap();
     ctx.listen(LOOPBACK.parse().unwrap()).unwrap();
     ctx
-}
-
-fn qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
-    let cq = ctx.create_cq(sq).unwrap();
-    ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap()
 }
 
 /// The endpoint as another process would see it: no in-process identity, so the connection

@@ -5,7 +5,20 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::thread::JoinHandle;
 
-use gdaki::MemoryRegion;
+use gdaki::{Context, MemoryRegion, QpConfig, QueuePair};
+
+/// A queue pair of `sq` WQEs with a CQ of its own (which the QP keeps alive).
+pub fn qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
+    let cq = ctx.create_cq(sq).unwrap();
+    ctx.create_qp(&cq, QpConfig { sq_size: sq, ..cfg }).unwrap()
+}
+
+/// [`qp`], connected to itself.
+pub fn loopback_qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
+    let qp = qp(ctx, sq, cfg);
+    qp.connect(&qp.endpoint()).unwrap();
+    qp
+}
 
 /// `len` pseudo-random bytes from `seed` (xorshift), so every test's data is distinct.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
