@@ -153,11 +153,13 @@ impl Plan {
         }
     }
 
-    /// The handler as `--json` names it: `direct` (the poster rings) or `cpu-proxy`.
+    /// The handler as `--json` names it: `direct` (the poster rings), `cpu-proxy`, or
+    /// `cpu-proxy-fallback` (the library's proxy, because the doorbell page cannot be mapped).
     pub fn handler_name(&self) -> &'static str {
-        match self.proxy_threads {
-            Some(_) => "cpu-proxy",
-            None => "direct",
+        match (self.proxy_threads, self.fell_back) {
+            (Some(_), _) => "cpu-proxy",
+            (None, true) => "cpu-proxy-fallback",
+            (None, false) => "direct",
         }
     }
 
@@ -168,6 +170,10 @@ impl Plan {
                 "{} ({n} proxy thread{})",
                 self.handler_name(),
                 if n == 1 { "" } else { "s" }
+            ),
+            None if self.fell_back => format!(
+                "{} (the doorbell page cannot be mapped into the GPU: the library's proxy thread rings)",
+                self.handler_name()
             ),
             None => format!("{} (the poster rings the doorbell)", self.handler_name()),
         }
@@ -213,6 +219,9 @@ pub struct Plan {
     pub mem: Mem,
     /// CPU proxy threads ringing the doorbells, or `None`: the posters ring.
     pub proxy_threads: Option<usize>,
+    /// Whether the doorbell page could not be mapped into the GPU, so the library's fallback
+    /// proxy rings instead of the posters (found when the QPs are exported).
+    pub fell_back: bool,
     /// Bound of every wait.
     pub timeout: Duration,
 }
@@ -289,6 +298,7 @@ impl Common {
             scope: self.scope,
             mem,
             proxy_threads: self.cpu_proxy.then_some(self.proxy_threads),
+            fell_back: false,
             timeout: Duration::from_secs(self.timeout),
         })
     }

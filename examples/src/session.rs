@@ -141,12 +141,15 @@ impl Session {
         ]
     }
 
-    /// With `--cpu-proxy`: a proxy ringing for `qps` (keep it while they post).
+    /// With `--cpu-proxy`: a proxy ringing for `qps` (keep it while they post). Call it after the
+    /// QPs are exported: it also notes in `plan` whether they fell back to the library's proxy.
     pub fn proxy<'a>(
         &self,
-        plan: &Plan,
+        plan: &mut Plan,
         qps: impl IntoIterator<Item = &'a gdaki::QueuePair>,
     ) -> anyhow::Result<Option<gdaki_proxy::Proxy>> {
+        let qps: Vec<_> = qps.into_iter().collect();
+        plan.fell_back = qps.iter().any(|q| q.fell_back());
         let Some(threads) = plan.proxy_threads else {
             return Ok(None);
         };

@@ -17,14 +17,23 @@ fn bin(name: &str) -> std::path::PathBuf {
 }
 
 fn run(name: &str, args: &[&str]) -> Output {
+    run_env(name, args, &[])
+}
+
+fn run_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(bin(name))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("run {name}: {e}"))
 }
 
 fn ok(name: &str, args: &[&str]) -> String {
-    let out = run(name, args);
+    ok_env(name, args, &[])
+}
+
+fn ok_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = run_env(name, args, env);
     assert!(
         out.status.success(),
         "{name} {args:?} failed:\n{}\n{}",
@@ -339,4 +348,56 @@ fn perftests_on_the_gpu_in_every_scope() {
         &["--mode", "gpu", "--mem", "device", "-s", "64", "-n", "100"],
     );
     assert_eq!(rows(&out).len(), 1, "{out}");
+}
+
+#[test]
+fn perftests_on_the_gpu_through_the_cpu_proxy() {
+    if !gpu_or_skip("perftests_on_the_gpu_through_the_cpu_proxy") {
+        return;
+    }
+    // Asked for: --cpu-proxy. Data is validated by the programs (an error exit otherwise).
+    for scope in ["thread", "warp"] {
+        let out = ok(
+            "put_bw",
+            &[
+                "--mode",
+                "gpu",
+                "--cpu-proxy",
+                "--scope",
+                scope,
+                "-s",
+                "4096",
+                "-n",
+                "2000",
+                "-q",
+                "2",
+            ],
+        );
+        assert_eq!(rows(&out).len(), 1, "{out}");
+        assert!(out.contains("cpu-proxy (1 proxy thread)"), "{out}");
+        assert!(out.contains(" Proxy: "), "{out}");
+    }
+    let out = ok(
+        "write_lat",
+        &["--mode", "gpu", "--cpu-proxy", "-s", "8", "-n", "200", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["handler"], "cpu-proxy");
+    // Not asked for: the doorbell page cannot be mapped (modelled), so the library falls back.
+    let unmappable = [("GDAKI_SOFT_UNMAPPABLE_DOORBELL", "1")];
+    let out = ok_env(
+        "put_bw",
+        &["--mode", "gpu", "--scope", "warp", "-s", "64", "-n", "2000"],
+        &unmappable,
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    assert!(out.contains("cpu-proxy-fallback (the doorbell page"), "{out}");
+    assert!(out.contains(" Proxy: "), "{out}");
+    let out = ok_env(
+        "write_lat",
+        &["--mode", "gpu", "-s", "8", "-n", "200", "--json"],
+        &unmappable,
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["handler"], "cpu-proxy-fallback");
 }

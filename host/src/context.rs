@@ -15,6 +15,7 @@ use crate::system;
 /// The state every object of a context shares.
 pub(crate) struct ContextInner {
     pub hca: Arc<Hca>,
+    pub options: ContextOptions,
     engine: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -26,6 +27,40 @@ impl Drop for ContextInner {
             // An engine that panicked has already said so on stderr; nothing more to do here.
             let _ = t.join();
         }
+    }
+}
+
+/// How a context is opened, beyond its provider. [`Context::open`] takes these from the
+/// environment ([`ContextOptions::from_env`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContextOptions {
+    unmappable_doorbell: bool,
+}
+
+impl ContextOptions {
+    /// The variable [`from_env`](Self::from_env) reads for
+    /// [`unmappable_doorbell`](Self::unmappable_doorbell) (`1`, `true` or `yes` turn it on).
+    pub const UNMAPPABLE_DOORBELL_VAR: &'static str = "GDAKI_SOFT_UNMAPPABLE_DOORBELL";
+
+    /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`.
+    pub fn from_env() -> ContextOptions {
+        let on = std::env::var(Self::UNMAPPABLE_DOORBELL_VAR)
+            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+        ContextOptions::default().unmappable_doorbell(on)
+    }
+
+    /// Soft HCA: model a platform whose doorbell page cannot be mapped into a GPU (the NIC's
+    /// UAR, where `cuMemHostRegister` with the IO-memory flag fails). Queue pairs with the GPU
+    /// doorbell handler then fall back to the CPU proxy when exported to a GPU, exactly as
+    /// when the driver refuses the mapping. For testing that path on machines that can map.
+    pub fn unmappable_doorbell(mut self, on: bool) -> ContextOptions {
+        self.unmappable_doorbell = on;
+        self
+    }
+
+    /// Whether [`unmappable_doorbell`](Self::unmappable_doorbell) is on.
+    pub fn models_unmappable_doorbell(&self) -> bool {
+        self.unmappable_doorbell
     }
 }
 
@@ -45,9 +80,15 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens `provider`. `Auto` takes mlx5 where an mlx5 RDMA device exists and the provider
-    /// is supported, else the soft HCA, and logs why.
+    /// Opens `provider` with options from the environment ([`ContextOptions::from_env`]).
+    /// `Auto` takes mlx5 where an mlx5 RDMA device exists and the provider is supported, else
+    /// the soft HCA, and logs why.
     pub fn open(provider: Provider) -> Result<Context> {
+        Context::open_with(provider, ContextOptions::from_env())
+    }
+
+    /// Opens `provider` with `options`.
+    pub fn open_with(provider: Provider, options: ContextOptions) -> Result<Context> {
         let provider = match provider {
             Provider::Soft => Provider::Soft,
             Provider::Mlx5 => {
@@ -75,6 +116,7 @@ impl Context {
         Ok(Context {
             inner: Arc::new(ContextInner {
                 hca,
+                options,
                 engine: Mutex::new(Some(engine)),
             }),
             provider,

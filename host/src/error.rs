@@ -125,6 +125,9 @@ pub enum Error {
     /// A CUDA driver call failed, or there is no usable GPU.
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
+    /// The CPU proxy (the doorbell fallback) could not be started.
+    #[error("the fallback CPU proxy: {0}")]
+    Proxy(#[source] gdaki_proxy::ProxyError),
     /// An I/O error (engine thread start, sockets).
     #[error("{what}: {source}")]
     Io {

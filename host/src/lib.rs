@@ -24,6 +24,7 @@
 
 pub mod context;
 pub mod cuda;
+mod doorbell;
 pub mod error;
 pub mod handshake;
 pub mod memory;
@@ -34,7 +35,7 @@ pub mod soft;
 pub mod system;
 pub mod wire;
 
-pub use context::Context;
+pub use context::{Context, ContextOptions};
 pub use error::{Error, Result};
 pub use memory::{Access, MemoryRegion};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};

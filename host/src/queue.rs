@@ -170,8 +170,9 @@ pub(crate) struct SoftQp {
     pub uar: HostBuffer,
     /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
     pub proxy_word: HostBuffer,
-    /// Who rings the doorbell.
-    pub handler: DoorbellHandler,
+    /// Who rings the doorbell (a [`DoorbellHandler`] as `u8`): set at creation, and switched to
+    /// the CPU proxy once if a GPU export cannot map the doorbell page.
+    handler: AtomicU8,
     pub cq: Arc<SoftCq>,
     pub max_msg_size: u64,
     pub progress: Mutex<SqProgress>,
@@ -196,6 +197,23 @@ impl SoftQp {
             tracing::warn!(qpn = format_args!("{:#x}", self.qpn), %syndrome, "queue pair to error");
         }
         self.set_state(QpState::Error);
+    }
+
+    /// Who rings the doorbell.
+    pub fn handler(&self) -> DoorbellHandler {
+        match self.handler.load(Ordering::Acquire) {
+            x if x == DoorbellHandler::CpuProxy as u8 => DoorbellHandler::CpuProxy,
+            _ => DoorbellHandler::Gpu,
+        }
+    }
+
+    /// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
+    /// `handler`.
+    fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
+        match handler {
+            DoorbellHandler::Gpu => (self.uar.addr(), DoorbellKind::Gpu),
+            DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
+        }
     }
 
     /// The doorbell word.
@@ -281,6 +299,8 @@ pub struct QueuePair {
     inner: Arc<SoftQp>,
     /// The exported `DevQp`, in memory posters can reach.
     handle: HostBuffer,
+    /// Where a GPU export could not map the doorbell page: the library's proxy ringing for it.
+    fallback: Mutex<Option<crate::doorbell::AutoProxy>>,
 }
 
 impl fmt::Debug for QueuePair {
@@ -349,28 +369,23 @@ impl QueuePair {
                 records: HostBuffer::new("QP doorbell records", 64)?,
                 uar: HostBuffer::new("a doorbell page", 64)?,
                 proxy_word: HostBuffer::new("a proxy producer index", 64)?,
-                handler: cfg.handler,
+                handler: AtomicU8::new(cfg.handler as u8),
                 cq: cq.inner.clone(),
                 max_msg_size: cfg.max_msg_size,
                 progress: Mutex::new(SqProgress::default()),
                 first_error: Mutex::new(None),
             });
             let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
+            let (doorbell, kind) = inner.ring_word(cfg.handler);
             let dev = DevQp {
                 sq_base: inner.sq.addr(),
                 sq_dbrec: inner.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64,
-                doorbell: match cfg.handler {
-                    DoorbellHandler::Gpu => inner.uar.addr(),
-                    DoorbellHandler::CpuProxy => inner.proxy_word.addr(),
-                },
+                doorbell,
                 max_msg_size: cfg.max_msg_size,
                 timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
                 qpn,
                 sq_log_size: sq_log,
-                doorbell_kind: match cfg.handler {
-                    DoorbellHandler::Gpu => DoorbellKind::Gpu,
-                    DoorbellHandler::CpuProxy => DoorbellKind::CpuProxy,
-                } as u8,
+                doorbell_kind: kind as u8,
                 cq: DevCq {
                     cqe_base: cq.inner.ring.addr(),
                     dbrec: cq.inner.dbrec.addr(),
@@ -402,6 +417,7 @@ impl QueuePair {
             ctx: ctx.clone(),
             inner,
             handle,
+            fallback: Mutex::new(None),
         })
     }
 
@@ -510,23 +526,42 @@ impl QueuePair {
         self.handle.as_ptr() as *mut DevQp
     }
 
-    /// Who rings this QP's doorbell.
+    /// Who rings this QP's doorbell: the handler it was created with, or
+    /// [`DoorbellHandler::CpuProxy`] once it fell back (see [`fell_back`](Self::fell_back)).
     pub fn handler(&self) -> DoorbellHandler {
-        self.inner.handler
+        self.inner.handler()
     }
 
-    /// What a CPU proxy needs to ring for this QP (`None` unless it was created with the
-    /// [`DoorbellHandler::CpuProxy`] handler). The target keeps the QP's rings alive.
+    /// Whether a GPU export found the doorbell page unmappable and switched this QP to the
+    /// library's own CPU proxy (which rings for it until the QP is dropped).
+    pub fn fell_back(&self) -> bool {
+        lock(&self.fallback).is_some()
+    }
+
+    /// The counters of the library's fallback proxy (shared by every QP that fell back), if
+    /// this QP [`fell_back`](Self::fell_back).
+    pub fn fallback_proxy_counters(&self) -> Option<gdaki_proxy::ProxyCounters> {
+        lock(&self.fallback).as_ref().map(|p| p.counters())
+    }
+
+    /// What a CPU proxy needs to ring for this QP: `None` unless it was created with the
+    /// [`DoorbellHandler::CpuProxy`] handler (a QP that [`fell_back`](Self::fell_back) is rung
+    /// by the library's proxy; a second proxy must not ring it). The target keeps the QP's
+    /// rings alive.
     pub fn proxy_target(&self) -> Option<gdaki_proxy::Target> {
-        if self.inner.handler != DoorbellHandler::CpuProxy {
+        if self.inner.handler() != DoorbellHandler::CpuProxy || self.fell_back() {
             return None;
         }
+        Some(self.target())
+    }
+
+    fn target(&self) -> gdaki_proxy::Target {
         let q = &self.inner;
         let keep: Arc<dyn Send + Sync> = q.clone();
         // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
         // are aligned words of buffers the SoftQp owns, kept alive by `keep`; posters, the
         // proxy and the HCA access them atomically.
-        Some(unsafe {
+        unsafe {
             gdaki_proxy::Target::new(
                 q.qpn,
                 q.proxy_word.as_ptr() as *const u64,
@@ -534,7 +569,32 @@ impl QueuePair {
                 q.uar.as_ptr() as *mut u64,
                 keep,
             )
-        })
+        }
+    }
+
+    /// Switches this QP to the library's CPU proxy because its doorbell page cannot be mapped
+    /// for a GPU: the proxy starts ringing first, then the CPU handle is pointed at the proxy
+    /// word (so CPU posters submit the same way as the GPU's). Called before posting starts
+    /// (exports precede posting); a failure changes nothing.
+    fn fall_back(&self, why: &crate::doorbell::Unmappable) -> Result<()> {
+        let mut fallback = lock(&self.fallback);
+        if fallback.is_some() {
+            return Ok(());
+        }
+        *fallback = Some(crate::doorbell::AutoProxy::ring_for(self.target())?);
+        let (doorbell, kind) = self.inner.ring_word(DoorbellHandler::CpuProxy);
+        let dev = self.device_handle();
+        // SAFETY: the handle is this QP's live DevQp; these two fields are plain words posters
+        // read when they ring, and no poster runs during an export.
+        unsafe {
+            std::ptr::addr_of_mut!((*dev).doorbell).write_volatile(doorbell);
+            std::ptr::addr_of_mut!((*dev).doorbell_kind).write_volatile(kind as u8);
+        }
+        self.inner
+            .handler
+            .store(DoorbellHandler::CpuProxy as u8, Ordering::Release);
+        crate::doorbell::say_fallback(self.inner.qpn, why);
+        Ok(())
     }
 
     /// A CPU-mode poster's view of this QP in sharing mode `M`.
@@ -625,13 +685,24 @@ impl QueuePair {
             // CQ, which `GpuQp` keeps alive for as long as the mapping.
             unsafe { crate::cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
         };
+        let unmappable = self.ctx.options.models_unmappable_doorbell();
+        let doorbell = match q.handler() {
+            // SAFETY: as `map` above; the doorbell page is mapped only here.
+            DoorbellHandler::Gpu => {
+                match unsafe { crate::doorbell::map_page(gpu, q.uar.as_ptr(), q.uar.size(), unmappable) } {
+                    Ok(m) => m,
+                    Err(why) => {
+                        self.fall_back(&why)?;
+                        map(&q.proxy_word)?
+                    }
+                }
+            }
+            DoorbellHandler::CpuProxy => map(&q.proxy_word)?,
+        };
         let maps = vec![
             map(&q.sq)?,
             map(&q.records)?,
-            match q.handler {
-                DoorbellHandler::Gpu => map(&q.uar)?,
-                DoorbellHandler::CpuProxy => map(&q.proxy_word)?,
-            },
+            doorbell,
             map(&q.cq.ring)?,
             map(&q.cq.dbrec)?,
         ];
@@ -662,5 +733,67 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         self.ctx.hca.detach(self.inner.qpn);
         *lock(&self.inner.cq.qpn) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Access, Context, Provider};
+
+    /// The fallback itself, without a GPU: a QP created with the GPU handler is switched to the
+    /// library's proxy (as `export_gpu` does when the doorbell page cannot be mapped), CPU
+    /// posters then publish instead of ringing, and the shared proxy rings for them until the
+    /// QP goes.
+    #[test]
+    fn a_queue_pair_that_falls_back_is_rung_by_the_library_proxy() {
+        let ctx = Context::open_with(Provider::Soft, crate::ContextOptions::default()).unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = ctx
+            .create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 64,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        assert_eq!((qp.handler(), qp.fell_back()), (DoorbellHandler::Gpu, false));
+        assert!(qp.proxy_target().is_none());
+        qp.fall_back(&crate::doorbell::Unmappable::Modelled).unwrap();
+        qp.fall_back(&crate::doorbell::Unmappable::Modelled).unwrap(); // once is enough
+        assert_eq!((qp.handler(), qp.fell_back()), (DoorbellHandler::CpuProxy, true));
+        // A second proxy must not ring it too.
+        assert!(qp.proxy_target().is_none());
+        // SAFETY: the handle was just written; read only.
+        let dev = unsafe { qp.device_handle().read() };
+        assert_eq!(dev.doorbell_kind, DoorbellKind::CpuProxy as u8);
+        assert_eq!(dev.doorbell, qp.inner.proxy_word.addr());
+
+        let src = ctx.alloc_region(4096, Access::ALL).unwrap();
+        let dst = ctx.alloc_region(4096, Access::ALL).unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        src.write(0, &data).unwrap();
+        // SAFETY: this thread is the only poster; the QP outlives `post`.
+        let post = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+        for i in 0..200u64 {
+            let off = (i % 64) * 64;
+            let t = post.put(dst.remote(off), src.local(off), 64).unwrap();
+            if i % 50 == 49 {
+                post.wait(t).unwrap();
+            }
+        }
+        let mut got = vec![0u8; 4096];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, data);
+        let rung = qp.fallback_proxy_counters().unwrap();
+        assert!(rung.doorbells > 0 && rung.targets >= 1, "{rung:?}");
+        drop(qp);
+        // No other test of this binary falls back, so this QP was the proxy's last.
+        assert!(
+            !crate::doorbell::shared_proxy_runs(),
+            "the last QP that fell back stops the proxy"
+        );
     }
 }

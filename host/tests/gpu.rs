@@ -546,3 +546,53 @@ fn other_kernels_run_while_the_copier_runs() {
     assert_eq!(run.first_failure(), None);
     say("done");
 }
+
+#[test]
+fn an_unmappable_doorbell_falls_back_to_the_library_proxy() {
+    let Some((gpu, _one)) = gpu_or_skip("an_unmappable_doorbell_falls_back_to_the_library_proxy") else {
+        return;
+    };
+    let ctx = Context::open_with(
+        Provider::Soft,
+        gdaki::ContextOptions::default().unmappable_doorbell(true),
+    )
+    .unwrap();
+    const LEN: u64 = 64;
+    let failures: Vec<String> = shapes()
+        .into_iter()
+        .filter(|l| l.mode == KernelMode::Gpu)
+        .filter_map(|launch| {
+            let qp = loopback_qp(&ctx, 256, QpConfig::default());
+            assert_eq!(qp.handler(), gdaki::DoorbellHandler::Gpu);
+            let gq = qp.export_gpu(&gpu).unwrap();
+            assert!(qp.fell_back(), "the export did not fall back");
+            assert_eq!(qp.handler(), gdaki::DoorbellHandler::CpuProxy);
+            let threads = (launch.grid * launch.block) as usize;
+            let src = ctx.alloc_region(threads * LEN as usize, Access::ALL).unwrap();
+            let dst = ctx.alloc_region(threads * LEN as usize, Access::ALL).unwrap();
+            let data = pattern(threads as u64 + 11, threads * LEN as usize);
+            src.write(0, &data).unwrap();
+            let _ = writeln!(std::io::stderr(), "put through the fallback proxy: {launch:?}");
+            let stream = PutStream {
+                dst: dst.remote(0),
+                src: src.local(0),
+                len: LEN,
+                slots: threads as u64,
+                first: 0,
+                iters: 8,
+            };
+            let run = gpu.run_put(&[gq.device_handle()], launch, &stream).unwrap();
+            let rung = qp.fallback_proxy_counters().unwrap().doorbells;
+            if let Some((t, c)) = run.first_failure() {
+                Some(format!("{launch:?}: thread {t}: {}", gdaki_device::status::Code(c)))
+            } else if dst.read_vec(0, data.len()).unwrap() != data {
+                Some(format!("{launch:?}: data differs"))
+            } else if rung == 0 {
+                Some(format!("{launch:?}: the proxy rang no doorbell"))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}

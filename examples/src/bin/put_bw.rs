@@ -244,7 +244,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![],
     };
-    let proxy = session.proxy(&plan, qps.iter().map(|(_, q)| q))?;
+    let proxy = session.proxy(&mut plan, qps.iter().map(|(_, q)| q))?;
     let gbits = cli.report_gbits;
     if !cli.common.json {
         report::print_header(
@@ -333,8 +333,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gdaki_examples::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         report::print_rule();
-        if let Some(p) = &proxy {
-            let c = p.counters();
+        let rung = match &proxy {
+            Some(p) => Some(p.counters()),
+            None => qps.iter().find_map(|(_, q)| q.fallback_proxy_counters()),
+        };
+        if let Some(c) = rung {
             gdaki_examples::outln!(" Proxy: {} doorbells rung in {} batches", c.doorbells, c.batches);
         }
         gdaki_examples::outln!(" Ref: {}", reference.what);

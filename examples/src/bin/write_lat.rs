@@ -76,7 +76,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let plan = cli.common.plan(2, 1000, || gdaki::cuda::usable(cli.common.gpu))?;
+    let mut plan = cli.common.plan(2, 1000, || gdaki::cuda::usable(cli.common.gpu))?;
     if plan.gpu.is_some() && plan.mem == gdaki_examples::cli::Mem::Host {
         bail!("--mem host: in GPU mode the kernels poll their buffers, which must be pinned or device memory");
     }
@@ -149,7 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![],
     };
-    let _proxy = session.proxy(&plan, sides.iter().map(|(s, _)| &s.qp))?;
+    let _proxy = session.proxy(&mut plan, sides.iter().map(|(s, _)| &s.qp))?;
 
     let reference = measure_reference(&session)?;
     let params = Params {

@@ -242,6 +242,13 @@ fn print_report(r: &Report) {
         gdaki::DoorbellHandler::CpuProxy => "a CPU proxy thread rings it for the poster",
     };
     println!("  doorbell:        {} ({rings})", r.selection.handler);
+    if gdaki::ContextOptions::from_env().models_unmappable_doorbell() {
+        println!(
+            "                   {} is set: the soft HCA models an unmappable doorbell page, so GPU exports fall \
+             back to the CPU proxy",
+            gdaki::ContextOptions::UNMAPPABLE_DOORBELL_VAR
+        );
+    }
     println!("  why:             {}", r.selection.reason);
     println!();
     if r.can_run {
