@@ -153,7 +153,10 @@ impl Target {
 }
 
 /// A target being watched, with the index last rung (the lock keeps rings monotonic when a
-/// removal or the final pass races a proxy thread).
+/// removal or the final pass races a proxy thread). Aligned to its own cache lines (two, for
+/// the adjacent-line prefetcher): targets are dealt round-robin to the threads, and neighbours
+/// that shared a line made every ring's lock word bounce between proxy threads.
+#[repr(align(128))]
 struct Watched {
     target: Target,
     rung: Mutex<u64>,
@@ -190,7 +193,9 @@ pub struct ProxyCounters {
     pub targets: u64,
 }
 
-/// One proxy thread's share: its targets and counters.
+/// One proxy thread's share: its targets and counters (written every round, so on cache lines
+/// of their own, away from other lanes).
+#[repr(align(128))]
 struct Lane {
     targets: Mutex<Vec<(TargetId, Arc<Watched>)>>,
     version: AtomicU64,
