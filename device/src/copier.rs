@@ -1,15 +1,26 @@
-//! The soft HCA's persistent copy kernel (see [`gdaki_layout::copy`]). Block 0's first thread
-//! watches the host-pinned ring and mirrors each new descriptor into device memory, running
-//! ahead of the others (so only one thread polls across PCIe, and the next descriptor is
-//! fetched while the current one is copied). The other blocks serve descriptors in order,
-//! moving each one's bytes together; the last to finish publishes its [`CopyDone`] with a
-//! system-scope release.
+//! The soft HCA's persistent copy kernel (see [`gdaki_layout::copy`]).
+//!
+//! Block 0's first warp watches the host-pinned ring and mirrors new descriptors into device
+//! memory, up to 32 per PCIe round trip, running ahead of the others (so one warp polls across
+//! PCIe, and descriptors are fetched while earlier ones are copied). Every other warp walks the
+//! mirrored descriptors 32 at a time and serves its own: a small copy or an atomic belongs to
+//! one warp (descriptor `n` to worker warp `n mod warps`), so many are served at once; a large
+//! copy is shared by the warps of enough blocks, and the last warp to finish its share answers.
+//! Answers ([`CopyDone`]) are published per slot with a system-scope release, in any order; the
+//! host reads completion per slot.
+//!
+//! Within one copy the final unit (up to 16 bytes) is written last, after the rest is visible,
+//! so a poller that sees a message's last byte sees the whole message. Separate copies may be
+//! placed in any order; the host orders what needs it (see the host side).
 //!
 //! [`copy_share`] is compiled for the host too, where the tests run it with simulated threads.
+use gdaki_layout::copy::OP_COPY;
 #[cfg(target_arch = "nvptx64")]
 use gdaki_layout::copy::{CopierState, CopyDesc, CopyDone};
 
-/// Copies `count` units of `T` from `src` to `dst`: the share of thread `tid` of `n`.
+/// Copies `count` units of `T` from `src` to `dst`: the share of thread `tid` of `n`, four
+/// units in flight at a time (loads first, then stores: one load at a time left the copy
+/// waiting on memory latency for every unit).
 ///
 /// # Safety
 /// Both ranges are valid for `count` units of `T`, aligned for `T`, and not overlapping.
@@ -17,42 +28,85 @@ use gdaki_layout::copy::{CopierState, CopyDesc, CopyDone};
 unsafe fn units<T: Copy>(dst: u64, src: u64, count: u64, tid: u64, n: u64) {
     let (d, s) = (dst as *mut T, src as *const T);
     let mut i = tid;
+    // SAFETY (both loops): every index used is below `count`, inside both ranges (caller's
+    // contract).
+    while i + 3 * n < count {
+        unsafe {
+            let (a, b, c, e) = (
+                s.add(i as usize).read_volatile(),
+                s.add((i + n) as usize).read_volatile(),
+                s.add((i + 2 * n) as usize).read_volatile(),
+                s.add((i + 3 * n) as usize).read_volatile(),
+            );
+            d.add(i as usize).write_volatile(a);
+            d.add((i + n) as usize).write_volatile(b);
+            d.add((i + 2 * n) as usize).write_volatile(c);
+            d.add((i + 3 * n) as usize).write_volatile(e);
+        }
+        i += 4 * n;
+    }
     while i < count {
-        // SAFETY: i < count, inside both ranges (caller's contract).
         unsafe { d.add(i as usize).write_volatile(s.add(i as usize).read_volatile()) };
         i += n;
     }
 }
 
-/// Thread `tid`'s share (of `n` threads) of copying `len` bytes from `src` to `dst`: 16-byte
-/// units when both addresses and the length are multiples of 16, else 8, 4, or single bytes.
+/// The unit [`copy_share`] moves a copy in: 16 bytes when both addresses and the length are
+/// multiples of 16, else 8, 4 or 1.
+#[inline(always)]
+pub const fn unit(dst: u64, src: u64, len: u64) -> u64 {
+    let a = dst | src | len;
+    if a % 16 == 0 {
+        16
+    } else if a % 8 == 0 {
+        8
+    } else if a % 4 == 0 {
+        4
+    } else {
+        1
+    }
+}
+
+/// The length of a copy's body: everything but its final unit, which is written last.
+#[inline(always)]
+pub const fn body(dst: u64, src: u64, len: u64) -> u64 {
+    len.saturating_sub(unit(dst, src, len))
+}
+
+/// Thread `tid`'s share (of `n` threads) of copying `len` bytes from `src` to `dst`, in the
+/// [`unit`] of the three.
 ///
 /// # Safety
 /// `src..src + len` is readable and `dst..dst + len` writable by the caller, and they do not
 /// overlap.
 #[inline(always)]
 pub unsafe fn copy_share(dst: u64, src: u64, len: u64, tid: u64, n: u64) {
-    let a = dst | src | len;
-    // SAFETY (all arms): the unit divides both addresses and the length, so `len / size` units
+    let u = unit(dst, src, len);
+    // SAFETY (all arms): the unit divides both addresses and the length, so `len / u` units
     // cover the ranges exactly, aligned.
     unsafe {
-        if a % 16 == 0 {
-            units::<[u64; 2]>(dst, src, len / 16, tid, n)
-        } else if a % 8 == 0 {
-            units::<u64>(dst, src, len / 8, tid, n)
-        } else if a % 4 == 0 {
-            units::<u32>(dst, src, len / 4, tid, n)
-        } else {
-            units::<u8>(dst, src, len, tid, n)
+        match u {
+            16 => units::<[u64; 2]>(dst, src, len / 16, tid, n),
+            8 => units::<u64>(dst, src, len / 8, tid, n),
+            4 => units::<u32>(dst, src, len / 4, tid, n),
+            _ => units::<u8>(dst, src, len, tid, n),
         }
     }
 }
 
-/// The smallest share of a copy worth a block of its own: smaller copies take fewer blocks (an
-/// 8-byte copy, one), so the others skip the hand-off and the done count.
+/// Copies of at most this many bytes, and atomics, are served by one warp.
+pub const WARP_COPY_MAX: u64 = 4 << 10;
+
+/// Whether descriptor (`op`, `len`) is served by one warp (else by the warps of several blocks).
+#[inline(always)]
+pub const fn warp_sized(op: u32, len: u64) -> bool {
+    op != OP_COPY || len <= WARP_COPY_MAX
+}
+
+/// The smallest share of a large copy worth a block of its own.
 pub const MIN_BLOCK_SHARE: u64 = 16 << 10;
 
-/// How many of `blocks` blocks move a `len`-byte copy (at least one).
+/// How many of `blocks` blocks move a large `len`-byte copy (at least one).
 #[inline(always)]
 pub const fn participants(len: u64, blocks: u64) -> u64 {
     let want = len.div_ceil(MIN_BLOCK_SHARE);
@@ -81,10 +135,8 @@ pub struct Work {
     pub state: *mut CopierState,
     /// Mirrored descriptors, one per ring slot.
     pub mirror: *mut CopyDesc,
-    /// Blocks done with each slot's descriptor.
+    /// Warps done with each slot's (large) descriptor.
     pub finished: *mut u64,
-    /// Each slot's atomic result.
-    pub results: *mut u64,
 }
 
 #[cfg(target_arch = "nvptx64")]
@@ -95,8 +147,11 @@ mod gpu {
 
     use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS};
 
-    use super::{block_share, copy_share, participants, Work};
-    use crate::arch;
+    use super::{block_share, body, copy_share, participants, warp_sized, Work};
+    use crate::arch::{self, FULL_WARP};
+    use crate::scope::shfl_u64;
+
+    const MASK: u64 = RING_SLOTS as u64 - 1;
 
     #[inline(always)]
     unsafe fn ld_acquire_gpu(p: *const u64) -> u64 {
@@ -141,15 +196,57 @@ mod gpu {
         o
     }
 
+    /// Publishes the answer to descriptor `n`: everything this thread saw written (the copy's
+    /// bytes, through the warp barrier or the `finished` chain) is made visible system-wide
+    /// first, then the result, then the sequence number.
+    #[inline(always)]
+    unsafe fn answer(dones: *mut CopyDone, n: u64, result: u64) {
+        arch::to_device_barrier();
+        // SAFETY: the slot of a live answer ring (the kernel's contract).
+        unsafe {
+            let done = dones.add((n & MASK) as usize);
+            addr_of_mut!((*done).result).write_volatile(result);
+            st_release_sys(addr_of_mut!((*done).seq), n);
+        }
+    }
+
+    /// Reads mirrored descriptor `n` as a seqlock reader: `Some` with the descriptor, or `None`
+    /// if its slot already holds a later one (so `n` was answered and is not needed here).
+    /// Retries while the slot is being written or still shows an earlier lap.
+    #[inline(always)]
+    unsafe fn read_mirror(work: &Work, n: u64) -> Option<CopyDesc> {
+        // SAFETY: slot < RING_SLOTS inside the mirror (the kernel's contract).
+        let m = unsafe { work.mirror.add((n & MASK) as usize) };
+        let mut polls = 0u32;
+        loop {
+            // SAFETY: as above.
+            let (before, d, after) = unsafe {
+                let before = arch::load_u64_volatile(addr_of!((*m).seq));
+                fence_gpu();
+                let d = m.read_volatile();
+                fence_gpu();
+                (before, d, arch::load_u64_volatile(addr_of!((*m).seq)))
+            };
+            if before == after && before == n {
+                return Some(d);
+            }
+            if before == after && before > n {
+                return None;
+            }
+            polls = polls.wrapping_add(1);
+            arch::backoff(polls / 64);
+        }
+    }
+
     /// The kernel body: serves descriptors `first`, `first + 1`, ... until the host sets
     /// `*stop` while the ring is empty.
     ///
     /// # Safety
     /// `descs` and `dones` are host-pinned rings of `RING_SLOTS` entries mapped for this GPU,
     /// `stop` a host-pinned word, `work` zeroed device memory as [`Work`] describes; every
-    /// descriptor names memory this GPU may access; every thread of the grid calls this.
+    /// descriptor names memory this GPU may access; the block size is a multiple of 32; every
+    /// thread of the grid calls this.
     pub unsafe fn serve(descs: *const CopyDesc, dones: *mut CopyDone, stop: *const u32, work: &Work, first: u64) {
-        let mask = RING_SLOTS as u64 - 1;
         // SAFETY: special registers are always readable.
         let (tid, b, nt, nb) = unsafe {
             (
@@ -159,102 +256,187 @@ mod gpu {
                 _grid_dim_x() as u64,
             )
         };
+        let (lane, warp, per_block) = (tid % 32, tid / 32, nt / 32);
         let head = unsafe { addr_of_mut!((*work.state).head) };
         let stopped = unsafe { addr_of_mut!((*work.state).stop) };
         if b == 0 {
-            // Block 0's first thread only mirrors descriptors from the host ring into device
-            // memory, running ahead of the copying blocks (the host posts at most a ring ahead
-            // of the answers, so a slot is only overwritten once every block is done with it).
-            if tid == 0 {
+            if warp == 0 {
                 // SAFETY: the rings and the state are valid per the contract.
-                unsafe { mirror(descs, stop, work, first, head, stopped) };
+                unsafe { mirror(descs, stop, work, first, head, stopped, lane) };
             }
             return;
         }
-        // The copying blocks: 1..nb, as workers 0..nw.
-        let (w, nw) = (b - 1, nb - 1);
+        // Worker blocks 1..nb as 0..nw; their warps as 0..warps.
+        let (wb, nw) = (b - 1, nb - 1);
+        let (me, warps) = (wb * per_block + warp, nw * per_block);
         let mut n = first;
         loop {
-            let slot = (n & mask) as usize;
-            if tid == 0 {
+            let mut h = 0;
+            if lane == 0 {
                 let mut polls = 0u32;
                 // SAFETY: the state is valid per the contract.
-                while unsafe { ld_acquire_gpu(head) } < n && unsafe { ld_acquire_gpu(stopped) } == 0 {
+                loop {
+                    h = unsafe { ld_acquire_gpu(head) };
+                    if h >= n || unsafe { ld_acquire_gpu(stopped) } != 0 {
+                        break;
+                    }
                     polls = polls.wrapping_add(1);
                     arch::backoff(polls / 64);
                 }
+                if h < n {
+                    h = unsafe { ld_acquire_gpu(head) }; // the stop raced a last mirror
+                }
             }
-            arch::block_sync();
-            // SAFETY: as above. The descriptor was mirrored before `head` was released.
-            if unsafe { ld_acquire_gpu(head) } < n {
+            let h = shfl_u64(FULL_WARP, h, 0);
+            if h < n {
                 return; // asked to stop, nothing pending
             }
-            // Small copies take few blocks; the others skip the descriptor. Only participants
-            // count themselves done, so the host may reuse the slot while a non-participant
-            // lags: it then finds another descriptor there, or one being written (the mirror's
-            // seq is cleared first and set last, and read on both sides of the fields), and
-            // was not needed for this one.
-            let m = work.mirror.add(slot);
-            let d = unsafe {
-                let before = addr_of!((*m).seq).read_volatile();
-                fence_gpu();
-                let d = m.read_volatile();
-                fence_gpu();
-                CopyDesc {
-                    seq: if addr_of!((*m).seq).read_volatile() == before {
-                        before
-                    } else {
-                        0
-                    },
-                    ..d
-                }
+            let batch = (h - n + 1).min(32);
+            // Lane i looks at descriptor n + i and says whether this warp serves it.
+            let mine = n + lane;
+            let d = if lane < batch {
+                // SAFETY: per the contract; mirrored (head >= mine).
+                unsafe { read_mirror(work, mine) }
+            } else {
+                None
             };
-            let parts = match (d.seq == n, d.op) {
-                (false, _) => 0,
-                (true, OP_COPY) => participants(d.len, nw),
-                (true, _) => 1,
+            let serves = match d {
+                Some(d) if warp_sized(d.op, d.len) => mine % warps == me,
+                Some(d) => wb < participants(d.len, nw),
+                None => false,
             };
-            if w < parts {
-                match d.op {
-                    OP_COPY => {
-                        let (lo, hi) = block_share(d.len, w, parts);
-                        // SAFETY: the host names valid, non-overlapping ranges (contract).
-                        unsafe { copy_share(d.dst + lo, d.src + lo, hi - lo, tid, nt) };
-                    }
-                    OP_FETCH_ADD if tid == 0 => unsafe {
-                        let old = add_acq_rel_gpu(d.dst as *mut u64, d.arg0);
-                        work.results.add(slot).write_volatile(old);
-                    },
-                    OP_COMPARE_SWAP if tid == 0 => unsafe {
-                        let old = cas_gpu(d.dst as *mut u64, d.arg0, d.arg1);
-                        work.results.add(slot).write_volatile(old);
-                    },
-                    _ => {}
-                }
-            }
-            arch::block_sync();
-            if tid == 0 && w < parts {
-                // SAFETY: as above. The acq_rel chain on `finished` orders every participating
-                // block's bytes before the last one's system-scope release of the answer.
+            let mut todo = arch::ballot(FULL_WARP, serves);
+            let d = d.unwrap_or(empty());
+            while todo != 0 {
+                let i = todo.trailing_zeros();
+                todo &= todo - 1;
+                let k = n + i as u64;
+                let op = arch::shfl_idx(FULL_WARP, d.op, i);
+                let dst = shfl_u64(FULL_WARP, d.dst, i);
+                let src = shfl_u64(FULL_WARP, d.src, i);
+                let len = shfl_u64(FULL_WARP, d.len, i);
+                let arg0 = shfl_u64(FULL_WARP, d.arg0, i);
+                let arg1 = shfl_u64(FULL_WARP, d.arg1, i);
+                // SAFETY: the host names valid, non-overlapping ranges and aligned atomic
+                // targets (contract).
                 unsafe {
-                    if add_acq_rel_gpu(work.finished.add(slot), 1) == parts - 1 {
-                        work.finished.add(slot).write_volatile(0);
-                        arch::to_device_barrier();
-                        let done = dones.add(slot);
-                        addr_of_mut!((*done).result).write_volatile(work.results.add(slot).read_volatile());
-                        st_release_sys(addr_of_mut!((*done).seq), n);
+                    if warp_sized(op, len) {
+                        serve_small(dones, k, op, dst, src, len, arg0, arg1, lane);
+                    } else {
+                        serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, lane, per_block);
                     }
                 }
             }
-            n += 1;
+            n += batch;
         }
     }
 
-    /// Block 0's loop: waits for descriptor `n` in the host ring (or the stop word while the
-    /// ring is empty), mirrors it and publishes `head = n`.
+    /// A zeroed descriptor (lanes with nothing to look at).
+    #[inline(always)]
+    fn empty() -> CopyDesc {
+        CopyDesc {
+            seq: 0,
+            dst: 0,
+            src: 0,
+            len: 0,
+            arg0: 0,
+            arg1: 0,
+            op: 0,
+            pad: 0,
+            pad2: 0,
+        }
+    }
+
+    /// One warp serves descriptor `k` whole: the copy's body by every lane, its final unit by
+    /// lane 0 after the body is visible, or the atomic by lane 0; lane 0 answers.
     ///
     /// # Safety
-    /// As for [`serve`].
+    /// As for [`serve`]; every lane of the warp calls this together.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn serve_small(
+        dones: *mut CopyDone,
+        k: u64,
+        op: u32,
+        dst: u64,
+        src: u64,
+        len: u64,
+        arg0: u64,
+        arg1: u64,
+        lane: u64,
+    ) {
+        let mut result = 0;
+        // SAFETY (all arms): the caller's contract.
+        unsafe {
+            match op {
+                OP_COPY => {
+                    let body = body(dst, src, len);
+                    copy_share(dst, src, body, lane, 32);
+                    arch::warp_sync(FULL_WARP);
+                    if lane == 0 {
+                        fence_gpu();
+                        copy_share(dst + body, src + body, len - body, 0, 1);
+                    }
+                }
+                OP_FETCH_ADD if lane == 0 => result = add_acq_rel_gpu(dst as *mut u64, arg0),
+                OP_COMPARE_SWAP if lane == 0 => result = cas_gpu(dst as *mut u64, arg0, arg1),
+                _ => {}
+            }
+            if lane == 0 {
+                answer(dones, k, result);
+            }
+        }
+        arch::warp_sync(FULL_WARP);
+    }
+
+    /// This warp's part of large copy `k`: block `wb`'s share of the body, split over the
+    /// block's warps; the last of all participating warps writes the final unit and answers.
+    ///
+    /// # Safety
+    /// As for [`serve`]; every lane of the warp calls this together.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn serve_share(
+        dones: *mut CopyDone,
+        work: &Work,
+        k: u64,
+        dst: u64,
+        src: u64,
+        len: u64,
+        wb: u64,
+        nw: u64,
+        tid: u64,
+        nt: u64,
+        lane: u64,
+        per_block: u64,
+    ) {
+        let parts = participants(len, nw);
+        let body = body(dst, src, len);
+        let (lo, hi) = block_share(body, wb, parts);
+        // SAFETY: the caller's contract.
+        unsafe { copy_share(dst + lo, src + lo, hi - lo, tid, nt) };
+        arch::warp_sync(FULL_WARP);
+        if lane == 0 {
+            // SAFETY: as above. The acq_rel chain on `finished` orders every warp's bytes
+            // before the last one's final unit and answer.
+            unsafe {
+                let finished = work.finished.add((k & MASK) as usize);
+                if add_acq_rel_gpu(finished, 1) == parts * per_block - 1 {
+                    finished.write_volatile(0);
+                    copy_share(dst + body, src + body, len - body, 0, 1);
+                    answer(dones, k, 0);
+                }
+            }
+        }
+        arch::warp_sync(FULL_WARP);
+    }
+
+    /// Block 0's first warp: mirrors the descriptors the host has posted, up to 32 at a time
+    /// (lane i checks slot n + i; the ready run from lane 0 is copied and published as
+    /// `head`), until the host sets the stop word while nothing is posted.
+    ///
+    /// # Safety
+    /// As for [`serve`]; every lane of the warp calls this together.
     unsafe fn mirror(
         descs: *const CopyDesc,
         stop: *const u32,
@@ -262,40 +444,54 @@ mod gpu {
         first: u64,
         head: *mut u64,
         stopped: *mut u64,
+        lane: u64,
     ) {
-        let mask = RING_SLOTS as u64 - 1;
         let mut n = first;
         let mut polls = 0u32;
         loop {
-            let slot = (n & mask) as usize;
-            // SAFETY: per the contract.
-            unsafe {
-                let d = descs.add(slot);
-                if arch::load_u64_volatile(addr_of!((*d).seq)) == n {
+            let mine = n + lane;
+            // SAFETY: per the contract (slot < RING_SLOTS).
+            let d = unsafe { descs.add((mine & MASK) as usize) };
+            let ready = unsafe { arch::load_u64_volatile(addr_of!((*d).seq)) } == mine;
+            let run = (!arch::ballot(FULL_WARP, ready)).trailing_zeros() as u64;
+            if run == 0 {
+                let stopping = lane == 0 && unsafe { stop.read_volatile() } != 0;
+                if arch::ballot(FULL_WARP, stopping) != 0 {
+                    if lane == 0 {
+                        // SAFETY: the state word (contract).
+                        unsafe { st_release_gpu(stopped, 1) };
+                    }
+                    return;
+                }
+                polls = polls.wrapping_add(1);
+                arch::backoff(polls / 64);
+                continue;
+            }
+            polls = 0;
+            if lane < run {
+                // SAFETY: per the contract.
+                unsafe {
                     arch::from_device_barrier();
                     // A plain read after the acquire: its loads cross PCIe together (volatile
                     // ones would go one round trip at a time).
                     let desc = d.read();
-                    // seq cleared first and set last: a lagging reader never takes a half
-                    // written slot for its descriptor (see the copying loop).
-                    let m = work.mirror.add(slot);
+                    // seq cleared first and set last: a reader never takes a half-written
+                    // slot for its descriptor (see `read_mirror`).
+                    let m = work.mirror.add((mine & MASK) as usize);
                     addr_of_mut!((*m).seq).write_volatile(0);
                     fence_gpu();
                     m.write_volatile(CopyDesc { seq: 0, ..desc });
                     fence_gpu();
-                    addr_of_mut!((*m).seq).write_volatile(n);
-                    st_release_gpu(head, n);
-                    n += 1;
-                    polls = 0;
-                    continue;
-                }
-                if stop.read_volatile() != 0 {
-                    st_release_gpu(stopped, 1);
-                    return;
+                    addr_of_mut!((*m).seq).write_volatile(mine);
                 }
             }
-            polls = polls.wrapping_add(1);
-            arch::backoff(polls / 64);
+            arch::warp_sync(FULL_WARP);
+            if lane == 0 {
+                fence_gpu();
+                // SAFETY: the state word (contract).
+                unsafe { st_release_gpu(head, n + run - 1) };
+            }
+            n += run;
         }
     }
 }
@@ -336,6 +532,25 @@ mod tests {
                 assert!(dst[..d].iter().chain(&dst[d + len as usize..]).all(|&b| b == 0));
             }
         }
+    }
+
+    #[test]
+    fn a_copy_is_its_body_then_its_final_unit() {
+        for (d, s, len, u) in [
+            (0u64, 0u64, 4096u64, 16u64),
+            (8, 8, 24, 8),
+            (4, 0, 12, 4),
+            (1, 0, 7, 1),
+            (0, 0, 0, 16),
+        ] {
+            assert_eq!(unit(d, s, len), u, "{d} {s} {len}");
+            let b = body(d, s, len);
+            assert_eq!(b, len.saturating_sub(u));
+            // The body keeps (at least) the copy's unit, so its shares stay aligned.
+            assert!(b == 0 || unit(d, s, b) >= u);
+        }
+        assert!(warp_sized(OP_COPY, WARP_COPY_MAX) && !warp_sized(OP_COPY, WARP_COPY_MAX + 1));
+        assert!(warp_sized(gdaki_layout::copy::OP_FETCH_ADD, 8));
     }
 
     #[test]

@@ -96,7 +96,7 @@ fn warp_inclusive_scan(mask: u32, lane: u32, value: u64) -> u64 {
 /// `value` of lane `src`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
+pub(crate) fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
     let lo = crate::arch::shfl_idx(mask, value as u32, src);
     let hi = crate::arch::shfl_idx(mask, (value >> 32) as u32, src);
     (hi as u64) << 32 | lo as u64

@@ -596,3 +596,44 @@ fn an_unmappable_doorbell_falls_back_to_the_library_proxy() {
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+#[test]
+fn copier_orders_what_needs_order() {
+    let Some((gpu, _one)) = gpu_or_skip("copier_orders_what_needs_order") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let src = ctx.alloc_device_region(&gpu, 1 << 20, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, 1 << 20, Access::ALL).unwrap();
+    let pinned = ctx.alloc_pinned_region(&gpu, 4096, Access::ALL).unwrap();
+    let data = pattern(5, 1 << 20);
+    src.write(0, &data).unwrap();
+    let qp = loopback_qp(&ctx, 1024, QpConfig::default());
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+    for round in 0..20u64 {
+        // Many small copies in flight at once (served by different warps, answered in any
+        // order), then a large one over the same bytes and, after a fence, a small one over
+        // its start: the fence makes the small one land last.
+        for i in 0..400u64 {
+            dev.put(dst.remote(i * 8), src.local(8 * ((i + round) % 400)), 8)
+                .unwrap();
+        }
+        dev.put(dst.remote(0), src.local(4096), 256 << 10).unwrap();
+        dev.fence().unwrap();
+        let t = dev.put(dst.remote(0), src.local(8 * round), 8).unwrap();
+        dev.wait(t).unwrap(); // CQEs come in order: every put above is done too
+        let got = dst.read_vec(0, 256 << 10).unwrap();
+        let r = 8 * round as usize;
+        assert_eq!(got[..8], data[r..r + 8], "round {round}: fenced put");
+        assert_eq!(got[8..], data[4096 + 8..4096 + (256 << 10)], "round {round}: large put");
+        // An atomic after a put to its target sees the put (the HCA executes in order).
+        pinned.write(0, &(round * 10).to_ne_bytes()).unwrap();
+        dev.put(dst.remote(512 << 10), pinned.local(0), 8).unwrap();
+        let old = dev
+            .atomic_fetch_add(dst.remote(512 << 10), 1, pinned.local(64))
+            .unwrap();
+        assert_eq!(old, round * 10, "round {round}: the atomic overtook the put before it");
+    }
+    assert_eq!(qp.error(), None);
+}

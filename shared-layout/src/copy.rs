@@ -40,6 +40,7 @@ pub struct CopyDesc {
 
 /// The kernel's answer to descriptor `seq`, in a host-pinned slot of its own: `result` first,
 /// then `seq` (system-scope release), so a host that reads `seq` sees the data and the result.
+/// Answers come in any order (each slot says which descriptor it answers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C, align(64))]
 pub struct CopyDone {
@@ -52,7 +53,8 @@ pub struct CopyDone {
 }
 
 /// The copier's working state in device memory (zeroed before each launch): block 0 mirrors
-/// descriptors here from the host ring, and the blocks count themselves done per slot.
+/// descriptors here from the host ring, and warps sharing a large copy count themselves done
+/// per slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C, align(64))]
 pub struct CopierState {
@@ -64,20 +66,18 @@ pub struct CopierState {
     pub pad: [u64; 6],
 }
 
-/// Descriptors in the ring (a power of two): how many may be outstanding.
-pub const RING_SLOTS: usize = 64;
+/// Descriptors in the ring (a power of two): how many may be outstanding. Enough to keep the
+/// kernel's warps busy with small copies while answers cross PCIe.
+pub const RING_SLOTS: usize = 256;
 
 /// The copier's working area in device memory is one zeroed allocation of [`WORK_BYTES`]:
-/// the [`CopierState`] at offset 0, then the mirrored descriptors ([`WORK_MIRROR`]), each
-/// slot's count of blocks done ([`WORK_FINISHED`], u64s) and each slot's atomic result
-/// ([`WORK_RESULTS`], u64s).
+/// the [`CopierState`] at offset 0, then the mirrored descriptors ([`WORK_MIRROR`]) and each
+/// slot's count of warps done with a large copy ([`WORK_FINISHED`], u64s).
 pub const WORK_MIRROR: usize = 64;
 /// See [`WORK_MIRROR`].
 pub const WORK_FINISHED: usize = WORK_MIRROR + 64 * RING_SLOTS;
 /// See [`WORK_MIRROR`].
-pub const WORK_RESULTS: usize = WORK_FINISHED + 8 * RING_SLOTS;
-/// See [`WORK_MIRROR`].
-pub const WORK_BYTES: usize = WORK_RESULTS + 8 * RING_SLOTS;
+pub const WORK_BYTES: usize = WORK_FINISHED + 8 * RING_SLOTS;
 
 const _: () = {
     use core::mem::size_of;

@@ -57,6 +57,9 @@ pub struct Copier {
     work: DeviceBuffer,
     /// Held by one bounced transfer at a time (a transfer takes several descriptors).
     bounce_lock: Mutex<()>,
+    /// Every descriptor up to this one is answered (answers come in any order; see
+    /// [`done`](Self::done)).
+    through: AtomicU64,
     state: Mutex<State>,
     resumed: Condvar,
 }
@@ -171,6 +174,7 @@ impl Copier {
             bounce_buf,
             work,
             bounce_lock: Mutex::new(()),
+            through: AtomicU64::new(0),
             state: Mutex::new(State {
                 next: 1,
                 running: false,
@@ -287,7 +291,7 @@ impl Copier {
         let n = st.next;
         let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
         if n > RING_SLOTS as u64 {
-            self.wait_answer(st, n - RING_SLOTS as u64)?;
+            self.wait_answer(st, n - RING_SLOTS as u64, false)?;
         }
         let p = self.desc(slot);
         // SAFETY: the slot is free (its previous descriptor was answered, above); the kernel
@@ -308,11 +312,31 @@ impl Copier {
             >= n
     }
 
-    /// Waits (bounded) for the answer to descriptor `n`; a timeout breaks the copier.
-    fn wait_answer(&self, st: &mut State, n: u64) -> Result<(), DmaFault> {
+    /// Whether descriptor `n` and every one before it have been answered. The kernel answers
+    /// in any order (many warps serve small copies at once), so this walks the answers from
+    /// the last point known to be complete.
+    fn answered_through(&self, n: u64) -> bool {
+        let mut t = self.through.load(Ordering::Acquire);
+        if t >= n {
+            return true;
+        }
+        while t < n && self.answered(t + 1) {
+            t += 1;
+        }
+        self.through.fetch_max(t, Ordering::AcqRel);
+        t >= n
+    }
+
+    /// Waits (bounded) for the answer to descriptor `n` (and, with `through`, to every earlier
+    /// one); a timeout breaks the copier.
+    fn wait_answer(&self, st: &mut State, n: u64, through: bool) -> Result<(), DmaFault> {
         let started = Instant::now();
         let mut spins = 0u32;
-        while !self.answered(n) {
+        while !(if through {
+            self.answered_through(n)
+        } else {
+            self.answered(n)
+        }) {
             spins = spins.wrapping_add(1);
             if spins < 2048 {
                 std::hint::spin_loop();
@@ -330,11 +354,15 @@ impl Copier {
         Ok(())
     }
 
-    /// Runs one descriptor and waits for its answer; returns the atomic result.
+    /// Runs one descriptor once every earlier one is done (copies submitted without waiting may
+    /// run in any order; atomics, reads and bounced transfers come after them, as an HCA
+    /// executes a QP's requests in order), and waits for its answer; returns the atomic result.
     fn run(&self, op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
+        let last = st.next - 1;
+        self.wait_answer(&mut st, last, true)?;
         let n = self.post(&mut st, desc(op, dst, src, len, arg0, arg1))?;
-        self.wait_answer(&mut st, n)?;
+        self.wait_answer(&mut st, n, false)?;
         let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
         // SAFETY: the answer's result word, written before its seq (acquired above); the slot
         // cannot be reused while this thread holds the state.
@@ -346,16 +374,20 @@ impl Copier {
     }
 
     /// Queues a copy of `len` bytes between GPU addresses and returns without waiting: its
-    /// sequence number, for [`done`](Self::done). Copies run in submission order.
+    /// sequence number, for [`done`](Self::done). Queued copies may be executed concurrently
+    /// and land in any order (as an HCA's writes into GPU memory may become visible in any
+    /// order); a WQE with a fence, and every operation the CPU or [`run`](Self::run) performs,
+    /// waits for them first. Each copy's final unit lands after the rest of it.
     pub(crate) fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
         self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))
     }
 
-    /// Whether copy `seq` (from [`submit_copy`](Self::submit_copy)) is done and its bytes are
-    /// visible; `Err` once the copier broke (the copy may never happen).
+    /// Whether copy `seq` (from [`submit_copy`](Self::submit_copy)) and every descriptor before
+    /// it are done and their bytes visible; `Err` once the copier broke (the copy may never
+    /// happen).
     pub(crate) fn done(&self, seq: u64) -> Result<bool, DmaFault> {
-        if self.answered(seq) {
+        if self.answered_through(seq) {
             return Ok(true);
         }
         if lock(&self.state).broken {
@@ -364,13 +396,13 @@ impl Copier {
         Ok(false)
     }
 
-    /// Waits (bounded) until copy `seq` is done.
+    /// Waits (bounded) until copy `seq` and every descriptor before it are done.
     pub(crate) fn settle(&self, seq: u64) -> Result<(), DmaFault> {
-        if self.answered(seq) {
+        if self.answered_through(seq) {
             return Ok(());
         }
         let mut st = lock(&self.state);
-        self.wait_answer(&mut st, seq)
+        self.wait_answer(&mut st, seq, true)
     }
 
     /// Copies `len` bytes between GPU addresses (device memory or host memory mapped into this

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use gdaki_device::Remote as DevRemote;
+use gdaki_layout::wqe::WqeView;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
-use gdaki_layout::Syndrome;
+use gdaki_layout::{ctrl, Syndrome};
 
 use crate::memory::Access;
 use crate::queue::{Peer, SoftQp};
@@ -185,6 +186,11 @@ pub(crate) fn execute(
         regions,
         copies,
     } = scratch;
+    // A fenced WQE (strong or initiator-small fence) starts once every earlier one has
+    // completed: the GPU copies submitted before it may otherwise still land.
+    if WqeView::new_unchecked(wqe).ctrl().fm_ce_se & (ctrl::FM_FENCE | ctrl::FM_INITIATOR_SMALL_FENCE) != 0 {
+        settle(copies)?;
+    }
     // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
     match wr.op {
         Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
