@@ -122,7 +122,12 @@ pub const fn participants(len: u64, blocks: u64) -> u64 {
 /// shares in multiples of 16 bytes, so aligned copies stay aligned in every share.
 #[inline(always)]
 pub const fn block_share(len: u64, b: u64, blocks: u64) -> (u64, u64) {
-    let share = len.div_ceil(blocks).next_multiple_of(16);
+    // (No division by a zero `blocks`: kernels must not carry a panic path.)
+    let share = match len.checked_div(blocks) {
+        Some(q) => q + (len % blocks != 0) as u64,
+        None => len,
+    }
+    .next_multiple_of(16);
     let lo = if b * share < len { b * share } else { len };
     let hi = if lo + share < len { lo + share } else { len };
     (lo, hi)
@@ -301,7 +306,7 @@ mod gpu {
                 None
             };
             let serves = match d {
-                Some(d) if warp_sized(d.op, d.len) => mine % warps == me,
+                Some(d) if warp_sized(d.op, d.len) => mine.checked_rem(warps) == Some(me),
                 Some(d) => wb < participants(d.len, nw),
                 None => false,
             };
