@@ -613,8 +613,8 @@ fn copier_orders_what_needs_order() {
     let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
     for round in 0..20u64 {
         // Many small copies in flight at once (served by different warps, answered in any
-        // order), then a large one over the same bytes and, after a fence, a small one over
-        // its start: the fence makes the small one land last.
+        // order), then a large one over the same bytes (it must land after them) and, after a
+        // fence, a small one over its start (it must land last).
         for i in 0..400u64 {
             dev.put(dst.remote(i * 8), src.local(8 * ((i + round) % 400)), 8)
                 .unwrap();

@@ -79,6 +79,10 @@ struct State {
     paused: u32,
     /// A launch or stop failed: every later copy fails.
     broken: bool,
+    /// Copies submitted without waiting and not known done: `(seq, dst, dst + len)`, oldest
+    /// first. A copy whose destination overlaps one of them waits for it, so writes to the
+    /// same bytes land in order.
+    inflight: std::collections::VecDeque<(u64, u64, u64)>,
 }
 
 impl std::fmt::Debug for Copier {
@@ -180,6 +184,7 @@ impl Copier {
                 running: false,
                 paused: 0,
                 broken: false,
+                inflight: std::collections::VecDeque::with_capacity(RING_SLOTS),
             }),
             resumed: Condvar::new(),
         })
@@ -375,12 +380,33 @@ impl Copier {
 
     /// Queues a copy of `len` bytes between GPU addresses and returns without waiting: its
     /// sequence number, for [`done`](Self::done). Queued copies may be executed concurrently
-    /// and land in any order (as an HCA's writes into GPU memory may become visible in any
-    /// order); a WQE with a fence, and every operation the CPU or [`run`](Self::run) performs,
-    /// waits for them first. Each copy's final unit lands after the rest of it.
+    /// and become visible in any order (as an HCA's writes into GPU memory may), except that a
+    /// copy onto bytes an earlier one still writes waits for it (the later write wins, as on
+    /// an HCA); a WQE with a fence, and every operation the CPU or [`run`](Self::run)
+    /// performs, waits for all of them. Each copy's final unit lands after the rest of it.
     pub(crate) fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
-        self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))
+        let end = dst.saturating_add(len);
+        while let Some(&(seq, ..)) = st.inflight.front() {
+            if !self.answered_through(seq) {
+                break;
+            }
+            st.inflight.pop_front();
+        }
+        let overlapped = st
+            .inflight
+            .iter()
+            .filter(|&&(_, lo, hi)| lo < end && dst < hi)
+            .map(|&(seq, ..)| seq)
+            .max();
+        if let Some(seq) = overlapped {
+            self.wait_answer(&mut st, seq, true)?;
+            let through = self.through.load(Ordering::Acquire);
+            st.inflight.retain(|&(s, ..)| s > through);
+        }
+        let n = self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))?;
+        st.inflight.push_back((n, dst, end));
+        Ok(n)
     }
 
     /// Whether copy `seq` (from [`submit_copy`](Self::submit_copy)) and every descriptor before
