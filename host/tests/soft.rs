@@ -2,7 +2,7 @@
 //! against the soft HCA: every opcode, sizes from 0 B to 64 MiB, many QPs, ring wrap, every
 //! fault with its syndrome and the flush after it, CQ overrun, a vanished peer.
 mod common;
-use common::{pattern, qp};
+use common::{loopback_qp, pattern, qp};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -135,8 +135,7 @@ fn many_qps_many_threads_wrap_their_rings() {
         for q in 0..4u64 {
             let (ctx, mr, reference) = (ctx.clone(), mr.clone(), &reference);
             s.spawn(move || {
-                let qp = qp(&ctx, 8, QpConfig::default());
-                qp.connect(&qp.endpoint()).unwrap();
+                let qp = loopback_qp(&ctx, 8, QpConfig::default());
                 let dev = unsafe { qp.cpu::<Exclusive>() };
                 let base = (q + 1) * 64 * 1024;
                 for i in 0..500u64 {
@@ -156,8 +155,7 @@ fn many_qps_many_threads_wrap_their_rings() {
 #[test]
 fn shared_qp_gpu_mode_threads_fetch_add() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp(&ctx, 32, QpConfig::default());
-    qp.connect(&qp.endpoint()).unwrap();
+    let qp = loopback_qp(&ctx, 32, QpConfig::default());
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     let mut seen: Vec<u64> = thread::scope(|s| {
         let hs: Vec<_> = (0..3u64)
@@ -245,8 +243,7 @@ fn faults_report_their_syndrome_and_flush_what_follows() {
         ),
     ];
     for (name, syndrome, post) in cases {
-        let qp = qp(&ctx, 8, QpConfig::default());
-        qp.connect(&qp.endpoint()).unwrap();
+        let qp = loopback_qp(&ctx, 8, QpConfig::default());
         let dev = unsafe { qp.cpu::<Exclusive>() };
         let bad = post(&dev).unwrap();
         let after = dev.put(mr.remote(0), mr.local(0), 8).unwrap();
@@ -268,8 +265,7 @@ fn faults_report_their_syndrome_and_flush_what_follows() {
 #[test]
 fn message_larger_than_the_limit_is_a_local_length_error() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp(&ctx, 8, QpConfig::default());
-    qp.connect(&qp.endpoint()).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     // Write a WQE by hand that claims more than max_msg_size (the device API splits instead).
     let dev = unsafe { qp.cpu::<Exclusive>() };
@@ -282,8 +278,7 @@ fn message_larger_than_the_limit_is_a_local_length_error() {
 #[test]
 fn malformed_wqe_is_an_error_not_a_crash() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp(&ctx, 8, QpConfig::default());
-    qp.connect(&qp.endpoint()).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
     let dev = unsafe { qp.cpu::<Exclusive>() };
     let s = raw_wqe_error(&dev, |i| {
         dev.wqe_prepare_nop(i, 0);
@@ -296,8 +291,7 @@ fn malformed_wqe_is_an_error_not_a_crash() {
 #[test]
 fn a_wqe_running_past_the_doorbell_is_an_error_and_nothing_past_it_is_read() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp(&ctx, 8, QpConfig::default());
-    qp.connect(&qp.endpoint()).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
     let dev = unsafe { qp.cpu::<Exclusive>() };
     let s = raw_wqe_error(&dev, |i| {
         dev.wqe_prepare_nop(i, 0);
@@ -459,8 +453,7 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
 #[test]
 fn a_deregistered_key_stops_working_at_once() {
     let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = qp(&ctx, 8, QpConfig::default());
-    qp.connect(&qp.endpoint()).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
     let local = ctx.alloc_region(4096, Access::ALL).unwrap();
     let target = ctx.alloc_region(4096, Access::ALL).unwrap();
     let dev = unsafe { qp.cpu::<Exclusive>() };
