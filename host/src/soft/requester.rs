@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use gdaki_device::Remote as DevRemote;
-use gdaki_layout::wqe::WqeView;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
 use gdaki_layout::{ctrl, Syndrome};
 
@@ -188,7 +187,7 @@ pub(crate) fn execute(
     } = scratch;
     // A fenced WQE (strong or initiator-small fence) starts once every earlier one has
     // completed: the GPU copies submitted before it may otherwise still land.
-    if WqeView::new_unchecked(wqe).ctrl().fm_ce_se & (ctrl::FM_FENCE | ctrl::FM_INITIATOR_SMALL_FENCE) != 0 {
+    if wr.fm_ce_se & (ctrl::FM_FENCE | ctrl::FM_INITIATOR_SMALL_FENCE) != 0 {
         settle(copies)?;
     }
     // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
