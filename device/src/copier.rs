@@ -311,7 +311,8 @@ mod gpu {
                 None => false,
             };
             let mut todo = arch::ballot(FULL_WARP, serves);
-            let d = d.unwrap_or(empty());
+            // Lanes with nothing to look at hold a zeroed descriptor (never served: no ballot bit).
+            let d = d.unwrap_or(bytemuck::Zeroable::zeroed());
             while todo != 0 {
                 let i = todo.trailing_zeros();
                 todo &= todo - 1;
@@ -333,22 +334,6 @@ mod gpu {
                 }
             }
             n += batch;
-        }
-    }
-
-    /// A zeroed descriptor (lanes with nothing to look at).
-    #[inline(always)]
-    fn empty() -> CopyDesc {
-        CopyDesc {
-            seq: 0,
-            dst: 0,
-            src: 0,
-            len: 0,
-            arg0: 0,
-            arg1: 0,
-            op: 0,
-            pad: 0,
-            pad2: 0,
         }
     }
 
