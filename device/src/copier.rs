@@ -201,15 +201,24 @@ mod gpu {
         o
     }
 
+    /// When descriptor `k` was seen and started (GPU global timer), for its answer's stamps.
+    #[derive(Clone, Copy)]
+    struct Times {
+        seen: u64,
+        started: u64,
+    }
+
     /// Publishes the answer to descriptor `n`: everything this thread saw written (the copy's
     /// bytes, through the warp barrier or the `finished` chain) is made visible system-wide
-    /// first, then the result, then the sequence number.
+    /// first, then the stamps and the result, then the sequence number.
     #[inline(always)]
-    unsafe fn answer(dones: *mut CopyDone, n: u64, result: u64) {
+    unsafe fn answer(dones: *mut CopyDone, n: u64, result: u64, t: Times) {
         arch::to_device_barrier();
+        let finished = arch::global_timer_ns();
         // SAFETY: the slot of a live answer ring (the kernel's contract).
         unsafe {
             let done = dones.add((n & MASK) as usize);
+            addr_of_mut!((*done).stamps).write_volatile([t.seen, t.started, finished]);
             addr_of_mut!((*done).result).write_volatile(result);
             st_release_sys(addr_of_mut!((*done).seq), n);
         }
@@ -323,13 +332,17 @@ mod gpu {
                 let len = shfl_u64(FULL_WARP, d.len, i);
                 let arg0 = shfl_u64(FULL_WARP, d.arg0, i);
                 let arg1 = shfl_u64(FULL_WARP, d.arg1, i);
+                let t = Times {
+                    seen: shfl_u64(FULL_WARP, d.seen, i),
+                    started: arch::global_timer_ns(),
+                };
                 // SAFETY: the host names valid, non-overlapping ranges and aligned atomic
                 // targets (contract).
                 unsafe {
                     if warp_sized(op, len) {
-                        serve_small(dones, k, op, dst, src, len, arg0, arg1, lane);
+                        serve_small(dones, k, op, dst, src, len, arg0, arg1, lane, t);
                     } else {
-                        serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, lane, per_block);
+                        serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, lane, per_block, t);
                     }
                 }
             }
@@ -354,6 +367,7 @@ mod gpu {
         arg0: u64,
         arg1: u64,
         lane: u64,
+        t: Times,
     ) {
         let mut result = 0;
         // SAFETY (all arms): the caller's contract.
@@ -373,7 +387,7 @@ mod gpu {
                 _ => {}
             }
             if lane == 0 {
-                answer(dones, k, result);
+                answer(dones, k, result, t);
             }
         }
         arch::warp_sync(FULL_WARP);
@@ -399,6 +413,7 @@ mod gpu {
         nt: u64,
         lane: u64,
         per_block: u64,
+        t: Times,
     ) {
         let parts = participants(len, nw);
         let body = body(dst, src, len);
@@ -414,7 +429,7 @@ mod gpu {
                 if add_acq_rel_gpu(finished, 1) == parts * per_block - 1 {
                     finished.write_volatile(0);
                     copy_share(dst + body, src + body, len - body, 0, 1);
-                    answer(dones, k, 0);
+                    answer(dones, k, 0, t);
                 }
             }
         }
@@ -458,6 +473,7 @@ mod gpu {
                 continue;
             }
             polls = 0;
+            let seen = arch::global_timer_ns();
             if lane < run {
                 // SAFETY: per the contract.
                 unsafe {
@@ -470,7 +486,7 @@ mod gpu {
                     let m = work.mirror.add((mine & MASK) as usize);
                     addr_of_mut!((*m).seq).write_volatile(0);
                     fence_gpu();
-                    m.write_volatile(CopyDesc { seq: 0, ..desc });
+                    m.write_volatile(CopyDesc { seq: 0, seen, ..desc });
                     fence_gpu();
                     addr_of_mut!((*m).seq).write_volatile(mine);
                 }

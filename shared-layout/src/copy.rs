@@ -34,8 +34,9 @@ pub struct CopyDesc {
     pub op: u32,
     /// Pads to 64 bytes.
     pub pad: u32,
-    /// Pads to 64 bytes.
-    pub pad2: u64,
+    /// The host leaves it 0; in the kernel's mirror, when the descriptor was seen (GPU global
+    /// timer, ns), for [`CopyDone::stamps`].
+    pub seen: u64,
 }
 
 /// The kernel's answer to descriptor `seq`, in a host-pinned slot of its own: `result` first,
@@ -48,9 +49,21 @@ pub struct CopyDone {
     pub seq: u64,
     /// Atomics: the old value.
     pub result: u64,
+    /// Where the time went, GPU global timer ns (coarse: the timer ticks in steps of up to a
+    /// microsecond on some GPUs): when the kernel saw the descriptor in the host ring, when the
+    /// serving warp started it, and when it finished (just before this answer). Diagnostics
+    /// only; [`STAMP_SEEN`], [`STAMP_STARTED`], [`STAMP_FINISHED`] index it.
+    pub stamps: [u64; 3],
     /// Pads to a cache line.
-    pub pad: [u64; 6],
+    pub pad: [u64; 3],
 }
+
+/// [`CopyDone::stamps`]: the kernel saw the descriptor in the host ring.
+pub const STAMP_SEEN: usize = 0;
+/// [`CopyDone::stamps`]: the serving warp started it.
+pub const STAMP_STARTED: usize = 1;
+/// [`CopyDone::stamps`]: the serving warp finished it (its bytes are visible).
+pub const STAMP_FINISHED: usize = 2;
 
 /// The copier's working state in device memory (zeroed before each launch): block 0 mirrors
 /// descriptors here from the host ring, and warps sharing a large copy count themselves done

@@ -83,6 +83,20 @@ struct State {
     /// first. A copy whose destination overlaps one of them waits for it, so writes to the
     /// same bytes land in order.
     inflight: std::collections::VecDeque<(u64, u64, u64)>,
+    stats: CopierStats,
+}
+
+/// What a copier has done so far, and how often the host side waited for it: a copier that is
+/// the bottleneck shows a ring that is often full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopierStats {
+    /// Descriptors posted (copies, atomics, bounced transfers).
+    pub posted: u64,
+    /// Posts that found the ring full and waited for the kernel to answer the slot's previous
+    /// descriptor.
+    pub ring_full: u64,
+    /// Copies that waited for an earlier copy onto the same bytes.
+    pub overlap_waits: u64,
 }
 
 impl std::fmt::Debug for Copier {
@@ -105,7 +119,7 @@ fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc
         arg1,
         op,
         pad: 0,
-        pad2: 0,
+        seen: 0,
     }
 }
 
@@ -117,7 +131,9 @@ fn fault(what: &str, e: impl std::fmt::Display) -> DmaFault {
 impl Copier {
     /// The copier of `gpu`: the running one, or a new one started now (on the calling thread,
     /// which must not be an HCA thread: creating a stream may synchronise the context).
-    pub(crate) fn of(gpu: &Gpu) -> crate::Result<Arc<Copier>> {
+    /// Registering device memory with a soft HCA does this; it is public for benchmarks that
+    /// measure the copier alone.
+    pub fn of(gpu: &Gpu) -> crate::Result<Arc<Copier>> {
         // One creator at a time; the registry itself is not held while creating, because a
         // failed creation frees mappings, which takes the registry (see `quiesced`).
         static CREATING: Mutex<()> = Mutex::new(());
@@ -185,6 +201,7 @@ impl Copier {
                 paused: 0,
                 broken: false,
                 inflight: std::collections::VecDeque::with_capacity(RING_SLOTS),
+                stats: CopierStats::default(),
             }),
             resumed: Condvar::new(),
         })
@@ -295,7 +312,8 @@ impl Copier {
     fn post(&self, st: &mut State, desc: CopyDesc) -> Result<u64, DmaFault> {
         let n = st.next;
         let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
-        if n > RING_SLOTS as u64 {
+        if n > RING_SLOTS as u64 && !self.answered(n - RING_SLOTS as u64) {
+            st.stats.ring_full += 1;
             self.wait_answer(st, n - RING_SLOTS as u64, false)?;
         }
         let p = self.desc(slot);
@@ -306,6 +324,7 @@ impl Copier {
             AtomicU64::from_ptr(p as *mut u64).store(n, Ordering::Release);
         }
         st.next += 1;
+        st.stats.posted += 1;
         Ok(n)
     }
 
@@ -384,7 +403,12 @@ impl Copier {
     /// copy onto bytes an earlier one still writes waits for it (the later write wins, as on
     /// an HCA); a WQE with a fence, and every operation the CPU or [`run`](Self::run)
     /// performs, waits for all of them. Each copy's final unit lands after the rest of it.
-    pub(crate) fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
+    ///
+    /// # Safety
+    /// `src..src + len` is readable and `dst..dst + len` writable by this copier's GPU (device
+    /// memory of it, or host memory mapped into it), the two do not overlap, and nothing else
+    /// accesses `dst..dst + len` until the copy is [`done`](Self::done).
+    pub unsafe fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
         let end = dst.saturating_add(len);
         while let Some(&(seq, ..)) = st.inflight.front() {
@@ -400,6 +424,7 @@ impl Copier {
             .map(|&(seq, ..)| seq)
             .max();
         if let Some(seq) = overlapped {
+            st.stats.overlap_waits += 1;
             self.wait_answer(&mut st, seq, true)?;
             let through = self.through.load(Ordering::Acquire);
             st.inflight.retain(|&(s, ..)| s > through);
@@ -412,7 +437,7 @@ impl Copier {
     /// Whether copy `seq` (from [`submit_copy`](Self::submit_copy)) and every descriptor before
     /// it are done and their bytes visible; `Err` once the copier broke (the copy may never
     /// happen).
-    pub(crate) fn done(&self, seq: u64) -> Result<bool, DmaFault> {
+    pub fn done(&self, seq: u64) -> Result<bool, DmaFault> {
         if self.answered_through(seq) {
             return Ok(true);
         }
@@ -423,12 +448,32 @@ impl Copier {
     }
 
     /// Waits (bounded) until copy `seq` and every descriptor before it are done.
-    pub(crate) fn settle(&self, seq: u64) -> Result<(), DmaFault> {
+    pub fn settle(&self, seq: u64) -> Result<(), DmaFault> {
         if self.answered_through(seq) {
             return Ok(());
         }
         let mut st = lock(&self.state);
         self.wait_answer(&mut st, seq, true)
+    }
+
+    /// What this copier has done, and how often the host waited for it.
+    pub fn stats(&self) -> CopierStats {
+        lock(&self.state).stats
+    }
+
+    /// The kernel's time stamps for descriptor `seq` (see [`CopyDone::stamps`]), while its
+    /// answer is still in its slot: `None` before it is answered or once the slot was reused.
+    pub fn stamps(&self, seq: u64) -> Option<[u64; 3]> {
+        let slot = (seq & (RING_SLOTS as u64 - 1)) as usize;
+        if self.done_seq(slot).load(Ordering::Acquire) != seq {
+            return None;
+        }
+        // SAFETY: the stamps of a live answer slot, written before its seq (acquired above).
+        let stamps = unsafe {
+            std::ptr::addr_of!((*(self.dones_buf.as_ptr() as *const CopyDone).add(slot)).stamps).read_volatile()
+        };
+        // The slot may have been reused while reading: then the stamps may be another's.
+        (self.done_seq(slot).load(Ordering::Acquire) == seq).then_some(stamps)
     }
 
     /// Copies `len` bytes between GPU addresses (device memory or host memory mapped into this
@@ -456,8 +501,15 @@ impl Drop for Copier {
 
 /// Lets go of a reference to a copier held on an HCA thread: if it is the last, the copier is
 /// stopped and freed on the reaper (stopping it and unmapping its buffers wait for kernels).
+/// Any other reference is dropped here: the engine lets go of one per completed copy, and a
+/// hand-over to the reaper thread each time (a channel send and often a wake-up) cost more
+/// than the copy.
 pub(crate) fn release(copier: Arc<Copier>) {
-    drop(crate::soft::Keep::new(Some(copier)));
+    // `into_inner` decrements atomically and yields the copier only to the last holder, so
+    // two threads releasing at once cannot both skip the reaper.
+    if let Some(last) = Arc::into_inner(copier) {
+        drop(crate::soft::Keep::new(Some(Arc::new(last))));
+    }
 }
 
 /// Runs `f` with every copier of the process stopped (and restarts them after): for CUDA calls

@@ -63,7 +63,10 @@ pub(crate) fn write_by_gpu(
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
     let copier = crate::soft::copier::shared_copier(&*region.dma, &*dst.dma)?.clone();
-    Some(match copier.submit_copy(remote.addr, src, len) {
+    // SAFETY: both ranges lie in live registered regions this copier's GPU reaches (checked
+    // above and by the caller); overlap and concurrent access are the application's, as with
+    // a NIC's DMA.
+    Some(match unsafe { copier.submit_copy(remote.addr, src, len) } {
         Ok(seq) => Ok((copier, seq)),
         Err(_) => Err(Syndrome::RemoteOp),
     })
