@@ -94,6 +94,10 @@ pub unsafe fn copy_share(dst: u64, src: u64, len: u64, tid: u64, n: u64) {
     }
 }
 
+/// Items of a copy list of at most this many bytes are moved by one lane alone (one round of
+/// four 16-byte loads).
+pub const LANE_COPY_MAX: u64 = 64;
+
 /// Copies of at most this many bytes, and atomics, are served by one warp.
 pub const WARP_COPY_MAX: u64 = 4 << 10;
 
@@ -103,8 +107,9 @@ pub const fn warp_sized(op: u32, len: u64) -> bool {
     op != OP_COPY || len <= WARP_COPY_MAX
 }
 
-/// The smallest share of a large copy worth a block of its own.
-pub const MIN_BLOCK_SHARE: u64 = 16 << 10;
+/// The smallest share of a large copy worth a block of its own: smaller shares spend more on
+/// each warp's fixed cost per copy (walk, counter, fences) than on moving bytes.
+pub const MIN_BLOCK_SHARE: u64 = 64 << 10;
 
 /// How many of `blocks` blocks move a large `len`-byte copy (at least one).
 #[inline(always)]
@@ -115,6 +120,23 @@ pub const fn participants(len: u64, blocks: u64) -> u64 {
         1
     } else {
         n
+    }
+}
+
+/// Which share (of `parts`) of large copy `k` worker block `b` (of `blocks`) moves, if any.
+/// Consecutive copies start at different blocks, so copies that need fewer blocks than there
+/// are run side by side instead of queueing on the first ones.
+#[inline(always)]
+pub const fn block_part(k: u64, b: u64, parts: u64, blocks: u64) -> Option<u64> {
+    // (No division by a zero `blocks`: kernels must not carry a panic path.)
+    let Some(first) = k.wrapping_mul(parts).checked_rem(blocks) else {
+        return None;
+    };
+    let part = if b >= first { b - first } else { b + blocks - first };
+    if part < parts {
+        Some(part)
+    } else {
+        None
     }
 }
 
@@ -150,9 +172,11 @@ mod gpu {
     use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
     use core::ptr::{addr_of, addr_of_mut};
 
-    use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS};
+    use gdaki_layout::copy::{
+        CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, RING_SLOTS,
+    };
 
-    use super::{block_share, body, copy_share, participants, warp_sized, Work};
+    use super::{block_part, block_share, body, copy_share, participants, warp_sized, Work, LANE_COPY_MAX};
     use crate::arch::{self, FULL_WARP};
     use crate::scope::shfl_u64;
 
@@ -316,7 +340,7 @@ mod gpu {
             };
             let serves = match d {
                 Some(d) if warp_sized(d.op, d.len) => mine.checked_rem(warps) == Some(me),
-                Some(d) => wb < participants(d.len, nw),
+                Some(d) => block_part(mine, wb, participants(d.len, nw), nw).is_some(),
                 None => false,
             };
             let mut todo = arch::ballot(FULL_WARP, serves);
@@ -382,12 +406,67 @@ mod gpu {
                         copy_share(dst + body, src + body, len - body, 0, 1);
                     }
                 }
+                OP_COPY_LIST => serve_list(src, len, lane),
                 OP_FETCH_ADD if lane == 0 => result = add_acq_rel_gpu(dst as *mut u64, arg0),
                 OP_COMPARE_SWAP if lane == 0 => result = cas_gpu(dst as *mut u64, arg0, arg1),
                 _ => {}
             }
             if lane == 0 {
                 answer(dones, k, result, t);
+            }
+        }
+        arch::warp_sync(FULL_WARP);
+    }
+
+    /// The copies of a list descriptor (`count` [`CopyItem`]s at `list`): lane i reads item i;
+    /// an item of at most [`LANE_COPY_MAX`] bytes is moved by its lane alone (body, fence, final
+    /// unit), so a list of tiny copies costs one round of loads; larger items are moved by the
+    /// whole warp, one after another, each final unit last.
+    ///
+    /// # Safety
+    /// As for [`serve`]; `list` holds `count` items the host wrote before publishing the
+    /// descriptor; every lane of the warp calls this together.
+    #[inline(always)]
+    unsafe fn serve_list(list: u64, count: u64, lane: u64) {
+        // The walk acquired the mirror's head, which the mirror released after acquiring the
+        // descriptor from the host: the host's items are ordered before these reads.
+        fence_gpu();
+        let item = if lane < count && lane < LIST_MAX as u64 {
+            // SAFETY: item `lane` < count of the list (contract); plain loads, so the lanes'
+            // reads cross PCIe together.
+            unsafe { (list as *const CopyItem).add(lane as usize).read() }
+        } else {
+            bytemuck::Zeroable::zeroed()
+        };
+        let (dst, src, len) = (item.dst, item.src, item.len);
+        if len != 0 && len <= LANE_COPY_MAX {
+            let body = body(dst, src, len);
+            // SAFETY: the host names valid, non-overlapping ranges (contract).
+            unsafe {
+                copy_share(dst, src, body, 0, 1);
+                if body != 0 {
+                    fence_gpu();
+                }
+                copy_share(dst + body, src + body, len - body, 0, 1);
+            }
+        }
+        let mut large = arch::ballot(FULL_WARP, len > LANE_COPY_MAX);
+        while large != 0 {
+            let i = large.trailing_zeros();
+            large &= large - 1;
+            let (d, s, n) = (
+                shfl_u64(FULL_WARP, dst, i),
+                shfl_u64(FULL_WARP, src, i),
+                shfl_u64(FULL_WARP, len, i),
+            );
+            let body = body(d, s, n);
+            // SAFETY: as above.
+            unsafe { copy_share(d, s, body, lane, 32) };
+            arch::warp_sync(FULL_WARP);
+            if lane == 0 {
+                fence_gpu();
+                // SAFETY: as above.
+                unsafe { copy_share(d + body, s + body, n - body, 0, 1) };
             }
         }
         arch::warp_sync(FULL_WARP);
@@ -417,7 +496,9 @@ mod gpu {
     ) {
         let parts = participants(len, nw);
         let body = body(dst, src, len);
-        let (lo, hi) = block_share(body, wb, parts);
+        // Always Some here: the walk picked this block for the copy.
+        let part = block_part(k, wb, parts, nw).unwrap_or(parts);
+        let (lo, hi) = block_share(body, part, parts);
         // SAFETY: the caller's contract.
         unsafe { copy_share(dst + lo, src + lo, hi - lo, tid, nt) };
         arch::warp_sync(FULL_WARP);
@@ -565,8 +646,30 @@ mod tests {
         assert_eq!(participants(8, 33), 1);
         assert_eq!(participants(MIN_BLOCK_SHARE, 33), 1);
         assert_eq!(participants(MIN_BLOCK_SHARE + 1, 33), 2);
-        assert_eq!(participants(1 << 20, 33), 33);
+        assert_eq!(participants(1 << 20, 33), 16);
+        assert_eq!(participants(4 << 20, 33), 33);
         assert_eq!(participants(1 << 20, 8), 8);
+    }
+
+    #[test]
+    fn every_share_of_a_large_copy_has_one_block() {
+        for blocks in [1u64, 2, 7, 32] {
+            for parts in 1..=blocks {
+                for k in [0u64, 1, 5, 255, u64::MAX] {
+                    let mut owners = std::vec![0u32; parts as usize];
+                    for b in 0..blocks {
+                        if let Some(p) = block_part(k, b, parts, blocks) {
+                            owners[p as usize] += 1;
+                        }
+                    }
+                    assert!(owners.iter().all(|&n| n == 1), "{k} {parts} {blocks}: {owners:?}");
+                }
+            }
+        }
+        // Consecutive copies that fit side by side use different blocks.
+        let first = |k| (0..32).find(|&b| block_part(k, b, 4, 32) == Some(0));
+        assert_eq!((first(0), first(1), first(2)), (Some(0), Some(4), Some(8)));
+        assert_eq!(block_part(3, 0, 4, 0), None);
     }
 
     #[test]

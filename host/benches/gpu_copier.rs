@@ -62,8 +62,9 @@ fn stages(copier: &Copier, seqs: impl Iterator<Item = u64>) -> (f64, f64) {
     (median(&mut handoff), median(&mut serve))
 }
 
-/// Destination slots per size: more than the copier's ring, so no copy waits for one before it.
-const SLOTS: u64 = 512;
+/// Destination slots per size: more than can be in flight (ring slots times a copy list), so no
+/// copy waits for one before it.
+const SLOTS: u64 = 16384;
 /// At most this much device memory for the destinations of one size.
 const DST_BYTES: u64 = 512 << 20;
 

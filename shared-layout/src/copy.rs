@@ -13,6 +13,29 @@ pub const OP_FETCH_ADD: u32 = 2;
 /// value is the result.
 pub const OP_COMPARE_SWAP: u32 = 3;
 
+/// [`CopyDesc::op`]: the `len` copies (at most [`LIST_MAX`]) listed as [`CopyItem`]s at `src`
+/// (host-pinned, mapped into the GPU), executed together by one warp and answered once. Small
+/// copies travel this way: one descriptor, one answer and one PCIe round trip for many.
+pub const OP_COPY_LIST: u32 = 4;
+
+/// Most copies in one [`OP_COPY_LIST`] descriptor: one per lane of a warp.
+pub const LIST_MAX: usize = 32;
+
+/// One copy of an [`OP_COPY_LIST`] descriptor (ranges do not overlap each other or any other
+/// copy of the list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(32))]
+pub struct CopyItem {
+    /// Destination (GPU address).
+    pub dst: u64,
+    /// Source (GPU address).
+    pub src: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Pads to 32 bytes.
+    pub pad: u64,
+}
+
 /// One request to the copier, in a host-pinned ring slot. The host fills every field, then
 /// stores `seq` (release); the kernel executes descriptor `n` once it reads `seq == n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
@@ -95,5 +118,6 @@ pub const WORK_BYTES: usize = WORK_FINISHED + 8 * RING_SLOTS;
 const _: () = {
     use core::mem::size_of;
     assert!(size_of::<CopyDesc>() == 64 && size_of::<CopyDone>() == 64 && size_of::<CopierState>() == 64);
+    assert!(size_of::<CopyItem>() == 32 && LIST_MAX <= 32);
     assert!(RING_SLOTS.is_power_of_two());
 };

@@ -340,6 +340,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if let Some(c) = rung {
             gdaki_examples::outln!(" Proxy: {} doorbells rung in {} batches", c.doorbells, c.batches);
         }
+        // Device memory moves through the soft HCA's GPU copier: how it batched and waited.
+        if let Some(c) = session.gpu.as_ref().and_then(gdaki::soft::copier::Copier::existing) {
+            let s = c.stats();
+            gdaki_examples::outln!(
+                " GPU copier: {} copies in {} descriptors ({:.1} per descriptor), ring full at {:.1}% of posts, \
+                 {} waits for an earlier copy onto the same bytes",
+                s.copies,
+                s.posted,
+                s.copies as f64 / s.posted.max(1) as f64,
+                100.0 * s.ring_full as f64 / s.posted.max(1) as f64,
+                s.overlap_waits
+            );
+        }
         gdaki_examples::outln!(" Ref: {}", reference.what);
         gdaki_examples::outln!(" Validation: every size's data arrived intact");
     }

@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use gdaki_layout::copy::{CopyDesc, CopyDone, OP_COMPARE_SWAP, OP_COPY, OP_FETCH_ADD, RING_SLOTS, WORK_BYTES};
+use gdaki_layout::copy::{
+    CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, RING_SLOTS,
+    WORK_BYTES,
+};
 use tracing::{debug, error};
 
 use crate::cuda::{CudaError, DeviceBuffer, Gpu, HostMapping};
@@ -28,12 +31,20 @@ use crate::memory::HostBuffer;
 use crate::soft::dma::{Dma, DmaFault};
 use crate::soft::lock;
 
+mod inflight;
+use inflight::InFlight;
+
 /// How long one copy may take before it fails (the kernel is gone or the GPU is wedged).
 const COPY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Host-pinned bounce buffer for transfers between device memory and plain host memory.
 const BOUNCE_BYTES: usize = 4 << 20;
 /// Threads per copier block.
 const BLOCK: u32 = 256;
+/// Copies of at most this many bytes join the open copy list (see [`Copier::submit_copy`]);
+/// larger ones are worth a descriptor of their own.
+const LIST_ITEM_MAX: u64 = 512;
+/// Bytes of one ring slot's copy list.
+const LIST_BYTES: usize = LIST_MAX * std::mem::size_of::<CopyItem>();
 
 /// Every live copier of the process, for [`quiesced`].
 static COPIERS: Mutex<Vec<Weak<Copier>>> = Mutex::new(Vec::new());
@@ -48,10 +59,12 @@ pub struct Copier {
     // Mappings before their buffers (field order = drop order).
     descs: HostMapping,
     dones: HostMapping,
+    lists: HostMapping,
     ctl: HostMapping,
     bounce: HostMapping,
     descs_buf: HostBuffer,
     dones_buf: HostBuffer,
+    lists_buf: HostBuffer,
     ctl_buf: HostBuffer,
     bounce_buf: HostBuffer,
     work: DeviceBuffer,
@@ -79,18 +92,29 @@ struct State {
     paused: u32,
     /// A launch or stop failed: every later copy fails.
     broken: bool,
-    /// Copies submitted without waiting and not known done: `(seq, dst, dst + len)`, oldest
-    /// first. A copy whose destination overlaps one of them waits for it, so writes to the
-    /// same bytes land in order.
-    inflight: std::collections::VecDeque<(u64, u64, u64)>,
+    /// Copies submitted without waiting and not known done. A copy whose destination overlaps
+    /// one of them waits for it, so writes to the same bytes land in order.
+    inflight: InFlight,
+    /// The copy list being filled, not yet posted: it will be descriptor `next`.
+    open: Option<OpenList>,
     stats: CopierStats,
+}
+
+/// Small copies gathered into one [`OP_COPY_LIST`] descriptor: its items are written into the
+/// slot's list as they come; the descriptor is posted when the list is full, when anything
+/// else is posted or waited for, or at [`Copier::flush`].
+#[derive(Debug, Clone, Copy)]
+struct OpenList {
+    count: usize,
 }
 
 /// What a copier has done so far, and how often the host side waited for it: a copier that is
 /// the bottleneck shows a ring that is often full.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CopierStats {
-    /// Descriptors posted (copies, atomics, bounced transfers).
+    /// Copies submitted (each small one is an item of a copy list).
+    pub copies: u64,
+    /// Descriptors posted (copies, copy lists, atomics, bounced transfers).
     pub posted: u64,
     /// Posts that found the ring full and waited for the kernel to answer the slot's previous
     /// descriptor.
@@ -138,12 +162,7 @@ impl Copier {
         // failed creation frees mappings, which takes the registry (see `quiesced`).
         static CREATING: Mutex<()> = Mutex::new(());
         let _one = lock(&CREATING);
-        let ordinal = gpu.context().ordinal();
-        let found = lock(&COPIERS)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|c| c.ctx.ordinal() == ordinal);
-        if let Some(c) = found {
+        if let Some(c) = Copier::existing(gpu) {
             return Ok(c);
         }
         let c = Arc::new(Copier::new(gpu)?);
@@ -155,6 +174,15 @@ impl Copier {
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&c));
         Ok(c)
+    }
+
+    /// The copier of `gpu` if one is alive (none is started): for reporting its [`stats`](Self::stats).
+    pub fn existing(gpu: &Gpu) -> Option<Arc<Copier>> {
+        let ordinal = gpu.context().ordinal();
+        lock(&COPIERS)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.ctx.ordinal() == ordinal)
     }
 
     fn new(gpu: &Gpu) -> crate::Result<Copier> {
@@ -169,6 +197,7 @@ impl Copier {
         let grid = (sms.max(8) / 4) as u32;
         let descs_buf = HostBuffer::new("the copier's descriptor ring", RING_SLOTS * 64)?;
         let dones_buf = HostBuffer::new("the copier's answers", RING_SLOTS * 64)?;
+        let lists_buf = HostBuffer::new("the copier's copy lists", RING_SLOTS * LIST_BYTES)?;
         let ctl_buf = HostBuffer::new("the copier's stop word", 64)?;
         let bounce_buf = HostBuffer::new("the copier's bounce buffer", BOUNCE_BYTES)?;
         let map = |b: &HostBuffer| {
@@ -176,7 +205,8 @@ impl Copier {
             // order) before they are freed.
             unsafe { HostMapping::new(gpu, b.as_ptr(), b.size()) }
         };
-        let (descs, dones, ctl, bounce) = (map(&descs_buf)?, map(&dones_buf)?, map(&ctl_buf)?, map(&bounce_buf)?);
+        let (descs, dones, lists) = (map(&descs_buf)?, map(&dones_buf)?, map(&lists_buf)?);
+        let (ctl, bounce) = (map(&ctl_buf)?, map(&bounce_buf)?);
         let work = DeviceBuffer::zeroed(gpu, WORK_BYTES)?;
         debug!(gpu = ctx.ordinal(), grid, "GPU copier ready");
         Ok(Copier {
@@ -186,10 +216,12 @@ impl Copier {
             grid,
             descs,
             dones,
+            lists,
             ctl,
             bounce,
             descs_buf,
             dones_buf,
+            lists_buf,
             ctl_buf,
             bounce_buf,
             work,
@@ -200,7 +232,8 @@ impl Copier {
                 running: false,
                 paused: 0,
                 broken: false,
-                inflight: std::collections::VecDeque::with_capacity(RING_SLOTS),
+                inflight: InFlight::new(),
+                open: None,
                 stats: CopierStats::default(),
             }),
             resumed: Condvar::new(),
@@ -290,11 +323,14 @@ impl Copier {
         &'a self,
         mut st: std::sync::MutexGuard<'a, State>,
     ) -> Result<std::sync::MutexGuard<'a, State>, DmaFault> {
-        let deadline = Instant::now() + COPY_TIMEOUT;
+        // The clock is read only when waiting: on the per-copy path it is not free (a system
+        // call where the virtual machine's clock source has no vDSO).
+        let mut deadline = None;
         while st.paused > 0 || !st.running {
             if st.broken {
                 return Err(fault("copy", "the kernel failed earlier"));
             }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + COPY_TIMEOUT);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(fault("copy", "the copier stayed stopped for 10 s"));
@@ -307,15 +343,53 @@ impl Copier {
         Ok(st)
     }
 
-    /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
-    /// to be answered) and returns its sequence number.
+    /// Posts the open copy list (if any), then writes descriptor `st.next` into its slot and
+    /// returns its sequence number.
     fn post(&self, st: &mut State, desc: CopyDesc) -> Result<u64, DmaFault> {
+        self.flush_open(st)?;
+        self.post_now(st, desc)
+    }
+
+    /// Waits (bounded) until the slot of descriptor `st.next` is free: its previous descriptor
+    /// answered.
+    fn free_slot(&self, st: &mut State) -> Result<(), DmaFault> {
         let n = st.next;
-        let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
         if n > RING_SLOTS as u64 && !self.answered(n - RING_SLOTS as u64) {
             st.stats.ring_full += 1;
             self.wait_answer(st, n - RING_SLOTS as u64, false)?;
         }
+        Ok(())
+    }
+
+    /// The list of ring slot `slot`.
+    fn list(&self, slot: usize) -> *mut CopyItem {
+        // SAFETY: slot < RING_SLOTS, inside the lists buffer.
+        unsafe { self.lists_buf.as_ptr().add(slot * LIST_BYTES) as *mut CopyItem }
+    }
+
+    /// Posts the open copy list as descriptor `st.next` (a list of one as a plain copy).
+    fn flush_open(&self, st: &mut State) -> Result<(), DmaFault> {
+        let Some(open) = st.open.take() else {
+            return Ok(());
+        };
+        let slot = (st.next & (RING_SLOTS as u64 - 1)) as usize;
+        let d = if open.count == 1 {
+            // SAFETY: item 0 of the open list, written by `submit_copy`.
+            let it = unsafe { self.list(slot).read() };
+            desc(OP_COPY, it.dst, it.src, it.len, 0, 0)
+        } else {
+            let at = self.lists.device_addr((slot * LIST_BYTES) as u64);
+            desc(OP_COPY_LIST, 0, at, open.count as u64, 0, 0)
+        };
+        self.post_now(st, d).map(|_| ())
+    }
+
+    /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
+    /// to be answered) and returns its sequence number.
+    fn post_now(&self, st: &mut State, desc: CopyDesc) -> Result<u64, DmaFault> {
+        self.free_slot(st)?;
+        let n = st.next;
+        let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
         let p = self.desc(slot);
         // SAFETY: the slot is free (its previous descriptor was answered, above); the kernel
         // reads it only once `seq` says so, published last (release).
@@ -354,13 +428,23 @@ impl Copier {
     /// Waits (bounded) for the answer to descriptor `n` (and, with `through`, to every earlier
     /// one); a timeout breaks the copier.
     fn wait_answer(&self, st: &mut State, n: u64, through: bool) -> Result<(), DmaFault> {
+        // The open list is descriptor `next`: waiting for it (or past it) posts it first.
+        if st.open.is_some() && n >= st.next {
+            self.flush_open(st)?;
+        }
+        let is_answered = || {
+            if through {
+                self.answered_through(n)
+            } else {
+                self.answered(n)
+            }
+        };
+        if is_answered() {
+            return Ok(()); // without reading the clock (see `running`)
+        }
         let started = Instant::now();
         let mut spins = 0u32;
-        while !(if through {
-            self.answered_through(n)
-        } else {
-            self.answered(n)
-        }) {
+        while !is_answered() {
             spins = spins.wrapping_add(1);
             if spins < 2048 {
                 std::hint::spin_loop();
@@ -383,6 +467,7 @@ impl Copier {
     /// executes a QP's requests in order), and waits for its answer; returns the atomic result.
     fn run(&self, op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
+        self.flush_open(&mut st)?;
         let last = st.next - 1;
         self.wait_answer(&mut st, last, true)?;
         let n = self.post(&mut st, desc(op, dst, src, len, arg0, arg1))?;
@@ -404,6 +489,11 @@ impl Copier {
     /// an HCA); a WQE with a fence, and every operation the CPU or [`run`](Self::run)
     /// performs, waits for all of them. Each copy's final unit lands after the rest of it.
     ///
+    /// Small copies are gathered into a list that the kernel runs as one descriptor (several
+    /// copies may share a sequence number): the list goes to the GPU when it is full, when
+    /// anything else is posted or waited for, and at [`flush`](Self::flush), which a caller
+    /// that submits a batch calls after it.
+    ///
     /// # Safety
     /// `src..src + len` is readable and `dst..dst + len` writable by this copier's GPU (device
     /// memory of it, or host memory mapped into it), the two do not overlap, and nothing else
@@ -411,27 +501,53 @@ impl Copier {
     pub unsafe fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
         let end = dst.saturating_add(len);
-        while let Some(&(seq, ..)) = st.inflight.front() {
-            if !self.answered_through(seq) {
-                break;
+        self.wait_for_overlaps(&mut st, dst, end)?;
+        let n = if len > LIST_ITEM_MAX || len == 0 {
+            self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))?
+        } else {
+            if st.open.is_none() {
+                // The list's items go into its slot now: the slot must be free first.
+                self.free_slot(&mut st)?;
             }
-            st.inflight.pop_front();
-        }
-        let overlapped = st
-            .inflight
-            .iter()
-            .filter(|&&(_, lo, hi)| lo < end && dst < hi)
-            .map(|&(seq, ..)| seq)
-            .max();
-        if let Some(seq) = overlapped {
-            st.stats.overlap_waits += 1;
-            self.wait_answer(&mut st, seq, true)?;
-            let through = self.through.load(Ordering::Acquire);
-            st.inflight.retain(|&(s, ..)| s > through);
-        }
-        let n = self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))?;
-        st.inflight.push_back((n, dst, end));
+            let n = st.next;
+            let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
+            let count = st.open.map_or(0, |o| o.count);
+            // SAFETY: item `count` < LIST_MAX of a free slot's list, which the kernel reads only
+            // once the descriptor is posted (release, in `post_now`).
+            unsafe { self.list(slot).add(count).write(CopyItem { dst, src, len, pad: 0 }) };
+            st.open = Some(OpenList { count: count + 1 });
+            if count + 1 == LIST_MAX {
+                self.flush_open(&mut st)?;
+            }
+            n
+        };
+        st.inflight.push(n, dst, end);
+        st.stats.copies += 1;
         Ok(n)
+    }
+
+    /// Waits until no copy in flight writes any of `dst..end` (copies onto the same bytes land
+    /// in submission order), forgetting the copies known done on the way.
+    fn wait_for_overlaps(&self, st: &mut State, dst: u64, end: u64) -> Result<(), DmaFault> {
+        st.inflight.retire(|seq| self.answered_through(seq));
+        if let Some(seq) = st.inflight.overlapping(dst, end) {
+            st.stats.overlap_waits += 1;
+            self.wait_answer(st, seq, true)?;
+            let through = self.through.load(Ordering::Acquire);
+            st.inflight.retire(|s| s <= through);
+        }
+        Ok(())
+    }
+
+    /// Posts the open copy list now (see [`submit_copy`](Self::submit_copy)); nothing when
+    /// there is none.
+    pub fn flush(&self) -> Result<(), DmaFault> {
+        let st = lock(&self.state);
+        if st.open.is_none() {
+            return Ok(());
+        }
+        let mut st = self.running(st)?;
+        self.flush_open(&mut st)
     }
 
     /// Whether copy `seq` (from [`submit_copy`](Self::submit_copy)) and every descriptor before

@@ -180,6 +180,7 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
         }
         *ci += bbs as u64;
     }
+    scratch.flush_copies();
     if let Target::Remote(link) = &mut target {
         link.flush();
     }

@@ -47,6 +47,8 @@ impl Scratch {
     /// See [`RegionCache::release_if_stale`].
     pub(crate) fn release_stale_regions(&mut self) {
         self.regions.release_if_stale();
+        // A flush that failed earlier (a paused copier) is retried here.
+        self.flush_copies();
         // Finished copies need no settling: let go of their copiers (off this thread).
         let mut i = 0;
         while i < self.copies.len() {
@@ -55,6 +57,19 @@ impl Scratch {
             } else {
                 i += 1;
             }
+        }
+    }
+}
+
+impl Scratch {
+    /// Hands the small copies gathered so far to their copiers' kernels (see
+    /// [`Copier::flush`]): at the end of every doorbell batch, so a batch of WQEs becomes a few
+    /// copy lists instead of a descriptor each.
+    pub(crate) fn flush_copies(&self) {
+        for (copier, _) in &self.copies {
+            // A copier that cannot post is broken (its WQEs fail at their completion, see
+            // `Copier::done`) or paused (retried on the engine's next round).
+            let _ = copier.flush();
         }
     }
 }
