@@ -18,35 +18,112 @@ use gdaki_layout::copy::OP_COPY;
 #[cfg(target_arch = "nvptx64")]
 use gdaki_layout::copy::{CopierState, CopyDesc, CopyDone};
 
-/// Copies `count` units of `T` from `src` to `dst`: the share of thread `tid` of `n`, four
-/// units in flight at a time (loads first, then stores: one load at a time left the copy
-/// waiting on memory latency for every unit).
+/// A unit of copying: loaded and stored whole, each a single access the compiler keeps in
+/// place (never merged into a `memcpy`, which the GPU back end lowers to a byte loop).
+trait Unit: Copy {
+    /// # Safety
+    /// `p` is valid for reads and aligned.
+    unsafe fn load(p: *const Self) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { p.read_volatile() }
+    }
+    /// # Safety
+    /// `p` is valid for writes and aligned.
+    unsafe fn store(p: *mut Self, v: Self) {
+        // SAFETY: the caller's contract.
+        unsafe { p.write_volatile(v) }
+    }
+}
+impl Unit for u8 {}
+impl Unit for u32 {}
+impl Unit for u64 {}
+
+/// 16 bytes, aligned as such: on the GPU one vector load and one vector store (a volatile
+/// access of 16 bytes would be split in two).
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Unit16([u64; 2]);
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Unit for Unit16 {}
+
+#[cfg(target_arch = "nvptx64")]
+impl Unit for Unit16 {
+    unsafe fn load(p: *const Self) -> Self {
+        let (a, b): (u64, u64);
+        // SAFETY: `p` is valid and 16-byte aligned (caller's contract).
+        unsafe {
+            core::arch::asm!("ld.v2.u64 {{{a}, {b}}}, [{p}];", a = out(reg64) a, b = out(reg64) b,
+                             p = in(reg64) p, options(nostack, readonly))
+        };
+        Unit16([a, b])
+    }
+    unsafe fn store(p: *mut Self, v: Self) {
+        // SAFETY: as above, for writes.
+        unsafe {
+            core::arch::asm!("st.v2.u64 [{p}], {{{a}, {b}}};", p = in(reg64) p, a = in(reg64) v.0[0],
+                             b = in(reg64) v.0[1], options(nostack))
+        }
+    }
+}
+
+/// Copies `count` units of `T` from `src` to `dst`: the share of thread `tid` of `n`, eight
+/// units in flight at a time, then four, then one (loads first, then stores: one load at a
+/// time left the copy waiting on memory latency for every unit, and four left large copies
+/// short of the memory's bandwidth).
 ///
 /// # Safety
 /// Both ranges are valid for `count` units of `T`, aligned for `T`, and not overlapping.
 #[inline(always)]
-unsafe fn units<T: Copy>(dst: u64, src: u64, count: u64, tid: u64, n: u64) {
+unsafe fn units<T: Unit>(dst: u64, src: u64, count: u64, tid: u64, n: u64) {
     let (d, s) = (dst as *mut T, src as *const T);
     let mut i = tid;
-    // SAFETY (both loops): every index used is below `count`, inside both ranges (caller's
+    // SAFETY (all loops): every index used is below `count`, inside both ranges (caller's
     // contract).
-    while i + 3 * n < count {
+    while i + 7 * n < count {
+        let at = |k: u64| (i + k * n) as usize;
         unsafe {
             let (a, b, c, e) = (
-                s.add(i as usize).read_volatile(),
-                s.add((i + n) as usize).read_volatile(),
-                s.add((i + 2 * n) as usize).read_volatile(),
-                s.add((i + 3 * n) as usize).read_volatile(),
+                T::load(s.add(at(0))),
+                T::load(s.add(at(1))),
+                T::load(s.add(at(2))),
+                T::load(s.add(at(3))),
             );
-            d.add(i as usize).write_volatile(a);
-            d.add((i + n) as usize).write_volatile(b);
-            d.add((i + 2 * n) as usize).write_volatile(c);
-            d.add((i + 3 * n) as usize).write_volatile(e);
+            let (f, g, h, j) = (
+                T::load(s.add(at(4))),
+                T::load(s.add(at(5))),
+                T::load(s.add(at(6))),
+                T::load(s.add(at(7))),
+            );
+            T::store(d.add(at(0)), a);
+            T::store(d.add(at(1)), b);
+            T::store(d.add(at(2)), c);
+            T::store(d.add(at(3)), e);
+            T::store(d.add(at(4)), f);
+            T::store(d.add(at(5)), g);
+            T::store(d.add(at(6)), h);
+            T::store(d.add(at(7)), j);
+        }
+        i += 8 * n;
+    }
+    while i + 3 * n < count {
+        let at = |k: u64| (i + k * n) as usize;
+        unsafe {
+            let (a, b, c, e) = (
+                T::load(s.add(at(0))),
+                T::load(s.add(at(1))),
+                T::load(s.add(at(2))),
+                T::load(s.add(at(3))),
+            );
+            T::store(d.add(at(0)), a);
+            T::store(d.add(at(1)), b);
+            T::store(d.add(at(2)), c);
+            T::store(d.add(at(3)), e);
         }
         i += 4 * n;
     }
     while i < count {
-        unsafe { d.add(i as usize).write_volatile(s.add(i as usize).read_volatile()) };
+        unsafe { T::store(d.add(i as usize), T::load(s.add(i as usize))) };
         i += n;
     }
 }
@@ -86,7 +163,7 @@ pub unsafe fn copy_share(dst: u64, src: u64, len: u64, tid: u64, n: u64) {
     // cover the ranges exactly, aligned.
     unsafe {
         match u {
-            16 => units::<[u64; 2]>(dst, src, len / 16, tid, n),
+            16 => units::<Unit16>(dst, src, len / 16, tid, n),
             8 => units::<u64>(dst, src, len / 8, tid, n),
             4 => units::<u32>(dst, src, len / 4, tid, n),
             _ => units::<u8>(dst, src, len, tid, n),
@@ -164,6 +241,8 @@ pub struct Work {
     pub mirror: *mut CopyDesc,
     /// Warps done with each slot's (large) descriptor.
     pub finished: *mut u64,
+    /// Per slot, the newest descriptor done (for copies that wait for an earlier one).
+    pub completed: *mut u64,
 }
 
 #[cfg(target_arch = "nvptx64")]
@@ -225,6 +304,26 @@ mod gpu {
         o
     }
 
+    /// Waits until descriptor `m` is done (its slot's completion record reached it: a slot is
+    /// reused only once its descriptor is answered, so a later one there means `m` was done).
+    /// Cannot deadlock: every warp serves its descriptors in order and waits only for earlier
+    /// ones, whose warps are not waiting for later ones.
+    ///
+    /// # Safety
+    /// As for [`serve`]; every lane of the warp calls this together.
+    #[inline(always)]
+    unsafe fn wait_done(work: &Work, m: u64, lane: u64) {
+        if lane == 0 {
+            let mut polls = 0u32;
+            // SAFETY: the slot of the work area (contract).
+            while unsafe { ld_acquire_gpu(work.completed.add((m & MASK) as usize)) } < m {
+                polls = polls.wrapping_add(1);
+                arch::backoff(polls / 64);
+            }
+        }
+        arch::warp_sync(FULL_WARP);
+    }
+
     /// When descriptor `k` was seen and started (GPU global timer), for its answer's stamps.
     #[derive(Clone, Copy)]
     struct Times {
@@ -236,11 +335,13 @@ mod gpu {
     /// bytes, through the warp barrier or the `finished` chain) is made visible system-wide
     /// first, then the stamps and the result, then the sequence number.
     #[inline(always)]
-    unsafe fn answer(dones: *mut CopyDone, n: u64, result: u64, t: Times) {
+    unsafe fn answer(dones: *mut CopyDone, work: &Work, n: u64, result: u64, t: Times) {
         arch::to_device_barrier();
         let finished = arch::global_timer_ns();
-        // SAFETY: the slot of a live answer ring (the kernel's contract).
+        // SAFETY: the slot of a live answer ring and of the work area (the kernel's contract).
         unsafe {
+            // For copies ordered after this one (`wait_done`): the bytes are visible (above).
+            st_release_gpu(work.completed.add((n & MASK) as usize), n);
             let done = dones.add((n & MASK) as usize);
             addr_of_mut!((*done).stamps).write_volatile([t.seen, t.started, finished]);
             addr_of_mut!((*done).result).write_volatile(result);
@@ -356,6 +457,12 @@ mod gpu {
                 let len = shfl_u64(FULL_WARP, d.len, i);
                 let arg0 = shfl_u64(FULL_WARP, d.arg0, i);
                 let arg1 = shfl_u64(FULL_WARP, d.arg1, i);
+                // A copy onto bytes an earlier copy writes starts once that one is done. Every
+                // descriptor before `first` was done before this launch.
+                if (op == OP_COPY || op == OP_COPY_LIST) && arg1 >= first {
+                    // SAFETY: the work area (contract).
+                    unsafe { wait_done(work, arg1, lane) };
+                }
                 let t = Times {
                     seen: shfl_u64(FULL_WARP, d.seen, i),
                     started: arch::global_timer_ns(),
@@ -364,7 +471,7 @@ mod gpu {
                 // targets (contract).
                 unsafe {
                     if warp_sized(op, len) {
-                        serve_small(dones, k, op, dst, src, len, arg0, arg1, lane, t);
+                        serve_small(dones, work, k, op, dst, src, len, arg0, arg1, lane, t);
                     } else {
                         serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, lane, per_block, t);
                     }
@@ -383,6 +490,7 @@ mod gpu {
     #[inline(always)]
     unsafe fn serve_small(
         dones: *mut CopyDone,
+        work: &Work,
         k: u64,
         op: u32,
         dst: u64,
@@ -412,7 +520,7 @@ mod gpu {
                 _ => {}
             }
             if lane == 0 {
-                answer(dones, k, result, t);
+                answer(dones, work, k, result, t);
             }
         }
         arch::warp_sync(FULL_WARP);
@@ -510,7 +618,7 @@ mod gpu {
                 if add_acq_rel_gpu(finished, 1) == parts * per_block - 1 {
                     finished.write_volatile(0);
                     copy_share(dst + body, src + body, len - body, 0, 1);
-                    answer(dones, k, 0, t);
+                    answer(dones, work, k, 0, t);
                 }
             }
         }

@@ -376,13 +376,14 @@ pub unsafe extern "ptx-kernel" fn gdaki_copier(
     work: *mut u8,
     first: u64,
 ) {
-    use gdaki_layout::copy::{WORK_FINISHED, WORK_MIRROR};
+    use gdaki_layout::copy::{WORK_COMPLETED, WORK_FINISHED, WORK_MIRROR};
     // SAFETY: the layout of the allocation as documented, all offsets 8-byte aligned.
     let w = unsafe {
         crate::copier::Work {
             state: work.cast(),
             mirror: work.add(WORK_MIRROR).cast(),
             finished: work.add(WORK_FINISHED).cast(),
+            completed: work.add(WORK_COMPLETED).cast(),
         }
     };
     unsafe { crate::copier::serve(descs, dones, stop, &w, first) }

@@ -1,8 +1,9 @@
 //! The soft HCA's GPU copier alone, without the engine in front of it: one CPU thread submits
 //! device-to-device copies as fast as the copier takes them (each to its own destination, so
 //! none waits for an earlier one), then waits for the last; and, for the latency, one copy at a
-//! time. Each size is printed next to a plain device-to-device copy (`cuMemcpyDtoDAsync`, the
-//! same size, back to back) measured in the same run.
+//! time. Copies cycle through the slots of two buffers. Each size is printed next to a plain
+//! device-to-device copy (`cuMemcpyDtoDAsync`, the same size and slots, back to back) measured
+//! in the same run.
 //!
 //! Read against `put_bw --mem device`: what the copier can do bounds what a put can; the gap
 //! between the two is the engine's share.
@@ -100,18 +101,16 @@ fn main() -> anyhow::Result<()> {
         eprintln!("gpu_copier: {len} B x {copies} ...");
         // Allocations and their frees wait for every kernel: with the copier stopped.
         let (src, dst) = quiesced(|| -> anyhow::Result<_> {
-            Ok((
-                DeviceBuffer::zeroed(&gpu, len as usize)?,
-                DeviceBuffer::zeroed(&gpu, (stride * slots) as usize)?,
-            ))
+            let bytes = (stride * slots) as usize;
+            Ok((DeviceBuffer::zeroed(&gpu, bytes)?, DeviceBuffer::zeroed(&gpu, bytes)?))
         })?;
-        let reference = quiesced(|| gpu.device_copy(len as usize, copies.min(20_000) as u32))?;
+        let reference = quiesced(|| gpu.device_copy(len as usize, slots as usize, copies.min(20_000) as u32))?;
         let reference_mib_s = copies.min(20_000) as f64 * len as f64 / reference.as_secs_f64() / (1 << 20) as f64;
         let submit = |i: u64| -> anyhow::Result<u64> {
-            let at = dst.device_addr() + (i % slots) * stride;
-            // SAFETY: both ranges lie in live device allocations of this GPU (`len` bytes of
-            // `src`, a `stride`-sized slot of `dst`), distinct; nothing else touches them.
-            unsafe { copier.submit_copy(at, src.device_addr(), len) }
+            let at = (i % slots) * stride;
+            // SAFETY: both ranges lie in live device allocations of this GPU (a `stride`-sized
+            // slot of each), distinct; nothing else touches them.
+            unsafe { copier.submit_copy(dst.device_addr() + at, src.device_addr() + at, len) }
                 .map_err(|_| anyhow::anyhow!("the copier failed (see the log)"))
         };
         // Warm-up, then the stream.

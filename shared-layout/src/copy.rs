@@ -51,7 +51,9 @@ pub struct CopyDesc {
     pub len: u64,
     /// First operand (atomics).
     pub arg0: u64,
-    /// Second operand (compare-and-swap).
+    /// Second operand (compare-and-swap); for [`OP_COPY`] and [`OP_COPY_LIST`], the
+    /// descriptor that must be done before this one starts (0: none): a copy onto bytes an
+    /// earlier copy still writes is ordered after it on the GPU, without the host waiting.
     pub arg1: u64,
     /// `OP_*`.
     pub op: u32,
@@ -107,13 +109,16 @@ pub struct CopierState {
 pub const RING_SLOTS: usize = 256;
 
 /// The copier's working area in device memory is one zeroed allocation of [`WORK_BYTES`]:
-/// the [`CopierState`] at offset 0, then the mirrored descriptors ([`WORK_MIRROR`]) and each
-/// slot's count of warps done with a large copy ([`WORK_FINISHED`], u64s).
+/// the [`CopierState`] at offset 0, then the mirrored descriptors ([`WORK_MIRROR`]), each
+/// slot's count of warps done with a large copy ([`WORK_FINISHED`], u64s) and each slot's
+/// newest descriptor done, for copies that wait for one ([`WORK_COMPLETED`], u64s).
 pub const WORK_MIRROR: usize = 64;
 /// See [`WORK_MIRROR`].
 pub const WORK_FINISHED: usize = WORK_MIRROR + 64 * RING_SLOTS;
 /// See [`WORK_MIRROR`].
-pub const WORK_BYTES: usize = WORK_FINISHED + 8 * RING_SLOTS;
+pub const WORK_COMPLETED: usize = WORK_FINISHED + 8 * RING_SLOTS;
+/// See [`WORK_MIRROR`].
+pub const WORK_BYTES: usize = WORK_COMPLETED + 8 * RING_SLOTS;
 
 const _: () = {
     use core::mem::size_of;

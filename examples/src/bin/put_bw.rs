@@ -315,7 +315,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let reference = Reference {
         what: if session.gpu.is_some() {
-            "device-to-device copy (cuMemcpyDtoDAsync), same size and message count, on the same GPU"
+            "device-to-device copy (cuMemcpyDtoDAsync), same size, message count and buffer slots, on the same GPU"
         } else {
             "memcpy by one CPU thread, same size, message count and buffer slots"
         },
@@ -344,12 +344,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if let Some(c) = session.gpu.as_ref().and_then(gdaki::soft::copier::Copier::existing) {
             let s = c.stats();
             gdaki_examples::outln!(
-                " GPU copier: {} copies in {} descriptors ({:.1} per descriptor), ring full at {:.1}% of posts, \
-                 {} waits for an earlier copy onto the same bytes",
+                " GPU copier: {} copies in {} descriptors ({:.1} per descriptor), ring full at {:.1}% of posts; \
+                 copies onto bytes still being written: {} ordered on the GPU, {} waited for",
                 s.copies,
                 s.posted,
                 s.copies as f64 / s.posted.max(1) as f64,
                 100.0 * s.ring_full as f64 / s.posted.max(1) as f64,
+                s.ordered,
                 s.overlap_waits
             );
         }
@@ -472,12 +473,12 @@ fn cpu_windows(
     Ok((out, windows as u64 * per_window as u64))
 }
 
-/// The reference bandwidth (MiB/s) for `count` messages of `size` bytes: on the GPU a device
-/// copy between two buffers, on the CPU memcpy through the same slots the puts cycle through
-/// (so both see the same caches).
+/// The reference bandwidth (MiB/s) for `count` messages of `size` bytes through the same slots
+/// the puts cycle through (so both see the same caches): on the GPU a device copy between two
+/// buffers, on the CPU memcpy.
 fn reference_bw(session: &Session, size: u64, slots: u64, count: u32) -> anyhow::Result<f64> {
     let elapsed = match &session.gpu {
-        Some(gpu) => gpu.device_copy(size as usize, count)?,
+        Some(gpu) => gpu.device_copy(size as usize, slots as usize, count)?,
         None => {
             let n = (size * slots) as usize;
             let (a, mut b) = (vec![1u8; n], vec![0u8; n]);

@@ -17,18 +17,28 @@ const ECHO_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Gpu {
     /// GPU time of `count` back-to-back `cuMemcpyDtoDAsync` copies of `len` bytes between two
-    /// device buffers: the plain device copy `put_bw`'s bandwidth is read against.
-    pub fn device_copy(&self, len: usize, count: u32) -> Result<Duration, CudaError> {
+    /// device buffers of `slots` slots, copy `m` from slot `m % slots` to the same slot of the
+    /// other: the plain device copy `put_bw`'s bandwidth is read against, through the same
+    /// amount of memory as its puts (one slot would stay in the L2 cache, which puts cycling
+    /// through many slots do not).
+    pub fn device_copy(&self, len: usize, slots: usize, count: u32) -> Result<Duration, CudaError> {
         let stream = self.ctx.default_stream();
-        let src = stream.alloc_zeros::<u8>(len.max(1))?;
-        let mut dst = stream.alloc_zeros::<u8>(len.max(1))?;
+        let (len, slots) = (len.max(1), slots.max(1));
+        let bytes = len.checked_mul(slots).ok_or(CudaError::OutOfBounds {
+            offset: 0,
+            len,
+            size: usize::MAX,
+        })?;
+        let src = stream.alloc_zeros::<u8>(bytes)?;
+        let mut dst = stream.alloc_zeros::<u8>(bytes)?;
         let (s, _s) = src.device_ptr(&stream);
         let (d, _d) = dst.device_ptr_mut(&stream);
         timed(&stream, || {
-            for _ in 0..count {
-                // SAFETY: both allocations hold `len` bytes (at least one) and live until the
+            for m in 0..count as u64 {
+                let at = (m % slots as u64) * len as u64;
+                // SAFETY: both allocations hold `slots` slots of `len` bytes and live until the
                 // stream is idle (`timed` waits for it).
-                unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, len, stream.cu_stream()) }.result()?;
+                unsafe { sys::cuMemcpyDtoDAsync_v2(d + at, s + at, len, stream.cu_stream()) }.result()?;
             }
             Ok(())
         })

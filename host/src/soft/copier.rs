@@ -32,7 +32,7 @@ use crate::soft::dma::{Dma, DmaFault};
 use crate::soft::lock;
 
 mod inflight;
-use inflight::InFlight;
+use inflight::{InFlight, Overlap};
 
 /// How long one copy may take before it fails (the kernel is gone or the GPU is wedged).
 const COPY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,7 +119,11 @@ pub struct CopierStats {
     /// Posts that found the ring full and waited for the kernel to answer the slot's previous
     /// descriptor.
     pub ring_full: u64,
-    /// Copies that waited for an earlier copy onto the same bytes.
+    /// Copies onto bytes earlier copies still wrote, ordered after them on the GPU (the host
+    /// did not wait).
+    pub ordered: u64,
+    /// Copies onto bytes several unordered earlier copies still wrote: the host waited for
+    /// them.
     pub overlap_waits: u64,
 }
 
@@ -485,8 +489,8 @@ impl Copier {
     /// Queues a copy of `len` bytes between GPU addresses and returns without waiting: its
     /// sequence number, for [`done`](Self::done). Queued copies may be executed concurrently
     /// and become visible in any order (as an HCA's writes into GPU memory may), except that a
-    /// copy onto bytes an earlier one still writes waits for it (the later write wins, as on
-    /// an HCA); a WQE with a fence, and every operation the CPU or [`run`](Self::run)
+    /// copy onto bytes an earlier one still writes lands after it (the later write wins, as on
+    /// an HCA; the kernel orders them, or, rarely, this call waits); a WQE with a fence, and every operation the CPU or [`run`](Self::run)
     /// performs, waits for all of them. Each copy's final unit lands after the rest of it.
     ///
     /// Small copies are gathered into a list that the kernel runs as one descriptor (several
@@ -501,9 +505,10 @@ impl Copier {
     pub unsafe fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
         let end = dst.saturating_add(len);
-        self.wait_for_overlaps(&mut st, dst, end)?;
-        let n = if len > LIST_ITEM_MAX || len == 0 {
-            self.post(&mut st, desc(OP_COPY, dst, src, len, 0, 0))?
+        let after = self.order_after_overlaps(&mut st, dst, end)?;
+        let n = if after != 0 || len > LIST_ITEM_MAX || len == 0 {
+            // (A copy ordered after another travels alone: a list would wait with it.)
+            self.post(&mut st, desc(OP_COPY, dst, src, len, 0, after))?
         } else {
             if st.open.is_none() {
                 // The list's items go into its slot now: the slot must be free first.
@@ -521,22 +526,31 @@ impl Copier {
             }
             n
         };
-        st.inflight.push(n, dst, end);
+        st.inflight.push(n, dst, end, after);
         st.stats.copies += 1;
         Ok(n)
     }
 
-    /// Waits until no copy in flight writes any of `dst..end` (copies onto the same bytes land
-    /// in submission order), forgetting the copies known done on the way.
-    fn wait_for_overlaps(&self, st: &mut State, dst: u64, end: u64) -> Result<(), DmaFault> {
+    /// Orders a copy of `dst..end` after the copies in flight that write any of its bytes
+    /// (copies onto the same bytes land in submission order): returns the descriptor it must
+    /// wait for on the GPU (0: none), or waits here when no single one comes after all the
+    /// others. Forgets the copies known done on the way.
+    fn order_after_overlaps(&self, st: &mut State, dst: u64, end: u64) -> Result<u64, DmaFault> {
         st.inflight.retire(|seq| self.answered_through(seq));
-        if let Some(seq) = st.inflight.overlapping(dst, end) {
-            st.stats.overlap_waits += 1;
-            self.wait_answer(st, seq, true)?;
-            let through = self.through.load(Ordering::Acquire);
-            st.inflight.retire(|s| s <= through);
+        match st.inflight.overlapping(dst, end) {
+            Overlap::None => Ok(0),
+            Overlap::After(seq) => {
+                st.stats.ordered += 1;
+                Ok(seq)
+            }
+            Overlap::Many(seq) => {
+                st.stats.overlap_waits += 1;
+                self.wait_answer(st, seq, true)?;
+                let through = self.through.load(Ordering::Acquire);
+                st.inflight.retire(|s| s <= through);
+                Ok(0)
+            }
         }
-        Ok(())
     }
 
     /// Posts the open copy list now (see [`submit_copy`](Self::submit_copy)); nothing when

@@ -1,7 +1,11 @@
 //! The copies a copier has in flight, for the one ordering rule it keeps: a copy onto bytes an
-//! earlier copy still writes waits for it. Checked for every copy, so the common answer (no
+//! earlier copy still writes lands after it. Checked for every copy, so the common answer (no
 //! overlap) must be cheap: small copies are entered in a counting filter over 8-byte granules,
 //! and only a hit (or a large copy in flight) costs a scan of the list.
+//!
+//! A copy that overlaps copies in flight is ordered after them on the GPU (it names one
+//! descriptor to wait for) when one of them comes after all the others: each copy records the
+//! copy it was ordered after, so a chain of rewrites of the same bytes names its newest link.
 use std::collections::VecDeque;
 
 /// Copies of at most this many bytes go into the filter; larger ones are few at a time (each
@@ -13,12 +17,33 @@ const FILTER_SLOTS: usize = 1 << 15;
 
 /// Copies submitted and not known done, oldest first.
 pub(super) struct InFlight {
-    /// `(seq, lo, hi)`: descriptor `seq` writes `lo..hi` (several may share a descriptor).
-    copies: VecDeque<(u64, u64, u64)>,
+    /// Descriptor `seq` writes `lo..hi` (several copies may share a descriptor).
+    copies: VecDeque<Copy>,
     /// Per hashed 8-byte granule: small copies in flight that write it.
     filter: Box<[u16]>,
     /// Large copies in flight.
     wide: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Copy {
+    seq: u64,
+    lo: u64,
+    hi: u64,
+    /// The descriptor this copy's descriptor waits for on the GPU (0: none).
+    after: u64,
+}
+
+/// How a new copy relates to the copies in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Overlap {
+    /// It writes none of their bytes.
+    None,
+    /// It overlaps some, and all of them are done once descriptor `.0` is: it may start once
+    /// that one is done.
+    After(u64),
+    /// It overlaps several that are not ordered among themselves; `.0` is the newest.
+    Many(u64),
 }
 
 /// The granules `lo..hi` touches (`hi > lo`).
@@ -40,8 +65,8 @@ impl InFlight {
         }
     }
 
-    /// Enters copy `seq` of `lo..hi` (not empty).
-    pub(super) fn push(&mut self, seq: u64, lo: u64, hi: u64) {
+    /// Enters copy `seq` of `lo..hi`, whose descriptor waits for descriptor `after` (0: none).
+    pub(super) fn push(&mut self, seq: u64, lo: u64, hi: u64, after: u64) {
         if hi <= lo {
             return; // writes nothing: nothing can overlap it
         }
@@ -53,12 +78,12 @@ impl InFlight {
         } else {
             self.wide += 1;
         }
-        self.copies.push_back((seq, lo, hi));
+        self.copies.push_back(Copy { seq, lo, hi, after });
     }
 
     /// Forgets the oldest copies while `done(seq)` says they are done.
     pub(super) fn retire(&mut self, mut done: impl FnMut(u64) -> bool) {
-        while let Some(&(seq, lo, hi)) = self.copies.front() {
+        while let Some(&Copy { seq, lo, hi, .. }) = self.copies.front() {
             if !done(seq) {
                 break;
             }
@@ -73,19 +98,46 @@ impl InFlight {
         }
     }
 
-    /// The newest copy in flight that writes any of `lo..hi`, if any.
-    pub(super) fn overlapping(&self, lo: u64, hi: u64) -> Option<u64> {
+    /// How `lo..hi` relates to the copies in flight.
+    pub(super) fn overlapping(&self, lo: u64, hi: u64) -> Overlap {
         if hi <= lo || self.copies.is_empty() {
-            return None;
+            return Overlap::None;
         }
         if hi - lo <= FILTERED_MAX && self.wide == 0 && granules(lo, hi).all(|g| self.filter[slot(g)] == 0) {
-            return None;
+            return Overlap::None;
         }
-        self.copies
-            .iter()
-            .filter(|&&(_, l, h)| l < hi && lo < h)
-            .map(|&(seq, ..)| seq)
-            .max()
+        // The overlapping descriptors that no other overlapping one waits for: when that is a
+        // single one, every other is done before it (each waits for an earlier one, down to
+        // the ends of the chain). A few at most; more is answered with `Many`.
+        let mut newest = 0;
+        let mut tips = [0u64; 4];
+        let mut waited = [0u64; 4];
+        let (mut nt, mut nw, mut many) = (0, 0, false);
+        for c in self.copies.iter().filter(|c| c.lo < hi && lo < c.hi) {
+            newest = newest.max(c.seq);
+            if !tips[..nt].contains(&c.seq) {
+                many |= nt == tips.len();
+                if let Some(t) = tips.get_mut(nt) {
+                    *t = c.seq;
+                    nt += 1;
+                }
+            }
+            if c.after != 0 && !waited[..nw].contains(&c.after) {
+                many |= nw == waited.len();
+                if let Some(w) = waited.get_mut(nw) {
+                    *w = c.after;
+                    nw += 1;
+                }
+            }
+        }
+        if newest == 0 {
+            return Overlap::None;
+        }
+        let mut free = tips[..nt].iter().filter(|t| !waited[..nw].contains(t));
+        match (many, free.next(), free.next()) {
+            (false, Some(&only), None) => Overlap::After(only),
+            _ => Overlap::Many(newest),
+        }
     }
 }
 
@@ -93,13 +145,34 @@ impl InFlight {
 mod tests {
     use super::*;
 
-    /// The plain answer: every copy in flight scanned.
+    /// The plain answer: the newest copy in flight that overlaps (every one scanned).
     fn brute(copies: &[(u64, u64, u64)], lo: u64, hi: u64) -> Option<u64> {
         copies
             .iter()
             .filter(|&&(_, l, h)| l < hi && lo < h && hi > lo)
             .map(|&(s, ..)| s)
             .max()
+    }
+
+    /// Whether everything in flight that overlaps `lo..hi` is done once `seq` is: each is
+    /// `seq` or on the chain of descriptors `seq` waits for.
+    fn covers(f: &InFlight, lo: u64, hi: u64, seq: u64) -> bool {
+        let before = |s: u64| {
+            let mut t = seq;
+            loop {
+                if t == s {
+                    return true;
+                }
+                match f.copies.iter().find(|c| c.seq == t).map(|c| c.after) {
+                    Some(a) if a != 0 => t = a,
+                    _ => return false,
+                }
+            }
+        };
+        f.copies
+            .iter()
+            .filter(|c| c.lo < hi && lo < c.hi)
+            .all(|c| before(c.seq))
     }
 
     #[test]
@@ -122,8 +195,22 @@ mod tests {
             };
             let lo = (r >> 20) % (1 << 20);
             let hi = lo + len;
-            assert_eq!(f.overlapping(lo, hi), brute(&model, lo, hi), "copy {seq}: {lo}..{hi}");
-            f.push(seq, lo, hi);
+            let after = match (f.overlapping(lo, hi), brute(&model, lo, hi)) {
+                (Overlap::None, None) => 0,
+                (Overlap::Many(n), Some(m)) => {
+                    assert_eq!(n, m, "copy {seq}");
+                    // Waited for (as the copier does): everything up to it is done.
+                    f.retire(|s| s <= m);
+                    model.retain(|&(s, ..)| s > m);
+                    0
+                }
+                (Overlap::After(n), Some(_)) => {
+                    assert!(covers(&f, lo, hi, n), "copy {seq}: {n} does not cover {lo}..{hi}");
+                    n
+                }
+                (got, want) => panic!("copy {seq}: {got:?}, a scan says {want:?}"),
+            };
+            f.push(seq, lo, hi, after);
             if hi > lo {
                 model.push((seq, lo, hi));
             }
@@ -143,11 +230,14 @@ mod tests {
         // slot in flight is found.
         let mut f = InFlight::new();
         for i in 0..1000u64 {
-            assert_eq!(f.overlapping(i * 8, i * 8 + 8), None);
-            f.push(i + 1, i * 8, i * 8 + 8);
+            assert_eq!(f.overlapping(i * 8, i * 8 + 8), Overlap::None);
+            f.push(i + 1, i * 8, i * 8 + 8, 0);
         }
-        assert_eq!(f.overlapping(80, 88), Some(11));
-        assert_eq!(f.overlapping(4, 12), Some(2));
+        assert_eq!(f.overlapping(80, 88), Overlap::After(11));
+        assert_eq!(f.overlapping(4, 12), Overlap::Many(2));
+        // A rewrite of slot 10 ordered after copy 11, then one more: it follows the newest.
+        f.push(1001, 80, 88, 11);
+        assert_eq!(f.overlapping(80, 88), Overlap::After(1001));
         let hits = (1000..2000u64)
             .filter(|i| granules(i * 8, i * 8 + 8).any(|g| f.filter[slot(g)] != 0))
             .count();
