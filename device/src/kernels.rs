@@ -52,8 +52,11 @@ fn all_ops<M: Sharing, S: Scope>(qp: Qp<M, S>, remote: Remote, local: Local) -> 
     let t = global_thread() as u64 * 64;
     let r = |off: u64| remote.offset(t + off);
     let l = |off: u64| local.offset(t + off);
-    qp.put(r(0), l(0), 16)?;
-    qp.put_inline(r(16), &t.to_le_bytes())?;
+    // Deferred posts: the first is rung by the next post's doorbell, the third by the commit.
+    qp.deferred().put(r(0), l(0), 8)?;
+    qp.put(r(8), l(8), 8)?;
+    qp.deferred().put_inline(r(16), &t.to_le_bytes())?;
+    qp.commit()?;
     qp.fence()?;
     qp.get(l(24), r(0), 8)?;
     qp.put_signal(r(32), l(32), 8, r(40), 1, l(48))?;
@@ -161,7 +164,8 @@ macro_rules! kernels_for {
         }
 
         /// The posting rate (see [`perf::post_only`]): thread `t` posts `iters` 8-byte puts on
-        /// `qps[(t / stride) % nqp]` and waits for none.
+        /// `qps[(t / stride) % nqp]` and waits for none; with `commit_every` above 1, deferred
+        /// and committed every `commit_every` puts.
         ///
         /// # Safety
         /// `qps` holds `nqp` exported handles whose rings hold every WQE posted, each used in
@@ -173,6 +177,7 @@ macro_rules! kernels_for {
             nqp: u32,
             stride: u32,
             iters: u32,
+            commit_every: u32,
             scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
@@ -190,7 +195,11 @@ macro_rules! kernels_for {
                     lkey: 1,
                 },
             );
-            unsafe { run::<$mode, $scope>(qp, scratch, status, |qp| perf::post_only(qp, dst, src, iters)) }
+            unsafe {
+                run::<$mode, $scope>(qp, scratch, status, |qp| {
+                    perf::post_only(qp, dst, src, iters, commit_every)
+                })
+            }
         }
 
         /// Every operation once (see `all_ops`) in this scope and sharing mode.

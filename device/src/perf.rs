@@ -41,11 +41,32 @@ pub fn put_stream<M: Sharing, S: Scope>(
 
 /// Member posts `iters` 8-byte puts from `src` to `dst` and waits for none: the device posting
 /// rate, measured on a ring no HCA consumes (it must hold every WQE posted, or the reservation
-/// waits for completions that never come and times out).
+/// waits for completions that never come and times out). With `commit_every` above 1 the
+/// puts are [deferred](Qp::deferred) and committed every `commit_every` puts and at the end:
+/// one doorbell for that many posts.
 #[inline(always)]
-pub fn post_only<M: Sharing, S: Scope>(qp: Qp<M, S>, dst: Remote, src: Local, iters: u32) -> Result<(), PostError> {
-    for _ in 0..iters {
-        qp.put(dst, src, 8)?;
+pub fn post_only<M: Sharing, S: Scope>(
+    qp: Qp<M, S>,
+    dst: Remote,
+    src: Local,
+    iters: u32,
+    commit_every: u32,
+) -> Result<(), PostError> {
+    if commit_every <= 1 {
+        for _ in 0..iters {
+            qp.put(dst, src, 8)?;
+        }
+        return Ok(());
+    }
+    let deferred = qp.deferred();
+    let mut since = 0;
+    for i in 0..iters {
+        deferred.put(dst, src, 8)?;
+        since += 1;
+        if since == commit_every || i + 1 == iters {
+            deferred.commit()?;
+            since = 0;
+        }
     }
     Ok(())
 }

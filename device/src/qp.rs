@@ -10,7 +10,10 @@
 //! 4. [`Qp::submit`]: the doorbell covers every ready WQE. GPU handler: one poster at a time
 //!    (a lock in shared modes) writes the doorbell record and rings with the newest ready
 //!    index, so doorbells never go backwards and concurrent posters share one doorbell.
-//!    CPU-proxy handler: the newest ready index is published to the proxy's word.
+//!    CPU-proxy handler: the newest ready index is published to the proxy's word. Either way
+//!    `sq_rung` records what was rung. Through a [`Qp::deferred`] handle this step is left
+//!    to [`Qp::commit`] (one doorbell for many posts); a wait on the QP rings whatever is
+//!    ready and not rung first, so no ticket waits on a doorbell that never comes.
 //! 5. [`Qp::poll_at`] / [`Qp::wait`]: the CQE of a WQE is polled by owner-bit parity.
 //!
 //! Every WQE this crate writes is one 64-byte building block and asks for a CQE, so WQE index,
@@ -89,6 +92,8 @@ const SIGNALED: u8 = ctrl::CE_CQ_UPDATE;
 pub struct Qp<M: Sharing, S: Scope = Thread> {
     ptr: *mut DevQp,
     scope: S,
+    /// Posts leave the doorbell to [`Qp::commit`] (see [`Qp::deferred`]).
+    defer: bool,
     _mode: PhantomData<M>,
 }
 
@@ -130,6 +135,7 @@ impl<M: Sharing> Qp<M, Thread> {
         Qp {
             ptr,
             scope: Thread,
+            defer: false,
             _mode: PhantomData,
         }
     }
@@ -142,8 +148,38 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         Qp {
             ptr: self.ptr,
             scope,
+            defer: self.defer,
             _mode: PhantomData,
         }
+    }
+
+    /// The same QP with its doorbell left for later: operations posted through the returned
+    /// handle write their WQEs and mark them ready but do not ring; [`commit`](Self::commit)
+    /// then rings once for all of them, so many posts share one doorbell and its system-scope
+    /// fences (what bounds the posting rate into device-memory rings). The HCA sees nothing
+    /// before the commit, except that any wait on the QP (`wait`, `poll_at`, `quiet`, or a post
+    /// that needs a slot back) rings first: a deferred ticket never waits forever.
+    #[inline(always)]
+    pub const fn deferred(self) -> Self {
+        Qp { defer: true, ..self }
+    }
+
+    /// Rings for every WQE marked ready on this QP and not rung yet (posted through a
+    /// [`deferred`](Self::deferred) handle, by any poster). A collective in group scope.
+    #[inline(always)]
+    pub fn commit(&self) -> Result<(), PostError> {
+        self.on_leader(|| self.ring_pending().map(|()| 0)).map(|_| ())
+    }
+
+    /// Rings up to `sq_ready` if that is past `sq_rung`.
+    #[inline(always)]
+    fn ring_pending(&self) -> Result<(), PostError> {
+        // SAFETY: counters of the live handle.
+        let ready = unsafe { M::load_acquire(self.sq_ready()) };
+        if ready > unsafe { M::load_acquire(self.sq_rung()) } {
+            self.submit(ready)?;
+        }
+        Ok(())
     }
 
     /// The execution scope.
@@ -386,8 +422,12 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                     pi
                 };
                 arch::to_device_barrier();
-                // SAFETY: the proxy word is a valid host-visible u64 per the handle.
-                unsafe { arch::fetch_max_sys((*self.ptr).doorbell as *mut u64, ready.max(pi)) };
+                // SAFETY: the proxy word is a valid host-visible u64 per the handle; the
+                // counter belongs to the live handle.
+                unsafe {
+                    arch::fetch_max_sys((*self.ptr).doorbell as *mut u64, ready.max(pi));
+                    M::fetch_max(self.sq_rung(), ready.max(pi));
+                }
                 Ok(())
             }
             None => Err(PostError::BadHandle),
@@ -542,6 +582,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     fn wait_until(&self, index: u64, report_errors: bool) -> Result<(), WaitError> {
         let mut deadline = self.deadline();
+        let mut rang = false;
         loop {
             // Already consumed (by anyone): done, unless the QP failed at or before it.
             if unsafe { M::load_acquire(self.cq_consumed()) } > index {
@@ -556,6 +597,15 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 } else {
                     Ok(())
                 };
+            }
+            if !rang {
+                // Not complete: it may be a deferred post nobody rang for (see `deferred`).
+                rang = true;
+                match self.ring_pending() {
+                    Err(PostError::Wait(e)) => return Err(e),
+                    // A handle without a doorbell: the wait times out and says so.
+                    _ => continue,
+                }
             }
             if deadline.expired() {
                 return Err(WaitError::Timeout { index });
@@ -674,7 +724,9 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             self.scope.sync();
             last = self.on_leader(|| {
                 self.mark_ready(base, base + n)?;
-                self.submit(base + n)?;
+                if !self.defer {
+                    self.submit(base + n)?;
+                }
                 Ok(base + n - 1)
             });
             last?;

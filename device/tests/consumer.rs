@@ -359,6 +359,52 @@ fn cpu_proxy_handler_publishes_the_producer_index() {
     many_posters::<Gpu>(3, 300, 4, DoorbellKind::CpuProxy);
 }
 
+/// Deferred posts: the consumer sees nothing until the commit, which rings once for all of
+/// them; a wait on a deferred ticket, and a post that needs a slot back, ring by themselves.
+fn deferred_posts<M: Sharing>(kind: DoorbellKind) {
+    let h = Harness::new(3, kind, 1 << 20, 64 * 64);
+    let qp = h.qp::<M>().deferred();
+    let seen = || h.consumer.seen.lock().unwrap().len();
+    for i in 0..5u64 {
+        qp.put(h.remote(i * 64), h.local(i * 64), 40).unwrap();
+    }
+    thread::sleep(Duration::from_millis(20));
+    assert_eq!(seen(), 0, "deferred WQEs were consumed before the commit");
+    qp.commit().unwrap();
+    qp.commit().unwrap(); // nothing new: no second doorbell needed, no error
+    qp.quiet().unwrap();
+    assert_eq!(seen(), 5);
+    // A wait on a deferred ticket rings for it.
+    let t = qp.put(h.remote(5 * 64), h.local(5 * 64), 40).unwrap();
+    qp.wait(t).unwrap();
+    // 30 deferred posts into a ring of 8 without a commit: reservations ring for themselves.
+    for i in 6..36u64 {
+        qp.put(h.remote(i * 64), h.local(i * 64), 8 + i).unwrap();
+    }
+    qp.quiet().unwrap();
+    let remote = h.remote_bytes();
+    for i in 0..36usize {
+        let len = if i < 6 { 40 } else { 8 + i };
+        assert_eq!(&remote[i * 64..i * 64 + len], &pattern(i * 64, len)[..], "put {i}");
+    }
+    assert_eq!(h.finish().len(), 36);
+}
+
+#[test]
+fn deferred_posts_wait_for_the_commit_exclusive() {
+    deferred_posts::<Exclusive>(DoorbellKind::Gpu);
+}
+
+#[test]
+fn deferred_posts_wait_for_the_commit_shared() {
+    deferred_posts::<Gpu>(DoorbellKind::Gpu);
+}
+
+#[test]
+fn deferred_posts_wait_for_the_commit_cpu_proxy() {
+    deferred_posts::<Cta>(DoorbellKind::CpuProxy);
+}
+
 #[test]
 fn large_messages_are_split_and_zero_length_is_a_nop() {
     let h = Harness::new(3, DoorbellKind::Gpu, 1000, 64 * 1024);

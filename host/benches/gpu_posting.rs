@@ -2,10 +2,12 @@
 //! into send queues no HCA consumes, in warp scope (one QP per warp), thread scope (one QP per
 //! block, its threads sharing it) and block scope (one QP per block), with the rings in
 //! host-pinned memory (the soft HCA's placement) and in device memory (mlx5's), each next to a
-//! plain 64-byte store loop into the same memory measured in the same run.
+//! plain 64-byte store loop into the same memory measured in the same run. Each shape runs
+//! twice: a doorbell per post, and deferred posts with a commit every `--commit-every` posts
+//! per thread (default: all of a thread's posts), so many posts share one doorbell.
 //!
-//! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N]`; without a usable GPU it
-//! says so and exits 0.
+//! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N] [--commit-every N]`;
+//! without a usable GPU it says so and exits 0.
 use gdaki::cuda::{self, DataPathLaunch, Gpu, KernelMode, KernelScope, RingPlacement};
 use serde::Serialize;
 
@@ -13,6 +15,8 @@ use serde::Serialize;
 struct Row {
     placement: RingPlacement,
     scope: &'static str,
+    /// Posts per thread between doorbells (1: every post rings).
+    commit_every: u32,
     qps: u32,
     threads: u64,
     wqes: u64,
@@ -31,6 +35,14 @@ fn main() -> anyhow::Result<()> {
         .map(|v| v.parse())
         .transpose()?
         .unwrap_or(16);
+    let commit_every: u32 = args
+        .iter()
+        .position(|a| a == "--commit-every")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(iters)
+        .max(2);
     let gpu = match Gpu::open(0) {
         Ok(g) => g,
         Err(e) => {
@@ -50,20 +62,21 @@ fn main() -> anyhow::Result<()> {
     ];
     let mut rows = Vec::new();
     for placement in [RingPlacement::HostPinned, RingPlacement::Device] {
-        for (name, scope, mode, qps, stride) in shapes {
-            eprintln!("gpu_posting: {placement:?}, {name} scope ...");
+        for ((name, scope, mode, qps, stride), every) in shapes.iter().flat_map(|&s| [(s, 1), (s, commit_every)]) {
+            eprintln!("gpu_posting: {placement:?}, {name} scope, a doorbell per {every} posts ...");
             let launch = DataPathLaunch {
                 scope,
                 mode,
                 grid,
                 block,
             };
-            let r = gpu.posting_rate(placement, launch, qps, stride, iters)?;
+            let r = gpu.posting_rate(placement, launch, qps, stride, iters, every)?;
             let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
             let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
             rows.push(Row {
                 placement,
                 scope: name,
+                commit_every: every,
                 qps,
                 threads: grid as u64 * block as u64,
                 wqes: r.wqes,
@@ -85,12 +98,19 @@ fn main() -> anyhow::Result<()> {
             "device posting rate, {} ({grid} blocks x {block} threads, {iters} 8-byte puts per thread)",
             info.gpus[0].name
         );
-        println!(" placement    scope    QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store");
+        println!(
+            " placement    scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store"
+        );
         for r in &rows {
             println!(
-                " {:<12} {:<8} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}%",
+                " {:<12} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}%",
                 format!("{:?}", r.placement),
                 r.scope,
+                if r.commit_every <= 1 {
+                    "post".to_string()
+                } else {
+                    format!("{} posts", r.commit_every)
+                },
                 r.qps,
                 r.wqes,
                 r.post_mwqe_s,

@@ -58,7 +58,9 @@ fn bad(why: String) -> CudaError {
 impl Gpu {
     /// Posts `per_thread` 8-byte puts from every thread of `launch` (thread `t` on QP
     /// `(t / stride) % qps`, each QP used in `launch.mode` by the threads that map to it), then
-    /// runs the store-loop reference over the same memory; returns both GPU times.
+    /// runs the store-loop reference over the same memory; returns both GPU times. With
+    /// `commit_every` above 1 the puts are deferred and each thread commits every
+    /// `commit_every` puts (one doorbell for that many posts), else every post rings.
     pub fn posting_rate(
         &self,
         placement: RingPlacement,
@@ -66,6 +68,7 @@ impl Gpu {
         qps: u32,
         stride: u32,
         per_thread: u32,
+        commit_every: u32,
     ) -> Result<PostingRun, CudaError> {
         let threads = launch.grid as u64 * launch.block as u64;
         if qps == 0 || stride == 0 || per_thread == 0 || threads == 0 {
@@ -158,6 +161,7 @@ impl Gpu {
                 Arg::U32(qps),
                 Arg::U32(stride),
                 Arg::U32(per_thread),
+                Arg::U32(commit_every),
             ],
         )?;
         if let Some((t, code)) = run.first_failure() {
