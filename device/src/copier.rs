@@ -3,15 +3,18 @@
 //! Block 0's first warp watches the host-pinned ring and mirrors new descriptors into device
 //! memory, up to 32 per PCIe round trip, running ahead of the others (so one warp polls across
 //! PCIe, and descriptors are fetched while earlier ones are copied). Every other warp walks the
-//! mirrored descriptors 32 at a time and serves its own: a small copy or an atomic belongs to
-//! one warp (descriptor `n` to worker warp `n mod warps`), so many are served at once; a large
-//! copy is shared by the warps of enough blocks, and the last warp to finish its share answers.
-//! Answers ([`CopyDone`]) are published per slot with a system-scope release, in any order; the
-//! host reads completion per slot.
+//! mirrored descriptors 32 at a time and serves its own: a small copy, a copy list (up to 32
+//! small copies, a lane each) or an atomic belongs to one warp (descriptor `n` to worker warp
+//! `n mod warps`), so many are served at once; a large copy is shared by the warps of enough
+//! blocks (starting at a different block for each copy), and the last warp to finish its share
+//! answers. Answers ([`CopyDone`](gdaki_layout::copy::CopyDone)) are published per slot with a
+//! system-scope release, in any order; the host reads completion per slot. Each answer also
+//! marks its slot done in device memory, for copies the host ordered after it (a copy onto
+//! bytes an earlier one still writes names that one, and its warps wait for it).
 //!
 //! Within one copy the final unit (up to 16 bytes) is written last, after the rest is visible,
 //! so a poller that sees a message's last byte sees the whole message. Separate copies may be
-//! placed in any order; the host orders what needs it (see the host side).
+//! placed in any order unless the host ordered them (see the host side).
 //!
 //! [`copy_share`] is compiled for the host too, where the tests run it with simulated threads.
 use gdaki_layout::copy::OP_COPY;
@@ -151,7 +154,7 @@ pub const fn body(dst: u64, src: u64, len: u64) -> u64 {
 }
 
 /// Thread `tid`'s share (of `n` threads) of copying `len` bytes from `src` to `dst`, in the
-/// [`unit`] of the three.
+/// [`unit()`] of the three.
 ///
 /// # Safety
 /// `src..src + len` is readable and `dst..dst + len` writable by the caller, and they do not
