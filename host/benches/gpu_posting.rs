@@ -28,21 +28,13 @@ struct Row {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
-    let iters: u32 = args
-        .iter()
-        .position(|a| a == "--iters")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse())
-        .transpose()?
-        .unwrap_or(16);
-    let commit_every: u32 = args
-        .iter()
-        .position(|a| a == "--commit-every")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse())
-        .transpose()?
-        .unwrap_or(iters)
-        .max(2);
+    let value = |name: &str| -> anyhow::Result<Option<u32>> {
+        let v = args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
+        Ok(v.map(|v| v.parse()).transpose()?)
+    };
+    let iters = value("--iters")?.unwrap_or(16);
+    // The per-post row is always measured; the batched one needs at least two posts per commit.
+    let commit_every = value("--commit-every")?.unwrap_or(iters).max(2);
     let gpu = match Gpu::open(0) {
         Ok(g) => g,
         Err(e) => {

@@ -18,15 +18,16 @@ const FILTER_SLOTS: usize = 1 << 15;
 /// Copies submitted and not known done, oldest first.
 pub(super) struct InFlight {
     /// Descriptor `seq` writes `lo..hi` (several copies may share a descriptor).
-    copies: VecDeque<Copy>,
+    copies: VecDeque<InFlightCopy>,
     /// Per hashed 8-byte granule: small copies in flight that write it.
     filter: Box<[u16]>,
     /// Large copies in flight.
     wide: usize,
 }
 
+/// One copy in flight.
 #[derive(Debug, Clone, Copy)]
-struct Copy {
+struct InFlightCopy {
     seq: u64,
     lo: u64,
     hi: u64,
@@ -78,12 +79,12 @@ impl InFlight {
         } else {
             self.wide += 1;
         }
-        self.copies.push_back(Copy { seq, lo, hi, after });
+        self.copies.push_back(InFlightCopy { seq, lo, hi, after });
     }
 
     /// Forgets the oldest copies while `done(seq)` says they are done.
     pub(super) fn retire(&mut self, mut done: impl FnMut(u64) -> bool) {
-        while let Some(&Copy { seq, lo, hi, .. }) = self.copies.front() {
+        while let Some(&InFlightCopy { seq, lo, hi, .. }) = self.copies.front() {
             if !done(seq) {
                 break;
             }
