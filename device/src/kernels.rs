@@ -57,8 +57,9 @@ fn all_ops<M: Sharing, S: Scope>(qp: Qp<M, S>, remote: Remote, local: Local) -> 
     qp.put(r(8), l(8), 8)?;
     qp.deferred().put_inline(r(16), &t.to_le_bytes())?;
     qp.commit()?;
-    qp.fence()?;
     qp.get(l(24), r(0), 8)?;
+    // Sends what the get fetched: the fence holds the put until the get's data has landed.
+    qp.fenced().put(r(24), l(24), 8)?;
     qp.put_signal(r(32), l(32), 8, r(40), 1, l(48))?;
     qp.signal(r(40), 1, l(48))?;
     let before = qp.atomic_fetch_add(r(40), 5, l(48))?;

@@ -35,9 +35,12 @@ use gdaki_layout::atomic::AtomicSeg;
 use gdaki_layout::cqe::{self, Cqe64};
 use gdaki_layout::ctrl::{self, CtrlSeg};
 use gdaki_layout::data::DataSeg;
-use gdaki_layout::handle::{error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR};
+use gdaki_layout::handle::{error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR, QP_FLUSH_AFTER_FETCH};
 use gdaki_layout::raddr::RaddrSeg;
-use gdaki_layout::{dbrec, doorbell, inline, ring, DevQp, DoorbellKind, Segment, Syndrome, WqeOpcode};
+use gdaki_layout::{
+    atomic as atomic_seg, dbrec, doorbell, inline, ring, AtomicReplyOrder, DevQp, DoorbellKind, Segment, Syndrome,
+    WqeOpcode,
+};
 
 use crate::arch;
 use crate::scope::{Scope, Thread};
@@ -94,6 +97,8 @@ pub struct Qp<M: Sharing, S: Scope = Thread> {
     scope: S,
     /// Posts leave the doorbell to [`Qp::commit`] (see [`Qp::deferred`]).
     defer: bool,
+    /// Fence-mode bits the first WQE of each post carries (see [`Qp::fenced`]).
+    fence: u8,
     _mode: PhantomData<M>,
 }
 
@@ -136,6 +141,7 @@ impl<M: Sharing> Qp<M, Thread> {
             ptr,
             scope: Thread,
             defer: false,
+            fence: 0,
             _mode: PhantomData,
         }
     }
@@ -149,6 +155,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             ptr: self.ptr,
             scope,
             defer: self.defer,
+            fence: self.fence,
             _mode: PhantomData,
         }
     }
@@ -162,6 +169,26 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     pub const fn deferred(self) -> Self {
         Qp { defer: true, ..self }
+    }
+
+    /// The same QP with its posts fenced, in the form verbs (`IBV_SEND_FENCE`) and NVSHMEM use:
+    /// the first WQE of each operation posted through the returned handle carries the PRM's
+    /// FENCE mode ([`ctrl::FM_FENCE`]).
+    ///
+    /// What that guarantees, on a ConnectX as on the soft HCA: the operation starts only once
+    /// every earlier RDMA READ ([`get`](Self::get)) and atomic of this QP has completed, its
+    /// data written into local memory. So a put may send what an earlier get fetched, or
+    /// depend on an earlier atomic's result. It does not wait for earlier puts: RC already
+    /// executes a QP's WRITEs and atomics at the responder in posting order, so a later put or
+    /// atomic can never overtake an earlier put there, fenced or not. For "everything earlier
+    /// has completed", wait on the earlier ticket ([`wait`](Self::wait), [`quiet`](Self::quiet)).
+    /// Ordering across different QPs is never given by a fence.
+    #[inline(always)]
+    pub const fn fenced(self) -> Self {
+        Qp {
+            fence: ctrl::FM_FENCE,
+            ..self
+        }
     }
 
     /// Rings for every WQE marked ready on this QP and not rung yet (posted through a
@@ -232,6 +259,18 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     fn max_msg_size(&self) -> u64 {
         unsafe { (*self.ptr).max_msg_size }.max(1)
+    }
+    #[inline(always)]
+    fn flags(&self) -> u8 {
+        unsafe { (*self.ptr).flags }
+    }
+
+    /// The byte order in which this QP's HCA returns fetched atomic values (a property of the
+    /// device, carried in the handle): what [`fetched`](Self::fetched) undoes.
+    #[inline(always)]
+    pub fn atomic_reply_order(&self) -> AtomicReplyOrder {
+        // SAFETY: `ptr` is valid per `from_raw`; the handle is read by value.
+        unsafe { (*self.ptr).atomic_reply_order() }
     }
 
     #[inline(always)]
@@ -322,7 +361,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 max: MAX_INLINE,
             });
         }
-        // Segments 2 and 3 hold the inline header and up to 28 payload bytes.
+        // Segments 2 and 3 hold the inline header and up to 28 payload bytes; 0 bytes take no
+        // inline segment at all (`ring::ds_write_inline`), as rdma-core posts them.
         let mut tail = [0u8; 32];
         tail[..4].copy_from_slice(&inline::byte_count(data.len() as u32).to_be_bytes());
         tail[4..4 + data.len()].copy_from_slice(data);
@@ -348,8 +388,10 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         self.prepare_rdma(WqeOpcode::RdmaRead, index, src, dst, len, flags);
     }
 
-    /// Writes an 8-byte atomic on `target` at reserved slot `index`; the old value lands
-    /// (big-endian, as mlx5 returns it) in the 8 bytes at `result`.
+    /// Writes an 8-byte atomic on `target` at reserved slot `index`; the old value lands in the
+    /// 8 bytes at `result`, in the QP's [`atomic_reply_order`](Self::atomic_reply_order).
+    /// `target.addr` must be 8-byte aligned (the high-level functions check it; a NIC fails a
+    /// misaligned atomic with an error CQE).
     #[inline(always)]
     pub fn wqe_prepare_atomic(&self, index: u64, op: AtomicOp, target: Remote, result: Local, flags: u8) {
         let (opcode, seg) = match op {
@@ -363,6 +405,21 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 RaddrSeg::new(target.addr, target.rkey).to_words(),
                 seg.to_words(),
                 DataSeg::new(8, result.lkey, result.addr).to_words(),
+            ],
+        );
+    }
+
+    /// Writes a DUMP at reserved slot `index`: the HCA reads the `len` bytes at `local` and
+    /// completes. With a fence mode in `flags` it completes only after the earlier READs and
+    /// atomics, which is how a reader makes their data visible where GPUDirect RDMA writes are
+    /// not ordered for it (see [`QP_FLUSH_AFTER_FETCH`]).
+    #[inline(always)]
+    pub fn wqe_prepare_dump(&self, index: u64, local: Local, len: u32, flags: u8) {
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl(WqeOpcode::Dump, index, ring::DS_DUMP, flags),
+                DataSeg::new(len, local.lkey, local.addr).to_words(),
             ],
         );
     }
@@ -452,7 +509,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Looks at the CQE of `index` once: `None` if not written yet, else its outcome, consuming
     /// it (consumer index, doorbell record, sticky error).
     #[inline(always)]
-    fn try_complete(&self, index: u64) -> Option<Result<(), CqeError>> {
+    fn try_complete(&self, index: u64) -> Option<Result<(), WaitError>> {
         let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
         let slot = base + ring::cqe_offset(index, log);
         // SAFETY: the CQ ring of the live handle; op_own is its last byte.
@@ -461,6 +518,15 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             return None;
         }
         let cqe = Self::read_cqe(slot);
+        // A compressed or otherwise formatted CQE is not a 64-byte CQE of this WQE: misreading
+        // it would complete the wrong WQE. gdaki's CQs never ask for one; say so rather than
+        // guess (it stays unconsumed).
+        if cqe.format() != 0 {
+            return Some(Err(WaitError::CqeFormat {
+                index,
+                format: cqe.format(),
+            }));
+        }
         // The owner bit only tells laps apart modulo 2: an entry two laps old looks written too.
         // Its WQE counter does not match (rings are at most 2^15 entries).
         if cqe.wqe_counter.get() != index as u16 {
@@ -471,7 +537,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             self.record_earlier_errors(index);
             let word = error_word(index, e.syndrome, e.vendor_err_synd, e.wqe_opcode());
             self.record_error(word);
-            Err(CqeError::from_word(word))
+            Err(WaitError::Cqe(CqeError::from_word(word)))
         } else {
             Ok(())
         };
@@ -562,9 +628,10 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
 
     /// Consumes the oldest unconsumed CQE if it is there: `Some(Ok(index))`, `Some(Err(..))`
-    /// for an error CQE, `None` if the HCA has not written it.
+    /// for an error CQE (or one of a format this crate does not read, left unconsumed), `None`
+    /// if the HCA has not written it.
     #[inline(always)]
-    pub fn poll_one(&self) -> Option<Result<u64, CqeError>> {
+    pub fn poll_one(&self) -> Option<Result<u64, WaitError>> {
         let index = unsafe { M::load_acquire(self.cq_consumed()) };
         self.try_complete(index).map(|r| r.map(|()| index))
     }
@@ -592,10 +659,11 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 return self.error_at_or_before(index).map_err(WaitError::Cqe);
             }
             if let Some(outcome) = self.try_complete(index) {
-                return if report_errors {
-                    outcome.map_err(WaitError::Cqe)
-                } else {
-                    Ok(())
+                return match outcome {
+                    // Not a CQE this crate can read: no completion to count either way.
+                    Err(e @ WaitError::CqeFormat { .. }) => Err(e),
+                    _ if report_errors => outcome,
+                    _ => Ok(()),
                 };
             }
             if !rang {
@@ -683,7 +751,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// instead of a contended atomic and an in-order hand-off per thread. The ticket is then
     /// the group's last index, which covers this thread's WQEs too.
     #[inline(always)]
-    fn post(&self, count: u64, write: impl FnMut(u64, u64) -> Result<(), PostError>) -> Result<Ticket, PostError> {
+    fn post(&self, count: u64, write: impl FnMut(u64, u64, u8) -> Result<(), PostError>) -> Result<Ticket, PostError> {
         #[cfg(target_arch = "nvptx64")]
         if S::SOLO && M::SHARED {
             return self
@@ -694,13 +762,15 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
 
     /// The group posts: each member brings `count` WQEs (0 allowed), its `k`-th written by
-    /// `write(index, k)`. In rounds of at most one ring, the leader reserves, members write,
-    /// the leader marks ready and submits. Returns the group's last index.
+    /// `write(index, k, flags)`, where `flags` are the extra `fm_ce_se` bits of that WQE (the
+    /// handle's fence on the first, see [`fenced`](Self::fenced)). In rounds of at most one
+    /// ring, the leader reserves, members write, the leader marks ready and submits. Returns
+    /// the group's last index.
     #[inline(always)]
     fn post_group(
         &self,
         count: u64,
-        mut write: impl FnMut(u64, u64) -> Result<(), PostError>,
+        mut write: impl FnMut(u64, u64, u8) -> Result<(), PostError>,
     ) -> Result<Ticket, PostError> {
         let (first, total) = self.scope.scan(count);
         let ring = 1u64 << self.sq_log_size();
@@ -714,7 +784,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             for p in first.max(done)..(first + count).min(done + n) {
                 let index = base + (p - done);
                 if written.is_ok() {
-                    written = write(index, p - first);
+                    let k = p - first;
+                    written = write(index, k, if k == 0 { self.fence } else { 0 });
                 }
                 if written.is_err() {
                     // Keep the ring consistent: the slot must hold a valid WQE before it is ready.
@@ -744,12 +815,22 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
 
     /// Writes WQE `k` of an RDMA WRITE or READ of `len` bytes split by `max` bytes (`len` 0:
-    /// a NOP).
+    /// a NOP), with extra `fm_ce_se` bits `flags`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn write_chunk(&self, opcode: WqeOpcode, index: u64, k: u64, remote: Remote, local: Local, len: u64, max: u64) {
+    fn write_chunk(
+        &self,
+        opcode: WqeOpcode,
+        index: u64,
+        k: u64,
+        remote: Remote,
+        local: Local,
+        len: u64,
+        max: u64,
+        flags: u8,
+    ) {
         if len == 0 {
-            return self.wqe_prepare_nop(index, 0);
+            return self.wqe_prepare_nop(index, flags);
         }
         let off = k * max;
         self.prepare_rdma(
@@ -758,17 +839,30 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             remote.offset(off),
             local.offset(off),
             (len - off).min(max) as u32,
-            0,
+            flags,
         );
     }
 
+    /// Whether fetched data (READ data, atomic results) needs a fenced DUMP before the device
+    /// may read it ([`QP_FLUSH_AFTER_FETCH`]).
+    #[inline(always)]
+    fn flush_after_fetch(&self) -> bool {
+        self.flags() & QP_FLUSH_AFTER_FETCH != 0
+    }
+
     /// Posts an RDMA WRITE or READ of `len` bytes between `remote` and `local`, split into WQEs
-    /// of at most `max_msg_size` (one NOP when `len` is 0).
+    /// of at most `max_msg_size` (one NOP when `len` is 0). A READ on a QP that needs it ends
+    /// with a fenced DUMP of its first local byte, whose ticket is returned.
     #[inline(always)]
     fn post_split(&self, opcode: WqeOpcode, remote: Remote, local: Local, len: u64) -> Result<Ticket, PostError> {
         let (count, max) = self.split(len);
-        self.post(count, |i, k| {
-            self.write_chunk(opcode, i, k, remote, local, len, max);
+        let dump = opcode == WqeOpcode::RdmaRead && len > 0 && self.flush_after_fetch();
+        self.post(count + dump as u64, |i, k, flags| {
+            if k < count {
+                self.write_chunk(opcode, i, k, remote, local, len, max, flags);
+            } else {
+                self.wqe_prepare_dump(i, local, 1, ctrl::FM_FENCE);
+            }
             Ok(())
         })
     }
@@ -784,7 +878,9 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub fn put_inline(&self, dst: Remote, data: &[u8]) -> Result<Ticket, PostError> {
         let too_long = data.len() > MAX_INLINE;
         // A member with bad arguments still takes part in the collective, with nothing to post.
-        let r = self.post(!too_long as u64, |i, _| self.wqe_prepare_write_inline(i, dst, data, 0));
+        let r = self.post(!too_long as u64, |i, _, flags| {
+            self.wqe_prepare_write_inline(i, dst, data, flags)
+        });
         if too_long {
             return Err(PostError::InlineTooLong {
                 len: data.len(),
@@ -796,7 +892,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
 
     /// [`put`](Self::put), then an atomic add of `add` at `signal`, posted together (one
     /// doorbell); RC ordering makes the signal visible only after the data. The fetched value
-    /// lands in the 8-byte `scratch`. `len` 0 posts the signal alone.
+    /// lands in the 8-byte `scratch` (never read by gdaki). `len` 0 posts the signal alone.
+    /// `signal.addr` must be 8-byte aligned.
     #[inline(always)]
     pub fn put_signal(
         &self,
@@ -807,21 +904,40 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         add: u64,
         scratch: Local,
     ) -> Result<Ticket, PostError> {
-        let (chunks, max) = if len == 0 { (0, 0) } else { self.split(len) };
-        self.post(chunks + 1, |i, k| {
+        let misaligned = Self::check_atomic_target(signal);
+        let (chunks, max) = if len == 0 || misaligned.is_err() {
+            (0, 0)
+        } else {
+            self.split(len)
+        };
+        let count = if misaligned.is_err() { 0 } else { chunks + 1 };
+        let r = self.post(count, |i, k, flags| {
             if k < chunks {
-                self.write_chunk(WqeOpcode::RdmaWrite, i, k, dst, src, len, max);
+                self.write_chunk(WqeOpcode::RdmaWrite, i, k, dst, src, len, max, flags);
             } else {
-                self.wqe_prepare_atomic(i, AtomicOp::FetchAdd(add), signal, scratch, 0);
+                self.wqe_prepare_atomic(i, AtomicOp::FetchAdd(add), signal, scratch, flags);
             }
             Ok(())
-        })
+        });
+        misaligned?;
+        r
     }
 
-    /// An atomic add of `add` at `signal` (the fetched value lands in `scratch`).
+    /// An atomic add of `add` at `signal` (8-byte aligned; the fetched value lands in
+    /// `scratch` and is not read, so no flush is posted for it).
     #[inline(always)]
     pub fn signal(&self, signal: Remote, add: u64, scratch: Local) -> Result<Ticket, PostError> {
-        self.atomic(AtomicOp::FetchAdd(add), signal, scratch)
+        self.post_atomic(AtomicOp::FetchAdd(add), signal, scratch, false)
+    }
+
+    /// An atomic's target must be 8-byte aligned: a NIC answers a misaligned one with an error
+    /// CQE whose syndrome varies by device, so the device refuses it before posting.
+    #[inline(always)]
+    fn check_atomic_target(target: Remote) -> Result<(), PostError> {
+        if target.addr % atomic_seg::OPERAND_SIZE as u64 != 0 {
+            return Err(PostError::Misaligned { addr: target.addr });
+        }
+        Ok(())
     }
 
     /// RDMA READ of `len` bytes from `src` into `dst` (split as needed; 0 bytes is a NOP).
@@ -830,13 +946,31 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         self.post_split(WqeOpcode::RdmaRead, src, dst, len)
     }
 
-    /// Posts one atomic; the old value lands (big-endian) at `result`.
+    /// Posts one atomic on the 8-byte aligned `target`; once the ticket has completed, the old
+    /// value is at `result` in the QP's [`atomic_reply_order`](Self::atomic_reply_order)
+    /// ([`fetched`](Self::fetched) reads it). On a QP that needs it the atomic is followed by
+    /// a fenced DUMP of `result`, whose ticket is returned.
     #[inline(always)]
     pub fn atomic(&self, op: AtomicOp, target: Remote, result: Local) -> Result<Ticket, PostError> {
-        self.post(1, |i, _| {
-            self.wqe_prepare_atomic(i, op, target, result, 0);
+        self.post_atomic(op, target, result, self.flush_after_fetch())
+    }
+
+    /// One atomic, then (with `flush`) a fenced DUMP of its result. A misaligned target posts
+    /// nothing (but still takes part in the group's collective).
+    #[inline(always)]
+    fn post_atomic(&self, op: AtomicOp, target: Remote, result: Local, flush: bool) -> Result<Ticket, PostError> {
+        let checked = Self::check_atomic_target(target);
+        let count = if checked.is_err() { 0 } else { 1 + flush as u64 };
+        let r = self.post(count, |i, k, flags| {
+            if k == 0 {
+                self.wqe_prepare_atomic(i, op, target, result, flags);
+            } else {
+                self.wqe_prepare_dump(i, result, 1, ctrl::FM_FENCE);
+            }
             Ok(())
-        })
+        });
+        checked?;
+        r
     }
 
     /// Atomic fetch-and-add; waits and returns the value before the add.
@@ -844,7 +978,9 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub fn atomic_fetch_add(&self, target: Remote, add: u64, result: Local) -> Result<u64, PostError> {
         let t = self.atomic(AtomicOp::FetchAdd(add), target, result)?;
         self.wait(t)?;
-        Ok(Self::fetched(result))
+        // SAFETY: `result` is the caller's 8-byte, device-readable buffer (the same contract
+        // every operation here has for the buffers it names), and its atomic has completed.
+        Ok(unsafe { self.fetched(result) })
     }
 
     /// Atomic compare-and-swap; waits and returns the value found (equal to `compare` when the
@@ -859,16 +995,23 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     ) -> Result<u64, PostError> {
         let t = self.atomic(AtomicOp::CompareSwap { compare, swap }, target, result)?;
         self.wait(t)?;
-        Ok(Self::fetched(result))
+        // SAFETY: `result` is the caller's 8-byte, device-readable buffer (the same contract
+        // every operation here has for the buffers it names), and its atomic has completed.
+        Ok(unsafe { self.fetched(result) })
     }
 
-    /// Reads a fetched atomic value after its completion.
+    /// Reads the value an atomic posted on this QP fetched into `result`, after its ticket has
+    /// completed, in the QP's [`atomic_reply_order`](Self::atomic_reply_order).
+    ///
+    /// # Safety
+    /// `result` is an 8-byte aligned buffer readable by this device, and the atomic that wrote
+    /// it has completed (its ticket waited for).
     #[inline(always)]
-    fn fetched(result: Local) -> u64 {
+    pub unsafe fn fetched(&self, result: Local) -> u64 {
         arch::from_device_barrier();
-        // SAFETY: `result` is the caller's 8-byte, device-readable buffer, written by the HCA
-        // before the completion that was just observed.
-        u64::from_be(unsafe { arch::load_u64_volatile(result.addr as *const u64) })
+        // SAFETY: per the caller's contract.
+        let raw = unsafe { arch::load_u64_volatile(result.addr as *const u64) };
+        self.atomic_reply_order().decode(raw)
     }
 
     /// Waits for the operation that returned `ticket`. In group scope the leader waits for its
@@ -903,15 +1046,5 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 return Ok(());
             }
         }
-    }
-
-    /// Orders: WQEs posted after this start only once every earlier one has completed at the
-    /// requester (a NOP with the strong fence flag; one per group). Returns the NOP's ticket.
-    #[inline(always)]
-    pub fn fence(&self) -> Result<Ticket, PostError> {
-        self.post(self.scope.is_leader() as u64, |i, _| {
-            self.wqe_prepare_nop(i, ctrl::FM_FENCE);
-            Ok(())
-        })
     }
 }

@@ -62,6 +62,14 @@ pub enum WaitError {
         /// The value last read.
         found: u64,
     },
+    /// The CQE for `index` has a format other than the plain 64-byte one (a compressed or
+    /// mini-CQE block): the CQ was created with options gdaki does not read. Not consumed.
+    CqeFormat {
+        /// The index waited for.
+        index: u64,
+        /// The format bits found (`op_own >> 2 & 3`).
+        format: u8,
+    },
 }
 
 /// Why a post did not happen (nothing was posted unless said otherwise).
@@ -86,6 +94,12 @@ pub enum PostError {
         count: u32,
         /// Ring size in WQEs.
         ring: u64,
+    },
+    /// An atomic's target address is not 8-byte aligned (a NIC would fail it with an error
+    /// CQE of a device-specific syndrome).
+    Misaligned {
+        /// The target address.
+        addr: u64,
     },
 }
 
@@ -113,6 +127,10 @@ impl core::fmt::Display for WaitError {
                     "timed out waiting for flag value {expected:#x} (last read {found:#x})"
                 )
             }
+            WaitError::CqeFormat { index, format } => write!(
+                f,
+                "the CQE for WQE {index} has format {format}, not a plain 64-byte CQE (a compressed CQ?)"
+            ),
         }
     }
 }
@@ -125,12 +143,14 @@ impl core::fmt::Display for PostError {
             PostError::InlineTooLong { len, max } => write!(f, "inline data of {len} bytes exceeds {max}"),
             PostError::BadHandle => f.write_str("unknown doorbell kind in the QP handle"),
             PostError::BadCount { count, ring } => write!(f, "cannot reserve {count} WQEs in a ring of {ring}"),
+            PostError::Misaligned { addr } => write!(f, "atomic target {addr:#x} is not 8-byte aligned"),
         }
     }
 }
 
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
-/// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`], or [`CODE_CQE_ERROR`] | syndrome.
+/// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`],
+/// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], or [`CODE_CQE_ERROR`] | syndrome.
 pub const CODE_OK: u32 = 0;
 /// A wait timed out.
 pub const CODE_TIMEOUT: u32 = 1;
@@ -142,6 +162,10 @@ pub const CODE_BAD_HANDLE: u32 = 3;
 pub const CODE_BAD_COUNT: u32 = 4;
 /// A wait for a flag in memory timed out.
 pub const CODE_FLAG_TIMEOUT: u32 = 6;
+/// An atomic's target is not 8-byte aligned.
+pub const CODE_MISALIGNED: u32 = 7;
+/// A CQE of a format gdaki does not read (compressed or mini CQEs).
+pub const CODE_CQE_FORMAT: u32 = 8;
 /// A kernel was launched in a shape its scope cannot use (for example a warp-scope kernel
 /// whose warp is partial). Reported by kernels, not by the API.
 pub const CODE_BAD_SCOPE: u32 = 5;
@@ -164,6 +188,8 @@ impl core::fmt::Display for Code {
             CODE_BAD_HANDLE => f.write_str("bad QP handle"),
             CODE_BAD_COUNT => f.write_str("bad reservation count"),
             CODE_BAD_SCOPE => f.write_str("launch shape does not fit the kernel's scope"),
+            CODE_MISALIGNED => f.write_str("atomic target not 8-byte aligned"),
+            CODE_CQE_FORMAT => f.write_str("a CQE of a format gdaki does not read (compressed CQ?)"),
             u32::MAX => f.write_str("no status written (the thread did not finish)"),
             c if c & CODE_CQE_ERROR != 0 => write!(f, "error CQE: {}", Syndrome::from_raw(c as u8)),
             c => write!(f, "unknown status {c:#x}"),
@@ -179,6 +205,7 @@ impl WaitError {
             WaitError::Cqe(e) => CODE_CQE_ERROR | e.syndrome.raw() as u32,
             WaitError::Timeout { .. } => CODE_TIMEOUT,
             WaitError::Flag { .. } => CODE_FLAG_TIMEOUT,
+            WaitError::CqeFormat { .. } => CODE_CQE_FORMAT,
         }
     }
 }
@@ -192,6 +219,7 @@ impl PostError {
             PostError::InlineTooLong { .. } => CODE_INLINE_TOO_LONG,
             PostError::BadHandle => CODE_BAD_HANDLE,
             PostError::BadCount { .. } => CODE_BAD_COUNT,
+            PostError::Misaligned { .. } => CODE_MISALIGNED,
         }
     }
 }
@@ -208,6 +236,8 @@ pub(crate) fn encode(r: Result<u64, PostError>) -> [u64; 2] {
         Err(PostError::InlineTooLong { len, max }) => (len as u64) << 32 | max as u64,
         Err(PostError::BadHandle) => 0,
         Err(PostError::BadCount { count, ring }) => (count as u64) << 32 | ring,
+        Err(PostError::Wait(WaitError::CqeFormat { index, format })) => index << 2 | (format & 3) as u64,
+        Err(PostError::Misaligned { addr }) => addr,
     };
     [r.err().map_or(CODE_OK, |e| e.code()) as u64, payload]
 }
@@ -232,6 +262,12 @@ pub(crate) fn decode(w: [u64; 2]) -> Result<u64, PostError> {
             count: (payload >> 32) as u32,
             ring: payload as u32 as u64,
         },
+        CODE_CQE_FORMAT => WaitError::CqeFormat {
+            index: payload >> 2,
+            format: (payload & 3) as u8,
+        }
+        .into(),
+        CODE_MISALIGNED => PostError::Misaligned { addr: payload },
         c if c & CODE_CQE_ERROR != 0 => WaitError::Cqe(CqeError::from_word(payload)).into(),
         _ => PostError::BadHandle,
     })
@@ -265,6 +301,12 @@ mod tests {
                 count: 0,
                 ring: 1 << 15,
             }),
+            Err(WaitError::CqeFormat {
+                index: 1 << 40,
+                format: 3,
+            }
+            .into()),
+            Err(PostError::Misaligned { addr: 0x1003 }),
         ];
         for c in cases {
             assert_eq!(decode(encode(c)), c);

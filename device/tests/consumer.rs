@@ -10,8 +10,10 @@ use std::time::Duration;
 use gdaki_device::scope::Group;
 use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Scope, Sharing, WaitError};
 use gdaki_layout::cqe::{Cqe64, ErrCqe};
+use gdaki_layout::ctrl::FenceMode;
+use gdaki_layout::handle::{QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH};
 use gdaki_layout::wqe::{Operation, Payload, WorkRequest, WqeView};
-use gdaki_layout::{dbrec, doorbell, ring, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
+use gdaki_layout::{dbrec, doorbell, ring, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
 
 const QPN: u32 = 0x1234;
 const RKEY: u32 = 0xbeef;
@@ -38,6 +40,9 @@ struct Consumer {
     stop: AtomicBool,
     /// Reject the WQE with this index with a remote access error (u64::MAX: none).
     fail_at: AtomicU64,
+    /// Write the CQE of the WQE with this index with format bits 3, a compressed block, as a
+    /// CQ created with compression would (u64::MAX: none).
+    format_at: AtomicU64,
     seen: Mutex<Vec<WorkRequest>>,
     error: Mutex<Option<String>>,
 }
@@ -102,6 +107,7 @@ impl Harness {
         let consumer = Arc::new(Consumer {
             stop: AtomicBool::new(false),
             fail_at: AtomicU64::new(u64::MAX),
+            format_at: AtomicU64::new(u64::MAX),
             seen: Mutex::new(Vec::new()),
             error: Mutex::new(None),
         });
@@ -122,6 +128,12 @@ impl Harness {
             consumer,
             thread,
         }
+    }
+
+    /// Sets the handle's `QP_*` flags (before anything is posted).
+    fn with_flags(mut self, flags: u8) -> Self {
+        self.setup.qp.flags = flags;
+        self
     }
 
     fn qp<M: Sharing>(&self) -> Qp<M> {
@@ -186,8 +198,22 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                 if db != 0 && qpn != QPN {
                     return Err(format!("doorbell for QP {qpn:#x}"));
                 }
-                // The doorbell record is written before the doorbell, so it is never behind it.
+                // The doorbell is the 8-byte image NVSHMEM's `ibgda_ring_db` stores:
+                // {htobe32(pi << 8), htobe32(qpn << 8)}, pi the 16-bit producer index.
+                let image = [((pi16 as u32) << 8).to_be_bytes(), (QPN << 8).to_be_bytes()].concat();
+                if db != 0 && db.to_ne_bytes()[..] != image[..] {
+                    return Err(format!(
+                        "doorbell {:02x?} is not the image {image:02x?}",
+                        db.to_ne_bytes()
+                    ));
+                }
+                // The record is the send word at +4 (`dbrec[1]`), big-endian, the 16-bit
+                // producer index with nothing above it; it is written before the doorbell, so
+                // it is never behind it.
                 let dbr = u32::from_be(unsafe { AtomicU32::from_ptr(h.sq_dbrec as *mut u32) }.load(Acquire));
+                if dbr > 0xffff {
+                    return Err(format!("doorbell record {dbr:#x} holds more than 16 bits"));
+                }
                 if db != 0 && !ring::wq_counter_at_or_after(dbr as u16, pi16) {
                     return Err(format!("doorbell record {dbr:#x} behind doorbell {pi16:#x}"));
                 }
@@ -225,7 +251,14 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                 let bad = |r: &Remote, n: u64| r.rkey != RKEY || !check(p.remote, r.addr, n);
                 match wr.op {
                     Operation::Nop => {}
+                    Operation::Dump { local } => {
+                        if local.lkey != LKEY || !check(p.local, local.addr, local.length as u64) {
+                            syndrome = Some(Syndrome::LocalProt);
+                        }
+                    }
                     Operation::Write { remote, payload } => match payload {
+                        // A zero-length WRITE (the 0-byte inline form): nothing moves.
+                        Payload::Gather(list) if list.as_slice().is_empty() => {}
                         Payload::Gather(list) => {
                             let s = list.as_slice()[0];
                             if bad(&remote, s.length as u64)
@@ -268,19 +301,24 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                                     .unwrap_or_else(|v| v),
                                 _ => unreachable!(),
                             };
-                            unsafe { AtomicU64::from_ptr(result.addr as *mut u64) }.store(old.to_be(), Release);
+                            // In the handle's reply byte order, as the NIC's endianness mode writes it.
+                            let raw = u64::from_ne_bytes(h.atomic_reply_order().encode(old));
+                            unsafe { AtomicU64::from_ptr(result.addr as *mut u64) }.store(raw, Release);
                         }
                     }
                 }
             }
             let owner = ring::owner_parity(done, log);
-            let cqe = match syndrome {
+            let mut cqe = match syndrome {
                 None => Cqe64::success(QPN, done as u16, 0, owner),
                 Some(s) => {
                     in_error = true;
                     ErrCqe::new(QPN, done as u16, wr.opcode.raw(), s, 0x42, owner).as_cqe()
                 }
             };
+            if c.format_at.load(Acquire) == done {
+                cqe.op_own |= gdaki_layout::cqe::FORMAT_MASK << gdaki_layout::cqe::FORMAT_SHIFT;
+            }
             let words: [u64; 8] = bytemuck::cast(cqe);
             let cslot = h.cq.cqe_base + ring::cqe_offset(done, log);
             for (i, w) in words.iter().enumerate() {
@@ -433,8 +471,7 @@ fn inline_get_signal_fence_and_atomics() {
     ));
     assert_eq!(qp.reserve(0), Err(PostError::BadCount { count: 0, ring: 16 }));
     assert_eq!(qp.reserve(17), Err(PostError::BadCount { count: 17, ring: 16 }));
-    qp.fence().unwrap();
-    let t = qp.get(h.local(2048), h.remote(100), 20).unwrap();
+    let t = qp.fenced().get(h.local(2048), h.remote(100), 20).unwrap();
     qp.wait(t).unwrap();
     assert_eq!(&h.local_bytes()[2048..2068], b"hello, inline world!");
     qp.put_signal(h.remote(200), h.local(200), 64, h.remote(1024), 3, h.local(3000))
@@ -706,8 +743,8 @@ fn block_scope_runs_every_operation_in_exclusive_mode() {
                 } else {
                     res.expect("put_inline");
                 }
-                qp.fence().expect("fence");
-                let t = qp.get(h.local(4096 + me), h.remote(me), 8).expect("get");
+                // Fenced: each member's READ carries the fence (no NOP is posted for it).
+                let t = qp.fenced().get(h.local(4096 + me), h.remote(me), 8).expect("get");
                 qp.wait(t).expect("wait");
                 let got = &h.local_bytes()[4096 + me as usize..4096 + me as usize + 8];
                 if r != 3 {
@@ -751,9 +788,18 @@ fn block_scope_runs_every_operation_in_exclusive_mode() {
     }
     let seen = h.finish();
     let nops = seen.iter().filter(|w| w.op == Operation::Nop).count();
-    assert_eq!(nops, 1, "one fence NOP per group, none for the failed inline put");
-    // inline 4 + fence 1 + get 5 + put_signal 10 + fetch_add 5 + CAS 5
-    assert_eq!(seen.len(), 30);
+    assert_eq!(
+        nops, 0,
+        "no NOP: the fence rides on the gets, the failed inline put posts none"
+    );
+    let fenced = |w: &&WorkRequest| FenceMode::from_fm_ce_se(w.fm_ce_se) == FenceMode::Fence;
+    assert_eq!(seen.iter().filter(fenced).count(), 5, "one fenced WQE per member");
+    assert!(seen
+        .iter()
+        .filter(fenced)
+        .all(|w| matches!(w.op, Operation::Read { .. })));
+    // inline 4 + get 5 + put_signal 10 + fetch_add 5 + CAS 5
+    assert_eq!(seen.len(), 29);
 }
 
 /// An error CQE in a group's WQEs reaches every member's wait.
@@ -783,4 +829,140 @@ fn every_member_of_a_warp_sees_the_error() {
         }
     });
     h.finish();
+}
+
+/// 8-byte atomic results in both reply byte orders a ConnectX can be set to: the device reads
+/// the value the handle's mode says the HCA wrote.
+#[test]
+fn atomics_read_results_in_either_reply_order() {
+    for (flags, order) in [
+        (0, AtomicReplyOrder::BigEndian),
+        (QP_ATOMIC_REPLY_HOST_ORDER, AtomicReplyOrder::HostOrder),
+    ] {
+        let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096).with_flags(flags);
+        let qp = h.qp::<Exclusive>();
+        assert_eq!(qp.atomic_reply_order(), order);
+        let big = 0x0102_0304_0506_0708u64;
+        assert_eq!(qp.atomic_fetch_add(h.remote(0), big, h.local(64)).unwrap(), 0);
+        assert_eq!(
+            qp.atomic_fetch_add(h.remote(0), 1, h.local(64)).unwrap(),
+            big,
+            "{order:?}"
+        );
+        // The bytes in the result buffer are the HCA's, in its mode.
+        let raw: [u8; 8] = h.local_bytes()[64..72].try_into().unwrap();
+        assert_eq!(raw, order.encode(big), "{order:?}");
+        assert_eq!(
+            qp.atomic_compare_swap(h.remote(0), big + 1, 7, h.local(72)).unwrap(),
+            big + 1
+        );
+        let t = qp.atomic(AtomicOp::FetchAdd(0), h.remote(0), h.local(80)).unwrap();
+        qp.wait(t).unwrap();
+        // SAFETY: a local buffer of the harness, its atomic completed.
+        assert_eq!(unsafe { qp.fetched(h.local(80)) }, 7, "{order:?}");
+        h.finish();
+    }
+}
+
+/// A misaligned atomic target is refused before anything is posted (a NIC would answer with
+/// an error CQE whose syndrome is device-specific).
+#[test]
+fn misaligned_atomic_targets_are_refused_before_posting() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    let qp = h.qp::<Exclusive>();
+    let addr = h.remote(1028).addr;
+    assert_eq!(
+        qp.atomic_fetch_add(h.remote(1028), 1, h.local(0)),
+        Err(PostError::Misaligned { addr })
+    );
+    assert_eq!(
+        qp.atomic_compare_swap(h.remote(1028), 0, 1, h.local(0)),
+        Err(PostError::Misaligned { addr })
+    );
+    assert_eq!(
+        qp.signal(h.remote(1028), 1, h.local(0)),
+        Err(PostError::Misaligned { addr })
+    );
+    assert_eq!(
+        qp.put_signal(h.remote(0), h.local(0), 64, h.remote(1028), 1, h.local(8)),
+        Err(PostError::Misaligned { addr })
+    );
+    // The QP is fine afterwards.
+    assert_eq!(qp.atomic_fetch_add(h.remote(1024), 1, h.local(0)).unwrap(), 0);
+    let seen = h.finish();
+    assert_eq!(seen.len(), 1, "nothing was posted for the misaligned ones: {seen:?}");
+}
+
+/// A CQE with its format bits set (a compressed block) is refused with a clear status, and not
+/// consumed, instead of being read as the completion of the WQE.
+#[test]
+fn a_cqe_of_another_format_is_refused() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    h.consumer.format_at.store(1, Release);
+    let qp = h.qp::<Exclusive>();
+    qp.wait(qp.put(h.remote(0), h.local(0), 8).unwrap()).unwrap();
+    let t = qp.put(h.remote(8), h.local(8), 8).unwrap();
+    assert_eq!(qp.wait(t), Err(WaitError::CqeFormat { index: 1, format: 3 }));
+    assert!(matches!(
+        qp.poll_one(),
+        Some(Err(WaitError::CqeFormat { index: 1, format: 3 }))
+    ));
+    assert_eq!(PostError::from(WaitError::CqeFormat { index: 1, format: 3 }).code(), 8);
+    h.finish();
+}
+
+/// A zero-byte inline put is a zero-length WRITE of control and remote address, with no inline
+/// segment (rdma-core's form), and completes.
+#[test]
+fn a_zero_byte_inline_put_has_no_inline_segment() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    let qp = h.qp::<Exclusive>();
+    qp.wait(qp.put_inline(h.remote(0), &[]).unwrap()).unwrap();
+    let seen = h.finish();
+    assert_eq!(seen[0].ds, 2);
+    assert!(matches!(
+        seen[0].op,
+        Operation::Write { payload: Payload::Gather(l), .. } if l.as_slice().is_empty()
+    ));
+    assert_eq!(seen.len(), 1);
+}
+
+/// Where the GPU needs it (GPUDirect RDMA writes ordering below OWNER), every READ and fetching
+/// atomic ends with a fenced DUMP of its local buffer, and its ticket is the DUMP's: what
+/// NVSHMEM and DOCA do before a kernel reads fetched data. `signal` reads nothing: no DUMP.
+#[test]
+fn fetched_data_is_flushed_by_a_fenced_dump_where_needed() {
+    let h = Harness::new(4, DoorbellKind::Gpu, 1 << 20, 4096).with_flags(QP_FLUSH_AFTER_FETCH);
+    let qp = h.qp::<Exclusive>();
+    qp.put_inline(h.remote(0), b"flushed!").unwrap();
+    let t = qp.get(h.local(512), h.remote(0), 8).unwrap();
+    assert_eq!(t, 2, "the get's ticket is its DUMP's");
+    qp.wait(t).unwrap();
+    assert_eq!(&h.local_bytes()[512..520], b"flushed!");
+    assert_eq!(qp.atomic_fetch_add(h.remote(64), 3, h.local(1024)).unwrap(), 0);
+    qp.signal(h.remote(64), 1, h.local(1032)).unwrap();
+    qp.wait(qp.get(h.local(0), h.remote(0), 0).unwrap()).unwrap();
+    let dumps = [(2, h.local(512)), (4, h.local(1024))];
+    let seen = h.finish();
+    let kinds: Vec<_> = seen.iter().map(|w| w.opcode).collect();
+    use WqeOpcode::*;
+    assert_eq!(kinds, [RdmaWrite, RdmaRead, Dump, AtomicFa, Dump, AtomicFa, Nop]);
+    for (i, local) in dumps {
+        assert_eq!(FenceMode::from_fm_ce_se(seen[i].fm_ce_se), FenceMode::Fence);
+        let Operation::Dump { local: l } = seen[i].op else {
+            panic!("not a DUMP")
+        };
+        assert_eq!((l.addr, l.lkey, l.length), (local.addr, local.lkey, 1));
+    }
+}
+
+/// Without the flag no DUMP is posted (the H100 here orders GPUDirect writes for its owner).
+#[test]
+fn no_dump_where_the_gpu_orders_rdma_writes() {
+    let h = Harness::new(4, DoorbellKind::Gpu, 1 << 20, 4096);
+    let qp = h.qp::<Exclusive>();
+    qp.wait(qp.get(h.local(512), h.remote(0), 8).unwrap()).unwrap();
+    assert_eq!(qp.atomic_fetch_add(h.remote(64), 3, h.local(1024)).unwrap(), 0);
+    let seen = h.finish();
+    assert!(seen.iter().all(|w| w.opcode != WqeOpcode::Dump));
 }

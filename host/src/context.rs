@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use gdaki_layout::AtomicReplyOrder;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -35,6 +36,7 @@ impl Drop for ContextInner {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContextOptions {
     unmappable_doorbell: bool,
+    atomic_reply: AtomicReplyOrder,
 }
 
 impl ContextOptions {
@@ -42,11 +44,47 @@ impl ContextOptions {
     /// [`unmappable_doorbell`](Self::unmappable_doorbell) (`1`, `true` or `yes` turn it on).
     pub const UNMAPPABLE_DOORBELL_VAR: &'static str = "GDAKI_SOFT_UNMAPPABLE_DOORBELL";
 
-    /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`.
+    /// The variable [`from_env`](Self::from_env) reads for
+    /// [`atomic_reply_order`](Self::atomic_reply_order): `host` (mode 1) or `big-endian` (mode 0,
+    /// the default).
+    pub const ATOMIC_REPLY_VAR: &'static str = "GDAKI_SOFT_ATOMIC_REPLY";
+
+    /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`, `GDAKI_SOFT_ATOMIC_REPLY`.
+    /// An atomic-reply value that is neither `host` nor `big-endian` is ignored with a warning.
     pub fn from_env() -> ContextOptions {
         let on = std::env::var(Self::UNMAPPABLE_DOORBELL_VAR)
             .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
-        ContextOptions::default().unmappable_doorbell(on)
+        let reply = match std::env::var(Self::ATOMIC_REPLY_VAR) {
+            Err(_) => AtomicReplyOrder::BigEndian,
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "host" | "1" => AtomicReplyOrder::HostOrder,
+                "big-endian" | "be" | "0" | "" => AtomicReplyOrder::BigEndian,
+                other => {
+                    tracing::warn!(
+                        "{}={other:?} is neither `host` nor `big-endian`; ignored",
+                        Self::ATOMIC_REPLY_VAR
+                    );
+                    AtomicReplyOrder::BigEndian
+                }
+            },
+        };
+        ContextOptions::default()
+            .unmappable_doorbell(on)
+            .atomic_reply_order(reply)
+    }
+
+    /// Soft HCA: the byte order in which it returns 8-byte atomic results, modelling the two
+    /// modes a ConnectX has (`atomic_req_8B_endianness_mode`): big-endian, the IB default, or
+    /// the requester's host order, which mlx5_core selects where the NIC supports it. Every QP
+    /// of the context carries the mode to the device code, which reads results accordingly.
+    pub fn atomic_reply_order(mut self, order: AtomicReplyOrder) -> ContextOptions {
+        self.atomic_reply = order;
+        self
+    }
+
+    /// The byte order of atomic results (see [`atomic_reply_order`](Self::atomic_reply_order)).
+    pub fn atomic_reply(&self) -> AtomicReplyOrder {
+        self.atomic_reply
     }
 
     /// Soft HCA: model a platform whose doorbell page cannot be mapped into a GPU (the NIC's

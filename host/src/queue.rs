@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use gdaki_layout::{cqe, DevCq, DevQp, DoorbellKind, Syndrome};
+use gdaki_layout::handle::QP_ATOMIC_REPLY_HOST_ORDER;
+use gdaki_layout::{cqe, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome};
 use tracing::debug;
 
 use crate::context::ContextInner;
@@ -147,6 +148,9 @@ pub(crate) enum Peer {
 pub(crate) struct SqProgress {
     /// Next building block to fetch.
     pub ci: u64,
+    /// The block the last doorbell rang up to: WQEs `ci..rung` wait to be executed (more than
+    /// none only while a fenced WQE waits for earlier requests).
+    pub rung: u64,
     /// The doorbell value last acted on.
     pub last_doorbell: u64,
     /// The connected peer.
@@ -175,6 +179,8 @@ pub(crate) struct SoftQp {
     handler: AtomicU8,
     pub cq: Arc<SoftCq>,
     pub max_msg_size: u64,
+    /// The byte order in which this QP's fetched atomic values are written back.
+    pub atomic_reply: AtomicReplyOrder,
     pub progress: Mutex<SqProgress>,
     pub first_error: Mutex<Option<Syndrome>>,
 }
@@ -372,6 +378,7 @@ impl QueuePair {
                 handler: AtomicU8::new(cfg.handler as u8),
                 cq: cq.inner.clone(),
                 max_msg_size: cfg.max_msg_size,
+                atomic_reply: ctx.options.atomic_reply(),
                 progress: Mutex::new(SqProgress::default()),
                 first_error: Mutex::new(None),
             });
@@ -386,6 +393,10 @@ impl QueuePair {
                 qpn,
                 sq_log_size: sq_log,
                 doorbell_kind: kind as u8,
+                flags: match ctx.options.atomic_reply() {
+                    AtomicReplyOrder::BigEndian => 0,
+                    AtomicReplyOrder::HostOrder => QP_ATOMIC_REPLY_HOST_ORDER,
+                },
                 cq: DevCq {
                     cqe_base: cq.inner.ring.addr(),
                     dbrec: cq.inner.dbrec.addr(),

@@ -59,7 +59,9 @@ fn every_opcode_between_two_contexts() {
     la.read(20000, &mut back).unwrap();
     assert_eq!(&back, b"inline bytes", "RDMA READ of an inline WRITE");
     dev.wait(dev.put(rb.remote(0), la.local(0), 0).unwrap()).unwrap();
-    dev.wait(dev.fence().unwrap()).unwrap();
+    dev.wait(dev.put_inline(rb.remote(0), &[]).unwrap()).unwrap();
+    dev.wait(dev.fenced().put(rb.remote(8192), la.local(20000), 12).unwrap())
+        .unwrap();
     assert_eq!(dev.atomic_fetch_add(rb.remote(12288), 5, la.local(4096)).unwrap(), 0);
     assert_eq!(dev.atomic_fetch_add(rb.remote(12288), 7, la.local(4096)).unwrap(), 5);
     assert_eq!(
@@ -232,9 +234,21 @@ fn faults_report_their_syndrome_and_flush_what_follows() {
             Box::new(|d| d.get(ro.local(0), mr.remote(0), 8)),
         ),
         (
+            // The device refuses it before posting (`PostError::Misaligned`); a WQE written by
+            // hand reaches the HCA, which answers as a NIC does.
             "misaligned atomic",
             Syndrome::RemoteInvalReq,
-            Box::new(|d| d.signal(mr.remote(4), 1, mr.local(64))),
+            Box::new(|d| {
+                assert!(matches!(
+                    d.signal(mr.remote(4), 1, mr.local(64)),
+                    Err(PostError::Misaligned { .. })
+                ));
+                let i = d.reserve(1)?;
+                d.wqe_prepare_atomic(i, gdaki_device::AtomicOp::FetchAdd(1), mr.remote(4), mr.local(64), 0);
+                d.mark_ready(i, i + 1)?;
+                d.submit(i + 1)?;
+                Ok(i)
+            }),
         ),
         (
             "atomic without the right",
@@ -307,7 +321,9 @@ fn posting_to_a_qp_that_is_not_ready_fails_and_states_are_checked() {
     let qp = qp(&ctx, 8, QpConfig::default());
     assert!(matches!(qp.to_rts(), Err(Error::BadTransition { .. })));
     let dev = unsafe { qp.cpu::<Exclusive>() };
-    let t = dev.fence().unwrap();
+    let t = dev
+        .put(gdaki_device::Remote::default(), gdaki_device::Local::default(), 0)
+        .unwrap();
     assert_eq!(cqe_error(dev.wait(t)), Syndrome::LocalQpOp, "a WQE on a QP in RESET");
     assert_eq!(qp.state(), QpState::Error);
     assert!(matches!(qp.connect(&qp.endpoint()), Err(Error::BadTransition { .. })));

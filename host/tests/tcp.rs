@@ -79,7 +79,8 @@ fn every_operation_over_tcp() {
     let mut inline = [0u8; 15];
     rb.read(64, &mut inline).unwrap();
     assert_eq!(&inline, b"inline over tcp");
-    dev.wait(dev.fence().unwrap()).unwrap();
+    dev.wait(dev.fenced().put(rb.remote(128), la.local(0), 16).unwrap())
+        .unwrap();
     assert_eq!(dev.atomic_fetch_add(rb.remote(4096), 5, la.local(8192)).unwrap(), 0);
     assert_eq!(dev.atomic_fetch_add(rb.remote(4096), 7, la.local(8192)).unwrap(), 5);
     assert_eq!(
@@ -176,9 +177,16 @@ fn remote_faults_nak_and_flush_what_follows() {
         b2.alloc_region(4096, Access::ALL).unwrap(),
     );
     let dev2 = unsafe { qa2.cpu::<Exclusive>() };
-    let t = dev2
-        .atomic(gdaki_device::AtomicOp::FetchAdd(1), r2.remote(4), l2.local(0))
-        .unwrap();
+    // The device refuses it; a WQE written by hand reaches the responder, which NAKs it.
+    let op = gdaki_device::AtomicOp::FetchAdd(1);
+    assert!(matches!(
+        dev2.atomic(op, r2.remote(4), l2.local(0)),
+        Err(gdaki_device::PostError::Misaligned { .. })
+    ));
+    let t = dev2.reserve(1).unwrap();
+    dev2.wqe_prepare_atomic(t, op, r2.remote(4), l2.local(0), 0);
+    dev2.mark_ready(t, t + 1).unwrap();
+    dev2.submit(t + 1).unwrap();
     assert_eq!(cqe_error(dev2.wait(t)), Syndrome::RemoteInvalReq);
     drop(qb);
 }
@@ -519,4 +527,106 @@ fn two_processes_with_different_parameters_are_refused() {
     })
     .unwrap();
     assert!(matches!(ch.receive(), Err(Error::Rejected { reason, .. }) if reason == "parameters differ"));
+}
+
+/// The fence modes as a ConnectX honours them, where a READ's answer takes a round trip: a WRITE
+/// that sends what an earlier READ fetched must carry the data read, not what was in the buffer
+/// before, under FENCE (0x40, the kernel's and NVSHMEM's), STRONG_ORDERING (0x60) and FENCE with
+/// INITIATOR_SMALL (0x80, rdma-core's `IBV_SEND_FENCE`). A reserved mode is a malformed WQE.
+#[test]
+fn fence_modes_hold_a_wqe_until_earlier_reads_complete() {
+    use gdaki_layout::ctrl;
+    let (a, qa, b, _qb) = tcp_pair(QpConfig::default());
+    let len = 64u32 << 10;
+    let la = a.alloc_region(1 << 20, Access::ALL).unwrap();
+    let rb = b.alloc_region(1 << 20, Access::ALL).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let modes = [
+        ctrl::FM_FENCE,
+        ctrl::FM_STRONG_ORDERING,
+        ctrl::FM_FENCE_AND_INITIATOR_SMALL_FENCE,
+    ];
+    for (round, fm) in modes.into_iter().enumerate() {
+        let fresh = pattern(round as u64 + 10, len as usize);
+        rb.write(0, &fresh).unwrap();
+        la.write(0, &vec![0xee; len as usize]).unwrap();
+        // READ rb[0..] into la[0..], then (fenced) WRITE la[0..] to rb[512 KiB..], one doorbell.
+        let i = dev.reserve(2).unwrap();
+        dev.wqe_prepare_read(i, la.local(0), rb.remote(0), len, 0);
+        dev.wqe_prepare_write(i + 1, rb.remote(512 << 10), la.local(0), len, fm);
+        dev.mark_ready(i, i + 2).unwrap();
+        dev.submit(i + 2).unwrap();
+        dev.wait(i + 1).unwrap();
+        assert!(
+            rb.read_vec(512 << 10, len as usize).unwrap() == fresh,
+            "fence mode {fm:#04x}: the WRITE did not wait for the READ before it"
+        );
+    }
+    // Modes 5..7 are reserved by the PRM.
+    let i = dev.reserve(1).unwrap();
+    dev.wqe_prepare_write(i, rb.remote(0), la.local(0), 8, 0xa0);
+    dev.mark_ready(i, i + 1).unwrap();
+    dev.submit(i + 1).unwrap();
+    assert_eq!(cqe_error(dev.wait(i)), Syndrome::LocalQpOp);
+}
+
+/// `Qp::fenced` puts the FENCE on the first WQE of a put, so a put may send what a get just
+/// fetched, over TCP.
+#[test]
+fn a_fenced_put_sends_what_a_get_fetched() {
+    let (a, qa, b, _qb) = tcp_pair(QpConfig::default());
+    let la = a.alloc_region(1 << 20, Access::ALL).unwrap();
+    let rb = b.alloc_region(1 << 20, Access::ALL).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() };
+    for round in 0..4u64 {
+        let fresh = pattern(round + 20, 32 << 10);
+        rb.write(0, &fresh).unwrap();
+        la.write(0, &[0x11; 32 << 10]).unwrap();
+        dev.get(la.local(0), rb.remote(0), 32 << 10).unwrap();
+        let t = dev.fenced().put(rb.remote(256 << 10), la.local(0), 32 << 10).unwrap();
+        dev.wait(t).unwrap();
+        assert!(rb.read_vec(256 << 10, 32 << 10).unwrap() == fresh, "round {round}");
+    }
+}
+
+/// 8-byte atomic results in both byte orders a ConnectX can be set to, in process and over
+/// TCP: the soft HCA writes them as the mode says, the device code reads them back right.
+#[test]
+fn atomic_results_in_both_reply_orders() {
+    use gdaki::ContextOptions;
+    use gdaki_layout::AtomicReplyOrder;
+    for order in [AtomicReplyOrder::BigEndian, AtomicReplyOrder::HostOrder] {
+        let open = || {
+            let ctx = Context::open_with(Provider::Soft, ContextOptions::default().atomic_reply_order(order)).unwrap();
+            ctx.listen(LOOPBACK.parse().unwrap()).unwrap();
+            ctx
+        };
+        let (a, b) = (open(), open());
+        let (qa, qb) = (qp(&a, 64, QpConfig::default()), qp(&b, 64, QpConfig::default()));
+        qa.connect(&over_tcp(qb.endpoint())).unwrap();
+        qb.connect(&over_tcp(qa.endpoint())).unwrap();
+        let local = common::loopback_qp(&a, 64, QpConfig::default());
+        let la = a.alloc_region(4096, Access::ALL).unwrap();
+        let rb = b.alloc_region(4096, Access::ALL).unwrap();
+        for (how, q, target) in [("over TCP", &qa, &rb), ("in process", &local, &la)] {
+            let dev = unsafe { q.cpu::<Exclusive>() };
+            assert_eq!(dev.atomic_reply_order(), order);
+            target.write(1024, &[0; 16]).unwrap();
+            let big = 0x1122_3344_5566_7788u64;
+            assert_eq!(dev.atomic_fetch_add(target.remote(1024), big, la.local(0)).unwrap(), 0);
+            assert_eq!(dev.atomic_fetch_add(target.remote(1024), 1, la.local(8)).unwrap(), big);
+            assert_eq!(
+                la.read_vec(8, 8).unwrap(),
+                order.encode(big),
+                "{order:?} {how}: raw bytes"
+            );
+            assert_eq!(
+                dev.atomic_compare_swap(target.remote(1024), big + 1, 5, la.local(16))
+                    .unwrap(),
+                big + 1,
+                "{order:?} {how}"
+            );
+            assert_eq!(target.load_u64(1024).unwrap(), 5, "{order:?} {how}");
+        }
+    }
 }

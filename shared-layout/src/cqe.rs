@@ -52,6 +52,10 @@ pub const OWNER_MASK: u8 = 1;
 pub const SE_MASK: u8 = 1 << 1;
 /// `op_own`: shift of the 2-bit format.
 pub const FORMAT_SHIFT: u32 = 2;
+/// `op_own`: the format bits, after [`FORMAT_SHIFT`]. 0 is a plain 64-byte CQE; 1 and 2 are
+/// inline-scatter forms of receive CQEs; 3 is a compressed (mini-CQE) block. gdaki's CQs are
+/// created without compression and its send CQEs are always format 0.
+pub const FORMAT_MASK: u8 = 0x3;
 /// `op_own`: shift of the 4-bit opcode.
 pub const OPCODE_SHIFT: u32 = 4;
 /// `op_own` the host writes into every CQE of a fresh ring: opcode INVALID, owner 1 (not yet
@@ -72,6 +76,12 @@ pub const fn op_own(opcode: CqeOpcode, owner: u8) -> u8 {
 #[inline(always)]
 pub const fn opcode(op_own: u8) -> CqeOpcode {
     CqeOpcode::from_raw(op_own >> OPCODE_SHIFT)
+}
+
+/// The format in `op_own` (see [`FORMAT_MASK`]).
+#[inline(always)]
+pub const fn format(op_own: u8) -> u8 {
+    (op_own >> FORMAT_SHIFT) & FORMAT_MASK
 }
 
 /// The owner bit in `op_own`.
@@ -179,6 +189,12 @@ impl Cqe64 {
     #[inline(always)]
     pub const fn qpn(&self) -> u32 {
         self.sop_drop_qpn.get() & QPN_MASK
+    }
+
+    /// The format (0 for every CQE a send queue of gdaki's gets).
+    #[inline(always)]
+    pub const fn format(&self) -> u8 {
+        format(self.op_own)
     }
 
     /// The error view of this CQE (meaningful when [`CqeOpcode::is_error`]).

@@ -40,11 +40,90 @@ pub const QPN_MAX: u32 = 0x00ff_ffff;
 pub const SE_SOLICITED: u8 = 1 << 1;
 /// `fm_ce_se`: always generate a CQE (`MLX5_WQE_CTRL_CQ_UPDATE`).
 pub const CE_CQ_UPDATE: u8 = 2 << 2;
-/// `fm_ce_se`: initiator small fence (`MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE`): wait for prior
-/// RDMA READs and atomics to complete before this WQE executes.
-pub const FM_INITIATOR_SMALL_FENCE: u8 = 1 << 5;
-/// `fm_ce_se`: strong fence (`MLX5_WQE_CTRL_FENCE`).
-pub const FM_FENCE: u8 = 4 << 5;
+/// `fm_ce_se`: shift of the 3-bit fence mode ([`FenceMode`]).
+pub const FM_SHIFT: u32 = 5;
+/// `fm_ce_se`: the fence-mode bits.
+pub const FM_MASK: u8 = 0x7 << FM_SHIFT;
+/// `fm_ce_se`: fence mode "initiator small fence" (`MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE`).
+pub const FM_INITIATOR_SMALL_FENCE: u8 = FenceMode::InitiatorSmallFence.bits();
+/// `fm_ce_se`: fence mode "fence", the kernel's and NVSHMEM's fence (`MLX5_FENCE_MODE_FENCE`).
+pub const FM_FENCE: u8 = FenceMode::Fence.bits();
+/// `fm_ce_se`: fence mode "strong ordering" (`MLX5_FENCE_MODE_STRONG_ORDERING`).
+pub const FM_STRONG_ORDERING: u8 = FenceMode::StrongOrdering.bits();
+/// `fm_ce_se`: fence mode "fence and initiator small fence", the value rdma-core calls
+/// `MLX5_WQE_CTRL_FENCE` and sets for `IBV_SEND_FENCE`.
+pub const FM_FENCE_AND_INITIATOR_SMALL_FENCE: u8 = FenceMode::FenceAndInitiatorSmallFence.bits();
+
+/// The fence mode of a WQE: bits 7..5 of `fm_ce_se`, an enumeration (not independent flags),
+/// named as the PRM and the kernel's `MLX5_FENCE_MODE_*` name them.
+///
+/// What each asks of the HCA before the WQE executes (the send queue executes in order, so a
+/// WQE held back holds back every later one too):
+/// - `None`: nothing.
+/// - `InitiatorSmallFence`: earlier memory-key work of the QP (local invalidate, UMR) must have
+///   completed. gdaki posts none, so it waits for nothing here.
+/// - `Fence` (IB's fence indicator): every earlier RDMA READ and atomic of the QP must have
+///   completed, its response data written locally. Earlier WRITEs are not waited for.
+/// - `StrongOrdering`: every earlier WQE of the QP must have completed.
+/// - `FenceAndInitiatorSmallFence`: both of the first two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FenceMode {
+    /// No fence (0).
+    None,
+    /// Initiator small fence (1).
+    InitiatorSmallFence,
+    /// Fence (2).
+    Fence,
+    /// Strong ordering (3).
+    StrongOrdering,
+    /// Fence and initiator small fence (4).
+    FenceAndInitiatorSmallFence,
+    /// A value the PRM reserves (5..7): a WQE carrying it is malformed.
+    Reserved(u8),
+}
+
+impl FenceMode {
+    /// Decodes the fence mode of an `fm_ce_se` byte.
+    #[inline(always)]
+    pub const fn from_fm_ce_se(fm_ce_se: u8) -> Self {
+        match fm_ce_se >> FM_SHIFT {
+            0 => FenceMode::None,
+            1 => FenceMode::InitiatorSmallFence,
+            2 => FenceMode::Fence,
+            3 => FenceMode::StrongOrdering,
+            4 => FenceMode::FenceAndInitiatorSmallFence,
+            v => FenceMode::Reserved(v),
+        }
+    }
+
+    /// The mode's bits in place in `fm_ce_se`.
+    #[inline(always)]
+    pub const fn bits(self) -> u8 {
+        (match self {
+            FenceMode::None => 0,
+            FenceMode::InitiatorSmallFence => 1,
+            FenceMode::Fence => 2,
+            FenceMode::StrongOrdering => 3,
+            FenceMode::FenceAndInitiatorSmallFence => 4,
+            FenceMode::Reserved(v) => v & 0x7,
+        }) << FM_SHIFT
+    }
+
+    /// Whether the WQE waits for earlier RDMA READs and atomics to complete.
+    #[inline(always)]
+    pub const fn waits_for_reads_and_atomics(self) -> bool {
+        matches!(
+            self,
+            FenceMode::Fence | FenceMode::StrongOrdering | FenceMode::FenceAndInitiatorSmallFence
+        )
+    }
+
+    /// Whether the WQE waits for every earlier WQE (WRITEs included) to complete.
+    #[inline(always)]
+    pub const fn waits_for_everything(self) -> bool {
+        matches!(self, FenceMode::StrongOrdering)
+    }
+}
 
 /// Packs `opmod_idx_opcode` as `mlx5dv_set_ctrl_seg` does.
 #[inline(always)]
@@ -141,6 +220,35 @@ mod tests {
     static GOLDEN: [u8; 16] = [
         0x00, 0x12, 0x34, 0x08, 0xab, 0xcd, 0xef, 0x03, 0, 0, 0, 0x08, 0, 0, 0, 0,
     ];
+
+    #[test]
+    fn fence_modes_are_an_enumeration() {
+        // Every value of the three bits, with the other bits of `fm_ce_se` set around them.
+        let expect = [
+            (0x00, FenceMode::None, false, false),
+            (0x20, FenceMode::InitiatorSmallFence, false, false),
+            (0x40, FenceMode::Fence, true, false),
+            (0x60, FenceMode::StrongOrdering, true, true),
+            (0x80, FenceMode::FenceAndInitiatorSmallFence, true, false),
+            (0xa0, FenceMode::Reserved(5), false, false),
+            (0xc0, FenceMode::Reserved(6), false, false),
+            (0xe0, FenceMode::Reserved(7), false, false),
+        ];
+        for (bits, mode, reads, all) in expect {
+            for other in [0u8, CE_CQ_UPDATE | SE_SOLICITED, 0x1f] {
+                let m = FenceMode::from_fm_ce_se(bits | other);
+                assert_eq!(m, mode, "fm_ce_se {:#04x}", bits | other);
+                assert_eq!(m.bits(), bits);
+                assert_eq!(
+                    (m.waits_for_reads_and_atomics(), m.waits_for_everything()),
+                    (reads, all)
+                );
+            }
+        }
+        // 0x40 is a fence although bit 7 (the old single "fence" bit) is clear.
+        assert_eq!(FenceMode::from_fm_ce_se(FM_FENCE), FenceMode::Fence);
+        assert_eq!(FM_FENCE_AND_INITIATOR_SMALL_FENCE, 0x80);
+    }
 
     #[test]
     fn construct_and_deconstruct() {

@@ -16,6 +16,18 @@ pub enum DoorbellKind {
     CpuProxy = 1,
 }
 
+impl DevQp {
+    /// The byte order of fetched atomic values on this QP.
+    #[inline(always)]
+    pub const fn atomic_reply_order(&self) -> AtomicReplyOrder {
+        if self.flags & QP_ATOMIC_REPLY_HOST_ORDER != 0 {
+            AtomicReplyOrder::HostOrder
+        } else {
+            AtomicReplyOrder::BigEndian
+        }
+    }
+}
+
 impl DoorbellKind {
     /// Decodes the handle's byte; unknown values are `None`.
     #[inline(always)]
@@ -27,6 +39,50 @@ impl DoorbellKind {
         }
     }
 }
+
+/// In which byte order an 8-byte atomic's fetched value reaches the requester's buffer.
+///
+/// InfiniBand returns it big-endian, and mlx5 does so by default. A ConnectX that reports
+/// `atomic_req_8B_endianness_mode_1` can be set (and is, by mlx5_core) to write it in the
+/// requester's own byte order instead, which is what NVSHMEM's IBGDA reads. The mode is a
+/// property of the device, so it travels in each QP's handle ([`QP_ATOMIC_REPLY_HOST_ORDER`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AtomicReplyOrder {
+    /// Big-endian (the IB default, mode 0).
+    #[default]
+    BigEndian,
+    /// The requester's byte order: little-endian on every host and GPU gdaki runs on (mode 1).
+    HostOrder,
+}
+
+impl AtomicReplyOrder {
+    /// The fetched value from the 8 bytes the HCA wrote, read as a native `u64`.
+    #[inline(always)]
+    pub const fn decode(self, raw_native: u64) -> u64 {
+        match self {
+            AtomicReplyOrder::BigEndian => u64::from_be(raw_native),
+            AtomicReplyOrder::HostOrder => raw_native,
+        }
+    }
+
+    /// The 8 bytes an HCA in this mode writes for fetched value `v`.
+    #[inline(always)]
+    pub const fn encode(self, v: u64) -> [u8; 8] {
+        match self {
+            AtomicReplyOrder::BigEndian => v.to_be_bytes(),
+            AtomicReplyOrder::HostOrder => v.to_le_bytes(),
+        }
+    }
+}
+
+/// `DevQp::flags`: fetched atomic values arrive in host order ([`AtomicReplyOrder::HostOrder`]);
+/// clear: big-endian.
+pub const QP_ATOMIC_REPLY_HOST_ORDER: u8 = 1 << 0;
+/// `DevQp::flags`: what the HCA writes into this device's memory is not guaranteed visible to
+/// the device's own reads once the device has seen the completion (CUDA's GPUDirect RDMA
+/// writes ordering below `OWNER`). The data path then ends every READ and fetching atomic
+/// with a fenced DUMP WQE and hands out that WQE's ticket, as NVSHMEM and DOCA do.
+pub const QP_FLUSH_AFTER_FETCH: u8 = 1 << 1;
 
 /// `DevCq::error` when no error CQE has been seen.
 pub const NO_ERROR: u64 = 0;
@@ -107,8 +163,10 @@ pub struct DevQp {
     pub sq_log_size: u32,
     /// [`DoorbellKind`] as a byte.
     pub doorbell_kind: u8,
+    /// `QP_*` flags ([`QP_ATOMIC_REPLY_HOST_ORDER`], [`QP_FLUSH_AFTER_FETCH`]).
+    pub flags: u8,
     /// Pads the constant line.
-    pub const_pad: [u8; 15],
+    pub const_pad: [u8; 14],
     /// The send completion queue.
     pub cq: DevCq,
 }
@@ -126,5 +184,6 @@ const _: () = {
     assert!(offset_of!(DevQp, doorbell) == 80 && offset_of!(DevQp, max_msg_size) == 88);
     assert!(offset_of!(DevQp, timeout_ns) == 96 && offset_of!(DevQp, qpn) == 104);
     assert!(offset_of!(DevQp, sq_log_size) == 108 && offset_of!(DevQp, doorbell_kind) == 112);
+    assert!(offset_of!(DevQp, flags) == 113);
     assert!(offset_of!(DevQp, cq) == 128);
 };

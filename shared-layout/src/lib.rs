@@ -45,7 +45,7 @@ pub mod ring;
 pub mod wqe;
 
 pub use endian::{Be16, Be32, Be64};
-pub use handle::{DevCq, DevQp, DoorbellKind};
+pub use handle::{AtomicReplyOrder, DevCq, DevQp, DoorbellKind};
 pub use opcode::{CqeOpcode, Syndrome, WqeOpcode};
 
 /// A byte range of a field inside a format.

@@ -51,10 +51,16 @@ pub const DS_RDMA: u8 = ((ctrl::SIZE + raddr::SIZE + data::SIZE) / WQE_DS_UNIT) 
 /// `ds` of an 8-byte atomic: control, remote address, atomic and one data segment.
 pub const DS_ATOMIC: u8 = ((ctrl::SIZE + raddr::SIZE + atomic::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
 
-/// `ds` of an RDMA WRITE with `len` bytes inline.
+/// `ds` of a DUMP: control and one data segment (the local byte the HCA reads).
+pub const DS_DUMP: u8 = ((ctrl::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
+
+/// `ds` of an RDMA WRITE with `len` bytes inline. With no bytes there is no inline segment at
+/// all (a zero-length WRITE of control and remote address), as rdma-core's `set_data_inl_seg`
+/// emits it: a header of byte count 0 is a form no reference posts.
 #[inline(always)]
 pub const fn ds_write_inline(len: usize) -> u8 {
-    ((ctrl::SIZE + raddr::SIZE) / WQE_DS_UNIT + inline::ds(len)) as u8
+    let inl = if len == 0 { 0 } else { inline::ds(len) };
+    ((ctrl::SIZE + raddr::SIZE) / WQE_DS_UNIT + inl) as u8
 }
 
 /// Whether a send queue with `reserved` blocks reserved so far and `completed` completed has
@@ -82,7 +88,7 @@ mod tests {
 
     #[test]
     fn sizes_per_request() {
-        assert_eq!((DS_NOP, DS_RDMA, DS_ATOMIC), (1, 3, 4));
+        assert_eq!((DS_NOP, DS_RDMA, DS_ATOMIC, DS_DUMP), (1, 3, 4, 2));
         assert_eq!(
             (
                 ds_write_inline(0),
@@ -90,7 +96,7 @@ mod tests {
                 ds_write_inline(13),
                 ds_write_inline(28)
             ),
-            (3, 3, 4, 4)
+            (2, 3, 4, 4)
         );
         assert_eq!(ds_write_inline(29), 5);
         assert_eq!((wqebbs(1), wqebbs(4), wqebbs(5), wqebbs(8), wqebbs(9)), (1, 1, 2, 2, 3));

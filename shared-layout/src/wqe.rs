@@ -234,6 +234,12 @@ pub enum Operation {
         /// Destination buffers.
         local: SgeList,
     },
+    /// DUMP: the HCA reads the local buffer and completes; with a fence mode it is the
+    /// consistency point after earlier READs and atomics (NVSHMEM's and DOCA's use).
+    Dump {
+        /// The local buffer read.
+        local: Sge,
+    },
     /// 8-byte fetch-and-add at `remote`; the old value lands in `result`.
     FetchAdd {
         /// Target.
@@ -346,6 +352,17 @@ impl WorkRequest {
                     remote: remote()?,
                     payload,
                 }
+            }
+            WqeOpcode::Dump if ds != crate::ring::DS_DUMP => return Err(bad_ds),
+            WqeOpcode::Dump => {
+                let local = sge(1)?;
+                if local.length & inline::INLINE_SEG != 0 {
+                    return Err(WqeError::BadInline {
+                        len: local.length & !inline::INLINE_SEG,
+                        room: 0,
+                    });
+                }
+                Operation::Dump { local }
             }
             WqeOpcode::RdmaRead => Operation::Read {
                 remote: remote()?,
@@ -477,6 +494,44 @@ mod tests {
                 compare: 5,
                 swap: 6,
                 result
+            }
+        );
+    }
+
+    #[test]
+    fn parses_a_dump_and_a_zero_byte_write() {
+        let c = CtrlSeg::new(WqeOpcode::Dump, 0, 3, 7, 2, CE_CQ_UPDATE | crate::ctrl::FM_FENCE, 0);
+        let d = DataSeg::new(1, 0x44, 0x9000);
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&d)]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        let local = Sge {
+            addr: 0x9000,
+            length: 1,
+            lkey: 0x44,
+        };
+        assert_eq!(wr.op, Operation::Dump { local });
+        assert_eq!(
+            crate::ctrl::FenceMode::from_fm_ce_se(wr.fm_ce_se),
+            crate::ctrl::FenceMode::Fence
+        );
+        // A DUMP is exactly control and data segment.
+        for ds in [1, 3] {
+            let c = CtrlSeg::new(WqeOpcode::Dump, 0, 3, 7, ds, CE_CQ_UPDATE, 0);
+            let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&d)]);
+            assert!(matches!(
+                WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()),
+                Err(WqeError::BadDs { .. })
+            ));
+        }
+        // The zero-byte inline WRITE: control and remote address only.
+        let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 4, 7, crate::ring::ds_write_inline(0), 0, 0);
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&RaddrSeg::new(8, 9))]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        assert_eq!(
+            wr.op,
+            Operation::Write {
+                remote: Remote { addr: 8, rkey: 9 },
+                payload: Payload::Gather(SgeList::default())
             }
         );
     }

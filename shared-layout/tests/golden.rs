@@ -2,9 +2,7 @@
 //! into a small C program) encode segments and decode CQEs for a table of random inputs; the
 //! Rust encodings must match byte for byte. A missing header or compiler fails the test:
 //! `tools/setup.sh` installs them (libibverbs-dev, gcc).
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use gdaki_layout::atomic::AtomicSeg;
 use gdaki_layout::cqe::{self, Cqe64, ErrCqe};
@@ -13,65 +11,24 @@ use gdaki_layout::data::DataSeg;
 use gdaki_layout::raddr::RaddrSeg;
 use gdaki_layout::{dbrec, inline, Segment, Syndrome, WqeOpcode, SEND_WQE_BB};
 
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
+#[path = "support/c_golden.rs"]
+mod c_golden;
+use c_golden::{hex, Rng};
 
 /// Builds the golden program once per test binary (the tests run in parallel).
 fn compile() -> &'static PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(build)
-}
-
-fn build() -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mlx5dv_golden.c");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mlx5dv_golden");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run {cc} ({e}); run tools/setup.sh"));
-    assert!(
-        status.success(),
-        "{cc} could not build {} against <infiniband/mlx5dv.h>: run tools/setup.sh",
-        src.display()
-    );
-    out
+    BUILT.get_or_init(|| {
+        c_golden::build(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mlx5dv_golden.c"),
+            &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mlx5dv_golden"),
+        )
+    })
 }
 
 /// Runs the golden program over `input`, returning its output lines.
 fn golden(input: &str) -> Vec<String> {
-    let mut child = Command::new(compile())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn golden");
-    // Feed stdin from another thread: the program answers as it reads, and a full stdout pipe
-    // would otherwise block it while we still write.
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_string();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(out.status.success(), "golden program failed: {:?}", out.status);
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    c_golden::run(compile(), input)
 }
 
 const CASES: usize = 2000;
@@ -203,7 +160,7 @@ fn struct_layouts_and_constants_match_the_header() {
     let ours = [
         ctrl::CE_CQ_UPDATE as i64,
         ctrl::SE_SOLICITED as i64,
-        ctrl::FM_FENCE as i64,
+        ctrl::FM_FENCE_AND_INITIATOR_SMALL_FENCE as i64,
         ctrl::FM_INITIATOR_SMALL_FENCE as i64,
         dbrec::SND_DBR as i64,
         dbrec::RCV_DBR as i64,

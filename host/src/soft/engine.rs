@@ -99,28 +99,38 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
     let db = qp.doorbell().load(Ordering::Acquire);
     let mut progress = lock(&qp.progress);
     drain(qp, &mut progress.deferred);
-    if db == progress.last_doorbell {
+    if db != progress.last_doorbell {
+        progress.last_doorbell = db;
+        let (qpn, pi) = doorbell::decode(db.to_ne_bytes());
+        if qpn != qp.qpn {
+            warn!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                rung = format_args!("{qpn:#x}"),
+                "doorbell names another QP; ignored"
+            );
+            return true;
+        }
+        let size = 1u64 << qp.sq_log;
+        let rung = progress.ci + pi.wrapping_sub(progress.ci as u16) as u64;
+        if rung - progress.ci > size {
+            // More than a ring ahead: the poster cannot have written that much. A NIC would
+            // fault the QP; so do we, without reading anything.
+            qp.fail(Syndrome::LocalQpOp);
+            return true;
+        }
+        progress.rung = rung;
+    }
+    if progress.ci >= progress.rung {
         return !progress.deferred.is_empty();
     }
-    progress.last_doorbell = db;
-    let (qpn, pi) = doorbell::decode(db.to_ne_bytes());
-    if qpn != qp.qpn {
-        warn!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            rung = format_args!("{qpn:#x}"),
-            "doorbell names another QP; ignored"
-        );
-        return true;
-    }
-    let size = 1u64 << qp.sq_log;
-    let target_bb = progress.ci + pi.wrapping_sub(progress.ci as u16) as u64;
-    if target_bb - progress.ci > size {
-        // More than a ring ahead: the poster cannot have written that much. A NIC would fault
-        // the QP; so do we, without reading anything.
-        qp.fail(Syndrome::LocalQpOp);
-        return true;
-    }
-    let SqProgress { ci, peer, deferred, .. } = &mut *progress;
+    let SqProgress {
+        ci,
+        rung: target_bb,
+        peer,
+        deferred,
+        ..
+    } = &mut *progress;
+    let target_bb = *target_bb;
     let mut target = requester::resolve(peer.as_mut());
     while *ci < target_bb {
         let index = *ci;
@@ -138,6 +148,7 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
             signaled: ctrl_seg.fm_ce_se & ctrl::CE_CQ_UPDATE != 0,
         };
         let halted = matches!(&target, Target::Remote(link) if link.halted);
+        let mut fenced = false;
         let outcome = match qp.state() {
             QpState::Error => Some((Outcome::Error(Syndrome::WrFlush), None)),
             // An earlier WQE failed and is still queued behind requests in flight.
@@ -149,6 +160,10 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
                 Ok(wr) => match requester::execute(hca, qp, &mut target, meta, &wr, bytes, scratch) {
                     Ok(Executed::Done(bytes)) => Some((Outcome::Success { bytes }, None)),
                     Ok(Executed::InFlight) => None, // the link completes it
+                    Ok(Executed::Fenced) => {
+                        fenced = true;
+                        None
+                    }
                     Ok(Executed::Copying { bytes, copier, seq }) => {
                         Some((Outcome::Success { bytes }, Some((copier, seq))))
                     }
@@ -162,6 +177,11 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
             // Posting to a QP that is not ready to send.
             _ => Some((Outcome::Error(Syndrome::LocalQpOp), None)),
         };
+        if fenced {
+            // Held by its fence until earlier requests complete: this WQE and every later one
+            // wait for a later round (a NIC's send queue stalls the same way).
+            break;
+        }
         match (outcome, &mut target) {
             (None, _) => {}
             // Behind requests in flight, completions wait their turn.

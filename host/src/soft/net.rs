@@ -230,8 +230,8 @@ pub(crate) enum Sink {
     Ack,
     /// READ data, scattered over these checked local buffers.
     Scatter(Locals),
-    /// An atomic's old value, big-endian into this checked 8-byte buffer.
-    Atomic(Locals),
+    /// An atomic's old value, into this checked 8-byte buffer in this byte order.
+    Atomic(Locals, gdaki_layout::AtomicReplyOrder),
 }
 
 struct Entry {
@@ -240,6 +240,9 @@ struct Entry {
     seq: Option<u32>,
     outcome: Option<Outcome>,
     sink: Sink,
+    /// A READ or an atomic (what a FENCE waits for). Kept apart from `sink`, which the
+    /// receiver takes out while it fills it.
+    fetches: bool,
     bytes: u32,
 }
 
@@ -393,11 +396,13 @@ impl Link {
             if outcome.is_none() && !inflight.unanswered() {
                 inflight.waiting_since = Some(Instant::now());
             }
+            let fetches = !matches!(sink, Sink::Ack);
             inflight.entries.push_back(Entry {
                 meta,
                 seq: outcome.is_none().then_some(seq),
                 outcome,
                 sink,
+                fetches,
                 bytes,
             });
             if outcome.is_some() {
@@ -414,6 +419,15 @@ impl Link {
         }
     }
 
+    /// Whether requests sent on this link are still unanswered: with `all`, any; without,
+    /// RDMA READs and atomics only (what a FENCE waits for; WRITEs are not).
+    pub(crate) fn outstanding(&self, all: bool) -> bool {
+        lock(&self.shared.inflight)
+            .entries
+            .iter()
+            .any(|e| e.outcome.is_none() && (all || e.fetches))
+    }
+
     /// Queues the completion of a WQE whose outcome is known without the peer.
     pub(crate) fn complete_local(&mut self, meta: Meta, outcome: Outcome) {
         if matches!(outcome, Outcome::Error(_)) {
@@ -425,6 +439,7 @@ impl Link {
             seq: None,
             outcome: Some(outcome),
             sink: Sink::Ack,
+            fetches: false,
             bytes: 0,
         });
         let qp = self.shared.qp.upgrade();
@@ -550,10 +565,10 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
                 }
                 copied.err().map(|_| Outcome::Error(Syndrome::LocalAccess))
             }
-            (Response::Atomic { old, .. }, Sink::Atomic(dst)) => match dst.iter().next() {
+            (Response::Atomic { old, .. }, Sink::Atomic(dst, order)) => match dst.iter().next() {
                 Some((s, region)) => region
                     .dma
-                    .write(s.addr, &old.to_be_bytes())
+                    .write(s.addr, &order.encode(old))
                     .err()
                     .map(|_| Outcome::Error(Syndrome::LocalAccess)),
                 None => None,

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use gdaki_device::Remote as DevRemote;
+use gdaki_layout::ctrl::FenceMode;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
-use gdaki_layout::{ctrl, Syndrome};
+use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
 use crate::memory::Access;
 use crate::queue::{Peer, SoftQp};
@@ -41,6 +42,9 @@ pub(crate) enum Executed {
         /// The copy.
         seq: u64,
     },
+    /// Not executed: its fence mode holds it until earlier requests complete. The engine
+    /// comes back to it (and to everything after it) on a later round.
+    Fenced,
 }
 
 impl Scratch {
@@ -200,14 +204,33 @@ pub(crate) fn execute(
         regions,
         copies,
     } = scratch;
-    // A fenced WQE (strong or initiator-small fence) starts once every earlier one has
-    // completed: the GPU copies submitted before it may otherwise still land.
-    if wr.fm_ce_se & (ctrl::FM_FENCE | ctrl::FM_INITIATOR_SMALL_FENCE) != 0 {
+    // The fence mode, exactly as a NIC honours it (see `FenceMode`): no more, or tests would
+    // pass that hardware fails. Requests to a peer in this process are executed here, READs
+    // and atomics to completion, so only GPU copies (WRITEs) and a remote link's requests can
+    // still be outstanding.
+    let fence = FenceMode::from_fm_ce_se(wr.fm_ce_se);
+    if let FenceMode::Reserved(_) = fence {
+        return Err(Syndrome::LocalQpOp);
+    }
+    if fence.waits_for_everything() {
         settle(copies)?;
+    }
+    if fence.waits_for_reads_and_atomics() {
+        if let Target::Remote(link) = target {
+            if link.outstanding(fence.waits_for_everything()) {
+                return Ok(Executed::Fenced);
+            }
+        }
     }
     // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
     match wr.op {
         Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
+        // The HCA reads the local bytes (checked as a NIC checks them) and completes; what
+        // makes it a consistency point is its fence, handled above.
+        Operation::Dump { local } => {
+            locals(hca, regions, std::slice::from_ref(&local), Access::empty())?;
+            Ok(Executed::Done(0))
+        }
         Operation::Write { remote: r, payload } => {
             let (bytes, data): (u32, &[u8]) = match payload {
                 Payload::Inline { offset, len } => {
@@ -289,7 +312,8 @@ pub(crate) fn execute(
         }
         Operation::FetchAdd { remote: r, add, result } => {
             settle(copies)?;
-            atomic(hca, regions, target, meta, remote(r), AtomicOp::FetchAdd(add), result)
+            let op = AtomicOp::FetchAdd(add);
+            atomic(hca, regions, target, meta, remote(r), op, result, qp.atomic_reply)
         }
         Operation::CompareSwap {
             remote: r,
@@ -306,13 +330,15 @@ pub(crate) fn execute(
                 remote(r),
                 AtomicOp::CompareSwap { compare, swap },
                 result,
+                qp.atomic_reply,
             )
         }
     }
 }
 
-/// An atomic: the result buffer is checked first, and the fetched value lands there
-/// big-endian, as mlx5 returns it.
+/// An atomic: the result buffer is checked first, and the fetched value lands there in the
+/// QP's reply byte order (`order`), as the NIC's atomic endianness mode writes it.
+#[allow(clippy::too_many_arguments)]
 fn atomic(
     hca: &Hca,
     cache: &mut RegionCache,
@@ -321,6 +347,7 @@ fn atomic(
     r: DevRemote,
     op: AtomicOp,
     result: Sge,
+    order: AtomicReplyOrder,
 ) -> Result<Executed, Syndrome> {
     let dst = locals(hca, cache, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
     match target {
@@ -329,7 +356,7 @@ fn atomic(
             if let Some((_, region)) = &dst.items[0] {
                 region
                     .dma
-                    .write(result.addr, &old.to_be_bytes())
+                    .write(result.addr, &order.encode(old))
                     .map_err(|_| Syndrome::LocalAccess)?;
             }
             Ok(Executed::Done(8))
@@ -339,7 +366,7 @@ fn atomic(
                 AtomicOp::FetchAdd(add) => Op::FetchAdd { add },
                 AtomicOp::CompareSwap { compare, swap } => Op::CompareSwap { compare, swap },
             };
-            link.post(meta, r, wire_op, &[], Sink::Atomic(dst));
+            link.post(meta, r, wire_op, &[], Sink::Atomic(dst, order));
             Ok(Executed::InFlight)
         }
         Target::Down(s) => Err(*s),
