@@ -5,9 +5,9 @@
 //!
 //! - [`qp::Qp`]: a queue pair in a [`sharing`] mode ([`Exclusive`], [`Cta`], [`Gpu`]): the
 //!   high-level operations (`put`, `put_inline`, `put_signal`, `signal`, `get`,
-//!   `atomic_fetch_add`, `atomic_compare_swap`, `wait`, `quiet`, `fence`) and the low-level
-//!   protocol under them (`reserve`, `wqe_prepare_*`, `mark_ready`, `submit`, `ring`,
-//!   `poll_one`, `poll_at`).
+//!   `atomic_fetch_add`, `atomic_compare_swap`, `wait`, `quiet`; `fenced` and `deferred`
+//!   handles) and the low-level protocol under them (`reserve`, `wqe_prepare_*`, `mark_ready`,
+//!   `submit`, `ring`, `poll_one`, `poll_at`).
 //! - [`scope`]: execution scopes ([`Thread`], [`Warp`], [`Block`]): who posts together.
 //! - [`status`]: tickets and the bounded outcome of every wait.
 //! - [`arch`]: one module per target, barriers named by purpose.

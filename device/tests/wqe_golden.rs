@@ -188,24 +188,26 @@ fn every_wqe_the_device_writes_matches_rdma_core() {
         // The flush form: a READ and an atomic, each followed by a fenced DUMP of one byte.
         let flushing = Ring::new(qpn, start, QP_FLUSH_AFTER_FETCH);
         let qp = flushing.qp();
-        let t = qp.get(local, remote, len as u64).unwrap();
-        cases.push(Case {
-            line: format!("read {} {qpn} 0 {ra} {rk} {la} {lk} {len}", (t - 1) as u16),
-            got: flushing.wqe(t - 1),
-        });
-        cases.push(Case {
-            line: format!("dump {} {qpn} {fence} {la} {lk} 1", t as u16),
-            got: flushing.wqe(t),
-        });
-        let t = qp.atomic(AtomicOp::FetchAdd(1), aligned, local).unwrap();
-        cases.push(Case {
-            line: format!("fa {} {qpn} 0 {aa} {rk} {la} {lk} 1 0", (t - 1) as u16),
-            got: flushing.wqe(t - 1),
-        });
-        cases.push(Case {
-            line: format!("dump {} {qpn} {fence} {la} {lk} 1", t as u16),
-            got: flushing.wqe(t),
-        });
+        let fetches = [
+            (
+                qp.get(local, remote, len as u64).unwrap(),
+                format!("read {{}} {qpn} 0 {ra} {rk} {la} {lk} {len}"),
+            ),
+            (
+                qp.atomic(AtomicOp::FetchAdd(1), aligned, local).unwrap(),
+                format!("fa {{}} {qpn} 0 {aa} {rk} {la} {lk} 1 0"),
+            ),
+        ];
+        for (t, fetch) in fetches {
+            cases.push(Case {
+                line: fetch.replace("{}", &((t - 1) as u16).to_string()),
+                got: flushing.wqe(t - 1),
+            });
+            cases.push(Case {
+                line: format!("dump {} {qpn} {fence} {la} {lk} 1", t as u16),
+                got: flushing.wqe(t),
+            });
+        }
     }
     let input: String = cases.iter().map(|c| c.line.clone() + "\n").collect();
     let out = golden(&input);

@@ -36,6 +36,7 @@ impl Drop for ContextInner {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContextOptions {
     unmappable_doorbell: bool,
+    unordered_rdma_writes: bool,
     atomic_reply: AtomicReplyOrder,
 }
 
@@ -49,7 +50,12 @@ impl ContextOptions {
     /// the default).
     pub const ATOMIC_REPLY_VAR: &'static str = "GDAKI_SOFT_ATOMIC_REPLY";
 
-    /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`, `GDAKI_SOFT_ATOMIC_REPLY`.
+    /// The variable [`from_env`](Self::from_env) reads for
+    /// [`unordered_rdma_writes`](Self::unordered_rdma_writes) (`1`, `true` or `yes`).
+    pub const UNORDERED_RDMA_WRITES_VAR: &'static str = "GDAKI_SOFT_UNORDERED_RDMA_WRITES";
+
+    /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`, `GDAKI_SOFT_ATOMIC_REPLY`,
+    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`.
     /// An atomic-reply value that is neither `host` nor `big-endian` is ignored with a warning.
     pub fn from_env() -> ContextOptions {
         let on = std::env::var(Self::UNMAPPABLE_DOORBELL_VAR)
@@ -68,9 +74,12 @@ impl ContextOptions {
                 }
             },
         };
+        let unordered = std::env::var(Self::UNORDERED_RDMA_WRITES_VAR)
+            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
         ContextOptions::default()
             .unmappable_doorbell(on)
             .atomic_reply_order(reply)
+            .unordered_rdma_writes(unordered)
     }
 
     /// Soft HCA: the byte order in which it returns 8-byte atomic results, modelling the two
@@ -94,6 +103,19 @@ impl ContextOptions {
     pub fn unmappable_doorbell(mut self, on: bool) -> ContextOptions {
         self.unmappable_doorbell = on;
         self
+    }
+
+    /// Model a GPU whose GPUDirect RDMA writes ordering is below `OWNER` (CUDA's attribute):
+    /// queue pairs exported to a GPU then end every READ and fetching atomic with a fenced DUMP
+    /// WQE, as on such a GPU. For testing that path on GPUs that order writes (the H100 does).
+    pub fn unordered_rdma_writes(mut self, on: bool) -> ContextOptions {
+        self.unordered_rdma_writes = on;
+        self
+    }
+
+    /// Whether [`unordered_rdma_writes`](Self::unordered_rdma_writes) is on.
+    pub fn models_unordered_rdma_writes(&self) -> bool {
+        self.unordered_rdma_writes
     }
 
     /// Whether [`unmappable_doorbell`](Self::unmappable_doorbell) is on.

@@ -719,6 +719,17 @@ impl QueuePair {
         ];
         // SAFETY: the CPU handle was written in `create` and is only read here.
         let mut dev = unsafe { self.device_handle().read() };
+        // Where the GPU does not order NIC writes for its own reads, fetched data is read only
+        // after a fenced DUMP (the device code does it when the handle says so).
+        let ordering = gpu.rdma_writes_ordering()?;
+        if !ordering.owner_sees_writes_in_order() || self.ctx.options.models_unordered_rdma_writes() {
+            dev.flags |= gdaki_layout::handle::QP_FLUSH_AFTER_FETCH;
+            debug!(
+                qpn = format_args!("{:#x}", q.qpn),
+                %ordering,
+                "GPUDirect RDMA writes ordering below owner: READs and fetching atomics end with a fenced DUMP"
+            );
+        }
         dev.sq_base = maps[0].device_addr(0);
         dev.sq_dbrec = maps[1].device_addr(4 * gdaki_layout::dbrec::SND_DBR as u64);
         dev.doorbell = maps[2].device_addr(0);

@@ -83,7 +83,7 @@ fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
         iters: 1,
     }
 }
-use gdaki::{Access, Context, Provider, QpConfig, QueuePair};
+use gdaki::{Access, Context, ContextOptions, Provider, QpConfig, QueuePair};
 use gdaki_device::status::{CODE_CQE_ERROR, CODE_OK, CODE_TIMEOUT};
 use gdaki_layout::Syndrome;
 
@@ -303,21 +303,55 @@ fn every_operation_from_gpu_kernels() {
     let Some((gpu, _one)) = gpu_or_skip("every_operation_from_gpu_kernels") else {
         return;
     };
-    let ctx = Context::open(Provider::Soft).unwrap();
-    let failures: Vec<String> = shapes()
+    // The H100 orders GPUDirect RDMA writes for its owner: no DUMP unless modelled.
+    let ordering = gpu.rdma_writes_ordering().unwrap();
+    let _ = writeln!(std::io::stderr(), "GPUDirect RDMA writes ordering: {ordering}");
+    // Every shape on the default device, then (on a few shapes) a device that returns atomic
+    // results in host order and a GPU that needs a fenced DUMP before reading fetched data.
+    let variants = [
+        ("default", ContextOptions::default(), usize::MAX),
+        (
+            "host-order atomic replies",
+            ContextOptions::default().atomic_reply_order(gdaki_layout::AtomicReplyOrder::HostOrder),
+            3,
+        ),
+        (
+            "unordered GPUDirect writes",
+            ContextOptions::default().unordered_rdma_writes(true),
+            3,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (variant, options, shapes_run) in variants {
+        let _ = writeln!(std::io::stderr(), "ops variant: {variant}");
+        let ctx = Context::open_with(Provider::Soft, options).unwrap();
+        failures.extend(
+            every_operation_on(&gpu, &ctx, shapes_run)
+                .into_iter()
+                .map(|f| format!("{variant}: {f}")),
+        );
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// [`every_operation_from_gpu_kernels`] on the first `count` shapes with context `ctx`: the
+/// failures found.
+fn every_operation_on(gpu: &Gpu, ctx: &Context, count: usize) -> Vec<String> {
+    shapes()
         .into_iter()
+        .take(count)
         .filter_map(|launch| {
             let cfg = QpConfig {
                 timeout: std::time::Duration::from_secs(2),
                 ..Default::default()
             };
-            let qp = loopback_qp(&ctx, 1024, cfg);
-            let gq = qp.export_gpu(&gpu).unwrap();
+            let qp = loopback_qp(ctx, 1024, cfg);
+            let gq = qp.export_gpu(gpu).unwrap();
             let _ = writeln!(std::io::stderr(), "ops: {launch:?}");
             let threads = (launch.grid * launch.block) as usize;
             let remote = ctx.alloc_region(threads * 64, Access::ALL).unwrap();
             // The kernel reads fetched atomic values from its local buffer: map it into the GPU.
-            let local = ctx.alloc_pinned_region(&gpu, threads * 64, Access::ALL).unwrap();
+            let local = ctx.alloc_pinned_region(gpu, threads * 64, Access::ALL).unwrap();
             local.write(0, &pattern(9, threads * 64)).unwrap();
             let status = gpu
                 .run_ops(gq.device_handle(), launch, remote.remote(0), local.local(0))
@@ -334,6 +368,8 @@ fn every_operation_from_gpu_kernels() {
                     "inline put"
                 } else if local.read_vec(at + 24, 8).unwrap() != remote.read_vec(at, 8).unwrap() {
                     "get"
+                } else if remote.read_vec(at + 24, 8).unwrap() != remote.read_vec(at, 8).unwrap() {
+                    "fenced put of what the get fetched"
                 } else if remote.load_u64(at + 40).unwrap() != 0 {
                     // signal +1, signal +1, fetch-add 5, compare-swap 7 -> 0.
                     "atomics"
@@ -343,8 +379,7 @@ fn every_operation_from_gpu_kernels() {
                 Some(format!("{launch:?}: thread {t}: {wrong}"))
             })
         })
-        .collect();
-    assert!(failures.is_empty(), "{failures:#?}");
+        .collect()
 }
 
 #[test]

@@ -169,3 +169,55 @@ fn struct_layouts_and_constants_match_the_header() {
     ];
     assert_eq!(consts, ours);
 }
+
+/// The patterns a CQ ring may start with (0xf0 / 0xf1 from a byte-wise fill of INVALID with
+/// either owner, 0xff as NVSHMEM and DOCA fill it) are never taken as written, on lap 0 or 1;
+/// rdma-core reads them as INVALID too. A hand-built error CQE decodes to its syndrome, vendor
+/// syndrome, opcode and counter; a CQE with format bits set reports them.
+#[test]
+fn initial_patterns_error_cqes_and_formats_decode_as_rdma_core_reads_them() {
+    use gdaki_layout::ring;
+    let mut input = String::new();
+    for fill in [0xf0u8, 0xf1, 0xff] {
+        for log in [0u32, 3, 6] {
+            for lap in 0..2u64 {
+                let index = (lap << log) + (1u64 << log) / 2;
+                assert!(
+                    !ring::cqe_ready(fill, index, log),
+                    "{fill:#x} ready at {index} (log {log})"
+                );
+            }
+        }
+        input += &format!("cqe {}\n", hex(&[fill; 64]));
+    }
+    // An error CQE as a NIC writes it: remote access error (0x13), vendor syndrome 0x88, for
+    // an RDMA READ (0x10) of QP 0xabcdef, WQE counter 0x1234, owner 1, opcode REQ_ERR (13).
+    let mut err = [0u8; 64];
+    err[54] = 0x88;
+    err[55] = 0x13;
+    err[56..60].copy_from_slice(&[0x10, 0xab, 0xcd, 0xef]);
+    err[60..62].copy_from_slice(&[0x12, 0x34]);
+    err[63] = 0xd1;
+    input += &format!("cqe {}\n", hex(&err));
+    // A compressed block's title CQE: format 3 in op_own, a requester opcode, owner 0.
+    let mut zipped = [0u8; 64];
+    zipped[63] = 0x0c;
+    input += &format!("cqe {}\n", hex(&zipped));
+    let lines = golden(&input);
+    for line in &lines[..3] {
+        assert!(line.starts_with("15 "), "rdma-core reads a fill as INVALID: {line}");
+    }
+    let e: ErrCqe = bytemuck::cast(err);
+    assert_eq!(e.syndrome(), Syndrome::RemoteAccess);
+    assert_eq!(
+        (e.vendor_err_synd, e.wqe_opcode(), e.wqe_counter.get()),
+        (0x88, 0x10, 0x1234)
+    );
+    let c: Cqe64 = bytemuck::cast(err);
+    assert!(c.opcode().is_error() && c.owner() == 1 && c.qpn() == 0xab_cdef && c.format() == 0);
+    // opcode owner se format counter byte_cnt qpn syndrome vendor wqe_opcode
+    assert_eq!(lines[3], "13 1 0 0 4660 0 11259375 19 136 16");
+    let z: Cqe64 = bytemuck::cast(zipped);
+    assert_eq!((z.format(), z.opcode().raw()), (3, 0));
+    assert!(lines[4].starts_with("0 0 0 3 "), "{}", lines[4]);
+}

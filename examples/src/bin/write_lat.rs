@@ -142,6 +142,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             session.agree(1, Ok(()))?;
         }
     }
+    if let Some(gpu) = &session.gpu {
+        // The kernels poll the last byte of the peer's put: only sound where the GPU orders
+        // NIC writes for its own reads (docs/connectx-conformance.md).
+        let ordering = gpu.rdma_writes_ordering()?;
+        if !ordering.owner_sees_writes_in_order() {
+            eprintln!(
+                "write_lat: warning: this GPU's GPUDirect RDMA writes ordering is {ordering} (below owner): \
+                 a polled last byte may be seen before the rest of the message"
+            );
+        }
+    }
     let exported = match &session.gpu {
         Some(gpu) => sides
             .iter()

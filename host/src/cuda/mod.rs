@@ -121,6 +121,51 @@ pub struct GpuInfo {
     pub dma_buf: bool,
     /// Whether the driver reports GPUDirect RDMA support at all.
     pub gpudirect_rdma: bool,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`: 0 none, 100 owner, 200 all
+    /// devices (see [`RdmaWritesOrdering`]).
+    pub rdma_writes_ordering: RdmaWritesOrdering,
+}
+
+/// How a GPU orders writes that a NIC makes into its memory (CUDA's GPUDirect RDMA writes
+/// ordering), as far as a kernel on that GPU reading them is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RdmaWritesOrdering {
+    /// Below `OWNER`: a kernel that has seen a completion may still read stale data. gdaki's
+    /// data path then ends every READ and fetching atomic with a fenced DUMP WQE and waits for
+    /// that (`QP_FLUSH_AFTER_FETCH`), as NVSHMEM and DOCA do. Flag polling on data a peer
+    /// writes (write_lat's last byte, a put_signal's signal) is not safe on such a GPU.
+    None,
+    /// `OWNER` (100): the owning GPU sees NIC writes in order; nothing extra is needed.
+    Owner,
+    /// `ALL_DEVICES` (200): every device does.
+    AllDevices,
+}
+
+impl RdmaWritesOrdering {
+    /// From the attribute's value (anything below 100 is none, as CUDA defines the levels).
+    pub fn from_raw(v: i32) -> Self {
+        match v {
+            v if v >= 200 => RdmaWritesOrdering::AllDevices,
+            v if v >= 100 => RdmaWritesOrdering::Owner,
+            _ => RdmaWritesOrdering::None,
+        }
+    }
+
+    /// Whether a kernel may read fetched data as soon as it sees the completion.
+    pub fn owner_sees_writes_in_order(self) -> bool {
+        self != RdmaWritesOrdering::None
+    }
+}
+
+impl std::fmt::Display for RdmaWritesOrdering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RdmaWritesOrdering::None => "none",
+            RdmaWritesOrdering::Owner => "owner",
+            RdmaWritesOrdering::AllDevices => "all devices",
+        })
+    }
 }
 
 /// The driver and its GPUs.
@@ -154,6 +199,9 @@ pub fn probe() -> Result<CudaInfo, CudaError> {
             ),
             dma_buf: attr(Attr::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? != 0,
             gpudirect_rdma: attr(Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)? != 0,
+            rdma_writes_ordering: RdmaWritesOrdering::from_raw(attr(
+                Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+            )?),
         });
     }
     Ok(CudaInfo { driver_version, gpus })
@@ -215,6 +263,13 @@ impl Gpu {
         ctx.default_stream().synchronize()?;
         drop(warm);
         Ok(Gpu { ctx, module })
+    }
+
+    /// How this GPU orders NIC writes into its memory (read from the driver each call).
+    pub fn rdma_writes_ordering(&self) -> Result<RdmaWritesOrdering, CudaError> {
+        Ok(RdmaWritesOrdering::from_raw(self.ctx.attribute(
+            Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+        )?))
     }
 
     /// The CUDA context (primary context of the device).

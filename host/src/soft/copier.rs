@@ -490,8 +490,9 @@ impl Copier {
     /// sequence number, for [`done`](Self::done). Queued copies may be executed concurrently
     /// and become visible in any order (as an HCA's writes into GPU memory may), except that a
     /// copy onto bytes an earlier one still writes lands after it (the later write wins, as on
-    /// an HCA; the kernel orders them, or, rarely, this call waits). A WQE with a fence, and
-    /// every atomic, read or bounced transfer on device memory, waits for all of them. Each
+    /// an HCA; the kernel orders them, or, rarely, this call waits). A WQE with the
+    /// STRONG_ORDERING fence mode, and every atomic, read or bounced transfer on device memory,
+    /// waits for all of them (a FENCE does not: it waits for READs and atomics). Each
     /// copy's final unit lands after the rest of it.
     ///
     /// Small copies are gathered into a list that the kernel runs as one descriptor (several

@@ -160,6 +160,15 @@ fn print_report(r: &Report) {
                     yes_no(g.gpudirect_rdma, "supported", "not supported"),
                     yes_no(g.dma_buf, "supported", "not supported")
                 );
+                println!(
+                    "                   GPUDirect RDMA writes ordering: {}{}",
+                    g.rdma_writes_ordering,
+                    if g.rdma_writes_ordering.owner_sees_writes_in_order() {
+                        " (fetched data is read at its completion)"
+                    } else {
+                        " (READs and fetching atomics end with a fenced DUMP; flag polling on peer writes is unsafe)"
+                    }
+                );
             }
         }
         Err(e) => println!("  none: {e}"),
