@@ -876,17 +876,30 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// RDMA WRITE of `data` carried in the WQE (at most [`MAX_INLINE`] bytes): no local key needed.
     #[inline(always)]
     pub fn put_inline(&self, dst: Remote, data: &[u8]) -> Result<Ticket, PostError> {
-        let too_long = data.len() > MAX_INLINE;
-        // A member with bad arguments still takes part in the collective, with nothing to post.
-        let r = self.post(!too_long as u64, |i, _, flags| {
-            self.wqe_prepare_write_inline(i, dst, data, flags)
-        });
-        if too_long {
-            return Err(PostError::InlineTooLong {
+        let checked = if data.len() > MAX_INLINE {
+            Err(PostError::InlineTooLong {
                 len: data.len(),
                 max: MAX_INLINE,
-            });
-        }
+            })
+        } else {
+            Ok(())
+        };
+        self.post_checked(checked, 1, |i, _, flags| {
+            self.wqe_prepare_write_inline(i, dst, data, flags)
+        })
+    }
+
+    /// [`post`](Self::post) for a member whose own arguments were `checked`: one that failed
+    /// still takes part in the collective, with nothing to post, and gets its own error.
+    #[inline(always)]
+    fn post_checked(
+        &self,
+        checked: Result<(), PostError>,
+        count: u64,
+        write: impl FnMut(u64, u64, u8) -> Result<(), PostError>,
+    ) -> Result<Ticket, PostError> {
+        let r = self.post(if checked.is_ok() { count } else { 0 }, write);
+        checked?;
         r
     }
 
@@ -904,23 +917,15 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         add: u64,
         scratch: Local,
     ) -> Result<Ticket, PostError> {
-        let misaligned = Self::check_atomic_target(signal);
-        let (chunks, max) = if len == 0 || misaligned.is_err() {
-            (0, 0)
-        } else {
-            self.split(len)
-        };
-        let count = if misaligned.is_err() { 0 } else { chunks + 1 };
-        let r = self.post(count, |i, k, flags| {
+        let (chunks, max) = if len == 0 { (0, 0) } else { self.split(len) };
+        self.post_checked(Self::check_atomic_target(signal), chunks + 1, |i, k, flags| {
             if k < chunks {
                 self.write_chunk(WqeOpcode::RdmaWrite, i, k, dst, src, len, max, flags);
             } else {
                 self.wqe_prepare_atomic(i, AtomicOp::FetchAdd(add), signal, scratch, flags);
             }
             Ok(())
-        });
-        misaligned?;
-        r
+        })
     }
 
     /// An atomic add of `add` at `signal` (8-byte aligned; the fetched value lands in
@@ -959,18 +964,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// nothing (but still takes part in the group's collective).
     #[inline(always)]
     fn post_atomic(&self, op: AtomicOp, target: Remote, result: Local, flush: bool) -> Result<Ticket, PostError> {
-        let checked = Self::check_atomic_target(target);
-        let count = if checked.is_err() { 0 } else { 1 + flush as u64 };
-        let r = self.post(count, |i, k, flags| {
+        self.post_checked(Self::check_atomic_target(target), 1 + flush as u64, |i, k, flags| {
             if k == 0 {
                 self.wqe_prepare_atomic(i, op, target, result, flags);
             } else {
                 self.wqe_prepare_dump(i, result, 1, ctrl::FM_FENCE);
             }
             Ok(())
-        });
-        checked?;
-        r
+        })
     }
 
     /// Atomic fetch-and-add; waits and returns the value before the add.

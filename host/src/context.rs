@@ -58,8 +58,9 @@ impl ContextOptions {
     /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`.
     /// An atomic-reply value that is neither `host` nor `big-endian` is ignored with a warning.
     pub fn from_env() -> ContextOptions {
-        let on = std::env::var(Self::UNMAPPABLE_DOORBELL_VAR)
-            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+        let on = |var| {
+            std::env::var(var).is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+        };
         let reply = match std::env::var(Self::ATOMIC_REPLY_VAR) {
             Err(_) => AtomicReplyOrder::BigEndian,
             Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
@@ -74,12 +75,10 @@ impl ContextOptions {
                 }
             },
         };
-        let unordered = std::env::var(Self::UNORDERED_RDMA_WRITES_VAR)
-            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
         ContextOptions::default()
-            .unmappable_doorbell(on)
+            .unmappable_doorbell(on(Self::UNMAPPABLE_DOORBELL_VAR))
             .atomic_reply_order(reply)
-            .unordered_rdma_writes(unordered)
+            .unordered_rdma_writes(on(Self::UNORDERED_RDMA_WRITES_VAR))
     }
 
     /// Soft HCA: the byte order in which it returns 8-byte atomic results, modelling the two

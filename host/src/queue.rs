@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use gdaki_layout::handle::QP_ATOMIC_REPLY_HOST_ORDER;
 use gdaki_layout::{cqe, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome};
 use tracing::debug;
 
@@ -393,10 +392,7 @@ impl QueuePair {
                 qpn,
                 sq_log_size: sq_log,
                 doorbell_kind: kind as u8,
-                flags: match ctx.options.atomic_reply() {
-                    AtomicReplyOrder::BigEndian => 0,
-                    AtomicReplyOrder::HostOrder => QP_ATOMIC_REPLY_HOST_ORDER,
-                },
+                flags: ctx.options.atomic_reply().qp_flags(),
                 cq: DevCq {
                     cqe_base: cq.inner.ring.addr(),
                     dbrec: cq.inner.dbrec.addr(),

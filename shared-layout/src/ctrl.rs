@@ -42,8 +42,6 @@ pub const SE_SOLICITED: u8 = 1 << 1;
 pub const CE_CQ_UPDATE: u8 = 2 << 2;
 /// `fm_ce_se`: shift of the 3-bit fence mode ([`FenceMode`]).
 pub const FM_SHIFT: u32 = 5;
-/// `fm_ce_se`: the fence-mode bits.
-pub const FM_MASK: u8 = 0x7 << FM_SHIFT;
 /// `fm_ce_se`: fence mode "initiator small fence" (`MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE`).
 pub const FM_INITIATOR_SMALL_FENCE: u8 = FenceMode::InitiatorSmallFence.bits();
 /// `fm_ce_se`: fence mode "fence", the kernel's and NVSHMEM's fence (`MLX5_FENCE_MODE_FENCE`).

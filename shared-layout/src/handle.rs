@@ -65,6 +65,15 @@ impl AtomicReplyOrder {
         }
     }
 
+    /// The `DevQp::flags` bit that carries this mode.
+    #[inline(always)]
+    pub const fn qp_flags(self) -> u8 {
+        match self {
+            AtomicReplyOrder::BigEndian => 0,
+            AtomicReplyOrder::HostOrder => QP_ATOMIC_REPLY_HOST_ORDER,
+        }
+    }
+
     /// The 8 bytes an HCA in this mode writes for fetched value `v`.
     #[inline(always)]
     pub const fn encode(self, v: u64) -> [u8; 8] {

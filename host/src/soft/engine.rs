@@ -123,14 +123,8 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
     if progress.ci >= progress.rung {
         return !progress.deferred.is_empty();
     }
-    let SqProgress {
-        ci,
-        rung: target_bb,
-        peer,
-        deferred,
-        ..
-    } = &mut *progress;
-    let target_bb = *target_bb;
+    let target_bb = progress.rung;
+    let SqProgress { ci, peer, deferred, .. } = &mut *progress;
     let mut target = requester::resolve(peer.as_mut());
     while *ci < target_bb {
         let index = *ci;
