@@ -56,6 +56,30 @@ else
   say "Debian packages: all ${#packages[@]} present, nothing installed"
 fi
 
+# The kernel's mlx5 command layouts (include/linux/mlx5/mlx5_ifc.h), which the PRM golden test
+# compares gdaki's against. Debian ships them in linux-headers-<version>-common, whose name
+# changes with every kernel upload: take whichever is installed, else the newest available.
+if compgen -G '/usr/src/linux-headers-*-common/include/linux/mlx5/mlx5_ifc.h' >/dev/null; then
+  say "kernel mlx5 headers: $(compgen -G '/usr/src/linux-headers-*-common/include/linux/mlx5/mlx5_ifc.h' | tail -1)"
+elif ((check_only)); then
+  say "missing the kernel's mlx5_ifc.h (a linux-headers-*-common package; run tools/setup.sh)"
+  exit 1
+else
+  headers=$(apt-cache pkgnames linux-headers- 2>/dev/null | grep -E '^linux-headers-[0-9.]+-[0-9]+-common$' | sort -V | tail -1)
+  if [[ -z "$headers" ]]; then
+    say "no linux-headers-*-common package in the apt sources (needed for the kernel's mlx5_ifc.h)"
+    exit 1
+  fi
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
+  say "installing $headers (the kernel's mlx5_ifc.h, for the PRM golden test)"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$headers" >/dev/null 2>&1; then
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$headers" >/dev/null
+  fi
+fi
+
 # The PTX compiler pair: version, NVPTX target, library sources.
 ptx_rustc=/usr/bin/rustc
 ver=$($ptx_rustc --version 2>/dev/null | awk '{print $2}')

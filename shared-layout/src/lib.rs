@@ -19,6 +19,8 @@
 //! - [`handle`]: [`DevQp`] and [`DevCq`], the handles exported to the GPU.
 //! - [`perf`]: what the perftest kernels take ([`perf::PingPongSide`]).
 //! - [`copy`]: the soft HCA's GPU copy service (descriptors, completions, kernel state).
+//! - [`prm`]: the command mailboxes (CREATE_CQ, CREATE_QP, the QP transitions, capability
+//!   queries) a host sends to create and drive queues, bit-exact.
 //!
 //! The crate is `no_std` and has no unsafe code; every accessor on a checked view is panic-free.
 #![no_std]
@@ -40,6 +42,7 @@ pub mod handle;
 pub mod inline;
 pub mod opcode;
 pub mod perf;
+pub mod prm;
 pub mod raddr;
 pub mod ring;
 pub mod wqe;

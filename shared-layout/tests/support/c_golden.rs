@@ -6,17 +6,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Compiles `src` into `out` (`-Wall -Werror`), panicking with the set-up hint if it cannot.
+#[allow(dead_code)] // each test binary uses one of the two
 pub fn build(src: &Path, out: &Path) -> PathBuf {
+    build_with(src, out, &[])
+}
+
+/// [`build`] with extra compiler arguments (`-D` definitions).
+pub fn build_with(src: &Path, out: &Path, args: &[String]) -> PathBuf {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
         .arg(out)
+        .args(args)
         .arg(src)
         .status()
         .unwrap_or_else(|e| panic!("cannot run {cc} ({e}); run tools/setup.sh"));
     assert!(
         status.success(),
-        "{cc} could not build {} against <infiniband/mlx5dv.h>: run tools/setup.sh",
+        "{cc} could not build {} against rdma-core's and the kernel's mlx5 headers: run tools/setup.sh",
         src.display()
     );
     out.to_path_buf()
