@@ -4,10 +4,10 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gdaki_layout::{cqe, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome};
+use gdaki_layout::{cqe, DevCq, DevQp, DoorbellKind, Syndrome};
 use tracing::debug;
 
 use crate::context::ContextInner;
@@ -15,6 +15,7 @@ use crate::error::{check_pow2, Error, Result};
 use crate::memory::HostBuffer;
 use crate::provider::DoorbellHandler;
 use crate::soft::net::Link;
+use crate::soft::objects::{Peer, SoftCq, SoftQp, SqProgress, Window};
 use crate::soft::{lock, Hca};
 
 /// Largest send queue in WQEs (the device tells CQE laps apart by 16-bit WQE counters).
@@ -39,7 +40,7 @@ pub enum QpState {
 }
 
 impl QpState {
-    fn from_raw(v: u8) -> QpState {
+    pub(crate) fn from_raw(v: u8) -> QpState {
         match v {
             0 => QpState::Reset,
             1 => QpState::Init,
@@ -108,126 +109,6 @@ impl Default for QpConfig {
     }
 }
 
-// ------------------------------------------------------------------------------ model state
-
-/// A completion queue as the soft HCA holds it.
-pub(crate) struct SoftCq {
-    pub cqn: u32,
-    pub log_size: u32,
-    /// The CQE ring.
-    pub ring: HostBuffer,
-    /// Doorbell record: word 0 the consumer index (big-endian), word 1 arm.
-    pub dbrec: HostBuffer,
-    /// CQEs written so far (the engine's producer index).
-    pub pi: AtomicU64,
-    /// The consumer index last read from the doorbell record (re-read only when the CQ looks
-    /// full, so the record's cache line is not pulled from the poller on every CQE).
-    pub ci_seen: std::sync::atomic::AtomicU32,
-    /// Set when the engine had a CQE to write and no room.
-    pub overrun: AtomicBool,
-    /// The QP it serves, if any.
-    pub qpn: Mutex<Option<u32>>,
-}
-
-/// The peer a connected QP sends to.
-pub(crate) enum Peer {
-    /// In this process: the responder runs on the requester's engine thread.
-    Local {
-        /// The peer's HCA.
-        hca: Weak<Hca>,
-        /// The peer QP.
-        qp: Weak<SoftQp>,
-    },
-    /// In another process or host, over TCP.
-    Remote(Link),
-}
-
-/// The engine's progress on a send queue, and where it sends (set at RTR).
-#[derive(Default)]
-pub(crate) struct SqProgress {
-    /// Next building block to fetch.
-    pub ci: u64,
-    /// The block the last doorbell rang up to: WQEs `ci..rung` wait to be executed (more than
-    /// none only while a fenced WQE waits for earlier requests).
-    pub rung: u64,
-    /// The doorbell value last acted on.
-    pub last_doorbell: u64,
-    /// The connected peer.
-    pub peer: Option<Peer>,
-    /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
-    pub deferred: std::collections::VecDeque<crate::soft::engine::Deferred>,
-}
-
-/// A queue pair as the soft HCA holds it.
-pub(crate) struct SoftQp {
-    pub qpn: u32,
-    /// Initial PSN: the first transport request's sequence number.
-    pub psn: u32,
-    pub retry_timeout: Duration,
-    state: AtomicU8,
-    pub sq_log: u32,
-    pub sq: HostBuffer,
-    /// Doorbell records: `[receive, send]` (big-endian WQE counters).
-    pub records: HostBuffer,
-    /// The doorbell page: the 8-byte doorbell word at offset 0.
-    pub uar: HostBuffer,
-    /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
-    pub proxy_word: HostBuffer,
-    /// Who rings the doorbell (a [`DoorbellHandler`] as `u8`): set at creation, and switched to
-    /// the CPU proxy once if a GPU export cannot map the doorbell page.
-    handler: AtomicU8,
-    pub cq: Arc<SoftCq>,
-    pub max_msg_size: u64,
-    /// The byte order in which this QP's fetched atomic values are written back.
-    pub atomic_reply: AtomicReplyOrder,
-    pub progress: Mutex<SqProgress>,
-    pub first_error: Mutex<Option<Syndrome>>,
-}
-
-impl SoftQp {
-    /// Current state.
-    pub fn state(&self) -> QpState {
-        QpState::from_raw(self.state.load(Ordering::Acquire))
-    }
-
-    fn set_state(&self, s: QpState) {
-        self.state.store(s as u8, Ordering::Release);
-    }
-
-    /// Moves to the error state, keeping the first error's syndrome.
-    pub fn fail(&self, syndrome: Syndrome) {
-        let mut first = lock(&self.first_error);
-        if first.is_none() {
-            *first = Some(syndrome);
-            tracing::warn!(qpn = format_args!("{:#x}", self.qpn), %syndrome, "queue pair to error");
-        }
-        self.set_state(QpState::Error);
-    }
-
-    /// Who rings the doorbell.
-    pub fn handler(&self) -> DoorbellHandler {
-        match self.handler.load(Ordering::Acquire) {
-            x if x == DoorbellHandler::CpuProxy as u8 => DoorbellHandler::CpuProxy,
-            _ => DoorbellHandler::Gpu,
-        }
-    }
-
-    /// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
-    /// `handler`.
-    fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
-        match handler {
-            DoorbellHandler::Gpu => (self.uar.addr(), DoorbellKind::Gpu),
-            DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
-        }
-    }
-
-    /// The doorbell word.
-    pub fn doorbell(&self) -> &AtomicU64 {
-        // SAFETY: the UAR buffer is at least 8 bytes, page-aligned, and lives as long as self.
-        unsafe { AtomicU64::from_ptr(self.uar.as_ptr() as *mut u64) }
-    }
-}
-
 // ------------------------------------------------------------------------------ public objects
 
 /// A completion queue. Each queue pair has its own (device tickets are CQE indices).
@@ -261,8 +142,8 @@ impl CompletionQueue {
         let inner = Arc::new(SoftCq {
             cqn: ctx.hca.alloc_qpn(),
             log_size,
-            ring,
-            dbrec: HostBuffer::new("a CQ doorbell record", 64)?,
+            ring: Window::of(Arc::new(ring)),
+            dbrec: Window::of(Arc::new(HostBuffer::new("a CQ doorbell record", 64)?)),
             pi: AtomicU64::new(0),
             ci_seen: std::sync::atomic::AtomicU32::new(0),
             overrun: AtomicBool::new(false),
@@ -304,6 +185,11 @@ pub struct QueuePair {
     inner: Arc<SoftQp>,
     /// The exported `DevQp`, in memory posters can reach.
     handle: HostBuffer,
+    /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
+    proxy_word: Arc<HostBuffer>,
+    /// Who rings the doorbell (a [`DoorbellHandler`] as `u8`): set at creation, and switched to
+    /// the CPU proxy once if a GPU export cannot map the doorbell page.
+    handler: AtomicU8,
     /// Where a GPU export could not map the doorbell page: the library's proxy ringing for it.
     fallback: Mutex<Option<crate::doorbell::AutoProxy>>,
 }
@@ -363,26 +249,25 @@ impl QueuePair {
             }
             *serves = Some(qpn);
         }
-        let built = (|| -> Result<(Arc<SoftQp>, HostBuffer)> {
+        let built = (|| -> Result<(Arc<SoftQp>, HostBuffer, Arc<HostBuffer>)> {
             let inner = Arc::new(SoftQp {
                 qpn,
                 psn: crate::soft::random_u32() & 0xff_ffff,
                 retry_timeout: cfg.retry_timeout,
                 state: AtomicU8::new(QpState::Reset as u8),
                 sq_log,
-                sq: HostBuffer::new("a send queue", 64 << sq_log)?,
-                records: HostBuffer::new("QP doorbell records", 64)?,
-                uar: HostBuffer::new("a doorbell page", 64)?,
-                proxy_word: HostBuffer::new("a proxy producer index", 64)?,
-                handler: AtomicU8::new(cfg.handler as u8),
+                sq: Window::of(Arc::new(HostBuffer::new("a send queue", 64 << sq_log)?)),
+                records: Window::of(Arc::new(HostBuffer::new("QP doorbell records", 64)?)),
+                uar: Window::of(Arc::new(HostBuffer::new("a doorbell page", 64)?)),
                 cq: cq.inner.clone(),
                 max_msg_size: cfg.max_msg_size,
                 atomic_reply: ctx.options.atomic_reply(),
                 progress: Mutex::new(SqProgress::default()),
                 first_error: Mutex::new(None),
             });
+            let proxy_word = Arc::new(HostBuffer::new("a proxy producer index", 64)?);
             let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
-            let (doorbell, kind) = inner.ring_word(cfg.handler);
+            let (doorbell, kind) = ring_word(&inner, &proxy_word, cfg.handler);
             let dev = DevQp {
                 sq_base: inner.sq.addr(),
                 sq_dbrec: inner.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64,
@@ -404,9 +289,9 @@ impl QueuePair {
             };
             // SAFETY: the buffer is DevQp-sized and page-aligned; nobody else sees it yet.
             unsafe { (handle.as_ptr() as *mut DevQp).write(dev) };
-            Ok((inner, handle))
+            Ok((inner, handle, proxy_word))
         })();
-        let (inner, handle) = match built {
+        let (inner, handle, proxy_word) = match built {
             Ok(b) => b,
             Err(e) => {
                 *lock(&cq.inner.qpn) = None;
@@ -424,6 +309,8 @@ impl QueuePair {
             ctx: ctx.clone(),
             inner,
             handle,
+            proxy_word,
+            handler: AtomicU8::new(cfg.handler as u8),
             fallback: Mutex::new(None),
         })
     }
@@ -536,7 +423,10 @@ impl QueuePair {
     /// Who rings this QP's doorbell: the handler it was created with, or
     /// [`DoorbellHandler::CpuProxy`] once it fell back (see [`fell_back`](Self::fell_back)).
     pub fn handler(&self) -> DoorbellHandler {
-        self.inner.handler()
+        match self.handler.load(Ordering::Acquire) {
+            x if x == DoorbellHandler::CpuProxy as u8 => DoorbellHandler::CpuProxy,
+            _ => DoorbellHandler::Gpu,
+        }
     }
 
     /// Whether a GPU export found the doorbell page unmappable and switched this QP to the
@@ -556,7 +446,7 @@ impl QueuePair {
     /// by the library's proxy; a second proxy must not ring it). The target keeps the QP's
     /// rings alive.
     pub fn proxy_target(&self) -> Option<gdaki_proxy::Target> {
-        if self.inner.handler() != DoorbellHandler::CpuProxy || self.fell_back() {
+        if self.handler() != DoorbellHandler::CpuProxy || self.fell_back() {
             return None;
         }
         Some(self.target())
@@ -564,14 +454,14 @@ impl QueuePair {
 
     fn target(&self) -> gdaki_proxy::Target {
         let q = &self.inner;
-        let keep: Arc<dyn Send + Sync> = q.clone();
+        let keep: Arc<dyn Send + Sync> = Arc::new((q.clone(), self.proxy_word.clone()));
         // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
-        // are aligned words of buffers the SoftQp owns, kept alive by `keep`; posters, the
-        // proxy and the HCA access them atomically.
+        // are aligned words of buffers kept alive by `keep` (the proxy word, and the SoftQp's
+        // windows); posters, the proxy and the HCA access them atomically.
         unsafe {
             gdaki_proxy::Target::new(
                 q.qpn,
-                q.proxy_word.as_ptr() as *const u64,
+                self.proxy_word.as_ptr() as *const u64,
                 (q.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64) as *mut u32,
                 q.uar.as_ptr() as *mut u64,
                 keep,
@@ -589,7 +479,7 @@ impl QueuePair {
             return Ok(());
         }
         *fallback = Some(crate::doorbell::AutoProxy::ring_for(self.target())?);
-        let (doorbell, kind) = self.inner.ring_word(DoorbellHandler::CpuProxy);
+        let (doorbell, kind) = ring_word(&self.inner, &self.proxy_word, DoorbellHandler::CpuProxy);
         let dev = self.device_handle();
         // SAFETY: the handle is this QP's live DevQp; these two fields are plain words posters
         // read when they ring, and no poster runs during an export.
@@ -597,9 +487,7 @@ impl QueuePair {
             std::ptr::addr_of_mut!((*dev).doorbell).write_volatile(doorbell);
             std::ptr::addr_of_mut!((*dev).doorbell_kind).write_volatile(kind as u8);
         }
-        self.inner
-            .handler
-            .store(DoorbellHandler::CpuProxy as u8, Ordering::Release);
+        self.handler.store(DoorbellHandler::CpuProxy as u8, Ordering::Release);
         crate::doorbell::say_fallback(self.inner.qpn, why);
         Ok(())
     }
@@ -615,6 +503,15 @@ impl QueuePair {
     }
 }
 
+/// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
+/// `handler`.
+fn ring_word(qp: &SoftQp, proxy_word: &HostBuffer, handler: DoorbellHandler) -> (u64, DoorbellKind) {
+    match handler {
+        DoorbellHandler::Gpu => (qp.uar.addr(), DoorbellKind::Gpu),
+        DoorbellHandler::CpuProxy => (proxy_word.addr(), DoorbellKind::CpuProxy),
+    }
+}
+
 /// A queue pair exported to a GPU: its send queue, CQ ring, doorbell records and doorbell page
 /// are mapped into the GPU (host-pinned: the GPU writes WQEs and rings over PCIe, the soft HCA
 /// reads them locally), and its device handle lives in GPU memory. Kernels take
@@ -624,6 +521,7 @@ pub struct GpuQp {
     // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
     _maps: Vec<crate::cuda::HostMapping>,
     qp: Arc<SoftQp>,
+    _proxy_word: Arc<HostBuffer>,
     _ctx: Arc<ContextInner>,
 }
 
@@ -687,24 +585,28 @@ impl QueuePair {
     /// [`cpu`](Self::cpu); do not post from both at once unless the sharing mode allows it.
     pub fn export_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<GpuQp> {
         let q = &self.inner;
-        let map = |b: &HostBuffer| {
-            // SAFETY: every HostBuffer is page-aligned whole pages, owned by the QP or its
-            // CQ, which `GpuQp` keeps alive for as long as the mapping.
+        let map = |b: &Window| {
+            // SAFETY: every window is page-aligned whole pages, owned by the QP or its CQ,
+            // which `GpuQp` keeps alive for as long as the mapping.
             unsafe { crate::cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
         };
+        let proxy_word = || {
+            // SAFETY: as `map`; the proxy word is kept alive by `GpuQp::_proxy_word`.
+            unsafe { crate::cuda::HostMapping::new(gpu, self.proxy_word.as_ptr(), self.proxy_word.size()) }
+        };
         let unmappable = self.ctx.options.models_unmappable_doorbell();
-        let doorbell = match q.handler() {
+        let doorbell = match self.handler() {
             // SAFETY: as `map` above; the doorbell page is mapped only here.
             DoorbellHandler::Gpu => {
                 match unsafe { crate::doorbell::map_page(gpu, q.uar.as_ptr(), q.uar.size(), unmappable) } {
                     Ok(m) => m,
                     Err(why) => {
                         self.fall_back(&why)?;
-                        map(&q.proxy_word)?
+                        proxy_word()?
                     }
                 }
             }
-            DoorbellHandler::CpuProxy => map(&q.proxy_word)?,
+            DoorbellHandler::CpuProxy => proxy_word()?,
         };
         let maps = vec![
             map(&q.sq)?,
@@ -742,6 +644,7 @@ impl QueuePair {
             handle,
             _maps: maps,
             qp: q.clone(),
+            _proxy_word: self.proxy_word.clone(),
             _ctx: self.ctx.clone(),
         })
     }
@@ -787,7 +690,7 @@ mod tests {
         // SAFETY: the handle was just written; read only.
         let dev = unsafe { qp.device_handle().read() };
         assert_eq!(dev.doorbell_kind, DoorbellKind::CpuProxy as u8);
-        assert_eq!(dev.doorbell, qp.inner.proxy_word.addr());
+        assert_eq!(dev.doorbell, qp.proxy_word.addr());
 
         let src = ctx.alloc_region(4096, Access::ALL).unwrap();
         let dst = ctx.alloc_region(4096, Access::ALL).unwrap();

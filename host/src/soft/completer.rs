@@ -8,7 +8,7 @@ use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::{dbrec, ring, Syndrome};
 use tracing::error;
 
-use crate::queue::{SoftCq, SoftQp};
+use crate::soft::objects::{SoftCq, SoftQp};
 
 /// Vendor syndrome the soft HCA puts in error CQEs (so its errors are recognisable).
 pub const VENDOR_SYNDROME: u8 = 0x5f;

@@ -12,10 +12,11 @@ use tracing::{trace, warn};
 
 use std::collections::VecDeque;
 
-use crate::queue::{QpState, SoftQp, SqProgress};
+use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
 use crate::soft::copier::Copier;
 use crate::soft::net::Meta;
+use crate::soft::objects::{SoftQp, SqProgress};
 use crate::soft::requester::{self, Executed, Scratch, Target};
 use crate::soft::{lock, Hca};
 

@@ -18,6 +18,7 @@ pub mod copier;
 pub mod dma;
 pub mod engine;
 pub mod net;
+pub mod objects;
 pub mod requester;
 pub mod responder;
 
@@ -29,8 +30,8 @@ use tracing::debug;
 
 use crate::error::{Error, Result};
 use crate::memory::Access;
-use crate::queue::SoftQp;
 use dma::Dma;
+use objects::SoftQp;
 
 /// Hashes u32 keys as themselves: keys and QP numbers are random or sequential values this
 /// HCA chose, so there is nothing to defend against, and lookups sit on the per-WQE path.

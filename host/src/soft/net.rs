@@ -30,9 +30,10 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
 use crate::memory::Access;
-use crate::queue::{Endpoint, QpState, SoftQp};
+use crate::queue::{Endpoint, QpState};
 use crate::soft::completer::{self, Outcome};
 use crate::soft::dma::DmaFault;
+use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
 use crate::soft::{lock, Hca, Region, RegionCache};

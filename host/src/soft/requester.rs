@@ -11,9 +11,9 @@ use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
 use crate::memory::Access;
-use crate::queue::{Peer, SoftQp};
 use crate::soft::copier::Copier;
 use crate::soft::net::{Link, Meta, Sink};
+use crate::soft::objects::{Peer, SoftQp};
 use crate::soft::responder::{self, AtomicOp};
 use crate::soft::{Hca, Region, RegionCache};
 use crate::wire::Op;

@@ -5,7 +5,8 @@ use gdaki_device::Remote;
 use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
-use crate::queue::{QpState, SoftQp};
+use crate::queue::QpState;
+use crate::soft::objects::SoftQp;
 use crate::soft::{Hca, RegionCache};
 
 /// An 8-byte atomic.

@@ -1,0 +1,148 @@
+//! The soft device's own view of the queues it serves: a CQ's ring and counters, a QP's send
+//! queue, doorbell, progress and connected peer. The rings live in memory the host library
+//! registered (umems); a [`Window`] names such memory and keeps it alive for as long as the
+//! engine may touch it.
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use gdaki_layout::{AtomicReplyOrder, Syndrome};
+
+use crate::queue::QpState;
+use crate::soft::net::Link;
+use crate::soft::{lock, Hca};
+
+/// A range of host memory the device reads and writes (a ring, a doorbell record, a doorbell
+/// page), with what keeps it allocated.
+pub(crate) struct Window {
+    addr: u64,
+    len: usize,
+    _keep: Arc<dyn Send + Sync>,
+}
+
+impl Window {
+    /// `len` bytes at `addr`, kept alive by `keep`.
+    ///
+    /// # Safety
+    /// `addr..addr + len` stays valid memory for as long as `keep` lives.
+    pub unsafe fn new(addr: u64, len: usize, keep: Arc<dyn Send + Sync>) -> Window {
+        Window { addr, len, _keep: keep }
+    }
+
+    /// A whole buffer the library owns.
+    pub fn of(buffer: Arc<crate::memory::HostBuffer>) -> Window {
+        // SAFETY: the buffer is `size()` bytes and is kept alive by the window itself.
+        unsafe { Window::new(buffer.addr(), buffer.size(), buffer) }
+    }
+
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    /// Its address as the HCA and posters see it.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Its size in bytes.
+    pub fn size(&self) -> usize {
+        self.len
+    }
+}
+
+/// A completion queue as the soft HCA holds it.
+pub(crate) struct SoftCq {
+    pub cqn: u32,
+    pub log_size: u32,
+    /// The CQE ring.
+    pub ring: Window,
+    /// Doorbell record: word 0 the consumer index (big-endian), word 1 arm.
+    pub dbrec: Window,
+    /// CQEs written so far (the engine's producer index).
+    pub pi: AtomicU64,
+    /// The consumer index last read from the doorbell record (re-read only when the CQ looks
+    /// full, so the record's cache line is not pulled from the poller on every CQE).
+    pub ci_seen: std::sync::atomic::AtomicU32,
+    /// Set when the engine had a CQE to write and no room.
+    pub overrun: AtomicBool,
+    /// The QP it serves, if any.
+    pub qpn: Mutex<Option<u32>>,
+}
+
+/// The peer a connected QP sends to.
+pub(crate) enum Peer {
+    /// In this process: the responder runs on the requester's engine thread.
+    Local {
+        /// The peer's HCA.
+        hca: Weak<Hca>,
+        /// The peer QP.
+        qp: Weak<SoftQp>,
+    },
+    /// In another process or host, over TCP.
+    Remote(Link),
+}
+
+/// The engine's progress on a send queue, and where it sends (set at RTR).
+#[derive(Default)]
+pub(crate) struct SqProgress {
+    /// Next building block to fetch.
+    pub ci: u64,
+    /// The block the last doorbell rang up to: WQEs `ci..rung` wait to be executed (more than
+    /// none only while a fenced WQE waits for earlier requests).
+    pub rung: u64,
+    /// The doorbell value last acted on.
+    pub last_doorbell: u64,
+    /// The connected peer.
+    pub peer: Option<Peer>,
+    /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
+    pub deferred: std::collections::VecDeque<crate::soft::engine::Deferred>,
+}
+
+/// A queue pair as the soft HCA holds it.
+pub(crate) struct SoftQp {
+    pub qpn: u32,
+    /// Initial PSN: the first transport request's sequence number.
+    pub psn: u32,
+    pub retry_timeout: Duration,
+    pub(crate) state: AtomicU8,
+    pub sq_log: u32,
+    pub sq: Window,
+    /// Doorbell records: `[receive, send]` (big-endian WQE counters).
+    pub records: Window,
+    /// The doorbell page: the 8-byte doorbell word at offset 0.
+    pub uar: Window,
+    pub cq: Arc<SoftCq>,
+    pub max_msg_size: u64,
+    /// The byte order in which this QP's fetched atomic values are written back.
+    pub atomic_reply: AtomicReplyOrder,
+    pub progress: Mutex<SqProgress>,
+    pub first_error: Mutex<Option<Syndrome>>,
+}
+
+impl SoftQp {
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        QpState::from_raw(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Moves to the error state, keeping the first error's syndrome.
+    pub fn fail(&self, syndrome: Syndrome) {
+        let mut first = lock(&self.first_error);
+        if first.is_none() {
+            *first = Some(syndrome);
+            tracing::warn!(qpn = format_args!("{:#x}", self.qpn), %syndrome, "queue pair to error");
+        }
+        self.set_state(QpState::Error);
+    }
+
+    /// The doorbell word.
+    pub fn doorbell(&self) -> &AtomicU64 {
+        // SAFETY: the UAR buffer is at least 8 bytes, page-aligned, and lives as long as self.
+        unsafe { AtomicU64::from_ptr(self.uar.as_ptr() as *mut u64) }
+    }
+}
