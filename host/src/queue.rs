@@ -3,7 +3,7 @@
 //! device handle (`gdaki_layout::DevQp`) that `gdaki-device` posts through.
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use crate::error::{check_pow2, Error, Result};
 use crate::memory::HostBuffer;
 use crate::provider::DoorbellHandler;
 use crate::soft::net::Link;
-use crate::soft::objects::{Peer, SoftCq, SoftQp, SqProgress, Window};
+use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
 use crate::soft::{lock, Hca};
 
 /// Largest send queue in WQEs (the device tells CQE laps apart by 16-bit WQE counters).
@@ -139,16 +139,12 @@ impl CompletionQueue {
                     .write(cqe::OP_OWN_INIT)
             };
         }
-        let inner = Arc::new(SoftCq {
-            cqn: ctx.hca.alloc_qpn(),
+        let inner = Arc::new(SoftCq::new(
+            ctx.hca.alloc_qpn(),
             log_size,
-            ring: Window::of(Arc::new(ring)),
-            dbrec: Window::of(Arc::new(HostBuffer::new("a CQ doorbell record", 64)?)),
-            pi: AtomicU64::new(0),
-            ci_seen: std::sync::atomic::AtomicU32::new(0),
-            overrun: AtomicBool::new(false),
-            qpn: Mutex::new(None),
-        });
+            Window::of(Arc::new(ring)),
+            Window::of(Arc::new(HostBuffer::new("a CQ doorbell record", 64)?)),
+        ));
         Ok(CompletionQueue {
             ctx: ctx.clone(),
             inner,
@@ -250,21 +246,18 @@ impl QueuePair {
             *serves = Some(qpn);
         }
         let built = (|| -> Result<(Arc<SoftQp>, HostBuffer, Arc<HostBuffer>)> {
-            let inner = Arc::new(SoftQp {
+            let inner = Arc::new(SoftQp::new(
                 qpn,
-                psn: crate::soft::random_u32() & 0xff_ffff,
-                retry_timeout: cfg.retry_timeout,
-                state: AtomicU8::new(QpState::Reset as u8),
+                crate::soft::random_u32() & 0xff_ffff,
                 sq_log,
-                sq: Window::of(Arc::new(HostBuffer::new("a send queue", 64 << sq_log)?)),
-                records: Window::of(Arc::new(HostBuffer::new("QP doorbell records", 64)?)),
-                uar: Window::of(Arc::new(HostBuffer::new("a doorbell page", 64)?)),
-                cq: cq.inner.clone(),
-                max_msg_size: cfg.max_msg_size,
-                atomic_reply: ctx.options.atomic_reply(),
-                progress: Mutex::new(SqProgress::default()),
-                first_error: Mutex::new(None),
-            });
+                Window::of(Arc::new(HostBuffer::new("a send queue", 64 << sq_log)?)),
+                Window::of(Arc::new(HostBuffer::new("QP doorbell records", 64)?)),
+                Window::of(Arc::new(HostBuffer::new("a doorbell page", 64)?)),
+                cq.inner.clone(),
+                cfg.max_msg_size,
+                cfg.retry_timeout,
+                ctx.options.atomic_reply(),
+            ));
             let proxy_word = Arc::new(HostBuffer::new("a proxy producer index", 64)?);
             let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
             let (doorbell, kind) = ring_word(&inner, &proxy_word, cfg.handler);
@@ -335,7 +328,7 @@ impl QueuePair {
         Endpoint {
             hca: self.ctx.hca.id,
             qpn: self.inner.qpn,
-            psn: self.inner.psn,
+            psn: self.inner.psn(),
             addr: self.ctx.hca.listen_addr(),
         }
     }

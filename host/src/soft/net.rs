@@ -322,13 +322,13 @@ impl Link {
         })?;
         stream.set_nodelay(true).map_err(io("setting TCP_NODELAY"))?;
         stream
-            .set_write_timeout(Some(qp.retry_timeout))
+            .set_write_timeout(Some(qp.retry_timeout()))
             .map_err(io("setting a socket write timeout"))?;
         let hello = wire::Connect {
             hca,
             qpn: qp.qpn,
             target_qpn: peer.qpn,
-            psn: qp.psn,
+            psn: qp.psn(),
         };
         (&stream)
             .write_all(&hello.encode())
@@ -360,7 +360,7 @@ impl Link {
         }
         let shared = Arc::new(Shared {
             qp: Arc::downgrade(qp),
-            retry_timeout: qp.retry_timeout,
+            retry_timeout: qp.retry_timeout(),
             inflight: Mutex::new(Inflight::default()),
             closed: AtomicBool::new(false),
         });
@@ -373,7 +373,7 @@ impl Link {
         Ok(Link {
             tx: BufWriter::with_capacity(CHUNK, stream.try_clone().map_err(io("cloning a socket"))?),
             stream,
-            next_seq: qp.psn,
+            next_seq: qp.psn(),
             halted: false,
             shared,
             receiver: Some(receiver),
@@ -711,7 +711,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         w.flush()?;
         return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
     };
-    w.get_ref().set_write_timeout(Some(target.retry_timeout))?;
+    w.get_ref().set_write_timeout(Some(target.retry_timeout()))?;
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
     let target = Arc::downgrade(&target);

@@ -70,6 +70,22 @@ pub(crate) struct SoftCq {
     pub qpn: Mutex<Option<u32>>,
 }
 
+impl SoftCq {
+    /// A CQ of `2^log_size` CQEs in `ring`, with its doorbell record in `dbrec`.
+    pub fn new(cqn: u32, log_size: u32, ring: Window, dbrec: Window) -> SoftCq {
+        SoftCq {
+            cqn,
+            log_size,
+            ring,
+            dbrec,
+            pi: AtomicU64::new(0),
+            ci_seen: std::sync::atomic::AtomicU32::new(0),
+            overrun: AtomicBool::new(false),
+            qpn: Mutex::new(None),
+        }
+    }
+}
+
 /// The peer a connected QP sends to.
 pub(crate) enum Peer {
     /// In this process: the responder runs on the requester's engine thread.
@@ -102,9 +118,11 @@ pub(crate) struct SqProgress {
 /// A queue pair as the soft HCA holds it.
 pub(crate) struct SoftQp {
     pub qpn: u32,
-    /// Initial PSN: the first transport request's sequence number.
-    pub psn: u32,
-    pub retry_timeout: Duration,
+    /// Initial PSN: the first transport request's sequence number (set at creation by the
+    /// library's path, at RTR2RTS by the firmware's).
+    psn: std::sync::atomic::AtomicU32,
+    /// How long a request waits for its answer, in nanoseconds.
+    retry_timeout_ns: AtomicU64,
     pub(crate) state: AtomicU8,
     pub sq_log: u32,
     pub sq: Window,
@@ -113,7 +131,7 @@ pub(crate) struct SoftQp {
     /// The doorbell page: the 8-byte doorbell word at offset 0.
     pub uar: Window,
     pub cq: Arc<SoftCq>,
-    pub max_msg_size: u64,
+    max_msg_size: AtomicU64,
     /// The byte order in which this QP's fetched atomic values are written back.
     pub atomic_reply: AtomicReplyOrder,
     pub progress: Mutex<SqProgress>,
@@ -121,6 +139,65 @@ pub(crate) struct SoftQp {
 }
 
 impl SoftQp {
+    /// A QP in RESET on `cq`, reading its send queue of `2^sq_log` blocks from `sq`, its
+    /// doorbell record from `records` and its doorbell from `uar`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        qpn: u32,
+        psn: u32,
+        sq_log: u32,
+        sq: Window,
+        records: Window,
+        uar: Window,
+        cq: Arc<SoftCq>,
+        max_msg_size: u64,
+        retry_timeout: Duration,
+        atomic_reply: AtomicReplyOrder,
+    ) -> SoftQp {
+        SoftQp {
+            qpn,
+            psn: psn.into(),
+            retry_timeout_ns: AtomicU64::new(retry_timeout.as_nanos().min(u64::MAX as u128) as u64),
+            state: AtomicU8::new(QpState::Reset as u8),
+            sq_log,
+            sq,
+            records,
+            uar,
+            cq,
+            max_msg_size: max_msg_size.into(),
+            atomic_reply,
+            progress: Mutex::new(SqProgress::default()),
+            first_error: Mutex::new(None),
+        }
+    }
+
+    /// The first PSN this QP sends.
+    pub fn psn(&self) -> u32 {
+        self.psn.load(Ordering::Acquire)
+    }
+
+    /// How long a request waits for its answer before it fails with a transport error.
+    pub fn retry_timeout(&self) -> Duration {
+        Duration::from_nanos(self.retry_timeout_ns.load(Ordering::Acquire))
+    }
+
+    /// The largest message one WQE may carry.
+    pub fn max_msg_size(&self) -> u64 {
+        self.max_msg_size.load(Ordering::Acquire)
+    }
+
+    /// Sets what RTR2RTS carries: the first PSN and the retry timeout.
+    pub fn set_send_params(&self, psn: u32, retry_timeout: Duration) {
+        self.psn.store(psn, Ordering::Release);
+        self.retry_timeout_ns
+            .store(retry_timeout.as_nanos().min(u64::MAX as u128) as u64, Ordering::Release);
+    }
+
+    /// Sets the largest message (INIT2RTR's `log_msg_max`).
+    pub fn set_max_msg_size(&self, bytes: u64) {
+        self.max_msg_size.store(bytes, Ordering::Release);
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         QpState::from_raw(self.state.load(Ordering::Acquire))

@@ -193,7 +193,7 @@ pub(crate) fn execute(
     scratch: &mut Scratch,
 ) -> Result<Executed, Syndrome> {
     let check_len = |len: u64| {
-        if len > qp.max_msg_size {
+        if len > qp.max_msg_size() {
             Err(Syndrome::LocalLength)
         } else {
             Ok(len as u32)

@@ -1,0 +1,211 @@
+//! The DevX provider: gdaki builds every queue the way a ConnectX wants it, with PRM command
+//! mailboxes ([`gdaki_layout::prm`]) sent through one narrow boundary, [`Device`]. Two devices
+//! sit behind it: a real mlx5 NIC (libmlx5's `mlx5dv_devx_*`, loaded at run time) and the soft
+//! device, whose firmware model ([`crate::soft::firmware`]) decodes the same mailboxes.
+//!
+//! [`Devx`] runs commands on a device: it checks every answer's status, and logs each command
+//! (name, key fields, status, syndrome) at debug level under the `gdaki::devx` target, so a
+//! user with a NIC can send the exact sequence when something fails
+//! (`RUST_LOG=gdaki::devx=debug`).
+use std::sync::Arc;
+
+use gdaki_layout::prm::command::{self, AddressPath, AtomicCaps, CapType, GeneralCaps};
+use gdaki_layout::prm::{CmdError, Opcode};
+
+/// Host memory registered with a device as a umem (rings and doorbell records), with what
+/// keeps it allocated: the device may hold on to `keep` for as long as it uses the memory.
+#[derive(Clone)]
+pub(crate) struct UmemMemory {
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// Keeps `addr..addr + len` allocated.
+    pub keep: Arc<dyn Send + Sync>,
+}
+
+/// A UAR page: the doorbell page queues are rung through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Uar {
+    /// Its index, as `uar_page` in CQ and QP contexts.
+    pub page: u32,
+    /// Where the host writes doorbells (the page's CPU mapping).
+    pub reg_addr: u64,
+    /// Size of the mapping in bytes.
+    pub size: usize,
+}
+
+/// A device object (CQ or QP) as the device tracks it: its handle for modify / query /
+/// destroy, and its number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Object {
+    /// The device's handle.
+    pub handle: u64,
+    /// CQN or QPN.
+    pub number: u32,
+}
+
+/// What a device call can fail with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// The device ran the command and refused it.
+    #[error("{error}{}", .detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Command {
+        /// Status and syndrome.
+        error: CmdError,
+        /// What the device said beyond its syndrome (the soft device names the reason).
+        detail: Option<String>,
+    },
+    /// A call around the commands failed (umem, UAR, PD, EQ).
+    #[error("{what}: {why}")]
+    Call {
+        /// Which call.
+        what: &'static str,
+        /// Why.
+        why: String,
+    },
+}
+
+/// The narrow boundary every DevX provider call goes through. Commands take whole input
+/// mailboxes and fill whole output mailboxes; a device reports a refused command through the
+/// output's status and syndrome (and may say more in [`DeviceError::Command`]'s detail).
+pub(crate) trait Device: Send + Sync {
+    /// A general command (`QUERY_HCA_CAP`).
+    fn general_cmd(&self, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError>;
+    /// A protection domain's number.
+    fn alloc_pd(&self) -> Result<u32, DeviceError>;
+    /// A UAR page.
+    fn alloc_uar(&self) -> Result<Uar, DeviceError>;
+    /// Gives a UAR page back.
+    fn free_uar(&self, uar: &Uar);
+    /// The event queue CQs report to.
+    fn query_eqn(&self) -> Result<u32, DeviceError>;
+    /// Registers memory as a umem; returns its id.
+    fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError>;
+    /// Deregisters a umem (refused while an object uses it).
+    fn umem_dereg(&self, id: u32) -> Result<(), DeviceError>;
+    /// Runs a create command; returns the object's handle.
+    fn obj_create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError>;
+    /// Runs a modify command on an object.
+    fn obj_modify(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Runs a query command on an object.
+    fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Destroys an object (the device builds the destroy command from the create command).
+    fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError>;
+    /// The address path to a peer with global identifier `gid` (reached at `addr` where the
+    /// fabric needs a transport address: the soft device's listener).
+    fn resolve(&self, gid: [u8; 16], addr: Option<std::net::SocketAddr>) -> Result<AddressPath, DeviceError>;
+}
+
+/// The capabilities gdaki reads at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// General capabilities.
+    pub general: GeneralCaps,
+    /// Atomic capabilities.
+    pub atomic: AtomicCaps,
+}
+
+/// Runs DevX commands on a device, checking and logging each.
+#[derive(Clone)]
+pub(crate) struct Devx {
+    device: Arc<dyn Device>,
+}
+
+impl Devx {
+    /// Commands on `device`.
+    pub fn new(device: Arc<dyn Device>) -> Devx {
+        Devx { device }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &dyn Device {
+        &*self.device
+    }
+
+    fn checked(op: Opcode, input: &[u8], out: &[u8], ran: Result<(), DeviceError>) -> Result<(), DeviceError> {
+        let checked =
+            ran.and_then(|()| command::check(op, out).map_err(|error| DeviceError::Command { error, detail: None }));
+        match &checked {
+            Ok(()) => tracing::debug!(
+                target: "gdaki::devx",
+                command = %op,
+                input = %Fields(input),
+                object = format_args!("{:#x}", command::object(out)),
+                "ok"
+            ),
+            Err(e) => tracing::debug!(target: "gdaki::devx", command = %op, input = %Fields(input), "{e}"),
+        }
+        checked
+    }
+
+    /// `QUERY_HCA_CAP` of the general and atomic capabilities.
+    pub fn query_caps(&self) -> Result<Caps, DeviceError> {
+        let mut caps = Vec::with_capacity(2);
+        for kind in [CapType::General, CapType::Atomic] {
+            let input = command::query_hca_cap(kind);
+            let mut out = vec![0u8; command::QUERY_HCA_CAP_OUT_BYTES];
+            let ran = self.device.general_cmd(&input, &mut out);
+            Self::checked(Opcode::QueryHcaCap, &input, &out, ran)?;
+            caps.push(out);
+        }
+        Ok(Caps {
+            general: GeneralCaps::decode(&caps[0]),
+            atomic: AtomicCaps::decode(&caps[1]),
+        })
+    }
+
+    /// Creates an object from `input`.
+    pub fn create(&self, input: &[u8]) -> Result<Object, DeviceError> {
+        let op = command::opcode(input);
+        let mut out = [0u8; command::OUT_HEADER_BYTES];
+        let handle = self.device.obj_create(input, &mut out);
+        let ran = handle.as_ref().map(|_| ()).map_err(Clone::clone);
+        Self::checked(op, input, &out, ran)?;
+        Ok(Object {
+            handle: handle?,
+            number: command::object(&out),
+        })
+    }
+
+    /// Modifies `obj` with `input`.
+    pub fn modify(&self, obj: &Object, input: &[u8]) -> Result<(), DeviceError> {
+        let op = command::opcode(input);
+        let mut out = [0u8; command::OUT_HEADER_BYTES];
+        let ran = self.device.obj_modify(obj.handle, input, &mut out);
+        Self::checked(op, input, &out, ran)
+    }
+
+    /// Queries `obj` with `input` into an output of `out_len` bytes.
+    pub fn query(&self, obj: &Object, input: &[u8], out_len: usize) -> Result<Vec<u8>, DeviceError> {
+        let op = command::opcode(input);
+        let mut out = vec![0u8; out_len];
+        let ran = self.device.obj_query(obj.handle, input, &mut out);
+        Self::checked(op, input, &out, ran)?;
+        Ok(out)
+    }
+
+    /// Destroys `obj`.
+    pub fn destroy(&self, obj: &Object) -> Result<(), DeviceError> {
+        let done = self.device.obj_destroy(obj.handle);
+        tracing::debug!(target: "gdaki::devx", object = format_args!("{:#x}", obj.number), "destroy: {done:?}");
+        done
+    }
+}
+
+/// A mailbox's non-zero 32-bit words, `offset:value`, for the command log.
+struct Fields<'a>(&'a [u8]);
+
+impl std::fmt::Display for Fields<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut first = true;
+        for (i, w) in self.0.chunks(4).enumerate() {
+            let v = w.iter().fold(0u32, |v, b| v << 8 | *b as u32);
+            if v != 0 {
+                write!(f, "{}{:#x}:{v:#010x}", if first { "" } else { " " }, i * 4)?;
+                first = false;
+            }
+        }
+        Ok(())
+    }
+}

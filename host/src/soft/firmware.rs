@@ -1,0 +1,1189 @@
+//! The soft device's firmware: it implements the DevX [`Device`] boundary by decoding the PRM
+//! mailboxes with the field definitions of [`gdaki_layout::prm`], validating them as ConnectX
+//! firmware does, and answering with a PRM status and a syndrome. The CQs and QPs it creates
+//! read their rings and doorbell records from the umems they were given and are served by the
+//! soft HCA's engine like any other.
+//!
+//! Syndromes are firmware-specific 32-bit values; the soft device's are [`FwSyndrome`]. Where
+//! the model is narrower than a NIC it says so with its own syndrome: one QP per UAR page (its
+//! engine watches a doorbell word per QP), one QP per CQ (gdaki's tickets are CQE indices),
+//! RC QPs with a zero-length receive queue, 64-byte uncompressed CQEs, and a send PSN fixed
+//! when the QP connects its transport (at RTR2RTS).
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gdaki_layout::prm::command::{
+    self, AddressPath, AtomicCaps, GeneralCaps, QpcState, QPC_RQ_TYPE_ZERO_LEN, QPC_ST_RC,
+};
+use gdaki_layout::prm::layout::query_qp_out;
+use gdaki_layout::prm::layout::{ads, cmd_in, cqc, create_cq_in, create_qp_in, modify_qp_in, object_in, qpc};
+use gdaki_layout::prm::{get, get_bytes, set, Bits, CmdError, CmdStatus, Opcode};
+use gdaki_layout::{AtomicReplyOrder, Syndrome};
+
+use crate::devx::{Device, DeviceError, Uar, UmemMemory};
+use crate::memory::HostBuffer;
+use crate::queue::{Endpoint, QpState};
+use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
+use crate::soft::{lock, Hca};
+
+/// Why the soft firmware refused a command (the syndrome in its output mailbox).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum FwSyndrome {
+    /// The input mailbox is shorter than the command's.
+    ShortInput = 0x5f_0001,
+    /// The op_mod is not one the command takes.
+    BadOpMod = 0x5f_0002,
+    /// The queue is not in a umem (`*_umem_valid` is 0): the soft device has no page lists.
+    NotInUmem = 0x5f_0003,
+    /// No umem with that id.
+    UnknownUmem = 0x5f_0004,
+    /// The umem ends before the ring or record does.
+    UmemTooSmall = 0x5f_0005,
+    /// A ring or doorbell record is not aligned (rings to 64 bytes, records to 8).
+    Misaligned = 0x5f_0006,
+    /// No UAR page with that index.
+    UnknownUar = 0x5f_0007,
+    /// The UAR page already rings another QP (the model watches one doorbell word per QP).
+    UarInUse = 0x5f_0008,
+    /// No CQ with that number on this device.
+    UnknownCq = 0x5f_0009,
+    /// The CQ serves a QP (one QP per CQ; and a CQ in use cannot be destroyed).
+    CqInUse = 0x5f_000a,
+    /// No PD with that number.
+    UnknownPd = 0x5f_000b,
+    /// A queue size above the device's capability.
+    AboveCap = 0x5f_000c,
+    /// A format the model does not implement (CQE size, compression, collapsing, service type,
+    /// receive queue type).
+    Unsupported = 0x5f_000d,
+    /// No object with that handle or number.
+    UnknownObject = 0x5f_000e,
+    /// The QP is not in the state the transition starts from.
+    BadState = 0x5f_000f,
+    /// No such port.
+    BadPort = 0x5f_0010,
+    /// No such event queue.
+    BadEqn = 0x5f_0011,
+    /// The peer the path names cannot be reached.
+    PeerUnreachable = 0x5f_0012,
+    /// A capability type the device does not report.
+    UnknownCap = 0x5f_0013,
+    /// A path MTU code that is not 256..4096 bytes.
+    BadMtu = 0x5f_0014,
+    /// The output mailbox is shorter than the command's answer.
+    ShortOutput = 0x5f_0015,
+    /// RTR2RTS with another send PSN than the one the transport announced.
+    SendPsnFixed = 0x5f_0016,
+}
+
+/// A refusal: the status, the syndrome and the reason in words.
+struct Refusal(CmdStatus, FwSyndrome, String);
+
+type Answer<T> = std::result::Result<T, Refusal>;
+
+fn refuse<T>(status: CmdStatus, syndrome: FwSyndrome, why: impl Into<String>) -> Answer<T> {
+    Err(Refusal(status, syndrome, why.into()))
+}
+
+/// Handles carry the object kind above the 24-bit number.
+const CQ_HANDLE: u64 = 1 << 32;
+const QP_HANDLE: u64 = 2 << 32;
+
+/// The only port, and the only event queue.
+const PORT: u8 = 1;
+const EQN: u32 = 0;
+
+/// What the soft device reports (and enforces).
+fn general_caps() -> GeneralCaps {
+    GeneralCaps {
+        log_max_qp_sz: crate::queue::MAX_SQ_SIZE.trailing_zeros() as u8,
+        log_max_qp: 24,
+        log_max_cq_sz: crate::queue::MAX_CQ_SIZE.trailing_zeros() as u8,
+        log_max_cq: 24,
+        log_max_ra_req_qp: 16,
+        log_max_ra_res_qp: 16,
+        port_type: 1,
+        num_ports: 1,
+        log_max_msg: 31,
+        cqe_version: 1,
+        roce: true,
+        atomic: true,
+        cq_oi: true,
+        log_pg_sz: 12,
+        log_max_pd: 24,
+        log_max_umem: 24,
+    }
+}
+
+struct UmemEntry {
+    mem: UmemMemory,
+    users: u32,
+}
+
+struct CqEntry {
+    cq: Arc<SoftCq>,
+    umems: [u32; 2],
+}
+
+struct QpEntry {
+    qp: Arc<SoftQp>,
+    umems: [u32; 2],
+    uar: u32,
+    /// INIT2RTR's peer: its GID and QP number.
+    remote: Option<([u8; 16], u32)>,
+}
+
+#[derive(Default)]
+struct Tables {
+    umems: HashMap<u32, UmemEntry>,
+    uars: HashMap<u32, (Arc<HostBuffer>, Option<u32>)>,
+    pds: HashSet<u32>,
+    cqs: HashMap<u32, CqEntry>,
+    qps: HashMap<u32, QpEntry>,
+    neighbours: HashMap<[u8; 16], SocketAddr>,
+    next_id: u32,
+}
+
+impl Tables {
+    fn id(&mut self) -> u32 {
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.next_id
+    }
+
+    /// A window of `len` bytes at `offset` into umem `id`, aligned to `align`.
+    fn window(&self, id: u32, offset: u64, len: usize, align: u64) -> Answer<Window> {
+        let Some(u) = self.umems.get(&id) else {
+            return refuse(CmdStatus::BadRes, FwSyndrome::UnknownUmem, format!("no umem {id:#x}"));
+        };
+        if offset.checked_add(len as u64).is_none_or(|end| end > u.mem.len as u64) {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::UmemTooSmall,
+                format!(
+                    "umem {id:#x} has {} bytes, {len} needed at offset {offset:#x}",
+                    u.mem.len
+                ),
+            );
+        }
+        let addr = u.mem.addr + offset;
+        if addr % align != 0 {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::Misaligned,
+                format!("{addr:#x} is not {align}-byte aligned"),
+            );
+        }
+        // SAFETY: the range lies inside the umem, whose memory `keep` keeps allocated.
+        Ok(unsafe { Window::new(addr, len, u.mem.keep.clone()) })
+    }
+}
+
+/// The soft device: one per soft context, over its HCA.
+pub(crate) struct SoftDevice {
+    hca: Arc<Hca>,
+    atomic_reply: AtomicReplyOrder,
+    tables: Mutex<Tables>,
+}
+
+impl SoftDevice {
+    /// The device of `hca`, answering 8-byte atomics in `atomic_reply` order.
+    pub fn new(hca: Arc<Hca>, atomic_reply: AtomicReplyOrder) -> SoftDevice {
+        SoftDevice {
+            hca,
+            atomic_reply,
+            tables: Mutex::new(Tables::default()),
+        }
+    }
+
+    /// This device's GID: the link-local prefix and its HCA's 64-bit identity as the GUID.
+    pub fn gid(&self) -> [u8; 16] {
+        gid_of(self.hca.id)
+    }
+
+    /// Runs a command, writing the answer's status and syndrome into `out`.
+    fn answer(
+        &self,
+        input: &[u8],
+        out: &mut [u8],
+        run: impl FnOnce(&Self, &[u8], &mut [u8]) -> Answer<u64>,
+    ) -> Result<u64, DeviceError> {
+        let op = command::opcode(input);
+        let result = if out.len() < command::OUT_HEADER_BYTES {
+            refuse(
+                CmdStatus::BadOutputLen,
+                FwSyndrome::ShortOutput,
+                "output mailbox too short",
+            )
+        } else if input.len() < cmd_in::BYTES {
+            refuse(
+                CmdStatus::BadInputLen,
+                FwSyndrome::ShortInput,
+                "input mailbox too short",
+            )
+        } else {
+            run(self, input, out)
+        };
+        match result {
+            Ok(h) => {
+                set(out, gdaki_layout::prm::layout::cmd_out::STATUS, 0);
+                Ok(h)
+            }
+            Err(Refusal(status, syndrome, why)) => {
+                command::fail(out, status, syndrome as u32);
+                tracing::debug!(target: "gdaki::devx", command = %op, %status, ?syndrome, "soft firmware refuses: {why}");
+                Err(DeviceError::Command {
+                    error: CmdError {
+                        opcode: op,
+                        status,
+                        syndrome: syndrome as u32,
+                    },
+                    detail: Some(why),
+                })
+            }
+        }
+    }
+
+    fn need(input: &[u8], bytes: usize) -> Answer<()> {
+        if input.len() < bytes {
+            return refuse(
+                CmdStatus::BadInputLen,
+                FwSyndrome::ShortInput,
+                format!("{} bytes, the command has {bytes}", input.len()),
+            );
+        }
+        if get(input, cmd_in::OP_MOD) != 0 {
+            return refuse(CmdStatus::BadParam, FwSyndrome::BadOpMod, "op_mod must be 0");
+        }
+        Ok(())
+    }
+
+    fn create_cq(&self, input: &[u8], out: &mut [u8]) -> Answer<u64> {
+        Self::need(input, create_cq_in::BYTES)?;
+        let c = |f: Bits| get(input, f.within(create_cq_in::CQ_CONTEXT));
+        if get(input, create_cq_in::CQ_UMEM_VALID) != 1 || c(cqc::DBR_UMEM_VALID) != 1 {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::NotInUmem,
+                "ring and record must be in umems",
+            );
+        }
+        if c(cqc::CQE_SZ) != 0 || c(cqc::CC) != 0 || c(cqc::CQE_COMP_EN) != 0 {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::Unsupported,
+                "only 64-byte CQEs, not collapsed, not compressed",
+            );
+        }
+        let log_size = c(cqc::LOG_CQ_SIZE) as u32;
+        if log_size > general_caps().log_max_cq_sz as u32 {
+            return refuse(
+                CmdStatus::ExceedLim,
+                FwSyndrome::AboveCap,
+                format!("log_cq_size {log_size} above {}", general_caps().log_max_cq_sz),
+            );
+        }
+        if c(cqc::C_EQN) != EQN as u64 {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::BadEqn,
+                format!("no EQ {}", c(cqc::C_EQN)),
+            );
+        }
+        let mut t = lock(&self.tables);
+        if !t.uars.contains_key(&(c(cqc::UAR_PAGE) as u32)) {
+            return refuse(CmdStatus::BadRes, FwSyndrome::UnknownUar, "no such UAR page");
+        }
+        let ring_umem = get(input, create_cq_in::CQ_UMEM_ID) as u32;
+        let ring = t.window(ring_umem, get(input, create_cq_in::CQ_UMEM_OFFSET), 64 << log_size, 64)?;
+        let dbr_umem = c(cqc::DBR_UMEM_ID) as u32;
+        let dbrec = t.window(dbr_umem, c(cqc::DBR_ADDR), 8, 8)?;
+        let cqn = self.hca.alloc_qpn();
+        let cq = Arc::new(SoftCq::new(cqn, log_size, ring, dbrec));
+        for u in [ring_umem, dbr_umem] {
+            if let Some(e) = t.umems.get_mut(&u) {
+                e.users += 1;
+            }
+        }
+        t.cqs.insert(
+            cqn,
+            CqEntry {
+                cq,
+                umems: [ring_umem, dbr_umem],
+            },
+        );
+        set(out, gdaki_layout::prm::layout::cmd_out::OBJECT, cqn as u64);
+        Ok(CQ_HANDLE | cqn as u64)
+    }
+
+    fn create_qp(&self, input: &[u8], out: &mut [u8]) -> Answer<u64> {
+        Self::need(input, create_qp_in::BYTES)?;
+        let q = |f: Bits| get(input, f.within(create_qp_in::QPC));
+        if q(qpc::ST) != QPC_ST_RC as u64 || q(qpc::RQ_TYPE) != QPC_RQ_TYPE_ZERO_LEN as u64 {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::Unsupported,
+                "only RC QPs with a zero-length receive queue",
+            );
+        }
+        if get(input, create_qp_in::WQ_UMEM_VALID) != 1 || q(qpc::DBR_UMEM_VALID) != 1 {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::NotInUmem,
+                "queue and record must be in umems",
+            );
+        }
+        let sq_log = q(qpc::LOG_SQ_SIZE) as u32;
+        if sq_log > general_caps().log_max_qp_sz as u32 {
+            return refuse(
+                CmdStatus::ExceedLim,
+                FwSyndrome::AboveCap,
+                format!("log_sq_size {sq_log} above {}", general_caps().log_max_qp_sz),
+            );
+        }
+        let mut t = lock(&self.tables);
+        if !t.pds.contains(&(q(qpc::PD) as u32)) {
+            return refuse(
+                CmdStatus::BadRes,
+                FwSyndrome::UnknownPd,
+                format!("no PD {:#x}", q(qpc::PD)),
+            );
+        }
+        let uar = q(qpc::UAR_PAGE) as u32;
+        let doorbell = match t.uars.get(&uar) {
+            None => return refuse(CmdStatus::BadRes, FwSyndrome::UnknownUar, format!("no UAR page {uar}")),
+            Some((_, Some(other))) => {
+                return refuse(
+                    CmdStatus::ResBusy,
+                    FwSyndrome::UarInUse,
+                    format!("UAR page {uar} rings QP {other:#x}"),
+                )
+            }
+            Some((page, None)) => Window::of(page.clone()),
+        };
+        let (snd, rcv) = (q(qpc::CQN_SND) as u32, q(qpc::CQN_RCV) as u32);
+        let Some(cq) = t.cqs.get(&snd).map(|e| e.cq.clone()) else {
+            return refuse(CmdStatus::BadRes, FwSyndrome::UnknownCq, format!("no CQ {snd:#x} here"));
+        };
+        if !t.cqs.contains_key(&rcv) {
+            return refuse(CmdStatus::BadRes, FwSyndrome::UnknownCq, format!("no CQ {rcv:#x} here"));
+        }
+        if let Some(other) = *lock(&cq.qpn) {
+            return refuse(
+                CmdStatus::ResBusy,
+                FwSyndrome::CqInUse,
+                format!("CQ {snd:#x} serves QP {other:#x}"),
+            );
+        }
+        let sq_umem = get(input, create_qp_in::WQ_UMEM_ID) as u32;
+        let sq = t.window(sq_umem, get(input, create_qp_in::WQ_UMEM_OFFSET), 64 << sq_log, 64)?;
+        let dbr_umem = q(qpc::DBR_UMEM_ID) as u32;
+        let records = t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
+        let qpn = self.hca.alloc_qpn();
+        let caps = general_caps();
+        let qp = Arc::new(SoftQp::new(
+            qpn,
+            0,
+            sq_log,
+            sq,
+            records,
+            doorbell,
+            cq.clone(),
+            1 << caps.log_max_msg,
+            Duration::from_secs(4),
+            self.atomic_reply,
+        ));
+        *lock(&cq.qpn) = Some(qpn);
+        for u in [sq_umem, dbr_umem] {
+            if let Some(e) = t.umems.get_mut(&u) {
+                e.users += 1;
+            }
+        }
+        if let Some(u) = t.uars.get_mut(&uar) {
+            u.1 = Some(qpn);
+        }
+        self.hca.attach(&qp);
+        t.qps.insert(
+            qpn,
+            QpEntry {
+                qp,
+                umems: [sq_umem, dbr_umem],
+                uar,
+                remote: None,
+            },
+        );
+        set(out, gdaki_layout::prm::layout::cmd_out::OBJECT, qpn as u64);
+        Ok(QP_HANDLE | qpn as u64)
+    }
+
+    /// The QP a modify or query names, checked against the handle it came with.
+    fn qp_of(&self, handle: u64, input: &[u8], field: Bits) -> Answer<Arc<SoftQp>> {
+        let qpn = get(input, field) as u32;
+        if handle != QP_HANDLE | qpn as u64 {
+            return refuse(
+                CmdStatus::BadRes,
+                FwSyndrome::UnknownObject,
+                format!("QP {qpn:#x} is not the object modified"),
+            );
+        }
+        match lock(&self.tables).qps.get(&qpn) {
+            Some(e) => Ok(e.qp.clone()),
+            None => refuse(CmdStatus::BadRes, FwSyndrome::UnknownObject, format!("no QP {qpn:#x}")),
+        }
+    }
+
+    fn transition(qp: &SoftQp, from: QpState, to: QpState) -> Answer<()> {
+        let now = qp.state();
+        if now != from {
+            return refuse(
+                CmdStatus::BadQpState,
+                FwSyndrome::BadState,
+                format!("QP {:#x} is {now}, not {from} (to {to})", qp.qpn),
+            );
+        }
+        Ok(())
+    }
+
+    fn modify(&self, handle: u64, input: &[u8]) -> Answer<u64> {
+        let op = command::opcode(input);
+        if matches!(op, Opcode::Qp2Err | Opcode::Qp2Rst) {
+            Self::need(input, object_in::BYTES)?;
+            let qp = self.qp_of(handle, input, object_in::OBJECT)?;
+            if op == Opcode::Qp2Err {
+                qp.fail(Syndrome::WrFlush);
+                return Ok(handle);
+            }
+            return refuse(CmdStatus::BadOp, FwSyndrome::Unsupported, "2RST is not modelled");
+        }
+        Self::need(input, modify_qp_in::BYTES)?;
+        let qp = self.qp_of(handle, input, modify_qp_in::QPN)?;
+        let q = |f: Bits| get(input, f.within(modify_qp_in::QPC));
+        let path = |f: Bits| q(f.within(qpc::PRIMARY_ADDRESS_PATH));
+        match op {
+            Opcode::Rst2InitQp => {
+                Self::transition(&qp, QpState::Reset, QpState::Init)?;
+                if path(ads::VHCA_PORT_NUM) != PORT as u64 {
+                    return refuse(
+                        CmdStatus::BadParam,
+                        FwSyndrome::BadPort,
+                        "the soft device has port 1 only",
+                    );
+                }
+                qp.set_state(QpState::Init);
+            }
+            Opcode::Init2RtrQp => {
+                Self::transition(&qp, QpState::Init, QpState::Rtr)?;
+                let mtu = q(qpc::MTU) as u8;
+                if !(1..=5).contains(&mtu) {
+                    return refuse(CmdStatus::BadParam, FwSyndrome::BadMtu, format!("MTU code {mtu}"));
+                }
+                let log_msg = q(qpc::LOG_MSG_MAX) as u32;
+                if log_msg > general_caps().log_max_msg as u32 {
+                    return refuse(
+                        CmdStatus::BadParam,
+                        FwSyndrome::AboveCap,
+                        format!("log_msg_max {log_msg}"),
+                    );
+                }
+                qp.set_max_msg_size(1 << log_msg);
+                let gid = get_bytes::<16>(
+                    input,
+                    ads::RGID_RIP
+                        .within(qpc::PRIMARY_ADDRESS_PATH)
+                        .within(modify_qp_in::QPC),
+                );
+                let remote_qpn = q(qpc::REMOTE_QPN) as u32;
+                if let Some(e) = lock(&self.tables).qps.get_mut(&qp.qpn) {
+                    e.remote = Some((gid, remote_qpn));
+                }
+                qp.set_state(QpState::Rtr);
+            }
+            Opcode::Rtr2RtsQp => {
+                Self::transition(&qp, QpState::Rtr, QpState::Rts)?;
+                // IB's local ACK timeout: 4.096 µs · 2^ack_timeout per try, retry_count + 1 tries.
+                let per_try = Duration::from_nanos(4096u64 << path(ads::ACK_TIMEOUT).min(31));
+                let retry = per_try * (q(qpc::RETRY_COUNT) as u32 + 1);
+                qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
+                let remote = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote);
+                let Some((gid, remote_qpn)) = remote else {
+                    return refuse(CmdStatus::BadQpState, FwSyndrome::BadState, "no peer: INIT2RTR first");
+                };
+                let peer = self.connect(&qp, gid, remote_qpn)?;
+                lock(&qp.progress).peer = Some(peer);
+                qp.set_state(QpState::Rts);
+            }
+            other => {
+                return refuse(
+                    CmdStatus::BadOp,
+                    FwSyndrome::Unsupported,
+                    format!("{other} is not a modify"),
+                )
+            }
+        }
+        Ok(handle)
+    }
+
+    /// Connects `qp` to QP `remote_qpn` of the device with `gid`: in this process directly,
+    /// elsewhere through the transport address [`Device::resolve`] learnt for that GID.
+    fn connect(&self, qp: &Arc<SoftQp>, gid: [u8; 16], remote_qpn: u32) -> Answer<Peer> {
+        let guid = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
+        if let Some(hca) = Hca::find(guid) {
+            return match hca.qp(remote_qpn) {
+                Some(target) => Ok(Peer::Local {
+                    hca: Arc::downgrade(&hca),
+                    qp: Arc::downgrade(&target),
+                }),
+                None => refuse(
+                    CmdStatus::BadParam,
+                    FwSyndrome::PeerUnreachable,
+                    format!("no QP {remote_qpn:#x} on HCA {guid:#x}"),
+                ),
+            };
+        }
+        let Some(addr) = lock(&self.tables).neighbours.get(&gid).copied() else {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::PeerUnreachable,
+                format!("HCA {guid:#x} is not in this process and has no known address"),
+            );
+        };
+        let peer = Endpoint {
+            hca: 0,
+            qpn: remote_qpn,
+            psn: 0,
+            addr: Some(addr),
+        };
+        crate::soft::net::Link::connect(self.hca.id, qp, &peer, addr)
+            .map(Peer::Remote)
+            .or_else(|e| refuse(CmdStatus::BadParam, FwSyndrome::PeerUnreachable, e.to_string()))
+    }
+
+    fn query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Answer<u64> {
+        Self::need(input, object_in::BYTES)?;
+        if command::opcode(input) != Opcode::QueryQp {
+            return refuse(CmdStatus::BadOp, FwSyndrome::Unsupported, "only QUERY_QP");
+        }
+        if out.len() < query_qp_out::BYTES {
+            return refuse(
+                CmdStatus::BadOutputLen,
+                FwSyndrome::ShortOutput,
+                "QUERY_QP answers 272 bytes",
+            );
+        }
+        let qp = self.qp_of(handle, input, object_in::OBJECT)?;
+        let o = |f: Bits| f.within(query_qp_out::QPC);
+        let state = match qp.state() {
+            QpState::Reset => QpcState::Reset,
+            QpState::Init => QpcState::Init,
+            QpState::Rtr => QpcState::Rtr,
+            QpState::Rts => QpcState::Rts,
+            QpState::Error => QpcState::Err,
+        };
+        set(out, o(qpc::STATE), state as u64);
+        set(out, o(qpc::ST), QPC_ST_RC as u64);
+        set(out, o(qpc::LOG_SQ_SIZE), qp.sq_log as u64);
+        set(out, o(qpc::CQN_SND), qp.cq.cqn as u64);
+        set(out, o(qpc::NEXT_SEND_PSN), qp.psn() as u64);
+        set(out, o(qpc::HW_SQ_WQEBB_COUNTER), lock(&qp.progress).ci & 0xffff);
+        if let Some((_, remote)) = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote) {
+            set(out, o(qpc::REMOTE_QPN), remote as u64);
+        }
+        Ok(handle)
+    }
+
+    fn destroy(&self, handle: u64) -> Answer<()> {
+        let number = (handle & 0xff_ffff) as u32;
+        let mut t = lock(&self.tables);
+        match handle & !0xff_ffff {
+            CQ_HANDLE => {
+                let Some(e) = t.cqs.get(&number) else {
+                    return refuse(
+                        CmdStatus::BadRes,
+                        FwSyndrome::UnknownObject,
+                        format!("no CQ {number:#x}"),
+                    );
+                };
+                if let Some(qpn) = *lock(&e.cq.qpn) {
+                    return refuse(
+                        CmdStatus::BadResState,
+                        FwSyndrome::CqInUse,
+                        format!("CQ {number:#x} serves QP {qpn:#x}"),
+                    );
+                }
+                let e = t.cqs.remove(&number).expect("looked up above");
+                t.release(&e.umems);
+            }
+            QP_HANDLE => {
+                let Some(e) = t.qps.remove(&number) else {
+                    return refuse(
+                        CmdStatus::BadRes,
+                        FwSyndrome::UnknownObject,
+                        format!("no QP {number:#x}"),
+                    );
+                };
+                self.hca.detach(number);
+                *lock(&e.qp.cq.qpn) = None;
+                if let Some(u) = t.uars.get_mut(&e.uar) {
+                    u.1 = None;
+                }
+                t.release(&e.umems);
+            }
+            _ => {
+                return refuse(
+                    CmdStatus::BadRes,
+                    FwSyndrome::UnknownObject,
+                    format!("no object {handle:#x}"),
+                )
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Tables {
+    fn release(&mut self, umems: &[u32]) {
+        for u in umems {
+            if let Some(e) = self.umems.get_mut(u) {
+                e.users = e.users.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// The GID of the soft HCA with identity `guid`: `fe80::` and the GUID, as IB forms a port's
+/// default GID from its subnet prefix and GUID.
+pub(crate) fn gid_of(guid: u64) -> [u8; 16] {
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[1] = 0x80;
+    gid[8..].copy_from_slice(&guid.to_be_bytes());
+    gid
+}
+
+impl Device for SoftDevice {
+    fn general_cmd(&self, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+        self.answer(input, out, |_, input, out| {
+            if command::opcode(input) != Opcode::QueryHcaCap {
+                return refuse(
+                    CmdStatus::BadOp,
+                    FwSyndrome::Unsupported,
+                    format!("{} is not a general command here", command::opcode(input)),
+                );
+            }
+            if out.len() < command::QUERY_HCA_CAP_OUT_BYTES {
+                return refuse(
+                    CmdStatus::BadOutputLen,
+                    FwSyndrome::ShortOutput,
+                    "QUERY_HCA_CAP answers 4112 bytes",
+                );
+            }
+            match command::cap_query(get(input, cmd_in::OP_MOD) as u16) {
+                (0, _) => general_caps().encode(out),
+                (3, _) => AtomicCaps {
+                    reply_mode: (self.atomic_reply == AtomicReplyOrder::HostOrder) as u8,
+                    host_order_supported: true,
+                    operations: AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD,
+                    size_qp: AtomicCaps::SIZE_8_BYTES,
+                }
+                .encode(out),
+                (kind, _) => {
+                    return refuse(
+                        CmdStatus::BadParam,
+                        FwSyndrome::UnknownCap,
+                        format!("capability type {kind}"),
+                    )
+                }
+            }
+            Ok(0)
+        })
+        .map(drop)
+    }
+
+    fn alloc_pd(&self) -> Result<u32, DeviceError> {
+        let mut t = lock(&self.tables);
+        let pd = t.id() & 0xff_ffff;
+        t.pds.insert(pd);
+        Ok(pd)
+    }
+
+    fn alloc_uar(&self) -> Result<Uar, DeviceError> {
+        let page = HostBuffer::new("a doorbell page", 64).map_err(|e| DeviceError::Call {
+            what: "allocating a UAR page",
+            why: e.to_string(),
+        })?;
+        let mut t = lock(&self.tables);
+        let index = t.id();
+        let uar = Uar {
+            page: index,
+            reg_addr: page.addr(),
+            size: page.size(),
+        };
+        t.uars.insert(index, (Arc::new(page), None));
+        Ok(uar)
+    }
+
+    fn free_uar(&self, uar: &Uar) {
+        lock(&self.tables).uars.remove(&uar.page);
+    }
+
+    fn query_eqn(&self) -> Result<u32, DeviceError> {
+        Ok(EQN)
+    }
+
+    fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError> {
+        let mut t = lock(&self.tables);
+        let id = t.id();
+        t.umems.insert(
+            id,
+            UmemEntry {
+                mem: mem.clone(),
+                users: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    fn umem_dereg(&self, id: u32) -> Result<(), DeviceError> {
+        let mut t = lock(&self.tables);
+        match t.umems.get(&id) {
+            None => Err(DeviceError::Call {
+                what: "deregistering a umem",
+                why: format!("no umem {id:#x}"),
+            }),
+            Some(e) if e.users > 0 => Err(DeviceError::Call {
+                what: "deregistering a umem",
+                why: format!("umem {id:#x} holds the queues of {} objects", e.users),
+            }),
+            Some(_) => {
+                t.umems.remove(&id);
+                Ok(())
+            }
+        }
+    }
+
+    fn obj_create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
+        self.answer(input, out, |d, input, out| match command::opcode(input) {
+            Opcode::CreateCq => d.create_cq(input, out),
+            Opcode::CreateQp => d.create_qp(input, out),
+            other => refuse(
+                CmdStatus::BadOp,
+                FwSyndrome::Unsupported,
+                format!("{other} creates nothing here"),
+            ),
+        })
+    }
+
+    fn obj_modify(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+        self.answer(input, out, |d, input, _| d.modify(handle, input)).map(drop)
+    }
+
+    fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+        self.answer(input, out, |d, input, out| d.query(handle, input, out))
+            .map(drop)
+    }
+
+    fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        let op = if handle & !0xff_ffff == CQ_HANDLE {
+            Opcode::DestroyCq
+        } else {
+            Opcode::DestroyQp
+        };
+        let input = command::object_command(op, (handle & 0xff_ffff) as u32);
+        let mut out = [0u8; command::OUT_HEADER_BYTES];
+        self.answer(&input, &mut out, |d, _, _| d.destroy(handle).map(|()| 0))
+            .map(drop)
+    }
+
+    fn resolve(&self, gid: [u8; 16], addr: Option<SocketAddr>) -> Result<AddressPath, DeviceError> {
+        if let Some(addr) = addr {
+            lock(&self.tables).neighbours.insert(gid, addr);
+        }
+        Ok(AddressPath {
+            port: PORT,
+            grh: true,
+            rgid: gid,
+            hop_limit: 64,
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gdaki_layout::prm::command::{CreateCq, CreateQp, Init2Rtr, Rst2Init, Rtr2Rts};
+    use gdaki_layout::{cqe, DevCq, DevQp};
+
+    use super::*;
+    use crate::devx::{Devx, Object};
+    use crate::{Access, Context, ContextOptions, Provider};
+
+    /// A soft context and a firmware over its HCA (served by the context's engine).
+    fn rig() -> (Context, Devx, Arc<SoftDevice>) {
+        let ctx = Context::open_with(Provider::Soft, ContextOptions::default()).unwrap();
+        let dev = Arc::new(SoftDevice::new(ctx.inner().hca.clone(), AtomicReplyOrder::BigEndian));
+        (ctx, Devx::new(dev.clone()), dev)
+    }
+
+    fn umem(dev: &Devx, bytes: usize) -> (Arc<HostBuffer>, u32) {
+        let buf = Arc::new(HostBuffer::new("test umem", bytes).unwrap());
+        let mem = UmemMemory {
+            addr: buf.addr(),
+            len: bytes,
+            keep: buf.clone(),
+        };
+        let id = dev.device().umem_reg(&mem).unwrap();
+        (buf, id)
+    }
+
+    struct Queues {
+        cq: Object,
+        qp: Object,
+        cq_ring: Arc<HostBuffer>,
+        sq: Arc<HostBuffer>,
+        uar: Uar,
+        log: u8,
+    }
+
+    /// CQ and QP of `2^log` entries, the CQ ring with the records after it in one umem, as
+    /// DOCA lays them out.
+    fn queues(dev: &Devx, log: u8) -> Queues {
+        let d = dev.device();
+        let pd = d.alloc_pd().unwrap();
+        let uar = d.alloc_uar().unwrap();
+        let cq_bytes = 64usize << log;
+        let (cq_ring, cq_umem) = umem(dev, cq_bytes + 64);
+        for i in 0..1usize << log {
+            // SAFETY: byte 63 of entry i lies inside the ring.
+            unsafe { cq_ring.as_ptr().add(64 * i + 63).write(cqe::OP_OWN_INIT) };
+        }
+        let cq = dev
+            .create(
+                &CreateCq {
+                    log_size: log,
+                    uar_page: uar.page,
+                    eqn: d.query_eqn().unwrap(),
+                    umem_id: cq_umem,
+                    dbr_umem_id: cq_umem,
+                    dbr_offset: cq_bytes as u64,
+                    ..Default::default()
+                }
+                .encode(),
+            )
+            .unwrap();
+        let (sq, sq_umem) = umem(dev, (64 << log) + 64);
+        let qp = dev
+            .create(
+                &CreateQp {
+                    pd,
+                    uar_page: uar.page,
+                    cqn_snd: cq.number,
+                    cqn_rcv: cq.number,
+                    log_sq_size: log,
+                    umem_id: sq_umem,
+                    dbr_umem_id: sq_umem,
+                    dbr_offset: 64 << log,
+                    ..Default::default()
+                }
+                .encode(),
+            )
+            .unwrap();
+        Queues {
+            cq,
+            qp,
+            cq_ring,
+            sq,
+            uar,
+            log,
+        }
+    }
+
+    fn to_rts(dev: &Devx, soft: &SoftDevice, q: &Queues, psn: u32) -> Result<(), DeviceError> {
+        let qpn = q.qp.number;
+        dev.modify(
+            &q.qp,
+            &Rst2Init {
+                qpn,
+                port: 1,
+                remote_read: true,
+                remote_write: true,
+                remote_atomic: true,
+                ..Default::default()
+            }
+            .encode(),
+        )?;
+        let path = dev.device().resolve(soft.gid(), None)?;
+        dev.modify(
+            &q.qp,
+            &Init2Rtr {
+                qpn,
+                mtu: 5,
+                log_msg_max: 30,
+                remote_qpn: qpn,
+                next_rcv_psn: psn,
+                path,
+                ..Default::default()
+            }
+            .encode(),
+        )?;
+        dev.modify(
+            &q.qp,
+            &Rtr2Rts {
+                qpn,
+                next_send_psn: psn,
+                retry_count: 7,
+                rnr_retry: 7,
+                ack_timeout: 14,
+                ..Default::default()
+            }
+            .encode(),
+        )
+    }
+
+    fn state(dev: &Devx, q: &Queues) -> u64 {
+        let out = dev
+            .query(
+                &q.qp,
+                &command::object_command(Opcode::QueryQp, q.qp.number),
+                query_qp_out::BYTES,
+            )
+            .unwrap();
+        get(&out, qpc::STATE.within(query_qp_out::QPC))
+    }
+
+    /// The whole DevX sequence on the soft device, then a put through the queues it made.
+    #[test]
+    fn queues_made_by_devx_commands_carry_a_put() {
+        let (ctx, dev, soft) = rig();
+        let caps = dev.query_caps().unwrap();
+        assert_eq!((caps.general.cqe_version, caps.general.atomic), (1, true));
+        assert_eq!(caps.atomic.reply_mode, 0);
+        let q = queues(&dev, 6);
+        assert_eq!(state(&dev, &q), QpcState::Reset as u64);
+        to_rts(&dev, &soft, &q, 0x1234).unwrap();
+        assert_eq!(state(&dev, &q), QpcState::Rts as u64);
+
+        let dev_qp = DevQp {
+            sq_base: q.sq.addr(),
+            sq_dbrec: q.sq.addr() + (64 << q.log) + 4,
+            doorbell: q.uar.reg_addr,
+            max_msg_size: 1 << 30,
+            timeout_ns: 5_000_000_000,
+            qpn: q.qp.number,
+            sq_log_size: q.log as u32,
+            cq: DevCq {
+                cqe_base: q.cq_ring.addr(),
+                dbrec: q.cq_ring.addr() + (64 << q.log),
+                cqn: q.cq.number,
+                log_size: q.log as u32,
+                ..bytemuck::Zeroable::zeroed()
+            },
+            ..bytemuck::Zeroable::zeroed()
+        };
+        let handle = HostBuffer::new("handle", std::mem::size_of::<DevQp>()).unwrap();
+        // SAFETY: the buffer is DevQp-sized and page-aligned.
+        unsafe { (handle.as_ptr() as *mut DevQp).write(dev_qp) };
+        let src = ctx.alloc_region(4096, Access::ALL).unwrap();
+        let dst = ctx.alloc_region(4096, Access::ALL).unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+        src.write(0, &data).unwrap();
+        // SAFETY: the handle and the queues it names outlive `post`; one poster.
+        let post = unsafe { gdaki_device::Qp::<gdaki_device::Exclusive>::from_raw(handle.as_ptr() as *mut DevQp) };
+        let t = post.put(dst.remote(0), src.local(0), 4096).unwrap();
+        post.wait(t).unwrap();
+        let mut got = vec![0u8; 4096];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, data);
+
+        // Destroy in order: the QP, then its CQ, then the umems are free.
+        assert!(matches!(
+            dev.destroy(&q.cq),
+            Err(DeviceError::Command { error, .. }) if error.status == CmdStatus::BadResState
+        ));
+        dev.destroy(&q.qp).unwrap();
+        dev.destroy(&q.cq).unwrap();
+        assert!(
+            ctx.inner().hca.qp(q.qp.number).is_none(),
+            "the engine no longer serves it"
+        );
+        assert!(lock(&soft.tables).umems.values().all(|u| u.users == 0));
+    }
+
+    fn refused(r: Result<impl std::fmt::Debug, DeviceError>) -> (CmdStatus, u32) {
+        match r {
+            Err(DeviceError::Command { error, detail }) => {
+                assert!(detail.is_some());
+                (error.status, error.syndrome)
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_firmware_refuses_bad_commands_and_creates_nothing() {
+        let (_ctx, dev, soft) = rig();
+        let d = dev.device();
+        let uar = d.alloc_uar().unwrap();
+        let (_ring, ring_umem) = umem(&dev, 4096);
+        let good = CreateCq {
+            log_size: 6,
+            uar_page: uar.page,
+            umem_id: ring_umem,
+            dbr_umem_id: ring_umem,
+            dbr_offset: 64 << 6,
+            ..Default::default()
+        };
+        let sy = |s: FwSyndrome| s as u32;
+        // Unknown opcode.
+        let mut bad = good.encode();
+        set(&mut bad, cmd_in::OPCODE, 0x999);
+        assert_eq!(
+            refused(dev.create(&bad)),
+            (CmdStatus::BadOp, sy(FwSyndrome::Unsupported))
+        );
+        // Bad op_mod.
+        let mut bad = good.encode();
+        set(&mut bad, cmd_in::OP_MOD, 1);
+        assert_eq!(
+            refused(dev.create(&bad)),
+            (CmdStatus::BadParam, sy(FwSyndrome::BadOpMod))
+        );
+        // Short mailbox.
+        assert_eq!(
+            refused(dev.create(&good.encode()[..100])),
+            (CmdStatus::BadInputLen, sy(FwSyndrome::ShortInput))
+        );
+        // A size above the caps.
+        let big = CreateCq { log_size: 23, ..good };
+        assert_eq!(
+            refused(dev.create(&big.encode())),
+            (CmdStatus::ExceedLim, sy(FwSyndrome::AboveCap))
+        );
+        // A umem too small for the ring, and a umem that does not exist.
+        let small = CreateCq { log_size: 7, ..good };
+        assert_eq!(
+            refused(dev.create(&small.encode())),
+            (CmdStatus::BadParam, sy(FwSyndrome::UmemTooSmall))
+        );
+        let nowhere = CreateCq {
+            umem_id: 0xdead,
+            ..good
+        };
+        assert_eq!(
+            refused(dev.create(&nowhere.encode())),
+            (CmdStatus::BadRes, sy(FwSyndrome::UnknownUmem))
+        );
+        // A collapsed CQ.
+        let mut bad = good.encode();
+        set(&mut bad, cqc::CC.within(create_cq_in::CQ_CONTEXT), 1);
+        assert_eq!(
+            refused(dev.create(&bad)),
+            (CmdStatus::BadParam, sy(FwSyndrome::Unsupported))
+        );
+        assert!(lock(&soft.tables).cqs.is_empty(), "nothing created");
+
+        // A QP on another device's CQ.
+        let (_ctx2, dev2, _) = rig();
+        let other = queues(&dev2, 4);
+        let pd = d.alloc_pd().unwrap();
+        let (_sq, sq_umem) = umem(&dev, 4096);
+        let qp = CreateQp {
+            pd,
+            uar_page: uar.page,
+            cqn_snd: other.cq.number,
+            cqn_rcv: other.cq.number,
+            log_sq_size: 4,
+            umem_id: sq_umem,
+            dbr_umem_id: sq_umem,
+            dbr_offset: 2048,
+            ..Default::default()
+        };
+        assert_eq!(
+            refused(dev.create(&qp.encode())),
+            (CmdStatus::BadRes, sy(FwSyndrome::UnknownCq))
+        );
+        assert!(lock(&soft.tables).qps.is_empty(), "nothing created");
+        assert!(lock(&soft.tables).umems.values().all(|u| u.users == 0), "nothing held");
+
+        // Transitions out of order.
+        let q = queues(&dev, 4);
+        let rtr = Init2Rtr {
+            qpn: q.qp.number,
+            mtu: 5,
+            remote_qpn: q.qp.number,
+            path: d.resolve(soft.gid(), None).unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(
+            refused(dev.modify(&q.qp, &rtr.encode())),
+            (CmdStatus::BadQpState, sy(FwSyndrome::BadState))
+        );
+        assert_eq!(
+            state(&dev, &q),
+            QpcState::Reset as u64,
+            "a refused transition changes nothing"
+        );
+        to_rts(&dev, &soft, &q, 7).unwrap();
+        let rts = Rtr2Rts {
+            qpn: q.qp.number,
+            ..Default::default()
+        };
+        assert_eq!(
+            refused(dev.modify(&q.qp, &rts.encode())),
+            (CmdStatus::BadQpState, sy(FwSyndrome::BadState))
+        );
+        // A modify naming another QP than its handle's.
+        let mut wrong = rts.encode();
+        set(&mut wrong, modify_qp_in::QPN, (q.qp.number + 1) as u64);
+        assert_eq!(
+            refused(dev.modify(&q.qp, &wrong)),
+            (CmdStatus::BadRes, sy(FwSyndrome::UnknownObject))
+        );
+        // A CQ still in use, and its umem too.
+        assert_eq!(
+            refused(dev.destroy(&q.cq)),
+            (CmdStatus::BadResState, sy(FwSyndrome::CqInUse))
+        );
+        assert!(matches!(
+            d.umem_dereg(ring_umem + 0x1000),
+            Err(DeviceError::Call { .. })
+        ));
+        dev.destroy(&q.qp).unwrap();
+        dev.destroy(&q.cq).unwrap();
+        // A connection to a QP that does not exist is refused at RTR2RTS.
+        let q = queues(&dev, 4);
+        let mut steps = to_rts(&dev, &soft, &q, 0);
+        assert!(steps.is_ok());
+        dev.destroy(&q.qp).unwrap();
+        let q2 = queues(&dev, 4);
+        dev.modify(
+            &q2.qp,
+            &Rst2Init {
+                qpn: q2.qp.number,
+                port: 1,
+                ..Default::default()
+            }
+            .encode(),
+        )
+        .unwrap();
+        let rtr = Init2Rtr {
+            qpn: q2.qp.number,
+            mtu: 5,
+            remote_qpn: q.qp.number,
+            path: d.resolve(gid_of(0x1), None).unwrap(),
+            ..Default::default()
+        };
+        dev.modify(&q2.qp, &rtr.encode()).unwrap();
+        steps = dev.modify(
+            &q2.qp,
+            &Rtr2Rts {
+                qpn: q2.qp.number,
+                ..Default::default()
+            }
+            .encode(),
+        );
+        assert_eq!(refused(steps), (CmdStatus::BadParam, sy(FwSyndrome::PeerUnreachable)));
+        assert_eq!(state(&dev, &q2), QpcState::Rtr as u64);
+    }
+}
