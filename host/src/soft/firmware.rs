@@ -7,8 +7,8 @@
 //! Syndromes are firmware-specific 32-bit values; the soft device's are [`FwSyndrome`]. Where
 //! the model is narrower than a NIC it says so with its own syndrome: one QP per UAR page (its
 //! engine watches a doorbell word per QP), one QP per CQ (gdaki's tickets are CQE indices),
-//! RC QPs with a zero-length receive queue, 64-byte uncompressed CQEs, and a send PSN fixed
-//! when the QP connects its transport (at RTR2RTS).
+//! RC QPs with a zero-length receive queue, and 64-byte uncompressed CQEs. A QP connects its
+//! transport at RTR2RTS, when its send PSN is known: an unreachable peer is refused there.
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -75,8 +75,6 @@ pub enum FwSyndrome {
     BadMtu = 0x5f_0014,
     /// The output mailbox is shorter than the command's answer.
     ShortOutput = 0x5f_0015,
-    /// RTR2RTS with another send PSN than the one the transport announced.
-    SendPsnFixed = 0x5f_0016,
 }
 
 /// A refusal: the status, the syndrome and the reason in words.
@@ -505,12 +503,16 @@ impl SoftDevice {
                 // IB's local ACK timeout: 4.096 µs · 2^ack_timeout per try, retry_count + 1 tries.
                 let per_try = Duration::from_nanos(4096u64 << path(ads::ACK_TIMEOUT).min(31));
                 let retry = per_try * (q(qpc::RETRY_COUNT) as u32 + 1);
-                qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
                 let remote = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote);
                 let Some((gid, remote_qpn)) = remote else {
                     return refuse(CmdStatus::BadQpState, FwSyndrome::BadState, "no peer: INIT2RTR first");
                 };
-                let peer = self.connect(&qp, gid, remote_qpn)?;
+                // The transport's hello carries the PSN; a refused connect restores the old one.
+                let before = (qp.psn(), qp.retry_timeout());
+                qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
+                let peer = self
+                    .connect(&qp, gid, remote_qpn)
+                    .inspect_err(|_| qp.set_send_params(before.0, before.1))?;
                 lock(&qp.progress).peer = Some(peer);
                 qp.set_state(QpState::Rts);
             }
