@@ -300,11 +300,7 @@ impl SoftDevice {
         let dbrec = t.window(dbr_umem, c(cqc::DBR_ADDR), 8, 8)?;
         let cqn = self.hca.alloc_qpn();
         let cq = Arc::new(SoftCq::new(cqn, log_size, ring, dbrec));
-        for u in [ring_umem, dbr_umem] {
-            if let Some(e) = t.umems.get_mut(&u) {
-                e.users += 1;
-            }
-        }
+        t.hold(&[ring_umem, dbr_umem]);
         t.cqs.insert(
             cqn,
             CqEntry {
@@ -394,11 +390,7 @@ impl SoftDevice {
             self.atomic_reply,
         ));
         *lock(&cq.qpn) = Some(qpn);
-        for u in [sq_umem, dbr_umem] {
-            if let Some(e) = t.umems.get_mut(&u) {
-                e.users += 1;
-            }
-        }
+        t.hold(&[sq_umem, dbr_umem]);
         if let Some(u) = t.uars.get_mut(&uar) {
             u.1 = Some(qpn);
         }
@@ -645,6 +637,16 @@ impl SoftDevice {
 }
 
 impl Tables {
+    /// Counts an object's umems as used (a used umem cannot be deregistered).
+    fn hold(&mut self, umems: &[u32]) {
+        for u in umems {
+            if let Some(e) = self.umems.get_mut(u) {
+                e.users += 1;
+            }
+        }
+    }
+
+    /// Undoes [`hold`](Self::hold).
     fn release(&mut self, umems: &[u32]) {
         for u in umems {
             if let Some(e) = self.umems.get_mut(u) {
