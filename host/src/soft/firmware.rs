@@ -86,6 +86,18 @@ fn refuse<T>(status: CmdStatus, syndrome: FwSyndrome, why: impl Into<String>) ->
     Err(Refusal(status, syndrome, why.into()))
 }
 
+/// A queue size (log2) the caps allow, or `LIM_ERR`.
+fn within_cap(what: &str, log: u64, cap: u8) -> Answer<u32> {
+    if log > cap as u64 {
+        return refuse(
+            CmdStatus::ExceedLim,
+            FwSyndrome::AboveCap,
+            format!("{what} {log} above {cap}"),
+        );
+    }
+    Ok(log as u32)
+}
+
 /// Handles carry the object kind above the 24-bit number.
 const CQ_HANDLE: u64 = 1 << 32;
 const QP_HANDLE: u64 = 2 << 32;
@@ -275,14 +287,7 @@ impl SoftDevice {
                 "only 64-byte CQEs, not collapsed, not compressed",
             );
         }
-        let log_size = c(cqc::LOG_CQ_SIZE) as u32;
-        if log_size > general_caps().log_max_cq_sz as u32 {
-            return refuse(
-                CmdStatus::ExceedLim,
-                FwSyndrome::AboveCap,
-                format!("log_cq_size {log_size} above {}", general_caps().log_max_cq_sz),
-            );
-        }
+        let log_size = within_cap("log_cq_size", c(cqc::LOG_CQ_SIZE), general_caps().log_max_cq_sz)?;
         if c(cqc::C_EQN) != EQN as u64 {
             return refuse(
                 CmdStatus::BadParam,
@@ -329,14 +334,7 @@ impl SoftDevice {
                 "queue and record must be in umems",
             );
         }
-        let sq_log = q(qpc::LOG_SQ_SIZE) as u32;
-        if sq_log > general_caps().log_max_qp_sz as u32 {
-            return refuse(
-                CmdStatus::ExceedLim,
-                FwSyndrome::AboveCap,
-                format!("log_sq_size {sq_log} above {}", general_caps().log_max_qp_sz),
-            );
-        }
+        let sq_log = within_cap("log_sq_size", q(qpc::LOG_SQ_SIZE), general_caps().log_max_qp_sz)?;
         let mut t = lock(&self.tables);
         if !t.pds.contains(&(q(qpc::PD) as u32)) {
             return refuse(
