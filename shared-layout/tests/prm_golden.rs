@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use gdaki_layout::prm::command::{self, AddressPath, CapType, CreateCq, CreateQp, Init2Rtr, Opcode, Rst2Init, Rtr2Rts};
+use gdaki_layout::prm::command::{self, AddressPath, CapType, CreateCq, CreateQp, Init2Rtr, Opcode, QpcState, Rst2Init, Rtr2Rts};
 use gdaki_layout::prm::layout::STRUCTURES;
 use gdaki_layout::prm::CmdStatus;
 
@@ -71,6 +71,7 @@ fn every_field_sits_where_the_kernel_header_puts_it() {
         (Opcode::QueryHcaCap, "QUERY_HCA_CAP"),
         (Opcode::CreateCq, "CREATE_CQ"),
         (Opcode::DestroyCq, "DESTROY_CQ"),
+        (Opcode::QueryCq, "QUERY_CQ"),
         (Opcode::CreateQp, "CREATE_QP"),
         (Opcode::DestroyQp, "DESTROY_QP"),
         (Opcode::Rst2InitQp, "RST2INIT_QP"),
@@ -84,6 +85,25 @@ fn every_field_sits_where_the_kernel_header_puts_it() {
     for (op, name) in ops {
         assert_eq!(op.name(), name);
         writeln!(c, "printf(\"op {name} %d\\n\", (int)MLX5_CMD_OP_{name});").unwrap();
+    }
+    // Values of context fields, by their kernel enum names.
+    let consts: &[(&str, u8)] = &[
+        ("MLX5_QPC_ST_RC", command::QPC_ST_RC),
+        ("MLX5_QPC_PM_STATE_MIGRATED", command::QPC_PM_STATE_MIGRATED),
+        ("MLX5_QPC_ATOMIC_MODE_UP_TO_8B", command::QPC_ATOMIC_MODE_UP_TO_8B),
+        ("MLX5_QPC_STATE_RST", QpcState::Reset as u8),
+        ("MLX5_QPC_STATE_INIT", QpcState::Init as u8),
+        ("MLX5_QPC_STATE_RTR", QpcState::Rtr as u8),
+        ("MLX5_QPC_STATE_RTS", QpcState::Rts as u8),
+        ("MLX5_QPC_STATE_SQER", QpcState::SqErr as u8),
+        ("MLX5_QPC_STATE_SQD", QpcState::Sqd as u8),
+        ("MLX5_QPC_STATE_ERR", QpcState::Err as u8),
+        ("MLX5_CQC_STATUS_OK", command::CQC_STATUS_OK),
+        ("MLX5_CQC_STATUS_CQ_OVERFLOW", command::CQC_STATUS_OVERFLOW),
+        ("MLX5_CQC_STATUS_CQ_WRITE_FAIL", command::CQC_STATUS_WRITE_FAIL),
+    ];
+    for (name, _) in consts {
+        writeln!(c, "printf(\"const {name} %d\\n\", (int){name});").unwrap();
     }
     c += "return 0; }\n";
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -112,6 +132,9 @@ fn every_field_sits_where_the_kernel_header_puts_it() {
     }
     for (op, name) in ops {
         assert_eq!(lines.next().unwrap(), &format!("op {name} {}", op.raw()), "{name}");
+    }
+    for (name, v) in consts {
+        assert_eq!(lines.next().unwrap(), &format!("const {name} {v}"), "{name}");
     }
     assert!(lines.next().is_none());
 }
@@ -313,8 +336,9 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             Opcode::Qp2Err,
             Opcode::Qp2Rst,
             Opcode::QueryQp,
+            Opcode::QueryCq,
         ];
-        let (op, n) = (ops[(v % 5) as usize], r() as u32 & 0xff_ffff);
+        let (op, n) = (ops[(v % ops.len() as u64) as usize], r() as u32 & 0xff_ffff);
         writeln!(input, "object {} {n}", op.raw()).unwrap();
         expect.push(hex(&command::object_command(op, n)));
     }

@@ -14,6 +14,8 @@ enum_with_unknown! {
         CreateCq = 0x400,
         /// `DESTROY_CQ`.
         DestroyCq = 0x401,
+        /// `QUERY_CQ`.
+        QueryCq = 0x402,
         /// `CREATE_QP`.
         CreateQp = 0x500,
         /// `DESTROY_QP`.
@@ -42,6 +44,7 @@ impl Opcode {
             Opcode::QueryHcaCap => "QUERY_HCA_CAP",
             Opcode::CreateCq => "CREATE_CQ",
             Opcode::DestroyCq => "DESTROY_CQ",
+            Opcode::QueryCq => "QUERY_CQ",
             Opcode::CreateQp => "CREATE_QP",
             Opcode::DestroyQp => "DESTROY_QP",
             Opcode::Rst2InitQp => "RST2INIT_QP",
@@ -410,7 +413,14 @@ pub const QPC_RQ_TYPE_ZERO_LEN: u8 = 0x3;
 /// `qpc.atomic_mode`: IB-spec atomics up to 8 bytes.
 pub const QPC_ATOMIC_MODE_UP_TO_8B: u8 = 0x3;
 
-/// The QP states `qpc.state` reports (`MLX5_QP_STATE_*`).
+/// `cqc.status`: the CQ is fine.
+pub const CQC_STATUS_OK: u8 = 0x0;
+/// `cqc.status`: the device had a CQE to write and no room (`MLX5_CQC_STATUS_CQ_OVERFLOW`).
+pub const CQC_STATUS_OVERFLOW: u8 = 0x9;
+/// `cqc.status`: a CQE write failed (`MLX5_CQC_STATUS_CQ_WRITE_FAIL`).
+pub const CQC_STATUS_WRITE_FAIL: u8 = 0xa;
+
+/// The QP states `qpc.state` reports (`MLX5_QPC_STATE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum QpcState {
@@ -425,7 +435,7 @@ pub enum QpcState {
     /// SQ error.
     SqErr = 0x4,
     /// SQ drained.
-    Sqd = 0x5,
+    Sqd = 0x7,
     /// ERROR.
     Err = 0x6,
 }
@@ -439,7 +449,7 @@ impl QpcState {
             0x2 => QpcState::Rtr,
             0x3 => QpcState::Rts,
             0x4 => QpcState::SqErr,
-            0x5 => QpcState::Sqd,
+            0x7 => QpcState::Sqd,
             0x6 => QpcState::Err,
             _ => return None,
         })

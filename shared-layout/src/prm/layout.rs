@@ -135,6 +135,10 @@ prm_struct! {
         UAR_PAGE = (0x68, 0x18) "uar_page";
         C_EQN = (0xa0, 0x20) "c_eqn_or_apu_element";
         LOG_PAGE_SIZE = (0xc3, 0x5) "log_page_size";
+        /// CQEs consumed, as the device last read the doorbell record (24 bits, wrapping).
+        CONSUMER_COUNTER = (0x148, 0x18) "consumer_counter";
+        /// CQEs written (24 bits, wrapping).
+        PRODUCER_COUNTER = (0x168, 0x18) "producer_counter";
         /// With `dbr_umem_valid`: the record's offset in its umem.
         DBR_ADDR = (0x1c0, 0x40) "dbr_addr";
     }
@@ -254,6 +258,13 @@ prm_struct! {
     }
 }
 
+prm_struct! {
+    /// `query_cq_out` (272 bytes without the page list).
+    query_cq_out, 0x880, {
+        CQ_CONTEXT = (0x80, 0x200) "cq_context";
+    }
+}
+
 /// A kernel structure (`mlx5_ifc_<name>_bits`), its size in bits (0: not checked, for the
 /// headers several structures share) and the fields gdaki declares in it.
 pub type Checked = (&'static str, u32, &'static [(&'static str, Bits)]);
@@ -273,6 +284,7 @@ pub const STRUCTURES: &[Checked] = &[
     ("destroy_qp_in", 0, cmd_in::FIELDS),
     ("query_hca_cap_in", 0, &[CMD_IN_OPCODE, CMD_IN_OP_MOD]),
     ("query_qp_in", 0, &[CMD_IN_OPCODE, CMD_IN_OP_MOD]),
+    ("query_cq_in", 0, &[CMD_IN_OPCODE, CMD_IN_OP_MOD]),
     (
         "create_cq_out",
         0,
@@ -295,6 +307,7 @@ pub const STRUCTURES: &[Checked] = &[
     ("qp_2err_in", object_in::SIZE, object_in::FIELDS),
     ("qp_2rst_in", object_in::SIZE, object_in::FIELDS),
     ("query_qp_in", object_in::SIZE, object_in::FIELDS),
+    ("query_cq_in", object_in::SIZE, &[("cqn", object_in::OBJECT)]),
     ("query_hca_cap_in", query_hca_cap_in::SIZE, query_hca_cap_in::FIELDS),
     ("query_hca_cap_out", query_hca_cap_out::SIZE, query_hca_cap_out::FIELDS),
     ("cmd_hca_cap", cmd_hca_cap::SIZE, cmd_hca_cap::FIELDS),
@@ -308,6 +321,7 @@ pub const STRUCTURES: &[Checked] = &[
     ("init2rtr_qp_in", modify_qp_in::SIZE, modify_qp_in::FIELDS),
     ("rtr2rts_qp_in", modify_qp_in::SIZE, modify_qp_in::FIELDS),
     ("query_qp_out", query_qp_out::SIZE, query_qp_out::FIELDS),
+    ("query_cq_out", query_cq_out::SIZE, query_cq_out::FIELDS),
 ];
 
 const CMD_IN_OPCODE: (&str, Bits) = ("opcode", cmd_in::OPCODE);
