@@ -91,13 +91,13 @@ fn main() -> anyhow::Result<()> {
         peer.listen(loopback)?;
         let pcq = peer.create_cq(4096)?;
         let pqp = peer.create_qp(&pcq, cfg)?;
-        // hca 0: not "in this process", so the connection goes over TCP.
+        // The zero GID names no HCA of this process, so the connection goes over TCP.
         qp.connect(&Endpoint {
-            hca: 0,
+            gid: [0; 16],
             ..pqp.endpoint()
         })?;
         pqp.connect(&Endpoint {
-            hca: 0,
+            gid: [0; 16],
             ..qp.endpoint()
         })?;
         Some((peer, pcq, pqp))

@@ -6,17 +6,22 @@ use std::thread::JoinHandle;
 use gdaki_layout::AtomicReplyOrder;
 use tracing::{info, warn};
 
+use crate::devx::{Devx, Opened};
 use crate::error::{Error, Result};
+use crate::lock;
 use crate::memory::{Access, MemoryRegion};
 use crate::provider::Provider;
 use crate::queue::{CompletionQueue, QpConfig, QueuePair};
-use crate::soft::{self, dma::HostDma, lock, Hca};
+use crate::soft::firmware::SoftDevice;
+use crate::soft::{self, dma::HostDma, Hca};
 use crate::system;
 
 /// The state every object of a context shares.
 pub(crate) struct ContextInner {
     pub hca: Arc<Hca>,
     pub options: ContextOptions,
+    /// The device queues are created on, and what the context opened on it.
+    pub device: Opened,
     engine: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -166,6 +171,11 @@ impl Context {
             }
         };
         let hca = Hca::new();
+        let soft = Arc::new(SoftDevice::new(hca.clone(), options.atomic_reply()));
+        let device = Devx::open(soft).map_err(|source| Error::Device {
+            what: "opening the soft device",
+            source,
+        })?;
         let engine_hca = hca.clone();
         let engine = soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || soft::engine::run(engine_hca))
             .map_err(|source| Error::Io {
@@ -176,6 +186,7 @@ impl Context {
             inner: Arc::new(ContextInner {
                 hca,
                 options,
+                device,
                 engine: Mutex::new(Some(engine)),
             }),
             provider,

@@ -122,6 +122,16 @@ pub enum Error {
         /// How long.
         after: std::time::Duration,
     },
+    /// The device (a NIC's firmware, or the soft HCA's model of it) refused a command or a
+    /// call around one; run with `RUST_LOG=gdaki::devx=debug` to see every command sent.
+    #[error("{what}: {source}")]
+    Device {
+        /// What was being done.
+        what: &'static str,
+        /// The device's answer: status and syndrome, or the call that failed.
+        #[source]
+        source: crate::devx::DeviceError,
+    },
     /// A CUDA driver call failed, or there is no usable GPU.
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),

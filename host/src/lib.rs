@@ -24,9 +24,6 @@
 
 pub mod context;
 pub mod cuda;
-// The DevX provider and the soft firmware are built and tested; the generic objects move onto
-// them next (#16), until then only the tests call them.
-#[allow(dead_code)]
 pub(crate) mod devx;
 mod doorbell;
 pub mod error;
@@ -44,3 +41,24 @@ pub use error::{Error, Result};
 pub use memory::{Access, MemoryRegion};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
 pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair};
+
+/// Locks a mutex, taking it over if a thread panicked while holding it (the data it guards
+/// stays consistent at every unlock point).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 32 random bits from the OS.
+pub(crate) fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // The OS generator only fails on exotic platforms; fall back to a clock-derived value there
+    // rather than refusing to register memory.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0x9e37_79b9);
+        b = t.rotate_left(13).wrapping_mul(0x9e37_79b9).to_ne_bytes();
+    }
+    u32::from_ne_bytes(b)
+}

@@ -7,16 +7,18 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gdaki_layout::{cqe, DevCq, DevQp, DoorbellKind, Syndrome};
+use gdaki_layout::prm::command::{self, CreateCq, CreateQp, Init2Rtr, QpcState, Rst2Init, Rtr2Rts};
+use gdaki_layout::prm::layout::{cqc, qpc, query_cq_out, query_qp_out};
+use gdaki_layout::prm::{self, Bits, CmdStatus, Opcode};
+use gdaki_layout::{cqe, AtomicReplyOrder, CqeOpcode, DevCq, DevQp, DoorbellKind, Syndrome};
 use tracing::debug;
 
 use crate::context::ContextInner;
+use crate::devx::{DeviceError, Owned, OwnedUar, Umem};
 use crate::error::{check_pow2, Error, Result};
+use crate::lock;
 use crate::memory::HostBuffer;
 use crate::provider::DoorbellHandler;
-use crate::soft::net::Link;
-use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
-use crate::soft::{lock, Hca};
 
 /// Largest send queue in WQEs (the device tells CQE laps apart by 16-bit WQE counters).
 pub const MAX_SQ_SIZE: u32 = 1 << 15;
@@ -63,16 +65,23 @@ impl fmt::Display for QpState {
     }
 }
 
-/// What a peer needs to connect to a queue pair: its identity, and where to reach it.
+/// What a peer needs to connect to a queue pair: where its port is on the fabric, the QP,
+/// and the transport address of a soft HCA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
-    /// The HCA that owns the QP: a random 64-bit identity. A peer in the same process is
-    /// reached directly through it; 0 means "not in this process" (go through `addr`).
-    pub hca: u64,
+    /// The port's GID (InfiniBand: subnet prefix and port GUID; RoCE: from the interface's
+    /// address). The soft HCA's is `fe80::` and its random 64-bit identity: a peer in the
+    /// same process is found by it, any other through [`addr`](Self::addr).
+    pub gid: [u8; 16],
+    /// InfiniBand: the port's LID; 0 on Ethernet and on the soft HCA.
+    pub lid: u16,
     /// Queue pair number (24 bits).
     pub qpn: u32,
     /// Initial packet sequence number (24 bits).
     pub psn: u32,
+    /// The port's active MTU in bytes (256, 512, 1024, 2048 or 4096): the path uses the
+    /// smaller of both sides'.
+    pub mtu: u16,
     /// Where the HCA accepts transport connections from other processes or hosts (the soft
     /// HCA's listener, see [`Context::listen`](crate::Context::listen)); `None` when it does
     /// not listen.
@@ -109,12 +118,159 @@ impl Default for QpConfig {
     }
 }
 
+// ------------------------------------------------------------------------------ device objects
+
+/// A completion queue as the library holds it: its device object and the memory of its ring
+/// and doorbell record, shared by the [`CompletionQueue`] and the QP it serves.
+pub(crate) struct Cq {
+    // Fields drop in order: the object is destroyed before its umem is deregistered.
+    obj: Owned,
+    /// The CQE ring, then the doorbell record (`[consumer index, arm]`) after it.
+    umem: Umem,
+    cqn: u32,
+    log_size: u32,
+    /// The QP it serves (one at most: device tickets are CQE indices).
+    serves: Mutex<Option<u32>>,
+    ctx: Arc<ContextInner>,
+}
+
+impl Cq {
+    fn ring(&self) -> u64 {
+        self.umem.mem.addr()
+    }
+
+    fn dbrec(&self) -> u64 {
+        self.ring() + (64u64 << self.log_size)
+    }
+
+    /// `QUERY_CQ`: the CQ context as the device has it.
+    fn context(&self) -> Result<Vec<u8>> {
+        let out = self
+            .obj
+            .query(&command::object_command(Opcode::QueryCq, self.cqn), query_cq_out::BYTES)
+            .map_err(device("querying a completion queue"))?;
+        Ok(out)
+    }
+
+    fn context_field(out: &[u8], field: Bits) -> u64 {
+        prm::get(out, field.within(query_cq_out::CQ_CONTEXT))
+    }
+}
+
+/// Claims a CQ for one QP; releases it when dropped (after the QP's device object is gone).
+struct CqClaim(Arc<Cq>);
+
+impl CqClaim {
+    fn new(cq: &Arc<Cq>, qpn_hint: u32) -> Result<CqClaim> {
+        let mut serves = lock(&cq.serves);
+        if let Some(other) = *serves {
+            return Err(Error::CqInUse {
+                cqn: cq.cqn,
+                qpn: other,
+            });
+        }
+        *serves = Some(qpn_hint);
+        Ok(CqClaim(cq.clone()))
+    }
+}
+
+impl Drop for CqClaim {
+    fn drop(&mut self) {
+        *lock(&self.0.serves) = None;
+    }
+}
+
+/// A queue pair as the library holds it: its device object, UAR page and memory, shared by
+/// the [`QueuePair`], its GPU exports and the proxies that ring for it.
+pub(crate) struct Qp {
+    // Fields drop in order: the object is destroyed first, then its CQ is free again, then
+    // the UAR page and the umem go.
+    obj: Owned,
+    cq: CqClaim,
+    uar: OwnedUar,
+    /// The send queue, then the doorbell record (`[receive, send]` counters) after it.
+    umem: Umem,
+    qpn: u32,
+    sq_log: u32,
+    /// The first PSN this QP sends, chosen here.
+    psn: u32,
+    max_msg_size: u64,
+    retry_timeout: Duration,
+    /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
+    proxy_word: Arc<HostBuffer>,
+    ctx: Arc<ContextInner>,
+}
+
+impl Qp {
+    fn sq(&self) -> u64 {
+        self.umem.mem.addr()
+    }
+
+    /// The send counter of the doorbell record.
+    fn sq_dbrec_offset(&self) -> u64 {
+        (64u64 << self.sq_log) + 4 * gdaki_layout::dbrec::SND_DBR as u64
+    }
+
+    /// `QUERY_QP`: the QP context as the device has it.
+    fn context(&self) -> Result<Vec<u8>> {
+        self.obj
+            .query(&command::object_command(Opcode::QueryQp, self.qpn), query_qp_out::BYTES)
+            .map_err(device("querying a queue pair"))
+    }
+
+    fn context_field(out: &[u8], field: Bits) -> u64 {
+        prm::get(out, field.within(query_qp_out::QPC))
+    }
+
+    fn state(&self) -> Result<QpState> {
+        let out = self.context()?;
+        let raw = Self::context_field(&out, qpc::STATE) as u8;
+        Ok(match QpcState::from_raw(raw) {
+            Some(QpcState::Reset) => QpState::Reset,
+            Some(QpcState::Init) => QpState::Init,
+            Some(QpcState::Rtr) => QpState::Rtr,
+            Some(QpcState::Rts) => QpState::Rts,
+            // SQ error and SQ drained do not happen to gdaki's QPs; read them as failed.
+            _ => QpState::Error,
+        })
+    }
+
+    /// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
+    /// `handler`.
+    fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
+        match handler {
+            DoorbellHandler::Gpu => (self.uar.uar.reg_addr, DoorbellKind::Gpu),
+            DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
+        }
+    }
+}
+
+/// Maps a device call's failure to the library's error, saying what was being done.
+fn device(what: &'static str) -> impl Fn(DeviceError) -> Error {
+    move |source| Error::Device { what, source }
+}
+
+/// The local ACK timeout code and retry count whose total wait (IB: 4.096 µs · 2^timeout per
+/// try, `retry_count + 1` tries) is the shortest one not below `total`.
+pub(crate) fn ack_timeout_for(total: Duration) -> (u8, u8) {
+    let want = total.as_nanos();
+    let mut best = (31u8, 7u8, u128::MAX);
+    for timeout in 0..=31u8 {
+        for retries in 0..=7u8 {
+            let got = (4096u128 << timeout) * (retries as u128 + 1);
+            if got >= want && (got < best.2 || (got == best.2 && retries > best.1)) {
+                best = (timeout, retries, got);
+            }
+        }
+    }
+    (best.0, best.1)
+}
+
 // ------------------------------------------------------------------------------ public objects
 
 /// A completion queue. Each queue pair has its own (device tickets are CQE indices).
 pub struct CompletionQueue {
-    ctx: Arc<ContextInner>,
-    pub(crate) inner: Arc<SoftCq>,
+    inner: Arc<Cq>,
 }
 
 impl fmt::Debug for CompletionQueue {
@@ -128,26 +284,49 @@ impl fmt::Debug for CompletionQueue {
 
 impl CompletionQueue {
     pub(crate) fn create(ctx: &Arc<ContextInner>, size: u32) -> Result<CompletionQueue> {
-        let log_size = check_pow2("completion queue size", size as u64, 1, MAX_CQ_SIZE as u64)?;
-        let ring = HostBuffer::new("a CQE ring", 64 << log_size)?;
+        let dev = &ctx.device;
+        let max = (MAX_CQ_SIZE as u64).min(1u64 << dev.caps.general.log_max_cq_sz.min(63));
+        let log_size = check_pow2("completion queue size", size as u64, 1, max)?;
+        let ring_bytes = 64usize << log_size;
+        let mem = HostBuffer::new("a CQE ring and its doorbell record", ring_bytes + 64)?;
         // Every CQE starts invalid with owner 1, so the first lap (owner 0) is not mistaken.
         for i in 0..1usize << log_size {
             // SAFETY: byte 63 of entry i lies inside the ring just allocated.
             unsafe {
-                ring.as_ptr()
+                mem.as_ptr()
                     .add(64 * i + cqe::field::OP_OWN.start)
                     .write(cqe::OP_OWN_INIT)
             };
         }
-        let inner = Arc::new(SoftCq::new(
-            ctx.hca.alloc_qpn(),
-            log_size,
-            Window::of(Arc::new(ring)),
-            Window::of(Arc::new(HostBuffer::new("a CQ doorbell record", 64)?)),
-        ));
+        let umem = dev.devx.umem(Arc::new(mem)).map_err(device("registering a CQE ring"))?;
+        let obj = dev
+            .devx
+            .create_owned(
+                &CreateCq {
+                    log_size: log_size as u8,
+                    uar_page: dev.cq_uar.uar.page,
+                    eqn: dev.eqn,
+                    umem_id: umem.id,
+                    dbr_umem_id: umem.id,
+                    dbr_offset: ring_bytes as u64,
+                    ..Default::default()
+                }
+                .encode(),
+            )
+            .map_err(device("creating a completion queue"))?;
+        debug!(
+            cqn = format_args!("{:#x}", obj.obj.number),
+            size, "completion queue created"
+        );
         Ok(CompletionQueue {
-            ctx: ctx.clone(),
-            inner,
+            inner: Arc::new(Cq {
+                cqn: obj.obj.number,
+                obj,
+                umem,
+                log_size,
+                serves: Mutex::new(None),
+                ctx: ctx.clone(),
+            }),
         })
     }
 
@@ -161,28 +340,27 @@ impl CompletionQueue {
         1 << self.inner.log_size
     }
 
-    /// CQEs the HCA has written so far.
-    pub fn written(&self) -> u64 {
-        self.inner.pi.load(Ordering::Acquire)
+    /// CQEs the HCA has written so far, modulo 2^24 (the device's `producer_counter`).
+    pub fn written(&self) -> Result<u32> {
+        let out = self.inner.context()?;
+        Ok(Cq::context_field(&out, cqc::PRODUCER_COUNTER) as u32)
     }
 
-    /// `Err(CqOverrun)` once the HCA found no room for a CQE.
+    /// `Err(CqOverrun)` once the HCA found no room for a CQE (the device's CQ status).
     pub fn status(&self) -> Result<()> {
-        if self.inner.overrun.load(Ordering::Acquire) {
-            return Err(Error::CqOverrun { cqn: self.inner.cqn });
+        let out = self.inner.context()?;
+        match Cq::context_field(&out, cqc::STATUS) as u8 {
+            command::CQC_STATUS_OK => Ok(()),
+            _ => Err(Error::CqOverrun { cqn: self.inner.cqn }),
         }
-        Ok(())
     }
 }
 
 /// A reliable-connected queue pair, with its device handle.
 pub struct QueuePair {
-    ctx: Arc<ContextInner>,
-    inner: Arc<SoftQp>,
+    inner: Arc<Qp>,
     /// The exported `DevQp`, in memory posters can reach.
     handle: HostBuffer,
-    /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
-    proxy_word: Arc<HostBuffer>,
     /// Who rings the doorbell (a [`DoorbellHandler`] as `u8`): set at creation, and switched to
     /// the CPU proxy once if a GPU export cannot map the doorbell page.
     handler: AtomicU8,
@@ -202,12 +380,14 @@ impl fmt::Debug for QueuePair {
 
 impl QueuePair {
     pub(crate) fn create(ctx: &Arc<ContextInner>, cq: &CompletionQueue, cfg: QpConfig) -> Result<QueuePair> {
-        if !Arc::ptr_eq(&cq.ctx, ctx) {
+        if !Arc::ptr_eq(&cq.inner.ctx, ctx) {
             return Err(Error::ForeignObject {
                 what: "the completion queue",
             });
         }
-        let sq_log = check_pow2("send queue size", cfg.sq_size as u64, 1, MAX_SQ_SIZE as u64)?;
+        let dev = &ctx.device;
+        let max_sq = (MAX_SQ_SIZE as u64).min(1u64 << dev.caps.general.log_max_qp_sz.min(63));
+        let sq_log = check_pow2("send queue size", cfg.sq_size as u64, 1, max_sq)?;
         if cfg.sq_size > cq.size() {
             return Err(Error::OutOfRange {
                 what: "send queue size (must not exceed its CQ's)",
@@ -226,72 +406,84 @@ impl QueuePair {
                 });
             }
         }
-        if cfg.max_msg_size == 0 || cfg.max_msg_size > 1 << 31 {
+        let max_msg = (1u64 << 31).min(1u64 << dev.caps.general.log_max_msg.min(63));
+        if cfg.max_msg_size == 0 || cfg.max_msg_size > max_msg {
             return Err(Error::OutOfRange {
                 what: "max_msg_size",
                 got: cfg.max_msg_size,
                 min: 1,
-                max: 1 << 31,
+                max: max_msg,
             });
         }
-        let qpn = ctx.hca.alloc_qpn();
-        {
-            let mut serves = lock(&cq.inner.qpn);
-            if let Some(other) = *serves {
-                return Err(Error::CqInUse {
-                    cqn: cq.cqn(),
-                    qpn: other,
-                });
-            }
-            *serves = Some(qpn);
-        }
-        let built = (|| -> Result<(Arc<SoftQp>, HostBuffer, Arc<HostBuffer>)> {
-            let inner = Arc::new(SoftQp::new(
-                qpn,
-                crate::soft::random_u32() & 0xff_ffff,
-                sq_log,
-                Window::of(Arc::new(HostBuffer::new("a send queue", 64 << sq_log)?)),
-                Window::of(Arc::new(HostBuffer::new("QP doorbell records", 64)?)),
-                Window::of(Arc::new(HostBuffer::new("a doorbell page", 64)?)),
-                cq.inner.clone(),
-                cfg.max_msg_size,
-                cfg.retry_timeout,
-                ctx.options.atomic_reply(),
-            ));
-            let proxy_word = Arc::new(HostBuffer::new("a proxy producer index", 64)?);
-            let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
-            let (doorbell, kind) = ring_word(&inner, &proxy_word, cfg.handler);
-            let dev = DevQp {
-                sq_base: inner.sq.addr(),
-                sq_dbrec: inner.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64,
-                doorbell,
-                max_msg_size: cfg.max_msg_size,
-                timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
-                qpn,
-                sq_log_size: sq_log,
-                doorbell_kind: kind as u8,
-                flags: ctx.options.atomic_reply().qp_flags(),
-                cq: DevCq {
-                    cqe_base: cq.inner.ring.addr(),
-                    dbrec: cq.inner.dbrec.addr(),
-                    cqn: cq.inner.cqn,
-                    log_size: cq.inner.log_size,
-                    ..bytemuck::Zeroable::zeroed()
-                },
-                ..bytemuck::Zeroable::zeroed()
-            };
-            // SAFETY: the buffer is DevQp-sized and page-aligned; nobody else sees it yet.
-            unsafe { (handle.as_ptr() as *mut DevQp).write(dev) };
-            Ok((inner, handle, proxy_word))
-        })();
-        let (inner, handle, proxy_word) = match built {
-            Ok(b) => b,
-            Err(e) => {
-                *lock(&cq.inner.qpn) = None;
-                return Err(e);
-            }
+        // The QPN is not known before CREATE_QP: claim the CQ with 0 and name it after.
+        let claim = CqClaim::new(&cq.inner, 0)?;
+        let sq_bytes = 64usize << sq_log;
+        let mem = HostBuffer::new("a send queue and its doorbell record", sq_bytes + 64)?;
+        let umem = dev
+            .devx
+            .umem(Arc::new(mem))
+            .map_err(device("registering a send queue"))?;
+        let uar = dev.devx.uar().map_err(device("allocating a UAR page"))?;
+        let obj = dev
+            .devx
+            .create_owned(
+                &CreateQp {
+                    pd: dev.pd,
+                    uar_page: uar.uar.page,
+                    cqn_snd: cq.cqn(),
+                    cqn_rcv: cq.cqn(),
+                    log_sq_size: sq_log as u8,
+                    umem_id: umem.id,
+                    dbr_umem_id: umem.id,
+                    dbr_offset: sq_bytes as u64,
+                    ..Default::default()
+                }
+                .encode(),
+            )
+            .map_err(device("creating a queue pair"))?;
+        let qpn = obj.obj.number;
+        *lock(&cq.inner.serves) = Some(qpn);
+        let reply = if dev.caps.atomic.reply_mode == 1 {
+            AtomicReplyOrder::HostOrder
+        } else {
+            AtomicReplyOrder::BigEndian
         };
-        ctx.hca.attach(&inner);
+        let qp = Arc::new(Qp {
+            obj,
+            cq: claim,
+            uar,
+            umem,
+            qpn,
+            sq_log,
+            psn: crate::random_u32() & 0xff_ffff,
+            max_msg_size: cfg.max_msg_size,
+            retry_timeout: cfg.retry_timeout,
+            proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
+            ctx: ctx.clone(),
+        });
+        let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
+        let (doorbell, kind) = qp.ring_word(cfg.handler);
+        let dev_qp = DevQp {
+            sq_base: qp.sq(),
+            sq_dbrec: qp.sq() + qp.sq_dbrec_offset(),
+            doorbell,
+            max_msg_size: cfg.max_msg_size,
+            timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            qpn,
+            sq_log_size: sq_log,
+            doorbell_kind: kind as u8,
+            flags: reply.qp_flags(),
+            cq: DevCq {
+                cqe_base: cq.inner.ring(),
+                dbrec: cq.inner.dbrec(),
+                cqn: cq.cqn(),
+                log_size: cq.inner.log_size,
+                ..bytemuck::Zeroable::zeroed()
+            },
+            ..bytemuck::Zeroable::zeroed()
+        };
+        // SAFETY: the buffer is DevQp-sized and page-aligned; nobody else sees it yet.
+        unsafe { (handle.as_ptr() as *mut DevQp).write(dev_qp) };
         debug!(
             qpn = format_args!("{qpn:#x}"),
             cqn = format_args!("{:#x}", cq.cqn()),
@@ -299,10 +491,8 @@ impl QueuePair {
             "queue pair created"
         );
         Ok(QueuePair {
-            ctx: ctx.clone(),
-            inner,
+            inner: qp,
             handle,
-            proxy_word,
             handler: AtomicU8::new(cfg.handler as u8),
             fallback: Mutex::new(None),
         })
@@ -313,91 +503,131 @@ impl QueuePair {
         self.inner.qpn
     }
 
-    /// Current state.
+    /// Current state, as the device reports it (`QUERY_QP`). A device that cannot be asked
+    /// reads as [`QpState::Error`], and the reason is logged.
     pub fn state(&self) -> QpState {
-        self.inner.state()
+        self.inner.state().unwrap_or_else(|e| {
+            tracing::warn!(qpn = format_args!("{:#x}", self.inner.qpn), "{e}");
+            QpState::Error
+        })
     }
 
-    /// The first error's syndrome, once the QP is in error.
+    /// The first error's syndrome, once the QP is in error: read from the error CQE the HCA
+    /// wrote for the WQE that failed, or [`Syndrome::WrFlush`] when there is none (the QP was
+    /// moved to error, or that CQE was overwritten since).
     pub fn error(&self) -> Option<Syndrome> {
-        *lock(&self.inner.first_error)
+        if self.state() != QpState::Error {
+            return None;
+        }
+        let cq = &self.inner.cq.0;
+        let first = (0..1usize << cq.log_size).find_map(|i| {
+            // SAFETY: entry i lies inside the ring, which `cq` keeps alive; the HCA writes
+            // CQEs concurrently, so the copy is volatile and only its syndrome is trusted.
+            let entry = unsafe { std::ptr::read_volatile((cq.ring() as *const cqe::Cqe64).add(i)) };
+            let err = entry.as_error();
+            (entry.opcode() == CqeOpcode::ReqErr && err.syndrome() != Syndrome::WrFlush).then(|| err.syndrome())
+        });
+        Some(first.unwrap_or(Syndrome::WrFlush))
     }
 
     /// What a peer needs to connect to this QP.
     pub fn endpoint(&self) -> Endpoint {
+        let port = &self.inner.ctx.device.port;
         Endpoint {
-            hca: self.ctx.hca.id,
+            gid: port.gid,
+            lid: port.lid,
             qpn: self.inner.qpn,
-            psn: self.inner.psn(),
-            addr: self.ctx.hca.listen_addr(),
+            psn: self.inner.psn,
+            mtu: port.mtu as u16,
+            addr: self.inner.ctx.hca.listen_addr(),
         }
     }
 
-    fn transition(&self, from: &[QpState], to: QpState) -> Result<()> {
-        let now = self.state();
-        if !from.contains(&now) {
-            return Err(Error::BadTransition {
-                qpn: self.qpn(),
-                from: now,
-                to,
-            });
+    /// Runs a modify command that moves the QP to `to`; a device that refuses it because of
+    /// the QP's state answers [`Error::BadTransition`].
+    fn modify(&self, input: &[u8], to: QpState) -> Result<()> {
+        match self.inner.obj.modify(input) {
+            Ok(()) => {
+                debug!(qpn = format_args!("{:#x}", self.qpn()), %to, "modify QP");
+                Ok(())
+            }
+            Err(DeviceError::Command { error, .. }) if error.status == CmdStatus::BadQpState => {
+                Err(Error::BadTransition {
+                    qpn: self.qpn(),
+                    from: self.state(),
+                    to,
+                })
+            }
+            Err(e) => Err(device("modifying a queue pair")(e)),
         }
-        self.inner.set_state(to);
-        debug!(qpn = format_args!("{:#x}", self.qpn()), %now, %to, "modify QP");
-        Ok(())
     }
 
     /// RESET → INIT.
     pub fn to_init(&self) -> Result<()> {
-        self.transition(&[QpState::Reset], QpState::Init)
-    }
-
-    /// INIT → RTR: connects to `peer`, which must be reachable: an HCA of this process is
-    /// reached directly, any other through `peer.addr` (its soft HCA's listener), which must
-    /// accept the connection.
-    pub fn to_rtr(&self, peer: &Endpoint) -> Result<()> {
-        if self.state() != QpState::Init {
-            return Err(Error::BadTransition {
-                qpn: self.qpn(),
-                from: self.state(),
-                to: QpState::Rtr,
-            });
-        }
-        let local = (peer.hca != 0).then(|| Hca::find(peer.hca)).flatten();
-        let link = match (local, peer.addr) {
-            (Some(hca), _) => {
-                let Some(target) = hca.qp(peer.qpn) else {
-                    return Err(Error::PeerUnreachable {
-                        what: format!("QP {:#x} on HCA {:#x}", peer.qpn, peer.hca),
-                    });
-                };
-                Peer::Local {
-                    hca: Arc::downgrade(&hca),
-                    qp: Arc::downgrade(&target),
-                }
-            }
-            (None, Some(addr)) => Peer::Remote(Link::connect(self.ctx.hca.id, &self.inner, peer, addr)?),
-            (None, None) => {
-                return Err(Error::PeerUnreachable {
-                    what: format!(
-                        "HCA {:#x} (QP {:#x}): not in this process, and the endpoint has no address",
-                        peer.hca, peer.qpn
-                    ),
-                })
-            }
+        let input = Rst2Init {
+            qpn: self.qpn(),
+            port: self.inner.ctx.device.port.number,
+            remote_read: true,
+            remote_write: true,
+            remote_atomic: true,
+            ..Default::default()
         };
-        lock(&self.inner.progress).peer = Some(link);
-        self.transition(&[QpState::Init], QpState::Rtr)
+        self.modify(&input.encode(), QpState::Init)
     }
 
-    /// RTR → RTS.
+    /// INIT → RTR: the peer QP, the path to it (resolved from its GID, and for a soft HCA in
+    /// another process from its address) and the PSN it starts sending with.
+    pub fn to_rtr(&self, peer: &Endpoint) -> Result<()> {
+        let port = &self.inner.ctx.device.port;
+        let mtu = (peer.mtu as u32).min(port.mtu);
+        let Some(mtu) = command::mtu_code(mtu) else {
+            return Err(Error::OutOfRange {
+                what: "the peer's MTU (256, 512, 1024, 2048 or 4096)",
+                got: peer.mtu as u64,
+                min: 256,
+                max: 4096,
+            });
+        };
+        let mut path = self
+            .inner
+            .ctx
+            .device
+            .devx
+            .device()
+            .resolve(peer)
+            .map_err(device("resolving the path to a peer"))?;
+        path.gid_index = port.gid_index;
+        let input = Init2Rtr {
+            qpn: self.qpn(),
+            mtu,
+            log_msg_max: (64 - (self.inner.max_msg_size - 1).leading_zeros()) as u8,
+            remote_qpn: peer.qpn,
+            next_rcv_psn: peer.psn,
+            path,
+            ..Default::default()
+        };
+        self.modify(&input.encode(), QpState::Rtr)
+    }
+
+    /// RTR → RTS: the first PSN this QP sends and its retry policy ([`QpConfig::retry_timeout`]
+    /// as IB's ACK timeout and retry count). The soft HCA connects its transport here: a peer
+    /// it cannot reach is refused, and the QP stays in RTR.
     pub fn to_rts(&self) -> Result<()> {
-        self.transition(&[QpState::Rtr], QpState::Rts)
+        let (ack_timeout, retry_count) = ack_timeout_for(self.inner.retry_timeout);
+        let input = Rtr2Rts {
+            qpn: self.qpn(),
+            next_send_psn: self.inner.psn,
+            retry_count,
+            rnr_retry: 7,
+            ack_timeout,
+            ..Default::default()
+        };
+        self.modify(&input.encode(), QpState::Rts)
     }
 
     /// Any state → ERROR: outstanding and later WQEs are flushed.
-    pub fn to_error(&self) {
-        self.inner.fail(Syndrome::WrFlush);
+    pub fn to_error(&self) -> Result<()> {
+        self.modify(&command::object_command(Opcode::Qp2Err, self.qpn()), QpState::Error)
     }
 
     /// RESET → INIT → RTR → RTS against `peer`.
@@ -408,7 +638,7 @@ impl QueuePair {
     }
 
     /// The exported device handle. Valid while this QP lives; posters use it through
-    /// `gdaki_device::Qp::from_raw` (CPU mode here; GPU export comes with the GPU provider).
+    /// `gdaki_device::Qp::from_raw` (CPU mode here; [`export_gpu`](Self::export_gpu) for GPUs).
     pub fn device_handle(&self) -> *mut DevQp {
         self.handle.as_ptr() as *mut DevQp
     }
@@ -447,16 +677,17 @@ impl QueuePair {
 
     fn target(&self) -> gdaki_proxy::Target {
         let q = &self.inner;
-        let keep: Arc<dyn Send + Sync> = Arc::new((q.clone(), self.proxy_word.clone()));
+        let keep: Arc<dyn Send + Sync> = q.clone();
         // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
-        // are aligned words of buffers kept alive by `keep` (the proxy word, and the SoftQp's
-        // windows); posters, the proxy and the HCA access them atomically.
+        // are aligned words of memory `keep` keeps: the proxy word, the QP's umem and its UAR
+        // page, which the QP gives back only when it goes. Posters, the proxy and the HCA
+        // access them atomically.
         unsafe {
             gdaki_proxy::Target::new(
                 q.qpn,
-                self.proxy_word.as_ptr() as *const u64,
-                (q.records.addr() + 4 * gdaki_layout::dbrec::SND_DBR as u64) as *mut u32,
-                q.uar.as_ptr() as *mut u64,
+                q.proxy_word.as_ptr() as *const u64,
+                (q.sq() + q.sq_dbrec_offset()) as *mut u32,
+                q.uar.uar.reg_addr as *mut u64,
                 keep,
             )
         }
@@ -472,7 +703,7 @@ impl QueuePair {
             return Ok(());
         }
         *fallback = Some(crate::doorbell::AutoProxy::ring_for(self.target())?);
-        let (doorbell, kind) = ring_word(&self.inner, &self.proxy_word, DoorbellHandler::CpuProxy);
+        let (doorbell, kind) = self.inner.ring_word(DoorbellHandler::CpuProxy);
         let dev = self.device_handle();
         // SAFETY: the handle is this QP's live DevQp; these two fields are plain words posters
         // read when they ring, and no poster runs during an export.
@@ -496,15 +727,6 @@ impl QueuePair {
     }
 }
 
-/// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
-/// `handler`.
-fn ring_word(qp: &SoftQp, proxy_word: &HostBuffer, handler: DoorbellHandler) -> (u64, DoorbellKind) {
-    match handler {
-        DoorbellHandler::Gpu => (qp.uar.addr(), DoorbellKind::Gpu),
-        DoorbellHandler::CpuProxy => (proxy_word.addr(), DoorbellKind::CpuProxy),
-    }
-}
-
 /// A queue pair exported to a GPU: its send queue, CQ ring, doorbell records and doorbell page
 /// are mapped into the GPU (host-pinned: the GPU writes WQEs and rings over PCIe, the soft HCA
 /// reads them locally), and its device handle lives in GPU memory. Kernels take
@@ -513,9 +735,7 @@ pub struct GpuQp {
     handle: crate::cuda::DeviceBuffer,
     // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
     _maps: Vec<crate::cuda::HostMapping>,
-    qp: Arc<SoftQp>,
-    _proxy_word: Arc<HostBuffer>,
-    _ctx: Arc<ContextInner>,
+    qp: Arc<Qp>,
 }
 
 impl fmt::Debug for GpuQp {
@@ -534,22 +754,42 @@ impl GpuQp {
     }
 
     /// The counters kernels keep in the device handle, read back from GPU memory, next to the
-    /// HCA's own progress: where a stuck or failed kernel left the QP. Read it when no kernel
-    /// runs on the QP (the copy is not atomic against one).
+    /// HCA's own progress (`QUERY_QP`'s WQE counter, `QUERY_CQ`'s producer counter): where a
+    /// stuck or failed kernel left the QP. Read it when no kernel runs on the QP (the copy is
+    /// not atomic against one).
     pub fn counters(&self) -> Result<QpCounters> {
         let mut dev: DevQp = bytemuck::Zeroable::zeroed();
         self.handle.read(0, bytemuck::bytes_of_mut(&mut dev))?;
-        let q = &self.qp;
+        let qp_out = self.qp.context()?;
+        let cq_out = self.qp.cq.0.context()?;
+        // The device counts modulo 2^16 (WQEs) and 2^24 (CQEs); each trails the poster's own
+        // count by less than that, so the full counts follow from the posters'.
+        let fetched = Qp::context_field(&qp_out, qpc::HW_SQ_WQEBB_COUNTER) as u16;
+        let produced = Cq::context_field(&cq_out, cqc::PRODUCER_COUNTER) as u32;
         Ok(QpCounters {
             sq_reserved: dev.sq_reserved,
             sq_ready: dev.sq_ready,
             sq_rung: dev.sq_rung,
             cq_consumed: dev.cq.consumed,
             cq_error: (dev.cq.error & gdaki_layout::handle::ERROR_VALID != 0).then_some(dev.cq.error),
-            hca_fetched: lock(&q.progress).ci,
-            hca_completed: q.cq.pi.load(Ordering::Acquire),
+            hca_fetched: at_or_below(dev.sq_rung, fetched as u64, 16),
+            hca_completed: at_or_above(dev.cq.consumed, produced as u64, 24),
         })
     }
+}
+
+/// The full count whose low `bits` bits are `low`, at most `ahead` and less than 2^`bits`
+/// below it.
+fn at_or_below(ahead: u64, low: u64, bits: u32) -> u64 {
+    let mask = (1u64 << bits) - 1;
+    ahead.wrapping_sub(ahead.wrapping_sub(low) & mask)
+}
+
+/// The full count whose low `bits` bits are `low`, at least `behind` and less than 2^`bits`
+/// above it.
+fn at_or_above(behind: u64, low: u64, bits: u32) -> u64 {
+    let mask = (1u64 << bits) - 1;
+    behind.wrapping_add(low.wrapping_sub(behind) & mask)
 }
 
 /// Where a QP's posters and its HCA are ([`GpuQp::counters`]): every count is in WQEs (one
@@ -578,42 +818,35 @@ impl QueuePair {
     /// [`cpu`](Self::cpu); do not post from both at once unless the sharing mode allows it.
     pub fn export_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<GpuQp> {
         let q = &self.inner;
-        let map = |b: &Window| {
-            // SAFETY: every window is page-aligned whole pages, owned by the QP or its CQ,
+        let map = |b: &HostBuffer| {
+            // SAFETY: every buffer is page-aligned whole pages, owned by the QP or its CQ,
             // which `GpuQp` keeps alive for as long as the mapping.
             unsafe { crate::cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
         };
-        let proxy_word = || {
-            // SAFETY: as `map`; the proxy word is kept alive by `GpuQp::_proxy_word`.
-            unsafe { crate::cuda::HostMapping::new(gpu, self.proxy_word.as_ptr(), self.proxy_word.size()) }
-        };
-        let unmappable = self.ctx.options.models_unmappable_doorbell();
+        let unmappable = q.ctx.options.models_unmappable_doorbell();
         let doorbell = match self.handler() {
-            // SAFETY: as `map` above; the doorbell page is mapped only here.
             DoorbellHandler::Gpu => {
-                match unsafe { crate::doorbell::map_page(gpu, q.uar.as_ptr(), q.uar.size(), unmappable) } {
+                let page = &q.uar.uar;
+                // SAFETY: the UAR page is page-aligned whole pages the QP holds until it goes
+                // (`GpuQp` keeps it); it is mapped only here.
+                match unsafe { crate::doorbell::map_page(gpu, page.reg_addr as *mut u8, page.size, unmappable) } {
                     Ok(m) => m,
                     Err(why) => {
                         self.fall_back(&why)?;
-                        proxy_word()?
+                        map(&q.proxy_word)?
                     }
                 }
             }
-            DoorbellHandler::CpuProxy => proxy_word()?,
+            DoorbellHandler::CpuProxy => map(&q.proxy_word)?,
         };
-        let maps = vec![
-            map(&q.sq)?,
-            map(&q.records)?,
-            doorbell,
-            map(&q.cq.ring)?,
-            map(&q.cq.dbrec)?,
-        ];
+        let cq = &q.cq.0;
+        let maps = vec![map(&q.umem.mem)?, doorbell, map(&cq.umem.mem)?];
         // SAFETY: the CPU handle was written in `create` and is only read here.
         let mut dev = unsafe { self.device_handle().read() };
         // Where the GPU does not order NIC writes for its own reads, fetched data is read only
         // after a fenced DUMP (the device code does it when the handle says so).
         let ordering = gpu.rdma_writes_ordering()?;
-        if !ordering.owner_sees_writes_in_order() || self.ctx.options.models_unordered_rdma_writes() {
+        if !ordering.owner_sees_writes_in_order() || q.ctx.options.models_unordered_rdma_writes() {
             dev.flags |= gdaki_layout::handle::QP_FLUSH_AFTER_FETCH;
             debug!(
                 qpn = format_args!("{:#x}", q.qpn),
@@ -622,10 +855,10 @@ impl QueuePair {
             );
         }
         dev.sq_base = maps[0].device_addr(0);
-        dev.sq_dbrec = maps[1].device_addr(4 * gdaki_layout::dbrec::SND_DBR as u64);
-        dev.doorbell = maps[2].device_addr(0);
-        dev.cq.cqe_base = maps[3].device_addr(0);
-        dev.cq.dbrec = maps[4].device_addr(0);
+        dev.sq_dbrec = maps[0].device_addr(q.sq_dbrec_offset());
+        dev.doorbell = maps[1].device_addr(0);
+        dev.cq.cqe_base = maps[2].device_addr(0);
+        dev.cq.dbrec = maps[2].device_addr(cq.dbrec() - cq.ring());
         let handle = crate::cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
         handle.write(0, bytemuck::bytes_of(&dev))?;
         debug!(
@@ -637,16 +870,7 @@ impl QueuePair {
             handle,
             _maps: maps,
             qp: q.clone(),
-            _proxy_word: self.proxy_word.clone(),
-            _ctx: self.ctx.clone(),
         })
-    }
-}
-
-impl Drop for QueuePair {
-    fn drop(&mut self) {
-        self.ctx.hca.detach(self.inner.qpn);
-        *lock(&self.inner.cq.qpn) = None;
     }
 }
 
@@ -654,6 +878,33 @@ impl Drop for QueuePair {
 mod tests {
     use super::*;
     use crate::{Access, Context, Provider};
+
+    #[test]
+    fn device_counters_extend_to_full_counts() {
+        // The HCA fetched 5 WQEs fewer than were rung, across a 16-bit wrap.
+        assert_eq!(at_or_below(0x1_0002, 0xfffd, 16), 0xfffd);
+        assert_eq!(at_or_below(70_000, 70_000 & 0xffff, 16), 70_000);
+        // The HCA wrote 3 CQEs more than were consumed, across a 24-bit wrap.
+        assert_eq!(at_or_above(0xff_fffe, 0x1, 24), 0x100_0001);
+        assert_eq!(at_or_above(5, 5, 24), 5);
+    }
+
+    #[test]
+    fn the_retry_timeout_becomes_the_nearest_ib_timer_not_below_it() {
+        let total = |(t, r): (u8, u8)| Duration::from_nanos((4096u64 << t) * (r as u64 + 1));
+        for ms in [1u64, 7, 300, 1000, 4000, 3_600_000] {
+            let want = Duration::from_millis(ms);
+            let got = total(ack_timeout_for(want));
+            assert!(
+                got >= want && got.as_secs_f64() <= want.as_secs_f64() * 1.25,
+                "{want:?}: {got:?}"
+            );
+        }
+        // Exactly expressible: 8 tries of 4.096 µs · 2^10.
+        assert_eq!(ack_timeout_for(Duration::from_nanos(8 * (4096 << 10))), (10, 7));
+        // Below the shortest timer: the shortest.
+        assert_eq!(ack_timeout_for(Duration::from_nanos(1)), (0, 0));
+    }
 
     /// The fallback itself, without a GPU: a QP created with the GPU handler is switched to the
     /// library's proxy (as `export_gpu` does when the doorbell page cannot be mapped), CPU
@@ -683,7 +934,7 @@ mod tests {
         // SAFETY: the handle was just written; read only.
         let dev = unsafe { qp.device_handle().read() };
         assert_eq!(dev.doorbell_kind, DoorbellKind::CpuProxy as u8);
-        assert_eq!(dev.doorbell, qp.proxy_word.addr());
+        assert_eq!(dev.doorbell, qp.inner.proxy_word.addr());
 
         let src = ctx.alloc_region(4096, Access::ALL).unwrap();
         let dst = ctx.alloc_region(4096, Access::ALL).unwrap();

@@ -22,8 +22,9 @@ use crate::queue::Endpoint;
 
 /// Frame magic, "GDKI".
 pub const MAGIC: u32 = 0x4744_4b49;
-/// Protocol version. Bumped on any incompatible change to a payload.
-pub const VERSION: u16 = 1;
+/// Protocol version. Bumped on any incompatible change to a payload (2: endpoints carry the
+/// port's GID, LID and MTU instead of the soft HCA's identity).
+pub const VERSION: u16 = 2;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -305,7 +306,7 @@ pub struct Hello {
     pub regions: Vec<RemoteRegion>,
 }
 
-const ENDPOINT_MAX: usize = 8 + 4 + 4 + 1 + 16 + 2;
+const ENDPOINT_MAX: usize = 16 + 2 + 4 + 4 + 2 + 1 + 16 + 2;
 const REGION_LEN: usize = 8 + 8 + 4;
 
 impl Hello {
@@ -331,9 +332,11 @@ impl Hello {
         p.extend_from_slice(&(self.endpoints.len() as u16).to_be_bytes());
         for e in &self.endpoints {
             check_endpoint(e)?;
-            p.extend_from_slice(&e.hca.to_be_bytes());
+            p.extend_from_slice(&e.gid);
+            p.extend_from_slice(&e.lid.to_be_bytes());
             p.extend_from_slice(&e.qpn.to_be_bytes());
             p.extend_from_slice(&e.psn.to_be_bytes());
+            p.extend_from_slice(&e.mtu.to_be_bytes());
             match e.addr {
                 None => p.push(0),
                 Some(SocketAddr::V4(a)) => {
@@ -372,9 +375,11 @@ impl Hello {
         let n = count(&mut c, "endpoint count")?;
         let mut endpoints = Vec::with_capacity(n);
         for _ in 0..n {
-            let hca = c.u64("endpoint HCA")?;
+            let gid = c.array::<16>("endpoint GID")?;
+            let lid = c.u16("endpoint LID")?;
             let qpn = c.u32("endpoint QPN")?;
             let psn = c.u32("endpoint PSN")?;
+            let mtu = c.u16("endpoint MTU")?;
             let addr = match c.u8("endpoint address family")? {
                 0 => None,
                 4 => {
@@ -387,7 +392,14 @@ impl Hello {
                 }
                 f => return Err(invalid("endpoint address family", format!("{f} (expected 0, 4 or 6)"))),
             };
-            let e = Endpoint { hca, qpn, psn, addr };
+            let e = Endpoint {
+                gid,
+                lid,
+                qpn,
+                psn,
+                mtu,
+                addr,
+            };
             check_endpoint(&e)?;
             endpoints.push(e);
         }
@@ -422,6 +434,12 @@ fn count(c: &mut Cursor<'_>, what: &'static str) -> Result<usize, WireError> {
 fn check_endpoint(e: &Endpoint) -> Result<(), WireError> {
     u24("endpoint QPN", e.qpn)?;
     u24("endpoint PSN", e.psn)?;
+    if gdaki_layout::prm::command::mtu_code(e.mtu as u32).is_none() {
+        return Err(invalid(
+            "endpoint MTU",
+            format!("{} (expected 256, 512, 1024, 2048 or 4096)", e.mtu),
+        ));
+    }
     if let Some(a) = e.addr {
         if a.port() == 0 {
             return Err(invalid("endpoint address", "port 0"));
@@ -796,21 +814,27 @@ mod tests {
             app: b"size=8 iters=1000".to_vec(),
             endpoints: vec![
                 Endpoint {
-                    hca: 0xdead_beef_0000_0001,
+                    gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1],
+                    lid: 0,
                     qpn: 0x1234,
                     psn: 7,
+                    mtu: 4096,
                     addr: Some("10.0.0.2:18515".parse().unwrap()),
                 },
                 Endpoint {
-                    hca: 3,
+                    gid: [3; 16],
+                    lid: 0xc001,
                     qpn: 0xff_ffff,
                     psn: 0,
+                    mtu: 256,
                     addr: Some("[fe80::1]:9".parse().unwrap()),
                 },
                 Endpoint {
-                    hca: 0,
+                    gid: [0; 16],
+                    lid: 1,
                     qpn: 1,
                     psn: 1,
+                    mtu: 1024,
                     addr: None,
                 },
             ],
@@ -854,6 +878,15 @@ mod tests {
             })
         ));
         let mut h = sample();
+        h.endpoints[2].mtu = 1500;
+        assert!(matches!(
+            h.encode(),
+            Err(WireError::Invalid {
+                field: "endpoint MTU",
+                ..
+            })
+        ));
+        let mut h = sample();
         h.regions[0].rkey = 0;
         assert!(matches!(
             h.encode(),
@@ -870,7 +903,7 @@ mod tests {
         assert!(h.encode().is_err());
         // A hostile family byte.
         let mut bytes = sample().encode().unwrap();
-        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 16;
+        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 28;
         assert_eq!(bytes[fam], 4);
         bytes[fam] = 5;
         assert!(matches!(

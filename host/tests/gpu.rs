@@ -424,9 +424,11 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
     };
     let qp = qp(&ctx, 64, cfg);
     qp.connect(&gdaki::Endpoint {
-        hca: 0,
+        gid: [0; 16],
+        lid: 0,
         qpn: 0x77,
         psn: 0,
+        mtu: 4096,
         addr: Some(addr),
     })
     .unwrap();

@@ -35,11 +35,13 @@ fn listening_context() -> Context {
     ctx
 }
 
-/// The endpoint as another process would see it: no in-process identity, so the connection
-/// goes over TCP.
+/// The endpoint as another process would see it: a GID no HCA of this process has, so the
+/// connection goes over TCP.
 fn over_tcp(e: Endpoint) -> Endpoint {
     assert!(e.addr.is_some(), "a listening context's endpoints carry its address");
-    Endpoint { hca: 0, ..e }
+    let mut gid = e.gid;
+    gid[8..].iter_mut().for_each(|b| *b ^= 0xa5);
+    Endpoint { gid, ..e }
 }
 
 /// Two listening contexts with a QP each, connected to each other over TCP.
@@ -222,7 +224,7 @@ fn a_target_qp_in_error_or_gone_gives_transport_errors() {
     let rb = b.alloc_region(4096, Access::ALL).unwrap();
     let dev = unsafe { qa.cpu::<Exclusive>() };
     dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
-    qb.to_error();
+    qb.to_error().unwrap();
     let t = dev.put(rb.remote(0), la.local(0), 8).unwrap();
     assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
     // The whole peer context goes away: its connections close.
@@ -258,9 +260,11 @@ fn a_peer_that_accepts_and_then_goes_silent_times_out() {
         },
     );
     q.connect(&Endpoint {
-        hca: 0,
+        gid: [0; 16],
+        lid: 0,
         qpn: 0x42,
         psn: 0,
+        mtu: 4096,
         addr: Some(addr),
     })
     .unwrap();
@@ -279,8 +283,6 @@ fn a_peer_that_accepts_and_then_goes_silent_times_out() {
 #[test]
 fn connecting_to_nothing_is_refused_at_once() {
     let a = listening_context();
-    let q = qp(&a, 8, QpConfig::default());
-    q.to_init().unwrap();
     // A listener that is not a gdaki HCA's QP: an unknown QPN on a real HCA.
     let b = listening_context();
     let qb = qp(&b, 8, QpConfig::default());
@@ -288,18 +290,27 @@ fn connecting_to_nothing_is_refused_at_once() {
         qpn: qb.qpn() ^ 0x40_0000,
         ..over_tcp(qb.endpoint())
     };
-    match q.to_rtr(&wrong) {
-        Err(Error::PeerUnreachable { what }) => assert!(what.contains("refused"), "{what}"),
+    // The soft HCA connects its transport at RTR2RTS, when the send PSN is known.
+    let started = Instant::now();
+    let q = qp(&a, 8, QpConfig::default());
+    q.to_init().unwrap();
+    q.to_rtr(&wrong).unwrap();
+    match q.to_rts() {
+        Err(e @ Error::Device { .. }) => assert!(e.to_string().contains("refused"), "{e}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
+    assert_eq!(q.state(), QpState::Rtr, "a refused RTR2RTS leaves the QP in RTR");
     // Nobody listening.
     let port = TcpListener::bind(LOOPBACK).unwrap().local_addr().unwrap();
     let nobody = Endpoint {
         addr: Some(port),
         ..wrong
     };
-    assert!(matches!(q.to_rtr(&nobody), Err(Error::PeerUnreachable { .. })));
-    assert_eq!(q.state(), QpState::Init, "a failed connect leaves the QP where it was");
+    let q = qp(&a, 8, QpConfig::default());
+    let err = q.connect(&nobody).unwrap_err();
+    assert!(matches!(err, Error::Device { .. }), "{err}");
+    assert_eq!(q.state(), QpState::Rtr);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
 #[test]
@@ -324,9 +335,11 @@ fn handshake_exchanges_validates_and_refuses() {
         ch.reject("test parameters differ: size=8 here").unwrap();
     });
     let ep = Endpoint {
-        hca: 7,
+        gid: [7; 16],
+        lid: 0,
         qpn: 0x1234,
         psn: 99,
+        mtu: 1024,
         addr: Some("0.0.0.0:4791".parse().unwrap()),
     };
     let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
@@ -476,7 +489,11 @@ fn two_processes_then_the_peer_is_killed() {
     })
     .unwrap();
     let theirs = ch.receive().unwrap();
-    assert_ne!(theirs.endpoints[0].hca, ctx_hca(&q), "another process, another HCA");
+    assert_ne!(
+        theirs.endpoints[0].gid,
+        q.endpoint().gid,
+        "another process, another HCA"
+    );
     q.connect(&theirs.endpoints[0]).unwrap();
     ch.sync(1).unwrap();
     let region = theirs.regions[0];
@@ -511,10 +528,6 @@ fn two_processes_then_the_peer_is_killed() {
     assert_eq!(q.state(), QpState::Error);
     // The handshake channel is dead too.
     assert!(ch.sync(4).is_err());
-}
-
-fn ctx_hca(q: &QueuePair) -> u64 {
-    q.endpoint().hca
 }
 
 #[test]

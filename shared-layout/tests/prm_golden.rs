@@ -7,7 +7,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use gdaki_layout::prm::command::{self, AddressPath, CapType, CreateCq, CreateQp, Init2Rtr, Opcode, QpcState, Rst2Init, Rtr2Rts};
+use gdaki_layout::prm::command::{
+    self, AddressPath, CapType, CreateCq, CreateQp, Init2Rtr, Opcode, QpcState, Rst2Init, Rtr2Rts,
+};
 use gdaki_layout::prm::layout::STRUCTURES;
 use gdaki_layout::prm::CmdStatus;
 

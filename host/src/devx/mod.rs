@@ -12,6 +12,9 @@ use std::sync::Arc;
 use gdaki_layout::prm::command::{self, AddressPath, AtomicCaps, CapType, GeneralCaps};
 use gdaki_layout::prm::{CmdError, Opcode};
 
+use crate::memory::HostBuffer;
+use crate::queue::Endpoint;
+
 /// Host memory registered with a device as a umem (rings and doorbell records), with what
 /// keeps it allocated: the device may hold on to `keep` for as long as it uses the memory.
 #[derive(Clone)]
@@ -92,9 +95,38 @@ pub(crate) trait Device: Send + Sync {
     fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError>;
     /// Destroys an object (the device builds the destroy command from the create command).
     fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError>;
-    /// The address path to a peer with global identifier `gid` (reached at `addr` where the
-    /// fabric needs a transport address: the soft device's listener).
-    fn resolve(&self, gid: [u8; 16], addr: Option<std::net::SocketAddr>) -> Result<AddressPath, DeviceError>;
+    /// The port gdaki uses (port 1): its GID, LID, link layer and active MTU.
+    fn query_port(&self) -> Result<Port, DeviceError>;
+    /// The address path to `peer` (RoCE: its MAC from the GID; the soft device also learns
+    /// the transport address the endpoint carries).
+    fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError>;
+}
+
+/// What a port is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(dead_code)] // InfiniBand ports come with the mlx5 device
+pub(crate) enum LinkLayer {
+    /// InfiniBand: peers are addressed by LID (and GID across subnets).
+    InfiniBand,
+    /// Ethernet (RoCE): peers are addressed by GID, and every packet carries a GRH.
+    Ethernet,
+}
+
+/// The port gdaki sends from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Port {
+    /// Port number (1-based).
+    pub number: u8,
+    /// The GID at index [`gid_index`](Self::gid_index).
+    pub gid: [u8; 16],
+    /// The GID table index gdaki uses.
+    pub gid_index: u8,
+    /// InfiniBand: the port's LID (0 on Ethernet).
+    pub lid: u16,
+    /// Link layer.
+    pub link: LinkLayer,
+    /// Active MTU in bytes (256..=4096).
+    pub mtu: u32,
 }
 
 /// The capabilities gdaki reads at open.
@@ -190,6 +222,142 @@ impl Devx {
         let done = self.device.obj_destroy(obj.handle);
         tracing::debug!(target: "gdaki::devx", object = format_args!("{:#x}", obj.number), "destroy: {done:?}");
         done
+    }
+}
+
+/// What a context opens on its device once: the capabilities, a protection domain, the event
+/// queue, the port, and the UAR page its CQs name (gdaki never arms a CQ, so one page serves
+/// them all).
+pub(crate) struct Opened {
+    /// The command runner.
+    pub devx: Devx,
+    /// The capabilities read at open.
+    pub caps: Caps,
+    /// The context's protection domain.
+    pub pd: u32,
+    /// The event queue CQs report to.
+    pub eqn: u32,
+    /// The port.
+    pub port: Port,
+    /// The UAR page CQs name.
+    pub cq_uar: OwnedUar,
+}
+
+impl Devx {
+    /// Opens `device`: reads its capabilities and port, and allocates what every queue shares.
+    /// Refuses a device whose CQE format gdaki cannot read.
+    pub fn open(device: Arc<dyn Device>) -> Result<Opened, DeviceError> {
+        let devx = Devx::new(device);
+        let caps = devx.query_caps()?;
+        if caps.general.cqe_version != 1 {
+            return Err(DeviceError::Call {
+                what: "opening the device",
+                why: format!(
+                    "it reports CQE version {}; gdaki reads version 1",
+                    caps.general.cqe_version
+                ),
+            });
+        }
+        let pd = devx.device.alloc_pd()?;
+        let eqn = devx.device.query_eqn()?;
+        let port = devx.device.query_port()?;
+        let cq_uar = devx.uar()?;
+        Ok(Opened {
+            devx,
+            caps,
+            pd,
+            eqn,
+            port,
+            cq_uar,
+        })
+    }
+
+    /// Registers `mem` (whole) as a umem, deregistered when the returned value goes.
+    pub fn umem(&self, mem: Arc<HostBuffer>) -> Result<Umem, DeviceError> {
+        let id = self.device.umem_reg(&UmemMemory {
+            addr: mem.addr(),
+            len: mem.size(),
+            keep: mem.clone(),
+        })?;
+        Ok(Umem {
+            devx: self.clone(),
+            id,
+            mem,
+        })
+    }
+
+    /// A UAR page, given back when the returned value goes.
+    pub fn uar(&self) -> Result<OwnedUar, DeviceError> {
+        Ok(OwnedUar {
+            uar: self.device.alloc_uar()?,
+            devx: self.clone(),
+        })
+    }
+
+    /// Creates an object from `input`, destroyed when the returned value goes.
+    pub fn create_owned(&self, input: &[u8]) -> Result<Owned, DeviceError> {
+        Ok(Owned {
+            obj: self.create(input)?,
+            devx: self.clone(),
+        })
+    }
+}
+
+/// Host memory registered as a umem; deregistered on drop (after the objects using it were
+/// destroyed: declare it after them).
+pub(crate) struct Umem {
+    devx: Devx,
+    /// The umem id.
+    pub id: u32,
+    /// The memory.
+    pub mem: Arc<HostBuffer>,
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        if let Err(e) = self.devx.device.umem_dereg(self.id) {
+            tracing::warn!(target: "gdaki::devx", umem = self.id, "umem not deregistered: {e}");
+        }
+    }
+}
+
+/// A UAR page; given back on drop.
+pub(crate) struct OwnedUar {
+    devx: Devx,
+    /// The page.
+    pub uar: Uar,
+}
+
+impl Drop for OwnedUar {
+    fn drop(&mut self) {
+        self.devx.device.free_uar(&self.uar);
+    }
+}
+
+/// A device object, destroyed on drop.
+pub(crate) struct Owned {
+    devx: Devx,
+    /// The object.
+    pub obj: Object,
+}
+
+impl Owned {
+    /// Modifies the object with `input`.
+    pub fn modify(&self, input: &[u8]) -> Result<(), DeviceError> {
+        self.devx.modify(&self.obj, input)
+    }
+
+    /// Queries the object with `input` into an output of `out_len` bytes.
+    pub fn query(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, DeviceError> {
+        self.devx.query(&self.obj, input, out_len)
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if let Err(e) = self.devx.destroy(&self.obj) {
+            tracing::warn!(target: "gdaki::devx", object = format_args!("{:#x}", self.obj.number), "not destroyed: {e}");
+        }
     }
 }
 

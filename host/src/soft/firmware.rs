@@ -11,18 +11,20 @@
 //! transport at RTR2RTS, when its send PSN is known: an unreachable peer is refused there.
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gdaki_layout::prm::command::{
-    self, AddressPath, AtomicCaps, GeneralCaps, QpcState, QPC_RQ_TYPE_ZERO_LEN, QPC_ST_RC,
+    self, AddressPath, AtomicCaps, GeneralCaps, QpcState, CQC_STATUS_OK, CQC_STATUS_OVERFLOW, QPC_RQ_TYPE_ZERO_LEN,
+    QPC_ST_RC,
 };
-use gdaki_layout::prm::layout::query_qp_out;
 use gdaki_layout::prm::layout::{ads, cmd_in, cqc, create_cq_in, create_qp_in, modify_qp_in, object_in, qpc};
+use gdaki_layout::prm::layout::{query_cq_out, query_qp_out};
 use gdaki_layout::prm::{get, get_bytes, set, Bits, CmdError, CmdStatus, Opcode};
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
-use crate::devx::{Device, DeviceError, Uar, UmemMemory};
+use crate::devx::{Device, DeviceError, LinkLayer, Port, Uar, UmemMemory};
 use crate::memory::HostBuffer;
 use crate::queue::{Endpoint, QpState};
 use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
@@ -142,8 +144,17 @@ struct QpEntry {
     qp: Arc<SoftQp>,
     umems: [u32; 2],
     uar: u32,
-    /// INIT2RTR's peer: its GID and QP number.
-    remote: Option<([u8; 16], u32)>,
+    /// INIT2RTR's peer.
+    remote: Option<Remote>,
+}
+
+/// The peer a QP was moved to RTR with.
+#[derive(Clone, Copy)]
+struct Remote {
+    gid: [u8; 16],
+    qpn: u32,
+    /// Where its soft HCA listens, as resolved for its GID before INIT2RTR.
+    addr: Option<SocketAddr>,
 }
 
 #[derive(Default)]
@@ -187,7 +198,7 @@ impl Tables {
             );
         }
         // SAFETY: the range lies inside the umem, whose memory `keep` keeps allocated.
-        Ok(unsafe { Window::new(addr, len, u.mem.keep.clone()) })
+        Ok(unsafe { Window::new(addr, u.mem.keep.clone()) })
     }
 }
 
@@ -372,7 +383,8 @@ impl SoftDevice {
         let sq_umem = get(input, create_qp_in::WQ_UMEM_ID) as u32;
         let sq = t.window(sq_umem, get(input, create_qp_in::WQ_UMEM_OFFSET), 64 << sq_log, 64)?;
         let dbr_umem = q(qpc::DBR_UMEM_ID) as u32;
-        let records = t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
+        // Checked, though the model reads the doorbell itself rather than the record.
+        t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
         let qpn = self.hca.alloc_qpn();
         let caps = general_caps();
         let qp = Arc::new(SoftQp::new(
@@ -380,7 +392,6 @@ impl SoftDevice {
             0,
             sq_log,
             sq,
-            records,
             doorbell,
             cq.clone(),
             1 << caps.log_max_msg,
@@ -482,9 +493,14 @@ impl SoftDevice {
                         .within(qpc::PRIMARY_ADDRESS_PATH)
                         .within(modify_qp_in::QPC),
                 );
-                let remote_qpn = q(qpc::REMOTE_QPN) as u32;
-                if let Some(e) = lock(&self.tables).qps.get_mut(&qp.qpn) {
-                    e.remote = Some((gid, remote_qpn));
+                let mut t = lock(&self.tables);
+                let addr = t.neighbours.get(&gid).copied();
+                if let Some(e) = t.qps.get_mut(&qp.qpn) {
+                    e.remote = Some(Remote {
+                        gid,
+                        qpn: q(qpc::REMOTE_QPN) as u32,
+                        addr,
+                    });
                 }
                 qp.set_state(QpState::Rtr);
             }
@@ -494,14 +510,14 @@ impl SoftDevice {
                 let per_try = Duration::from_nanos(4096u64 << path(ads::ACK_TIMEOUT).min(31));
                 let retry = per_try * (q(qpc::RETRY_COUNT) as u32 + 1);
                 let remote = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote);
-                let Some((gid, remote_qpn)) = remote else {
+                let Some(remote) = remote else {
                     return refuse(CmdStatus::BadQpState, FwSyndrome::BadState, "no peer: INIT2RTR first");
                 };
                 // The transport's hello carries the PSN; a refused connect restores the old one.
                 let before = (qp.psn(), qp.retry_timeout());
                 qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
                 let peer = self
-                    .connect(&qp, gid, remote_qpn)
+                    .connect(&qp, remote)
                     .inspect_err(|_| qp.set_send_params(before.0, before.1))?;
                 lock(&qp.progress).peer = Some(peer);
                 qp.set_state(QpState::Rts);
@@ -517,9 +533,14 @@ impl SoftDevice {
         Ok(handle)
     }
 
-    /// Connects `qp` to QP `remote_qpn` of the device with `gid`: in this process directly,
-    /// elsewhere through the transport address [`Device::resolve`] learnt for that GID.
-    fn connect(&self, qp: &Arc<SoftQp>, gid: [u8; 16], remote_qpn: u32) -> Answer<Peer> {
+    /// Connects `qp` to `remote`: in this process directly, elsewhere through the transport
+    /// address [`Device::resolve`] learnt for its GID.
+    fn connect(&self, qp: &Arc<SoftQp>, remote: Remote) -> Answer<Peer> {
+        let Remote {
+            gid,
+            qpn: remote_qpn,
+            addr,
+        } = remote;
         let guid = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
         if let Some(hca) = Hca::find(guid) {
             return match hca.qp(remote_qpn) {
@@ -534,28 +555,30 @@ impl SoftDevice {
                 ),
             };
         }
-        let Some(addr) = lock(&self.tables).neighbours.get(&gid).copied() else {
+        let Some(addr) = addr else {
             return refuse(
                 CmdStatus::BadParam,
                 FwSyndrome::PeerUnreachable,
                 format!("HCA {guid:#x} is not in this process and has no known address"),
             );
         };
-        let peer = Endpoint {
-            hca: 0,
-            qpn: remote_qpn,
-            psn: 0,
-            addr: Some(addr),
-        };
-        crate::soft::net::Link::connect(self.hca.id, qp, &peer, addr)
+        crate::soft::net::Link::connect(self.hca.id, qp, remote_qpn, addr)
             .map(Peer::Remote)
             .or_else(|e| refuse(CmdStatus::BadParam, FwSyndrome::PeerUnreachable, e.to_string()))
     }
 
     fn query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Answer<u64> {
         Self::need(input, object_in::BYTES)?;
-        if command::opcode(input) != Opcode::QueryQp {
-            return refuse(CmdStatus::BadOp, FwSyndrome::Unsupported, "only QUERY_QP");
+        match command::opcode(input) {
+            Opcode::QueryQp => {}
+            Opcode::QueryCq => return self.query_cq(handle, input, out),
+            other => {
+                return refuse(
+                    CmdStatus::BadOp,
+                    FwSyndrome::Unsupported,
+                    format!("{other} is not a query"),
+                )
+            }
         }
         if out.len() < query_qp_out::BYTES {
             return refuse(
@@ -579,9 +602,46 @@ impl SoftDevice {
         set(out, o(qpc::CQN_SND), qp.cq.cqn as u64);
         set(out, o(qpc::NEXT_SEND_PSN), qp.psn() as u64);
         set(out, o(qpc::HW_SQ_WQEBB_COUNTER), lock(&qp.progress).ci & 0xffff);
-        if let Some((_, remote)) = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote) {
-            set(out, o(qpc::REMOTE_QPN), remote as u64);
+        if let Some(remote) = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote) {
+            set(out, o(qpc::REMOTE_QPN), remote.qpn as u64);
         }
+        Ok(handle)
+    }
+
+    fn query_cq(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Answer<u64> {
+        if out.len() < query_cq_out::BYTES {
+            return refuse(
+                CmdStatus::BadOutputLen,
+                FwSyndrome::ShortOutput,
+                "QUERY_CQ answers 272 bytes",
+            );
+        }
+        let cqn = get(input, object_in::OBJECT) as u32;
+        if handle != CQ_HANDLE | cqn as u64 {
+            return refuse(
+                CmdStatus::BadRes,
+                FwSyndrome::UnknownObject,
+                format!("CQ {cqn:#x} is not the object queried"),
+            );
+        }
+        let Some(cq) = lock(&self.tables).cqs.get(&cqn).map(|e| e.cq.clone()) else {
+            return refuse(CmdStatus::BadRes, FwSyndrome::UnknownObject, format!("no CQ {cqn:#x}"));
+        };
+        let o = |f: Bits| f.within(query_cq_out::CQ_CONTEXT);
+        let status = if cq.overrun.load(Ordering::Acquire) {
+            CQC_STATUS_OVERFLOW
+        } else {
+            CQC_STATUS_OK
+        };
+        set(out, o(cqc::STATUS), status as u64);
+        set(out, o(cqc::LOG_CQ_SIZE), cq.log_size as u64);
+        set(out, o(cqc::C_EQN), EQN as u64);
+        set(out, o(cqc::PRODUCER_COUNTER), cq.pi.load(Ordering::Acquire) & 0xff_ffff);
+        set(
+            out,
+            o(cqc::CONSUMER_COUNTER),
+            cq.ci_seen.load(Ordering::Acquire) as u64 & 0xff_ffff,
+        );
         Ok(handle)
     }
 
@@ -798,14 +858,25 @@ impl Device for SoftDevice {
             .map(drop)
     }
 
-    fn resolve(&self, gid: [u8; 16], addr: Option<SocketAddr>) -> Result<AddressPath, DeviceError> {
-        if let Some(addr) = addr {
-            lock(&self.tables).neighbours.insert(gid, addr);
+    fn query_port(&self) -> Result<Port, DeviceError> {
+        Ok(Port {
+            number: PORT,
+            gid: self.gid(),
+            gid_index: 0,
+            lid: 0,
+            link: LinkLayer::Ethernet,
+            mtu: 4096,
+        })
+    }
+
+    fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
+        if let Some(addr) = peer.addr {
+            lock(&self.tables).neighbours.insert(peer.gid, addr);
         }
         Ok(AddressPath {
             port: PORT,
             grh: true,
-            rgid: gid,
+            rgid: peer.gid,
             hop_limit: 64,
             ..Default::default()
         })
@@ -826,6 +897,18 @@ mod tests {
         let ctx = Context::open_with(Provider::Soft, ContextOptions::default()).unwrap();
         let dev = Arc::new(SoftDevice::new(ctx.inner().hca.clone(), AtomicReplyOrder::BigEndian));
         (ctx, Devx::new(dev.clone()), dev)
+    }
+
+    /// An endpoint naming the device with `gid` (resolve reads the GID and the address).
+    fn at(gid: [u8; 16]) -> Endpoint {
+        Endpoint {
+            gid,
+            lid: 0,
+            qpn: 0,
+            psn: 0,
+            mtu: 4096,
+            addr: None,
+        }
     }
 
     fn umem(dev: &Devx, bytes: usize) -> (Arc<HostBuffer>, u32) {
@@ -915,7 +998,7 @@ mod tests {
             }
             .encode(),
         )?;
-        let path = dev.device().resolve(soft.gid(), None)?;
+        let path = dev.device().resolve(&at(soft.gid()))?;
         dev.modify(
             &q.qp,
             &Init2Rtr {
@@ -1114,7 +1197,7 @@ mod tests {
             qpn: q.qp.number,
             mtu: 5,
             remote_qpn: q.qp.number,
-            path: d.resolve(soft.gid(), None).unwrap(),
+            path: d.resolve(&at(soft.gid())).unwrap(),
             ..Default::default()
         };
         assert_eq!(
@@ -1173,7 +1256,7 @@ mod tests {
             qpn: q2.qp.number,
             mtu: 5,
             remote_qpn: q.qp.number,
-            path: d.resolve(gid_of(0x1), None).unwrap(),
+            path: d.resolve(&at(gid_of(0x1))).unwrap(),
             ..Default::default()
         };
         dev.modify(&q2.qp, &rtr.encode()).unwrap();

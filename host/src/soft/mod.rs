@@ -17,7 +17,6 @@ pub mod completer;
 pub mod copier;
 pub mod dma;
 pub mod engine;
-#[allow(dead_code)] // see `devx`: wired into the generic objects next
 pub mod firmware;
 pub mod net;
 pub mod objects;
@@ -32,6 +31,7 @@ use tracing::debug;
 
 use crate::error::{Error, Result};
 use crate::memory::Access;
+pub(crate) use crate::{lock, random_u32};
 use dma::Dma;
 use objects::SoftQp;
 
@@ -188,21 +188,6 @@ pub(crate) struct Hca {
 fn registry() -> &'static Mutex<HashMap<u64, Weak<Hca>>> {
     static REG: OnceLock<Mutex<HashMap<u64, Weak<Hca>>>> = OnceLock::new();
     REG.get_or_init(Default::default)
-}
-
-/// 32 random bits from the OS.
-pub(crate) fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // The OS generator only fails on exotic platforms; fall back to a clock-derived value there
-    // rather than refusing to register memory.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0x9e37_79b9);
-        b = t.rotate_left(13).wrapping_mul(0x9e37_79b9).to_ne_bytes();
-    }
-    u32::from_ne_bytes(b)
 }
 
 impl Hca {
@@ -399,12 +384,6 @@ impl Drop for Hca {
     fn drop(&mut self) {
         lock(registry()).remove(&self.id);
     }
-}
-
-/// Locks a mutex, taking it over if a thread panicked while holding it (the data it guards
-/// stays consistent at every unlock point).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

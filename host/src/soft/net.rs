@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
 use crate::memory::Access;
-use crate::queue::{Endpoint, QpState};
+use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
 use crate::soft::dma::DmaFault;
 use crate::soft::objects::SoftQp;
@@ -314,11 +314,12 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Connects `qp` (of HCA `hca`) to `peer`'s QP at `addr`: the peer's soft HCA must accept.
-    pub(crate) fn connect(hca: u64, qp: &Arc<SoftQp>, peer: &Endpoint, addr: SocketAddr) -> Result<Link> {
+    /// Connects `qp` (of HCA `hca`) to QP `peer_qpn` of the soft HCA listening at `addr`, which
+    /// must accept.
+    pub(crate) fn connect(hca: u64, qp: &Arc<SoftQp>, peer_qpn: u32, addr: SocketAddr) -> Result<Link> {
         let io = |what: &'static str| move |source| Error::Io { what, source };
         let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| Error::PeerUnreachable {
-            what: format!("QP {:#x} at {addr}: {e}", peer.qpn),
+            what: format!("QP {:#x} at {addr}: {e}", peer_qpn),
         })?;
         stream.set_nodelay(true).map_err(io("setting TCP_NODELAY"))?;
         stream
@@ -327,7 +328,7 @@ impl Link {
         let hello = wire::Connect {
             hca,
             qpn: qp.qpn,
-            target_qpn: peer.qpn,
+            target_qpn: peer_qpn,
             psn: qp.psn(),
         };
         (&stream)
@@ -344,12 +345,12 @@ impl Link {
             }
         };
         let refused = |why: String| Error::PeerUnreachable {
-            what: format!("QP {:#x} at {addr}: {why}", peer.qpn),
+            what: format!("QP {:#x} at {addr}: {why}", peer_qpn),
         };
         let h = reader.header(&mut idle).map_err(|f| refused(f.to_string()))?;
         let p = reader.payload(h, &mut idle).map_err(|f| refused(f.to_string()))?;
         match h.kind {
-            Kind::Accept if wire::decode_accept(&p).map_err(|e| refused(e.to_string()))? == peer.qpn => {}
+            Kind::Accept if wire::decode_accept(&p).map_err(|e| refused(e.to_string()))? == peer_qpn => {}
             Kind::Reject => {
                 return Err(refused(format!(
                     "refused: {}",
@@ -369,7 +370,7 @@ impl Link {
             receive(reader, rx_shared, addr)
         })
         .map_err(io("starting a transport receiver thread"))?;
-        info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer.qpn), %addr, "connected over TCP");
+        info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer_qpn), %addr, "connected over TCP");
         Ok(Link {
             tx: BufWriter::with_capacity(CHUNK, stream.try_clone().map_err(io("cloning a socket"))?),
             stream,

@@ -16,23 +16,23 @@ use crate::soft::{lock, Hca};
 /// page), with what keeps it allocated.
 pub(crate) struct Window {
     addr: u64,
-    len: usize,
     _keep: Arc<dyn Send + Sync>,
 }
 
 impl Window {
-    /// `len` bytes at `addr`, kept alive by `keep`.
+    /// Memory at `addr`, kept alive by `keep`.
     ///
     /// # Safety
-    /// `addr..addr + len` stays valid memory for as long as `keep` lives.
-    pub unsafe fn new(addr: u64, len: usize, keep: Arc<dyn Send + Sync>) -> Window {
-        Window { addr, len, _keep: keep }
+    /// The range the device will touch from `addr` (checked by whoever made the window: the
+    /// firmware against the umem's length) stays valid memory for as long as `keep` lives.
+    pub unsafe fn new(addr: u64, keep: Arc<dyn Send + Sync>) -> Window {
+        Window { addr, _keep: keep }
     }
 
     /// A whole buffer the library owns.
     pub fn of(buffer: Arc<crate::memory::HostBuffer>) -> Window {
-        // SAFETY: the buffer is `size()` bytes and is kept alive by the window itself.
-        unsafe { Window::new(buffer.addr(), buffer.size(), buffer) }
+        // SAFETY: the buffer is kept alive by the window itself.
+        unsafe { Window::new(buffer.addr(), buffer) }
     }
 
     /// The first byte.
@@ -43,11 +43,6 @@ impl Window {
     /// Its address as the HCA and posters see it.
     pub fn addr(&self) -> u64 {
         self.addr
-    }
-
-    /// Its size in bytes.
-    pub fn size(&self) -> usize {
-        self.len
     }
 }
 
@@ -126,8 +121,6 @@ pub(crate) struct SoftQp {
     pub(crate) state: AtomicU8,
     pub sq_log: u32,
     pub sq: Window,
-    /// Doorbell records: `[receive, send]` (big-endian WQE counters).
-    pub records: Window,
     /// The doorbell page: the 8-byte doorbell word at offset 0.
     pub uar: Window,
     pub cq: Arc<SoftCq>,
@@ -139,15 +132,15 @@ pub(crate) struct SoftQp {
 }
 
 impl SoftQp {
-    /// A QP in RESET on `cq`, reading its send queue of `2^sq_log` blocks from `sq`, its
-    /// doorbell record from `records` and its doorbell from `uar`.
+    /// A QP in RESET on `cq`, reading its send queue of `2^sq_log` blocks from `sq` and its
+    /// doorbell from `uar` (the model does not read the doorbell record: the doorbell carries
+    /// the same counter).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         qpn: u32,
         psn: u32,
         sq_log: u32,
         sq: Window,
-        records: Window,
         uar: Window,
         cq: Arc<SoftCq>,
         max_msg_size: u64,
@@ -161,7 +154,6 @@ impl SoftQp {
             state: AtomicU8::new(QpState::Reset as u8),
             sq_log,
             sq,
-            records,
             uar,
             cq,
             max_msg_size: max_msg_size.into(),
