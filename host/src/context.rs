@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use gdaki_layout::AtomicReplyOrder;
 use tracing::{info, warn};
 
-use crate::devx::{Devx, Opened};
+use crate::devx::{Device, Devx, Opened};
 use crate::error::{Error, Result};
 use crate::lock;
 use crate::memory::{Access, MemoryRegion};
@@ -172,7 +172,18 @@ impl Context {
         };
         let hca = Hca::new();
         let soft = Arc::new(SoftDevice::new(hca.clone(), options.atomic_reply()));
-        let device = Devx::open(soft).map_err(|source| Error::Device {
+        Context::open_soft(hca, soft, options, provider)
+    }
+
+    /// Opens the soft HCA `hca` through `device` (its firmware, or a test's wrapper of it) and
+    /// starts its engine.
+    pub(crate) fn open_soft(
+        hca: Arc<Hca>,
+        device: Arc<dyn Device>,
+        options: ContextOptions,
+        provider: Provider,
+    ) -> Result<Context> {
+        let device = Devx::open(device).map_err(|source| Error::Device {
             what: "opening the soft device",
             source,
         })?;

@@ -183,13 +183,13 @@ impl Drop for CqClaim {
 /// A queue pair as the library holds it: its device object, UAR page and memory, shared by
 /// the [`QueuePair`], its GPU exports and the proxies that ring for it.
 pub(crate) struct Qp {
-    // Fields drop in order: the object is destroyed first, then its CQ is free again, then
-    // the UAR page and the umem go.
+    // Fields drop in order: the object is destroyed first, then its UAR page and umem go, then
+    // its CQ is free again (and destroyed, if its handle is gone).
     obj: Owned,
-    cq: CqClaim,
     uar: OwnedUar,
     /// The send queue, then the doorbell record (`[receive, send]` counters) after it.
     umem: Umem,
+    cq: CqClaim,
     qpn: u32,
     sq_log: u32,
     /// The first PSN this QP sends, chosen here.
@@ -450,9 +450,9 @@ impl QueuePair {
         };
         let qp = Arc::new(Qp {
             obj,
-            cq: claim,
             uar,
             umem,
+            cq: claim,
             qpn,
             sq_log,
             psn: crate::random_u32() & 0xff_ffff,

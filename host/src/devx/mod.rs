@@ -377,3 +377,203 @@ impl std::fmt::Display for Fields<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::soft::firmware::SoftDevice;
+    use crate::soft::Hca;
+    use crate::{lock, Access, Context, ContextOptions, Provider, QpConfig, QpState};
+
+    /// A device that records every call and passes it on to the soft firmware: the sequence a
+    /// ConnectX gets from the same generic code.
+    struct Recording {
+        inner: Arc<SoftDevice>,
+        calls: Mutex<Vec<String>>,
+        /// A command to refuse, as firmware would (`BAD_PARAM_ERR`).
+        refuse: Mutex<Option<Opcode>>,
+    }
+
+    impl Recording {
+        fn note(&self, call: impl Into<String>) {
+            lock(&self.calls).push(call.into());
+        }
+        fn create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
+            let op = command::opcode(input);
+            self.note(op.name());
+            if *lock(&self.refuse) == Some(op) {
+                let error = CmdError {
+                    opcode: op,
+                    status: gdaki_layout::prm::CmdStatus::BadParam,
+                    syndrome: 0x1234,
+                };
+                command::fail(out, error.status, error.syndrome);
+                return Err(DeviceError::Command {
+                    error,
+                    detail: Some("refused by the test".into()),
+                });
+            }
+            self.inner.obj_create(input, out)
+        }
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *lock(&self.calls))
+        }
+    }
+
+    impl Device for Recording {
+        fn general_cmd(&self, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+            self.note(command::opcode(input).name());
+            self.inner.general_cmd(input, out)
+        }
+        fn alloc_pd(&self) -> Result<u32, DeviceError> {
+            self.note("alloc_pd");
+            self.inner.alloc_pd()
+        }
+        fn alloc_uar(&self) -> Result<Uar, DeviceError> {
+            self.note("alloc_uar");
+            self.inner.alloc_uar()
+        }
+        fn free_uar(&self, uar: &Uar) {
+            self.note("free_uar");
+            self.inner.free_uar(uar)
+        }
+        fn query_eqn(&self) -> Result<u32, DeviceError> {
+            self.note("query_eqn");
+            self.inner.query_eqn()
+        }
+        fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError> {
+            self.note("umem_reg");
+            self.inner.umem_reg(mem)
+        }
+        fn umem_dereg(&self, id: u32) -> Result<(), DeviceError> {
+            self.note("umem_dereg");
+            self.inner.umem_dereg(id)
+        }
+        fn obj_create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
+            self.create(input, out)
+        }
+        fn obj_modify(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+            self.note(command::opcode(input).name());
+            self.inner.obj_modify(handle, input, out)
+        }
+        fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+            self.note(command::opcode(input).name());
+            self.inner.obj_query(handle, input, out)
+        }
+        fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+            self.note("destroy");
+            self.inner.obj_destroy(handle)
+        }
+        fn query_port(&self) -> Result<Port, DeviceError> {
+            self.note("query_port");
+            self.inner.query_port()
+        }
+        fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
+            self.note("resolve");
+            self.inner.resolve(peer)
+        }
+    }
+
+    fn recording_context() -> (Context, Arc<Recording>) {
+        let hca = Hca::new();
+        let rec = Arc::new(Recording {
+            inner: Arc::new(SoftDevice::new(hca.clone(), Default::default())),
+            calls: Mutex::new(Vec::new()),
+            refuse: Mutex::new(None),
+        });
+        let ctx = Context::open_soft(hca, rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
+        (ctx, rec)
+    }
+
+    /// The generic objects send a ConnectX the sequence rdma-core's DevX RC test and NVSHMEM's
+    /// IBGDA send (../shared/reference/mlx5-devx.md), and give everything back in reverse.
+    #[test]
+    fn queues_send_the_devx_sequence_a_connectx_expects() {
+        let (ctx, rec) = recording_context();
+        assert_eq!(
+            rec.take(),
+            [
+                "QUERY_HCA_CAP",
+                "QUERY_HCA_CAP",
+                "alloc_pd",
+                "query_eqn",
+                "query_port",
+                "alloc_uar"
+            ]
+        );
+        let cq = ctx.create_cq(64).unwrap();
+        assert_eq!(rec.take(), ["umem_reg", "CREATE_CQ"]);
+        let qp = ctx
+            .create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 64,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(rec.take(), ["umem_reg", "alloc_uar", "CREATE_QP"]);
+        qp.connect(&qp.endpoint()).unwrap();
+        assert_eq!(rec.take(), ["RST2INIT_QP", "resolve", "INIT2RTR_QP", "RTR2RTS_QP"]);
+        assert_eq!(qp.state(), QpState::Rts);
+        assert_eq!(rec.take(), ["QUERY_QP"]);
+
+        // A put through the queues the commands made.
+        let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+        // SAFETY: one poster; the QP outlives it.
+        let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+        dev.wait(dev.put(mr.remote(2048), mr.local(0), 64).unwrap()).unwrap();
+        assert_eq!(cq.written().unwrap(), 1);
+        assert_eq!(rec.take(), ["QUERY_CQ"]);
+
+        qp.to_error().unwrap();
+        assert_eq!(qp.error(), Some(gdaki_layout::Syndrome::WrFlush));
+        assert_eq!(rec.take(), ["2ERR_QP", "QUERY_QP"]);
+        drop(cq); // the QP keeps its CQ until it goes
+        assert_eq!(rec.take(), Vec::<String>::new());
+        drop(qp);
+        assert_eq!(
+            rec.take(),
+            ["destroy", "free_uar", "umem_dereg", "destroy", "umem_dereg"],
+            "the QP, its UAR and umem, then its CQ and the CQ's umem"
+        );
+        drop(mr);
+        drop(ctx);
+        assert_eq!(rec.take(), ["free_uar"], "the CQs' UAR page goes with the context");
+    }
+
+    /// A device's refusal reaches the caller as `Error::Device` with the command, status and
+    /// syndrome, and the half-made queue is given back: the CQ serves the next QP.
+    #[test]
+    fn a_refused_create_gives_back_what_it_took() {
+        let (ctx, rec) = recording_context();
+        let cq = ctx.create_cq(16).unwrap();
+        let cfg = QpConfig {
+            sq_size: 16,
+            ..Default::default()
+        };
+        rec.take();
+        *lock(&rec.refuse) = Some(Opcode::CreateQp);
+        let err = ctx.create_qp(&cq, cfg).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, crate::Error::Device { .. }), "{text}");
+        assert!(
+            text.contains("CREATE_QP") && text.contains("BAD_PARAM") && text.contains("0x00001234"),
+            "{text}"
+        );
+        assert_eq!(
+            rec.take(),
+            ["umem_reg", "alloc_uar", "CREATE_QP", "free_uar", "umem_dereg"]
+        );
+        *lock(&rec.refuse) = None;
+        let qp = ctx.create_qp(&cq, cfg).unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        // gdaki's own limits are checked before the device is asked.
+        rec.take();
+        assert!(matches!(ctx.create_cq(3), Err(crate::Error::BadSize { .. })));
+        assert!(matches!(ctx.create_qp(&cq, cfg), Err(crate::Error::CqInUse { .. })));
+        assert!(rec.take().is_empty());
+    }
+}
