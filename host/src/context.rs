@@ -10,6 +10,7 @@ use crate::devx::{Device, Devx, Opened};
 use crate::error::{Error, Result};
 use crate::lock;
 use crate::memory::{Access, MemoryRegion};
+use crate::mlx5::Mlx5Device;
 use crate::provider::Provider;
 use crate::queue::{CompletionQueue, QpConfig, QueuePair};
 use crate::soft::firmware::SoftDevice;
@@ -156,10 +157,20 @@ impl Context {
         let provider = match provider {
             Provider::Soft => Provider::Soft,
             Provider::Mlx5 => {
-                if system::rdma_devices().iter().any(|d| d.mlx5) {
-                    return Err(Error::Mlx5Unsupported);
+                if !system::rdma_devices().iter().any(|d| d.mlx5) {
+                    return Err(Error::NoRdmaDevice);
                 }
-                return Err(Error::NoRdmaDevice);
+                // Open it as queues would be made on it, so what a NIC refuses is said now.
+                let device = Arc::new(Mlx5Device::open(None).map_err(|source| Error::Device {
+                    what: "opening the mlx5 device",
+                    source,
+                })?);
+                let name = device.name().to_string();
+                Devx::open(device).map_err(|source| Error::Device {
+                    what: "opening the mlx5 device",
+                    source,
+                })?;
+                return Err(Error::Mlx5Unsupported { device: name });
             }
             Provider::Auto => {
                 if let Some(d) = system::rdma_devices().iter().find(|d| d.mlx5) {

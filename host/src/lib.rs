@@ -29,6 +29,7 @@ mod doorbell;
 pub mod error;
 pub mod handshake;
 pub mod memory;
+pub(crate) mod mlx5;
 pub mod provider;
 pub mod ptx;
 pub mod queue;

@@ -239,7 +239,7 @@ impl Qp {
     /// `handler`.
     fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
         match handler {
-            DoorbellHandler::Gpu => (self.uar.uar.reg_addr, DoorbellKind::Gpu),
+            DoorbellHandler::Gpu => (self.uar.uar.reg_addr(), DoorbellKind::Gpu),
             DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
         }
     }
@@ -687,7 +687,7 @@ impl QueuePair {
                 q.qpn,
                 q.proxy_word.as_ptr() as *const u64,
                 (q.sq() + q.sq_dbrec_offset()) as *mut u32,
-                q.uar.uar.reg_addr as *mut u64,
+                q.uar.uar.reg_addr() as *mut u64,
                 keep,
             )
         }
@@ -829,7 +829,7 @@ impl QueuePair {
                 let page = &q.uar.uar;
                 // SAFETY: the UAR page is page-aligned whole pages the QP holds until it goes
                 // (`GpuQp` keeps it); it is mapped only here.
-                match unsafe { crate::doorbell::map_page(gpu, page.reg_addr as *mut u8, page.size, unmappable) } {
+                match unsafe { crate::doorbell::map_page(gpu, page.base as *mut u8, page.size, unmappable) } {
                     Ok(m) => m,
                     Err(why) => {
                         self.fall_back(&why)?;
@@ -856,7 +856,11 @@ impl QueuePair {
         }
         dev.sq_base = maps[0].device_addr(0);
         dev.sq_dbrec = maps[0].device_addr(q.sq_dbrec_offset());
-        dev.doorbell = maps[1].device_addr(0);
+        // The doorbell register's place in the page (the proxy word when it fell back).
+        dev.doorbell = maps[1].device_addr(match self.handler() {
+            DoorbellHandler::Gpu => q.uar.uar.reg_offset,
+            DoorbellHandler::CpuProxy => 0,
+        });
         dev.cq.cqe_base = maps[2].device_addr(0);
         dev.cq.dbrec = maps[2].device_addr(cq.dbrec() - cq.ring());
         let handle = crate::cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;

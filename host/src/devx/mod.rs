@@ -32,10 +32,19 @@ pub(crate) struct UmemMemory {
 pub(crate) struct Uar {
     /// Its index, as `uar_page` in CQ and QP contexts.
     pub page: u32,
-    /// Where the host writes doorbells (the page's CPU mapping).
-    pub reg_addr: u64,
+    /// The page's CPU mapping (page-aligned: what a GPU maps).
+    pub base: u64,
+    /// Where in the page doorbells are written (a ConnectX's register sits past the start).
+    pub reg_offset: u64,
     /// Size of the mapping in bytes.
     pub size: usize,
+}
+
+impl Uar {
+    /// The doorbell register's CPU address.
+    pub fn reg_addr(&self) -> u64 {
+        self.base + self.reg_offset
+    }
 }
 
 /// A device object (CQ or QP) as the device tracks it: its handle for modify / query /

@@ -779,7 +779,8 @@ impl Device for SoftDevice {
         let index = t.id();
         let uar = Uar {
             page: index,
-            reg_addr: page.addr(),
+            base: page.addr(),
+            reg_offset: 0,
             size: page.size(),
         };
         t.uars.insert(index, (Arc::new(page), None));
@@ -1052,7 +1053,7 @@ mod tests {
         let dev_qp = DevQp {
             sq_base: q.sq.addr(),
             sq_dbrec: q.sq.addr() + (64 << q.log) + 4,
-            doorbell: q.uar.reg_addr,
+            doorbell: q.uar.reg_addr(),
             max_msg_size: 1 << 30,
             timeout_ns: 5_000_000_000,
             qpn: q.qp.number,
