@@ -303,6 +303,29 @@ impl Mlx5Device {
         }
     }
 
+    /// Runs `call` (modify or query) on the live object `handle`.
+    fn obj_cmd(
+        &self,
+        call: sys::mlx5dv_devx_obj_cmd,
+        what: &'static str,
+        handle: u64,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let obj = self.object(handle)?;
+        // SAFETY: `obj` is live (in the table); the mailboxes are valid for their lengths.
+        let rc = unsafe {
+            call(
+                obj,
+                input.as_ptr().cast(),
+                input.len(),
+                out.as_mut_ptr().cast(),
+                out.len(),
+            )
+        };
+        Self::ran(what, rc, input, out)
+    }
+
     fn object(&self, handle: u64) -> Result<*mut sys::mlx5dv_devx_obj, DeviceError> {
         if lock(&self.tables).objects.contains(&handle) {
             Ok(handle as *mut sys::mlx5dv_devx_obj)
@@ -568,33 +591,11 @@ impl Device for Mlx5Device {
     }
 
     fn obj_modify(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
-        let obj = self.object(handle)?;
-        // SAFETY: `obj` is live (in the table); the mailboxes are valid for their lengths.
-        let rc = unsafe {
-            (self.lib.obj_modify)(
-                obj,
-                input.as_ptr().cast(),
-                input.len(),
-                out.as_mut_ptr().cast(),
-                out.len(),
-            )
-        };
-        Self::ran("mlx5dv_devx_obj_modify", rc, input, out)
+        self.obj_cmd(self.lib.obj_modify, "mlx5dv_devx_obj_modify", handle, input, out)
     }
 
     fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
-        let obj = self.object(handle)?;
-        // SAFETY: as in obj_modify.
-        let rc = unsafe {
-            (self.lib.obj_query)(
-                obj,
-                input.as_ptr().cast(),
-                input.len(),
-                out.as_mut_ptr().cast(),
-                out.len(),
-            )
-        };
-        Self::ran("mlx5dv_devx_obj_query", rc, input, out)
+        self.obj_cmd(self.lib.obj_query, "mlx5dv_devx_obj_query", handle, input, out)
     }
 
     fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError> {
