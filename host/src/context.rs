@@ -161,15 +161,9 @@ impl Context {
                     return Err(Error::NoRdmaDevice);
                 }
                 // Open it as queues would be made on it, so what a NIC refuses is said now.
-                let device = Arc::new(Mlx5Device::open(None).map_err(|source| Error::Device {
-                    what: "opening the mlx5 device",
-                    source,
-                })?);
+                let device = Arc::new(Mlx5Device::open(None).map_err(Error::device("opening the mlx5 device"))?);
                 let name = device.name().to_string();
-                Devx::open(device).map_err(|source| Error::Device {
-                    what: "opening the mlx5 device",
-                    source,
-                })?;
+                Devx::open(device).map_err(Error::device("opening the mlx5 device"))?;
                 return Err(Error::Mlx5Unsupported { device: name });
             }
             Provider::Auto => {
@@ -194,10 +188,7 @@ impl Context {
         options: ContextOptions,
         provider: Provider,
     ) -> Result<Context> {
-        let device = Devx::open(device).map_err(|source| Error::Device {
-            what: "opening the soft device",
-            source,
-        })?;
+        let device = Devx::open(device).map_err(Error::device("opening the soft device"))?;
         let engine_hca = hca.clone();
         let engine = soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || soft::engine::run(engine_hca))
             .map_err(|source| Error::Io {

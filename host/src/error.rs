@@ -156,6 +156,13 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Maps a device call's failure to [`Error::Device`], saying what was being done.
+    pub(crate) fn device(what: &'static str) -> impl Fn(crate::devx::DeviceError) -> Error {
+        move |source| Error::Device { what, source }
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

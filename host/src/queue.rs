@@ -53,6 +53,31 @@ impl QpState {
     }
 }
 
+impl QpState {
+    /// The state a device reports in `qpc.state` (SQ error and SQ drained do not happen to
+    /// gdaki's QPs; they and unknown values read as failed).
+    pub(crate) fn from_qpc(raw: u8) -> QpState {
+        match QpcState::from_raw(raw) {
+            Some(QpcState::Reset) => QpState::Reset,
+            Some(QpcState::Init) => QpState::Init,
+            Some(QpcState::Rtr) => QpState::Rtr,
+            Some(QpcState::Rts) => QpState::Rts,
+            _ => QpState::Error,
+        }
+    }
+
+    /// The `qpc.state` a device reports for this state.
+    pub(crate) fn to_qpc(self) -> QpcState {
+        match self {
+            QpState::Reset => QpcState::Reset,
+            QpState::Init => QpcState::Init,
+            QpState::Rtr => QpcState::Rtr,
+            QpState::Rts => QpcState::Rts,
+            QpState::Error => QpcState::Err,
+        }
+    }
+}
+
 impl fmt::Display for QpState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -148,7 +173,7 @@ impl Cq {
         let out = self
             .obj
             .query(&command::object_command(Opcode::QueryCq, self.cqn), query_cq_out::BYTES)
-            .map_err(device("querying a completion queue"))?;
+            .map_err(Error::device("querying a completion queue"))?;
         Ok(out)
     }
 
@@ -215,7 +240,7 @@ impl Qp {
     fn context(&self) -> Result<Vec<u8>> {
         self.obj
             .query(&command::object_command(Opcode::QueryQp, self.qpn), query_qp_out::BYTES)
-            .map_err(device("querying a queue pair"))
+            .map_err(Error::device("querying a queue pair"))
     }
 
     fn context_field(out: &[u8], field: Bits) -> u64 {
@@ -224,15 +249,7 @@ impl Qp {
 
     fn state(&self) -> Result<QpState> {
         let out = self.context()?;
-        let raw = Self::context_field(&out, qpc::STATE) as u8;
-        Ok(match QpcState::from_raw(raw) {
-            Some(QpcState::Reset) => QpState::Reset,
-            Some(QpcState::Init) => QpState::Init,
-            Some(QpcState::Rtr) => QpState::Rtr,
-            Some(QpcState::Rts) => QpState::Rts,
-            // SQ error and SQ drained do not happen to gdaki's QPs; read them as failed.
-            _ => QpState::Error,
-        })
+        Ok(QpState::from_qpc(Self::context_field(&out, qpc::STATE) as u8))
     }
 
     /// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
@@ -245,9 +262,9 @@ impl Qp {
     }
 }
 
-/// Maps a device call's failure to the library's error, saying what was being done.
-fn device(what: &'static str) -> impl Fn(DeviceError) -> Error {
-    move |source| Error::Device { what, source }
+/// The smaller of gdaki's own limit and a device capability given as log2.
+fn limit(ours: u64, log_cap: u8) -> u64 {
+    ours.min(1u64 << log_cap.min(63))
 }
 
 /// The local ACK timeout code and retry count whose total wait (IB: 4.096 µs · 2^timeout per
@@ -285,7 +302,7 @@ impl fmt::Debug for CompletionQueue {
 impl CompletionQueue {
     pub(crate) fn create(ctx: &Arc<ContextInner>, size: u32) -> Result<CompletionQueue> {
         let dev = &ctx.device;
-        let max = (MAX_CQ_SIZE as u64).min(1u64 << dev.caps.general.log_max_cq_sz.min(63));
+        let max = limit(MAX_CQ_SIZE as u64, dev.caps.general.log_max_cq_sz);
         let log_size = check_pow2("completion queue size", size as u64, 1, max)?;
         let ring_bytes = 64usize << log_size;
         let mem = HostBuffer::new("a CQE ring and its doorbell record", ring_bytes + 64)?;
@@ -298,7 +315,10 @@ impl CompletionQueue {
                     .write(cqe::OP_OWN_INIT)
             };
         }
-        let umem = dev.devx.umem(Arc::new(mem)).map_err(device("registering a CQE ring"))?;
+        let umem = dev
+            .devx
+            .umem(Arc::new(mem))
+            .map_err(Error::device("registering a CQE ring"))?;
         let obj = dev
             .devx
             .create_owned(
@@ -313,7 +333,7 @@ impl CompletionQueue {
                 }
                 .encode(),
             )
-            .map_err(device("creating a completion queue"))?;
+            .map_err(Error::device("creating a completion queue"))?;
         debug!(
             cqn = format_args!("{:#x}", obj.obj.number),
             size, "completion queue created"
@@ -386,7 +406,7 @@ impl QueuePair {
             });
         }
         let dev = &ctx.device;
-        let max_sq = (MAX_SQ_SIZE as u64).min(1u64 << dev.caps.general.log_max_qp_sz.min(63));
+        let max_sq = limit(MAX_SQ_SIZE as u64, dev.caps.general.log_max_qp_sz);
         let sq_log = check_pow2("send queue size", cfg.sq_size as u64, 1, max_sq)?;
         if cfg.sq_size > cq.size() {
             return Err(Error::OutOfRange {
@@ -406,7 +426,7 @@ impl QueuePair {
                 });
             }
         }
-        let max_msg = (1u64 << 31).min(1u64 << dev.caps.general.log_max_msg.min(63));
+        let max_msg = limit(1 << 31, dev.caps.general.log_max_msg);
         if cfg.max_msg_size == 0 || cfg.max_msg_size > max_msg {
             return Err(Error::OutOfRange {
                 what: "max_msg_size",
@@ -422,8 +442,8 @@ impl QueuePair {
         let umem = dev
             .devx
             .umem(Arc::new(mem))
-            .map_err(device("registering a send queue"))?;
-        let uar = dev.devx.uar().map_err(device("allocating a UAR page"))?;
+            .map_err(Error::device("registering a send queue"))?;
+        let uar = dev.devx.uar().map_err(Error::device("allocating a UAR page"))?;
         let obj = dev
             .devx
             .create_owned(
@@ -440,7 +460,7 @@ impl QueuePair {
                 }
                 .encode(),
             )
-            .map_err(device("creating a queue pair"))?;
+            .map_err(Error::device("creating a queue pair"))?;
         let qpn = obj.obj.number;
         *lock(&cq.inner.serves) = Some(qpn);
         let reply = if dev.caps.atomic.reply_mode == 1 {
@@ -558,7 +578,7 @@ impl QueuePair {
                     to,
                 })
             }
-            Err(e) => Err(device("modifying a queue pair")(e)),
+            Err(e) => Err(Error::device("modifying a queue pair")(e)),
         }
     }
 
@@ -595,7 +615,7 @@ impl QueuePair {
             .devx
             .device()
             .resolve(peer)
-            .map_err(device("resolving the path to a peer"))?;
+            .map_err(Error::device("resolving the path to a peer"))?;
         path.gid_index = port.gid_index;
         let input = Init2Rtr {
             qpn: self.qpn(),

@@ -177,6 +177,14 @@ pub struct mlx5dv_obj_pair<I, O> {
     pub out: *mut O,
 }
 
+impl<I, O> mlx5dv_obj_pair<I, O> {
+    /// Neither object: a member `mlx5dv_init_obj` is not asked about.
+    pub const NULL: Self = mlx5dv_obj_pair {
+        r#in: core::ptr::null_mut(),
+        out: core::ptr::null_mut(),
+    };
+}
+
 /// `struct mlx5dv_obj`, with the members gdaki does not use as untyped pairs.
 #[repr(C)]
 pub struct mlx5dv_obj {

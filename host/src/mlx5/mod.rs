@@ -182,6 +182,8 @@ unsafe impl Send for Mlx5Device {}
 // SAFETY: as above.
 unsafe impl Sync for Mlx5Device {}
 
+/// The error of a call that returned `rc`: a positive `rc` is the errno itself (DevX calls),
+/// otherwise the call left it in `errno` (calls that return a null pointer or -1).
 fn os_error(rc: i32) -> std::io::Error {
     if rc > 0 {
         std::io::Error::from_raw_os_error(rc)
@@ -290,16 +292,21 @@ impl Mlx5Device {
     /// The result of a command call: the device's refusal (status and syndrome in `out`) when
     /// it ran and said no, else the call's own failure.
     fn ran(what: &'static str, rc: i32, input: &[u8], out: &[u8]) -> Result<(), DeviceError> {
-        if rc == 0 {
-            return Ok(());
+        match rc {
+            0 => Ok(()),
+            _ => Err(Self::failure(what, rc, input, out)),
         }
+    }
+
+    /// Why a command call failed (`rc` as [`os_error`] reads it).
+    fn failure(what: &'static str, rc: i32, input: &[u8], out: &[u8]) -> DeviceError {
         let errno = os_error(rc);
         match command::check(command::opcode(input), out) {
-            Err(error) => Err(DeviceError::Command {
+            Err(error) => DeviceError::Command {
                 error,
                 detail: Some(errno.to_string()),
-            }),
-            Ok(()) => Err(call_error(what, errno.to_string())),
+            },
+            Ok(()) => call_error(what, errno.to_string()),
         }
     }
 
@@ -356,24 +363,15 @@ fn names(devices: &[Listed]) -> String {
 }
 
 fn empty_obj() -> sys::mlx5dv_obj {
-    let pair = || sys::mlx5dv_obj_pair {
-        r#in: std::ptr::null_mut(),
-        out: std::ptr::null_mut(),
-    };
+    use sys::mlx5dv_obj_pair as Pair;
     sys::mlx5dv_obj {
-        qp: pair(),
-        cq: pair(),
-        srq: pair(),
-        rwq: pair(),
-        dm: pair(),
-        ah: sys::mlx5dv_obj_pair {
-            r#in: std::ptr::null_mut(),
-            out: std::ptr::null_mut(),
-        },
-        pd: sys::mlx5dv_obj_pair {
-            r#in: std::ptr::null_mut(),
-            out: std::ptr::null_mut(),
-        },
+        qp: Pair::NULL,
+        cq: Pair::NULL,
+        srq: Pair::NULL,
+        rwq: Pair::NULL,
+        dm: Pair::NULL,
+        ah: Pair::NULL,
+        pd: Pair::NULL,
     }
 }
 
@@ -583,8 +581,7 @@ impl Device for Mlx5Device {
             )
         };
         if obj.is_null() {
-            Self::ran("mlx5dv_devx_obj_create", -1, input, out)?;
-            return Err(call_error("mlx5dv_devx_obj_create", "no object and no reason"));
+            return Err(Self::failure("mlx5dv_devx_obj_create", 0, input, out));
         }
         lock(&self.tables).objects.insert(obj as u64);
         Ok(obj as u64)

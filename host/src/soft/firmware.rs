@@ -16,8 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gdaki_layout::prm::command::{
-    self, AddressPath, AtomicCaps, GeneralCaps, QpcState, CQC_STATUS_OK, CQC_STATUS_OVERFLOW, QPC_RQ_TYPE_ZERO_LEN,
-    QPC_ST_RC,
+    self, AddressPath, AtomicCaps, GeneralCaps, CQC_STATUS_OK, CQC_STATUS_OVERFLOW, QPC_RQ_TYPE_ZERO_LEN, QPC_ST_RC,
 };
 use gdaki_layout::prm::layout::{ads, cmd_in, cqc, create_cq_in, create_qp_in, modify_qp_in, object_in, qpc};
 use gdaki_layout::prm::layout::{query_cq_out, query_qp_out};
@@ -589,14 +588,7 @@ impl SoftDevice {
         }
         let qp = self.qp_of(handle, input, object_in::OBJECT)?;
         let o = |f: Bits| f.within(query_qp_out::QPC);
-        let state = match qp.state() {
-            QpState::Reset => QpcState::Reset,
-            QpState::Init => QpcState::Init,
-            QpState::Rtr => QpcState::Rtr,
-            QpState::Rts => QpcState::Rts,
-            QpState::Error => QpcState::Err,
-        };
-        set(out, o(qpc::STATE), state as u64);
+        set(out, o(qpc::STATE), qp.state().to_qpc() as u64);
         set(out, o(qpc::ST), QPC_ST_RC as u64);
         set(out, o(qpc::LOG_SQ_SIZE), qp.sq_log as u64);
         set(out, o(qpc::CQN_SND), qp.cq.cqn as u64);
@@ -886,7 +878,7 @@ impl Device for SoftDevice {
 
 #[cfg(test)]
 mod tests {
-    use gdaki_layout::prm::command::{CreateCq, CreateQp, Init2Rtr, Rst2Init, Rtr2Rts};
+    use gdaki_layout::prm::command::{CreateCq, CreateQp, Init2Rtr, QpcState, Rst2Init, Rtr2Rts};
     use gdaki_layout::{cqe, DevCq, DevQp};
 
     use super::*;
