@@ -99,7 +99,7 @@ pub struct Common {
     /// Send queue depth in WQEs (a power of two).
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
-    /// RDMA device (the soft provider has one: "soft").
+    /// RDMA device (`mlx5_0`; the soft provider has one: "soft"). Unset: the first one.
     #[arg(short = 'd', long = "ib-dev")]
     pub device: Option<String>,
     /// Provider: soft, mlx5 or auto (mlx5 where a ConnectX device exists).
@@ -238,8 +238,8 @@ impl Common {
             bail!("--proxy-threads {}: 1 to 64", self.proxy_threads);
         }
         if let Some(d) = &self.device {
-            if self.provider != Provider::Mlx5 && d != "soft" {
-                bail!("-d {d}: the soft provider has one device, \"soft\" (mlx5 devices need --provider mlx5)");
+            if self.provider == Provider::Soft && d != "soft" {
+                bail!("-d {d}: the soft provider has one device, \"soft\" (mlx5 devices need --provider mlx5 or auto)");
             }
         }
         let sizes = match (self.all, self.size) {

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener};
 use anyhow::{bail, Context as _};
 use gdaki::cuda::Gpu;
 use gdaki::handshake::{Channel, Hello};
-use gdaki::{Access, Context, MemoryRegion};
+use gdaki::{Access, Context, ContextOptions, MemoryRegion};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
@@ -85,7 +85,12 @@ impl Session {
             Some(i) => Some(Gpu::open(i).with_context(|| format!("GPU {i} (--mode cpu runs without one)"))?),
             None => None,
         };
-        let ctx = Context::open(common.provider).with_context(|| format!("opening provider {}", common.provider))?;
+        let mut options = ContextOptions::from_env();
+        if let Some(d) = &common.device {
+            options = options.device(d.clone());
+        }
+        let ctx = Context::open_with(common.provider, options)
+            .with_context(|| format!("opening provider {}", common.provider))?;
         let channel =
             match (&plan.role, listener) {
                 (Role::Server(port), Some(listener)) => {
@@ -122,10 +127,10 @@ impl Session {
     }
 
     /// The header block's lines every perftest has: device, provider, mode, handler, transport.
-    pub fn header_lines(&self, device: Option<&str>, plan: &Plan) -> Vec<(&'static str, String)> {
+    pub fn header_lines(&self, plan: &Plan) -> Vec<(&'static str, String)> {
         let provider = self.ctx.provider().to_string();
         vec![
-            ("Device", device.map_or_else(|| provider.clone(), str::to_string)),
+            ("Device", self.ctx.device_name()),
             ("Provider", provider),
             (
                 "Mode",

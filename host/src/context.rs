@@ -1,46 +1,31 @@
 //! A context: one opened provider (an HCA), the owner of everything created from it. Objects
 //! hold the context alive; when the last one goes, its engine thread is stopped and joined.
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use gdaki_layout::AtomicReplyOrder;
 use tracing::{info, warn};
 
 use crate::devx::{Device, Devx, Opened};
 use crate::error::{Error, Result};
-use crate::lock;
 use crate::memory::{Access, MemoryRegion};
 use crate::mlx5::Mlx5Device;
 use crate::provider::Provider;
 use crate::queue::{CompletionQueue, QpConfig, QueuePair};
 use crate::soft::firmware::SoftDevice;
-use crate::soft::{self, dma::HostDma, Hca};
 use crate::system;
 
 /// The state every object of a context shares.
 pub(crate) struct ContextInner {
-    pub hca: Arc<Hca>,
     pub options: ContextOptions,
     /// The device queues are created on, and what the context opened on it.
     pub device: Opened,
-    engine: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for ContextInner {
-    fn drop(&mut self) {
-        self.hca.stop.store(true, std::sync::atomic::Ordering::Release);
-        soft::net::stop(&self.hca);
-        if let Some(t) = lock(&self.engine).take() {
-            // An engine that panicked has already said so on stderr; nothing more to do here.
-            let _ = t.join();
-        }
-    }
 }
 
 /// How a context is opened, beyond its provider. [`Context::open`] takes these from the
 /// environment ([`ContextOptions::from_env`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContextOptions {
+    device: Option<String>,
     unmappable_doorbell: bool,
     unordered_rdma_writes: bool,
     atomic_reply: AtomicReplyOrder,
@@ -85,6 +70,18 @@ impl ContextOptions {
             .unmappable_doorbell(on(Self::UNMAPPABLE_DOORBELL_VAR))
             .atomic_reply_order(reply)
             .unordered_rdma_writes(on(Self::UNORDERED_RDMA_WRITES_VAR))
+    }
+
+    /// The RDMA device to open (`mlx5_1`; the soft provider has one, `soft`). Unset: the
+    /// first device the provider drives.
+    pub fn device(mut self, name: impl Into<String>) -> ContextOptions {
+        self.device = Some(name.into());
+        self
+    }
+
+    /// The device asked for with [`device`](Self::device).
+    pub fn device_name(&self) -> Option<&str> {
+        self.device.as_deref()
     }
 
     /// Soft HCA: the byte order in which it returns 8-byte atomic results, modelling the two
@@ -139,7 +136,7 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("provider", &self.provider)
-            .field("hca", &self.inner.hca.id)
+            .field("device", &self.inner.device.devx.device().name())
             .finish()
     }
 }
@@ -152,64 +149,67 @@ impl Context {
         Context::open_with(provider, ContextOptions::from_env())
     }
 
-    /// Opens `provider` with `options`.
+    /// Opens `provider` with `options`. `Auto` takes the mlx5 device where one exists and opens
+    /// for DevX, else the soft HCA, and logs which and why.
     pub fn open_with(provider: Provider, options: ContextOptions) -> Result<Context> {
-        let provider = match provider {
-            Provider::Soft => Provider::Soft,
+        let mlx5 = || -> Result<Arc<dyn Device>> {
+            let device = Mlx5Device::open(options.device_name()).map_err(Error::device("opening the mlx5 device"))?;
+            Ok(Arc::new(device))
+        };
+        let (device, provider) = match provider {
+            Provider::Soft => (Self::soft(&options)?, Provider::Soft),
             Provider::Mlx5 => {
                 if !system::rdma_devices().iter().any(|d| d.mlx5) {
                     return Err(Error::NoRdmaDevice);
                 }
-                // Open it as queues would be made on it, so what a NIC refuses is said now.
-                let device = Arc::new(Mlx5Device::open(None).map_err(Error::device("opening the mlx5 device"))?);
-                let name = device.name().to_string();
-                Devx::open(device).map_err(Error::device("opening the mlx5 device"))?;
-                return Err(Error::Mlx5Unsupported { device: name });
+                (mlx5()?, Provider::Mlx5)
             }
-            Provider::Auto => {
-                if let Some(d) = system::rdma_devices().iter().find(|d| d.mlx5) {
-                    warn!(device = %d.name, "mlx5 device found, but the mlx5 provider is not supported yet: using the soft HCA");
-                } else {
+            Provider::Auto => match system::rdma_devices().iter().find(|d| d.mlx5) {
+                None => {
                     info!("no mlx5 RDMA device: using the soft HCA");
+                    (Self::soft(&options)?, Provider::Soft)
                 }
-                Provider::Soft
-            }
+                Some(d) => match mlx5().and_then(|dev| Context::open_on(dev, options.clone(), Provider::Mlx5)) {
+                    Ok(ctx) => {
+                        info!(device = %d.name, "using the mlx5 device");
+                        return Ok(ctx);
+                    }
+                    Err(e) => {
+                        warn!(device = %d.name, "the mlx5 device cannot be used ({e}): using the soft HCA");
+                        (Self::soft(&options)?, Provider::Soft)
+                    }
+                },
+            },
         };
-        let hca = Hca::new();
-        let soft = Arc::new(SoftDevice::new(hca.clone(), options.atomic_reply()));
-        Context::open_soft(hca, soft, options, provider)
+        Context::open_on(device, options, provider)
     }
 
-    /// Opens the soft HCA `hca` through `device` (its firmware, or a test's wrapper of it) and
-    /// starts its engine.
-    pub(crate) fn open_soft(
-        hca: Arc<Hca>,
-        device: Arc<dyn Device>,
-        options: ContextOptions,
-        provider: Provider,
-    ) -> Result<Context> {
-        let device = Devx::open(device).map_err(Error::device("opening the soft device"))?;
-        let engine_hca = hca.clone();
-        let engine = soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || soft::engine::run(engine_hca))
-            .map_err(|source| Error::Io {
-                what: "starting the soft HCA engine thread",
-                source,
-            })?;
+    /// A new soft device.
+    fn soft(options: &ContextOptions) -> Result<Arc<dyn Device>> {
+        if let Some(name) = options.device_name().filter(|&n| n != "soft") {
+            return Err(Error::device("opening the soft device")(
+                crate::devx::DeviceError::Call {
+                    what: "choosing the device",
+                    why: format!("the soft provider has one device, \"soft\", not {name:?}"),
+                },
+            ));
+        }
+        let soft = SoftDevice::open(options.atomic_reply()).map_err(Error::device("opening the soft device"))?;
+        Ok(Arc::new(soft))
+    }
+
+    /// Opens a context on `device` (a NIC, the soft device, or a test's wrapper of one).
+    pub(crate) fn open_on(device: Arc<dyn Device>, options: ContextOptions, provider: Provider) -> Result<Context> {
+        let device = Devx::open(device).map_err(Error::device("opening the device"))?;
         Ok(Context {
-            inner: Arc::new(ContextInner {
-                hca,
-                options,
-                device,
-                engine: Mutex::new(Some(engine)),
-            }),
+            inner: Arc::new(ContextInner { options, device }),
             provider,
         })
     }
 
-    /// The shared state, for the library's own tests (e.g. regions with a custom [`Dma`](crate::soft::dma::Dma)).
-    #[cfg(test)]
-    pub(crate) fn inner(&self) -> &Arc<ContextInner> {
-        &self.inner
+    /// The RDMA device the context opened (`mlx5_0`, or `soft`).
+    pub fn device_name(&self) -> String {
+        self.inner.device.devx.device().name()
     }
 
     /// The provider in use (never `Auto`).
@@ -245,23 +245,23 @@ impl Context {
     /// the returned region lives and until every WQE naming it has completed, and that the
     /// application lets the HCA read and write as `access` allows.
     pub unsafe fn register_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register_caller(
-            &self.inner,
-            addr as u64,
-            len as u64,
-            access,
-            Arc::new(HostDma::default()),
-        )
+        MemoryRegion::register_caller(&self.inner, addr as u64, len as u64, access)
     }
 
     /// Starts accepting transport connections from peers in other processes or hosts on
     /// `bind` (port 0: any free port) and returns the bound address, which every
     /// [`Endpoint`](crate::Endpoint) of this context then carries. Once per context: later
-    /// calls return the first address. Requests are checked against keys, bounds and rights
-    /// like any RDMA request, but the connection itself is neither authenticated nor
-    /// encrypted: bind to an interface of a network you trust.
-    pub fn listen(&self, bind: std::net::SocketAddr) -> Result<std::net::SocketAddr> {
-        soft::net::listen(&self.inner.hca, bind)
+    /// calls return the first address. Only the soft provider needs this (its transport runs
+    /// over TCP; requests are checked against keys, bounds and rights like any RDMA request,
+    /// but the connection itself is neither authenticated nor encrypted: bind to an interface
+    /// of a network you trust). On a NIC the fabric carries requests: `None`.
+    pub fn listen(&self, bind: std::net::SocketAddr) -> Result<Option<std::net::SocketAddr>> {
+        self.inner
+            .device
+            .devx
+            .device()
+            .listen(bind)
+            .map_err(Error::device("listening for peers"))
     }
 
     /// A completion queue of `size` CQEs (a power of two).

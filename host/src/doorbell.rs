@@ -9,6 +9,7 @@ use gdaki_proxy::{Proxy, ProxyConfig, Target, TargetId};
 use tracing::{debug, warn};
 
 use crate::cuda::{CudaError, Gpu, HostMapping};
+use crate::devx::Uar;
 use crate::error::{Error, Result};
 use crate::soft::lock;
 
@@ -19,27 +20,41 @@ pub(crate) enum Unmappable {
     #[error("the context models a platform whose doorbell page cannot be mapped into a GPU")]
     Modelled,
     /// The driver refused the mapping.
-    #[error(transparent)]
-    Driver(#[from] CudaError),
+    #[error("{source}{}", if *.nic { NIC_HINT } else { "" })]
+    Driver {
+        /// The driver's error.
+        source: CudaError,
+        /// The page was a NIC's registers (mapped as IO memory).
+        nic: bool,
+    },
 }
 
-/// Maps a queue pair's doorbell page into `gpu`, unless the context models a platform that
-/// cannot.
+/// What a refused mapping of a NIC's page says: the driver allows peer mappings only with this
+/// option (or for root).
+const NIC_HINT: &str =
+    " (mapping a NIC's doorbell page into a GPU needs the NVIDIA driver option NVreg_RegistryDwords=\"PeerMappingOverride=1;\", or root)";
+
+/// Maps a queue pair's doorbell page into `gpu` (as IO memory when it is a NIC's registers),
+/// unless the context models a platform that cannot.
 ///
 /// # Safety
-/// As [`HostMapping::new`]: `page..page + len` is allocated, page-aligned whole pages, mapped
-/// by no other `HostMapping`, and stays allocated until the mapping is dropped.
-pub(crate) unsafe fn map_page(
-    gpu: &Gpu,
-    page: *mut u8,
-    len: usize,
-    unmappable: bool,
-) -> Result<HostMapping, Unmappable> {
+/// As [`HostMapping::new`] (or [`HostMapping::io`] for a NIC's page): the page is mapped,
+/// page-aligned whole pages, mapped by no other `HostMapping`, and stays mapped until the
+/// mapping is dropped.
+pub(crate) unsafe fn map_page(gpu: &Gpu, page: &Uar, unmappable: bool) -> Result<HostMapping, Unmappable> {
     if unmappable {
         return Err(Unmappable::Modelled);
     }
-    // SAFETY: the caller's contract is HostMapping::new's.
-    Ok(unsafe { HostMapping::new(gpu, page, len) }?)
+    let base = page.base as *mut u8;
+    // SAFETY: the caller's contract is HostMapping's.
+    unsafe {
+        if page.io {
+            HostMapping::io(gpu, base, page.size)
+        } else {
+            HostMapping::new(gpu, base, page.size)
+        }
+    }
+    .map_err(|source| Unmappable::Driver { source, nic: page.io })
 }
 
 /// Says (once per process, at warn level; debug afterwards) that queue pair `qpn` rings through

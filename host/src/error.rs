@@ -10,16 +10,6 @@ pub enum Error {
     /// The mlx5 provider was asked for but there is no mlx5 RDMA device.
     #[error("no mlx5 RDMA device on this machine (/sys/class/infiniband has none); use --provider soft")]
     NoRdmaDevice,
-    /// The mlx5 device opened for DevX (capabilities, PD, EQ, port and a UAR page read and
-    /// allocated), but the mlx5 provider cannot register memory through it yet.
-    #[error(
-        "mlx5 device {device} opened for DevX, but gdaki's mlx5 provider cannot register memory \
-         through it yet; use --provider soft"
-    )]
-    Mlx5Unsupported {
-        /// The device (`mlx5_0`).
-        device: String,
-    },
     /// A size that must be a power of two within limits is not.
     #[error("{what} must be a power of two between {min} and {max}, got {got}")]
     BadSize {

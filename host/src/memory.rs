@@ -5,8 +5,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::context::ContextInner;
+use crate::devx::{Memory, MemoryKind, Mr};
 use crate::error::{Error, Result};
-use crate::soft::dma::{Dma, HostDma};
 
 bitflags::bitflags! {
     /// What a memory region allows (the verbs access flags).
@@ -79,12 +79,12 @@ impl Drop for HostBuffer {
     }
 }
 
-/// A memory region registered with a context: an address range, its rights, and its key (used
-/// as both lkey and rkey, as mlx5 mkeys are). Keys are random, not sequential, so a peer cannot
-/// guess its way to another region. Dropping it deregisters the range.
+/// A memory region registered with a context's device: an address range, its rights, and its
+/// keys (on mlx5 one mkey serves as both). The soft device's keys are random, not sequential, so
+/// a peer cannot guess its way to another region. Dropping it deregisters the range.
 pub struct MemoryRegion {
     ctx: Arc<ContextInner>,
-    key: u32,
+    mr: Mr,
     addr: u64,
     len: u64,
     access: Access,
@@ -108,7 +108,8 @@ impl std::fmt::Debug for MemoryRegion {
         f.debug_struct("MemoryRegion")
             .field("addr", &format_args!("{:#x}", self.addr))
             .field("len", &self.len)
-            .field("key", &format_args!("{:#x}", self.key))
+            .field("lkey", &format_args!("{:#x}", self.mr.lkey))
+            .field("rkey", &format_args!("{:#x}", self.mr.rkey))
             .field("access", &self.access)
             .finish()
     }
@@ -119,15 +120,8 @@ impl MemoryRegion {
     pub(crate) fn alloc(ctx: &Arc<ContextInner>, len: usize, access: Access) -> Result<MemoryRegion> {
         let buf = Arc::new(HostBuffer::new("a memory region", len)?);
         let addr = buf.addr();
-        Self::register(
-            ctx,
-            addr,
-            len as u64,
-            access,
-            Arc::new(HostDma::default()),
-            Owned::Host,
-            Some(buf),
-        )
+        let kind = MemoryKind::Host { gpu_mapped: false };
+        Self::register(ctx, addr, len as u64, access, kind, Owned::Host, Some(buf))
     }
 
     /// Allocates host memory mapped into `gpu` (page-locked) and registers it: kernels and the
@@ -157,27 +151,25 @@ impl MemoryRegion {
             _map: crate::cuda::HostMapping,
             _buf: HostBuffer,
         }
-        let (addr, dma) = (buf.addr(), Arc::new(HostDma { mapped: true }));
+        let addr = buf.addr();
         let keep = Arc::new(Pinned { _map: map, _buf: buf });
-        Self::register(ctx, addr, len as u64, access, dma, Owned::Host, Some(keep))
+        let kind = MemoryKind::Host { gpu_mapped: true };
+        Self::register(ctx, addr, len as u64, access, kind, Owned::Host, Some(keep))
     }
 
-    /// Allocates `len` zeroed bytes of device memory on `gpu` and registers them: the soft
-    /// HCA moves their bytes with the GPU's copier kernel (started with the first such region).
+    /// Allocates `len` zeroed bytes of device memory on `gpu` and registers them (a NIC reaches
+    /// them by dma-buf; the soft HCA moves their bytes with the GPU's copier kernel).
     pub(crate) fn alloc_device(
         ctx: &Arc<ContextInner>,
         gpu: &crate::cuda::Gpu,
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
-        let copier = crate::soft::copier::Copier::of(gpu)?;
         let buf = Arc::new(crate::cuda::DeviceBuffer::zeroed(gpu, len)?);
-        let dma = Arc::new(crate::soft::copier::DeviceDma { copier });
-        // The keep holds the copier too, so its last reference is never dropped on an HCA
-        // thread (stopping it and unmapping its buffers waits for kernels): see `soft::Keep`.
-        let keep: Arc<dyn Send + Sync> = Arc::new((buf.clone(), dma.clone()));
         let addr = buf.device_addr();
-        Self::register(ctx, addr, len as u64, access, dma, Owned::Device(buf), Some(keep))
+        let kind = MemoryKind::Gpu(gpu.clone());
+        let keep: Arc<dyn Send + Sync> = buf.clone();
+        Self::register(ctx, addr, len as u64, access, kind, Owned::Device(buf), Some(keep))
     }
 
     /// Registers caller memory at `addr`.
@@ -186,25 +178,40 @@ impl MemoryRegion {
         addr: u64,
         len: u64,
         access: Access,
-        dma: Arc<dyn Dma>,
     ) -> Result<MemoryRegion> {
-        Self::register(ctx, addr, len, access, dma, Owned::Caller, None)
+        let kind = MemoryKind::Host { gpu_mapped: false };
+        Self::register(ctx, addr, len, access, kind, Owned::Caller, None)
     }
 
-    /// Registers `memory` at `addr`; `keep` is what the HCA holds alive while it may use it.
+    /// Registers `addr..addr + len` with the context's device; `keep` is what the device holds
+    /// alive while it may use the memory.
     fn register(
         ctx: &Arc<ContextInner>,
         addr: u64,
         len: u64,
         access: Access,
-        dma: Arc<dyn Dma>,
+        kind: MemoryKind,
         memory: Owned,
         keep: Option<Arc<dyn Send + Sync>>,
     ) -> Result<MemoryRegion> {
-        let key = ctx.hca.register(addr, len, access, dma, keep)?;
+        if addr.checked_add(len).is_none() {
+            return Err(Error::OutOfRange {
+                what: "region end",
+                got: len,
+                min: 0,
+                max: u64::MAX - addr,
+            });
+        }
+        let dev = &ctx.device;
+        let mem = Memory { addr, len, kind, keep };
+        let mr = dev
+            .devx
+            .device()
+            .reg_mr(dev.pd, &mem, access)
+            .map_err(Error::device("registering a memory region"))?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),
-            key,
+            mr,
             addr,
             len,
             access,
@@ -226,11 +233,11 @@ impl MemoryRegion {
     }
     /// Local key.
     pub fn lkey(&self) -> u32 {
-        self.key
+        self.mr.lkey
     }
     /// Remote key.
     pub fn rkey(&self) -> u32 {
-        self.key
+        self.mr.rkey
     }
     /// Rights.
     pub fn access(&self) -> Access {
@@ -242,7 +249,7 @@ impl MemoryRegion {
     pub fn local(&self, offset: u64) -> gdaki_device::Local {
         gdaki_device::Local {
             addr: self.addr.wrapping_add(offset),
-            lkey: self.key,
+            lkey: self.mr.lkey,
         }
     }
 
@@ -250,7 +257,7 @@ impl MemoryRegion {
     pub fn remote(&self, offset: u64) -> gdaki_device::Remote {
         gdaki_device::Remote {
             addr: self.addr.wrapping_add(offset),
-            rkey: self.key,
+            rkey: self.mr.rkey,
         }
     }
 
@@ -259,7 +266,7 @@ impl MemoryRegion {
         crate::wire::RemoteRegion {
             addr: self.addr,
             len: self.len,
-            rkey: self.key,
+            rkey: self.mr.rkey,
         }
     }
 
@@ -267,7 +274,7 @@ impl MemoryRegion {
     /// memory is accessed through the caller's own pointer instead.
     fn check(&self, offset: u64, len: usize) -> Result<*mut u8> {
         if !matches!(self.memory, Owned::Host) {
-            return Err(Error::CallerMemory { key: self.key });
+            return Err(Error::CallerMemory { key: self.mr.lkey });
         }
         self.bounds(offset, len)?;
         Ok((self.addr + offset) as *mut u8)
@@ -348,6 +355,8 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.ctx.hca.release(self.key);
+        if let Err(e) = self.ctx.device.devx.device().dereg_mr(&self.mr) {
+            tracing::warn!(target: "gdaki::devx", lkey = format_args!("{:#x}", self.mr.lkey), "region not deregistered: {e}");
+        }
     }
 }

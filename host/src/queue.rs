@@ -559,7 +559,7 @@ impl QueuePair {
             qpn: self.inner.qpn,
             psn: self.inner.psn,
             mtu: port.mtu as u16,
-            addr: self.inner.ctx.hca.listen_addr(),
+            addr: self.inner.ctx.device.devx.device().transport_addr(),
         }
     }
 
@@ -849,7 +849,7 @@ impl QueuePair {
                 let page = &q.uar.uar;
                 // SAFETY: the UAR page is page-aligned whole pages the QP holds until it goes
                 // (`GpuQp` keeps it); it is mapped only here.
-                match unsafe { crate::doorbell::map_page(gpu, page.base as *mut u8, page.size, unmappable) } {
+                match unsafe { crate::doorbell::map_page(gpu, page, unmappable) } {
                     Ok(m) => m,
                     Err(why) => {
                         self.fall_back(&why)?;

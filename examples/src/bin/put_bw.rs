@@ -503,7 +503,7 @@ fn header_lines(
     qps: &[(CompletionQueue, QueuePair)],
 ) -> Vec<(&'static str, String)> {
     let p = params(cli, plan, session, launch);
-    let mut v = session.header_lines(cli.common.device.as_deref(), plan);
+    let mut v = session.header_lines(plan);
     v.extend([
         ("Scope", format!("{:?}", p.scope).to_lowercase()),
         ("Number of qps", p.qps.to_string()),
@@ -539,11 +539,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
     Params {
         role: plan.role.name(),
         provider: session.ctx.provider().to_string(),
-        device: cli
-            .common
-            .device
-            .clone()
-            .unwrap_or_else(|| session.ctx.provider().to_string()),
+        device: session.ctx.device_name(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
         scope: plan.scope,

@@ -174,7 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sizes: plan.sizes.clone(),
     };
     if !cli.common.json {
-        print_header(&session, cli.common.device.as_deref(), &plan, &params, &sides);
+        print_header(&session, &plan, &params, &sides);
         gdaki_examples::outln!("{}", LatRow::header());
     }
     let mut rows = Vec::new();
@@ -362,14 +362,8 @@ fn thread_round_trip(iters: u32) -> Vec<u64> {
     })
 }
 
-fn print_header(
-    session: &Session,
-    device: Option<&str>,
-    plan: &Plan,
-    p: &Params,
-    sides: &[(Side, gdaki_device::Remote)],
-) {
-    let mut lines = session.header_lines(device, plan);
+fn print_header(session: &Session, plan: &Plan, p: &Params, sides: &[(Side, gdaki_device::Remote)]) {
+    let mut lines = session.header_lines(plan);
     lines.extend([
         ("Number of qps", "1".into()),
         ("Memory", p.memory.into()),

@@ -127,6 +127,35 @@ pub struct mlx5dv_devx_uar {
     pub comp_mask: u64,
 }
 
+/// `struct ibv_mr`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    /// The key WQE data segments name.
+    pub lkey: u32,
+    /// The key peers name.
+    pub rkey: u32,
+}
+
+/// `struct mlx5dv_devx_umem_in`: a umem over host memory or a dma-buf.
+#[repr(C)]
+#[derive(Debug)]
+pub struct mlx5dv_devx_umem_in {
+    pub addr: *mut c_void,
+    pub size: usize,
+    pub access: u32,
+    /// Page sizes the device may use (bit n: 2^n bytes).
+    pub pgsz_bitmap: u64,
+    /// `MLX5DV_UMEM_MASK_DMABUF` when `dmabuf_fd` is valid (then `addr` is the offset into it).
+    pub comp_mask: u64,
+    pub dmabuf_fd: c_int,
+}
+
 /// `struct mlx5dv_devx_umem`.
 #[repr(C)]
 #[derive(Debug)]
@@ -197,6 +226,14 @@ pub struct mlx5dv_obj {
     pub pd: mlx5dv_obj_pair<ibv_pd, mlx5dv_pd>,
 }
 
+/// `MLX5DV_UMEM_MASK_DMABUF`: `mlx5dv_devx_umem_in.dmabuf_fd` is valid.
+pub const MLX5DV_UMEM_MASK_DMABUF: u64 = 1 << 0;
+/// `IBV_ACCESS_REMOTE_WRITE`.
+pub const IBV_ACCESS_REMOTE_WRITE: u32 = 1 << 1;
+/// `IBV_ACCESS_REMOTE_READ`.
+pub const IBV_ACCESS_REMOTE_READ: u32 = 1 << 2;
+/// `IBV_ACCESS_REMOTE_ATOMIC`.
+pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
 /// `MLX5DV_CONTEXT_FLAGS_DEVX`: open the device for DevX.
 pub const MLX5DV_CONTEXT_FLAGS_DEVX: u32 = 1 << 0;
 /// `MLX5DV_UAR_ALLOC_TYPE_BF`: a blue-flame UAR page.
@@ -279,6 +316,23 @@ pub type mlx5dv_devx_umem_reg = unsafe extern "C" fn(
     size: usize,
     access: u32,
 ) -> *mut mlx5dv_devx_umem;
+/// `mlx5dv_devx_umem_reg_ex` (rdma-core 35 and later: the dma-buf umems GPU rings need).
+pub type mlx5dv_devx_umem_reg_ex =
+    unsafe extern "C" fn(context: *mut ibv_context, umem_in: *mut mlx5dv_devx_umem_in) -> *mut mlx5dv_devx_umem;
+/// `ibv_reg_mr` (the exported function; `verbs.h` wraps it in a macro).
+pub type ibv_reg_mr =
+    unsafe extern "C" fn(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr;
+/// `ibv_reg_dmabuf_mr` (rdma-core 34 and later).
+pub type ibv_reg_dmabuf_mr = unsafe extern "C" fn(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr;
+/// `ibv_dereg_mr`.
+pub type ibv_dereg_mr = unsafe extern "C" fn(mr: *mut ibv_mr) -> c_int;
 /// `mlx5dv_devx_umem_dereg`.
 pub type mlx5dv_devx_umem_dereg = unsafe extern "C" fn(umem: *mut mlx5dv_devx_umem) -> c_int;
 /// `mlx5dv_devx_alloc_uar`.

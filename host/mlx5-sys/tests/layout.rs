@@ -66,6 +66,12 @@ fn declarations_match_the_rdma_core_headers() {
             [reg_addr, base_addr, page_id, mmap_off, comp_mask]
         ),
         layout!("struct mlx5dv_devx_umem", mlx5dv_devx_umem, [umem_id]),
+        layout!("struct ibv_mr", ibv_mr, [context, pd, addr, length, handle, lkey, rkey]),
+        layout!(
+            "struct mlx5dv_devx_umem_in",
+            mlx5dv_devx_umem_in,
+            [addr, size, access, pgsz_bitmap, comp_mask, dmabuf_fd]
+        ),
         layout!("struct mlx5dv_pd", mlx5dv_pd, [pdn, comp_mask]),
         layout!(
             "struct mlx5_wqe_av",
@@ -94,6 +100,10 @@ fn declarations_match_the_rdma_core_headers() {
         ("MLX5DV_OBJ_AH", MLX5DV_OBJ_AH),
         ("MLX5DV_OBJ_PD", MLX5DV_OBJ_PD),
         ("IBV_ACCESS_LOCAL_WRITE", IBV_ACCESS_LOCAL_WRITE as u64),
+        ("IBV_ACCESS_REMOTE_WRITE", IBV_ACCESS_REMOTE_WRITE as u64),
+        ("IBV_ACCESS_REMOTE_READ", IBV_ACCESS_REMOTE_READ as u64),
+        ("IBV_ACCESS_REMOTE_ATOMIC", IBV_ACCESS_REMOTE_ATOMIC as u64),
+        ("MLX5DV_UMEM_MASK_DMABUF", MLX5DV_UMEM_MASK_DMABUF),
         ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as u64),
         ("IBV_LINK_LAYER_INFINIBAND", IBV_LINK_LAYER_INFINIBAND as u64),
         ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as u64),

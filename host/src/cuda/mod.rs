@@ -224,7 +224,9 @@ fn checked_driver_version() -> Result<i32, CudaError> {
     Ok(found)
 }
 
-/// A GPU with gdaki's kernels loaded: the handle everything GPU-side starts from.
+/// A GPU with gdaki's kernels loaded: the handle everything GPU-side starts from. Clones share
+/// the context and module.
+#[derive(Clone)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
@@ -365,8 +367,27 @@ impl HostMapping {
     /// The range is allocated host memory, page-aligned and of whole pages, not mapped by
     /// another `HostMapping`, and stays allocated until this value is dropped.
     pub unsafe fn new(gpu: &Gpu, host: *mut u8, len: usize) -> Result<HostMapping, CudaError> {
+        // SAFETY: the caller's contract.
+        unsafe { HostMapping::register(gpu, host, len, 0) }
+    }
+
+    /// Maps the device registers at `host..host + len` (a NIC's doorbell page, mapped into this
+    /// process) into `gpu` as IO memory: how a GPU rings a NIC. Drivers refuse this unless
+    /// peer mappings are allowed (`NVreg_RegistryDwords="PeerMappingOverride=1;"`, or root).
+    ///
+    /// # Safety
+    /// The range is a page-aligned mapping of device registers of whole pages, not mapped by
+    /// another `HostMapping`, and stays mapped until this value is dropped.
+    pub unsafe fn io(gpu: &Gpu, host: *mut u8, len: usize) -> Result<HostMapping, CudaError> {
+        // SAFETY: the caller's contract.
+        unsafe { HostMapping::register(gpu, host, len, sys::CU_MEMHOSTREGISTER_IOMEMORY) }
+    }
+
+    /// # Safety
+    /// As [`new`](Self::new) or [`io`](Self::io), as `extra` says.
+    unsafe fn register(gpu: &Gpu, host: *mut u8, len: usize, extra: u32) -> Result<HostMapping, CudaError> {
         gpu.ctx.bind_to_thread()?;
-        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE | extra;
         // SAFETY: the range is valid host memory for the mapping's life (caller's contract).
         unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }.result()?;
         let mut dev: sys::CUdeviceptr = 0;
@@ -411,6 +432,9 @@ impl Drop for HostMapping {
 /// GPU memory allocated with the driver (`cuMemAlloc`), freed on drop.
 pub struct DeviceBuffer {
     ctx: Arc<CudaContext>,
+    /// What `cuMemAlloc` returned (freed on drop).
+    base: sys::CUdeviceptr,
+    /// The first usable byte: `base` rounded up to a page.
     ptr: sys::CUdeviceptr,
     len: usize,
 }
@@ -427,19 +451,38 @@ impl std::fmt::Debug for DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// `len` bytes (at least one) of GPU memory, zeroed.
+    /// `len` bytes (at least one) of GPU memory, zeroed, starting on a page boundary and
+    /// spanning whole pages, so a NIC can reach it through a dma-buf export
+    /// ([`DmaBuf::export`]).
     pub fn zeroed(gpu: &Gpu, len: usize) -> Result<DeviceBuffer, CudaError> {
         gpu.ctx.bind_to_thread()?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: a valid out-pointer; the size is non-zero.
-        unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) }.result()?;
+        let pages = len
+            .max(1)
+            .checked_next_multiple_of(PAGE)
+            .ok_or_else(|| CudaError::BadArgument {
+                what: "cuMemAlloc",
+                why: format!("{len} bytes is more than an address space holds"),
+            })?;
+        // cuMemAlloc promises 256-byte alignment only (large allocations come 2 MiB-aligned):
+        // where a small one is not page-aligned, over-allocate by a page and start inside.
+        let mut base: sys::CUdeviceptr = 0;
+        for extra in [0, PAGE] {
+            // SAFETY: a valid out-pointer; the size is non-zero.
+            unsafe { sys::cuMemAlloc_v2(&mut base, pages + extra) }.result()?;
+            if base % PAGE as u64 == 0 || extra != 0 {
+                break;
+            }
+            // SAFETY: allocated just above, not handed out.
+            unsafe { sys::cuMemFree_v2(base) }.result()?;
+        }
         let buf = DeviceBuffer {
             ctx: gpu.ctx.clone(),
-            ptr,
-            len: len.max(1),
+            base,
+            ptr: base.next_multiple_of(PAGE as u64),
+            len: pages,
         };
-        // SAFETY: the whole allocation, just made.
-        unsafe { sys::cuMemsetD8_v2(ptr, 0, buf.len) }.result()?;
+        // SAFETY: the whole usable range, inside the allocation just made.
+        unsafe { sys::cuMemsetD8_v2(buf.ptr, 0, buf.len) }.result()?;
         Ok(buf)
     }
 
@@ -448,7 +491,7 @@ impl DeviceBuffer {
         self.ptr
     }
 
-    /// Its size in bytes.
+    /// Its size in bytes (whole pages: at least what was asked for).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -496,9 +539,66 @@ impl Drop for DeviceBuffer {
         crate::soft::copier::quiesced(|| {
             if self.ctx.bind_to_thread().is_ok() {
                 // SAFETY: allocated in `zeroed`, freed once.
-                let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+                let _ = unsafe { sys::cuMemFree_v2(self.base) };
             }
         })
+    }
+}
+
+/// The host page size dma-buf exports are aligned to (and device buffers are allocated in).
+const PAGE: usize = 4096;
+
+/// A dma-buf file descriptor exporting a range of GPU memory: how a NIC reaches GPU memory
+/// without nvidia-peermem (`ibv_reg_dmabuf_mr`, `mlx5dv_devx_umem_reg_ex`). The NIC's
+/// registration takes its own reference, so this may be dropped (closing the fd) once the
+/// registration is made.
+#[derive(Debug)]
+pub struct DmaBuf {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl DmaBuf {
+    /// Exports `addr..addr + len` of `gpu`'s memory. The range must start and end on page
+    /// boundaries (4096 bytes) and lie in memory this process allocated on that GPU.
+    pub fn export(gpu: &Gpu, addr: u64, len: usize) -> Result<DmaBuf, CudaError> {
+        let what = "cuMemGetHandleForAddressRange";
+        if addr % PAGE as u64 != 0 || len % PAGE != 0 || len == 0 {
+            return Err(CudaError::BadArgument {
+                what,
+                why: format!(
+                    "a dma-buf export covers whole pages: {len} bytes at {addr:#x} do not start and end on \
+                     {PAGE}-byte boundaries"
+                ),
+            });
+        }
+        gpu.ctx.bind_to_thread()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `fd` is a valid out-pointer for the descriptor this handle type returns.
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                addr,
+                len,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        }
+        .result()?;
+        if fd < 0 {
+            return Err(CudaError::WrongResult {
+                kernel: what,
+                detail: format!("succeeded but returned descriptor {fd}"),
+            });
+        }
+        // SAFETY: the driver just opened this descriptor for us; nothing else owns it.
+        Ok(DmaBuf {
+            fd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
     }
 }
 

@@ -7,24 +7,52 @@
 //! (name, key fields, status, syndrome) at debug level under the `gdaki::devx` target, so a
 //! user with a NIC can send the exact sequence when something fails
 //! (`RUST_LOG=gdaki::devx=debug`).
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use gdaki_layout::prm::command::{self, AddressPath, AtomicCaps, CapType, GeneralCaps};
 use gdaki_layout::prm::{CmdError, Opcode};
 
-use crate::memory::HostBuffer;
+use crate::memory::{Access, HostBuffer};
 use crate::queue::Endpoint;
 
-/// Host memory registered with a device as a umem (rings and doorbell records), with what
-/// keeps it allocated: the device may hold on to `keep` for as long as it uses the memory.
+/// What kind of memory a registration covers: it decides how a device reaches it.
+#[derive(Clone, Debug)]
+pub(crate) enum MemoryKind {
+    /// Host memory at CPU addresses; `gpu_mapped`: also mapped into the GPUs at the same
+    /// addresses (page-locked).
+    Host {
+        /// Mapped into the GPUs.
+        gpu_mapped: bool,
+    },
+    /// Device memory of a GPU: a NIC reaches it through a dma-buf export, the soft device
+    /// through that GPU's copier.
+    Gpu(crate::cuda::Gpu),
+}
+
+/// Memory registered with a device (a umem or a memory region), with what keeps it allocated:
+/// the device may hold on to `keep` for as long as it may access the memory.
 #[derive(Clone)]
-pub(crate) struct UmemMemory {
-    /// First byte.
+pub(crate) struct Memory {
+    /// First byte (a CPU address for host memory, a GPU address for device memory).
     pub addr: u64,
     /// Length in bytes.
-    pub len: usize,
-    /// Keeps `addr..addr + len` allocated.
-    pub keep: Arc<dyn Send + Sync>,
+    pub len: u64,
+    /// What it is.
+    pub kind: MemoryKind,
+    /// Keeps `addr..addr + len` allocated (none: the caller guarantees it).
+    pub keep: Option<Arc<dyn Send + Sync>>,
+}
+
+/// A memory region as a device registered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mr {
+    /// The device's handle for deregistration.
+    pub handle: u64,
+    /// Local key (WQE data segments).
+    pub lkey: u32,
+    /// Remote key (what peers name in RDMA requests).
+    pub rkey: u32,
 }
 
 /// A UAR page: the doorbell page queues are rung through.
@@ -38,6 +66,9 @@ pub(crate) struct Uar {
     pub reg_offset: u64,
     /// Size of the mapping in bytes.
     pub size: usize,
+    /// The page is device registers (a NIC's BAR), which a GPU maps as IO memory; else
+    /// ordinary host memory (the soft device's).
+    pub io: bool,
 }
 
 impl Uar {
@@ -92,8 +123,8 @@ pub(crate) trait Device: Send + Sync {
     fn free_uar(&self, uar: &Uar);
     /// The event queue CQs report to.
     fn query_eqn(&self) -> Result<u32, DeviceError>;
-    /// Registers memory as a umem; returns its id.
-    fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError>;
+    /// Registers memory as a umem (rings and doorbell records); returns its id.
+    fn umem_reg(&self, mem: &Memory) -> Result<u32, DeviceError>;
     /// Deregisters a umem (refused while an object uses it).
     fn umem_dereg(&self, id: u32) -> Result<(), DeviceError>;
     /// Runs a create command; returns the object's handle.
@@ -106,6 +137,22 @@ pub(crate) trait Device: Send + Sync {
     fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError>;
     /// The port gdaki uses (port 1): its GID, LID, link layer and active MTU.
     fn query_port(&self) -> Result<Port, DeviceError>;
+    /// Registers `mem` as a memory region of protection domain `pd` with `access`.
+    fn reg_mr(&self, pd: u32, mem: &Memory, access: Access) -> Result<Mr, DeviceError>;
+    /// Deregisters a memory region: once this returns, the device no longer touches it.
+    fn dereg_mr(&self, mr: &Mr) -> Result<(), DeviceError>;
+    /// The device's name (`mlx5_0`, `soft`).
+    fn name(&self) -> String;
+    /// Starts accepting connections from peers beyond this process on `bind` and returns the
+    /// bound address, which endpoints then carry. Only the soft device needs this (its
+    /// transport runs over TCP); a NIC's fabric carries requests itself (`None`).
+    fn listen(&self, _bind: SocketAddr) -> Result<Option<SocketAddr>, DeviceError> {
+        Ok(None)
+    }
+    /// The address [`listen`](Self::listen) bound, once it did.
+    fn transport_addr(&self) -> Option<SocketAddr> {
+        None
+    }
     /// The address path to `peer` (RoCE: its MAC from the GID; the soft device also learns
     /// the transport address the endpoint carries).
     fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError>;
@@ -283,10 +330,11 @@ impl Devx {
 
     /// Registers `mem` (whole) as a umem, deregistered when the returned value goes.
     pub fn umem(&self, mem: Arc<HostBuffer>) -> Result<Umem, DeviceError> {
-        let id = self.device.umem_reg(&UmemMemory {
+        let id = self.device.umem_reg(&Memory {
             addr: mem.addr(),
-            len: mem.size(),
-            keep: mem.clone(),
+            len: mem.size() as u64,
+            kind: MemoryKind::Host { gpu_mapped: false },
+            keep: Some(mem.clone()),
         })?;
         Ok(Umem {
             devx: self.clone(),
@@ -393,7 +441,6 @@ mod tests {
 
     use super::*;
     use crate::soft::firmware::SoftDevice;
-    use crate::soft::Hca;
     use crate::{lock, Access, Context, ContextOptions, Provider, QpConfig, QpState};
 
     /// A device that records every call and passes it on to the soft firmware: the sequence a
@@ -452,7 +499,7 @@ mod tests {
             self.note("query_eqn");
             self.inner.query_eqn()
         }
-        fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError> {
+        fn umem_reg(&self, mem: &Memory) -> Result<u32, DeviceError> {
             self.note("umem_reg");
             self.inner.umem_reg(mem)
         }
@@ -479,6 +526,20 @@ mod tests {
             self.note("query_port");
             self.inner.query_port()
         }
+        fn reg_mr(&self, pd: u32, mem: &Memory, access: Access) -> Result<Mr, DeviceError> {
+            self.note("reg_mr");
+            self.inner.reg_mr(pd, mem, access)
+        }
+        fn dereg_mr(&self, mr: &Mr) -> Result<(), DeviceError> {
+            self.note("dereg_mr");
+            self.inner.dereg_mr(mr)
+        }
+        fn name(&self) -> String {
+            self.inner.name()
+        }
+        fn transport_addr(&self) -> Option<SocketAddr> {
+            self.inner.transport_addr()
+        }
         fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
             self.note("resolve");
             self.inner.resolve(peer)
@@ -486,13 +547,12 @@ mod tests {
     }
 
     fn recording_context() -> (Context, Arc<Recording>) {
-        let hca = Hca::new();
         let rec = Arc::new(Recording {
-            inner: Arc::new(SoftDevice::new(hca.clone(), Default::default())),
+            inner: Arc::new(SoftDevice::open(Default::default()).unwrap()),
             calls: Mutex::new(Vec::new()),
             refuse: Mutex::new(None),
         });
-        let ctx = Context::open_soft(hca, rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
+        let ctx = Context::open_on(rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
         (ctx, rec)
     }
 
@@ -529,8 +589,9 @@ mod tests {
         assert_eq!(qp.state(), QpState::Rts);
         assert_eq!(rec.take(), ["QUERY_QP"]);
 
-        // A put through the queues the commands made.
+        // A put through the queues the commands made, on a region the device registered.
         let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+        assert_eq!(rec.take(), ["reg_mr"]);
         // SAFETY: one poster; the QP outlives it.
         let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
         dev.wait(dev.put(mr.remote(2048), mr.local(0), 64).unwrap()).unwrap();
@@ -549,6 +610,7 @@ mod tests {
             "the QP, its UAR and umem, then its CQ and the CQ's umem"
         );
         drop(mr);
+        assert_eq!(rec.take(), ["dereg_mr"]);
         drop(ctx);
         assert_eq!(rec.take(), ["free_uar"], "the CQs' UAR page goes with the context");
     }

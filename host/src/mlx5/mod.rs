@@ -6,16 +6,20 @@
 //! what a ConnectX answers (status, syndrome) comes back the same way the soft firmware's does.
 //! The calls around the commands (PD number, UAR page, EQ, umems, port, GID, and the RoCE next
 //! hop's MAC through an address handle) are the ones rdma-core's DevX RC test and NVSHMEM's
-//! IBGDA make (see `docs/devx-provider.md`).
+//! IBGDA make (see `docs/devx-provider.md`); memory regions are verbs MRs (`ibv_reg_mr`, and
+//! `ibv_reg_dmabuf_mr` over a dma-buf export for GPU memory).
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CStr};
+use std::os::fd::AsRawFd;
 use std::sync::{Mutex, OnceLock};
 
 use gdaki_layout::prm::command::{self, AddressPath};
 use mlx5_sys as sys;
 
-use crate::devx::{Device, DeviceError, LinkLayer, Port, Uar, UmemMemory};
+use crate::cuda::DmaBuf;
+use crate::devx::{Device, DeviceError, LinkLayer, Memory, MemoryKind, Mr, Port, Uar};
 use crate::lock;
+use crate::memory::Access;
 use crate::queue::Endpoint;
 
 /// The port gdaki uses.
@@ -47,6 +51,12 @@ struct Lib {
     obj_destroy: sys::mlx5dv_devx_obj_destroy,
     umem_reg: sys::mlx5dv_devx_umem_reg,
     umem_dereg: sys::mlx5dv_devx_umem_dereg,
+    /// Absent before rdma-core 35: GPU-memory rings are then refused.
+    umem_reg_ex: Option<sys::mlx5dv_devx_umem_reg_ex>,
+    reg_mr: sys::ibv_reg_mr,
+    /// Absent before rdma-core 34: GPU-memory regions are then refused.
+    reg_dmabuf_mr: Option<sys::ibv_reg_dmabuf_mr>,
+    dereg_mr: sys::ibv_dereg_mr,
     alloc_uar: sys::mlx5dv_devx_alloc_uar,
     free_uar: sys::mlx5dv_devx_free_uar,
     query_eqn: sys::mlx5dv_devx_query_eqn,
@@ -84,7 +94,19 @@ impl Lib {
                     .map_err(|e| format!("{}: no {} ({e}); rdma-core too old?", stringify!($lib), $name))?
             };
         }
+        macro_rules! optional {
+            ($lib:expr, $name:literal) => {
+                // SAFETY: as in `sym!`.
+                unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
+                    .ok()
+                    .map(|f| *f)
+            };
+        }
         Ok(Lib {
+            umem_reg_ex: optional!(mlx5, "mlx5dv_devx_umem_reg_ex"),
+            reg_mr: sym!(verbs, "ibv_reg_mr"),
+            reg_dmabuf_mr: optional!(verbs, "ibv_reg_dmabuf_mr"),
+            dereg_mr: sym!(verbs, "ibv_dereg_mr"),
             get_device_list: sym!(verbs, "ibv_get_device_list"),
             free_device_list: sym!(verbs, "ibv_free_device_list"),
             get_device_name: sym!(verbs, "ibv_get_device_name"),
@@ -160,7 +182,9 @@ struct Tables {
     /// Object handle (the `mlx5dv_devx_obj` pointer) → nothing: the set of live handles.
     objects: HashSet<u64>,
     /// Umem id → (its `mlx5dv_devx_umem`, the memory it keeps alive).
-    umems: HashMap<u32, (usize, UmemMemory)>,
+    umems: HashMap<u32, (usize, Memory)>,
+    /// MR handle (the `ibv_mr` pointer) → the memory it keeps alive.
+    mrs: HashMap<u64, Memory>,
     /// UAR page id → its `mlx5dv_devx_uar`.
     uars: HashMap<u32, usize>,
 }
@@ -282,11 +306,6 @@ impl Mlx5Device {
                 Err(e)
             }
         }
-    }
-
-    /// The device's name (`mlx5_0`).
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// The result of a command call: the device's refusal (status and syndrome in `out`) when
@@ -464,14 +483,36 @@ fn pick_roce_gid(
     first
 }
 
+/// The verbs access flags of `access` (the same bits, named here so a change to either shows).
+fn ibv_access(access: Access) -> i32 {
+    let mut flags = 0;
+    for (ours, verbs) in [
+        (Access::LOCAL_WRITE, sys::IBV_ACCESS_LOCAL_WRITE),
+        (Access::REMOTE_WRITE, sys::IBV_ACCESS_REMOTE_WRITE),
+        (Access::REMOTE_READ, sys::IBV_ACCESS_REMOTE_READ),
+        (Access::REMOTE_ATOMIC, sys::IBV_ACCESS_REMOTE_ATOMIC),
+    ] {
+        if access.contains(ours) {
+            flags |= verbs;
+        }
+    }
+    // Remote write and atomic access need local write (the verbs rule: the kernel refuses
+    // the registration otherwise).
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) {
+        flags |= sys::IBV_ACCESS_LOCAL_WRITE;
+    }
+    flags as i32
+}
+
 impl Drop for Mlx5Device {
     fn drop(&mut self) {
         let t = lock(&self.tables);
-        if !t.objects.is_empty() || !t.umems.is_empty() || !t.uars.is_empty() {
+        if !t.objects.is_empty() || !t.umems.is_empty() || !t.uars.is_empty() || !t.mrs.is_empty() {
             tracing::warn!(
                 target: "gdaki::devx",
                 objects = t.objects.len(),
                 umems = t.umems.len(),
+                regions = t.mrs.len(),
                 uars = t.uars.len(),
                 "mlx5 device closed with resources still held"
             );
@@ -522,6 +563,7 @@ impl Device for Mlx5Device {
             base,
             reg_offset: u.reg_addr as u64 - base,
             size: 4096,
+            io: true,
         })
     }
 
@@ -542,12 +584,40 @@ impl Device for Mlx5Device {
         Ok(eqn)
     }
 
-    fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError> {
-        // SAFETY: `mem` is allocated while `keep` lives, which the table holds until dereg.
-        let umem =
-            unsafe { (self.lib.umem_reg)(self.ctx, mem.addr as *mut c_void, mem.len, sys::IBV_ACCESS_LOCAL_WRITE) };
+    fn umem_reg(&self, mem: &Memory) -> Result<u32, DeviceError> {
+        let what = "mlx5dv_devx_umem_reg";
+        let len = usize::try_from(mem.len).map_err(|_| call_error(what, format!("{} bytes", mem.len)))?;
+        let umem = match &mem.kind {
+            // SAFETY: `mem` is allocated while `keep` lives, which the table holds until dereg.
+            MemoryKind::Host { .. } => unsafe {
+                (self.lib.umem_reg)(self.ctx, mem.addr as *mut c_void, len, sys::IBV_ACCESS_LOCAL_WRITE)
+            },
+            MemoryKind::Gpu(gpu) => {
+                let Some(reg_ex) = self.lib.umem_reg_ex else {
+                    return Err(call_error(
+                        what,
+                        "GPU-memory queues need mlx5dv_devx_umem_reg_ex (rdma-core 35 or later); \
+                         place rings in host memory",
+                    ));
+                };
+                let buf = DmaBuf::export(gpu, mem.addr, len)
+                    .map_err(|e| call_error("exporting GPU memory as dma-buf", e.to_string()))?;
+                let mut umem_in = sys::mlx5dv_devx_umem_in {
+                    // With a dma-buf, `addr` is the offset into it.
+                    addr: std::ptr::null_mut(),
+                    size: len,
+                    access: sys::IBV_ACCESS_LOCAL_WRITE,
+                    pgsz_bitmap: !0xfff,
+                    comp_mask: sys::MLX5DV_UMEM_MASK_DMABUF,
+                    dmabuf_fd: buf.fd().as_raw_fd(),
+                };
+                // SAFETY: a valid input struct; the fd is open for the call (the umem keeps its
+                // own reference to the dma-buf).
+                unsafe { reg_ex(self.ctx, &mut umem_in) }
+            }
+        };
         if umem.is_null() {
-            return Err(call_error("mlx5dv_devx_umem_reg", os_error(0).to_string()));
+            return Err(call_error(what, os_error(0).to_string()));
         }
         // SAFETY: the library returned a valid umem.
         let id = unsafe { (*umem).umem_id };
@@ -567,6 +637,74 @@ impl Device for Mlx5Device {
         }
         t.umems.remove(&id);
         Ok(())
+    }
+
+    fn reg_mr(&self, pd: u32, mem: &Memory, access: Access) -> Result<Mr, DeviceError> {
+        let what = "ibv_reg_mr";
+        if pd != self.pdn {
+            return Err(call_error(
+                what,
+                format!("protection domain {pd:#x} is not this device's ({:#x})", self.pdn),
+            ));
+        }
+        let len = usize::try_from(mem.len).map_err(|_| call_error(what, format!("{} bytes", mem.len)))?;
+        let flags = ibv_access(access);
+        let mr = match &mem.kind {
+            // SAFETY: the range stays allocated while `keep` (or the caller's contract) holds it,
+            // which outlives the registration (the table keeps `keep` until dereg).
+            MemoryKind::Host { .. } => unsafe { (self.lib.reg_mr)(self.pd, mem.addr as *mut c_void, len, flags) },
+            MemoryKind::Gpu(gpu) => {
+                let Some(reg) = self.lib.reg_dmabuf_mr else {
+                    return Err(call_error(
+                        "ibv_reg_dmabuf_mr",
+                        "GPU-memory regions need ibv_reg_dmabuf_mr (rdma-core 34 or later)",
+                    ));
+                };
+                // The export covers whole pages; the region is an offset into it.
+                let start = mem.addr & !0xfff;
+                let end = mem.addr.checked_add(mem.len).map(|e| e.next_multiple_of(0x1000));
+                let Some(span) = end.map(|e| (e - start) as usize) else {
+                    return Err(call_error(what, format!("{} bytes at {:#x} wrap", mem.len, mem.addr)));
+                };
+                let buf = DmaBuf::export(gpu, start, span)
+                    .map_err(|e| call_error("exporting GPU memory as dma-buf", e.to_string()))?;
+                // SAFETY: the fd exports `span` bytes from `start`; the MR keeps its own
+                // reference to the dma-buf.
+                unsafe { reg(self.pd, mem.addr - start, len, mem.addr, buf.fd().as_raw_fd(), flags) }
+            }
+        };
+        if mr.is_null() {
+            return Err(call_error(what, os_error(0).to_string()));
+        }
+        // SAFETY: the library returned a valid MR.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        lock(&self.tables).mrs.insert(mr as u64, mem.clone());
+        Ok(Mr {
+            handle: mr as u64,
+            lkey,
+            rkey,
+        })
+    }
+
+    fn dereg_mr(&self, mr: &Mr) -> Result<(), DeviceError> {
+        let mut t = lock(&self.tables);
+        if !t.mrs.contains_key(&mr.handle) {
+            return Err(call_error(
+                "ibv_dereg_mr",
+                format!("no region with lkey {:#x}", mr.lkey),
+            ));
+        }
+        // SAFETY: registered by reg_mr and deregistered once (it leaves the table below).
+        let rc = unsafe { (self.lib.dereg_mr)(mr.handle as *mut sys::ibv_mr) };
+        if rc != 0 {
+            return Err(call_error("ibv_dereg_mr", os_error(rc).to_string()));
+        }
+        t.mrs.remove(&mr.handle);
+        Ok(())
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
     }
 
     fn obj_create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
@@ -683,6 +821,15 @@ mod tests {
 
     /// On a machine without an mlx5 device (CI, the GPU machine), opening one is an error that
     /// says what is there, never a crash; where rdma-core is missing, the error says to install it.
+    #[test]
+    fn access_becomes_the_verbs_flags_with_local_write_where_verbs_require_it() {
+        assert_eq!(ibv_access(Access::empty()), 0);
+        assert_eq!(ibv_access(Access::REMOTE_READ), sys::IBV_ACCESS_REMOTE_READ as i32);
+        let w = (sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_LOCAL_WRITE) as i32;
+        assert_eq!(ibv_access(Access::REMOTE_WRITE), w);
+        assert_eq!(ibv_access(Access::ALL), 0xf);
+    }
+
     #[test]
     fn opening_with_no_device_says_why() {
         match Mlx5Device::open(None) {

@@ -20,6 +20,36 @@ use crate::soft::objects::{SoftQp, SqProgress};
 use crate::soft::requester::{self, Executed, Scratch, Target};
 use crate::soft::{lock, Hca};
 
+/// A running engine: dropping it stops the HCA's engine and transport threads and joins the
+/// engine.
+pub(crate) struct Engine {
+    hca: Arc<Hca>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine of `hca`.
+    pub fn start(hca: Arc<Hca>) -> std::io::Result<Engine> {
+        let served = hca.clone();
+        let thread = crate::soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || run(served))?;
+        Ok(Engine {
+            hca,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.hca.stop.store(true, Ordering::Release);
+        crate::soft::net::stop(&self.hca);
+        if let Some(t) = self.thread.take() {
+            // An engine that panicked has already said so on stderr; nothing more to do here.
+            let _ = t.join();
+        }
+    }
+}
+
 /// Runs until `hca.stop` is set.
 pub(crate) fn run(hca: Arc<Hca>) {
     let mut qps: Vec<Arc<SoftQp>> = Vec::new();

@@ -23,9 +23,13 @@ use gdaki_layout::prm::layout::{query_cq_out, query_qp_out};
 use gdaki_layout::prm::{get, get_bytes, set, Bits, CmdError, CmdStatus, Opcode};
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
-use crate::devx::{Device, DeviceError, LinkLayer, Port, Uar, UmemMemory};
+use crate::devx::{Device, DeviceError, LinkLayer, Memory, MemoryKind, Mr, Port, Uar};
+use crate::memory::Access;
 use crate::memory::HostBuffer;
 use crate::queue::{Endpoint, QpState};
+use crate::soft::copier::{Copier, DeviceDma};
+use crate::soft::dma::{Dma, HostDma};
+use crate::soft::engine::Engine;
 use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
 use crate::soft::{lock, Hca};
 
@@ -130,7 +134,10 @@ fn general_caps() -> GeneralCaps {
 }
 
 struct UmemEntry {
-    mem: UmemMemory,
+    addr: u64,
+    len: u64,
+    /// Keeps the memory allocated while queues read it.
+    keep: Arc<dyn Send + Sync>,
     users: u32,
 }
 
@@ -178,17 +185,14 @@ impl Tables {
         let Some(u) = self.umems.get(&id) else {
             return refuse(CmdStatus::BadRes, FwSyndrome::UnknownUmem, format!("no umem {id:#x}"));
         };
-        if offset.checked_add(len as u64).is_none_or(|end| end > u.mem.len as u64) {
+        if offset.checked_add(len as u64).is_none_or(|end| end > u.len) {
             return refuse(
                 CmdStatus::BadParam,
                 FwSyndrome::UmemTooSmall,
-                format!(
-                    "umem {id:#x} has {} bytes, {len} needed at offset {offset:#x}",
-                    u.mem.len
-                ),
+                format!("umem {id:#x} has {} bytes, {len} needed at offset {offset:#x}", u.len),
             );
         }
-        let addr = u.mem.addr + offset;
+        let addr = u.addr + offset;
         if addr % align != 0 {
             return refuse(
                 CmdStatus::BadParam,
@@ -197,25 +201,63 @@ impl Tables {
             );
         }
         // SAFETY: the range lies inside the umem, whose memory `keep` keeps allocated.
-        Ok(unsafe { Window::new(addr, u.mem.keep.clone()) })
+        Ok(unsafe { Window::new(addr, u.keep.clone()) })
     }
 }
 
-/// The soft device: one per soft context, over its HCA.
+/// The soft device: one per soft context, over its HCA, whose engine it runs.
 pub(crate) struct SoftDevice {
     hca: Arc<Hca>,
     atomic_reply: AtomicReplyOrder,
     tables: Mutex<Tables>,
+    /// The engine serving the HCA's queues; stopped when the device goes. None for a second
+    /// firmware over an HCA that another device's engine serves (the firmware's own tests).
+    _engine: Option<Engine>,
 }
 
 impl SoftDevice {
-    /// The device of `hca`, answering 8-byte atomics in `atomic_reply` order.
+    /// A new soft HCA and its device, answering 8-byte atomics in `atomic_reply` order, with
+    /// its engine started.
+    pub fn open(atomic_reply: AtomicReplyOrder) -> Result<SoftDevice, DeviceError> {
+        let hca = Hca::new();
+        let engine = Engine::start(hca.clone()).map_err(|e| DeviceError::Call {
+            what: "starting the soft HCA's engine thread",
+            why: e.to_string(),
+        })?;
+        Ok(SoftDevice {
+            _engine: Some(engine),
+            ..SoftDevice::over(hca, atomic_reply)
+        })
+    }
+
+    /// A device over `hca`, which something else serves.
+    #[cfg(test)]
     pub fn new(hca: Arc<Hca>, atomic_reply: AtomicReplyOrder) -> SoftDevice {
+        SoftDevice::over(hca, atomic_reply)
+    }
+
+    fn over(hca: Arc<Hca>, atomic_reply: AtomicReplyOrder) -> SoftDevice {
         SoftDevice {
             hca,
             atomic_reply,
             tables: Mutex::new(Tables::default()),
+            _engine: None,
         }
+    }
+
+    /// A soft context opened on a new device, and the device (for the library's tests).
+    #[cfg(test)]
+    pub fn context() -> (crate::Context, Arc<SoftDevice>) {
+        let soft = Arc::new(SoftDevice::open(AtomicReplyOrder::BigEndian).expect("a soft device"));
+        let ctx =
+            crate::Context::open_on(soft.clone(), Default::default(), crate::Provider::Soft).expect("a context on it");
+        (ctx, soft)
+    }
+
+    /// The HCA behind the device.
+    #[cfg(test)]
+    pub fn hca(&self) -> &Arc<Hca> {
+        &self.hca
     }
 
     /// This device's GID: the link-local prefix and its HCA's 64-bit identity as the GUID.
@@ -774,6 +816,7 @@ impl Device for SoftDevice {
             base: page.addr(),
             reg_offset: 0,
             size: page.size(),
+            io: false,
         };
         t.uars.insert(index, (Arc::new(page), None));
         Ok(uar)
@@ -787,13 +830,29 @@ impl Device for SoftDevice {
         Ok(EQN)
     }
 
-    fn umem_reg(&self, mem: &UmemMemory) -> Result<u32, DeviceError> {
+    fn umem_reg(&self, mem: &Memory) -> Result<u32, DeviceError> {
+        let what = "registering a umem";
+        // The engine reads rings and records with the CPU, through memory the umem keeps alive.
+        if let MemoryKind::Gpu(_) = mem.kind {
+            return Err(DeviceError::Call {
+                what,
+                why: "the soft device reads queues with the CPU: place rings in host memory".into(),
+            });
+        }
+        let Some(keep) = mem.keep.clone() else {
+            return Err(DeviceError::Call {
+                what,
+                why: "the soft device holds a umem's memory while queues use it; none was given".into(),
+            });
+        };
         let mut t = lock(&self.tables);
         let id = t.id();
         t.umems.insert(
             id,
             UmemEntry {
-                mem: mem.clone(),
+                addr: mem.addr,
+                len: mem.len,
+                keep,
                 users: 0,
             },
         );
@@ -862,6 +921,72 @@ impl Device for SoftDevice {
         })
     }
 
+    fn reg_mr(&self, pd: u32, mem: &Memory, access: Access) -> Result<Mr, DeviceError> {
+        let what = "registering a memory region";
+        if !lock(&self.tables).pds.contains(&pd) {
+            return Err(DeviceError::Call {
+                what,
+                why: format!("no protection domain {pd:#x}"),
+            });
+        }
+        let (dma, keep): (Arc<dyn Dma>, _) = match &mem.kind {
+            MemoryKind::Host { gpu_mapped } => (Arc::new(HostDma { mapped: *gpu_mapped }), mem.keep.clone()),
+            MemoryKind::Gpu(gpu) => {
+                // The engine moves device memory with the GPU's copier kernel (started with the
+                // first such region).
+                let copier = Copier::of(gpu).map_err(|e| DeviceError::Call {
+                    what: "starting the GPU copier",
+                    why: e.to_string(),
+                })?;
+                let dma = Arc::new(DeviceDma { copier });
+                // The region holds the copier too, so its last reference is never dropped on
+                // an HCA thread (stopping it waits for kernels): see `soft::Keep`.
+                let keep: Arc<dyn Send + Sync> = Arc::new((mem.keep.clone(), dma.clone()));
+                (dma, Some(keep))
+            }
+        };
+        let key = self
+            .hca
+            .register(mem.addr, mem.len, access, dma, keep)
+            .map_err(|e| DeviceError::Call {
+                what,
+                why: e.to_string(),
+            })?;
+        Ok(Mr {
+            handle: key as u64,
+            lkey: key,
+            rkey: key,
+        })
+    }
+
+    fn dereg_mr(&self, mr: &Mr) -> Result<(), DeviceError> {
+        self.hca.release(mr.lkey);
+        Ok(())
+    }
+
+    fn name(&self) -> String {
+        "soft".into()
+    }
+
+    fn listen(&self, bind: SocketAddr) -> Result<Option<SocketAddr>, DeviceError> {
+        crate::soft::net::listen(&self.hca, bind)
+            .map(Some)
+            .map_err(|e| match e {
+                crate::Error::Io { what, source } => DeviceError::Call {
+                    what,
+                    why: source.to_string(),
+                },
+                other => DeviceError::Call {
+                    what: "the soft HCA's transport",
+                    why: other.to_string(),
+                },
+            })
+    }
+
+    fn transport_addr(&self) -> Option<SocketAddr> {
+        self.hca.listen_addr()
+    }
+
     fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
         if let Some(addr) = peer.addr {
             lock(&self.tables).neighbours.insert(peer.gid, addr);
@@ -883,12 +1008,12 @@ mod tests {
 
     use super::*;
     use crate::devx::{Devx, Object};
-    use crate::{Access, Context, ContextOptions, Provider};
+    use crate::{Access, Context};
 
-    /// A soft context and a firmware over its HCA (served by the context's engine).
+    /// A soft context and a second firmware over its HCA (served by the context's engine).
     fn rig() -> (Context, Devx, Arc<SoftDevice>) {
-        let ctx = Context::open_with(Provider::Soft, ContextOptions::default()).unwrap();
-        let dev = Arc::new(SoftDevice::new(ctx.inner().hca.clone(), AtomicReplyOrder::BigEndian));
+        let (ctx, soft) = SoftDevice::context();
+        let dev = Arc::new(SoftDevice::new(soft.hca().clone(), AtomicReplyOrder::BigEndian));
         (ctx, Devx::new(dev.clone()), dev)
     }
 
@@ -906,10 +1031,11 @@ mod tests {
 
     fn umem(dev: &Devx, bytes: usize) -> (Arc<HostBuffer>, u32) {
         let buf = Arc::new(HostBuffer::new("test umem", bytes).unwrap());
-        let mem = UmemMemory {
+        let mem = Memory {
             addr: buf.addr(),
-            len: bytes,
-            keep: buf.clone(),
+            len: bytes as u64,
+            kind: MemoryKind::Host { gpu_mapped: false },
+            keep: Some(buf.clone()),
         };
         let id = dev.device().umem_reg(&mem).unwrap();
         (buf, id)
@@ -1081,10 +1207,7 @@ mod tests {
         ));
         dev.destroy(&q.qp).unwrap();
         dev.destroy(&q.cq).unwrap();
-        assert!(
-            ctx.inner().hca.qp(q.qp.number).is_none(),
-            "the engine no longer serves it"
-        );
+        assert!(soft.hca.qp(q.qp.number).is_none(), "the engine no longer serves it");
         assert!(lock(&soft.tables).umems.values().all(|u| u.users == 0));
     }
 
@@ -1096,6 +1219,34 @@ mod tests {
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// Regions are registered through the device like everything else: in a PD the device
+    /// gave out, and a umem the engine cannot read with the CPU is refused.
+    #[test]
+    fn regions_and_umems_go_through_the_device_and_bad_ones_are_refused() {
+        let (_ctx, dev, _soft) = rig();
+        let d = dev.device();
+        let pd = d.alloc_pd().unwrap();
+        let buf = Arc::new(HostBuffer::new("test region", 4096).unwrap());
+        let mem = Memory {
+            addr: buf.addr(),
+            len: 4096,
+            kind: MemoryKind::Host { gpu_mapped: false },
+            keep: Some(buf.clone()),
+        };
+        let mr = d.reg_mr(pd, &mem, Access::ALL).unwrap();
+        assert_eq!(mr.lkey, mr.rkey);
+        assert!(
+            d.reg_mr(pd, &mem, Access::ALL).unwrap().lkey != mr.lkey,
+            "keys are fresh"
+        );
+        let err = d.reg_mr(pd ^ 0x77, &mem, Access::ALL).unwrap_err();
+        assert!(err.to_string().contains("no protection domain"), "{err}");
+        d.dereg_mr(&mr).unwrap();
+        // A umem with nothing keeping its memory alive.
+        let err = d.umem_reg(&Memory { keep: None, ..mem }).unwrap_err();
+        assert!(err.to_string().contains("none was given"), "{err}");
     }
 
     #[test]

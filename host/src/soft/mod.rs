@@ -446,17 +446,22 @@ mod tests {
 
     #[test]
     fn a_failed_transfer_fails_the_wqe_like_a_dma_error() {
-        use crate::{Access, Context, MemoryRegion, Provider};
+        use crate::Access;
         use gdaki_layout::Syndrome;
-        let ctx = Context::open(Provider::Soft).unwrap();
+        let (ctx, soft) = firmware::SoftDevice::context();
         let good = ctx.alloc_region(4096, Access::ALL).unwrap();
         // A range nobody touches (the DMA fails before it would): any address works.
-        let bad =
-            MemoryRegion::register_caller(ctx.inner(), 0x1000_0000, 4096, Access::ALL, Arc::new(FailingDma)).unwrap();
+        let addr = 0x1000_0000;
+        let key = soft
+            .hca()
+            .register(addr, 4096, Access::ALL, Arc::new(FailingDma), None)
+            .unwrap();
+        let bad_local = gdaki_device::Local { addr, lkey: key };
+        let bad_remote = gdaki_device::Remote { addr, rkey: key };
         // (source, target, the error the requester's CQE carries)
         let cases = [
-            (bad.local(0), good.remote(0), Syndrome::LocalAccess),
-            (good.local(0), bad.remote(0), Syndrome::RemoteOp),
+            (bad_local, good.remote(0), Syndrome::LocalAccess),
+            (good.local(0), bad_remote, Syndrome::RemoteOp),
         ];
         for (src, dst, want) in cases {
             let (_cq, qp) = loopback(&ctx);
@@ -472,8 +477,15 @@ mod tests {
         }
         // A failed atomic at the target, and a failed result write at the requester.
         for (target, result, want) in [
-            (bad.remote(0), good.local(8), Syndrome::RemoteOp),
-            (good.remote(0), bad.local(8), Syndrome::LocalAccess),
+            (bad_remote, good.local(8), Syndrome::RemoteOp),
+            (
+                good.remote(0),
+                gdaki_device::Local {
+                    addr: addr + 8,
+                    lkey: key,
+                },
+                Syndrome::LocalAccess,
+            ),
         ] {
             let (_cq, qp) = loopback(&ctx);
             // SAFETY: as above.
@@ -487,9 +499,9 @@ mod tests {
 
     #[test]
     fn a_region_used_by_the_engine_is_released_by_the_thread_that_drops_it() {
-        use crate::{Access, Context, Provider};
-        let ctx = Context::open(Provider::Soft).unwrap();
-        let hca = &ctx.inner().hca;
+        use crate::Access;
+        let (ctx, soft) = firmware::SoftDevice::context();
+        let hca = soft.hca();
         let (tx, rx) = std::sync::mpsc::channel();
         let buf = [7u8; 64];
         let key = hca
