@@ -36,6 +36,15 @@ pub use scope::{Block, Scope, Thread, Warp};
 pub use sharing::{Cta, Exclusive, Gpu, Sharing};
 pub use status::{CqeError, PostError, Ticket, WaitError};
 
+/// Makes this thread's earlier writes to host memory visible to the HCA before what it posts
+/// next (a system-scope fence). Needed only on a QP whose rings are in GPU memory
+/// ([`gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY`]), where posting fences at GPU scope, and
+/// only for data the kernel itself wrote into host memory and then puts or signals from.
+#[inline(always)]
+pub fn publish_host_writes() {
+    arch::to_device_barrier();
+}
+
 /// The handler's panic on the GPU: trap the warp. Only the PTX build needs it (the host build
 /// links `std`'s handler); the device code does not panic on valid handles by construction.
 #[cfg(target_arch = "nvptx64")]

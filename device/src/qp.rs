@@ -497,9 +497,18 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub fn ring(&self, pi: u64) {
         // SAFETY: the record and doorbell addresses come from the live handle.
         unsafe {
-            arch::to_device_barrier();
-            arch::store_dbrec((*self.ptr).sq_dbrec as *mut u32, dbrec::wq_counter(pi).to_be());
-            arch::to_device_barrier();
+            let record = (*self.ptr).sq_dbrec as *mut u32;
+            let counter = dbrec::wq_counter(pi).to_be();
+            // The fences' scope is the memory the HCA reads the WQEs and the record from.
+            if (*self.ptr).rings_in_gpu_memory() {
+                arch::to_device_barrier_gpu();
+                arch::store_dbrec_gpu(record, counter);
+                arch::to_device_barrier_gpu();
+            } else {
+                arch::to_device_barrier();
+                arch::store_dbrec(record, counter);
+                arch::to_device_barrier();
+            }
             arch::mmio_store((*self.ptr).doorbell as *mut u64, doorbell::word(self.qpn(), pi));
         }
     }

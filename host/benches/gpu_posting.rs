@@ -2,7 +2,9 @@
 //! into send queues no HCA consumes, in warp scope (one QP per warp), thread scope (one QP per
 //! block, its threads sharing it) and block scope (one QP per block), with the rings in
 //! host-pinned memory (the soft HCA's placement) and in device memory (mlx5's), each next to a
-//! plain 64-byte store loop into the same memory measured in the same run. Each shape runs
+//! plain 64-byte store loop into the same memory measured in the same run. Device rings run
+//! twice: with the GPU-scope doorbell fences they get (`QP_RINGS_IN_GPU_MEMORY`), and with
+//! system-scope fences as the reference for what that scope gains. Each shape runs
 //! twice: a doorbell per post, and deferred posts with a commit every `--commit-every` posts
 //! per thread (default: all of a thread's posts), so many posts share one doorbell.
 //!
@@ -53,7 +55,11 @@ fn main() -> anyhow::Result<()> {
         ("block", KernelScope::Block, KernelMode::Exclusive, grid, block),
     ];
     let mut rows = Vec::new();
-    for placement in [RingPlacement::HostPinned, RingPlacement::Device] {
+    for placement in [
+        RingPlacement::HostPinned,
+        RingPlacement::Device,
+        RingPlacement::DeviceSystemFences,
+    ] {
         for ((name, scope, mode, qps, stride), every) in shapes.iter().flat_map(|&s| [(s, 1), (s, commit_every)]) {
             eprintln!("gpu_posting: {placement:?}, {name} scope, a doorbell per {every} posts ...");
             let launch = DataPathLaunch {
@@ -91,11 +97,11 @@ fn main() -> anyhow::Result<()> {
             info.gpus[0].name
         );
         println!(
-            " placement    scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store"
+            " placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store"
         );
         for r in &rows {
             println!(
-                " {:<12} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}%",
+                " {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}%",
                 format!("{:?}", r.placement),
                 r.scope,
                 if r.commit_every <= 1 {

@@ -737,3 +737,37 @@ fn copier_orders_what_needs_order() {
     }
     assert_eq!(qp.error(), None);
 }
+
+/// GPU memory reaches a NIC through a dma-buf export of whole pages: device buffers start on a
+/// page and span whole pages, they export where the GPU supports dma-buf, and a range that does
+/// not start and end on page boundaries is refused with a clear error before the driver is asked.
+#[test]
+fn device_buffers_export_as_dma_buf_in_whole_pages() {
+    let Some((gpu, _one)) = gpu_or_skip("device_buffers_export_as_dma_buf_in_whole_pages") else {
+        return;
+    };
+    // Sizes cuMemAlloc sub-allocates (unaligned bases are possible) and one it places whole.
+    for len in [64, 4096, 5000, 3 << 20] {
+        let buf = cuda::DeviceBuffer::zeroed(&gpu, len).expect("allocation");
+        assert_eq!(buf.device_addr() % 4096, 0, "{len} bytes at {:#x}", buf.device_addr());
+        assert_eq!(buf.len(), len.next_multiple_of(4096));
+        let mut back = vec![1u8; buf.len()];
+        buf.read(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0), "zeroed");
+        let supported = cuda::probe().unwrap().gpus[0].dma_buf;
+        match cuda::DmaBuf::export(&gpu, buf.device_addr(), buf.len()) {
+            Ok(fd) => {
+                use std::os::fd::AsRawFd;
+                assert!(supported && fd.fd().as_raw_fd() >= 0);
+            }
+            Err(e) => assert!(!supported, "dma-buf is supported, but exporting failed: {e}"),
+        }
+        for (addr, n) in [(buf.device_addr() + 64, 4096), (buf.device_addr(), 100)] {
+            let err = cuda::DmaBuf::export(&gpu, addr, n).unwrap_err();
+            assert!(
+                matches!(err, cuda::CudaError::BadArgument { .. }) && err.to_string().contains("whole pages"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -17,6 +17,12 @@ pub enum DoorbellKind {
 }
 
 impl DevQp {
+    /// Whether the rings are in GPU memory ([`QP_RINGS_IN_GPU_MEMORY`]).
+    #[inline(always)]
+    pub const fn rings_in_gpu_memory(&self) -> bool {
+        self.flags & QP_RINGS_IN_GPU_MEMORY != 0
+    }
+
     /// The byte order of fetched atomic values on this QP.
     #[inline(always)]
     pub const fn atomic_reply_order(&self) -> AtomicReplyOrder {
@@ -92,6 +98,12 @@ pub const QP_ATOMIC_REPLY_HOST_ORDER: u8 = 1 << 0;
 /// writes ordering below `OWNER`). The data path then ends every READ and fetching atomic
 /// with a fenced DUMP WQE and hands out that WQE's ticket, as NVSHMEM and DOCA do.
 pub const QP_FLUSH_AFTER_FETCH: u8 = 1 << 1;
+/// `DevQp::flags`: the send queue and its doorbell record are in the posting GPU's own memory
+/// (a NIC reads them peer-to-peer), so the fences before the doorbell need only GPU scope, as
+/// NVSHMEM's IBGDA and DOCA order them; clear: host memory, system scope. The scope covers what
+/// the HCA reads from the rings; a kernel that puts data it wrote into host memory orders those
+/// writes itself first (`gdaki_device::publish_host_writes`).
+pub const QP_RINGS_IN_GPU_MEMORY: u8 = 1 << 2;
 
 /// `DevCq::error` when no error CQE has been seen.
 pub const NO_ERROR: u64 = 0;
@@ -172,7 +184,8 @@ pub struct DevQp {
     pub sq_log_size: u32,
     /// [`DoorbellKind`] as a byte.
     pub doorbell_kind: u8,
-    /// `QP_*` flags ([`QP_ATOMIC_REPLY_HOST_ORDER`], [`QP_FLUSH_AFTER_FETCH`]).
+    /// `QP_*` flags ([`QP_ATOMIC_REPLY_HOST_ORDER`], [`QP_FLUSH_AFTER_FETCH`],
+    /// [`QP_RINGS_IN_GPU_MEMORY`]).
     pub flags: u8,
     /// Pads the constant line.
     pub const_pad: [u8; 14],

@@ -88,6 +88,12 @@ pub fn to_device_barrier() {
     fence(Ordering::Release);
 }
 
+/// [`to_device_barrier`] for rings in the poster's own memory: on the host there is one scope.
+#[inline(always)]
+pub fn to_device_barrier_gpu() {
+    to_device_barrier();
+}
+
 /// Later reads see what the HCA wrote before the flag just read.
 #[inline(always)]
 pub fn from_device_barrier() {
@@ -127,6 +133,16 @@ pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
 pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
     // SAFETY: per the caller's contract.
     unsafe { u32_at(dst).store(value, Ordering::Release) }
+}
+
+/// [`store_dbrec`] for rings in the poster's own memory: on the host there is one scope.
+///
+/// # Safety
+/// As [`store_dbrec`].
+#[inline(always)]
+pub unsafe fn store_dbrec_gpu(dst: *mut u32, value: u32) {
+    // SAFETY: per the caller's contract.
+    unsafe { store_dbrec(dst, value) }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.

@@ -5,10 +5,11 @@
 //! | function | meaning |
 //! | --- | --- |
 //! | [`to_device_barrier`] | earlier writes (WQEs, payloads) are visible to the HCA before later stores (doorbell record, doorbell) |
+//! | [`to_device_barrier_gpu`] | the same when the HCA reads the GPU's own memory (rings in GPU memory): GPU scope |
 //! | [`from_device_barrier`] | reads after it (CQE body, fetched values) see what the HCA wrote before the owner bit just read |
 //! | [`store_seg`] | one 16-byte WQE segment store |
 //! | [`mmio_store`] | the 8-byte doorbell store to the UAR |
-//! | [`store_dbrec`] | a doorbell-record word, system scope |
+//! | [`store_dbrec`] / [`store_dbrec_gpu`] | a doorbell-record word, system / GPU scope (rings in host / GPU memory) |
 //! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
 //! | [`fetch_max_sys`] | raise a host-visible u64 (the CPU proxy's producer index) |
 //! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |

@@ -9,6 +9,14 @@ pub fn to_device_barrier() {
     unsafe { asm!("fence.acq_rel.sys;", options(nostack)) }
 }
 
+/// [`to_device_barrier`] for an HCA that reads this GPU's own memory (rings in GPU memory, read
+/// peer-to-peer): `fence.acq_rel.gpu`, as NVSHMEM's IBGDA and DOCA fence such rings.
+#[inline(always)]
+pub fn to_device_barrier_gpu() {
+    // SAFETY: as above.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
 /// Later reads see what the HCA wrote before the flag just read (`fence.acq_rel.sys`).
 #[inline(always)]
 pub fn from_device_barrier() {
@@ -48,6 +56,17 @@ pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
 pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
     // SAFETY: per the caller's contract.
     unsafe { asm!("st.release.sys.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack)) }
+}
+
+/// Stores a doorbell-record word in GPU memory (`st.release.gpu`): see
+/// [`to_device_barrier_gpu`].
+///
+/// # Safety
+/// `dst` is a valid, 4-byte aligned address.
+#[inline(always)]
+pub unsafe fn store_dbrec_gpu(dst: *mut u32, value: u32) {
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("st.release.gpu.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack)) }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.

@@ -16,10 +16,14 @@ use crate::memory::HostBuffer;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RingPlacement {
-    /// Host memory mapped into the GPU: WQE stores cross PCIe.
+    /// Host memory mapped into the GPU: WQE stores cross PCIe; doorbells fence at system scope.
     HostPinned,
-    /// GPU memory.
+    /// GPU memory, with the doorbell record beside the ring: doorbells fence at GPU scope
+    /// (`QP_RINGS_IN_GPU_MEMORY`), as a NIC reading the rings peer-to-peer allows.
     Device,
+    /// As `Device`, but fenced at system scope as if the rings were in host memory: the
+    /// reference that shows what the GPU scope gains.
+    DeviceSystemFences,
 }
 
 /// What one posting-rate run measured.
@@ -99,7 +103,18 @@ impl Gpu {
                 let map = unsafe { HostMapping::new(self, buf.as_ptr(), buf.size()) }?;
                 Rings::Pinned(map, buf)
             }
-            RingPlacement::Device => Rings::Device(DeviceBuffer::zeroed(self, total)?),
+            RingPlacement::Device | RingPlacement::DeviceSystemFences => {
+                Rings::Device(DeviceBuffer::zeroed(self, total)?)
+            }
+        };
+        // With device rings the send queues' doorbell records sit in device memory too.
+        let device_records = match placement {
+            RingPlacement::HostPinned => None,
+            _ => Some(DeviceBuffer::zeroed(self, 64 * qps as usize)?),
+        };
+        let flags = match placement {
+            RingPlacement::Device => gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY,
+            _ => 0,
         };
         // Doorbell record and doorbell stand-ins: 64 bytes per QP, host-pinned.
         let records = HostBuffer::new("posting-rate doorbells", 64 * qps as usize).map_err(|e| bad(e.to_string()))?;
@@ -111,7 +126,11 @@ impl Gpu {
         for q in 0..qps as u64 {
             let dev = DevQp {
                 sq_base: rings.addr() + q * ring_bytes,
-                sq_dbrec: records_map.device_addr(q * 64 + 4),
+                sq_dbrec: match &device_records {
+                    Some(d) => d.device_addr() + q * 64 + 4,
+                    None => records_map.device_addr(q * 64 + 4),
+                },
+                flags,
                 doorbell: records_map.device_addr(q * 64 + 8),
                 max_msg_size: 1 << 30,
                 timeout_ns: 10_000_000_000,
