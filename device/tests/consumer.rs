@@ -11,7 +11,7 @@ use gdaki_device::scope::Group;
 use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Scope, Sharing, WaitError};
 use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::ctrl::FenceMode;
-use gdaki_layout::handle::{QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH};
+use gdaki_layout::handle::{QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH, QP_RINGS_IN_GPU_MEMORY};
 use gdaki_layout::wqe::{Operation, Payload, WorkRequest, WqeView};
 use gdaki_layout::{dbrec, doorbell, ring, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
 
@@ -965,4 +965,18 @@ fn no_dump_where_the_gpu_orders_rdma_writes() {
     assert_eq!(qp.atomic_fetch_add(h.remote(64), 3, h.local(1024)).unwrap(), 0);
     let seen = h.finish();
     assert!(seen.iter().all(|w| w.opcode != WqeOpcode::Dump));
+}
+
+/// Rings in GPU memory change only the scope of the doorbell fences: the consumer sees the
+/// same WQEs, doorbell record and doorbells, in every scope's posting path.
+#[test]
+fn rings_in_gpu_memory_post_the_same_queue() {
+    let h = Harness::new(4, DoorbellKind::Gpu, 1 << 20, 4096).with_flags(QP_RINGS_IN_GPU_MEMORY);
+    let qp = h.qp::<Exclusive>();
+    qp.put_inline(h.remote(0), b"gpu ring").unwrap();
+    qp.wait(qp.get(h.local(512), h.remote(0), 8).unwrap()).unwrap();
+    assert_eq!(&h.local_bytes()[512..520], b"gpu ring");
+    let seen = h.finish();
+    let kinds: Vec<_> = seen.iter().map(|w| w.opcode).collect();
+    assert_eq!(kinds, [WqeOpcode::RdmaWrite, WqeOpcode::RdmaRead]);
 }
