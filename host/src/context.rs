@@ -212,6 +212,12 @@ impl Context {
         self.inner.device.devx.device().name()
     }
 
+    /// The device as gdaki uses it: port, link layer, MTU, GID in use, and each capability
+    /// gdaki depends on with its verdict (what `doctor` lists).
+    pub fn device_report(&self) -> crate::DeviceReport {
+        self.inner.device.report()
+    }
+
     /// The provider in use (never `Auto`).
     pub fn provider(&self) -> Provider {
         self.provider

@@ -38,6 +38,7 @@ pub mod system;
 pub mod wire;
 
 pub use context::{Context, ContextOptions};
+pub use devx::{DeviceReport, Requirement};
 pub use error::{Error, Result};
 pub use memory::{Access, MemoryRegion};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};

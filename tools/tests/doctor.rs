@@ -45,6 +45,17 @@ fn json_report_has_the_documented_keys_and_a_concrete_choice() {
         "auto picks mlx5 exactly when an mlx5 device exists"
     );
     assert_eq!(v["can_run"], true);
+    // The soft device is opened as a context opens it, and meets every requirement.
+    let soft = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "soft")
+        .expect("the soft device is listed");
+    let reqs = soft["report"]["requirements"].as_array().expect("a report");
+    assert!(reqs.len() >= 5, "{soft}");
+    assert!(reqs.iter().all(|r| r["met"] == true), "{soft}");
+    assert_eq!(soft["report"]["link_layer"], "Ethernet");
 }
 
 #[test]

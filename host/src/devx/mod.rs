@@ -299,6 +299,144 @@ pub(crate) struct Opened {
     pub cq_uar: OwnedUar,
 }
 
+/// One thing gdaki depends on in a device, and what the device has ([`Context::device_report`](crate::Context::device_report)).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Requirement {
+    /// What is needed.
+    pub what: &'static str,
+    /// What gdaki needs.
+    pub needed: String,
+    /// What the device reports.
+    pub found: String,
+    /// Whether the device meets it.
+    pub met: bool,
+    /// What does not work when it is not met (empty when gdaki cannot run at all).
+    pub without: &'static str,
+}
+
+/// A device as gdaki uses it: what `doctor` lists, like `ibv_devinfo`, with a verdict per
+/// requirement.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceReport {
+    /// The device (`mlx5_0`, `soft`).
+    pub name: String,
+    /// The port gdaki sends from.
+    pub port: u8,
+    /// `InfiniBand` or `Ethernet` (RoCE).
+    pub link_layer: &'static str,
+    /// Active MTU in bytes.
+    pub mtu: u32,
+    /// InfiniBand LID (0 on Ethernet).
+    pub lid: u16,
+    /// The GID table index in use.
+    pub gid_index: u8,
+    /// That GID, as an IPv6 address.
+    pub gid: String,
+    /// Every requirement, with its verdict.
+    pub requirements: Vec<Requirement>,
+}
+
+impl DeviceReport {
+    /// Whether every requirement without which gdaki cannot run is met.
+    pub fn usable(&self) -> bool {
+        self.requirements.iter().all(|r| r.met || !r.without.is_empty())
+    }
+}
+
+impl Opened {
+    /// What gdaki needs of this device and what it has.
+    pub fn report(&self) -> DeviceReport {
+        let (g, a, p) = (&self.caps.general, &self.caps.atomic, &self.port);
+        let ops = |o: u16| {
+            [
+                (AtomicCaps::CMP_SWAP, "compare-and-swap"),
+                (AtomicCaps::FETCH_ADD, "fetch-and-add"),
+            ]
+            .iter()
+            .filter(|(bit, _)| o & bit != 0)
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+        };
+        let atomics_needed = AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD;
+        let pow = |log: u8| 1u64 << log.min(63);
+        let requirements = vec![
+            Requirement {
+                what: "CQE format",
+                needed: "version 1".into(),
+                found: format!("version {}", g.cqe_version),
+                met: g.cqe_version == 1,
+                without: "",
+            },
+            Requirement {
+                what: "atomics on RC QPs",
+                needed: "8-byte compare-and-swap and fetch-and-add".into(),
+                found: if g.atomic {
+                    format!(
+                        "{} (sizes {:#x})",
+                        if a.operations == 0 {
+                            "none".into()
+                        } else {
+                            ops(a.operations)
+                        },
+                        a.size_qp
+                    )
+                } else {
+                    "not supported".into()
+                },
+                met: g.atomic
+                    && a.operations & atomics_needed == atomics_needed
+                    && a.size_qp & AtomicCaps::SIZE_8_BYTES != 0,
+                without: "atomics and signals complete with an error",
+            },
+            Requirement {
+                what: "8-byte atomic reply order",
+                needed: "big-endian or host order (the device code reads either)".into(),
+                found: match a.reply_mode {
+                    1 => "host order (mode 1)".into(),
+                    m => format!("big-endian (mode {m})"),
+                },
+                met: a.reply_mode <= 1,
+                without: "",
+            },
+            Requirement {
+                what: "send queue size",
+                needed: format!("up to {} WQEs", crate::queue::MAX_SQ_SIZE),
+                found: format!("up to {}", pow(g.log_max_qp_sz)),
+                met: pow(g.log_max_qp_sz) >= crate::queue::MAX_SQ_SIZE as u64,
+                without: "send queues are limited to the device's size",
+            },
+            Requirement {
+                what: "completion queue size",
+                needed: format!("up to {} CQEs", crate::queue::MAX_CQ_SIZE),
+                found: format!("up to {}", pow(g.log_max_cq_sz)),
+                met: pow(g.log_max_cq_sz) >= crate::queue::MAX_CQ_SIZE as u64,
+                without: "completion queues are limited to the device's size",
+            },
+            Requirement {
+                what: "message size",
+                needed: "up to 1 GiB per WQE".into(),
+                found: format!("up to {} bytes", pow(g.log_max_msg)),
+                met: pow(g.log_max_msg) >= 1 << 30,
+                without: "larger puts are split into more WQEs",
+            },
+        ];
+        DeviceReport {
+            name: self.devx.device.name(),
+            port: p.number,
+            link_layer: match p.link {
+                LinkLayer::InfiniBand => "InfiniBand",
+                LinkLayer::Ethernet => "Ethernet",
+            },
+            mtu: p.mtu,
+            lid: p.lid,
+            gid_index: p.gid_index,
+            gid: std::net::Ipv6Addr::from(p.gid).to_string(),
+            requirements,
+        }
+    }
+}
+
 impl Devx {
     /// Opens `device`: reads its capabilities and port, and allocates what every queue shares.
     /// Refuses a device whose CQE format gdaki cannot read.
@@ -613,6 +751,27 @@ mod tests {
         assert_eq!(rec.take(), ["dereg_mr"]);
         drop(ctx);
         assert_eq!(rec.take(), ["free_uar"], "the CQs' UAR page goes with the context");
+    }
+
+    /// The report names what gdaki needs and judges each requirement: the soft device meets
+    /// them all; a device with smaller caps is limited, one without version-1 CQEs unusable.
+    #[test]
+    fn the_device_report_judges_each_requirement() {
+        let (ctx, _rec) = recording_context();
+        let rep = ctx.device_report();
+        assert!(rep.usable() && rep.requirements.iter().all(|r| r.met), "{rep:#?}");
+        assert_eq!((rep.name.as_str(), rep.port, rep.link_layer), ("soft", 1, "Ethernet"));
+        assert!(rep.gid.starts_with("fe80::"), "{}", rep.gid);
+
+        let mut opened = Devx::open(Arc::new(SoftDevice::open(Default::default()).unwrap())).unwrap();
+        opened.caps.general.log_max_qp_sz = 10;
+        opened.caps.atomic.operations = AtomicCaps::FETCH_ADD;
+        let rep = opened.report();
+        let unmet: Vec<_> = rep.requirements.iter().filter(|r| !r.met).map(|r| r.what).collect();
+        assert_eq!(unmet, ["atomics on RC QPs", "send queue size"]);
+        assert!(rep.usable(), "limits, not blockers");
+        opened.caps.general.cqe_version = 0;
+        assert!(!opened.report().usable());
     }
 
     /// A device's refusal reaches the caller as `Error::Device` with the command, status and

@@ -7,7 +7,7 @@ use clap::Parser;
 use gdaki::cuda::{self, CudaInfo, Gpu, SelftestReport};
 use gdaki::ptx::{self, PtxSummary};
 use gdaki::system::{self, RdmaDevice};
-use gdaki::{ExecutionMode, Provider, Selection};
+use gdaki::{Context, ContextOptions, DeviceReport, ExecutionMode, Provider, Selection};
 use serde::Serialize;
 
 #[derive(Parser, Debug)]
@@ -40,10 +40,42 @@ struct Report {
     libibverbs: bool,
     libmlx5: bool,
     rdma_devices: Vec<RdmaDevice>,
+    /// Each device opened as gdaki opens it (every mlx5 device, and the soft device), with
+    /// what gdaki needs of it and a verdict per requirement.
+    devices: Vec<DeviceCheck>,
     nvidia_peermem: bool,
     selection: Selection,
     can_run: bool,
     failed_requirements: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct DeviceCheck {
+    /// The device (`mlx5_0`, `soft`).
+    name: String,
+    /// What it has, when it opened.
+    report: Option<DeviceReport>,
+    /// Why it did not open.
+    error: Option<String>,
+}
+
+impl DeviceCheck {
+    /// Opens `name` with `provider` as a context would.
+    fn open(provider: Provider, name: &str) -> DeviceCheck {
+        let options = ContextOptions::from_env().device(name);
+        match Context::open_with(provider, options) {
+            Ok(ctx) => DeviceCheck {
+                name: name.into(),
+                report: Some(ctx.device_report()),
+                error: None,
+            },
+            Err(e) => DeviceCheck {
+                name: name.into(),
+                report: None,
+                error: Some(format!("{e:#}")),
+            },
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -94,6 +126,12 @@ fn examine(args: &Args) -> Report {
         _ => false,
     };
     let rdma_devices = system::rdma_devices();
+    let mut devices: Vec<DeviceCheck> = rdma_devices
+        .iter()
+        .filter(|d| d.mlx5)
+        .map(|d| DeviceCheck::open(Provider::Mlx5, &d.name))
+        .collect();
+    devices.push(DeviceCheck::open(Provider::Soft, "soft"));
     let selection = Selection::resolve(args.provider, &rdma_devices, gpu_usable);
     let mut failed_requirements = Vec::new();
     for req in &args.require {
@@ -116,6 +154,7 @@ fn examine(args: &Args) -> Report {
         libibverbs: system::library_loadable("libibverbs.so.1"),
         libmlx5: system::library_loadable("libmlx5.so.1"),
         rdma_devices,
+        devices,
         nvidia_peermem: system::nvidia_peermem_loaded(),
         selection,
         can_run,
@@ -128,6 +167,36 @@ fn yes_no(b: bool, yes: &str, no: &str) -> String {
         yes.to_string()
     } else {
         no.to_string()
+    }
+}
+
+/// One device like `ibv_devinfo` shows it, then each requirement with its verdict.
+fn print_device(d: &DeviceCheck) {
+    let Some(rep) = &d.report else {
+        println!("  {}: cannot be opened: {}", d.name, d.error.as_deref().unwrap_or("?"));
+        return;
+    };
+    println!(
+        "  {}: port {} {}, MTU {}, GID[{}] {}{}",
+        rep.name,
+        rep.port,
+        rep.link_layer,
+        rep.mtu,
+        rep.gid_index,
+        rep.gid,
+        if rep.link_layer == "InfiniBand" {
+            format!(", LID {:#x}", rep.lid)
+        } else {
+            String::new()
+        }
+    );
+    for q in &rep.requirements {
+        let verdict = match (q.met, q.without.is_empty()) {
+            (true, _) => "ok".to_string(),
+            (false, true) => "MISSING: gdaki cannot use this device".to_string(),
+            (false, false) => format!("limited: {}", q.without),
+        };
+        println!("    {:<26} {:<40} {verdict}", q.what, q.found);
     }
 }
 
@@ -227,6 +296,10 @@ fn print_report(r: &Report) {
                 p.number, p.state, p.link_layer, p.rate
             );
         }
+    }
+    println!("\nDevices as gdaki opens them");
+    for d in &r.devices {
+        print_device(d);
     }
     println!("\nGPU memory registration (for the mlx5 provider)");
     let dma_buf = r
