@@ -1,6 +1,6 @@
 //! The bytes gdaki sends over TCP: one frame format for the out-of-band handshake
 //! ([`crate::handshake`]) and for the soft HCA's transport between processes
-//! ([`crate::soft::net`]).
+//! (the soft device's `net` module).
 //!
 //! Every frame is a 12-byte header followed by its payload, all big-endian:
 //!

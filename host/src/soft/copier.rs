@@ -1,6 +1,6 @@
 //! GPU memory for the soft HCA: the copier, a persistent kernel (`gdaki_copier`) that moves
 //! bytes to, from and within device memory and runs atomics on it, fed descriptors through a
-//! host-pinned ring; and [`DeviceDma`], the [`Dma`] of device-memory regions.
+//! host-pinned ring; and `DeviceDma`, the `Dma` of device-memory regions.
 //!
 //! Why a persistent kernel: the CPU cannot address device memory, CUDA's copy calls cost
 //! microseconds each, and work launched by the HCA's threads while an application kernel runs

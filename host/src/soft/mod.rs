@@ -1,27 +1,39 @@
-//! The soft provider: a software model of an mlx5 HCA ("Soft-RoCE for GDAKI"). It consumes the
+//! The soft device: a software model of an mlx5 HCA ("Soft-RoCE for GDAKI"). It consumes the
 //! very queues, WQEs, doorbells and CQEs a ConnectX NIC would, so `gdaki-device` cannot tell it
-//! from hardware.
+//! from hardware. Everything here sits behind the DevX boundary (`firmware`); only the GPU
+//! copier is public, for benchmarks and reports of its own.
 //!
-//! - [`Hca`]: one per context: its memory regions (key table), its queue pairs, the atomics
-//!   lock (IB serialises atomics per HCA), and the engine thread that serves them.
-//! - [`engine`]: the thread: watches doorbells, fetches WQEs up to the rung index.
-//! - [`requester`]: parses a WQE as untrusted bytes, checks the local side, sends the request.
-//! - [`responder`]: executes a request against the target HCA's memory (rkey, bounds, rights).
-//! - [`completer`]: applies responses locally (READ data, fetched values) and writes CQEs.
-//! - [`dma`]: the memory trait every data movement goes through.
-//! - [`net`]: the transport to peers in other processes or hosts (TCP).
+//! - `Hca`: one per soft device: its memory regions (key table), its queue pairs, the atomics
+//!   lock (IB serialises atomics per HCA).
+//! - `firmware`: the device boundary: decodes DevX mailboxes, registers regions, owns the
+//!   engine.
+//! - `engine`: the thread: watches doorbells, fetches WQEs up to the rung index.
+//! - `requester`: parses a WQE as untrusted bytes, checks the local side, sends the request.
+//! - `responder`: executes a request against the target HCA's memory (rkey, bounds, rights).
+//! - `completer`: applies responses locally (READ data, fetched values) and writes CQEs.
+//! - `dma`: the memory trait every data movement goes through (not public: its accesses are
+//!   only sound on registered ranges).
+//! - `net`: the transport to peers in other processes or hosts (TCP).
+//! - [`copier`]: the persistent GPU kernel that moves device-memory bytes.
 //!
 //! Peers in one process talk directly (the responder runs on the requester's engine thread,
 //! against the peer HCA's tables).
-pub mod completer;
+//!
+//! Nothing outside the library can reach the soft HCA's memory accessors:
+//!
+//! ```compile_fail
+//! // Writing through an arbitrary address from safe code must not compile.
+//! gdaki::soft::dma::HostDma::default();
+//! ```
+pub(crate) mod completer;
 pub mod copier;
-pub mod dma;
-pub mod engine;
-pub mod firmware;
-pub mod net;
-pub mod objects;
-pub mod requester;
-pub mod responder;
+pub(crate) mod dma;
+pub(crate) mod engine;
+pub(crate) mod firmware;
+pub(crate) mod net;
+pub(crate) mod objects;
+pub(crate) mod requester;
+pub(crate) mod responder;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
