@@ -359,7 +359,17 @@ impl Opened {
             .join(", ")
         };
         let atomics_needed = AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD;
-        let pow = |log: u8| 1u64 << log.min(63);
+        // A size gdaki uses up to `ours` of, where the device offers 2^log.
+        let size = |what, unit, ours: u64, log: u8| {
+            let theirs = 1u64 << log.min(63);
+            Requirement {
+                what,
+                needed: format!("up to {ours} {unit}"),
+                found: format!("up to {theirs}"),
+                met: theirs >= ours,
+                without: "gdaki uses the device's smaller limit (larger puts split into more WQEs)",
+            }
+        };
         let requirements = vec![
             Requirement {
                 what: "CQE format",
@@ -399,27 +409,19 @@ impl Opened {
                 met: a.reply_mode <= 1,
                 without: "",
             },
-            Requirement {
-                what: "send queue size",
-                needed: format!("up to {} WQEs", crate::queue::MAX_SQ_SIZE),
-                found: format!("up to {}", pow(g.log_max_qp_sz)),
-                met: pow(g.log_max_qp_sz) >= crate::queue::MAX_SQ_SIZE as u64,
-                without: "send queues are limited to the device's size",
-            },
-            Requirement {
-                what: "completion queue size",
-                needed: format!("up to {} CQEs", crate::queue::MAX_CQ_SIZE),
-                found: format!("up to {}", pow(g.log_max_cq_sz)),
-                met: pow(g.log_max_cq_sz) >= crate::queue::MAX_CQ_SIZE as u64,
-                without: "completion queues are limited to the device's size",
-            },
-            Requirement {
-                what: "message size",
-                needed: "up to 1 GiB per WQE".into(),
-                found: format!("up to {} bytes", pow(g.log_max_msg)),
-                met: pow(g.log_max_msg) >= 1 << 30,
-                without: "larger puts are split into more WQEs",
-            },
+            size(
+                "send queue size",
+                "WQEs",
+                crate::queue::MAX_SQ_SIZE as u64,
+                g.log_max_qp_sz,
+            ),
+            size(
+                "completion queue size",
+                "CQEs",
+                crate::queue::MAX_CQ_SIZE as u64,
+                g.log_max_cq_sz,
+            ),
+            size("message size", "bytes per WQE", 1 << 30, g.log_max_msg),
         ];
         DeviceReport {
             name: self.devx.device.name(),

@@ -248,12 +248,14 @@ impl Hca {
         dma: Arc<dyn Dma>,
         keep: Option<Arc<dyn Send + Sync>>,
     ) -> Result<u32> {
-        if addr.checked_add(len).is_none() {
+        // The firmware refuses what a NIC would, whatever the caller checked.
+        let max = u64::MAX - addr;
+        if len > max {
             return Err(Error::OutOfRange {
                 what: "region end",
                 got: len,
                 min: 0,
-                max: u64::MAX - addr,
+                max,
             });
         }
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
