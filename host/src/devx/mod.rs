@@ -382,15 +382,21 @@ impl Opened {
                 what: "atomics on RC QPs",
                 needed: "8-byte compare-and-swap and fetch-and-add".into(),
                 found: if g.atomic {
-                    format!(
-                        "{} (sizes {:#x})",
-                        if a.operations == 0 {
-                            "none".into()
-                        } else {
-                            ops(a.operations)
-                        },
-                        a.size_qp
-                    )
+                    let sizes: Vec<_> = (0..16u32)
+                        .filter(|n| a.size_qp & (1 << n) != 0)
+                        .map(|n| (1u32 << n).to_string())
+                        .collect();
+                    let ops = if a.operations == 0 {
+                        "none".into()
+                    } else {
+                        ops(a.operations)
+                    };
+                    let sizes = if sizes.is_empty() {
+                        "no size".into()
+                    } else {
+                        sizes.join("/")
+                    };
+                    format!("{ops}; {sizes}-byte")
                 } else {
                     "not supported".into()
                 },
