@@ -136,7 +136,7 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("provider", &self.provider)
-            .field("device", &self.inner.device.devx.device().name())
+            .field("device", &self.inner.device.device().name())
             .finish()
     }
 }
@@ -209,7 +209,7 @@ impl Context {
 
     /// The RDMA device the context opened (`mlx5_0`, or `soft`).
     pub fn device_name(&self) -> String {
-        self.inner.device.devx.device().name()
+        self.inner.device.device().name()
     }
 
     /// The device as gdaki uses it: port, link layer, MTU, GID in use, and each capability
@@ -264,7 +264,6 @@ impl Context {
     pub fn listen(&self, bind: std::net::SocketAddr) -> Result<Option<std::net::SocketAddr>> {
         self.inner
             .device
-            .devx
             .device()
             .listen(bind)
             .map_err(Error::device("listening for peers"))

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 use crate::cuda::{CudaError, Gpu, HostMapping};
 use crate::devx::Uar;
 use crate::error::{Error, Result};
-use crate::soft::lock;
+use crate::lock;
 
 /// Why a doorbell page is not mapped into a GPU.
 #[derive(Debug, thiserror::Error)]

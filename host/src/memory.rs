@@ -205,7 +205,6 @@ impl MemoryRegion {
         let dev = &ctx.device;
         let mem = Memory { addr, len, kind, keep };
         let mr = dev
-            .devx
             .device()
             .reg_mr(dev.pd, &mem, access)
             .map_err(Error::device("registering a memory region"))?;
@@ -355,7 +354,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        if let Err(e) = self.ctx.device.devx.device().dereg_mr(&self.mr) {
+        if let Err(e) = self.ctx.device.device().dereg_mr(&self.mr) {
             tracing::warn!(target: "gdaki::devx", lkey = format_args!("{:#x}", self.mr.lkey), "region not deregistered: {e}");
         }
     }

@@ -559,7 +559,7 @@ impl QueuePair {
             qpn: self.inner.qpn,
             psn: self.inner.psn,
             mtu: port.mtu as u16,
-            addr: self.inner.ctx.device.devx.device().transport_addr(),
+            addr: self.inner.ctx.device.device().transport_addr(),
         }
     }
 
@@ -612,7 +612,6 @@ impl QueuePair {
             .inner
             .ctx
             .device
-            .devx
             .device()
             .resolve(peer)
             .map_err(Error::device("resolving the path to a peer"))?;

@@ -762,6 +762,11 @@ fn device_buffers_export_as_dma_buf_in_whole_pages() {
             }
             Err(e) => assert!(!supported, "dma-buf is supported, but exporting failed: {e}"),
         }
+        if supported {
+            // A range inside the buffer that is not page-aligned: the pages around it.
+            let (_, offset) = cuda::DmaBuf::covering(&gpu, buf.device_addr() + 64, 100).expect("covering export");
+            assert_eq!(offset, 64);
+        }
         for (addr, n) in [(buf.device_addr() + 64, 4096), (buf.device_addr(), 100)] {
             let err = cuda::DmaBuf::export(&gpu, addr, n).unwrap_err();
             assert!(

@@ -596,6 +596,21 @@ impl DmaBuf {
         })
     }
 
+    /// Exports the whole pages around `addr..addr + len` (memory this process allocated on
+    /// `gpu`, whose pages it owns whole, as [`DeviceBuffer`]s do) and says where `addr` is in
+    /// the export: what a registration of a range that is not page-aligned needs.
+    pub fn covering(gpu: &Gpu, addr: u64, len: usize) -> Result<(DmaBuf, u64), CudaError> {
+        let start = addr - addr % PAGE as u64;
+        let end = addr
+            .checked_add(len as u64)
+            .and_then(|e| e.checked_next_multiple_of(PAGE as u64))
+            .ok_or_else(|| CudaError::BadArgument {
+                what: "cuMemGetHandleForAddressRange",
+                why: format!("{len} bytes at {addr:#x} wrap around the address space"),
+            })?;
+        Ok((DmaBuf::export(gpu, start, (end - start) as usize)?, addr - start))
+    }
+
     /// The descriptor.
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.fd)

@@ -160,7 +160,6 @@ pub(crate) trait Device: Send + Sync {
 
 /// What a port is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(dead_code)] // InfiniBand ports come with the mlx5 device
 pub(crate) enum LinkLayer {
     /// InfiniBand: peers are addressed by LID (and GID across subnets).
     InfiniBand,
@@ -344,6 +343,11 @@ impl DeviceReport {
 }
 
 impl Opened {
+    /// The device.
+    pub fn device(&self) -> &dyn Device {
+        self.devx.device()
+    }
+
     /// What gdaki needs of this device and what it has.
     pub fn report(&self) -> DeviceReport {
         let (g, a, p) = (&self.caps.general, &self.caps.atomic, &self.port);
@@ -430,7 +434,7 @@ impl Opened {
             size("message size", "bytes per WQE", 1 << 30, g.log_max_msg),
         ];
         DeviceReport {
-            name: self.devx.device.name(),
+            name: self.device().name(),
             port: p.number,
             link_layer: match p.link {
                 LinkLayer::InfiniBand => "InfiniBand",

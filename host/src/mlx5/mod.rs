@@ -660,17 +660,11 @@ impl Device for Mlx5Device {
                         "GPU-memory regions need ibv_reg_dmabuf_mr (rdma-core 34 or later)",
                     ));
                 };
-                // The export covers whole pages; the region is an offset into it.
-                let start = mem.addr & !0xfff;
-                let end = mem.addr.checked_add(mem.len).map(|e| e.next_multiple_of(0x1000));
-                let Some(span) = end.map(|e| (e - start) as usize) else {
-                    return Err(call_error(what, format!("{} bytes at {:#x} wrap", mem.len, mem.addr)));
-                };
-                let buf = DmaBuf::export(gpu, start, span)
+                let (buf, offset) = DmaBuf::covering(gpu, mem.addr, len)
                     .map_err(|e| call_error("exporting GPU memory as dma-buf", e.to_string()))?;
-                // SAFETY: the fd exports `span` bytes from `start`; the MR keeps its own
-                // reference to the dma-buf.
-                unsafe { reg(self.pd, mem.addr - start, len, mem.addr, buf.fd().as_raw_fd(), flags) }
+                // SAFETY: the fd exports the pages around the region, which starts `offset`
+                // bytes in; the MR keeps its own reference to the dma-buf.
+                unsafe { reg(self.pd, offset, len, mem.addr, buf.fd().as_raw_fd(), flags) }
             }
         };
         if mr.is_null() {

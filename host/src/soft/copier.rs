@@ -27,9 +27,9 @@ use gdaki_layout::copy::{
 use tracing::{debug, error};
 
 use crate::cuda::{CudaError, DeviceBuffer, Gpu, HostMapping};
+use crate::lock;
 use crate::memory::HostBuffer;
 use crate::soft::dma::{Dma, DmaFault};
-use crate::soft::lock;
 
 mod inflight;
 use inflight::{InFlight, Overlap};

@@ -12,13 +12,14 @@ use tracing::{trace, warn};
 
 use std::collections::VecDeque;
 
+use crate::lock;
 use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
 use crate::soft::copier::Copier;
 use crate::soft::net::Meta;
 use crate::soft::objects::{SoftQp, SqProgress};
 use crate::soft::requester::{self, Executed, Scratch, Target};
-use crate::soft::{lock, Hca};
+use crate::soft::Hca;
 
 /// A running engine: dropping it stops the HCA's engine and transport threads and joins the
 /// engine.

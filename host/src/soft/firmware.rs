@@ -24,6 +24,7 @@ use gdaki_layout::prm::{get, get_bytes, set, Bits, CmdError, CmdStatus, Opcode};
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
 use crate::devx::{Device, DeviceError, LinkLayer, Memory, MemoryKind, Mr, Port, Uar};
+use crate::lock;
 use crate::memory::Access;
 use crate::memory::HostBuffer;
 use crate::queue::{Endpoint, QpState};
@@ -31,7 +32,7 @@ use crate::soft::copier::{Copier, DeviceDma};
 use crate::soft::dma::{Dma, HostDma};
 use crate::soft::engine::Engine;
 use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
-use crate::soft::{lock, Hca};
+use crate::soft::Hca;
 
 /// Why the soft firmware refused a command (the syndrome in its output mailbox).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

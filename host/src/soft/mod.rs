@@ -43,7 +43,7 @@ use tracing::debug;
 
 use crate::error::{Error, Result};
 use crate::memory::Access;
-pub(crate) use crate::{lock, random_u32};
+use crate::{lock, random_u32};
 use dma::Dma;
 use objects::SoftQp;
 

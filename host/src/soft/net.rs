@@ -29,6 +29,7 @@ use gdaki_layout::Syndrome;
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
+use crate::lock;
 use crate::memory::Access;
 use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
@@ -36,7 +37,7 @@ use crate::soft::dma::DmaFault;
 use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
-use crate::soft::{lock, Hca, Region, RegionCache};
+use crate::soft::{Hca, Region, RegionCache};
 use crate::wire::{self, Header, Kind, Op, Request, Response, WireError, HEADER_LEN};
 
 /// How often blocked socket reads wake up to check deadlines and stop flags.

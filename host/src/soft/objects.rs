@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
+use crate::lock;
 use crate::queue::QpState;
 use crate::soft::net::Link;
-use crate::soft::{lock, Hca};
+use crate::soft::Hca;
 
 /// A range of host memory the device reads and writes (a ring, a doorbell record, a doorbell
 /// page), with what keeps it allocated.

@@ -93,7 +93,7 @@ pub(crate) fn atomic(hca: &Hca, cache: &mut RegionCache, remote: Remote, op: Ato
     let r = hca
         .region(cache, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
         .ok_or(Syndrome::RemoteAccess)?;
-    let _serial = crate::soft::lock(&hca.atomics);
+    let _serial = crate::lock(&hca.atomics);
     match op {
         AtomicOp::FetchAdd(add) => r.dma.fetch_add(remote.addr, add),
         AtomicOp::CompareSwap { compare, swap } => r.dma.compare_swap(remote.addr, compare, swap),
