@@ -13,8 +13,9 @@
 use std::time::Instant;
 
 use anyhow::Context as _;
+use gdaki::cuda::quiesced;
 use gdaki::cuda::{self, DeviceBuffer, Gpu};
-use gdaki::soft::copier::{quiesced, Copier};
+use gdaki::soft::copier::Copier;
 use serde::Serialize;
 
 #[derive(Serialize)]

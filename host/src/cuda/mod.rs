@@ -13,7 +13,6 @@ use crate::ptx::{self, PtxUnavailable};
 mod launch;
 mod posting;
 mod reference;
-pub use crate::soft::copier::quiesced;
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun};
 pub use posting::{PostingRun, RingPlacement};
 
@@ -420,7 +419,7 @@ impl Drop for HostMapping {
     fn drop(&mut self) {
         // Nothing sensible to do on failure: the process keeps a pinned range until exit.
         // Unregistering waits for every kernel, the soft HCA's copiers included: stop them.
-        crate::soft::copier::quiesced(|| {
+        quiesced(|| {
             if self.ctx.bind_to_thread().is_ok() {
                 // SAFETY: registered in `new` and not unregistered since.
                 let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
@@ -536,13 +535,44 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // Freeing waits for every kernel, the soft HCA's copiers included: stop them.
-        crate::soft::copier::quiesced(|| {
+        quiesced(|| {
             if self.ctx.bind_to_thread().is_ok() {
                 // SAFETY: allocated in `zeroed`, freed once.
                 let _ = unsafe { sys::cuMemFree_v2(self.base) };
             }
         })
     }
+}
+
+/// A kernel that stays resident on a GPU while the library runs (the soft HCA's copier). CUDA
+/// calls that wait for every kernel would wait for it forever, so [`quiesced`] stops each
+/// around them.
+pub(crate) trait Resident: Send + Sync {
+    /// Stops the kernel; pauses nest, each ended by one [`resume`](Self::resume).
+    fn pause(&self);
+    /// Ends a pause; the last one restarts the kernel.
+    fn resume(&self);
+}
+
+/// The resident kernels of the process.
+static RESIDENT: std::sync::Mutex<Vec<std::sync::Weak<dyn Resident>>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers a resident kernel for [`quiesced`] (for as long as it lives).
+pub(crate) fn resident(kernel: std::sync::Weak<dyn Resident>) {
+    let mut all = crate::lock(&RESIDENT);
+    all.retain(|w| w.strong_count() > 0);
+    all.push(kernel);
+}
+
+/// Runs `f` with every resident kernel of the process stopped (the soft HCA's GPU copiers), and
+/// restarts them after: for CUDA calls that wait for every kernel, such as freeing device memory
+/// or unpinning host memory. Nests.
+pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
+    let kernels: Vec<Arc<dyn Resident>> = crate::lock(&RESIDENT).iter().filter_map(|w| w.upgrade()).collect();
+    kernels.iter().for_each(|k| k.pause());
+    let r = f();
+    kernels.iter().for_each(|k| k.resume());
+    r
 }
 
 /// The host page size dma-buf exports are aligned to (and device buffers are allocated in).

@@ -46,7 +46,7 @@ const LIST_ITEM_MAX: u64 = 512;
 /// Bytes of one ring slot's copy list.
 const LIST_BYTES: usize = LIST_MAX * std::mem::size_of::<CopyItem>();
 
-/// Every live copier of the process, for [`quiesced`].
+/// Every live copier of the process, by GPU ([`Copier::existing`]).
 static COPIERS: Mutex<Vec<Weak<Copier>>> = Mutex::new(Vec::new());
 
 /// A GPU's copier: the descriptor ring, the answers, the kernel's state and the stream it runs
@@ -162,8 +162,8 @@ impl Copier {
     /// Registering device memory with a soft HCA does this; it is public for benchmarks that
     /// measure the copier alone.
     pub fn of(gpu: &Gpu) -> crate::Result<Arc<Copier>> {
-        // One creator at a time; the registry itself is not held while creating, because a
-        // failed creation frees mappings, which takes the registry (see `quiesced`).
+        // One creator at a time; the registries are not held while creating, because a failed
+        // creation frees mappings, which takes them (see `cuda::quiesced`).
         static CREATING: Mutex<()> = Mutex::new(());
         let _one = lock(&CREATING);
         if let Some(c) = Copier::existing(gpu) {
@@ -174,6 +174,7 @@ impl Copier {
             let mut st = lock(&c.state);
             c.start(&mut st).map_err(crate::Error::Cuda)?;
         }
+        crate::cuda::resident(Arc::downgrade(&c) as Weak<dyn crate::cuda::Resident>);
         let mut all = lock(&COPIERS);
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&c));
@@ -644,23 +645,22 @@ pub(crate) fn release(copier: Arc<Copier>) {
     }
 }
 
-/// Runs `f` with every copier of the process stopped (and restarts them after): for CUDA calls
-/// that wait for every kernel, such as freeing device memory or unpinning host memory. Nests.
-pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
-    let copiers: Vec<Arc<Copier>> = lock(&COPIERS).iter().filter_map(Weak::upgrade).collect();
-    for c in &copiers {
-        let mut st = lock(&c.state);
+// A copier is a kernel that never ends on its own: CUDA calls that wait for every kernel
+// (`cuda::quiesced`) stop it around them.
+impl crate::cuda::Resident for Copier {
+    fn pause(&self) {
+        let mut st = lock(&self.state);
         st.paused += 1;
-        if let Err(e) = c.stop(&mut st) {
+        if let Err(e) = self.stop(&mut st) {
             error!("GPU copier: stopping for a free: {e}");
         }
     }
-    let r = f();
-    for c in &copiers {
-        let mut st = lock(&c.state);
+
+    fn resume(&self) {
+        let mut st = lock(&self.state);
         st.paused -= 1;
         if st.paused == 0 && !st.running && !st.broken {
-            match c.start(&mut st) {
+            match self.start(&mut st) {
                 Ok(()) => {}
                 // The process is exiting (the driver is already torn down): nothing to serve.
                 Err(CudaError::Driver(e)) if e.0 == sys::CUresult::CUDA_ERROR_DEINITIALIZED => st.broken = true,
@@ -670,9 +670,8 @@ pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
                 }
             }
         }
-        c.resumed.notify_all();
+        self.resumed.notify_all();
     }
-    r
 }
 
 /// The copier that can move bytes between memory `a` and `b` in one step: one side is device
