@@ -11,8 +11,8 @@
 //! What it costs the application: while a GPU has device-memory regions, one kernel of a few
 //! blocks runs on it. CUDA calls that wait for every kernel (`cuMemFree`, `cuMemHostUnregister`,
 //! `cudaDeviceSynchronize`) would wait forever, so the library stops the copiers around its own
-//! such calls ([`quiesced`]), and an application that makes them itself should wrap them in
-//! [`quiesced`] too (or drop its device-memory regions first). Free GPU memory only while no
+//! such calls ([`quiesced`](crate::cuda::quiesced)), and an application that makes them itself should wrap them in
+//! [`quiesced`](crate::cuda::quiesced) too (or drop its device-memory regions first). Free GPU memory only while no
 //! kernel waits on the soft HCA.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
