@@ -75,6 +75,18 @@ impl Mem {
     }
 }
 
+/// Where the queues' rings live (`--rings`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RingsArg {
+    /// GPU memory on a real NIC in GPU mode when the poster rings, else host memory.
+    Auto,
+    /// Host memory (page-locked and mapped into the GPU in GPU mode).
+    Host,
+    /// GPU memory, which a NIC reads through a dma-buf export (GPU mode, no --cpu-proxy).
+    Gpu,
+}
+
 /// Flags common to `put_bw` and `write_lat`.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
@@ -115,6 +127,11 @@ pub struct Common {
     /// memory); auto: pinned in GPU mode, host in CPU mode.
     #[arg(long, value_enum, default_value_t = Mem::Auto)]
     pub mem: Mem,
+    /// Where the queues' rings live: host (page-locked, mapped into the GPU) or gpu (GPU
+    /// memory; GPU mode without --cpu-proxy, on a NIC: the soft HCA serves host rings only);
+    /// auto: gpu on a real NIC in GPU mode when the poster rings, else host.
+    #[arg(long, value_enum, default_value_t = RingsArg::Auto)]
+    pub rings: RingsArg,
     /// Execution scope of the posting kernel.
     #[arg(long, value_enum, default_value_t = Scope::Thread)]
     pub scope: Scope,
@@ -286,6 +303,14 @@ impl Common {
             }
             (m, _) => m,
         };
+        if self.rings == RingsArg::Gpu {
+            if gpu.is_none() {
+                bail!("--rings gpu: rings in GPU memory need --mode gpu (CPU threads post to host rings)");
+            }
+            if self.cpu_proxy {
+                bail!("--rings gpu with --cpu-proxy: the proxy writes doorbell records with the CPU, which needs --rings host");
+            }
+        }
         if self.timeout == 0 {
             bail!("--timeout 0: at least one second");
         }

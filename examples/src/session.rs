@@ -5,11 +5,11 @@ use std::net::{SocketAddr, TcpListener};
 use anyhow::{bail, Context as _};
 use gdaki::cuda::Gpu;
 use gdaki::handshake::{Channel, Hello};
-use gdaki::{Access, Context, ContextOptions, MemoryRegion};
+use gdaki::{Access, Context, ContextOptions, DoorbellHandler, MemoryRegion, Provider, Rings};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::cli::{Common, Plan, Role};
+use crate::cli::{Common, Plan, RingsArg, Role};
 
 /// The flags that must be equal on both sides (perftest's "SYMMETRIC" ones), compared by the
 /// server when the client says hello.
@@ -66,6 +66,8 @@ pub struct Session {
     pub mem: crate::cli::Mem,
     /// Loopback, server or client.
     pub role: Role,
+    /// Where this side's queues keep their rings.
+    pub rings: Rings,
 }
 
 impl Session {
@@ -109,7 +111,16 @@ impl Session {
             ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))
                 .context("starting the soft HCA's transport listener")?;
         }
+        // `plan` refused --rings gpu without a GPU or with a proxy; auto places the rings as a
+        // NIC wants them (GPU memory, read through dma-buf) where the poster rings.
+        let poster_rings = plan.handler() == DoorbellHandler::Gpu;
+        let rings = match (common.rings, &gpu) {
+            (RingsArg::Gpu, Some(g)) => Rings::Gpu(g.clone()),
+            (RingsArg::Auto, Some(g)) if ctx.provider() == Provider::Mlx5 && poster_rings => Rings::Gpu(g.clone()),
+            _ => Rings::Host,
+        };
         Ok(Session {
+            rings,
             ctx,
             gpu,
             channel,
@@ -126,6 +137,14 @@ impl Session {
         })
     }
 
+    /// Where the rings are, as `--json` names it: `host` or `gpu`.
+    pub fn rings_name(&self) -> &'static str {
+        match self.rings {
+            Rings::Host => "host",
+            Rings::Gpu(_) => "gpu",
+        }
+    }
+
     /// The header block's lines every perftest has: device, provider, mode, handler, transport.
     pub fn header_lines(&self, plan: &Plan) -> Vec<(&'static str, String)> {
         let provider = self.ctx.provider().to_string();
@@ -140,6 +159,7 @@ impl Session {
                 },
             ),
             ("Handler", plan.handler_line()),
+            ("Rings", self.rings.to_string()),
             ("Connection type", "RC".into()),
             ("Transport", plan.role.transport()),
             ("TX depth", plan.tx_depth.to_string()),

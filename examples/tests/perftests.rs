@@ -219,6 +219,7 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         (&["--plot", "x.png"], "SVG"),
         (&["--mode", "cpu", "--mem", "device"], "GPU memory needs --mode gpu"),
         (&["-q", "0"], "1 to 64"),
+        (&["--mode", "cpu", "--rings", "gpu"], "need --mode gpu"),
     ] {
         let out = run("put_bw", args);
         assert!(!out.status.success(), "{args:?} succeeded");

@@ -81,7 +81,7 @@ fn main() -> anyhow::Result<()> {
     };
     let ctx = Context::open(Provider::Soft)?;
     let cq = ctx.create_cq(4096)?;
-    let qp = ctx.create_qp(&cq, cfg)?;
+    let qp = ctx.create_qp(&cq, cfg.clone())?;
     let src = ctx.alloc_region(MIB, Access::ALL)?;
     // The target: the same context (in-process), or a second one reached over loopback TCP.
     let peer = if tcp {
@@ -110,7 +110,7 @@ fn main() -> anyhow::Result<()> {
         None => ctx.alloc_region(MIB, Access::ALL)?,
     };
     // SAFETY: `qp` outlives `dev`; only this thread posts.
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
 
     eprintln!("8-byte puts: {messages} messages ...");
     let started = Instant::now();

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::memory::{Access, MemoryRegion};
 use crate::mlx5::Mlx5Device;
 use crate::provider::Provider;
-use crate::queue::{CompletionQueue, QpConfig, QueuePair};
+use crate::queue::{CompletionQueue, QpConfig, QueuePair, Rings};
 use crate::soft::firmware::SoftDevice;
 use crate::system;
 
@@ -269,9 +269,15 @@ impl Context {
             .map_err(Error::device("listening for peers"))
     }
 
-    /// A completion queue of `size` CQEs (a power of two).
+    /// A completion queue of `size` CQEs (a power of two), its ring in host memory.
     pub fn create_cq(&self, size: u32) -> Result<CompletionQueue> {
-        CompletionQueue::create(&self.inner, size)
+        CompletionQueue::create(&self.inner, size, &Rings::Host)
+    }
+
+    /// A completion queue of `size` CQEs (a power of two), its ring and doorbell record where
+    /// `rings` says ([`Rings::Gpu`]: only kernels on that GPU can poll it).
+    pub fn create_cq_in(&self, size: u32, rings: &Rings) -> Result<CompletionQueue> {
+        CompletionQueue::create(&self.inner, size, rings)
     }
 
     /// A reliable-connected queue pair completing into `cq` (which must serve no other QP).

@@ -80,6 +80,14 @@ pub enum Error {
         /// Which peer.
         what: String,
     },
+    /// A combination the library or its device cannot serve.
+    #[error("{what} is not supported: {why}")]
+    Unsupported {
+        /// What was asked for.
+        what: &'static str,
+        /// Why not, and what to do instead.
+        why: String,
+    },
     /// The completion queue overran (the HCA had a CQE to write and no room).
     #[error("completion queue {cqn:#x} overran")]
     CqOverrun {

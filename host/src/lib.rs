@@ -15,7 +15,7 @@
 //! let qp = ctx.create_qp(&cq, QpConfig::default())?;
 //! qp.connect(&qp.endpoint())?; // loopback
 //! // CPU mode: post from this thread with the device crate's API.
-//! let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+//! let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }?;
 //! let t = dev.put(mr.remote(4096), mr.local(0), 4096).expect("put");
 //! dev.wait(t).expect("completion");
 //! # Ok(()) }
@@ -42,7 +42,7 @@ pub use devx::{DeviceReport, Requirement};
 pub use error::{Error, Result};
 pub use memory::{Access, MemoryRegion};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
-pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair};
+pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair, Rings};
 
 /// Locks a mutex, taking it over if a thread panicked while holding it (the data it guards
 /// stays consistent at every unlock point).

@@ -14,7 +14,7 @@ use gdaki_layout::{cqe, AtomicReplyOrder, CqeOpcode, DevCq, DevQp, DoorbellKind,
 use tracing::debug;
 
 use crate::context::ContextInner;
-use crate::devx::{DeviceError, Owned, OwnedUar, Umem};
+use crate::devx::{DeviceError, Owned, OwnedUar, QueueMemory, Umem};
 use crate::error::{check_pow2, Error, Result};
 use crate::lock;
 use crate::memory::HostBuffer;
@@ -113,8 +113,45 @@ pub struct Endpoint {
     pub addr: Option<SocketAddr>,
 }
 
+/// Where a queue's ring and doorbell record live.
+#[derive(Debug, Clone, Default)]
+pub enum Rings {
+    /// Page-locked host memory: CPU threads post to it directly and a GPU export maps it (the
+    /// GPU then writes WQEs and polls CQEs over PCIe). The only placement the soft HCA serves.
+    #[default]
+    Host,
+    /// Device memory of this GPU, which a NIC reads through a dma-buf export: kernels on that
+    /// GPU write WQEs and poll CQEs in their own memory, and fence at GPU scope before a
+    /// doorbell (as DOCA GPUNetIO and NVSHMEM's IBGDA place them). Only kernels on this GPU can
+    /// post ([`QueuePair::cpu`] refuses), and the doorbell must be rung by the poster: the CPU
+    /// proxy cannot write the doorbell record in GPU memory.
+    Gpu(crate::cuda::Gpu),
+}
+
+impl Rings {
+    /// `len` zeroed bytes of queue memory here, page-aligned whole pages.
+    fn alloc(&self, what: &'static str, len: usize) -> Result<QueueMemory> {
+        Ok(match self {
+            Rings::Host => QueueMemory::Host(Arc::new(HostBuffer::new(what, len)?)),
+            Rings::Gpu(gpu) => QueueMemory::Gpu {
+                buf: Arc::new(crate::cuda::DeviceBuffer::zeroed(gpu, len)?),
+                gpu: gpu.clone(),
+            },
+        })
+    }
+}
+
+impl fmt::Display for Rings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rings::Host => f.write_str("host memory"),
+            Rings::Gpu(gpu) => write!(f, "GPU {} memory", gpu.ordinal()),
+        }
+    }
+}
+
 /// Sizes and limits of a new queue pair.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct QpConfig {
     /// Send queue size in WQEs: a power of two, at most [`MAX_SQ_SIZE`], and at most the CQ's.
     pub sq_size: u32,
@@ -129,6 +166,9 @@ pub struct QpConfig {
     /// Who rings the doorbell: the poster itself, or a CPU proxy (posters then publish their
     /// producer index; hand [`QueuePair::proxy_target`] to a `gdaki_proxy::Proxy`).
     pub handler: DoorbellHandler,
+    /// Where the send queue and its doorbell record live (its CQ's placement is chosen with
+    /// [`Context::create_cq_in`](crate::Context::create_cq_in)).
+    pub rings: Rings,
 }
 
 impl Default for QpConfig {
@@ -139,6 +179,7 @@ impl Default for QpConfig {
             timeout: Duration::from_secs(10),
             retry_timeout: Duration::from_secs(4),
             handler: DoorbellHandler::Gpu,
+            rings: Rings::Host,
         }
     }
 }
@@ -179,6 +220,26 @@ impl Cq {
 
     fn context_field(out: &[u8], field: Bits) -> u64 {
         prm::get(out, field.within(query_cq_out::CQ_CONTEXT))
+    }
+
+    /// A copy of every CQE in the ring. The HCA writes CQEs concurrently: each may be stale,
+    /// and only fields of entries it finished writing are to be trusted.
+    fn cqes(&self) -> Result<Vec<cqe::Cqe64>> {
+        let n = 1usize << self.log_size;
+        match &self.umem.mem {
+            QueueMemory::Host(_) => Ok((0..n)
+                .map(|i| {
+                    // SAFETY: entry i lies inside the ring, which `self` keeps alive; the copy
+                    // is volatile because the HCA writes entries concurrently.
+                    unsafe { std::ptr::read_volatile((self.ring() as *const cqe::Cqe64).add(i)) }
+                })
+                .collect()),
+            QueueMemory::Gpu { buf, .. } => {
+                let mut all = vec![bytemuck::Zeroable::zeroed(); n];
+                buf.read(0, bytemuck::cast_slice_mut(&mut all))?;
+                Ok(all)
+            }
+        }
     }
 }
 
@@ -300,25 +361,23 @@ impl fmt::Debug for CompletionQueue {
 }
 
 impl CompletionQueue {
-    pub(crate) fn create(ctx: &Arc<ContextInner>, size: u32) -> Result<CompletionQueue> {
+    pub(crate) fn create(ctx: &Arc<ContextInner>, size: u32, rings: &Rings) -> Result<CompletionQueue> {
         let dev = &ctx.device;
         let max = limit(MAX_CQ_SIZE as u64, dev.caps.general.log_max_cq_sz);
         let log_size = check_pow2("completion queue size", size as u64, 1, max)?;
         let ring_bytes = 64usize << log_size;
-        let mem = HostBuffer::new("a CQE ring and its doorbell record", ring_bytes + 64)?;
-        // Every CQE starts invalid with owner 1, so the first lap (owner 0) is not mistaken.
-        for i in 0..1usize << log_size {
-            // SAFETY: byte 63 of entry i lies inside the ring just allocated.
-            unsafe {
-                mem.as_ptr()
-                    .add(64 * i + cqe::field::OP_OWN.start)
-                    .write(cqe::OP_OWN_INIT)
-            };
+        let mem = rings.alloc("a CQE ring and its doorbell record", ring_bytes + 64)?;
+        // Every CQE starts invalid with owner 1, so the first lap (owner 0) is not mistaken:
+        // written a chunk at a time (one copy each for GPU memory).
+        let chunk_entries = (1usize << log_size).min(1024);
+        let mut chunk = vec![0u8; 64 * chunk_entries];
+        for entry in chunk.chunks_mut(64) {
+            entry[cqe::field::OP_OWN.start] = cqe::OP_OWN_INIT;
         }
-        let umem = dev
-            .devx
-            .umem(Arc::new(mem))
-            .map_err(Error::device("registering a CQE ring"))?;
+        for offset in (0..ring_bytes).step_by(chunk.len()) {
+            mem.write(offset, &chunk)?;
+        }
+        let umem = dev.devx.umem(mem).map_err(Error::device("registering a CQE ring"))?;
         let obj = dev
             .devx
             .create_owned(
@@ -336,7 +395,9 @@ impl CompletionQueue {
             .map_err(Error::device("creating a completion queue"))?;
         debug!(
             cqn = format_args!("{:#x}", obj.obj.number),
-            size, "completion queue created"
+            size,
+            %rings,
+            "completion queue created"
         );
         Ok(CompletionQueue {
             inner: Arc::new(Cq {
@@ -435,14 +496,19 @@ impl QueuePair {
                 max: max_msg,
             });
         }
+        if let (Rings::Gpu(_), DoorbellHandler::CpuProxy) = (&cfg.rings, cfg.handler) {
+            return Err(Error::Unsupported {
+                what: "a CPU proxy for a queue pair whose rings are in GPU memory",
+                why: "the proxy writes the doorbell record with the CPU: place the rings in host memory \
+                      (Rings::Host) or let the poster ring (DoorbellHandler::Gpu)"
+                    .into(),
+            });
+        }
         // The QPN is not known before CREATE_QP: claim the CQ with 0 and name it after.
         let claim = CqClaim::new(&cq.inner, 0)?;
         let sq_bytes = 64usize << sq_log;
-        let mem = HostBuffer::new("a send queue and its doorbell record", sq_bytes + 64)?;
-        let umem = dev
-            .devx
-            .umem(Arc::new(mem))
-            .map_err(Error::device("registering a send queue"))?;
+        let mem = cfg.rings.alloc("a send queue and its doorbell record", sq_bytes + 64)?;
+        let umem = dev.devx.umem(mem).map_err(Error::device("registering a send queue"))?;
         let uar = dev.devx.uar().map_err(Error::device("allocating a UAR page"))?;
         let obj = dev
             .devx
@@ -492,7 +558,12 @@ impl QueuePair {
             qpn,
             sq_log_size: sq_log,
             doorbell_kind: kind as u8,
-            flags: reply.qp_flags(),
+            flags: reply.qp_flags()
+                | if qp.umem.mem.gpu().is_some() {
+                    gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY
+                } else {
+                    0
+                },
             cq: DevCq {
                 cqe_base: cq.inner.ring(),
                 dbrec: cq.inner.dbrec(),
@@ -508,6 +579,7 @@ impl QueuePair {
             qpn = format_args!("{qpn:#x}"),
             cqn = format_args!("{:#x}", cq.cqn()),
             sq = cfg.sq_size,
+            rings = %cfg.rings,
             "queue pair created"
         );
         Ok(QueuePair {
@@ -534,16 +606,17 @@ impl QueuePair {
 
     /// The first error's syndrome, once the QP is in error: read from the error CQE the HCA
     /// wrote for the WQE that failed, or [`Syndrome::WrFlush`] when there is none (the QP was
-    /// moved to error, or that CQE was overwritten since).
+    /// moved to error, or that CQE was overwritten since, or a CQE ring in GPU memory could
+    /// not be copied: that is logged).
     pub fn error(&self) -> Option<Syndrome> {
         if self.state() != QpState::Error {
             return None;
         }
-        let cq = &self.inner.cq.0;
-        let first = (0..1usize << cq.log_size).find_map(|i| {
-            // SAFETY: entry i lies inside the ring, which `cq` keeps alive; the HCA writes
-            // CQEs concurrently, so the copy is volatile and only its syndrome is trusted.
-            let entry = unsafe { std::ptr::read_volatile((cq.ring() as *const cqe::Cqe64).add(i)) };
+        let cqes = self.inner.cq.0.cqes().unwrap_or_else(|e| {
+            tracing::warn!(qpn = format_args!("{:#x}", self.inner.qpn), "reading the CQE ring: {e}");
+            Vec::new()
+        });
+        let first = cqes.iter().find_map(|entry| {
             let err = entry.as_error();
             (entry.opcode() == CqeOpcode::ReqErr && err.syndrome() != Syndrome::WrFlush).then(|| err.syndrome())
         });
@@ -658,6 +731,7 @@ impl QueuePair {
 
     /// The exported device handle. Valid while this QP lives; posters use it through
     /// `gdaki_device::Qp::from_raw` (CPU mode here; [`export_gpu`](Self::export_gpu) for GPUs).
+    /// With rings in GPU memory its addresses are the GPU's, which CPU code must not touch.
     pub fn device_handle(&self) -> *mut DevQp {
         self.handle.as_ptr() as *mut DevQp
     }
@@ -698,8 +772,9 @@ impl QueuePair {
         let q = &self.inner;
         let keep: Arc<dyn Send + Sync> = q.clone();
         // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
-        // are aligned words of memory `keep` keeps: the proxy word, the QP's umem and its UAR
-        // page, which the QP gives back only when it goes. Posters, the proxy and the HCA
+        // are aligned words of memory `keep` keeps: the proxy word, the QP's umem (host memory:
+        // `create` and `fall_back` refuse a proxy for rings in GPU memory) and its UAR page,
+        // which the QP gives back only when it goes. Posters, the proxy and the HCA
         // access them atomically.
         unsafe {
             gdaki_proxy::Target::new(
@@ -721,6 +796,15 @@ impl QueuePair {
         if fallback.is_some() {
             return Ok(());
         }
+        if self.rings_in_gpu_memory() {
+            return Err(Error::Unsupported {
+                what: "the CPU proxy fallback for a queue pair whose rings are in GPU memory",
+                why: format!(
+                    "the doorbell page cannot be mapped into the GPU ({why}), and the proxy cannot write a \
+                     doorbell record in GPU memory: place the rings in host memory (Rings::Host)"
+                ),
+            });
+        }
         *fallback = Some(crate::doorbell::AutoProxy::ring_for(self.target())?);
         let (doorbell, kind) = self.inner.ring_word(DoorbellHandler::CpuProxy);
         let dev = self.device_handle();
@@ -735,20 +819,35 @@ impl QueuePair {
         Ok(())
     }
 
-    /// A CPU-mode poster's view of this QP in sharing mode `M`.
+    /// Whether the send queue or the CQE ring is in GPU memory ([`Rings::Gpu`]).
+    pub fn rings_in_gpu_memory(&self) -> bool {
+        self.inner.umem.mem.gpu().is_some() || self.inner.cq.0.umem.mem.gpu().is_some()
+    }
+
+    /// A CPU-mode poster's view of this QP in sharing mode `M`. Refused when a ring is in GPU
+    /// memory (only kernels on that GPU reach it).
     ///
     /// # Safety
     /// The value must not outlive this `QueuePair`, and all concurrent posters must use the
     /// same sharing mode (exclusive: one thread at a time).
-    pub unsafe fn cpu<M: gdaki_device::Sharing>(&self) -> gdaki_device::Qp<M> {
+    pub unsafe fn cpu<M: gdaki_device::Sharing>(&self) -> Result<gdaki_device::Qp<M>> {
+        if self.rings_in_gpu_memory() {
+            return Err(Error::Unsupported {
+                what: "posting from the CPU to a queue pair whose rings are in GPU memory",
+                why: "only kernels on that GPU reach them: post through export_gpu, or place the rings in \
+                      host memory (Rings::Host)"
+                    .into(),
+            });
+        }
         // SAFETY: the handle was filled in `create` and lives as long as self (caller's contract).
-        unsafe { gdaki_device::Qp::from_raw(self.device_handle()) }
+        Ok(unsafe { gdaki_device::Qp::from_raw(self.device_handle()) })
     }
 }
 
-/// A queue pair exported to a GPU: its send queue, CQ ring, doorbell records and doorbell page
-/// are mapped into the GPU (host-pinned: the GPU writes WQEs and rings over PCIe, the soft HCA
-/// reads them locally), and its device handle lives in GPU memory. Kernels take
+/// A queue pair exported to a GPU: its send queue, CQ ring and doorbell records are in that
+/// GPU's memory ([`Rings::Gpu`]) or mapped into it (host memory: the GPU writes WQEs over PCIe,
+/// the soft HCA reads them locally), its doorbell page is mapped into it, and its device handle
+/// lives in GPU memory. Kernels take
 /// [`device_handle`](Self::device_handle) as their `*mut DevQp`.
 pub struct GpuQp {
     handle: crate::cuda::DeviceBuffer,
@@ -837,11 +936,39 @@ impl QueuePair {
     /// [`cpu`](Self::cpu); do not post from both at once unless the sharing mode allows it.
     pub fn export_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<GpuQp> {
         let q = &self.inner;
+        let cq = &q.cq.0;
+        for ring in [&q.umem.mem, &cq.umem.mem] {
+            if let Some(theirs) = ring.gpu().filter(|g| g.ordinal() != gpu.ordinal()) {
+                return Err(Error::Unsupported {
+                    what: "exporting a queue pair to another GPU than the one its rings are in",
+                    why: format!(
+                        "its rings are in GPU {}'s memory, the export is to GPU {}",
+                        theirs.ordinal(),
+                        gpu.ordinal()
+                    ),
+                });
+            }
+        }
         let map = |b: &HostBuffer| {
             // SAFETY: every buffer is page-aligned whole pages, owned by the QP or its CQ,
             // which `GpuQp` keeps alive for as long as the mapping.
             unsafe { crate::cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
         };
+        let mut maps = Vec::new();
+        // A ring's address in the GPU: its own in GPU memory, its mapping's for host memory.
+        let mut place = |mem: &QueueMemory| -> Result<u64> {
+            Ok(match mem {
+                QueueMemory::Gpu { buf, .. } => buf.device_addr(),
+                QueueMemory::Host(b) => {
+                    let m = map(b)?;
+                    let at = m.device_addr(0);
+                    maps.push(m);
+                    at
+                }
+            })
+        };
+        let sq = place(&q.umem.mem)?;
+        let cqe_base = place(&cq.umem.mem)?;
         let unmappable = q.ctx.options.models_unmappable_doorbell();
         let doorbell = match self.handler() {
             DoorbellHandler::Gpu => {
@@ -858,8 +985,8 @@ impl QueuePair {
             }
             DoorbellHandler::CpuProxy => map(&q.proxy_word)?,
         };
-        let cq = &q.cq.0;
-        let maps = vec![map(&q.umem.mem)?, doorbell, map(&cq.umem.mem)?];
+        let doorbell_base = doorbell.device_addr(0);
+        maps.push(doorbell);
         // SAFETY: the CPU handle was written in `create` and is only read here.
         let mut dev = unsafe { self.device_handle().read() };
         // Where the GPU does not order NIC writes for its own reads, fetched data is read only
@@ -873,15 +1000,16 @@ impl QueuePair {
                 "GPUDirect RDMA writes ordering below owner: READs and fetching atomics end with a fenced DUMP"
             );
         }
-        dev.sq_base = maps[0].device_addr(0);
-        dev.sq_dbrec = maps[0].device_addr(q.sq_dbrec_offset());
+        dev.sq_base = sq;
+        dev.sq_dbrec = sq + q.sq_dbrec_offset();
         // The doorbell register's place in the page (the proxy word when it fell back).
-        dev.doorbell = maps[1].device_addr(match self.handler() {
-            DoorbellHandler::Gpu => q.uar.uar.reg_offset,
-            DoorbellHandler::CpuProxy => 0,
-        });
-        dev.cq.cqe_base = maps[2].device_addr(0);
-        dev.cq.dbrec = maps[2].device_addr(cq.dbrec() - cq.ring());
+        dev.doorbell = doorbell_base
+            + match self.handler() {
+                DoorbellHandler::Gpu => q.uar.uar.reg_offset,
+                DoorbellHandler::CpuProxy => 0,
+            };
+        dev.cq.cqe_base = cqe_base;
+        dev.cq.dbrec = cqe_base + (cq.dbrec() - cq.ring());
         let handle = crate::cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
         handle.write(0, bytemuck::bytes_of(&dev))?;
         debug!(
@@ -929,6 +1057,97 @@ mod tests {
         assert_eq!(ack_timeout_for(Duration::from_nanos(1)), (0, 0));
     }
 
+    /// Rings in GPU memory, on a device that takes GPU umems as a NIC does (the recording
+    /// double): the umems are the GPU's memory, every CQE starts invalid there, the handle says
+    /// where the rings are and the export uses them in place; CPU posting and every CPU proxy
+    /// are refused; the first error is read from the GPU ring.
+    #[test]
+    fn rings_in_gpu_memory_are_registered_initialised_and_exported_in_place() {
+        let Some(gpu) =
+            crate::cuda::gpu_or_skip("rings_in_gpu_memory_are_registered_initialised_and_exported_in_place")
+        else {
+            return;
+        };
+        let (ctx, rec) = crate::devx::tests::recording_context_with(true);
+        rec.take();
+        let rings = Rings::Gpu(gpu.clone());
+        let cq = ctx.create_cq_in(64, &rings).unwrap();
+        // 64 CQEs and the doorbell record: 4160 bytes, whole pages.
+        assert_eq!(rec.take(), ["umem_reg(gpu, 8192 bytes)", "CREATE_CQ"]);
+        let cqes = cq.inner.cqes().unwrap();
+        assert_eq!(cqes.len(), 64);
+        assert!(
+            cqes.iter()
+                .all(|c| bytemuck::bytes_of(c)[cqe::field::OP_OWN.start] == cqe::OP_OWN_INIT),
+            "every CQE in GPU memory starts invalid with owner 1"
+        );
+
+        let proxied = QpConfig {
+            sq_size: 64,
+            handler: DoorbellHandler::CpuProxy,
+            rings: rings.clone(),
+            ..Default::default()
+        };
+        let err = ctx.create_qp(&cq, proxied).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+        assert!(rec.take().is_empty(), "refused before the device is asked");
+
+        let cfg = QpConfig {
+            sq_size: 64,
+            rings: rings.clone(),
+            ..Default::default()
+        };
+        let qp = ctx.create_qp(&cq, cfg).unwrap();
+        assert_eq!(rec.take(), ["umem_reg(gpu, 8192 bytes)", "alloc_uar", "CREATE_QP"]);
+        assert!(qp.rings_in_gpu_memory());
+        // SAFETY: refused, so nothing posts.
+        let err = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.err().unwrap();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+        // SAFETY: the handle was written in `create`; read only.
+        let cpu_handle = unsafe { qp.device_handle().read() };
+        assert!(cpu_handle.rings_in_gpu_memory());
+        assert_eq!(cpu_handle.sq_base, qp.inner.umem.mem.addr());
+        assert_eq!(cpu_handle.cq.cqe_base, cq.inner.umem.mem.addr());
+
+        // Exported in place: only the doorbell page is mapped.
+        let exported = qp.export_gpu(&gpu).unwrap();
+        assert_eq!(exported._maps.len(), 1);
+        let mut theirs: DevQp = bytemuck::Zeroable::zeroed();
+        exported.handle.read(0, bytemuck::bytes_of_mut(&mut theirs)).unwrap();
+        assert!(theirs.rings_in_gpu_memory());
+        let rings_of = |d: &DevQp| (d.sq_base, d.sq_dbrec, d.cq.cqe_base, d.cq.dbrec);
+        assert_eq!(rings_of(&theirs), rings_of(&cpu_handle));
+        // No proxy can take over: it would write the doorbell record with the CPU.
+        let err = qp.fall_back(&crate::doorbell::Unmappable::Modelled).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+        assert!(!qp.fell_back() && qp.handler() == DoorbellHandler::Gpu);
+
+        // The first error, from an error CQE in the GPU ring.
+        qp.connect(&qp.endpoint()).unwrap();
+        qp.to_error().unwrap();
+        assert_eq!(qp.error(), Some(Syndrome::WrFlush), "no error CQE yet");
+        let failed = cqe::ErrCqe::new(
+            qp.qpn(),
+            0,
+            gdaki_layout::WqeOpcode::RdmaWrite.raw(),
+            Syndrome::RemoteAccess,
+            0,
+            0,
+        )
+        .as_cqe();
+        let QueueMemory::Gpu { buf, .. } = &cq.inner.umem.mem else {
+            panic!("the CQ ring is in GPU memory")
+        };
+        buf.write(5 * 64, bytemuck::bytes_of(&failed)).unwrap();
+        assert_eq!(qp.error(), Some(Syndrome::RemoteAccess));
+        rec.take();
+        drop((exported, qp, cq));
+        assert_eq!(
+            rec.take(),
+            ["destroy", "free_uar", "umem_dereg", "destroy", "umem_dereg"]
+        );
+    }
+
     /// The fallback itself, without a GPU: a QP created with the GPU handler is switched to the
     /// library's proxy (as `export_gpu` does when the doorbell page cannot be mapped), CPU
     /// posters then publish instead of ringing, and the shared proxy rings for them until the
@@ -964,7 +1183,7 @@ mod tests {
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
         src.write(0, &data).unwrap();
         // SAFETY: this thread is the only poster; the QP outlives `post`.
-        let post = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+        let post = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
         for i in 0..200u64 {
             let off = (i % 64) * 64;
             let t = post.put(dst.remote(off), src.local(off), 64).unwrap();

@@ -233,7 +233,7 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
         timeout: std::time::Duration::from_secs(3),
         ..Default::default()
     };
-    let (a, b) = (qp(&ctx, 64, cfg), qp(&ctx, 64, cfg));
+    let (a, b) = (qp(&ctx, 64, cfg.clone()), qp(&ctx, 64, cfg));
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
     let (ga, gb) = (a.export_gpu(&gpu).unwrap(), b.export_gpu(&gpu).unwrap());
@@ -469,7 +469,7 @@ fn device_memory_regions_move_through_the_copier() {
     host.write(0, &data).unwrap();
     let qp = loopback_qp(&ctx, 64, QpConfig::default());
     // SAFETY: one poster (this thread); the QP outlives it.
-    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
     let put = |dst: &gdaki::MemoryRegion, doff: u64, src: &gdaki::MemoryRegion, soff: u64, len: u64| {
         let t = dev.put(dst.remote(doff), src.local(soff), len).unwrap();
         dev.wait(t).unwrap_or_else(|e| panic!("put {len} B: {e}"));
@@ -711,7 +711,7 @@ fn copier_orders_what_needs_order() {
     src.write(0, &data).unwrap();
     let qp = loopback_qp(&ctx, 1024, QpConfig::default());
     // SAFETY: one poster (this thread); the QP outlives it.
-    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
     for round in 0..20u64 {
         // Many small copies in flight at once (served by different warps, answered in any
         // order), then a large one over the same bytes (it must land after them) and a small
@@ -775,4 +775,38 @@ fn device_buffers_export_as_dma_buf_in_whole_pages() {
             );
         }
     }
+}
+
+/// The soft HCA reads queues with the CPU: rings in GPU memory are refused with the reason and
+/// the way out, and nothing is held afterwards (the CQ the refused QP claimed serves the next).
+#[test]
+fn the_soft_hca_refuses_rings_in_gpu_memory() {
+    let Some((gpu, _one)) = gpu_or_skip("the_soft_hca_refuses_rings_in_gpu_memory") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let rings = gdaki::Rings::Gpu(gpu.clone());
+    let err = ctx.create_cq_in(64, &rings).unwrap_err();
+    assert!(
+        matches!(err, gdaki::Error::Device { .. }) && format!("{err:#}").contains("host memory"),
+        "{err:#}"
+    );
+    let cq = ctx.create_cq(64).unwrap();
+    let cfg = QpConfig {
+        sq_size: 64,
+        rings,
+        ..Default::default()
+    };
+    let err = ctx.create_qp(&cq, cfg).unwrap_err();
+    assert!(matches!(err, gdaki::Error::Device { .. }), "{err:#}");
+    let qp = ctx
+        .create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 64,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(!qp.rings_in_gpu_memory());
 }

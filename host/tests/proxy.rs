@@ -46,7 +46,7 @@ fn many_posters_on_many_qps_through_proxies_that_come_and_go() {
                 let (src, dst) = (&src, &dst);
                 s.spawn(move || {
                     // SAFETY: every poster of this QP uses the GPU sharing mode; the QP outlives them.
-                    let dev = unsafe { qp.cpu::<Gpu>() };
+                    let dev = unsafe { qp.cpu::<Gpu>() }.unwrap();
                     let off = ((qi * POSTERS + p) as u64) * MSG;
                     let mut last = None;
                     for _ in 0..ITERS {
@@ -93,7 +93,7 @@ fn stopping_the_proxy_rings_everything_published() {
     proxy.add(qp.proxy_target().unwrap());
     std::thread::sleep(std::time::Duration::from_millis(20));
     // SAFETY: one poster; the QP outlives it.
-    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
     let mut last = 0;
     for i in 0..100u64 {
         last = dev.put(mr.remote(i * 8), mr.local(2048 + i * 8), 8).unwrap();
@@ -115,8 +115,8 @@ fn a_qp_in_error_does_not_hold_up_the_others() {
     // SAFETY: one poster per QP; the QPs outlive them.
     let (b, g) = unsafe {
         (
-            bad.cpu::<gdaki_device::Exclusive>(),
-            good.cpu::<gdaki_device::Exclusive>(),
+            bad.cpu::<gdaki_device::Exclusive>().unwrap(),
+            good.cpu::<gdaki_device::Exclusive>().unwrap(),
         )
     };
     // A bad rkey: the QP goes to error, its later WQEs flush.

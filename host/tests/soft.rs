@@ -46,7 +46,7 @@ fn every_opcode_between_two_contexts() {
     let rb = b.alloc_region(1 << 16, Access::ALL).unwrap();
     let data = pattern(1, 5000);
     la.write(0, &data).unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     dev.wait(dev.put(rb.remote(100), la.local(0), 5000).unwrap()).unwrap();
     let mut got = vec![0; 5000];
     rb.read(100, &mut got).unwrap();
@@ -102,7 +102,7 @@ fn sizes_from_zero_to_64_mib_and_splits() {
     let dst = ctx.alloc_region(total, Access::ALL).unwrap();
     let data = pattern(7, total);
     src.write(0, &data).unwrap();
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     for len in [
         0usize,
         1,
@@ -138,7 +138,7 @@ fn many_qps_many_threads_wrap_their_rings() {
             let (ctx, mr, reference) = (ctx.clone(), mr.clone(), &reference);
             s.spawn(move || {
                 let qp = loopback_qp(&ctx, 8, QpConfig::default());
-                let dev = unsafe { qp.cpu::<Exclusive>() };
+                let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
                 let base = (q + 1) * 64 * 1024;
                 for i in 0..500u64 {
                     let off = (i * 131) % (64 * 1024 - 256);
@@ -164,7 +164,7 @@ fn shared_qp_gpu_mode_threads_fetch_add() {
             .map(|t| {
                 let (qp, mr) = (&qp, &mr);
                 s.spawn(move || {
-                    let dev = unsafe { qp.cpu::<Gpu>() };
+                    let dev = unsafe { qp.cpu::<Gpu>() }.unwrap();
                     (0..300)
                         .map(|_| dev.atomic_fetch_add(mr.remote(0), 1, mr.local(64 + 8 * t)).unwrap())
                         .collect::<Vec<_>>()
@@ -258,7 +258,7 @@ fn faults_report_their_syndrome_and_flush_what_follows() {
     ];
     for (name, syndrome, post) in cases {
         let qp = loopback_qp(&ctx, 8, QpConfig::default());
-        let dev = unsafe { qp.cpu::<Exclusive>() };
+        let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
         let bad = post(&dev).unwrap();
         let after = dev.put(mr.remote(0), mr.local(0), 8).unwrap();
         assert_eq!(cqe_error(dev.wait(bad)), syndrome, "{name}");
@@ -282,7 +282,7 @@ fn message_larger_than_the_limit_is_a_local_length_error() {
     let qp = loopback_qp(&ctx, 8, QpConfig::default());
     let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
     // Write a WQE by hand that claims more than max_msg_size (the device API splits instead).
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     let s = raw_wqe_error(&dev, |i| {
         dev.wqe_prepare_write(i, mr.remote(0), mr.local(0), u32::MAX, 0)
     });
@@ -293,7 +293,7 @@ fn message_larger_than_the_limit_is_a_local_length_error() {
 fn malformed_wqe_is_an_error_not_a_crash() {
     let ctx = Context::open(Provider::Soft).unwrap();
     let qp = loopback_qp(&ctx, 8, QpConfig::default());
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     let s = raw_wqe_error(&dev, |i| {
         dev.wqe_prepare_nop(i, 0);
         // Corrupt the opcode into one the model does not execute (0x7f), keeping the CQE request.
@@ -306,7 +306,7 @@ fn malformed_wqe_is_an_error_not_a_crash() {
 fn a_wqe_running_past_the_doorbell_is_an_error_and_nothing_past_it_is_read() {
     let ctx = Context::open(Provider::Soft).unwrap();
     let qp = loopback_qp(&ctx, 8, QpConfig::default());
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     let s = raw_wqe_error(&dev, |i| {
         dev.wqe_prepare_nop(i, 0);
         // Claim 5 segments (two building blocks) but ring only one.
@@ -320,7 +320,7 @@ fn posting_to_a_qp_that_is_not_ready_fails_and_states_are_checked() {
     let ctx = Context::open(Provider::Soft).unwrap();
     let qp = qp(&ctx, 8, QpConfig::default());
     assert!(matches!(qp.to_rts(), Err(Error::BadTransition { .. })));
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     let t = dev
         .put(gdaki_device::Remote::default(), gdaki_device::Local::default(), 0)
         .unwrap();
@@ -416,7 +416,7 @@ fn cq_overrun_is_an_error_not_an_overwrite() {
         )
         .unwrap();
     qp.connect(&qp.endpoint()).unwrap();
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     // Ring 8 NOPs by hand without ever consuming a CQE: slots 0..4, then 4..8 (the device API
     // would wait for completions before reusing a slot; this poster does not).
     for round in 0..2u64 {
@@ -447,7 +447,7 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
         let rb = b.alloc_region(4096, Access::ALL).unwrap();
         rb.remote(0)
     }; // b and everything of it are gone
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     let started = Instant::now();
     let t = dev.put(remote, mr.local(0), 8).unwrap();
     assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
@@ -479,7 +479,7 @@ fn a_deregistered_key_stops_working_at_once() {
     let qp = loopback_qp(&ctx, 8, QpConfig::default());
     let local = ctx.alloc_region(4096, Access::ALL).unwrap();
     let target = ctx.alloc_region(4096, Access::ALL).unwrap();
-    let dev = unsafe { qp.cpu::<Exclusive>() };
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
     // Warm the engine's key cache with the target, then drop the target.
     dev.wait(dev.put(target.remote(0), local.local(0), 8).unwrap()).unwrap();
     let gone = target.remote(0);

@@ -51,7 +51,7 @@ proptest! {
         // Unregistered memory right next to the test's pointers: must stay untouched.
         let canary = vec![0xa5u8; 8192];
         let canary_addr = canary.as_ptr() as u64;
-        let dev = unsafe { qp.cpu::<Exclusive>() };
+        let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
         let pick = |w: u64| -> u64 {
             match w % 5 {
                 0 => mr.addr() + (w >> 8) % 4200,   // in or just past the region

@@ -47,7 +47,7 @@ fn over_tcp(e: Endpoint) -> Endpoint {
 /// Two listening contexts with a QP each, connected to each other over TCP.
 fn tcp_pair(cfg: QpConfig) -> (Context, QueuePair, Context, QueuePair) {
     let (a, b) = (listening_context(), listening_context());
-    let (qa, qb) = (qp(&a, 64, cfg), qp(&b, 64, cfg));
+    let (qa, qb) = (qp(&a, 64, cfg.clone()), qp(&b, 64, cfg));
     qa.connect(&over_tcp(qb.endpoint())).unwrap();
     qb.connect(&over_tcp(qa.endpoint())).unwrap();
     (a, qa, b, qb)
@@ -63,7 +63,7 @@ fn every_operation_over_tcp() {
     let rb = b.alloc_region(4 << 20, Access::ALL).unwrap();
     let data = pattern(1, 3 << 20);
     la.write(0, &data).unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     for len in [0usize, 1, 8, 4095, 4096, (1 << 20) + 3, 3 << 20] {
         dev.wait(dev.put(rb.remote(1 << 20), la.local(0), len as u64).unwrap())
             .unwrap();
@@ -132,7 +132,7 @@ fn many_qps_and_threads_pipeline_over_tcp() {
                 s.spawn(move || {
                     // Shared mode: both threads post to the same QP, which wraps its ring
                     // many times over.
-                    let dev = unsafe { qa.cpu::<Gpu>() };
+                    let dev = unsafe { qa.cpu::<Gpu>() }.unwrap();
                     for k in 0..PER_THREAD {
                         let off = ((t * PER_THREAD + k) * MSG) as u64;
                         let r = gdaki_device::Remote {
@@ -161,7 +161,7 @@ fn remote_faults_nak_and_flush_what_follows() {
     let rb = b
         .alloc_region(1 << 16, Access::REMOTE_READ | Access::LOCAL_WRITE)
         .unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     // A good READ, a WRITE without the remote-write right, then a WRITE after it.
     let ok = dev.get(la.local(0), rb.remote(0), 64).unwrap();
     let bad = dev.put(rb.remote(0), la.local(0), 64).unwrap();
@@ -178,7 +178,7 @@ fn remote_faults_nak_and_flush_what_follows() {
         a2.alloc_region(4096, Access::ALL).unwrap(),
         b2.alloc_region(4096, Access::ALL).unwrap(),
     );
-    let dev2 = unsafe { qa2.cpu::<Exclusive>() };
+    let dev2 = unsafe { qa2.cpu::<Exclusive>() }.unwrap();
     // The device refuses it; a WQE written by hand reaches the responder, which NAKs it.
     let op = gdaki_device::AtomicOp::FetchAdd(1);
     assert!(matches!(
@@ -199,7 +199,7 @@ fn a_local_error_behind_requests_in_flight_completes_in_order() {
     let la = a.alloc_region(4 << 20, Access::ALL).unwrap();
     let rb = b.alloc_region(4 << 20, Access::ALL).unwrap();
     la.write(0, &pattern(3, 4 << 20)).unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     let big = dev.put(rb.remote(0), la.local(0), 4 << 20).unwrap();
     let bad_lkey = gdaki_device::Local {
         addr: la.addr(),
@@ -219,10 +219,10 @@ fn a_target_qp_in_error_or_gone_gives_transport_errors() {
         retry_timeout: Duration::from_millis(500),
         ..Default::default()
     };
-    let (a, qa, b, qb) = tcp_pair(cfg);
+    let (a, qa, b, qb) = tcp_pair(cfg.clone());
     let la = a.alloc_region(4096, Access::ALL).unwrap();
     let rb = b.alloc_region(4096, Access::ALL).unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
     qb.to_error().unwrap();
     let t = dev.put(rb.remote(0), la.local(0), 8).unwrap();
@@ -234,7 +234,7 @@ fn a_target_qp_in_error_or_gone_gives_transport_errors() {
         b2.alloc_region(4096, Access::ALL).unwrap(),
     );
     let remote = r2.remote(0);
-    let dev2 = unsafe { qa2.cpu::<Exclusive>() };
+    let dev2 = unsafe { qa2.cpu::<Exclusive>() }.unwrap();
     dev2.wait(dev2.put(remote, l2.local(0), 8).unwrap()).unwrap();
     drop((qb2, r2, b2));
     let started = Instant::now();
@@ -268,7 +268,7 @@ fn a_peer_that_accepts_and_then_goes_silent_times_out() {
         addr: Some(addr),
     })
     .unwrap();
-    let dev = unsafe { q.cpu::<Exclusive>() };
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
     let started = Instant::now();
     let first = dev.put(la.remote(0), la.local(0), 8).unwrap();
     let second = dev.get(la.local(8), la.remote(0), 8).unwrap();
@@ -498,7 +498,7 @@ fn two_processes_then_the_peer_is_killed() {
     ch.sync(1).unwrap();
     let region = theirs.regions[0];
     let at = |off: u64| region.at(off).unwrap();
-    let dev = unsafe { q.cpu::<Exclusive>() };
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
     // READ what the peer wrote into its memory.
     dev.wait(dev.get(mr.local(128 << 10), at(0), 64 << 10).unwrap())
         .unwrap();
@@ -553,7 +553,7 @@ fn fence_modes_hold_a_wqe_until_earlier_reads_complete() {
     let len = 64u32 << 10;
     let la = a.alloc_region(1 << 20, Access::ALL).unwrap();
     let rb = b.alloc_region(1 << 20, Access::ALL).unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     let modes = [
         ctrl::FM_FENCE,
         ctrl::FM_STRONG_ORDERING,
@@ -590,7 +590,7 @@ fn a_fenced_put_sends_what_a_get_fetched() {
     let (a, qa, b, _qb) = tcp_pair(QpConfig::default());
     let la = a.alloc_region(1 << 20, Access::ALL).unwrap();
     let rb = b.alloc_region(1 << 20, Access::ALL).unwrap();
-    let dev = unsafe { qa.cpu::<Exclusive>() };
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     for round in 0..4u64 {
         let fresh = pattern(round + 20, 32 << 10);
         rb.write(0, &fresh).unwrap();
@@ -622,7 +622,7 @@ fn atomic_results_in_both_reply_orders() {
         let la = a.alloc_region(4096, Access::ALL).unwrap();
         let rb = b.alloc_region(4096, Access::ALL).unwrap();
         for (how, q, target) in [("over TCP", &qa, &rb), ("in process", &local, &la)] {
-            let dev = unsafe { q.cpu::<Exclusive>() };
+            let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
             assert_eq!(dev.atomic_reply_order(), order);
             target.write(1024, &[0; 16]).unwrap();
             let big = 0x1122_3344_5566_7788u64;

@@ -65,6 +65,8 @@ struct Params {
     gpu: Option<String>,
     scope: Scope,
     handler: &'static str,
+    /// Where the queues' rings are: `host` or `gpu`.
+    rings: &'static str,
     qps: u32,
     tx_depth: u32,
     memory: &'static str,
@@ -155,13 +157,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
         handler: plan.handler(),
+        rings: session.rings.clone(),
         ..Default::default()
     };
     let len = buffer_len(&plan.sizes, plan.iters);
     let mut qps: Vec<(CompletionQueue, QueuePair)> = Vec::new();
     for _ in 0..cli.qps {
-        let cq = session.ctx.create_cq(plan.tx_depth)?;
-        let qp = session.ctx.create_qp(&cq, cfg)?;
+        let cq = session.ctx.create_cq_in(plan.tx_depth, &session.rings)?;
+        let qp = session.ctx.create_qp(&cq, cfg.clone())?;
         qps.push((cq, qp));
     }
 
@@ -439,7 +442,7 @@ fn cpu_windows(
                 s.spawn(move || -> Result<(), String> {
                     // SAFETY: each QP has exactly one posting thread (this one), in exclusive
                     // mode, and the QP outlives the scope.
-                    let dev = unsafe { q.cpu::<Exclusive>() };
+                    let dev = unsafe { q.cpu::<Exclusive>() }.map_err(|e| e.to_string())?;
                     // Warm-up, untimed: every slot once (first touches of the pages).
                     let mut result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32)
                         .map_err(|e| e.to_string());
@@ -544,6 +547,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         gpu: session.gpu_label(cli.common.gpu),
         scope: plan.scope,
         handler: plan.handler_name(),
+        rings: session.rings_name(),
         qps: cli.qps,
         tx_depth: plan.tx_depth,
         memory: match plan.role {

@@ -48,6 +48,8 @@ struct Params {
     mode: &'static str,
     gpu: Option<String>,
     handler: &'static str,
+    /// Where the queues' rings are: `host` or `gpu`.
+    rings: &'static str,
     memory: &'static str,
     iterations: u32,
     sizes: Vec<u64>,
@@ -92,12 +94,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
         handler: plan.handler(),
+        rings: session.rings.clone(),
         ..Default::default()
     };
     let max = *plan.sizes.last().context("no sizes")? as usize;
     let side = |session: &Session, initiator| -> anyhow::Result<Side> {
-        let cq = session.ctx.create_cq(plan.tx_depth)?;
-        let qp = session.ctx.create_qp(&cq, cfg)?;
+        let cq = session.ctx.create_cq_in(plan.tx_depth, &session.rings)?;
+        let qp = session.ctx.create_qp(&cq, cfg.clone())?;
         Ok(Side {
             _cq: cq,
             qp,
@@ -169,6 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
         handler: plan.handler_name(),
+        rings: session.rings_name(),
         memory: plan.mem.describe(),
         iterations: plan.iters,
         sizes: plan.sizes.clone(),
@@ -291,7 +295,7 @@ fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) 
                     // SAFETY: this thread is the QP's only poster (exclusive); the buffers are
                     // the side's regions (at least `size` bytes), and `times` holds `iters`.
                     let r = unsafe {
-                        let qp = s.qp.cpu::<Exclusive>();
+                        let qp = s.qp.cpu::<Exclusive>().map_err(|e| e.to_string())?;
                         gdaki_device::perf::ping_pong(qp, &side, size, iters)
                     };
                     r.map(|()| times).map_err(|e| e.to_string())

@@ -239,6 +239,24 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// GPU 0 for a unit test, or `None` after printing a `SKIPPED` line where there is no usable
+/// GPU; with `GDAKI_REQUIRE_GPU=1` (the GPU runner sets it) a missing GPU fails the test.
+#[cfg(test)]
+pub(crate) fn gpu_or_skip(test: &str) -> Option<Gpu> {
+    use std::io::Write;
+    match Gpu::open(0) {
+        Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("GDAKI_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
+        Err(e) => {
+            // The raw handle: the harness captures eprintln! of passing tests.
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no usable GPU): {test}: {e}");
+            None
+        }
+    }
+}
+
 impl Gpu {
     /// Opens GPU `ordinal` and loads the embedded PTX into it.
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
@@ -271,6 +289,11 @@ impl Gpu {
         Ok(RdmaWritesOrdering::from_raw(self.ctx.attribute(
             Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
         )?))
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
     }
 
     /// The CUDA context (primary context of the device).

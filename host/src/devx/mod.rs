@@ -479,13 +479,8 @@ impl Devx {
     }
 
     /// Registers `mem` (whole) as a umem, deregistered when the returned value goes.
-    pub fn umem(&self, mem: Arc<HostBuffer>) -> Result<Umem, DeviceError> {
-        let id = self.device.umem_reg(&Memory {
-            addr: mem.addr(),
-            len: mem.size() as u64,
-            kind: MemoryKind::Host { gpu_mapped: false },
-            keep: Some(mem.clone()),
-        })?;
+    pub fn umem(&self, mem: QueueMemory) -> Result<Umem, DeviceError> {
+        let id = self.device.umem_reg(&mem.memory())?;
         Ok(Umem {
             devx: self.clone(),
             id,
@@ -510,14 +505,87 @@ impl Devx {
     }
 }
 
-/// Host memory registered as a umem; deregistered on drop (after the objects using it were
+/// The memory of a queue (its ring and doorbell record), page-aligned whole pages the library
+/// owns: in host memory or in a GPU's.
+#[derive(Clone)]
+pub(crate) enum QueueMemory {
+    /// Host memory (a GPU export maps it page-locked).
+    Host(Arc<HostBuffer>),
+    /// Device memory of `gpu` (a NIC reaches it through a dma-buf export).
+    Gpu {
+        /// The allocation.
+        buf: Arc<crate::cuda::DeviceBuffer>,
+        /// Its GPU.
+        gpu: crate::cuda::Gpu,
+    },
+}
+
+impl QueueMemory {
+    /// Its first byte (a CPU address for host memory, a GPU address for device memory).
+    pub fn addr(&self) -> u64 {
+        match self {
+            QueueMemory::Host(b) => b.addr(),
+            QueueMemory::Gpu { buf, .. } => buf.device_addr(),
+        }
+    }
+
+    /// The GPU it lives on (`None`: host memory).
+    pub fn gpu(&self) -> Option<&crate::cuda::Gpu> {
+        match self {
+            QueueMemory::Host(_) => None,
+            QueueMemory::Gpu { gpu, .. } => Some(gpu),
+        }
+    }
+
+    /// Copies `src` to `offset`: only before a device is given the memory, or where the
+    /// device does not write the bytes concurrently.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), crate::Error> {
+        match self {
+            QueueMemory::Host(b) => {
+                if offset.checked_add(src.len()).is_none_or(|end| end > b.size()) {
+                    return Err(crate::Error::OutOfRange {
+                        what: "a write into queue memory",
+                        got: (offset + src.len()) as u64,
+                        min: 0,
+                        max: b.size() as u64,
+                    });
+                }
+                // SAFETY: the destination lies inside the buffer (checked) and `src` is a
+                // separate slice; the caller guarantees no concurrent writer.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.as_ptr().add(offset), src.len()) };
+                Ok(())
+            }
+            QueueMemory::Gpu { buf, .. } => Ok(buf.write(offset, src)?),
+        }
+    }
+
+    /// The registration a device is given: the memory, what it is, and what keeps it.
+    fn memory(&self) -> Memory {
+        match self {
+            QueueMemory::Host(b) => Memory {
+                addr: b.addr(),
+                len: b.size() as u64,
+                kind: MemoryKind::Host { gpu_mapped: false },
+                keep: Some(b.clone()),
+            },
+            QueueMemory::Gpu { buf, gpu } => Memory {
+                addr: buf.device_addr(),
+                len: buf.len() as u64,
+                kind: MemoryKind::Gpu(gpu.clone()),
+                keep: Some(buf.clone()),
+            },
+        }
+    }
+}
+
+/// Queue memory registered as a umem; deregistered on drop (after the objects using it were
 /// destroyed: declare it after them).
 pub(crate) struct Umem {
     devx: Devx,
     /// The umem id.
     pub id: u32,
     /// The memory.
-    pub mem: Arc<HostBuffer>,
+    pub mem: QueueMemory,
 }
 
 impl Drop for Umem {
@@ -586,7 +654,7 @@ impl std::fmt::Display for Fields<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Mutex;
 
     use super::*;
@@ -595,11 +663,15 @@ mod tests {
 
     /// A device that records every call and passes it on to the soft firmware: the sequence a
     /// ConnectX gets from the same generic code.
-    struct Recording {
+    pub(crate) struct Recording {
         inner: Arc<SoftDevice>,
         calls: Mutex<Vec<String>>,
         /// A command to refuse, as firmware would (`BAD_PARAM_ERR`).
         refuse: Mutex<Option<Opcode>>,
+        /// Accept umems in GPU memory as a NIC does (through dma-buf): the soft firmware, which
+        /// reads queues with the CPU, is given a host stand-in of the same size instead, so
+        /// queues are created and moved through their states, but nothing is served from them.
+        stand_in_for_gpu_umems: bool,
     }
 
     impl Recording {
@@ -623,7 +695,7 @@ mod tests {
             }
             self.inner.obj_create(input, out)
         }
-        fn take(&self) -> Vec<String> {
+        pub(crate) fn take(&self) -> Vec<String> {
             std::mem::take(&mut *lock(&self.calls))
         }
     }
@@ -650,8 +722,22 @@ mod tests {
             self.inner.query_eqn()
         }
         fn umem_reg(&self, mem: &Memory) -> Result<u32, DeviceError> {
-            self.note("umem_reg");
-            self.inner.umem_reg(mem)
+            match mem.kind {
+                MemoryKind::Gpu(_) if self.stand_in_for_gpu_umems => {
+                    self.note(format!("umem_reg(gpu, {} bytes)", mem.len));
+                    let stand_in = Arc::new(HostBuffer::new("a GPU umem's stand-in", mem.len as usize).unwrap());
+                    self.inner.umem_reg(&Memory {
+                        addr: stand_in.addr(),
+                        len: stand_in.size() as u64,
+                        kind: MemoryKind::Host { gpu_mapped: false },
+                        keep: Some(stand_in),
+                    })
+                }
+                _ => {
+                    self.note("umem_reg");
+                    self.inner.umem_reg(mem)
+                }
+            }
         }
         fn umem_dereg(&self, id: u32) -> Result<(), DeviceError> {
             self.note("umem_dereg");
@@ -697,10 +783,16 @@ mod tests {
     }
 
     fn recording_context() -> (Context, Arc<Recording>) {
+        recording_context_with(false)
+    }
+
+    /// A context on a [`Recording`] device; `stand_in_for_gpu_umems`: see there.
+    pub(crate) fn recording_context_with(stand_in_for_gpu_umems: bool) -> (Context, Arc<Recording>) {
         let rec = Arc::new(Recording {
             inner: Arc::new(SoftDevice::open(Default::default()).unwrap()),
             calls: Mutex::new(Vec::new()),
             refuse: Mutex::new(None),
+            stand_in_for_gpu_umems,
         });
         let ctx = Context::open_on(rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
         (ctx, rec)
@@ -743,7 +835,7 @@ mod tests {
         let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
         assert_eq!(rec.take(), ["reg_mr"]);
         // SAFETY: one poster; the QP outlives it.
-        let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+        let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
         dev.wait(dev.put(mr.remote(2048), mr.local(0), 64).unwrap()).unwrap();
         assert_eq!(cq.written().unwrap(), 1);
         assert_eq!(rec.take(), ["QUERY_CQ"]);
@@ -798,7 +890,7 @@ mod tests {
         };
         rec.take();
         *lock(&rec.refuse) = Some(Opcode::CreateQp);
-        let err = ctx.create_qp(&cq, cfg).unwrap_err();
+        let err = ctx.create_qp(&cq, cfg.clone()).unwrap_err();
         let text = err.to_string();
         assert!(matches!(err, crate::Error::Device { .. }), "{text}");
         assert!(
@@ -810,7 +902,7 @@ mod tests {
             ["umem_reg", "alloc_uar", "CREATE_QP", "free_uar", "umem_dereg"]
         );
         *lock(&rec.refuse) = None;
-        let qp = ctx.create_qp(&cq, cfg).unwrap();
+        let qp = ctx.create_qp(&cq, cfg.clone()).unwrap();
         qp.connect(&qp.endpoint()).unwrap();
         // gdaki's own limits are checked before the device is asked.
         rec.take();

@@ -837,7 +837,7 @@ impl Device for SoftDevice {
         if let MemoryKind::Gpu(_) = mem.kind {
             return Err(DeviceError::Call {
                 what,
-                why: "the soft device reads queues with the CPU: place rings in host memory".into(),
+                why: "the soft device reads queues with the CPU: place rings in host memory (Rings::Host; perftests: --rings host)".into(),
             });
         }
         let Some(keep) = mem.keep.clone() else {

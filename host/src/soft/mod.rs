@@ -480,7 +480,7 @@ mod tests {
         for (src, dst, want) in cases {
             let (_cq, qp) = loopback(&ctx);
             // SAFETY: one poster, the QP outlives it.
-            let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+            let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
             // 3 chunks of 3000 bytes: the failing side is not host-addressable, so it bounces.
             let t = dev.put(dst, src, 3000).unwrap();
             match dev.wait(t) {
@@ -503,7 +503,7 @@ mod tests {
         ] {
             let (_cq, qp) = loopback(&ctx);
             // SAFETY: as above.
-            let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+            let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
             match dev.atomic_fetch_add(target, 1, result) {
                 Err(gdaki_device::PostError::Wait(gdaki_device::WaitError::Cqe(e))) => assert_eq!(e.syndrome, want),
                 other => panic!("expected {want:?}, got {other:?}"),
@@ -530,7 +530,7 @@ mod tests {
         let dst = ctx.alloc_region(64, Access::ALL).unwrap();
         let (_cq, qp) = loopback(&ctx);
         // SAFETY: one poster; the QP outlives it.
-        let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() };
+        let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
         let src = gdaki_device::Local {
             addr: buf.as_ptr() as u64,
             lkey: key,
