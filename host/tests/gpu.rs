@@ -792,21 +792,12 @@ fn the_soft_hca_refuses_rings_in_gpu_memory() {
         "{err:#}"
     );
     let cq = ctx.create_cq(64).unwrap();
-    let cfg = QpConfig {
+    let host = QpConfig {
         sq_size: 64,
-        rings,
         ..Default::default()
     };
-    let err = ctx.create_qp(&cq, cfg).unwrap_err();
+    let err = ctx.create_qp(&cq, QpConfig { rings, ..host.clone() }).unwrap_err();
     assert!(matches!(err, gdaki::Error::Device { .. }), "{err:#}");
-    let qp = ctx
-        .create_qp(
-            &cq,
-            QpConfig {
-                sq_size: 64,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let qp = ctx.create_qp(&cq, host).unwrap();
     assert!(!qp.rings_in_gpu_memory());
 }
