@@ -568,8 +568,11 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
 
     /// Before consuming an error CQE past unread ones, records the earliest error among them: a
     /// flush seen first must not hide the error that caused it. CQEs are written in order, so
-    /// every one before `index` is there. Error path only.
-    #[inline(never)]
+    /// every one before `index` is there. Error path only: cold, so it stays out of line in the
+    /// hot loop, but `#[inline]` so a crate that embeds gdaki-device compiles its own copy and
+    /// its PTX has no unresolved `.extern .func` into this crate.
+    #[cold]
+    #[inline]
     fn record_earlier_errors(&self, index: u64) {
         let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
         let first = unsafe { M::load_acquire(self.cq_consumed()) };

@@ -99,6 +99,8 @@ pub(crate) enum Owned {
     /// Host memory allocated here (kept alive by the registration, which lives as long as the
     /// region).
     Host,
+    /// Host memory allocated here and mapped into GPU `0` at the same addresses.
+    Pinned(usize),
     /// GPU device memory allocated here.
     Device(Arc<crate::cuda::DeviceBuffer>),
 }
@@ -154,7 +156,8 @@ impl MemoryRegion {
         let addr = buf.addr();
         let keep = Arc::new(Pinned { _map: map, _buf: buf });
         let kind = MemoryKind::Host { gpu_mapped: true };
-        Self::register(ctx, addr, len as u64, access, kind, Owned::Host, Some(keep))
+        let memory = Owned::Pinned(gpu.ordinal());
+        Self::register(ctx, addr, len as u64, access, kind, memory, Some(keep))
     }
 
     /// Allocates `len` zeroed bytes of device memory on `gpu` and registers them (a NIC reaches
@@ -272,7 +275,7 @@ impl MemoryRegion {
     /// The address of `offset..offset + len` in library-owned memory. Caller-registered
     /// memory is accessed through the caller's own pointer instead.
     fn check(&self, offset: u64, len: usize) -> Result<*mut u8> {
-        if !matches!(self.memory, Owned::Host) {
+        if !matches!(self.memory, Owned::Host | Owned::Pinned(_)) {
             return Err(Error::CallerMemory { key: self.mr.lkey });
         }
         self.bounds(offset, len)?;
@@ -349,6 +352,16 @@ impl MemoryRegion {
     /// Whether the region is GPU device memory.
     pub fn is_device_memory(&self) -> bool {
         matches!(self.memory, Owned::Device(_))
+    }
+
+    /// The GPU whose kernels can read and write the region at its address: the GPU of device
+    /// memory, or the one host memory is mapped into; `None` for host memory no GPU reaches.
+    pub fn gpu_ordinal(&self) -> Option<usize> {
+        match &self.memory {
+            Owned::Device(d) => Some(d.gpu_ordinal()),
+            Owned::Pinned(g) => Some(*g),
+            Owned::Host | Owned::Caller => None,
+        }
     }
 }
 

@@ -866,9 +866,14 @@ impl fmt::Debug for GpuQp {
 }
 
 impl GpuQp {
-    /// The `DevQp` in GPU memory (pass it to kernels).
+    /// The `DevQp` in GPU memory (what [`Args::qp`](crate::cuda::Args::qp) passes to kernels).
     pub fn device_handle(&self) -> u64 {
         self.handle.device_addr()
+    }
+
+    /// The GPU it is exported to.
+    pub fn gpu_ordinal(&self) -> usize {
+        self.handle.gpu_ordinal()
     }
 
     /// The counters kernels keep in the device handle, read back from GPU memory, next to the

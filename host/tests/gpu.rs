@@ -142,7 +142,7 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
             let _ = writeln!(std::io::stderr(), "put: {launch:?}");
             let status = gpu
                 .run_put(
-                    &[gq.device_handle()],
+                    &[&gq],
                     launch,
                     &PutStream {
                         dst: dst.remote(0),
@@ -184,7 +184,7 @@ fn put_kernel_spreads_blocks_over_several_qps() {
     // so slots are written many times over.
     let qps: Vec<QueuePair> = (0..3).map(|_| loopback_qp(&ctx, 128, QpConfig::default())).collect();
     let exported: Vec<_> = qps.iter().map(|q| q.export_gpu(&gpu).unwrap()).collect();
-    let handles: Vec<u64> = exported.iter().map(|g| g.device_handle()).collect();
+    let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
     const LEN: u64 = 1000;
     const SLOTS: u64 = 24;
     let src = ctx
@@ -245,26 +245,16 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
     let (a_post, a_poll, b_post, b_poll) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
     a_post.write(0, &pattern(1, SIZE as usize - 1)).unwrap();
     b_post.write(0, &pattern(2, SIZE as usize - 1)).unwrap();
-    let side = |qp: &gdaki::GpuQp,
-                post: &gdaki::MemoryRegion,
-                poll: &gdaki::MemoryRegion,
-                peer_poll: &gdaki::MemoryRegion,
-                initiator| {
-        gdaki_layout::perf::PingPongSide {
-            qp: qp.device_handle(),
-            post: post.addr(),
-            poll: poll.addr(),
-            remote: peer_poll.addr(),
-            lkey: post.lkey(),
-            rkey: peer_poll.rkey(),
-            initiator,
-            pad: 0,
-            times: 0,
-        }
+    let side = |qp, post, poll, peer_poll: &gdaki::MemoryRegion, initiator| cuda::WriteLatSide {
+        qp,
+        post,
+        poll,
+        remote: peer_poll.remote(0),
+        initiator,
     };
     let sides = [
-        side(&ga, a_post, a_poll, b_poll, 1),
-        side(&gb, b_post, b_poll, a_poll, 0),
+        side(&ga, a_post, a_poll, b_poll, true),
+        side(&gb, b_post, b_poll, a_poll, false),
     ];
     let run = gpu.run_write_lat(&sides, SIZE, ITERS).unwrap();
     assert_eq!(run.status, vec![CODE_OK, CODE_OK]);
@@ -280,10 +270,22 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
     assert_eq!(b_poll.read_vec(0, SIZE as usize).unwrap(), want_b);
 
     // A peer that never answers: the initiator's flag wait times out with a status.
-    let lonely = [side(&ga, a_post, a_poll, b_poll, 1)];
+    let lonely = [side(&ga, a_post, a_poll, b_poll, true)];
     a_poll.write(0, &[0; SIZE as usize]).unwrap();
     let run = gpu.run_write_lat(&lonely, SIZE, 2).unwrap();
     assert_eq!(run.status, vec![gdaki_device::status::CODE_FLAG_TIMEOUT]);
+
+    // Buffers the kernel touches itself must be GPU-reachable and large enough: refused
+    // before anything launches.
+    let host = ctx.alloc_region(SIZE as usize, Access::ALL).unwrap();
+    let small = ctx.alloc_pinned_region(&gpu, 8, Access::ALL).unwrap();
+    for bad in [
+        side(&ga, &host, a_poll, b_poll, true),
+        side(&ga, a_post, &small, b_poll, true),
+    ] {
+        let err = gpu.run_write_lat(&[bad], SIZE, 2).unwrap_err();
+        assert!(matches!(err, cuda::CudaError::BadArgument { .. }), "{err}");
+    }
 }
 
 #[test]
@@ -353,9 +355,7 @@ fn every_operation_on(gpu: &Gpu, ctx: &Context, count: usize) -> Vec<String> {
             // The kernel reads fetched atomic values from its local buffer: map it into the GPU.
             let local = ctx.alloc_pinned_region(gpu, threads * 64, Access::ALL).unwrap();
             local.write(0, &pattern(9, threads * 64)).unwrap();
-            let status = gpu
-                .run_ops(gq.device_handle(), launch, remote.remote(0), local.local(0))
-                .unwrap();
+            let status = gpu.run_ops(&gq, launch, remote.remote(0), local.local(0)).unwrap();
             if !status.iter().all(|&s| s == CODE_OK) {
                 let e = format!("statuses {:?}, {:?}", &status[..8.min(status.len())], gq.counters());
                 return Some(format!("{launch:?}: {e}"));
@@ -401,10 +401,7 @@ fn an_error_cqe_reaches_the_kernel_with_its_syndrome() {
         grid: 1,
         block: 1,
     };
-    let status = gpu
-        .run_put(&[gq.device_handle()], launch, &one_put(bad, mr.local(0)))
-        .unwrap()
-        .status;
+    let status = gpu.run_put(&[&gq], launch, &one_put(bad, mr.local(0))).unwrap().status;
     assert_eq!(status, [CODE_CQE_ERROR | Syndrome::RemoteAccess.raw() as u32]);
     assert_eq!(qp.error(), Some(Syndrome::RemoteAccess));
 }
@@ -442,7 +439,7 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
     };
     let started = std::time::Instant::now();
     let status = gpu
-        .run_put(&[gq.device_handle()], launch, &one_put(mr.remote(0), mr.local(0)))
+        .run_put(&[&gq], launch, &one_put(mr.remote(0), mr.local(0)))
         .unwrap()
         .status;
     assert_eq!(status, [CODE_TIMEOUT]);
@@ -543,7 +540,7 @@ fn gpu_kernels_put_between_device_memory_regions() {
                 first: 0,
                 iters: 4,
             };
-            let run = gpu.run_put(&[gq.device_handle()], launch, &stream).unwrap();
+            let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             if let Some((t, c)) = run.first_failure() {
                 return Some(format!("{launch:?}: thread {t}: {}", gdaki_device::status::Code(c)));
             }
@@ -578,7 +575,7 @@ fn other_kernels_run_while_the_copier_runs() {
         block: 1,
     };
     let run = gpu
-        .run_put(&[gq.device_handle()], launch, &one_put(mr.remote(0), mr.local(8)))
+        .run_put(&[&gq], launch, &one_put(mr.remote(0), mr.local(8)))
         .unwrap();
     assert_eq!(run.first_failure(), None);
     say("done");
@@ -618,7 +615,7 @@ fn an_unmappable_doorbell_falls_back_to_the_library_proxy() {
                 first: 0,
                 iters: 8,
             };
-            let run = gpu.run_put(&[gq.device_handle()], launch, &stream).unwrap();
+            let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             let rung = qp.fallback_proxy_counters().unwrap().doorbells;
             if let Some((t, c)) = run.first_failure() {
                 Some(format!("{launch:?}: thread {t}: {}", gdaki_device::status::Code(c)))

@@ -263,7 +263,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         src.write(0, &pattern_bytes(size, 0, (nslots * size) as usize))?;
         let (windows, per_qp) = match (&session.gpu, launch) {
             (Some(gpu), Some(l)) => {
-                let handles: Vec<u64> = exported.iter().map(|g| g.device_handle()).collect();
+                let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
                 gpu_windows(
                     gpu,
                     &handles,
@@ -381,7 +381,7 @@ fn connect(qps: &[(CompletionQueue, QueuePair)], peers: &[gdaki::Endpoint]) -> a
 #[allow(clippy::too_many_arguments)] // the run's parameters, each a scalar
 fn gpu_windows(
     gpu: &gdaki::cuda::Gpu,
-    handles: &[u64],
+    handles: &[&gdaki::GpuQp],
     launch: DataPathLaunch,
     dst: Remote,
     src: Local,

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
+use gdaki::cuda::WriteLatSide;
 use gdaki::handshake::Hello;
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair};
 use gdaki_device::status::Code;
@@ -192,10 +193,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         session.agree(10 + 3 * i as u64, Ok(()))?; // both sides ready
         let times = match &session.gpu {
             Some(gpu) => {
-                let dev: Vec<PingPongSide> = sides
+                let dev: Vec<WriteLatSide> = sides
                     .iter()
                     .zip(&exported)
-                    .map(|((s, to), g)| ping_pong_side(s, *to, g.device_handle()))
+                    .map(|((s, to), g)| WriteLatSide {
+                        qp: g,
+                        post: &s.post,
+                        poll: &s.poll,
+                        remote: *to,
+                        initiator: s.initiator,
+                    })
                     .collect();
                 let run = gpu.run_write_lat(&dev, size, plan.iters)?;
                 if let Some((k, &c)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {

@@ -3,10 +3,13 @@
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaStream;
 use gdaki_layout::perf::PingPongSide;
 
+use super::kernel::{Args, Dims, Kernel};
 use super::{CudaError, Gpu};
+use crate::memory::MemoryRegion;
+use crate::queue::GpuQp;
 
 /// The execution scope of a kernel instantiation (`gdaki_<kernel>_<scope>_<mode>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,102 +124,119 @@ pub struct WriteLatRun {
     pub elapsed: Duration,
 }
 
+/// One side of a `write_lat` ping-pong on the GPU ([`Gpu::run_write_lat`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WriteLatSide<'a> {
+    /// The side's queue pair, exported to the GPU that runs the kernel.
+    pub qp: &'a GpuQp,
+    /// Where its messages are sent from (at least `size` bytes; the last is the flag): the
+    /// kernel writes the flag itself, so the region must be reachable by the GPU.
+    pub post: &'a MemoryRegion,
+    /// Where the peer's messages land (at least `size` bytes), polled by the kernel.
+    pub poll: &'a MemoryRegion,
+    /// The peer's poll buffer, as the peer's HCA knows it.
+    pub remote: gdaki_device::Remote,
+    /// This side sends first.
+    pub initiator: bool,
+}
+
 impl Gpu {
     /// Runs `gdaki_put_<scope>_<mode>` (`put_bw`'s stream, `gdaki_device::perf::put_stream`):
-    /// block `b` posts on the exported QP handle `qps[b % qps.len()]` (device addresses), every
-    /// thread `stream.iters` messages, then waits for its last. Each handle must be used in
-    /// `launch.mode` by the blocks that map to it.
-    pub fn run_put(&self, qps: &[u64], launch: DataPathLaunch, stream: &PutStream) -> Result<KernelRun, CudaError> {
-        if qps.is_empty() || qps.len() > u32::MAX as usize {
-            return Err(CudaError::BadArgument {
-                what: "run_put",
-                why: format!("{} QP handles (at least one)", qps.len()),
-            });
-        }
+    /// block `b` posts on `qps[b % qps.len()]`, every thread `stream.iters` messages, then waits
+    /// for its last. Each QP must be used in `launch.mode` by the blocks that map to it.
+    pub fn run_put(&self, qps: &[&GpuQp], launch: DataPathLaunch, stream: &PutStream) -> Result<KernelRun, CudaError> {
         let name = format!("gdaki_put_{}_{}", launch.scope.name(), launch.mode.name());
-        let handles = self.ctx.default_stream().clone_htod(qps)?;
-        use Arg::{Ptr, U32, U64};
         let s = stream;
-        self.run_data_path(
-            &name,
-            launch,
-            &[
-                Ptr(&handles),
-                U32(qps.len() as u32),
-                U64(s.dst.addr),
-                U32(s.dst.rkey),
-                U64(s.src.addr),
-                U32(s.src.lkey),
-                U64(s.len),
-                U64(s.slots),
-                U64(s.first),
-                U32(s.iters),
-            ],
-        )
+        let args = Args::new()
+            .qps(qps)
+            .remote(s.dst)
+            .local(s.src)
+            .u64(s.len)
+            .u64(s.slots)
+            .u64(s.first)
+            .u32(s.iters);
+        self.run_data_path(&name, launch, args)
     }
 
     /// Runs `gdaki_ops_<scope>_<mode>`: every operation once per thread, on 64 bytes per
     /// thread at `remote` and `local`. Returns every thread's status code.
     pub fn run_ops(
         &self,
-        qp: u64,
+        qp: &GpuQp,
         launch: DataPathLaunch,
         remote: gdaki_device::Remote,
         local: gdaki_device::Local,
     ) -> Result<Vec<u32>, CudaError> {
         let name = format!("gdaki_ops_{}_{}", launch.scope.name(), launch.mode.name());
-        use Arg::{U32, U64};
-        let run = self.run_data_path(
-            &name,
-            launch,
-            &[
-                U64(qp),
-                U64(remote.addr),
-                U32(remote.rkey),
-                U64(local.addr),
-                U32(local.lkey),
-            ],
-        )?;
-        Ok(run.status)
+        let args = Args::new().qp(qp).remote(remote).local(local);
+        Ok(self.run_data_path(&name, launch, args)?.status)
     }
 
     /// Runs `gdaki_write_lat`: one block per side, thread 0 of block `b` plays `sides[b]`
-    /// (`gdaki_device::perf::ping_pong`) for `iters` rounds of `size` bytes. The sides'
-    /// `times` fields are ignored: timestamps go to device memory and come back in the result.
-    pub fn run_write_lat(&self, sides: &[PingPongSide], size: u64, iters: u32) -> Result<WriteLatRun, CudaError> {
+    /// (`gdaki_device::perf::ping_pong`) for `iters` rounds of `size` bytes; the timestamps
+    /// come back in the result.
+    pub fn run_write_lat(&self, sides: &[WriteLatSide<'_>], size: u64, iters: u32) -> Result<WriteLatRun, CudaError> {
         if sides.is_empty() || sides.len() > 64 {
             return Err(CudaError::BadArgument {
                 what: "run_write_lat",
                 why: format!("{} sides (1 to 64)", sides.len()),
             });
         }
-        let function = self.module.load_function("gdaki_write_lat")?;
+        let ordinal = self.ordinal();
+        for s in sides {
+            for (what, r) in [("post", s.post), ("poll", s.poll)] {
+                if r.gpu_ordinal() != Some(ordinal) || r.len() < size {
+                    return Err(CudaError::BadArgument {
+                        what: "run_write_lat",
+                        why: format!(
+                            "a side's {what} region ({} bytes{}) must hold {size} bytes in memory GPU {ordinal} reaches",
+                            r.len(),
+                            match r.gpu_ordinal() {
+                                Some(g) => format!(", reached by GPU {g}"),
+                                None => ", host memory no GPU reaches".into(),
+                            }
+                        ),
+                    });
+                }
+            }
+            if s.qp.gpu_ordinal() != ordinal {
+                return Err(CudaError::BadArgument {
+                    what: "run_write_lat",
+                    why: format!("a side's QP is exported to GPU {}, not {ordinal}", s.qp.gpu_ordinal()),
+                });
+            }
+        }
         let stream = self.ctx.default_stream();
         let per_side = iters.max(1) as usize;
         let times = stream.alloc_zeros::<u64>(per_side * sides.len())?;
-        let mut with_times = sides.to_vec();
-        {
+        let times_base = {
             use cudarc::driver::DevicePtr;
-            let (base, _sync) = times.device_ptr(&stream);
-            for (i, s) in with_times.iter_mut().enumerate() {
-                s.times = base + (i * per_side * 8) as u64;
-            }
-        }
-        let sides_dev = stream.clone_htod(bytemuck::cast_slice::<PingPongSide, u8>(&with_times))?;
+            times.device_ptr(&stream).0
+        };
+        let dev: Vec<PingPongSide> = sides
+            .iter()
+            .enumerate()
+            .map(|(i, s)| PingPongSide {
+                qp: s.qp.device_handle(),
+                post: s.post.addr(),
+                poll: s.poll.addr(),
+                remote: s.remote.addr,
+                lkey: s.post.lkey(),
+                rkey: s.remote.rkey,
+                initiator: s.initiator as u32,
+                pad: 0,
+                times: times_base + (i * per_side * 8) as u64,
+            })
+            .collect();
+        let sides_dev = stream.clone_htod(bytemuck::cast_slice::<PingPongSide, u8>(&dev))?;
         let mut status = stream.alloc_zeros::<u32>(sides.len())?;
         stream.memcpy_htod(&vec![u32::MAX; sides.len()], &mut status)?;
-        let mut b = stream.launch_builder(&function);
-        b.arg(&sides_dev).arg(&size).arg(&iters).arg(&mut status);
-        let config = LaunchConfig {
-            grid_dim: (sides.len() as u32, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let args = Args::new().slice(&sides_dev).u64(size).u32(iters).slice(&status);
         // SAFETY: `gdaki_write_lat(sides: *const PingPongSide, size: u64, iters: u32, status:
-        // *mut u32)`: one side per block (copied above, each with `iters` timestamp slots),
-        // one status per thread (one thread per block). The sides' QPs and buffers are the
-        // caller's, exported for this GPU.
-        let elapsed = timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))?;
+        // *mut u32)`: one side per block (checked above: each side's QP is exported to this
+        // GPU, its buffers hold `size` bytes the GPU reaches, and `iters` timestamp slots are
+        // allocated for it), one status per block.
+        let elapsed = unsafe { Kernel::own(self, "gdaki_write_lat")?.run(Dims::linear(sides.len() as u32, 1), args) }?;
         let all = stream.clone_dtoh(&times)?;
         Ok(WriteLatRun {
             status: stream.clone_dtoh(&status)?,
@@ -225,39 +245,27 @@ impl Gpu {
         })
     }
 
+    /// Runs a data-path kernel: its own `args`, then a scratch area per block and a status
+    /// word per thread, which come back in the result.
     pub(super) fn run_data_path(
         &self,
         name: &str,
         launch: DataPathLaunch,
-        args: &[Arg],
+        args: Args<'_>,
     ) -> Result<KernelRun, CudaError> {
-        let function = self.module.load_function(name)?;
         let stream = self.ctx.default_stream();
         let threads = launch.threads().max(1);
         let mut status = stream.alloc_zeros::<u32>(threads)?;
         // Marks threads that never wrote a status.
         stream.memcpy_htod(&vec![u32::MAX; threads], &mut status)?;
         let scratch_bytes = gdaki_device::scope::BLOCK_SCRATCH_BYTES * launch.grid.max(1) as usize;
-        let mut scratch = stream.alloc_zeros::<u8>(scratch_bytes)?;
-        let mut b = stream.launch_builder(&function);
-        for a in args {
-            match a {
-                Arg::U64(v) => b.arg(v),
-                Arg::U32(v) => b.arg(v),
-                Arg::Ptr(v) => b.arg(*v),
-            };
-        }
-        b.arg(&mut scratch).arg(&mut status);
-        let config = LaunchConfig {
-            grid_dim: (launch.grid, 1, 1),
-            block_dim: (launch.block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: every data-path kernel takes its own arguments (pushed by `args`), then
-        // `scratch: *mut BlockScratch` (one per block, allocated above) and `status: *mut u32`
-        // (one per thread, above). The QP handles and buffers are the caller's, exported for
-        // this GPU.
-        let elapsed = timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))?;
+        let scratch = stream.alloc_zeros::<u8>(scratch_bytes)?;
+        let args = args.slice(&scratch).slice(&status);
+        // SAFETY: every data-path kernel takes its own arguments (pushed by the caller, typed:
+        // the QPs are exported to this GPU and borrowed until the kernel is done), then
+        // `scratch: *mut BlockScratch` (one per block) and `status: *mut u32` (one per
+        // thread), allocated above.
+        let elapsed = unsafe { Kernel::own(self, name)?.run(Dims::linear(launch.grid, launch.block), args) }?;
         Ok(KernelRun {
             status: stream.clone_dtoh(&status)?,
             elapsed,
@@ -299,12 +307,4 @@ pub(super) fn wait_idle(stream: &CudaStream) -> Result<(), CudaError> {
             }
         }
     }
-}
-
-/// A kernel argument.
-pub(super) enum Arg<'a> {
-    U64(u64),
-    U32(u32),
-    /// Device memory (its address is pushed).
-    Ptr(&'a cudarc::driver::CudaSlice<u64>),
 }

@@ -10,10 +10,12 @@ use thiserror::Error;
 
 use crate::ptx::{self, PtxUnavailable};
 
+mod kernel;
 mod launch;
 mod posting;
 mod reference;
-pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun};
+pub use kernel::{Args, Dims, Kernel, Module};
+pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
 pub use posting::{PostingRun, RingPlacement};
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
@@ -511,6 +513,11 @@ impl DeviceBuffer {
     /// Its device address.
     pub fn device_addr(&self) -> u64 {
         self.ptr
+    }
+
+    /// The GPU it lives on.
+    pub fn gpu_ordinal(&self) -> usize {
+        self.ctx.ordinal()
     }
 
     /// Its size in bytes (whole pages: at least what was asked for).

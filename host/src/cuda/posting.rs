@@ -8,7 +8,8 @@ use std::time::Duration;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gdaki_layout::{DevCq, DevQp, DoorbellKind, SEND_WQE_BB};
 
-use super::launch::{timed, Arg};
+use super::kernel::Args;
+use super::launch::timed;
 use super::{CudaError, DataPathLaunch, DeviceBuffer, Gpu, HostMapping};
 use crate::memory::HostBuffer;
 
@@ -172,17 +173,13 @@ impl Gpu {
             store = store.min(timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))?);
         }
         let name = format!("gdaki_post_rate_{}_{}", launch.scope.name(), launch.mode.name());
-        let run = self.run_data_path(
-            &name,
-            launch,
-            &[
-                Arg::Ptr(&handle_list),
-                Arg::U32(qps),
-                Arg::U32(stride),
-                Arg::U32(per_thread),
-                Arg::U32(commit_every),
-            ],
-        )?;
+        let args = Args::new()
+            .slice(&handle_list)
+            .u32(qps)
+            .u32(stride)
+            .u32(per_thread)
+            .u32(commit_every);
+        let run = self.run_data_path(&name, launch, args)?;
         if let Some((t, code)) = run.first_failure() {
             return Err(CudaError::WrongResult {
                 kernel: "gdaki_post_rate",

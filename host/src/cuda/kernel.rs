@@ -1,0 +1,345 @@
+//! Your own kernels: a PTX module loaded into a GPU, and launches whose arguments are typed.
+//!
+//! A crate of kernels depends on `gdaki-device` and builds to PTX with `gdaki-build` (see the
+//! `own-kernel` example). The host loads the PTX with [`Gpu::load_module`] and launches a kernel
+//! with [`Args`]: exported queue pairs ([`GpuQp`]), GPU-reachable regions and device buffers,
+//! operands of remote and local memory, and scalars. The arguments are borrowed until the kernel
+//! has finished (every launch here is waited for), so no handle a kernel holds can be freed
+//! under it, and each is checked against the module's GPU before anything launches. gdaki's own
+//! kernels go through the same arguments.
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+
+use super::{launch::timed, CudaError, DeviceBuffer, Gpu};
+use crate::memory::MemoryRegion;
+use crate::ptx::PtxSummary;
+use crate::queue::GpuQp;
+
+/// A PTX module loaded into a GPU, every kernel in it loaded too.
+pub struct Module {
+    gpu: Gpu,
+    module: Arc<CudaModule>,
+    entries: Vec<String>,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("gpu", &self.gpu.ordinal())
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+impl Gpu {
+    /// Loads PTX text into this GPU. A module that declares functions it does not define
+    /// (`.extern .func`: a panic path or an out-of-line function of another crate left in) is
+    /// refused with their names, as is one without kernels. Every kernel is loaded now: under
+    /// CUDA's lazy loading a first launch would load it behind running kernels, and wait for
+    /// the soft HCA's resident copier forever.
+    pub fn load_module(&self, ptx: &str) -> Result<Module, CudaError> {
+        let summary = PtxSummary::parse(ptx);
+        if !summary.unresolved.is_empty() {
+            return Err(CudaError::BadArgument {
+                what: "loading a PTX module",
+                why: format!(
+                    "it declares functions it does not define: {} (build it with gdaki-build, which aborts \
+                     on panics and inlines gdaki-device)",
+                    summary.unresolved.join(", ")
+                ),
+            });
+        }
+        if summary.entries.is_empty() {
+            return Err(CudaError::BadArgument {
+                what: "loading a PTX module",
+                why: "it has no .entry kernels".into(),
+            });
+        }
+        let module = super::quiesced(|| -> Result<_, CudaError> {
+            let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+            for name in &summary.entries {
+                module.load_function(name)?;
+            }
+            Ok(module)
+        })?;
+        Ok(Module {
+            gpu: self.clone(),
+            module,
+            entries: summary.entries,
+        })
+    }
+}
+
+impl Module {
+    /// The module's kernels (`.entry` names).
+    pub fn entry_points(&self) -> &[String] {
+        &self.entries
+    }
+
+    /// The GPU it is loaded into.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The kernel `name`.
+    pub fn kernel(&self, name: &str) -> Result<Kernel<'_>, CudaError> {
+        if !self.entries.iter().any(|e| e == name) {
+            return Err(CudaError::BadArgument {
+                what: "finding a kernel",
+                why: format!("the module has no kernel {name:?} (it has {:?})", self.entries),
+            });
+        }
+        Ok(Kernel {
+            gpu: &self.gpu,
+            function: self.module.load_function(name)?,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// A kernel of a loaded module (or of gdaki's own).
+pub struct Kernel<'m> {
+    gpu: &'m Gpu,
+    function: CudaFunction,
+    name: String,
+}
+
+impl std::fmt::Debug for Kernel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("name", &self.name).finish()
+    }
+}
+
+impl<'m> Kernel<'m> {
+    pub(super) fn own(gpu: &'m Gpu, name: &str) -> Result<Kernel<'m>, CudaError> {
+        Ok(Kernel {
+            gpu,
+            function: gpu.module.load_function(name)?,
+            name: name.to_string(),
+        })
+    }
+
+    /// Launches the kernel over `dims` with `args`, waits for it (polling its stream, so a
+    /// kernel that waits on the soft HCA never blocks the HCA's own driver calls) and returns
+    /// its GPU time, measured by CUDA events around it. An argument that does not belong to
+    /// this GPU is refused before anything launches.
+    ///
+    /// # Safety
+    /// The kernel's parameters are, in order, exactly what `args` pushed (each [`Args`] method
+    /// says what it pushes), and the kernel touches no memory beyond what those arguments name
+    /// and what it allocates itself.
+    pub unsafe fn run(&self, dims: Dims, args: Args<'_>) -> Result<Duration, CudaError> {
+        if let Some(why) = args.error {
+            return Err(CudaError::BadArgument {
+                what: "launching a kernel",
+                why: format!("{}: {why}", self.name),
+            });
+        }
+        let ordinal = self.gpu.ordinal();
+        if let Some(other) = args.gpus.iter().find(|&&g| g != ordinal) {
+            return Err(CudaError::BadArgument {
+                what: "launching a kernel",
+                why: format!(
+                    "{}: an argument belongs to GPU {other}, the kernel runs on GPU {ordinal}",
+                    self.name
+                ),
+            });
+        }
+        let stream = self.gpu.ctx.default_stream();
+        let arrays = args
+            .values
+            .iter()
+            .map(|v| match v {
+                Value::Array(words) => stream.clone_htod(words).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut b = stream.launch_builder(&self.function);
+        for (v, array) in args.values.iter().zip(&arrays) {
+            match (v, array) {
+                (_, Some(a)) => b.arg(a),
+                (Value::U32(x), _) => b.arg(x),
+                (Value::U64(x), _) => b.arg(x),
+                (Value::I32(x), _) => b.arg(x),
+                (Value::I64(x), _) => b.arg(x),
+                (Value::F32(x), _) => b.arg(x),
+                (Value::F64(x), _) => b.arg(x),
+                (Value::Array(_), None) => unreachable!("every array was copied above"),
+            };
+        }
+        let config = LaunchConfig {
+            grid_dim: (dims.grid[0], dims.grid[1], dims.grid[2]),
+            block_dim: (dims.block[0], dims.block[1], dims.block[2]),
+            shared_mem_bytes: dims.shared_mem_bytes,
+        };
+        // SAFETY: the caller's contract: the parameters are what was pushed, and the memory the
+        // kernel touches is what they name, which `args` borrows until this returns (the launch
+        // is waited for in `timed`).
+        timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))
+    }
+}
+
+/// A launch's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl Dims {
+    /// `grid` blocks of `block` threads, in x.
+    pub fn linear(grid: u32, block: u32) -> Dims {
+        Dims {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+/// One kernel parameter.
+enum Value {
+    U32(u32),
+    U64(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    /// Words copied to device memory for the launch; the kernel gets their address.
+    Array(Vec<u64>),
+}
+
+/// A kernel's arguments, in parameter order, borrowed until the launch has finished.
+#[derive(Default)]
+pub struct Args<'a> {
+    values: Vec<Value>,
+    /// The GPUs the arguments belong to (all must be the kernel's).
+    gpus: Vec<usize>,
+    /// The first argument that could not be pushed.
+    error: Option<String>,
+    _borrows: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Args<'a> {
+    /// No arguments yet.
+    pub fn new() -> Args<'a> {
+        Args::default()
+    }
+
+    /// An exported queue pair: pushes its `*mut DevQp` (`.param .u64`), which kernels pass to
+    /// `gdaki_device::Qp::from_raw`.
+    pub fn qp(mut self, qp: &'a GpuQp) -> Self {
+        self.gpus.push(qp.gpu_ordinal());
+        self.values.push(Value::U64(qp.device_handle()));
+        self
+    }
+
+    /// Several exported queue pairs: pushes a `*const *mut DevQp` to an array of their handles
+    /// in device memory (made for the launch) and then their number as `u32`.
+    pub fn qps(mut self, qps: &[&'a GpuQp]) -> Self {
+        if qps.is_empty() || qps.len() > u32::MAX as usize {
+            self.fail(format!("{} queue pairs (at least one)", qps.len()));
+        }
+        self.gpus.extend(qps.iter().map(|q| q.gpu_ordinal()));
+        self.values
+            .push(Value::Array(qps.iter().map(|q| q.device_handle()).collect()));
+        self.values.push(Value::U32(qps.len() as u32));
+        self
+    }
+
+    /// Remote memory as the peer's HCA checks it: pushes `addr: u64, rkey: u32`. The HCA, not
+    /// the kernel, touches it, and only within what the key allows.
+    pub fn remote(mut self, r: gdaki_device::Remote) -> Self {
+        self.values.push(Value::U64(r.addr));
+        self.values.push(Value::U32(r.rkey));
+        self
+    }
+
+    /// Local memory as this side's HCA checks it: pushes `addr: u64, lkey: u32`.
+    pub fn local(mut self, l: gdaki_device::Local) -> Self {
+        self.values.push(Value::U64(l.addr));
+        self.values.push(Value::U32(l.lkey));
+        self
+    }
+
+    /// A region the kernel reads and writes itself: pushes its first byte as a GPU pointer
+    /// (`u64`). It must be reachable by the kernel's GPU: device memory of that GPU, or host
+    /// memory mapped into it ([`Context::alloc_pinned_region`](crate::Context::alloc_pinned_region)).
+    pub fn region(mut self, r: &'a MemoryRegion) -> Self {
+        match r.gpu_ordinal() {
+            Some(g) => {
+                self.gpus.push(g);
+                self.values.push(Value::U64(r.addr()));
+            }
+            None => self.fail(format!(
+                "region at {:#x} is host memory no GPU can reach (allocate it with alloc_pinned_region or \
+                 alloc_device_region)",
+                r.addr()
+            )),
+        }
+        self
+    }
+
+    /// A device buffer: pushes its address (`u64`).
+    pub fn buffer(mut self, b: &'a DeviceBuffer) -> Self {
+        self.gpus.push(b.gpu_ordinal());
+        self.values.push(Value::U64(b.device_addr()));
+        self
+    }
+
+    /// A `u32`.
+    pub fn u32(mut self, v: u32) -> Self {
+        self.values.push(Value::U32(v));
+        self
+    }
+
+    /// A `u64`.
+    pub fn u64(mut self, v: u64) -> Self {
+        self.values.push(Value::U64(v));
+        self
+    }
+
+    /// An `i32`.
+    pub fn i32(mut self, v: i32) -> Self {
+        self.values.push(Value::I32(v));
+        self
+    }
+
+    /// An `i64`.
+    pub fn i64(mut self, v: i64) -> Self {
+        self.values.push(Value::I64(v));
+        self
+    }
+
+    /// An `f32`.
+    pub fn f32(mut self, v: f32) -> Self {
+        self.values.push(Value::F32(v));
+        self
+    }
+
+    /// An `f64`.
+    pub fn f64(mut self, v: f64) -> Self {
+        self.values.push(Value::F64(v));
+        self
+    }
+
+    /// Device memory the library allocated for the launch: pushes its address.
+    pub(super) fn slice<T>(mut self, s: &'a cudarc::driver::CudaSlice<T>) -> Self {
+        use cudarc::driver::DevicePtr;
+        let stream = s.stream().clone();
+        let (ptr, _record) = s.device_ptr(&stream);
+        self.gpus.push(stream.context().ordinal());
+        self.values.push(Value::U64(ptr));
+        self
+    }
+
+    fn fail(&mut self, why: String) {
+        self.error.get_or_insert(why);
+    }
+}
