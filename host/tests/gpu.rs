@@ -798,3 +798,36 @@ fn the_soft_hca_refuses_rings_in_gpu_memory() {
     let qp = ctx.create_qp(&cq, host).unwrap();
     assert!(!qp.rings_in_gpu_memory());
 }
+
+/// Loading your own PTX: a module that declares functions it does not define, or has no
+/// kernels, is refused with the reason; a kernel it lacks is named; arguments the kernel's GPU
+/// cannot reach are refused before anything launches.
+#[test]
+fn own_modules_are_checked_before_they_load_or_launch() {
+    let Some((gpu, _one)) = gpu_or_skip("own_modules_are_checked_before_they_load_or_launch") else {
+        return;
+    };
+    let head = ".version 8.4\n.target sm_90\n.address_size 64\n";
+    let err = gpu
+        .load_module(&format!(
+            "{head}.extern .func panic_bounds_check()\n.visible .entry k()\n{{\nret;\n}}\n"
+        ))
+        .unwrap_err();
+    assert!(err.to_string().contains("panic_bounds_check"), "{err}");
+    let err = gpu.load_module(head).unwrap_err();
+    assert!(err.to_string().contains("no .entry"), "{err}");
+
+    let module = gpu.load_module(gdaki::ptx::ptx().unwrap()).unwrap();
+    assert!(module.entry_points().iter().any(|e| e == "gdaki_write_lat"));
+    let err = module.kernel("no_such_kernel").unwrap_err();
+    assert!(err.to_string().contains("no_such_kernel"), "{err}");
+
+    // A host region no GPU reaches, as a pointer argument: refused at launch, nothing runs.
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let host = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let kernel = module.kernel("gdaki_store_loop").unwrap();
+    let args = cuda::Args::new().region(&host).u32(0).u32(1);
+    // SAFETY: refused before launching (the region is not GPU-reachable).
+    let err = unsafe { kernel.run(cuda::Dims::linear(1, 1), args) }.unwrap_err();
+    assert!(err.to_string().contains("no GPU can reach"), "{err}");
+}

@@ -1,0 +1,308 @@
+//! `gdaki-build`: builds a crate of GPU kernels (a library that depends on `gdaki-device` and
+//! defines `extern "ptx-kernel"` functions) to PTX, from a build script, with the toolchain
+//! `tools/setup.sh` installs: Debian's `rustc-web`, which ships the NVPTX backend and the
+//! library sources for `-Zbuild-std=core`. gdaki's own kernels are built with it too.
+//!
+//! In `build.rs` of the crate that launches the kernels (its code then reads the PTX with
+//! `include_str!(concat!(env!("OUT_DIR"), "/my_kernels.ptx"))`):
+//!
+//! ```no_run
+//! let kernels = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+//! gdaki_build::PtxBuild::new(kernels).build_script("my_kernels");
+//! ```
+//!
+//! Panics abort (`-Cpanic=immediate-abort`, `core` rebuilt with it), so a bounds check becomes
+//! a `trap` instead of a call into `core` that no module defines; a PTX file that still declares
+//! an `.extern .func` is refused with the names. Knobs (environment): `GDAKI_PTX=off` skips the
+//! build; `GDAKI_PTX_CARGO` / `GDAKI_PTX_RUSTC` name another compiler pair (default
+//! `/usr/bin/cargo`, `/usr/bin/rustc`); `GDAKI_PTX_ARCH` (default `sm_90`) and
+//! `GDAKI_PTX_VERSION` (default `ptx84`: PTX ISA 8.4, CUDA 12.4 or newer) select the target.
+use std::env;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The fix named whenever the toolchain is missing.
+pub const FIX: &str = "run tools/setup.sh (it installs Debian's rustc-web, cargo-web and rust-web-src)";
+
+/// The environment variables that change what is built.
+pub const KNOBS: [&str; 5] = [
+    "GDAKI_PTX",
+    "GDAKI_PTX_CARGO",
+    "GDAKI_PTX_RUSTC",
+    "GDAKI_PTX_ARCH",
+    "GDAKI_PTX_VERSION",
+];
+
+/// Why no PTX came out.
+#[derive(Debug)]
+pub enum BuildError {
+    /// The PTX toolchain is absent or switched off (not a bug: hosts build for CPU use).
+    Missing(String),
+    /// The kernel crate did not compile for nvptx64.
+    Failed {
+        /// What the compiler said.
+        output: String,
+    },
+    /// The PTX declares functions it does not define: loading it would fail.
+    Unresolved(Vec<String>),
+    /// Reading or writing a file failed.
+    Io(String),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Missing(why) => write!(f, "GPU kernels not built ({why}); fix: {FIX}"),
+            BuildError::Failed { output } => write!(f, "building the kernels for nvptx64 failed:\n{output}"),
+            BuildError::Unresolved(names) => write!(
+                f,
+                "the PTX declares functions it does not define: {} (an out-of-line function of another \
+                 crate: mark it #[inline])",
+                names.join(", ")
+            ),
+            BuildError::Io(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// A built PTX module.
+#[derive(Debug, Clone)]
+pub struct Ptx {
+    /// Where it was written.
+    pub path: PathBuf,
+    /// Its text.
+    pub text: String,
+}
+
+/// How to build one kernel crate.
+#[derive(Debug, Clone)]
+pub struct PtxBuild {
+    dir: PathBuf,
+    package: Option<String>,
+    target_dir: Option<PathBuf>,
+}
+
+impl PtxBuild {
+    /// The library crate whose `Cargo.toml` is in `dir` (or, with [`package`](Self::package), a
+    /// workspace there).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        PtxBuild {
+            dir: dir.into(),
+            package: None,
+            target_dir: None,
+        }
+    }
+
+    /// Builds package `name` of the workspace in the directory.
+    pub fn package(mut self, name: impl Into<String>) -> Self {
+        self.package = Some(name.into());
+        self
+    }
+
+    /// Where the nested build keeps its files (default: `ptx/` in the target directory of
+    /// the build script's own build, beside it: the outer cargo holds its own directory's lock).
+    pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// Builds the PTX into `out` (a file path).
+    pub fn build(&self, out: &Path) -> Result<Ptx, BuildError> {
+        if env::var("GDAKI_PTX").is_ok_and(|v| v == "off" || v == "0") {
+            return Err(BuildError::Missing("GDAKI_PTX=off".into()));
+        }
+        let cargo = env::var_os("GDAKI_PTX_CARGO").unwrap_or_else(|| "/usr/bin/cargo".into());
+        let rustc = env::var_os("GDAKI_PTX_RUSTC").unwrap_or_else(|| "/usr/bin/rustc".into());
+        let arch = env::var("GDAKI_PTX_ARCH").unwrap_or_else(|_| "sm_90".into());
+        let isa = env::var("GDAKI_PTX_VERSION").unwrap_or_else(|_| "ptx84".into());
+        for tool in [&cargo, &rustc] {
+            if !Path::new(tool).exists() {
+                return Err(BuildError::Missing(format!("{} not found", Path::new(tool).display())));
+            }
+        }
+        let sysroot = Command::new(&rustc)
+            .arg("--print=sysroot")
+            .output()
+            .map_err(|e| BuildError::Missing(format!("cannot run {}: {e}", Path::new(&rustc).display())))?;
+        let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+        let core_src = sysroot.join("lib/rustlib/src/rust/library/core");
+        if !core_src.exists() {
+            return Err(BuildError::Missing(format!(
+                "library sources missing ({})",
+                core_src.display()
+            )));
+        }
+        let target_dir = match &self.target_dir {
+            Some(d) => d.clone(),
+            None => nested_target_dir(),
+        };
+        let mut cmd = Command::new(&cargo);
+        scrub_env(&mut cmd);
+        // Every crate, `core` included, gets the flags: panics then abort in place everywhere.
+        let flags = [
+            "-Zunstable-options".to_string(),
+            "-Cpanic=immediate-abort".to_string(),
+            format!("-Ctarget-cpu={arch}"),
+            format!("-Ctarget-feature=+{isa}"),
+        ];
+        cmd.env("RUSTC", &rustc)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
+            .current_dir(&self.dir)
+            .args(["rustc", "--quiet", "--lib", "--release"]);
+        if let Some(p) = &self.package {
+            cmd.args(["-p", p]);
+        }
+        cmd.args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+            .args(["--config", "profile.release.debug=false"])
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .arg("--")
+            .arg(format!("--emit=asm={}", out.display()));
+        let output = cmd
+            .output()
+            .map_err(|e| BuildError::Missing(format!("cannot run {}: {e}", Path::new(&cargo).display())))?;
+        if !output.status.success() {
+            return Err(BuildError::Failed {
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            });
+        }
+        let text = fs::read_to_string(out).map_err(|e| BuildError::Io(format!("no PTX at {}: {e}", out.display())))?;
+        let unresolved = unresolved(&text);
+        if !unresolved.is_empty() {
+            return Err(BuildError::Unresolved(unresolved));
+        }
+        Ok(Ptx {
+            path: out.to_path_buf(),
+            text,
+        })
+    }
+
+    /// For a build script: builds the PTX to `OUT_DIR/<name>.ptx` and tells cargo when to
+    /// build it again (the crate's sources and manifest, the lock file, the knobs). Where the
+    /// toolchain is missing or switched off, it writes an empty file, warns once through cargo,
+    /// and returns `None`, so the host crate still builds for CPU use (check for an empty
+    /// string at run time and say [`FIX`]). A crate that fails to compile, or PTX with
+    /// unresolved functions, fails the build.
+    pub fn build_script(&self, name: &str) -> Option<Ptx> {
+        for watched in ["src", "Cargo.toml", "Cargo.lock"] {
+            println!("cargo:rerun-if-changed={}", self.dir.join(watched).display());
+        }
+        for var in KNOBS {
+            println!("cargo:rerun-if-env-changed={var}");
+        }
+        let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("build_script runs in a build script (OUT_DIR)"));
+        let out = out_dir.join(format!("{name}.ptx"));
+        match self.build(&out) {
+            Ok(ptx) => Some(ptx),
+            Err(e @ BuildError::Missing(_)) => {
+                println!("cargo:warning={name}: {e}; CPU mode only");
+                fs::write(&out, "").unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+                None
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
+
+/// The names of functions PTX text declares `.extern .func` (defined by no one in it).
+pub fn unresolved(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(".extern") && l.contains(".func"))
+        .filter_map(|l| {
+            let after = l.split(".func").nth(1)?.trim_start();
+            let after = match after.strip_prefix('(') {
+                Some(rest) => rest.split_once(')')?.1.trim_start(),
+                None => after,
+            };
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// Where nested builds keep their files by default: `ptx/` in the target directory of the
+/// running build script (the first ancestor of OUT_DIR that cargo tagged), or in OUT_DIR.
+pub fn nested_target_dir() -> PathBuf {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_else(|| "target".into()));
+    out_dir
+        .ancestors()
+        .find(|dir| dir.join("CACHEDIR.TAG").exists())
+        .unwrap_or(&out_dir)
+        .join("ptx")
+}
+
+/// Drops what the outer cargo (or clippy) set for the build script, so the nested build is a
+/// plain build with the PTX compiler; keeps what reaches the registry.
+fn scrub_env(cmd: &mut Command) {
+    let keep = |name: &str| {
+        name == "CARGO_HOME"
+            || name.starts_with("CARGO_HTTP")
+            || name.starts_with("CARGO_NET")
+            || name.starts_with("CARGO_REGISTR")
+    };
+    let drop: Vec<OsString> = env::vars_os()
+        .map(|(name, _)| name)
+        .filter(|name| {
+            let name = name.to_string_lossy();
+            (name.starts_with("CARGO") && !keep(&name))
+                || name.starts_with("RUST")
+                || name.starts_with("CLIPPY")
+                || name.starts_with("DEP_")
+                || [
+                    "TARGET",
+                    "HOST",
+                    "OUT_DIR",
+                    "NUM_JOBS",
+                    "OPT_LEVEL",
+                    "PROFILE",
+                    "DEBUG",
+                    "MAKEFLAGS",
+                    "MFLAGS",
+                ]
+                .contains(&name.as_ref())
+        })
+        .collect();
+    for name in drop {
+        cmd.env_remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unresolved_functions_are_named() {
+        let text = ".version 8.4\n.extern .func (.param .b32 r) vprintf(\n.visible .entry k(\n\
+                    .extern .func _RNvNtCs1_4core9panicking18panic_bounds_check(\n.visible .func f(\n";
+        assert_eq!(
+            unresolved(text),
+            ["vprintf", "_RNvNtCs1_4core9panicking18panic_bounds_check"]
+        );
+        assert!(unresolved(".visible .entry k(\n").is_empty());
+    }
+
+    #[test]
+    fn a_switched_off_build_is_missing_not_failed() {
+        // No other test of this crate reads the variable.
+        std::env::set_var("GDAKI_PTX", "off");
+        let err = PtxBuild::new(".").build(Path::new("/nonexistent/x.ptx")).unwrap_err();
+        std::env::remove_var("GDAKI_PTX");
+        assert!(matches!(err, BuildError::Missing(_)), "{err}");
+        assert!(err.to_string().contains("tools/setup.sh"), "{err}");
+    }
+}
