@@ -158,15 +158,19 @@ impl<'m> Kernel<'m> {
             .collect::<Result<Vec<_>, _>>()?;
         let mut b = stream.launch_builder(&self.function);
         for (v, array) in args.values.iter().zip(&arrays) {
-            match (v, array) {
-                (_, Some(a)) => b.arg(a),
-                (Value::U32(x), _) => b.arg(x),
-                (Value::U64(x), _) => b.arg(x),
-                (Value::I32(x), _) => b.arg(x),
-                (Value::I64(x), _) => b.arg(x),
-                (Value::F32(x), _) => b.arg(x),
-                (Value::F64(x), _) => b.arg(x),
-                (Value::Array(_), None) => unreachable!("every array was copied above"),
+            // An array's copy (made above) goes in its place.
+            if let Some(a) = array {
+                b.arg(a);
+                continue;
+            }
+            match v {
+                Value::U32(x) => b.arg(x),
+                Value::U64(x) => b.arg(x),
+                Value::I32(x) => b.arg(x),
+                Value::I64(x) => b.arg(x),
+                Value::F32(x) => b.arg(x),
+                Value::F64(x) => b.arg(x),
+                Value::Array(_) => continue,
             };
         }
         let config = LaunchConfig {
