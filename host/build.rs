@@ -34,5 +34,22 @@ fn main() {
         Err(e) => panic!("gdaki-device: {e}"),
     };
     fs::write(out_dir.join("gdaki_device.ptx"), ptx).expect("write OUT_DIR/gdaki_device.ptx");
+    // The data path as `extern "C"` functions, without gdaki's kernels: what CUDA C++ links
+    // (tools/cuda/build-device-lib.sh makes libgdaki_device.a of it). Only when the first
+    // build found the toolchain.
+    let c_path = gdaki_build::nested_target_dir().join("gdaki_device_c.ptx");
+    let c_ptx = if missing.is_empty() {
+        let c_build = gdaki_build::PtxBuild::new(&workspace)
+            .package("gdaki-device")
+            .no_default_features()
+            .feature("c-abi");
+        c_build
+            .build(&c_path)
+            .unwrap_or_else(|e| panic!("gdaki-device (c-abi): {e}"))
+            .text
+    } else {
+        String::new()
+    };
+    fs::write(out_dir.join("gdaki_device_c.ptx"), c_ptx).expect("write OUT_DIR/gdaki_device_c.ptx");
     fs::write(out_dir.join("ptx_missing.txt"), missing).expect("write OUT_DIR/ptx_missing.txt");
 }

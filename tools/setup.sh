@@ -19,6 +19,8 @@ packages=(
   libclang-dev     # bindgen (rdma-sys, mlx5-sys)
   ibverbs-providers # libmlx5.so.1 at run time
   gcc              # the golden tests compile a C program against mlx5dv.h
+  g++              # the generated headers are checked as C++
+  clang-22         # ... and as CUDA, in device-only mode (no CUDA toolkit needed)
   libc6-dev
   pkg-config
 )

@@ -388,6 +388,9 @@ mod gpu {
     /// `stop` a host-pinned word, `work` zeroed device memory as [`Work`] describes; every
     /// descriptor names memory this GPU may access; the block size is a multiple of 32; every
     /// thread of the grid calls this.
+    // Inline: compiled only into the crate that launches it (the copier kernel), not into
+    // every PTX of this crate (the C ABI library has no use for it).
+    #[inline]
     pub unsafe fn serve(descs: *const CopyDesc, dones: *mut CopyDone, stop: *const u32, work: &Work, first: u64) {
         // SAFETY: special registers are always readable.
         let (tid, b, nt, nb) = unsafe {

@@ -1,7 +1,7 @@
 //! The PTX entry points (`extern "ptx-kernel"`), all in one place. Each is a thin shell that
 //! reads its thread coordinates and calls the data-path API, so the logic is the code CPU
 //! threads run too. Kernels are instantiated for every execution scope and sharing mode
-//! (`gdaki_<kernel>_<scope>_<mode>`), all with the same parameters; results go to
+//! (`gdaki_<kernel>_<scope>_<mode>`; `put_bw`, `ops`, `post_rate`), all with the same parameters; results go to
 //! `status[thread]` as [`crate::status`] codes.
 //!
 //! Launch shapes: a warp-scope kernel needs whole warps (a partial warp reports
@@ -226,63 +226,63 @@ macro_rules! kernels_for {
 kernels_for!(
     Exclusive,
     Thread,
-    gdaki_put_thread_exclusive,
+    gdaki_put_bw_thread_exclusive,
     gdaki_ops_thread_exclusive,
     gdaki_post_rate_thread_exclusive
 );
 kernels_for!(
     Cta,
     Thread,
-    gdaki_put_thread_cta,
+    gdaki_put_bw_thread_cta,
     gdaki_ops_thread_cta,
     gdaki_post_rate_thread_cta
 );
 kernels_for!(
     Gpu,
     Thread,
-    gdaki_put_thread_gpu,
+    gdaki_put_bw_thread_gpu,
     gdaki_ops_thread_gpu,
     gdaki_post_rate_thread_gpu
 );
 kernels_for!(
     Exclusive,
     Warp,
-    gdaki_put_warp_exclusive,
+    gdaki_put_bw_warp_exclusive,
     gdaki_ops_warp_exclusive,
     gdaki_post_rate_warp_exclusive
 );
 kernels_for!(
     Cta,
     Warp,
-    gdaki_put_warp_cta,
+    gdaki_put_bw_warp_cta,
     gdaki_ops_warp_cta,
     gdaki_post_rate_warp_cta
 );
 kernels_for!(
     Gpu,
     Warp,
-    gdaki_put_warp_gpu,
+    gdaki_put_bw_warp_gpu,
     gdaki_ops_warp_gpu,
     gdaki_post_rate_warp_gpu
 );
 kernels_for!(
     Exclusive,
     Block,
-    gdaki_put_block_exclusive,
+    gdaki_put_bw_block_exclusive,
     gdaki_ops_block_exclusive,
     gdaki_post_rate_block_exclusive
 );
 kernels_for!(
     Cta,
     Block,
-    gdaki_put_block_cta,
+    gdaki_put_bw_block_cta,
     gdaki_ops_block_cta,
     gdaki_post_rate_block_cta
 );
 kernels_for!(
     Gpu,
     Block,
-    gdaki_put_block_gpu,
+    gdaki_put_bw_block_gpu,
     gdaki_ops_block_gpu,
     gdaki_post_rate_block_gpu
 );

@@ -13,7 +13,9 @@
 //! - [`arch`]: one module per target, barriers named by purpose.
 //! - [`copier`]: the soft HCA's persistent copy kernel body (GPU payloads).
 //! - [`perf`]: the perftest loops (`put_bw`, `write_lat`), shared by kernels and CPU mode.
-//! - [`kernels`]: the PTX entry points (nvptx64 only), in one place.
+//! - [`kernels`]: the PTX entry points (nvptx64 only, feature `kernels`), in one place.
+//! - [`ffi`]: the data path as `extern "C"` functions for CUDA C++ (feature `c-abi` on
+//!   nvptx64; always on the host, thread scope).
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -23,7 +25,9 @@
 
 pub mod arch;
 pub mod copier;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(not(target_arch = "nvptx64"), feature = "c-abi"))]
+pub mod ffi;
+#[cfg(all(target_arch = "nvptx64", feature = "kernels"))]
 pub mod kernels;
 pub mod perf;
 pub mod qp;

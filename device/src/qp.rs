@@ -704,15 +704,44 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// device).
     #[inline(always)]
     pub unsafe fn wait_until_u8(&self, flag: *const u8, value: u8) -> Result<(), WaitError> {
+        // SAFETY: per the caller's contract.
+        self.wait_for_value(
+            value as u64,
+            || unsafe { arch::load_u8_volatile(flag) } as u64,
+            |v| v == value as u64,
+        )
+    }
+
+    /// Waits (bounded by the handle's timeout) until the u64 at `signal` is at least `value`:
+    /// how a receiver learns that `value` signals ([`signal`](Self::signal),
+    /// [`put_signal`](Self::put_signal)) have reached it, each added after its data. Waits
+    /// like [`wait_until_u8`](Self::wait_until_u8), each calling thread on its own.
+    ///
+    /// # Safety
+    /// `signal` is 8-byte aligned and valid for reads for the whole wait.
+    #[inline(always)]
+    pub unsafe fn wait_signal(&self, signal: *const u64, value: u64) -> Result<(), WaitError> {
+        // SAFETY: per the caller's contract.
+        self.wait_for_value(value, || unsafe { arch::load_u64_volatile(signal) }, |v| v >= value)
+    }
+
+    /// Polls `load` until `done` holds, bounded by the handle's timeout; `expected` is what a
+    /// timeout reports.
+    #[inline(always)]
+    fn wait_for_value(
+        &self,
+        expected: u64,
+        load: impl Fn() -> u64,
+        done: impl Fn(u64) -> bool,
+    ) -> Result<(), WaitError> {
         // The timer is read (and the backoff consulted) once every 256 polls: a poll costs
         // about a memory round trip.
         let limit = unsafe { (*self.ptr).timeout_ns };
         let mut start = None;
         let mut polls = 0u32;
         loop {
-            // SAFETY: per the caller's contract.
-            let found = unsafe { arch::load_u8_volatile(flag) };
-            if found == value {
+            let found = load();
+            if done(found) {
                 arch::from_device_barrier();
                 return Ok(());
             }
@@ -720,10 +749,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             if polls % 256 == 0 {
                 let now = arch::global_timer_ns();
                 if now.wrapping_sub(*start.get_or_insert(now)) > limit {
-                    return Err(WaitError::Flag {
-                        expected: value as u64,
-                        found: found as u64,
-                    });
+                    return Err(WaitError::Flag { expected, found });
                 }
                 arch::backoff(polls / 256);
             }

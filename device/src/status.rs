@@ -150,7 +150,8 @@ impl core::fmt::Display for PostError {
 
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
 /// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`],
-/// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], or [`CODE_CQE_ERROR`] | syndrome.
+/// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], [`CODE_BAD_ARGUMENT`], or [`CODE_CQE_ERROR`] |
+/// syndrome.
 pub const CODE_OK: u32 = 0;
 /// A wait timed out.
 pub const CODE_TIMEOUT: u32 = 1;
@@ -166,6 +167,9 @@ pub const CODE_FLAG_TIMEOUT: u32 = 6;
 pub const CODE_MISALIGNED: u32 = 7;
 /// A CQE of a format gdaki does not read (compressed or mini CQEs).
 pub const CODE_CQE_FORMAT: u32 = 8;
+/// An argument the C ABI checks is invalid: unknown `GDAKI_POST_*` flags, or a null block
+/// scratch area. Reported by `gdaki_device::ffi`, not by the Rust API (its types rule it out).
+pub const CODE_BAD_ARGUMENT: u32 = 9;
 /// A kernel was launched in a shape its scope cannot use (for example a warp-scope kernel
 /// whose warp is partial). Reported by kernels, not by the API.
 pub const CODE_BAD_SCOPE: u32 = 5;
@@ -190,6 +194,7 @@ impl core::fmt::Display for Code {
             CODE_BAD_SCOPE => f.write_str("launch shape does not fit the kernel's scope"),
             CODE_MISALIGNED => f.write_str("atomic target not 8-byte aligned"),
             CODE_CQE_FORMAT => f.write_str("a CQE of a format gdaki does not read (compressed CQ?)"),
+            CODE_BAD_ARGUMENT => f.write_str("invalid argument (unknown post flags or a null scratch area)"),
             u32::MAX => f.write_str("no status written (the thread did not finish)"),
             c if c & CODE_CQE_ERROR != 0 => write!(f, "error CQE: {}", Syndrome::from_raw(c as u8)),
             c => write!(f, "unknown status {c:#x}"),

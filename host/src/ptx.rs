@@ -4,20 +4,21 @@
 use thiserror::Error;
 
 const EMBEDDED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device.ptx"));
+const C_ABI: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device_c.ptx"));
 const MISSING_REASON: &str = include_str!(concat!(env!("OUT_DIR"), "/ptx_missing.txt"));
 
 /// The kernel entry points the PTX must declare; the host launches them by these names.
 pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_selftest",
-    "gdaki_put_thread_exclusive",
-    "gdaki_put_thread_cta",
-    "gdaki_put_thread_gpu",
-    "gdaki_put_warp_exclusive",
-    "gdaki_put_warp_cta",
-    "gdaki_put_warp_gpu",
-    "gdaki_put_block_exclusive",
-    "gdaki_put_block_cta",
-    "gdaki_put_block_gpu",
+    "gdaki_put_bw_thread_exclusive",
+    "gdaki_put_bw_thread_cta",
+    "gdaki_put_bw_thread_gpu",
+    "gdaki_put_bw_warp_exclusive",
+    "gdaki_put_bw_warp_cta",
+    "gdaki_put_bw_warp_gpu",
+    "gdaki_put_bw_block_exclusive",
+    "gdaki_put_bw_block_cta",
+    "gdaki_put_bw_block_gpu",
     "gdaki_ops_thread_exclusive",
     "gdaki_ops_thread_cta",
     "gdaki_ops_thread_gpu",
@@ -59,6 +60,13 @@ pub fn ptx() -> Result<&'static str, PtxUnavailable> {
     } else {
         Ok(EMBEDDED)
     }
+}
+
+/// The PTX of the data path as `extern "C"` functions (`gdaki_device::ffi`, no kernels): what
+/// CUDA C++ code links against, ahead of time (`libgdaki_device.a`) or at run time; or why
+/// there is none.
+pub fn c_abi_ptx() -> Result<&'static str, PtxUnavailable> {
+    ptx().map(|_| C_ABI)
 }
 
 /// What a PTX module declares, read from its text: enough to check a build before loading it.

@@ -558,6 +558,7 @@ impl QueuePair {
             qpn,
             sq_log_size: sq_log,
             doorbell_kind: kind as u8,
+            version: gdaki_layout::handle::DEV_QP_VERSION,
             flags: reply.qp_flags()
                 | if qp.umem.mem.gpu().is_some() {
                     gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY

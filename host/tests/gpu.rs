@@ -2,36 +2,10 @@
 //! line and passes, unless `GDAKI_REQUIRE_GPU=1` (the GPU runner sets it), which makes a
 //! missing GPU a failure instead.
 mod common;
-use common::{loopback_qp, pattern, qp, ReadVec};
+use common::{gpu_or_skip, loopback_qp, pattern, qp, ReadVec};
 use std::io::Write;
 
 use gdaki::cuda::{self, Gpu};
-
-/// GPU tests run one at a time, so one test's kernel never waits behind another's (the
-/// kernels share the legacy stream) and timing-bounded checks stay meaningful.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Opens GPU 0 (holding the GPU-test lock until the returned guard drops) or reports the skip.
-/// Writes to the raw stderr handle because the test harness captures `eprintln!` of passing
-/// tests, and a skip must be seen.
-fn gpu_or_skip(test: &str) -> Option<(Gpu, std::sync::MutexGuard<'static, ()>)> {
-    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
-    let required = std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    match Gpu::open(0) {
-        Ok(gpu) => Some((gpu, guard)),
-        Err(e) if !required => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED (no usable GPU): {test}: {e}");
-            None
-        }
-        Err(e) => panic!("GDAKI_REQUIRE_GPU=1 but no usable GPU: {e}"),
-    }
-}
 
 #[test]
 fn selftest_kernel_runs_and_verifies() {

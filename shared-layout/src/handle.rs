@@ -105,6 +105,10 @@ pub const QP_FLUSH_AFTER_FETCH: u8 = 1 << 1;
 /// writes itself first (`gdaki_device::publish_host_writes`).
 pub const QP_RINGS_IN_GPU_MEMORY: u8 = 1 << 2;
 
+/// `DevQp::version` of this layout: the major version in the high 16 bits, the size in the low
+/// (the convention NVSHMEM's device structs use), so a change of either is a mismatch.
+pub const DEV_QP_VERSION: u32 = 1 << 16 | core::mem::size_of::<DevQp>() as u32;
+
 /// `DevCq::error` when no error CQE has been seen.
 pub const NO_ERROR: u64 = 0;
 /// `DevCq::error`: set when the word holds an error.
@@ -187,8 +191,14 @@ pub struct DevQp {
     /// `QP_*` flags ([`QP_ATOMIC_REPLY_HOST_ORDER`], [`QP_FLUSH_AFTER_FETCH`],
     /// [`QP_RINGS_IN_GPU_MEMORY`]).
     pub flags: u8,
+    /// Pads `version` to its alignment.
+    pub version_pad: [u8; 2],
+    /// [`DEV_QP_VERSION`]: the layout this handle was written in. Device functions called
+    /// through the C ABI refuse a handle whose word differs (`CODE_BAD_HANDLE`), so code
+    /// compiled against another layout, or a pointer that is not a handle, fails cleanly.
+    pub version: u32,
     /// Pads the constant line.
-    pub const_pad: [u8; 14],
+    pub const_pad: [u8; 8],
     /// The send completion queue.
     pub cq: DevCq,
 }
@@ -206,6 +216,6 @@ const _: () = {
     assert!(offset_of!(DevQp, doorbell) == 80 && offset_of!(DevQp, max_msg_size) == 88);
     assert!(offset_of!(DevQp, timeout_ns) == 96 && offset_of!(DevQp, qpn) == 104);
     assert!(offset_of!(DevQp, sq_log_size) == 108 && offset_of!(DevQp, doorbell_kind) == 112);
-    assert!(offset_of!(DevQp, flags) == 113);
+    assert!(offset_of!(DevQp, flags) == 113 && offset_of!(DevQp, version) == 116);
     assert!(offset_of!(DevQp, cq) == 128);
 };

@@ -7,6 +7,11 @@
 //! has finished (every launch here is waited for), so no handle a kernel holds can be freed
 //! under it, and each is checked against the module's GPU before anything launches. gdaki's own
 //! kernels go through the same arguments.
+//!
+//! CUDA C++ kernels that call gdaki's C ABI (`gdaki_device.h`) are linked with gdaki's device
+//! code either ahead of time (`nvcc -rdc`, then [`Gpu::load_image`]) or at run time through the
+//! driver's linker ([`Gpu::link_module`], for NVRTC output).
+use std::ffi::{c_void, CString};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,9 +62,51 @@ impl Gpu {
                 why: "it has no .entry kernels".into(),
             });
         }
+        self.load(cudarc::nvrtc::Ptx::from_src(ptx), summary.entries)
+    }
+
+    /// Loads a linked image (a cubin or fatbin, as `nvcc -dlink -cubin` writes one) and its
+    /// kernels `kernels` (a binary image cannot be searched for them).
+    pub fn load_image(&self, image: &[u8], kernels: &[&str]) -> Result<Module, CudaError> {
+        if kernels.is_empty() {
+            return Err(CudaError::BadArgument {
+                what: "loading an image",
+                why: "name at least one kernel to load".into(),
+            });
+        }
+        let entries = kernels.iter().map(|k| k.to_string()).collect();
+        self.load(cudarc::nvrtc::Ptx::from_binary(image.to_vec()), entries)
+    }
+
+    /// Links PTX modules with the driver's linker (relocatable code: NVRTC with `-rdc=true`)
+    /// and loads the result, with every `.entry` of the inputs. [`LinkInput::GdakiDevice`] is
+    /// gdaki's data path as `extern "C"` functions, what `gdaki_device.h` declares. A call no
+    /// input defines is refused with the linker's message.
+    pub fn link_module(&self, inputs: &[LinkInput<'_>]) -> Result<Module, CudaError> {
+        let mut texts = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            texts.push(match input {
+                LinkInput::Ptx(text) => *text,
+                LinkInput::GdakiDevice => crate::ptx::c_abi_ptx()?,
+            });
+        }
+        let entries: Vec<String> = texts.iter().flat_map(|t| PtxSummary::parse(t).entries).collect();
+        if entries.is_empty() {
+            return Err(CudaError::BadArgument {
+                what: "linking PTX",
+                why: "no input has .entry kernels".into(),
+            });
+        }
+        self.ctx.bind_to_thread()?;
+        let image = link(&texts)?;
+        self.load(cudarc::nvrtc::Ptx::from_binary(image), entries)
+    }
+
+    /// Loads a module and every kernel in `entries`.
+    fn load(&self, image: cudarc::nvrtc::Ptx, entries: Vec<String>) -> Result<Module, CudaError> {
         let module = super::quiesced(|| -> Result<_, CudaError> {
-            let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
-            for name in &summary.entries {
+            let module = self.ctx.load_module(image)?;
+            for name in &entries {
                 module.load_function(name)?;
             }
             Ok(module)
@@ -67,9 +114,79 @@ impl Gpu {
         Ok(Module {
             gpu: self.clone(),
             module,
-            entries: summary.entries,
+            entries,
         })
     }
+}
+
+/// One input of [`Gpu::link_module`].
+#[derive(Debug, Clone, Copy)]
+pub enum LinkInput<'a> {
+    /// PTX text (relocatable: it may call functions other inputs define).
+    Ptx(&'a str),
+    /// gdaki's device code as `extern "C"` functions (`gdaki_device.h`), embedded in this
+    /// library.
+    GdakiDevice,
+}
+
+/// Runs the driver's linker over PTX texts (the current context's device): the linked cubin.
+fn link(texts: &[&str]) -> Result<Vec<u8>, CudaError> {
+    use cudarc::driver::sys::{self, CUjitInputType, CUjit_option, CUresult};
+    let bad = |why: String| CudaError::BadArgument {
+        what: "linking PTX",
+        why,
+    };
+    let mut log = vec![0u8; 16 << 10];
+    let mut options = [
+        CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // The driver reads each option's value from a pointer-sized slot: the buffer, its size.
+    let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
+    let log_text = |log: &[u8]| {
+        String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]).into_owned()
+    };
+    let mut state: sys::CUlinkState = std::ptr::null_mut();
+    // SAFETY: the options and values arrays outlive the link state (destroyed below), and the
+    // log buffer is as large as its size option says.
+    let r = unsafe { sys::cuLinkCreate_v2(2, options.as_mut_ptr(), values.as_mut_ptr(), &mut state) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(bad(format!("cuLinkCreate: {r:?}")));
+    }
+    let result = (|| {
+        for (i, text) in texts.iter().enumerate() {
+            let name = CString::new(format!("input{i}.ptx")).expect("no NUL in the name");
+            let data = CString::new(*text).map_err(|_| bad(format!("input {i} has a NUL byte")))?;
+            let bytes = data.as_bytes_with_nul();
+            // SAFETY: the state is live; the data is NUL-terminated PTX the call copies.
+            let r = unsafe {
+                sys::cuLinkAddData_v2(
+                    state,
+                    CUjitInputType::CU_JIT_INPUT_PTX,
+                    bytes.as_ptr() as *mut c_void,
+                    bytes.len(),
+                    name.as_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if r != CUresult::CUDA_SUCCESS {
+                return Err(bad(format!("input {i}: {r:?}: {}", log_text(&log))));
+            }
+        }
+        let (mut cubin, mut size) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: the state is live; the image it returns is valid until the state is destroyed.
+        let r = unsafe { sys::cuLinkComplete(state, &mut cubin, &mut size) };
+        if r != CUresult::CUDA_SUCCESS || cubin.is_null() {
+            return Err(bad(format!("{r:?}: {}", log_text(&log))));
+        }
+        // SAFETY: `size` bytes at `cubin`, owned by the live state; copied out before it goes.
+        Ok(unsafe { std::slice::from_raw_parts(cubin as *const u8, size) }.to_vec())
+    })();
+    // SAFETY: created above, destroyed once.
+    unsafe { sys::cuLinkDestroy(state) };
+    result
 }
 
 impl Module {

@@ -145,7 +145,7 @@ impl Gpu {
     /// block `b` posts on `qps[b % qps.len()]`, every thread `stream.iters` messages, then waits
     /// for its last. Each QP must be used in `launch.mode` by the blocks that map to it.
     pub fn run_put(&self, qps: &[&GpuQp], launch: DataPathLaunch, stream: &PutStream) -> Result<KernelRun, CudaError> {
-        let name = format!("gdaki_put_{}_{}", launch.scope.name(), launch.mode.name());
+        let name = format!("gdaki_put_bw_{}_{}", launch.scope.name(), launch.mode.name());
         let s = stream;
         let args = Args::new()
             .qps(qps)

@@ -14,7 +14,7 @@ mod kernel;
 mod launch;
 mod posting;
 mod reference;
-pub use kernel::{Args, Dims, Kernel, Module};
+pub use kernel::{Args, Dims, Kernel, LinkInput, Module};
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
 pub use posting::{PostingRun, RingPlacement};
 
@@ -291,6 +291,11 @@ impl Gpu {
         Ok(RdmaWritesOrdering::from_raw(self.ctx.attribute(
             Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
         )?))
+    }
+
+    /// The device's compute capability, `(major, minor)`: `(9, 0)` is `sm_90`.
+    pub fn compute_capability(&self) -> Result<(i32, i32), CudaError> {
+        Ok(self.ctx.compute_capability()?)
     }
 
     /// The device's ordinal.

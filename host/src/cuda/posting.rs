@@ -131,6 +131,7 @@ impl Gpu {
                     Some(d) => d.device_addr() + q * 64 + 4,
                     None => records_map.device_addr(q * 64 + 4),
                 },
+                version: gdaki_layout::handle::DEV_QP_VERSION,
                 flags,
                 doorbell: records_map.device_addr(q * 64 + 8),
                 max_msg_size: 1 << 30,

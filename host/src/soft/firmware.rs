@@ -1176,6 +1176,7 @@ mod tests {
             max_msg_size: 1 << 30,
             timeout_ns: 5_000_000_000,
             qpn: q.qp.number,
+            version: gdaki_layout::handle::DEV_QP_VERSION,
             sq_log_size: q.log as u32,
             cq: DevCq {
                 cqe_base: q.cq_ring.addr(),

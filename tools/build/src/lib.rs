@@ -85,6 +85,8 @@ pub struct PtxBuild {
     dir: PathBuf,
     package: Option<String>,
     target_dir: Option<PathBuf>,
+    features: Vec<String>,
+    default_features: bool,
 }
 
 impl PtxBuild {
@@ -95,7 +97,21 @@ impl PtxBuild {
             dir: dir.into(),
             package: None,
             target_dir: None,
+            features: Vec::new(),
+            default_features: true,
         }
+    }
+
+    /// Turns on the crate's feature `name` (any number of times).
+    pub fn feature(mut self, name: impl Into<String>) -> Self {
+        self.features.push(name.into());
+        self
+    }
+
+    /// Leaves the crate's default features off.
+    pub fn no_default_features(mut self) -> Self {
+        self.default_features = false;
+        self
     }
 
     /// Builds package `name` of the workspace in the directory.
@@ -157,6 +173,12 @@ impl PtxBuild {
             .args(["rustc", "--quiet", "--lib", "--release"]);
         if let Some(p) = &self.package {
             cmd.args(["-p", p]);
+        }
+        if !self.default_features {
+            cmd.arg("--no-default-features");
+        }
+        if !self.features.is_empty() {
+            cmd.args(["--features", &self.features.join(",")]);
         }
         cmd.args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
             .args(["--config", "profile.release.debug=false"])

@@ -1,0 +1,392 @@
+//! The data path through the C ABI: `extern "C"` functions for CUDA C++ kernels (and, on the
+//! host, for C code in CPU mode), declared in the generated `gdaki_device.h`.
+//!
+//! Each operation exists once per execution scope and sharing mode, named
+//! `gdaki_<operation>_<scope>_<mode>` (`gdaki_put_warp_cta`): scopes `thread`, `warp`, `block`
+//! ([`crate::scope`]), modes `exclusive`, `cta`, `gpu` ([`crate::sharing`]). On the host only
+//! thread scope exists.
+//!
+//! Only scalars and pointers cross the boundary (by-value structs would keep a clang-CUDA
+//! caller from inlining): a remote buffer is an address and an rkey, a local one an address
+//! and an lkey. Every function returns a status code ([`crate::status`]: `CODE_OK`, ...) and
+//! writes what it produces (a ticket, a fetched value) through an out-pointer, which may be
+//! null when the caller does not want it.
+//!
+//! Arguments are checked before anything is touched: a null handle, or one whose version word
+//! is not [`DEV_QP_VERSION`] (code built against another layout, or a pointer that is no
+//! handle) is `CODE_BAD_HANDLE`; unknown [`POST_FLAGS`] bits or a null block scratch area are
+//! `CODE_BAD_ARGUMENT`; a warp that is not whole and converged is `CODE_BAD_SCOPE`. In warp
+//! and block scope the calls are collectives ([`crate::scope`]): every member calls with the
+//! same handle, flags and scratch (those are the group's, so a refusal reaches every member
+//! alike) and its own buffers. A member's own bad argument (inline data too long, a misaligned
+//! atomic target) reaches that member only, and it still takes part, posting nothing.
+//!
+//! [`OPERATIONS`] describes every function's C parameters; `gen-headers` (gdaki-tools) writes the
+//! header from it, so the functions and their declarations come from the one table below.
+use core::ptr::addr_of;
+
+use gdaki_layout::handle::DEV_QP_VERSION;
+use gdaki_layout::DevQp;
+
+use crate::qp::{Local, Qp, Remote, MAX_INLINE};
+#[cfg(target_arch = "nvptx64")]
+use crate::scope::{Block, BlockScratch, Warp};
+use crate::scope::{Scope, Thread};
+use crate::sharing::{Cta, Exclusive, Gpu, Sharing};
+use crate::status::{PostError, Ticket, CODE_BAD_ARGUMENT, CODE_BAD_HANDLE, CODE_OK};
+
+/// Post flag: leave the doorbell to a later `gdaki_commit_*` (see [`Qp::deferred`]).
+pub const POST_DEFER: u32 = 1 << 0;
+/// Post flag: the post starts after every earlier get and atomic of the QP has completed
+/// (see [`Qp::fenced`]).
+pub const POST_FENCE: u32 = 1 << 1;
+/// Every post flag; other bits are refused.
+pub const POST_FLAGS: u32 = POST_DEFER | POST_FENCE;
+
+/// The handle as `flags` ask, or `None` for unknown bits.
+#[inline(always)]
+fn flagged<M: Sharing, S: Scope>(qp: Qp<M, S>, flags: u32) -> Option<Qp<M, S>> {
+    if flags & !POST_FLAGS != 0 {
+        return None;
+    }
+    let qp = if flags & POST_DEFER != 0 { qp.deferred() } else { qp };
+    Some(if flags & POST_FENCE != 0 { qp.fenced() } else { qp })
+}
+
+/// Writes `value` to `out` unless it is null.
+///
+/// # Safety
+/// `out` is null or valid for a write of `T`.
+#[inline(always)]
+unsafe fn give<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: not null, so valid per the contract.
+        unsafe { out.write(value) };
+    }
+}
+
+/// The code of a post, its ticket written to `ticket`.
+///
+/// # Safety
+/// As [`give`].
+#[inline(always)]
+unsafe fn posted(r: Result<Ticket, PostError>, ticket: *mut u64) -> u32 {
+    match r {
+        Ok(t) => {
+            // SAFETY: per the contract.
+            unsafe { give(ticket, t) };
+            CODE_OK
+        }
+        Err(e) => e.code(),
+    }
+}
+
+/// Checks the handle, then runs `f` with it in the caller's scope.
+///
+/// # Safety
+/// `qp` is null or points to readable memory of a `DevQp`'s size; if its version word matches,
+/// it is an exported handle as [`Qp::from_raw`] requires, used in mode `M` by scope `S`.
+#[inline(always)]
+unsafe fn enter<M: Sharing, S: Scope>(qp: *mut DevQp, scope: Result<S, u32>, f: impl FnOnce(Qp<M, S>) -> u32) -> u32 {
+    // SAFETY: readable per the contract; the constant line is written once, before any use.
+    if qp.is_null() || unsafe { addr_of!((*qp).version).read() } != DEV_QP_VERSION {
+        return CODE_BAD_HANDLE;
+    }
+    match scope {
+        // SAFETY: a handle of this layout, per the contract.
+        Ok(scope) => f(unsafe { Qp::<M>::from_raw(qp) }.with_scope(scope)),
+        Err(code) => code,
+    }
+}
+
+/// What inline data a member passes on: its bytes, or, for a null pointer with a length, more
+/// bytes than a WQE holds, so the member still takes part in the group's post and is refused.
+///
+/// # Safety
+/// `data` is null or valid for reads of `len` bytes.
+#[inline(always)]
+unsafe fn inline_bytes<'a>(data: *const u8, len: u32) -> (&'a [u8], bool) {
+    static TOO_LONG: [u8; MAX_INLINE + 1] = [0; MAX_INLINE + 1];
+    match (data.is_null(), len) {
+        (_, 0) => (&[], true),
+        (true, _) => (&TOO_LONG, false),
+        // More than MAX_INLINE + 1 bytes is refused all the same; never read past `len`.
+        // SAFETY: valid for `len` bytes per the contract, and this is at most `len`.
+        (false, n) => (
+            unsafe { core::slice::from_raw_parts(data, (n as usize).min(MAX_INLINE + 1)) },
+            true,
+        ),
+    }
+}
+
+/// A function's C parameter type, for the header generator.
+#[cfg(not(target_arch = "nvptx64"))]
+pub trait CType {
+    /// The C spelling.
+    const C: &'static str;
+}
+#[cfg(not(target_arch = "nvptx64"))]
+macro_rules! c_types {
+    ($($t:ty => $c:literal),* $(,)?) => {
+        $(impl CType for $t {
+            const C: &'static str = $c;
+        })*
+    };
+}
+#[cfg(not(target_arch = "nvptx64"))]
+c_types!(
+    u32 => "uint32_t",
+    u64 => "uint64_t",
+    *mut u64 => "uint64_t *",
+    *const u64 => "const uint64_t *",
+    *const u8 => "const void *",
+);
+
+/// One parameter of an operation.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    /// Its name.
+    pub name: &'static str,
+    /// Its C type.
+    pub c_type: &'static str,
+}
+
+/// One operation of the C ABI: `gdaki_<name>_<scope>_<mode>(gdaki_dev_qp *qp, [block scope:
+/// gdaki_block_scratch *block_scratch,] params...)`, returning a status code.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Debug, Clone, Copy)]
+pub struct Operation {
+    /// The operation's name.
+    pub name: &'static str,
+    /// What it does (the doc comment, one line per source line).
+    pub doc: &'static str,
+    /// Its parameters after the handle (and the scratch area).
+    pub params: &'static [Param],
+}
+
+/// The scopes, in the names' spelling.
+pub const SCOPES: [&str; 3] = ["thread", "warp", "block"];
+/// The sharing modes, in the names' spelling.
+pub const MODES: [&str; 3] = ["exclusive", "cta", "gpu"];
+
+/// Defines the operations once: generic Rust bodies in `ops`, their descriptors in
+/// [`OPERATIONS`], and the `extern "C"` entry points of every scope and mode.
+macro_rules! c_abi {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $op:ident($qp:ident $(, $arg:ident: $ty:ty)* $(,)?) $body:block
+    )*) => {
+        /// The operations' bodies, generic over mode and scope; each returns a status code.
+        mod ops {
+            use super::*;
+            $(
+                $(#[doc = $doc])*
+                #[inline(always)]
+                #[allow(clippy::too_many_arguments)]
+                pub(super) unsafe fn $op<M: Sharing, S: Scope>($qp: Qp<M, S> $(, $arg: $ty)*) -> u32 $body
+            )*
+        }
+
+        /// Every operation, as the header declares it.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const OPERATIONS: &[Operation] = &[$(Operation {
+            name: stringify!($op),
+            doc: concat!($($doc, "\n"),*),
+            params: &[$(Param { name: stringify!($arg), c_type: <$ty as CType>::C }),*],
+        }),*];
+
+        entry_points!(thread_exclusive, "thread_exclusive", Exclusive, Thread; $($op($($arg: $ty),*))*);
+        entry_points!(thread_cta, "thread_cta", Cta, Thread; $($op($($arg: $ty),*))*);
+        entry_points!(thread_gpu, "thread_gpu", Gpu, Thread; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(warp_exclusive, "warp_exclusive", Exclusive, Warp; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(warp_cta, "warp_cta", Cta, Warp; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(warp_gpu, "warp_gpu", Gpu, Warp; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(@block block_exclusive, "block_exclusive", Exclusive; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(@block block_cta, "block_cta", Cta; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(@block block_gpu, "block_gpu", Gpu; $($op($($arg: $ty),*))*);
+    };
+}
+
+/// The `extern "C"` functions of one scope and mode, in a module named after them.
+macro_rules! entry_points {
+    ($module:ident, $suffix:literal, $mode:ty, $scope:ty; $($op:ident($($arg:ident: $ty:ty),*))*) => {
+        #[doc = concat!("The C ABI in ", $suffix, " (`gdaki_<operation>_", $suffix, "`).")]
+        pub mod $module {
+            use super::*;
+            $(
+                #[doc = concat!("`gdaki_", stringify!($op), "_", $suffix, "`, as `gdaki_device.h` documents it.")]
+                ///
+                /// # Safety
+                /// `qp` is null or an exported handle used in this scope and mode; pointers
+                /// are null where allowed or valid for what the header says.
+                #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe extern "C" fn $op(qp: *mut DevQp $(, $arg: $ty)*) -> u32 {
+                    // SAFETY: the caller's contract is the one `enter` and the body need.
+                    unsafe { enter::<$mode, $scope>(qp, <$scope as Here>::here(), |qp| ops::$op(qp $(, $arg)*)) }
+                }
+            )*
+        }
+    };
+    (@block $module:ident, $suffix:literal, $mode:ty; $($op:ident($($arg:ident: $ty:ty),*))*) => {
+        #[doc = concat!("The C ABI in ", $suffix, " (`gdaki_<operation>_", $suffix, "`).")]
+        pub mod $module {
+            use super::*;
+            $(
+                #[doc = concat!("`gdaki_", stringify!($op), "_", $suffix, "`, as `gdaki_device.h` documents it.")]
+                ///
+                /// # Safety
+                /// `qp` is null or an exported handle used in this scope and mode; `block_scratch`
+                /// is null or a block scratch area every thread of the block passes and no one
+                /// else uses meanwhile; other pointers are null where allowed or valid for
+                /// what the header says.
+                #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe extern "C" fn $op(qp: *mut DevQp, block_scratch: *mut BlockScratch $(, $arg: $ty)*) -> u32 {
+                    let scope = if block_scratch.is_null() {
+                        Err(CODE_BAD_ARGUMENT)
+                    } else {
+                        // SAFETY: per the contract.
+                        Ok(unsafe { Block::new(block_scratch) })
+                    };
+                    // SAFETY: the caller's contract is the one `enter` and the body need.
+                    unsafe { enter::<$mode, Block>(qp, scope, |qp| ops::$op(qp $(, $arg)*)) }
+                }
+            )*
+        }
+    };
+}
+
+/// The calling thread's member of a scope without arguments (thread, warp).
+trait Here: Scope {
+    fn here() -> Result<Self, u32>;
+}
+impl Here for Thread {
+    #[inline(always)]
+    fn here() -> Result<Self, u32> {
+        Ok(Thread)
+    }
+}
+#[cfg(target_arch = "nvptx64")]
+impl Here for Warp {
+    #[inline(always)]
+    fn here() -> Result<Self, u32> {
+        Warp::converged().ok_or(crate::status::CODE_BAD_SCOPE)
+    }
+}
+
+c_abi! {
+    /// RDMA WRITE of `len` bytes from local `src` (key `lkey`) to remote `dst` (key `rkey`),
+    /// split into as many WQEs as the QP's largest message needs (0 bytes posts a NOP).
+    /// `flags`: `GDAKI_POST_*`. `*ticket` (unless null) gets the ticket to wait on.
+    fn put(qp, dst: u64, rkey: u32, src: u64, lkey: u32, len: u64, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY (every body): out-pointers and data as the header documents them.
+        unsafe { posted(qp.put(Remote { addr: dst, rkey }, Local { addr: src, lkey }, len), ticket) }
+    }
+
+    /// RDMA WRITE of the `len` bytes at `data`, carried in the WQE (at most
+    /// `GDAKI_MAX_INLINE`; no local key needed, and `data` may be reused at once).
+    fn put_inline(qp, dst: u64, rkey: u32, data: *const u8, len: u32, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        let (bytes, valid) = unsafe { inline_bytes(data, len) };
+        match unsafe { posted(qp.put_inline(Remote { addr: dst, rkey }, bytes), ticket) } {
+            _ if !valid => CODE_BAD_ARGUMENT,
+            code => code,
+        }
+    }
+
+    /// `put`, then an atomic add of `add` at remote `signal` (8-byte aligned, key
+    /// `signal_rkey`), posted together: the signal is visible only after the data. The fetched
+    /// value lands in the 8 bytes at local `scratch` (key `scratch_lkey`), never read. `len` 0
+    /// posts the signal alone.
+    fn put_signal(
+        qp, dst: u64, rkey: u32, src: u64, lkey: u32, len: u64, signal: u64, signal_rkey: u32,
+        add: u64, scratch: u64, scratch_lkey: u32, flags: u32, ticket: *mut u64,
+    ) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
+        let (signal, scratch) = (Remote { addr: signal, rkey: signal_rkey }, Local { addr: scratch, lkey: scratch_lkey });
+        unsafe { posted(qp.put_signal(dst, src, len, signal, add, scratch), ticket) }
+    }
+
+    /// An atomic add of `add` at remote `signal` (8-byte aligned, key `signal_rkey`); the
+    /// fetched value lands in local `scratch` (key `scratch_lkey`), never read.
+    fn signal(qp, signal: u64, signal_rkey: u32, add: u64, scratch: u64, scratch_lkey: u32, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        let (signal, scratch) = (Remote { addr: signal, rkey: signal_rkey }, Local { addr: scratch, lkey: scratch_lkey });
+        unsafe { posted(qp.signal(signal, add, scratch), ticket) }
+    }
+
+    /// RDMA READ of `len` bytes from remote `src` (key `rkey`) into local `dst` (key `lkey`);
+    /// the data is there once the ticket has completed.
+    fn get(qp, dst: u64, lkey: u32, src: u64, rkey: u32, len: u64, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        unsafe { posted(qp.get(Local { addr: dst, lkey }, Remote { addr: src, rkey }, len), ticket) }
+    }
+
+    /// Atomic fetch-and-add of `add` at remote `target` (8-byte aligned, key `rkey`), through
+    /// the 8-byte local buffer `result` (key `lkey`); waits, and writes the value before the
+    /// add to `*fetched` (unless null).
+    fn atomic_fetch_add(qp, target: u64, rkey: u32, add: u64, result: u64, lkey: u32, flags: u32, fetched: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        match qp.atomic_fetch_add(Remote { addr: target, rkey }, add, Local { addr: result, lkey }) {
+            Ok(v) => {
+                unsafe { give(fetched, v) };
+                CODE_OK
+            }
+            Err(e) => e.code(),
+        }
+    }
+
+    /// Atomic compare-and-swap at remote `target` (8-byte aligned, key `rkey`): if it holds
+    /// `compare`, it becomes `swap`. Through the 8-byte local buffer `result` (key `lkey`);
+    /// waits, and writes the value found to `*fetched` (unless null; equal to `compare` when
+    /// the swap happened).
+    fn atomic_compare_swap(
+        qp, target: u64, rkey: u32, compare: u64, swap: u64, result: u64, lkey: u32, flags: u32,
+        fetched: *mut u64,
+    ) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        match qp.atomic_compare_swap(Remote { addr: target, rkey }, compare, swap, Local { addr: result, lkey }) {
+            Ok(v) => {
+                unsafe { give(fetched, v) };
+                CODE_OK
+            }
+            Err(e) => e.code(),
+        }
+    }
+
+    /// Waits (bounded by the QP's timeout) until the operation that returned `ticket` has
+    /// completed, ringing first for anything deferred.
+    fn wait(qp, ticket: u64) {
+        qp.wait(ticket).map_or_else(|e| e.code(), |()| CODE_OK)
+    }
+
+    /// Waits until every operation posted on the QP so far has completed.
+    fn quiet(qp) {
+        qp.quiet().map_or_else(|e| e.code(), |()| CODE_OK)
+    }
+
+    /// Rings the doorbell for every post made with `GDAKI_POST_DEFER` and not rung yet.
+    fn commit(qp) {
+        qp.commit().map_or_else(|e| e.code(), |()| CODE_OK)
+    }
+
+    /// Waits (bounded by the QP's timeout) until the u64 at `signal` (8-byte aligned, local
+    /// memory peers signal) is at least `value`. Each calling thread waits on its own, in
+    /// every scope.
+    fn wait_signal(qp, signal: *const u64, value: u64) {
+        if signal.is_null() || signal as usize % 8 != 0 {
+            return CODE_BAD_ARGUMENT;
+        }
+        unsafe { qp.wait_signal(signal, value) }.map_or_else(|e| e.code(), |()| CODE_OK)
+    }
+}

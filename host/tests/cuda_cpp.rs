@@ -1,0 +1,212 @@
+//! CUDA C++ kernels calling gdaki's C ABI (`gdaki_device.h`), linked with gdaki's device code
+//! both ways an embedder can: at run time (NVRTC with `-rdc=true`, then the driver's linker,
+//! [`Gpu::link_module`]) and ahead of time (`tools/cuda/build-device-lib.sh` makes
+//! `libgdaki_device.a`, `nvcc -rdc` links the kernels against it, [`Gpu::load_image`] loads
+//! the result). The kernels are in `tests/cuda/c_abi.cu`; what they wrote is checked here.
+//! Needs a GPU (prints SKIPPED without one); the nvcc way also needs nvcc.
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{gpu_or_skip, loopback_qp, pattern};
+use gdaki::cuda::{Args, DeviceBuffer, Dims, Gpu, LinkInput, Module};
+use gdaki::{Access, Context, Provider, QpConfig};
+
+const KERNELS: &str = include_str!("cuda/c_abi.cu");
+const HEADERS: [(&str, &str); 2] = [
+    ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
+    (
+        "gdaki_layout_check.h",
+        include_str!("../../device/include/gdaki_layout_check.h"),
+    ),
+];
+const BUILD_LIB: &str = include_str!("../../tools/cuda/build-device-lib.sh");
+
+/// A scratch directory holding the headers and the kernels' source.
+fn workdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gdaki-cuda-cpp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, text) in HEADERS {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    std::fs::write(dir.join("c_abi.cu"), KERNELS).unwrap();
+    dir
+}
+
+/// The GPU's architecture as nvcc and NVRTC spell it.
+fn arch(gpu: &Gpu) -> String {
+    let (major, minor) = gpu.compute_capability().unwrap();
+    format!("sm_{major}{minor}")
+}
+
+/// Runs the three kernels of `module` against a loopback QP and checks their data.
+fn run_kernels(gpu: &Gpu, module: &Module) {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 256, QpConfig::default());
+    let mr = ctx.alloc_pinned_region(gpu, 1 << 17, Access::ALL).unwrap();
+    let data = pattern(11, 4096);
+    mr.write(0, &data).unwrap();
+    let exported = qp.export_gpu(gpu).unwrap();
+    let status = DeviceBuffer::zeroed(gpu, 4 * 256).unwrap();
+    let out = DeviceBuffer::zeroed(gpu, 16).unwrap();
+    let args = || {
+        Args::new()
+            .qp(&exported)
+            .region(&mr)
+            .u32(mr.rkey())
+            .u32(mr.lkey())
+            .buffer(&status)
+    };
+    let codes = |n: usize| {
+        let mut raw = vec![0u8; 4 * n];
+        status.read(0, &mut raw).unwrap();
+        raw.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let read = |at: u64, len: usize| {
+        let mut v = vec![0u8; len];
+        mr.read(at, &mut v).unwrap();
+        v
+    };
+    // The kernels' status words say `line << 16 | code` for the first check that failed.
+    // SAFETY (each launch): the kernel's parameters are what `args` pushes, the QP is used by
+    // this launch alone, and the region and buffers hold what the kernel touches.
+    unsafe {
+        module
+            .kernel("cpp_thread_ops")
+            .unwrap()
+            .run(Dims::linear(1, 1), args().buffer(&out))
+    }
+    .unwrap();
+    assert_eq!(codes(1), [0], "cpp_thread_ops: status is line << 16 | code");
+    assert_eq!(read(4096, 64), data[..64], "put");
+    assert_eq!(read(65536, 64), data[..64], "fenced get of the put");
+    assert_eq!(&read(8192, 11), b"c++ inline\0", "deferred inline put, committed");
+    assert_eq!(read(8448, 32), data[..32], "put_signal");
+    let mut fetched = [0u8; 16];
+    out.read(0, &mut fetched).unwrap();
+    assert_eq!(
+        fetched,
+        [[0u8; 8], 5u64.to_le_bytes()].concat()[..],
+        "fetch-add then CAS"
+    );
+    assert_eq!(read(120016, 8), 77u64.to_le_bytes(), "the CAS swapped");
+
+    unsafe { module.kernel("cpp_warp_put").unwrap().run(Dims::linear(1, 32), args()) }.unwrap();
+    assert_eq!(codes(32), [0; 32], "cpp_warp_put");
+    for t in 0..32 {
+        assert_eq!(read(16384 + 64 * t, 64), data[64 * t as usize..][..64], "warp lane {t}");
+    }
+    unsafe {
+        module
+            .kernel("cpp_block_put")
+            .unwrap()
+            .run(Dims::linear(1, 256), args())
+    }
+    .unwrap();
+    assert_eq!(codes(256), [0; 256], "cpp_block_put");
+    for t in 0..256u64 {
+        let src = 64 * (t % 64) as usize;
+        assert_eq!(read(32768 + 64 * t, 64), data[src..src + 64], "block thread {t}");
+    }
+}
+
+#[test]
+fn nvrtc_kernels_linked_at_run_time() {
+    let Some((gpu, _one)) = gpu_or_skip("nvrtc_kernels_linked_at_run_time") else {
+        return;
+    };
+    let dir = workdir("nvrtc");
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(Box::leak(arch(&gpu).into_boxed_str())),
+        include_paths: vec![dir.display().to_string()],
+        options: vec!["-rdc=true".into(), "-std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts.clone()).unwrap_or_else(|e| panic!("NVRTC: {e:?}"));
+    // With CUDA's include directory on the path the header takes libcu++'s fixed-width types.
+    let cuda_include = "/usr/local/cuda/include";
+    if Path::new(cuda_include).exists() {
+        let mut with = opts;
+        with.include_paths.push(cuda_include.into());
+        cudarc::nvrtc::compile_ptx_with_opts(KERNELS, with).unwrap_or_else(|e| panic!("NVRTC with libcu++: {e:?}"));
+    }
+    let module = gpu
+        .link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])
+        .unwrap();
+    run_kernels(&gpu, &module);
+    // A module calling a function nobody defines is refused with the linker's words.
+    let err = gpu
+        .link_module(&[LinkInput::Ptx(&ptx.to_src())])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gdaki_"), "the linker names the missing function: {err}");
+}
+
+fn nvcc() -> Option<PathBuf> {
+    let found = Command::new("sh").args(["-c", "command -v nvcc"]).output().ok()?;
+    let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    let path = if path.is_empty() {
+        "/usr/local/cuda/bin/nvcc".into()
+    } else {
+        path
+    };
+    Path::new(&path).exists().then(|| path.into())
+}
+
+fn sh(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn nvcc_rdc_kernels_linked_against_libgdaki_device() {
+    let Some((gpu, _one)) = gpu_or_skip("nvcc_rdc_kernels_linked_against_libgdaki_device") else {
+        return;
+    };
+    let Some(nvcc) = nvcc() else {
+        eprintln!("SKIPPED (no nvcc): nvcc_rdc_kernels_linked_against_libgdaki_device");
+        return;
+    };
+    let dir = workdir("nvcc");
+    std::fs::write(dir.join("gdaki_device_c.ptx"), gdaki::ptx::c_abi_ptx().unwrap()).unwrap();
+    std::fs::write(dir.join("build-device-lib.sh"), BUILD_LIB).unwrap();
+    let arch = arch(&gpu);
+    sh(Command::new("bash")
+        .arg(dir.join("build-device-lib.sh"))
+        .arg(dir.join("gdaki_device_c.ptx"))
+        .arg(&dir)
+        .env("NVCC", &nvcc)
+        .env("GDAKI_CUDA_ARCH", &arch));
+    sh(Command::new(&nvcc).current_dir(&dir).args([
+        &format!("-arch={arch}"),
+        "-std=c++17",
+        "-dc",
+        "-I.",
+        "c_abi.cu",
+        "-o",
+        "c_abi.o",
+    ]));
+    sh(Command::new(&nvcc).current_dir(&dir).args([
+        &format!("-arch={arch}"),
+        "-dlink",
+        "-cubin",
+        "c_abi.o",
+        "-L.",
+        "-lgdaki_device",
+        "-o",
+        "linked.cubin",
+    ]));
+    let image = std::fs::read(dir.join("linked.cubin")).unwrap();
+    let module = gpu
+        .load_image(&image, &["cpp_thread_ops", "cpp_warp_put", "cpp_block_put"])
+        .unwrap();
+    run_kernels(&gpu, &module);
+}

@@ -1,0 +1,455 @@
+//! The C and CUDA C++ headers, generated from the Rust sources: `gdaki_device.h` (the shared
+//! structs, the constants and the `extern "C"` data path of `gdaki_device::ffi`) and
+//! `gdaki_layout_check.h` (every struct's size, alignment and field offsets as Rust sees them,
+//! as static assertions a C, C++ or CUDA compiler checks). They are kept in the repository;
+//! `gen-headers --check` (and the test suite) fails when regeneration would change them.
+//!
+//! The structs come from `gdaki-layout` through cbindgen; the constants and the function
+//! declarations from the Rust constants and from `gdaki_device::ffi::OPERATIONS`, the table the
+//! functions themselves are generated from, so neither can drift from the code.
+use std::fmt::Write as _;
+use std::mem::{align_of, offset_of, size_of};
+use std::path::Path;
+
+use gdaki_device::ffi::{self, OPERATIONS};
+use gdaki_device::status;
+use gdaki_layout::handle::{self, DevCq, DevQp};
+
+/// Where the device header lives, from the workspace root.
+pub const DEVICE_HEADER: &str = "device/include/gdaki_device.h";
+/// Where the layout-check header lives, from the workspace root.
+pub const LAYOUT_CHECK_HEADER: &str = "device/include/gdaki_layout_check.h";
+
+/// The generated headers' text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Headers {
+    /// `gdaki_device.h`.
+    pub device: String,
+    /// `gdaki_layout_check.h`.
+    pub layout_check: String,
+}
+
+impl Headers {
+    /// Each header with its path from the workspace root.
+    pub fn files(&self) -> [(&'static str, &str); 2] {
+        [(DEVICE_HEADER, &self.device), (LAYOUT_CHECK_HEADER, &self.layout_check)]
+    }
+}
+
+/// Why the headers could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    /// cbindgen could not read `gdaki-layout`.
+    #[error("cbindgen on {crate_dir}: {why}")]
+    Cbindgen {
+        /// The crate it read.
+        crate_dir: String,
+        /// What it said.
+        why: String,
+    },
+    /// The layout table below and the struct cbindgen found disagree (a field added in Rust
+    /// and not listed here, or the reverse).
+    #[error("{name}: fields in Rust {rust:?}, in the layout table {table:?}: update tools/src/headers.rs")]
+    Fields {
+        /// The C struct.
+        name: &'static str,
+        /// Its fields as cbindgen wrote them.
+        rust: Vec<String>,
+        /// Its fields as the table lists them.
+        table: Vec<&'static str>,
+    },
+}
+
+/// One struct's layout as Rust computes it.
+struct Layout {
+    c_name: &'static str,
+    size: usize,
+    align: usize,
+    fields: Vec<(&'static str, usize)>,
+}
+
+/// A struct's layout: every field must be listed (checked against cbindgen's output).
+macro_rules! layout {
+    ($t:ty as $c:literal { $($field:ident),* $(,)? }) => {
+        Layout {
+            c_name: $c,
+            size: size_of::<$t>(),
+            align: align_of::<$t>(),
+            fields: vec![$((stringify!($field), offset_of!($t, $field))),*],
+        }
+    };
+}
+
+fn layouts() -> Vec<Layout> {
+    vec![
+        layout!(DevCq as "gdaki_dev_cq" {
+            consumed, error, hot_pad, cqe_base, dbrec, cqn, log_size, const_pad
+        }),
+        layout!(DevQp as "gdaki_dev_qp" {
+            sq_reserved, sq_ready, sq_rung, db_lock, lock_pad, hot_pad, sq_base, sq_dbrec, doorbell,
+            max_msg_size, timeout_ns, qpn, sq_log_size, doorbell_kind, flags, version_pad, version,
+            const_pad, cq
+        }),
+    ]
+}
+
+/// The constants the header defines: name, value, C type suffix (`u`, `ull`).
+fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
+    vec![
+        (
+            "GDAKI_DEV_QP_VERSION",
+            handle::DEV_QP_VERSION as u64,
+            "u",
+            "version word of gdaki_dev_qp",
+        ),
+        (
+            "GDAKI_MAX_INLINE",
+            gdaki_device::MAX_INLINE as u64,
+            "u",
+            "most bytes put_inline carries",
+        ),
+        (
+            "GDAKI_BLOCK_SCRATCH_BYTES",
+            gdaki_device::scope::BLOCK_SCRATCH_BYTES as u64,
+            "u",
+            "size of gdaki_block_scratch",
+        ),
+        (
+            "GDAKI_POST_DEFER",
+            ffi::POST_DEFER as u64,
+            "u",
+            "post flag: ring later (commit)",
+        ),
+        (
+            "GDAKI_POST_FENCE",
+            ffi::POST_FENCE as u64,
+            "u",
+            "post flag: after earlier gets and atomics",
+        ),
+        (
+            "GDAKI_QP_ATOMIC_REPLY_HOST_ORDER",
+            handle::QP_ATOMIC_REPLY_HOST_ORDER as u64,
+            "u",
+            "flags: fetched values in host order",
+        ),
+        (
+            "GDAKI_QP_FLUSH_AFTER_FETCH",
+            handle::QP_FLUSH_AFTER_FETCH as u64,
+            "u",
+            "flags: reads and atomics end with a fenced DUMP",
+        ),
+        (
+            "GDAKI_QP_RINGS_IN_GPU_MEMORY",
+            handle::QP_RINGS_IN_GPU_MEMORY as u64,
+            "u",
+            "flags: rings in GPU memory",
+        ),
+        ("GDAKI_DOORBELL_GPU", 0, "u", "doorbell_kind: the poster rings"),
+        ("GDAKI_DOORBELL_CPU_PROXY", 1, "u", "doorbell_kind: a CPU proxy rings"),
+        (
+            "GDAKI_ERROR_VALID",
+            handle::ERROR_VALID,
+            "ull",
+            "gdaki_dev_cq.error holds an error",
+        ),
+        ("GDAKI_OK", status::CODE_OK as u64, "u", "success"),
+        (
+            "GDAKI_CODE_TIMEOUT",
+            status::CODE_TIMEOUT as u64,
+            "u",
+            "a completion wait timed out",
+        ),
+        (
+            "GDAKI_CODE_INLINE_TOO_LONG",
+            status::CODE_INLINE_TOO_LONG as u64,
+            "u",
+            "inline data too long",
+        ),
+        (
+            "GDAKI_CODE_BAD_HANDLE",
+            status::CODE_BAD_HANDLE as u64,
+            "u",
+            "null handle or wrong version",
+        ),
+        (
+            "GDAKI_CODE_BAD_COUNT",
+            status::CODE_BAD_COUNT as u64,
+            "u",
+            "a reservation of 0 or more than the ring",
+        ),
+        (
+            "GDAKI_CODE_BAD_SCOPE",
+            status::CODE_BAD_SCOPE as u64,
+            "u",
+            "warp scope from a partial warp",
+        ),
+        (
+            "GDAKI_CODE_FLAG_TIMEOUT",
+            status::CODE_FLAG_TIMEOUT as u64,
+            "u",
+            "a signal wait timed out",
+        ),
+        (
+            "GDAKI_CODE_MISALIGNED",
+            status::CODE_MISALIGNED as u64,
+            "u",
+            "atomic target not 8-byte aligned",
+        ),
+        (
+            "GDAKI_CODE_CQE_FORMAT",
+            status::CODE_CQE_FORMAT as u64,
+            "u",
+            "a CQE format gdaki does not read",
+        ),
+        (
+            "GDAKI_CODE_BAD_ARGUMENT",
+            status::CODE_BAD_ARGUMENT as u64,
+            "u",
+            "unknown flags, null scratch or data",
+        ),
+        (
+            "GDAKI_CODE_CQE_ERROR",
+            status::CODE_CQE_ERROR as u64,
+            "u",
+            "an error CQE; the low byte is the syndrome",
+        ),
+    ]
+}
+
+/// The structs, through cbindgen.
+fn structs(workspace: &Path) -> Result<String, HeaderError> {
+    let crate_dir = workspace.join("shared-layout");
+    let mut cfg = cbindgen::Config {
+        language: cbindgen::Language::C,
+        no_includes: true,
+        style: cbindgen::Style::Both,
+        documentation_style: cbindgen::DocumentationStyle::Doxy,
+        ..Default::default()
+    };
+    cfg.export.include = vec!["DevQp".into()];
+    cfg.export.item_types = vec![cbindgen::ItemType::Structs];
+    cfg.export.rename.insert("DevQp".into(), "gdaki_dev_qp".into());
+    cfg.export.rename.insert("DevCq".into(), "gdaki_dev_cq".into());
+    cfg.layout.aligned_n = Some("GDAKI_ALIGNED".into());
+    let bindings = cbindgen::Builder::new()
+        .with_config(cfg)
+        .with_crate(&crate_dir)
+        .generate()
+        .map_err(|e| HeaderError::Cbindgen {
+            crate_dir: crate_dir.display().to_string(),
+            why: e.to_string(),
+        })?;
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    Ok(String::from_utf8_lossy(&out).trim().to_string())
+}
+
+/// The field names of C struct `name` in cbindgen's output.
+fn c_fields(structs: &str, name: &str) -> Vec<String> {
+    let open = format!(" {name} {{");
+    let Some(start) = structs.find(&open) else {
+        return vec![];
+    };
+    let body = &structs[start + open.len()..];
+    let body = &body[..body.find("\n}").unwrap_or(body.len())];
+    body.lines()
+        .map(str::trim)
+        .filter(|l| l.ends_with(';'))
+        .filter_map(|l| {
+            let decl = l.trim_end_matches(';');
+            let decl = decl.split('[').next()?;
+            decl.rsplit(' ').next().map(str::to_string)
+        })
+        .collect()
+}
+
+/// A C declaration's parameter list for one scope: the handle, the scratch in block scope,
+/// then the operation's own.
+fn c_params(op: &ffi::Operation, scope: &str) -> String {
+    let mut params = vec!["gdaki_dev_qp *qp".to_string()];
+    if scope == "block" {
+        params.push("gdaki_block_scratch *block_scratch".into());
+    }
+    params.extend(op.params.iter().map(|p| {
+        let sep = if p.c_type.ends_with('*') { "" } else { " " };
+        format!("{}{sep}{}", p.c_type, p.name)
+    }));
+    params.join(", ")
+}
+
+/// Every function the header declares, as `(scope, mode, name)`.
+pub fn functions() -> Vec<(&'static str, &'static str, String)> {
+    let mut all = vec![];
+    for op in OPERATIONS {
+        for scope in ffi::SCOPES {
+            for mode in ffi::MODES {
+                all.push((scope, mode, format!("gdaki_{}_{scope}_{mode}", op.name)));
+            }
+        }
+    }
+    all
+}
+
+const GENERATED: &str = "Generated by `cargo run -p gdaki-tools --bin gen-headers` from gdaki's Rust sources: do not \
+                         edit.";
+
+/// Generates both headers.
+pub fn generate(workspace: &Path) -> Result<Headers, HeaderError> {
+    let structs = structs(workspace)?;
+    let layouts = layouts();
+    for l in &layouts {
+        let rust = c_fields(&structs, l.c_name);
+        let table: Vec<&str> = l.fields.iter().map(|f| f.0).collect();
+        if rust != table {
+            return Err(HeaderError::Fields {
+                name: l.c_name,
+                rust,
+                table,
+            });
+        }
+    }
+    Ok(Headers {
+        device: device_header(&structs),
+        layout_check: layout_check_header(&layouts),
+    })
+}
+
+fn device_header(structs: &str) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        r#"/* gdaki_device.h: gdaki's data path for CUDA C++ (and C on the host, in CPU mode).
+ * {GENERATED}
+ *
+ * Functions are named gdaki_<operation>_<scope>_<mode>: scope thread, warp (all 32 lanes,
+ * converged) or block (every thread, with a gdaki_block_scratch in shared or global memory);
+ * mode exclusive (one poster owns the QP), cta (posters of one block) or gpu (posters of any
+ * block). Each returns GDAKI_OK or a GDAKI_CODE_*; out-pointers may be NULL. In warp and block
+ * scope every member calls with the same handle, flags and scratch, and its own buffers.
+ * Host builds (no CUDA) declare thread scope only. See docs/cuda-cpp.md. */
+#ifndef GDAKI_DEVICE_H
+#define GDAKI_DEVICE_H
+
+#if defined(__CUDACC_RTC__)
+/* NVRTC has no <stdint.h>: libcu++'s when the CUDA include directory is on the path, else the
+ * LP64 types it would define. */
+#if __has_include(<cuda/std/cstdint>)
+#include <cuda/std/cstdint>
+typedef cuda::std::uint8_t uint8_t;
+typedef cuda::std::uint32_t uint32_t;
+typedef cuda::std::uint64_t uint64_t;
+#else
+typedef unsigned char uint8_t;
+typedef unsigned int uint32_t;
+typedef unsigned long uint64_t;
+#endif
+#else
+#include <stdint.h>
+#endif
+
+#if defined(__CUDACC__) || defined(__CUDA__)
+#define GDAKI_CUDA 1
+#define GDAKI_DEVICE_FN __device__
+#else
+#define GDAKI_DEVICE_FN
+#endif
+#define GDAKI_ALIGNED(n) __attribute__((aligned(n)))
+
+#ifdef __cplusplus
+extern "C" {{
+#endif
+
+"#
+    );
+    for (name, value, suffix, doc) in constants() {
+        let _ = writeln!(h, "/** {doc} */\n#define {name} {value}{suffix}");
+    }
+    let _ = write!(
+        h,
+        "\n{structs}\n\n/** Scratch memory of a block's collectives (block scope). */\n\
+         typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {{\n  uint64_t words[GDAKI_BLOCK_SCRATCH_BYTES / 8];\n\
+         }} gdaki_block_scratch;\n"
+    );
+    for op in OPERATIONS {
+        let doc: Vec<&str> = op.doc.lines().map(str::trim).collect();
+        let _ = write!(h, "\n/** {}: {}", op.name, doc.join("\n * "));
+        let _ = writeln!(h, " */");
+        for scope in ffi::SCOPES {
+            let gpu_only = scope != "thread";
+            if gpu_only {
+                h.push_str("#ifdef GDAKI_CUDA\n");
+            }
+            for mode in ffi::MODES {
+                let _ = writeln!(
+                    h,
+                    "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}_{mode}({});",
+                    op.name,
+                    c_params(op, scope)
+                );
+            }
+            if gpu_only {
+                h.push_str("#endif\n");
+            }
+        }
+    }
+    h.push_str("\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* GDAKI_DEVICE_H */\n");
+    h
+}
+
+fn layout_check_header(layouts: &[Layout]) -> String {
+    let mut h = format!(
+        "/* gdaki_layout_check.h: sizes, alignments and offsets of gdaki's shared structs as Rust lays them \
+         out.\n * {GENERATED}\n * Include it once in any translation unit: it compiles to nothing, or fails. */\n\
+         #ifndef GDAKI_LAYOUT_CHECK_H\n#define GDAKI_LAYOUT_CHECK_H\n\n#include \"gdaki_device.h\"\n\n\
+         #ifdef __cplusplus\n#define GDAKI_ASSERT(e, m) static_assert(e, m)\n#define GDAKI_ALIGNOF(t) alignof(t)\n\
+         #else\n#define GDAKI_ASSERT(e, m) _Static_assert(e, m)\n#define GDAKI_ALIGNOF(t) _Alignof(t)\n#endif\n\
+         /* NVRTC has no offsetof: there, sizes and alignments are checked, offsets are not. */\n\
+         #if defined(__CUDACC_RTC__)\n#define GDAKI_OFFSET_CHECK(t, f, n)\n#else\n\
+         #define GDAKI_OFFSET_CHECK(t, f, n) GDAKI_ASSERT(__builtin_offsetof(t, f) == n, \"offset of \" #t \".\" #f);\n\
+         #endif\n\n"
+    );
+    for l in layouts {
+        let c = l.c_name;
+        let _ = writeln!(h, "GDAKI_ASSERT(sizeof({c}) == {}, \"size of {c}\");", l.size);
+        let _ = writeln!(
+            h,
+            "GDAKI_ASSERT(GDAKI_ALIGNOF({c}) == {}, \"alignment of {c}\");",
+            l.align
+        );
+        for (f, off) in &l.fields {
+            let _ = writeln!(h, "GDAKI_OFFSET_CHECK({c}, {f}, {off})");
+        }
+    }
+    let scratch = gdaki_device::scope::BLOCK_SCRATCH_BYTES;
+    let _ = writeln!(
+        h,
+        "GDAKI_ASSERT(sizeof(gdaki_block_scratch) == {scratch}, \"size of gdaki_block_scratch\");\n\
+         GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, \"alignment of gdaki_block_scratch\");\n\
+         GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == {}u, \"handle version\");\n\n#endif /* GDAKI_LAYOUT_CHECK_H */",
+        handle::DEV_QP_VERSION
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_read_from_cbindgen_output() {
+        let text = "typedef struct GDAKI_ALIGNED(64) x {\n  uint64_t a;\n  uint8_t pad[2];\n  struct y cq;\n} x;";
+        assert_eq!(c_fields(text, "x"), ["a", "pad", "cq"]);
+        assert!(c_fields(text, "z").is_empty());
+    }
+
+    #[test]
+    fn every_operation_has_every_scope_and_mode() {
+        assert_eq!(functions().len(), OPERATIONS.len() * 9);
+        let put = OPERATIONS.iter().find(|o| o.name == "put").unwrap();
+        assert_eq!(
+            c_params(put, "block"),
+            "gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t dst, uint32_t rkey, uint64_t src, \
+             uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket"
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The generated headers: current with the Rust sources, valid C, C++ and CUDA (clang in
+//! device-only mode), and declaring exactly the functions the Rust PTX defines, with the same
+//! parameter lists. Needs gcc, g++ and clang-22 (tools/setup.sh installs them).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gdaki_tools::headers::{self, LAYOUT_CHECK_HEADER};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn include_dir() -> PathBuf {
+    workspace().join("device/include")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gdaki-headers-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (run tools/setup.sh: it installs gcc, g++ and clang-22)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn checked_in_headers_are_what_generation_gives() {
+    let generated = headers::generate(&workspace()).unwrap();
+    for (path, text) in generated.files() {
+        let current = std::fs::read_to_string(workspace().join(path)).unwrap_or_default();
+        assert!(
+            current == text,
+            "{path} is not current: run `cargo run -p gdaki-tools --bin gen-headers` and commit the result"
+        );
+    }
+}
+
+#[test]
+fn layout_check_compiles_as_c_and_cpp() {
+    let dir = scratch("cc");
+    let src = dir.join("check.c");
+    std::fs::write(
+        &src,
+        format!("#include \"{LAYOUT_CHECK_HEADER}\"\nint main(void) {{ return 0; }}\n"),
+    )
+    .unwrap();
+    let inc = workspace();
+    run(Command::new("gcc")
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-fsyntax-only",
+            "-I",
+        ])
+        .arg(&inc)
+        .arg(&src));
+    run(Command::new("g++")
+        .args([
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsyntax-only",
+            "-x",
+            "c++",
+            "-I",
+        ])
+        .arg(&inc)
+        .arg(&src));
+}
+
+/// Every function's `.param` types (`b32`, `b64`) and return type, by name, from PTX text:
+/// `.visible .func` definitions (rustc) or `.extern .func` declarations (clang).
+fn signatures(ptx: &str, keyword: &str) -> BTreeMap<String, (String, Vec<String>)> {
+    let mut out = BTreeMap::new();
+    let mut rest = ptx;
+    while let Some(at) = rest.find(keyword) {
+        rest = &rest[at + keyword.len()..];
+        let header = rest.trim_start();
+        let (ret, after) = match header.strip_prefix('(') {
+            Some(r) => {
+                let (inside, after) = r.split_once(')').unwrap();
+                (inside.split_whitespace().nth(1).unwrap_or("").to_string(), after)
+            }
+            None => (String::new(), header),
+        };
+        let after = after.trim_start();
+        let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let Some(open) = after.find('(') else { break };
+        let close = after[open..].find(')').unwrap() + open;
+        let params = after[open + 1..close]
+            .split(',')
+            .filter_map(|p| p.split_whitespace().nth(1).map(str::to_string))
+            .collect();
+        out.insert(name, (ret, params));
+    }
+    out
+}
+
+#[test]
+fn clang_cuda_declarations_match_the_rust_definitions() {
+    let rust_ptx = match gdaki::ptx::c_abi_ptx() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("SKIPPED (no PTX in this build): {e}");
+            return;
+        }
+    };
+    assert!(
+        gdaki_build::unresolved(rust_ptx).is_empty(),
+        "the C ABI PTX is self-contained"
+    );
+    let rust: BTreeMap<_, _> = signatures(rust_ptx, ".visible .func")
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("gdaki_"))
+        .collect();
+    let declared = headers::functions();
+    let names: Vec<&String> = declared.iter().map(|f| &f.2).collect();
+    assert_eq!(rust.keys().collect::<Vec<_>>(), {
+        let mut n = names.clone();
+        n.sort();
+        n
+    });
+
+    // A kernel calling every declared function, so clang emits each declaration.
+    let mut calls = String::new();
+    for op in gdaki_device::ffi::OPERATIONS {
+        for scope in gdaki_device::ffi::SCOPES {
+            for mode in gdaki_device::ffi::MODES {
+                let extra = usize::from(scope == "block");
+                let mut args = vec!["qp"];
+                args.extend(vec!["0"; op.params.len() + extra]);
+                calls.push_str(&format!(
+                    "  r += gdaki_{}_{scope}_{mode}({});\n",
+                    op.name,
+                    args.join(", ")
+                ));
+            }
+        }
+    }
+    let dir = scratch("clang");
+    let src = dir.join("all.cu");
+    std::fs::write(
+        &src,
+        format!(
+            "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
+             #include \"gdaki_layout_check.h\"\n\
+             __global__ void all(gdaki_dev_qp *qp, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
+        ),
+    )
+    .unwrap();
+    let ptx = dir.join("all.ptx");
+    run(Command::new("clang-22")
+        .args([
+            "-x",
+            "cuda",
+            "--cuda-device-only",
+            "-nocudainc",
+            "-nocudalib",
+            "--cuda-gpu-arch=sm_90",
+        ])
+        .args([
+            "-Xclang",
+            "-target-feature",
+            "-Xclang",
+            "+ptx84",
+            "-std=c++17",
+            "-Wall",
+            "-Werror",
+            "-S",
+            "-I",
+        ])
+        .arg(include_dir())
+        .arg(&src)
+        .arg("-o")
+        .arg(&ptx));
+    let clang = signatures(&std::fs::read_to_string(&ptx).unwrap(), ".extern .func");
+    assert_eq!(clang.len(), rust.len(), "clang declared every function");
+    for (name, sig) in &rust {
+        assert_eq!(clang.get(name), Some(sig), "{name}: C declaration vs Rust definition");
+    }
+
+    // The test kernels of the GPU suite compile here too.
+    let kernels = workspace().join("host/tests/cuda/c_abi.cu");
+    let shim = dir.join("shim.h");
+    std::fs::write(
+        &shim,
+        "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
+         #define __shared__ __attribute__((shared))\nstruct gdaki_dim { unsigned x, y, z; };\n\
+         extern const __device__ gdaki_dim threadIdx;\n",
+    )
+    .unwrap();
+    run(Command::new("clang-22")
+        .args([
+            "-x",
+            "cuda",
+            "--cuda-device-only",
+            "-nocudainc",
+            "-nocudalib",
+            "--cuda-gpu-arch=sm_90",
+        ])
+        .args(["-std=c++17", "-fsyntax-only", "-include"])
+        .arg(&shim)
+        .arg("-I")
+        .arg(include_dir())
+        .arg(kernels));
+}
