@@ -34,6 +34,20 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// clang-22 compiling CUDA for the device only, with no CUDA installation.
+fn clang_cuda() -> Command {
+    let mut cmd = Command::new("clang-22");
+    cmd.args([
+        "-x",
+        "cuda",
+        "--cuda-device-only",
+        "-nocudainc",
+        "-nocudalib",
+        "--cuda-gpu-arch=sm_90",
+    ]);
+    cmd
+}
+
 #[test]
 fn checked_in_headers_are_what_generation_gives() {
     let generated = headers::generate(&workspace()).unwrap();
@@ -164,15 +178,7 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
     )
     .unwrap();
     let ptx = dir.join("all.ptx");
-    run(Command::new("clang-22")
-        .args([
-            "-x",
-            "cuda",
-            "--cuda-device-only",
-            "-nocudainc",
-            "-nocudalib",
-            "--cuda-gpu-arch=sm_90",
-        ])
+    run(clang_cuda()
         .args([
             "-Xclang",
             "-target-feature",
@@ -204,15 +210,7 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
          extern const __device__ gdaki_dim threadIdx;\n",
     )
     .unwrap();
-    run(Command::new("clang-22")
-        .args([
-            "-x",
-            "cuda",
-            "--cuda-device-only",
-            "-nocudainc",
-            "-nocudalib",
-            "--cuda-gpu-arch=sm_90",
-        ])
+    run(clang_cuda()
         .args(["-std=c++17", "-fsyntax-only", "-include"])
         .arg(&shim)
         .arg("-I")
