@@ -13,7 +13,7 @@ use std::path::Path;
 
 use gdaki_device::ffi::{self, OPERATIONS};
 use gdaki_device::status;
-use gdaki_layout::handle::{self, DevCq, DevQp};
+use gdaki_layout::handle::{self, DevCq, DevQp, DoorbellKind};
 
 /// Where the device header lives, from the workspace root.
 pub const DEVICE_HEADER: &str = "device/include/gdaki_device.h";
@@ -33,6 +33,15 @@ impl Headers {
     /// Each header with its path from the workspace root.
     pub fn files(&self) -> [(&'static str, &str); 2] {
         [(DEVICE_HEADER, &self.device), (LAYOUT_CHECK_HEADER, &self.layout_check)]
+    }
+
+    /// The headers whose file under `workspace` differs from the generated text (or is missing).
+    pub fn stale(&self, workspace: &Path) -> Vec<&'static str> {
+        self.files()
+            .into_iter()
+            .filter(|(path, text)| std::fs::read_to_string(workspace.join(path)).ok().as_deref() != Some(*text))
+            .map(|(path, _)| path)
+            .collect()
     }
 }
 
@@ -144,8 +153,18 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             "u",
             "flags: rings in GPU memory",
         ),
-        ("GDAKI_DOORBELL_GPU", 0, "u", "doorbell_kind: the poster rings"),
-        ("GDAKI_DOORBELL_CPU_PROXY", 1, "u", "doorbell_kind: a CPU proxy rings"),
+        (
+            "GDAKI_DOORBELL_GPU",
+            DoorbellKind::Gpu as u64,
+            "u",
+            "doorbell_kind: the poster rings",
+        ),
+        (
+            "GDAKI_DOORBELL_CPU_PROXY",
+            DoorbellKind::CpuProxy as u64,
+            "u",
+            "doorbell_kind: a CPU proxy rings",
+        ),
         (
             "GDAKI_ERROR_VALID",
             handle::ERROR_VALID,

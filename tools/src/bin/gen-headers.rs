@@ -23,20 +23,18 @@ fn main() -> Result<()> {
         .workspace
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."));
     let headers = gdaki_tools::headers::generate(&root)?;
-    let mut stale = vec![];
-    for (path, text) in headers.files() {
-        let file = root.join(path);
-        let current = std::fs::read_to_string(&file).unwrap_or_default();
-        if current == text {
-            continue;
-        }
-        if args.check {
-            stale.push(path);
-        } else {
+    let stale = headers.stale(&root);
+    if !args.check {
+        for (path, text) in headers.files() {
+            if !stale.contains(&path) {
+                continue;
+            }
+            let file = root.join(path);
             std::fs::create_dir_all(file.parent().context("a header path has a directory")?)?;
             std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
             eprintln!("gen-headers: wrote {path}");
         }
+        return Ok(());
     }
     if !stale.is_empty() {
         bail!(
