@@ -254,6 +254,24 @@ impl Context {
         MemoryRegion::register_caller(&self.inner, addr as u64, len as u64, access)
     }
 
+    /// Registers caller-owned device memory of `gpu` (from `cudaMalloc` or `cuMemAlloc` in the
+    /// GPU's primary context). The range must lie in one allocation, which the driver is asked.
+    ///
+    /// # Safety
+    /// The allocation stays valid (is not freed) for as long as the returned region lives and
+    /// until every WQE naming it has completed, and the application lets the HCA read and write
+    /// it as `access` allows.
+    pub unsafe fn register_device(
+        &self,
+        gpu: &crate::cuda::Gpu,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        gpu.check_device_range(addr, len)?;
+        MemoryRegion::register_caller_device(&self.inner, gpu, addr, len as u64, access)
+    }
+
     /// Starts accepting transport connections from peers in other processes or hosts on
     /// `bind` (port 0: any free port) and returns the bound address, which every
     /// [`Endpoint`](crate::Endpoint) of this context then carries. Once per context: later

@@ -30,6 +30,10 @@ pub use crate::wire::{Hello, RemoteRegion};
 use crate::error::{Error, Result};
 use crate::wire::{self, Header, Kind, WireError, HEADER_LEN};
 
+fn listener_addr(l: &TcpListener) -> String {
+    l.local_addr().map_or_else(|_| "a listener".into(), |a| a.to_string())
+}
+
 /// One side of a handshake connection.
 #[derive(Debug)]
 pub struct Channel {
@@ -56,6 +60,41 @@ impl Channel {
     /// `timeout` (the accept itself waits as long as the listener blocks).
     pub fn accept(listener: &TcpListener, timeout: Duration) -> Result<Channel> {
         let (stream, _) = listener.accept().map_err(io("accepting a handshake connection"))?;
+        Channel::new(stream, timeout)
+    }
+
+    /// Accepts one client on `listener` within `wait` (else [`Error::Timeout`]); every later
+    /// read waits at most `timeout`.
+    pub fn accept_within(listener: &TcpListener, wait: Duration, timeout: Duration) -> Result<Channel> {
+        let deadline = std::time::Instant::now() + wait;
+        listener
+            .set_nonblocking(true)
+            .map_err(io("making a listener non-blocking"))?;
+        let accepted = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break Ok(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() >= deadline {
+                        break Err(Error::Timeout {
+                            what: format!("waiting for a client on {}", listener_addr(listener)),
+                            after: wait,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(io("accepting a handshake connection")(e)),
+            }
+        };
+        // The listener goes back to blocking whatever happened (its owner may accept again).
+        let restored = listener
+            .set_nonblocking(false)
+            .map_err(io("making a listener blocking"));
+        let stream = accepted?;
+        restored?;
+        stream
+            .set_nonblocking(false)
+            .map_err(io("making a handshake connection blocking"))?;
         Channel::new(stream, timeout)
     }
 

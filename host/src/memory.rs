@@ -94,8 +94,10 @@ pub struct MemoryRegion {
 /// The memory behind a region, as far as this library owns it (and so may read and write it
 /// for the application).
 pub(crate) enum Owned {
-    /// The caller's memory: accessed through the caller's own pointer.
+    /// The caller's host memory: accessed through the caller's own pointer.
     Caller,
+    /// The caller's device memory on GPU `0`: accessed through the caller's own pointer.
+    CallerDevice(usize),
     /// Host memory allocated here (kept alive by the registration, which lives as long as the
     /// region).
     Host,
@@ -184,6 +186,19 @@ impl MemoryRegion {
     ) -> Result<MemoryRegion> {
         let kind = MemoryKind::Host { gpu_mapped: false };
         Self::register(ctx, addr, len, access, kind, Owned::Caller, None)
+    }
+
+    /// Registers caller device memory of `gpu` at `addr` (checked by the caller).
+    pub(crate) fn register_caller_device(
+        ctx: &Arc<ContextInner>,
+        gpu: &crate::cuda::Gpu,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let kind = MemoryKind::Gpu(gpu.clone());
+        let memory = Owned::CallerDevice(gpu.ordinal());
+        Self::register(ctx, addr, len, access, kind, memory, None)
     }
 
     /// Registers `addr..addr + len` with the context's device; `keep` is what the device holds
@@ -349,9 +364,15 @@ impl MemoryRegion {
         v
     }
 
+    /// Whether the library allocated the memory (and so [`read`](Self::read) and
+    /// [`write`](Self::write) work), rather than the caller registering its own.
+    pub fn is_library_owned(&self) -> bool {
+        !matches!(self.memory, Owned::Caller | Owned::CallerDevice(_))
+    }
+
     /// Whether the region is GPU device memory.
     pub fn is_device_memory(&self) -> bool {
-        matches!(self.memory, Owned::Device(_))
+        matches!(self.memory, Owned::Device(_) | Owned::CallerDevice(_))
     }
 
     /// The GPU whose kernels can read and write the region at its address: the GPU of device
@@ -359,7 +380,7 @@ impl MemoryRegion {
     pub fn gpu_ordinal(&self) -> Option<usize> {
         match &self.memory {
             Owned::Device(d) => Some(d.gpu_ordinal()),
-            Owned::Pinned(g) => Some(*g),
+            Owned::Pinned(g) | Owned::CallerDevice(g) => Some(*g),
             Owned::Host | Owned::Caller => None,
         }
     }

@@ -331,25 +331,7 @@ impl Hello {
         p.extend_from_slice(&self.app);
         p.extend_from_slice(&(self.endpoints.len() as u16).to_be_bytes());
         for e in &self.endpoints {
-            check_endpoint(e)?;
-            p.extend_from_slice(&e.gid);
-            p.extend_from_slice(&e.lid.to_be_bytes());
-            p.extend_from_slice(&e.qpn.to_be_bytes());
-            p.extend_from_slice(&e.psn.to_be_bytes());
-            p.extend_from_slice(&e.mtu.to_be_bytes());
-            match e.addr {
-                None => p.push(0),
-                Some(SocketAddr::V4(a)) => {
-                    p.push(4);
-                    p.extend_from_slice(&a.ip().octets());
-                    p.extend_from_slice(&a.port().to_be_bytes());
-                }
-                Some(SocketAddr::V6(a)) => {
-                    p.push(6);
-                    p.extend_from_slice(&a.ip().octets());
-                    p.extend_from_slice(&a.port().to_be_bytes());
-                }
-            }
+            put_endpoint(&mut p, e)?;
         }
         p.extend_from_slice(&(self.regions.len() as u16).to_be_bytes());
         for r in &self.regions {
@@ -375,33 +357,7 @@ impl Hello {
         let n = count(&mut c, "endpoint count")?;
         let mut endpoints = Vec::with_capacity(n);
         for _ in 0..n {
-            let gid = c.array::<16>("endpoint GID")?;
-            let lid = c.u16("endpoint LID")?;
-            let qpn = c.u32("endpoint QPN")?;
-            let psn = c.u32("endpoint PSN")?;
-            let mtu = c.u16("endpoint MTU")?;
-            let addr = match c.u8("endpoint address family")? {
-                0 => None,
-                4 => {
-                    let ip = Ipv4Addr::from(c.array::<4>("IPv4 address")?);
-                    Some(SocketAddr::new(IpAddr::V4(ip), c.u16("port")?))
-                }
-                6 => {
-                    let ip = Ipv6Addr::from(c.array::<16>("IPv6 address")?);
-                    Some(SocketAddr::new(IpAddr::V6(ip), c.u16("port")?))
-                }
-                f => return Err(invalid("endpoint address family", format!("{f} (expected 0, 4 or 6)"))),
-            };
-            let e = Endpoint {
-                gid,
-                lid,
-                qpn,
-                psn,
-                mtu,
-                addr,
-            };
-            check_endpoint(&e)?;
-            endpoints.push(e);
+            endpoints.push(read_endpoint(&mut c)?);
         }
         let n = count(&mut c, "region count")?;
         let mut regions = Vec::with_capacity(n);
@@ -421,6 +377,115 @@ impl Hello {
             regions,
         })
     }
+}
+
+/// Appends an endpoint's bytes (checked) to `p`: at most [`ENDPOINT_MAX`] bytes.
+fn put_endpoint(p: &mut Vec<u8>, e: &Endpoint) -> Result<(), WireError> {
+    check_endpoint(e)?;
+    p.extend_from_slice(&e.gid);
+    p.extend_from_slice(&e.lid.to_be_bytes());
+    p.extend_from_slice(&e.qpn.to_be_bytes());
+    p.extend_from_slice(&e.psn.to_be_bytes());
+    p.extend_from_slice(&e.mtu.to_be_bytes());
+    match e.addr {
+        None => p.push(0),
+        Some(SocketAddr::V4(a)) => {
+            p.push(4);
+            p.extend_from_slice(&a.ip().octets());
+            p.extend_from_slice(&a.port().to_be_bytes());
+        }
+        Some(SocketAddr::V6(a)) => {
+            p.push(6);
+            p.extend_from_slice(&a.ip().octets());
+            p.extend_from_slice(&a.port().to_be_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks one endpoint written by [`put_endpoint`].
+fn read_endpoint(c: &mut Cursor<'_>) -> Result<Endpoint, WireError> {
+    let gid = c.array::<16>("endpoint GID")?;
+    let lid = c.u16("endpoint LID")?;
+    let qpn = c.u32("endpoint QPN")?;
+    let psn = c.u32("endpoint PSN")?;
+    let mtu = c.u16("endpoint MTU")?;
+    let addr = match c.u8("endpoint address family")? {
+        0 => None,
+        4 => {
+            let ip = Ipv4Addr::from(c.array::<4>("IPv4 address")?);
+            Some(SocketAddr::new(IpAddr::V4(ip), c.u16("port")?))
+        }
+        6 => {
+            let ip = Ipv6Addr::from(c.array::<16>("IPv6 address")?);
+            Some(SocketAddr::new(IpAddr::V6(ip), c.u16("port")?))
+        }
+        f => return Err(invalid("endpoint address family", format!("{f} (expected 0, 4 or 6)"))),
+    };
+    let e = Endpoint {
+        gid,
+        lid,
+        qpn,
+        psn,
+        mtu,
+        addr,
+    };
+    check_endpoint(&e)?;
+    Ok(e)
+}
+
+/// Size of an endpoint blob ([`encode_endpoint`]): fixed, so that applications can exchange
+/// endpoints through their own bootstrap (an MPI all-gather, a key-value store) as plain bytes.
+pub const ENDPOINT_BLOB_LEN: usize = 64;
+const _: () = assert!(8 + ENDPOINT_MAX <= ENDPOINT_BLOB_LEN);
+
+/// An endpoint as a fixed-size blob: [`MAGIC`], [`VERSION`], the endpoint's length (u16), its
+/// bytes as in a [`Hello`], then zeros up to [`ENDPOINT_BLOB_LEN`].
+pub fn encode_endpoint(e: &Endpoint) -> Result<[u8; ENDPOINT_BLOB_LEN], WireError> {
+    let mut p = Vec::with_capacity(ENDPOINT_MAX);
+    put_endpoint(&mut p, e)?;
+    let mut blob = [0u8; ENDPOINT_BLOB_LEN];
+    blob[0..4].copy_from_slice(&MAGIC.to_be_bytes());
+    blob[4..6].copy_from_slice(&VERSION.to_be_bytes());
+    blob[6..8].copy_from_slice(&(p.len() as u16).to_be_bytes());
+    blob[8..8 + p.len()].copy_from_slice(&p);
+    Ok(blob)
+}
+
+/// Decodes and checks an endpoint blob from [`encode_endpoint`] (untrusted bytes: a wrong
+/// magic, version, length or non-zero padding is refused).
+pub fn decode_endpoint(blob: &[u8]) -> Result<Endpoint, WireError> {
+    if blob.len() != ENDPOINT_BLOB_LEN {
+        return Err(invalid(
+            "endpoint blob",
+            format!("{} bytes (expected {ENDPOINT_BLOB_LEN})", blob.len()),
+        ));
+    }
+    let mut c = Cursor { b: blob };
+    let magic = c.u32("endpoint blob magic")?;
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let version = c.u16("endpoint blob version")?;
+    if version != VERSION {
+        return Err(WireError::Version { got: version });
+    }
+    let len = c.u16("endpoint blob length")? as usize;
+    if len > ENDPOINT_MAX {
+        return Err(invalid(
+            "endpoint blob length",
+            format!("{len} (at most {ENDPOINT_MAX})"),
+        ));
+    }
+    let mut body = Cursor {
+        b: c.take(len, "endpoint")?,
+    };
+    let e = read_endpoint(&mut body)?;
+    body.end()?;
+    if c.b.iter().any(|&b| b != 0) {
+        return Err(invalid("endpoint blob padding", "not zero"));
+    }
+    Ok(e)
 }
 
 fn count(c: &mut Cursor<'_>, what: &'static str) -> Result<usize, WireError> {
@@ -852,6 +917,33 @@ mod tests {
         let bytes = h.encode().unwrap();
         assert_eq!(check_frame(&bytes).unwrap().kind, Kind::Hello);
         assert_eq!(Hello::decode(&bytes[HEADER_LEN..]).unwrap(), h);
+    }
+
+    #[test]
+    fn endpoint_blobs_round_trip_and_refuse_tampering() {
+        for e in sample().endpoints {
+            let blob = encode_endpoint(&e).unwrap();
+            assert_eq!(decode_endpoint(&blob).unwrap(), e);
+            assert!(matches!(decode_endpoint(&blob[..63]), Err(WireError::Invalid { .. })));
+            let mut bad = blob;
+            bad[0] ^= 1;
+            assert!(matches!(decode_endpoint(&bad), Err(WireError::BadMagic(_))));
+            let mut bad = blob;
+            bad[5] ^= 1;
+            assert!(matches!(decode_endpoint(&bad), Err(WireError::Version { .. })));
+            let mut bad = blob;
+            bad[63] = 1;
+            assert!(decode_endpoint(&bad).is_err(), "non-zero padding accepted");
+            // A length that cuts the endpoint short, or claims the padding.
+            for len in [0u16, 20, ENDPOINT_MAX as u16 + 1, 56] {
+                let mut bad = blob;
+                bad[6..8].copy_from_slice(&len.to_be_bytes());
+                assert!(decode_endpoint(&bad).is_err(), "length {len} accepted");
+            }
+        }
+        let mut e = sample().endpoints[0];
+        e.psn = 1 << 24;
+        assert!(encode_endpoint(&e).is_err());
     }
 
     #[test]

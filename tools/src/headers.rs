@@ -1,7 +1,8 @@
 //! The C and CUDA C++ headers, generated from the Rust sources: `gdaki_device.h` (the shared
-//! structs, the constants and the `extern "C"` data path of `gdaki_device::ffi`) and
+//! structs, the constants and the `extern "C"` data path of `gdaki_device::ffi`),
 //! `gdaki_layout_check.h` (every struct's size, alignment and field offsets as Rust sees them,
-//! as static assertions a C, C++ or CUDA compiler checks). They are kept in the repository;
+//! as static assertions a C, C++ or CUDA compiler checks) and `gdaki.h` (the host C API of
+//! `gdaki-capi`, through cbindgen). They are kept in the repository;
 //! `gen-headers --check` (and the test suite) fails when regeneration would change them.
 //!
 //! The structs come from `gdaki-layout` through cbindgen; the constants and the function
@@ -19,6 +20,8 @@ use gdaki_layout::handle::{self, DevCq, DevQp, DoorbellKind};
 pub const DEVICE_HEADER: &str = "device/include/gdaki_device.h";
 /// Where the layout-check header lives, from the workspace root.
 pub const LAYOUT_CHECK_HEADER: &str = "device/include/gdaki_layout_check.h";
+/// Where the host C API's header lives, from the workspace root.
+pub const HOST_HEADER: &str = "host/capi/include/gdaki.h";
 
 /// The generated headers' text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,12 +30,18 @@ pub struct Headers {
     pub device: String,
     /// `gdaki_layout_check.h`.
     pub layout_check: String,
+    /// `gdaki.h`.
+    pub host: String,
 }
 
 impl Headers {
     /// Each header with its path from the workspace root.
-    pub fn files(&self) -> [(&'static str, &str); 2] {
-        [(DEVICE_HEADER, &self.device), (LAYOUT_CHECK_HEADER, &self.layout_check)]
+    pub fn files(&self) -> [(&'static str, &str); 3] {
+        [
+            (DEVICE_HEADER, &self.device),
+            (LAYOUT_CHECK_HEADER, &self.layout_check),
+            (HOST_HEADER, &self.host),
+        ]
     }
 
     /// The headers whose file under `workspace` differs from the generated text (or is missing).
@@ -48,7 +57,7 @@ impl Headers {
 /// Why the headers could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum HeaderError {
-    /// cbindgen could not read `gdaki-layout`.
+    /// cbindgen could not read `gdaki-layout` or `gdaki-capi`.
     #[error("cbindgen on {crate_dir}: {why}")]
     Cbindgen {
         /// The crate it read.
@@ -330,7 +339,46 @@ pub fn generate(workspace: &Path) -> Result<Headers, HeaderError> {
     Ok(Headers {
         device: device_header(&structs),
         layout_check: layout_check_header(&layouts),
+        host: host_header(workspace)?,
     })
+}
+
+/// `gdaki.h`: cbindgen over `gdaki-capi`, whose items are written in C's names already.
+fn host_header(workspace: &Path) -> Result<String, HeaderError> {
+    let crate_dir = workspace.join("host/capi");
+    let mut cfg = cbindgen::Config {
+        language: cbindgen::Language::C,
+        header: Some(format!(
+            "/* gdaki.h: gdaki's host C API (libgdaki.so, libgdaki.a; pkg-config: gdaki).\n \
+             * {GENERATED}\n \
+             *\n \
+             * Every function returns a gdaki_status; on failure nothing changed and gdaki_last_error()\n \
+             * says what, with the values. Outputs go through out-pointers; every handle has a\n \
+             * _destroy that takes NULL. The data path is gdaki_device.h's. See docs/c-api.md. */"
+        )),
+        include_guard: Some("GDAKI_H".into()),
+        no_includes: true,
+        after_includes: Some("#include <stddef.h>\n#include <stdint.h>\n\n#include \"gdaki_device.h\"".into()),
+        cpp_compat: true,
+        usize_is_size_t: true,
+        style: cbindgen::Style::Both,
+        documentation_style: cbindgen::DocumentationStyle::Doxy,
+        ..Default::default()
+    };
+    cfg.enumeration.rename_variants = cbindgen::RenameRule::ScreamingSnakeCase;
+    cfg.enumeration.prefix_with_name = true;
+    cfg.export.rename.insert("DevQp".into(), "gdaki_dev_qp".into());
+    let bindings = cbindgen::Builder::new()
+        .with_config(cfg)
+        .with_crate(&crate_dir)
+        .generate()
+        .map_err(|e| HeaderError::Cbindgen {
+            crate_dir: crate_dir.display().to_string(),
+            why: e.to_string(),
+        })?;
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn device_header(structs: &str) -> String {

@@ -366,6 +366,32 @@ impl Gpu {
             elapsed_us: elapsed.as_secs_f64() * 1e6,
         })
     }
+
+    /// Checks that `addr..addr + len` lies inside one allocation of device memory in this
+    /// GPU's context (what `cudaMalloc` or `cuMemAlloc` returned): the driver's own record of
+    /// the allocation, so a host pointer, a freed range or one that runs past its allocation
+    /// is refused before the HCA is told about it.
+    pub fn check_device_range(&self, addr: u64, len: usize) -> Result<(), CudaError> {
+        let what = "cuMemGetAddressRange";
+        self.ctx.bind_to_thread()?;
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: two valid out-pointers; the driver only reads `addr` as a number.
+        let found = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) }.result();
+        let bad = |why: String| CudaError::BadArgument { what, why };
+        if let Err(e) = found {
+            return Err(bad(format!(
+                "{addr:#x} is not device memory of GPU {} ({e})",
+                self.ordinal()
+            )));
+        }
+        let end = addr.checked_add(len as u64);
+        if len == 0 || end.is_none_or(|end| end > base + size as u64) {
+            return Err(bad(format!(
+                "{len} bytes at {addr:#x} do not fit its allocation ({size} bytes at {base:#x})"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Host memory mapped into a GPU's address space: page-locked, so the GPU reads and writes it

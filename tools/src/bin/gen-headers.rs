@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-/// Generate gdaki_device.h and gdaki_layout_check.h from the Rust sources.
+/// Generate gdaki_device.h, gdaki_layout_check.h and gdaki.h from the Rust sources.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
