@@ -1,11 +1,11 @@
-//! The generated headers: current with the Rust sources, valid C, C++ and CUDA (clang in
-//! device-only mode), and declaring exactly the functions the Rust PTX defines, with the same
-//! parameter lists. Needs gcc, g++ and clang-22 (tools/setup.sh installs them).
+//! The generated headers: current with the Rust sources, valid C and C++ (the layout check and
+//! the host API's gdaki.h), valid CUDA (clang in device-only mode), and declaring exactly the
+//! functions the Rust PTX defines, with the same parameter lists. Needs gcc, g++ and clang-22 (tools/setup.sh installs them).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gdaki_tools::headers::{self, LAYOUT_CHECK_HEADER};
+use gdaki_tools::headers::{self, HOST_HEADER, LAYOUT_CHECK_HEADER};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -58,12 +58,12 @@ fn checked_in_headers_are_what_generation_gives() {
 }
 
 #[test]
-fn layout_check_compiles_as_c_and_cpp() {
+fn layout_check_and_host_header_compile_as_c_and_cpp() {
     let dir = scratch("cc");
     let src = dir.join("check.c");
     std::fs::write(
         &src,
-        format!("#include \"{LAYOUT_CHECK_HEADER}\"\nint main(void) {{ return 0; }}\n"),
+        format!("#include \"{LAYOUT_CHECK_HEADER}\"\n#include \"{HOST_HEADER}\"\nint main(void) {{ return 0; }}\n"),
     )
     .unwrap();
     let inc = workspace();
@@ -78,6 +78,8 @@ fn layout_check_compiles_as_c_and_cpp() {
             "-I",
         ])
         .arg(&inc)
+        .arg("-I")
+        .arg(include_dir())
         .arg(&src));
     run(Command::new("g++")
         .args([
@@ -91,6 +93,8 @@ fn layout_check_compiles_as_c_and_cpp() {
             "-I",
         ])
         .arg(&inc)
+        .arg("-I")
+        .arg(include_dir())
         .arg(&src));
 }
 

@@ -1,0 +1,503 @@
+/* The C API from C, on the soft HCA in CPU mode: every call's success path, the data path
+ * through gdaki_device.h's thread-scope functions on the host, and every error path a C
+ * program can reach (NULLs, wrong handles, bad values, short buffers, refused peers, timeouts,
+ * error completions). Exits 0 when every check passed; prints each failure with the call's
+ * gdaki_last_error(). */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gdaki.h"
+
+static int failures;
+static int checks;
+
+#define EXPECT(status, call)                                                                  \
+    do {                                                                                      \
+        gdaki_status got_ = (call);                                                           \
+        checks++;                                                                             \
+        if (got_ != (status)) {                                                               \
+            failures++;                                                                       \
+            fprintf(stderr, "%s:%d: %s gave %s, expected %s (%s)\n", __FILE__, __LINE__, #call, \
+                    gdaki_status_name(got_), gdaki_status_name(status), gdaki_last_error());  \
+        }                                                                                     \
+    } while (0)
+#define OK(call) EXPECT(GDAKI_STATUS_OK, call)
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        checks++;                                                                      \
+        if (!(cond)) {                                                                 \
+            failures++;                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                              \
+    } while (0)
+/* The last error names the call and says something about the value. */
+#define LAST_ERROR_HAS(text) CHECK(strstr(gdaki_last_error(), (text)) != NULL)
+
+static gdaki_context *ctx;
+
+static void library(void) {
+    CHECK(gdaki_abi_version() == GDAKI_ABI_VERSION);
+    CHECK(strlen(gdaki_version()) > 0);
+    CHECK(strcmp(gdaki_status_name(GDAKI_STATUS_TIMEOUT), "GDAKI_STATUS_TIMEOUT") == 0);
+    CHECK(strcmp(gdaki_status_name(4242), "GDAKI_STATUS_UNKNOWN") == 0);
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_log_init("gdaki=loudest"));
+    LAST_ERROR_HAS("gdaki_log_init");
+    OK(gdaki_log_init("warn"));
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_log_init(NULL));
+}
+
+static void contexts(void) {
+    gdaki_context *c = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_open(GDAKI_PROVIDER_SOFT, NULL, NULL));
+    LAST_ERROR_HAS("gdaki_context_open: ctx is NULL");
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_context_open(7, NULL, &c));
+    LAST_ERROR_HAS("provider 7");
+    EXPECT(GDAKI_STATUS_DEVICE, gdaki_context_open(GDAKI_PROVIDER_SOFT, "mlx5_9", &c));
+    if (access("/sys/class/infiniband", F_OK) != 0) {
+        EXPECT(GDAKI_STATUS_NO_DEVICE, gdaki_context_open(GDAKI_PROVIDER_MLX5, NULL, &c));
+    }
+    CHECK(c == NULL);
+    OK(gdaki_context_open(GDAKI_PROVIDER_SOFT, "soft", &ctx));
+    gdaki_provider p = GDAKI_PROVIDER_AUTO;
+    OK(gdaki_context_provider(ctx, &p));
+    CHECK(p == GDAKI_PROVIDER_SOFT);
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_provider(NULL, &p));
+
+    size_t len = 0;
+    EXPECT(GDAKI_STATUS_BUFFER_TOO_SMALL, gdaki_context_device_name(ctx, NULL, 0, &len));
+    CHECK(len == 4);
+    char small[4];
+    EXPECT(GDAKI_STATUS_BUFFER_TOO_SMALL, gdaki_context_device_name(ctx, small, sizeof small, NULL));
+    char name[16];
+    OK(gdaki_context_device_name(ctx, name, sizeof name, &len));
+    CHECK(strcmp(name, "soft") == 0 && len == 4);
+
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_context_listen(ctx, "not an address", name, sizeof name, NULL));
+    char addr[64];
+    OK(gdaki_context_listen(ctx, "127.0.0.1:0", addr, sizeof addr, &len));
+    CHECK(strncmp(addr, "127.0.0.1:", 10) == 0 && len == strlen(addr));
+
+    /* A GPU: none on CI; where there is one, it opens. */
+    gdaki_gpu *gpu = NULL;
+    gdaki_status s = gdaki_gpu_open(0, &gpu);
+    CHECK(s == GDAKI_STATUS_OK || s == GDAKI_STATUS_NO_DEVICE);
+    if (s == GDAKI_STATUS_OK) {
+        gdaki_gpu *none = NULL;
+        EXPECT(GDAKI_STATUS_NO_DEVICE, gdaki_gpu_open(4096, &none));
+        OK(gdaki_gpu_destroy(gpu));
+    } else {
+        printf("api_test: no usable GPU (%s): GPU calls checked for their error only\n", gdaki_last_error());
+    }
+    OK(gdaki_gpu_destroy(NULL));
+    OK(gdaki_context_destroy(NULL));
+}
+
+static void regions(void) {
+    gdaki_region *r = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_region_alloc(ctx, 4096, 0x100, &r));
+    LAST_ERROR_HAS("access 0x100");
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_region_alloc(NULL, 4096, GDAKI_ACCESS_ALL, &r));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_region_alloc(ctx, 4096, GDAKI_ACCESS_ALL, NULL));
+    OK(gdaki_region_alloc(ctx, 8192, GDAKI_ACCESS_ALL, &r));
+
+    /* A handle of another type is refused, not used. */
+    EXPECT(GDAKI_STATUS_BAD_HANDLE, gdaki_context_provider((const gdaki_context *)r, &(gdaki_provider){0}));
+    LAST_ERROR_HAS("not a live gdaki_context handle");
+    EXPECT(GDAKI_STATUS_BAD_HANDLE, gdaki_region_destroy((gdaki_region *)ctx));
+
+    gdaki_region_info info;
+    OK(gdaki_region_query(r, &info));
+    CHECK(info.len == 8192 && info.access == GDAKI_ACCESS_ALL && info.lkey != 0 && info.rkey != 0);
+    CHECK(info.gpu == -1 && info.device_memory == 0 && info.library_owned == 1);
+    gdaki_remote_region remote;
+    OK(gdaki_region_remote(r, &remote));
+    CHECK(remote.addr == info.addr && remote.len == 8192 && remote.rkey == info.rkey);
+
+    char text[] = "written from C";
+    char back[sizeof text];
+    OK(gdaki_region_write(r, 100, text, sizeof text));
+    OK(gdaki_region_read(r, 100, back, sizeof back));
+    CHECK(memcmp(text, back, sizeof text) == 0);
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_region_read(r, 8190, back, 4));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_region_read(r, 0, NULL, 4));
+    OK(gdaki_region_read(r, 0, NULL, 0));
+
+    /* Caller memory: registered, never read by the library for the caller. */
+    void *mine = aligned_alloc(4096, 4096);
+    gdaki_region *caller = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_region_register_host(ctx, NULL, 4096, GDAKI_ACCESS_ALL, &caller));
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_region_register_host(ctx, mine, 0, GDAKI_ACCESS_ALL, &caller));
+    OK(gdaki_region_register_host(ctx, mine, 4096, GDAKI_ACCESS_ALL, &caller));
+    OK(gdaki_region_query(caller, &info));
+    CHECK(info.addr == (uint64_t)(uintptr_t)mine && info.library_owned == 0);
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_region_read(caller, 0, back, 4));
+    LAST_ERROR_HAS("caller-registered");
+    OK(gdaki_region_destroy(caller));
+    free(mine);
+    OK(gdaki_region_destroy(r));
+    OK(gdaki_region_destroy(NULL));
+}
+
+/* A loopback QP with its own CQ. */
+static gdaki_qp *loopback(gdaki_cq **cq, uint32_t doorbell) {
+    gdaki_qp_config cfg;
+    OK(gdaki_qp_config_init(&cfg));
+    cfg.sq_size = 64;
+    cfg.doorbell = doorbell;
+    cfg.timeout_ms = 5000;
+    cfg.retry_timeout_ms = 1000;
+    gdaki_qp *qp = NULL;
+    OK(gdaki_cq_create(ctx, 64, NULL, cq));
+    OK(gdaki_qp_create(ctx, *cq, &cfg, &qp));
+    gdaki_endpoint self;
+    OK(gdaki_qp_endpoint(qp, &self));
+    OK(gdaki_qp_connect(qp, &self));
+    return qp;
+}
+
+static void queues(void) {
+    gdaki_cq *cq = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_cq_create(ctx, 3, NULL, &cq));
+    LAST_ERROR_HAS("power of two");
+    OK(gdaki_cq_create(ctx, 64, NULL, &cq));
+
+    gdaki_qp_config cfg;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_qp_config_init(NULL));
+    OK(gdaki_qp_config_init(&cfg));
+    CHECK(cfg.sq_size == 1024 && cfg.doorbell == GDAKI_DOORBELL_GPU && cfg.rings_gpu == NULL);
+    gdaki_qp *qp = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_create(ctx, cq, &cfg, &qp)); /* 1024 > the CQ's 64 */
+    cfg.sq_size = 64;
+    cfg.doorbell = 9;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_create(ctx, cq, &cfg, &qp));
+    LAST_ERROR_HAS("doorbell 9");
+    cfg.doorbell = GDAKI_DOORBELL_GPU;
+    cfg.timeout_ms = 0;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_create(ctx, cq, &cfg, &qp));
+    cfg.timeout_ms = 5000;
+    cfg.rings_gpu = (const gdaki_gpu *)cq;
+    EXPECT(GDAKI_STATUS_BAD_HANDLE, gdaki_qp_create(ctx, cq, &cfg, &qp));
+    cfg.rings_gpu = NULL;
+    OK(gdaki_qp_create(ctx, cq, &cfg, &qp));
+    gdaki_qp *second = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_qp_create(ctx, cq, &cfg, &second));
+    LAST_ERROR_HAS("already serves");
+    CHECK(second == NULL);
+
+    gdaki_qp_info info;
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_RESET && info.qpn != 0 && info.syndrome == 0);
+    CHECK(info.doorbell == GDAKI_DOORBELL_GPU && info.rings_in_gpu_memory == 0);
+
+    gdaki_endpoint ep, bad;
+    OK(gdaki_qp_endpoint(qp, &ep));
+    bad = ep;
+    bad.bytes[0] ^= 0xff;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_connect(qp, &bad));
+    LAST_ERROR_HAS("not a gdaki peer");
+    bad = ep;
+    bad.bytes[GDAKI_ENDPOINT_BYTES - 1] = 1;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_connect(qp, &bad));
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_RESET); /* nothing changed */
+    OK(gdaki_qp_connect(qp, &ep));
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_RTS);
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_qp_connect(qp, &ep));
+
+    /* Destroy order does not matter: the QP keeps its CQ. */
+    OK(gdaki_cq_destroy(cq));
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_RTS);
+    OK(gdaki_qp_destroy(qp));
+}
+
+/* The data path from C on the host: gdaki_device.h's thread-scope functions. */
+static void data_path(void) {
+    gdaki_cq *cq = NULL;
+    gdaki_qp *qp = loopback(&cq, GDAKI_DOORBELL_GPU);
+    gdaki_dev_qp *h = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_qp_host_handle(qp, NULL));
+    OK(gdaki_qp_host_handle(qp, &h));
+    CHECK(h != NULL && h->version == GDAKI_DEV_QP_VERSION);
+
+    gdaki_region *src = NULL, *dst = NULL;
+    OK(gdaki_region_alloc(ctx, 65536, GDAKI_ACCESS_ALL, &src));
+    OK(gdaki_region_alloc(ctx, 65536, GDAKI_ACCESS_ALL, &dst));
+    gdaki_region_info s, d;
+    OK(gdaki_region_query(src, &s));
+    OK(gdaki_region_query(dst, &d));
+    static unsigned char pattern[65536];
+    for (size_t i = 0; i < sizeof pattern; i++) pattern[i] = (unsigned char)(i * 7 + 3);
+    OK(gdaki_region_write(src, 0, pattern, sizeof pattern));
+
+    uint64_t ticket = 0;
+    CHECK(gdaki_put_thread_exclusive(h, d.addr, d.rkey, s.addr, s.lkey, 65536, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    static unsigned char got[65536];
+    OK(gdaki_region_read(dst, 0, got, sizeof got));
+    CHECK(memcmp(got, pattern, sizeof got) == 0);
+
+    const char word[] = "inline!";
+    CHECK(gdaki_put_inline_thread_exclusive(h, d.addr + 8, d.rkey, word, sizeof word, 0, NULL) == GDAKI_OK);
+    CHECK(gdaki_quiet_thread_exclusive(h) == GDAKI_OK);
+    char back[sizeof word];
+    OK(gdaki_region_read(dst, 8, back, sizeof back));
+    CHECK(memcmp(back, word, sizeof word) == 0);
+
+    /* A fetch-add on a word of dst, the old value read back into src. */
+    uint64_t zero = 5, fetched = 0;
+    OK(gdaki_region_write(dst, 4096, &zero, sizeof zero));
+    CHECK(gdaki_atomic_fetch_add_thread_exclusive(h, d.addr + 4096, d.rkey, 10, s.addr + 8192, s.lkey, 0, &fetched) ==
+          GDAKI_OK);
+    CHECK(fetched == 5);
+    uint64_t now = 0;
+    OK(gdaki_region_read(dst, 4096, &now, sizeof now));
+    CHECK(now == 15);
+
+    /* Deferred posts ring once, at commit. */
+    for (int i = 0; i < 4; i++) {
+        CHECK(gdaki_put_thread_exclusive(h, d.addr + 16384 + i * 64, d.rkey, s.addr, s.lkey, 64, GDAKI_POST_DEFER,
+                                         &ticket) == GDAKI_OK);
+    }
+    CHECK(gdaki_commit_thread_exclusive(h) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+
+    /* Device-function errors are codes, the QP untouched. */
+    CHECK(gdaki_put_thread_exclusive(h, d.addr, d.rkey, s.addr, s.lkey, 64, 0x80, NULL) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_put_inline_thread_exclusive(h, d.addr, d.rkey, NULL, 8, 0, NULL) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_put_thread_exclusive(NULL, d.addr, d.rkey, s.addr, s.lkey, 64, 0, NULL) == GDAKI_CODE_BAD_HANDLE);
+    gdaki_qp_info info;
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_RTS);
+
+    /* A wrong rkey: an error completion, and the QP in error with the syndrome. */
+    CHECK(gdaki_put_thread_exclusive(h, d.addr, d.rkey ^ 0x5a5a00, s.addr, s.lkey, 64, 0, &ticket) == GDAKI_OK);
+    uint32_t code = gdaki_wait_thread_exclusive(h, ticket);
+    CHECK((code & ~0xffu) == GDAKI_CODE_CQE_ERROR);
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_ERROR && info.syndrome == (code & 0xff));
+
+    OK(gdaki_region_destroy(src));
+    OK(gdaki_region_destroy(dst));
+    OK(gdaki_qp_destroy(qp));
+    OK(gdaki_cq_destroy(cq));
+}
+
+static void proxy(void) {
+    gdaki_proxy *p = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_proxy_start(0, &p));
+    OK(gdaki_proxy_start(1, &p));
+    gdaki_cq *cq = NULL, *cq2 = NULL;
+    gdaki_qp *qp = loopback(&cq, GDAKI_DOORBELL_CPU_PROXY);
+    gdaki_qp *rung_by_poster = loopback(&cq2, GDAKI_DOORBELL_GPU);
+    uint64_t id = 0;
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_proxy_add(p, rung_by_poster, &id));
+    OK(gdaki_proxy_add(p, qp, &id));
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_proxy_remove(p, id + 100));
+
+    gdaki_region *r = NULL;
+    OK(gdaki_region_alloc(ctx, 4096, GDAKI_ACCESS_ALL, &r));
+    gdaki_region_info ri;
+    OK(gdaki_region_query(r, &ri));
+    uint64_t one = 0x1122334455667788ull, ticket = 0;
+    OK(gdaki_region_write(r, 0, &one, sizeof one));
+    gdaki_dev_qp *h = NULL;
+    OK(gdaki_qp_host_handle(qp, &h));
+    CHECK(gdaki_put_thread_exclusive(h, ri.addr + 64, ri.rkey, ri.addr, ri.lkey, 8, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    uint64_t copied = 0;
+    OK(gdaki_region_read(r, 64, &copied, sizeof copied));
+    CHECK(copied == one);
+
+    OK(gdaki_proxy_remove(p, id));
+    OK(gdaki_proxy_destroy(p));
+    OK(gdaki_region_destroy(r));
+    OK(gdaki_qp_destroy(qp));
+    OK(gdaki_qp_destroy(rung_by_poster));
+    OK(gdaki_cq_destroy(cq));
+    OK(gdaki_cq_destroy(cq2));
+}
+
+/* ---------------------------------------------------------------- handshake: two threads */
+
+static char server_addr[64];
+
+static void nap_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A free TCP port on 127.0.0.1 (the kernel's choice; closed again, so another process could
+ * take it in between, which the test would then report). */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &n) != 0) {
+        perror("free_port");
+        exit(2);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+struct side {
+    int refuse;
+    gdaki_region *region;
+    gdaki_qp *qp;
+    gdaki_cq *cq;
+    gdaki_remote_region peer_region;
+};
+
+static void *server(void *arg) {
+    struct side *me = arg;
+    gdaki_channel *ch = NULL;
+    OK(gdaki_channel_accept(server_addr, 5000, &ch));
+    uint8_t app[8];
+    gdaki_endpoint eps[1];
+    gdaki_remote_region regions[1];
+    if (me->refuse) {
+        /* Read the hello first, as a server does before judging it (and so that closing does
+         * not reset the connection over unread bytes). */
+        gdaki_hello all = {app, 0, sizeof app, eps, 0, 1, regions, 0, 1};
+        OK(gdaki_channel_receive(ch, &all));
+        OK(gdaki_channel_reject(ch, "wrong size: the server runs 8 bytes"));
+        OK(gdaki_channel_destroy(ch));
+        return NULL;
+    }
+    /* Too little room first: told what is needed, nothing lost. */
+    gdaki_hello in = {app, 0, 2, eps, 0, 1, regions, 0, 1};
+    EXPECT(GDAKI_STATUS_BUFFER_TOO_SMALL, gdaki_channel_receive(ch, &in));
+    CHECK(in.app_len == 6 && in.endpoints_len == 1 && in.regions_len == 1);
+    in.app_cap = sizeof app;
+    OK(gdaki_channel_receive(ch, &in));
+    CHECK(in.app_len == 6 && memcmp(app, "size=8", 6) == 0);
+    OK(gdaki_qp_connect(me->qp, &eps[0]));
+    me->peer_region = regions[0];
+
+    gdaki_endpoint mine;
+    gdaki_remote_region mine_r;
+    OK(gdaki_qp_endpoint(me->qp, &mine));
+    OK(gdaki_region_remote(me->region, &mine_r));
+    gdaki_hello out = {(uint8_t *)"size=8", 6, 0, &mine, 1, 0, &mine_r, 1, 0};
+    OK(gdaki_channel_send(ch, &out));
+    OK(gdaki_channel_sync(ch, 1)); /* both connected */
+    OK(gdaki_channel_sync(ch, 2)); /* the client has written */
+    uint64_t got = 0;
+    OK(gdaki_region_read(me->region, 0, &got, sizeof got));
+    CHECK(got == 0xfeedfacecafebeefull);
+    EXPECT(GDAKI_STATUS_PEER, gdaki_channel_sync(ch, 99)); /* the client is at step 3 */
+    OK(gdaki_channel_destroy(ch));
+    return NULL;
+}
+
+static void side_init(struct side *s) {
+    memset(s, 0, sizeof *s);
+    gdaki_qp_config cfg;
+    OK(gdaki_qp_config_init(&cfg));
+    cfg.sq_size = 16;
+    OK(gdaki_cq_create(ctx, 16, NULL, &s->cq));
+    OK(gdaki_qp_create(ctx, s->cq, &cfg, &s->qp));
+    OK(gdaki_region_alloc(ctx, 4096, GDAKI_ACCESS_ALL, &s->region));
+}
+
+static void side_fini(struct side *s) {
+    OK(gdaki_qp_destroy(s->qp));
+    OK(gdaki_cq_destroy(s->cq));
+    OK(gdaki_region_destroy(s->region));
+}
+
+static void handshake(void) {
+    gdaki_channel *ch = NULL;
+    snprintf(server_addr, sizeof server_addr, "127.0.0.1:%d", free_port());
+    /* Nobody listening: refused at once. */
+    EXPECT(GDAKI_STATUS_PEER, gdaki_channel_connect(server_addr, 1000, &ch));
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_channel_connect("localhost", 1000, &ch));
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_channel_connect(server_addr, 0, &ch));
+    /* Nobody connecting: a timeout. */
+    EXPECT(GDAKI_STATUS_TIMEOUT, gdaki_channel_accept(server_addr, 200, &ch));
+    CHECK(ch == NULL);
+
+    struct side srv, cli;
+    side_init(&srv);
+    side_init(&cli);
+    pthread_t t;
+    pthread_create(&t, NULL, server, &srv);
+    for (int i = 0; i < 500 && gdaki_channel_connect(server_addr, 5000, &ch) != GDAKI_STATUS_OK; i++) nap_ms(10);
+    CHECK(ch != NULL);
+    char local[64];
+    OK(gdaki_channel_local_addr(ch, local, sizeof local, NULL));
+    CHECK(strncmp(local, "127.0.0.1:", 10) == 0);
+
+    gdaki_endpoint mine, bad;
+    gdaki_remote_region mine_r;
+    OK(gdaki_qp_endpoint(cli.qp, &mine));
+    OK(gdaki_region_remote(cli.region, &mine_r));
+    bad = mine;
+    bad.bytes[4] ^= 1;
+    gdaki_hello wrong = {(uint8_t *)"size=8", 6, 0, &bad, 1, 0, &mine_r, 1, 0};
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_channel_send(ch, &wrong));
+    LAST_ERROR_HAS("hello.endpoints[0]");
+    gdaki_hello null_app = {NULL, 6, 0, &mine, 1, 0, &mine_r, 1, 0};
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_channel_send(ch, &null_app));
+    gdaki_hello out = {(uint8_t *)"size=8", 6, 0, &mine, 1, 0, &mine_r, 1, 0};
+    OK(gdaki_channel_send(ch, &out));
+    uint8_t app[16];
+    gdaki_endpoint eps[4];
+    gdaki_remote_region regions[4];
+    gdaki_hello in = {app, 0, sizeof app, eps, 0, 4, regions, 0, 4};
+    OK(gdaki_channel_receive(ch, &in));
+    CHECK(in.endpoints_len == 1 && in.regions_len == 1);
+    OK(gdaki_qp_connect(cli.qp, &eps[0]));
+    OK(gdaki_channel_sync(ch, 1));
+
+    /* Write into the server's region through the exchanged rkey. */
+    gdaki_dev_qp *h = NULL;
+    gdaki_region_info ri;
+    OK(gdaki_qp_host_handle(cli.qp, &h));
+    OK(gdaki_region_query(cli.region, &ri));
+    uint64_t v = 0xfeedfacecafebeefull, ticket = 0;
+    OK(gdaki_region_write(cli.region, 0, &v, sizeof v));
+    CHECK(gdaki_put_thread_exclusive(h, regions[0].addr, regions[0].rkey, ri.addr, ri.lkey, 8, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    OK(gdaki_channel_sync(ch, 2));
+    EXPECT(GDAKI_STATUS_PEER, gdaki_channel_sync(ch, 3));
+    pthread_join(t, NULL);
+    OK(gdaki_channel_destroy(ch));
+
+    /* A refusal reaches the client with its reason. */
+    srv.refuse = 1;
+    pthread_create(&t, NULL, server, &srv);
+    ch = NULL;
+    for (int i = 0; i < 500 && gdaki_channel_connect(server_addr, 5000, &ch) != GDAKI_STATUS_OK; i++) nap_ms(10);
+    OK(gdaki_channel_send(ch, &out));
+    in.app_cap = sizeof app;
+    EXPECT(GDAKI_STATUS_PEER, gdaki_channel_receive(ch, &in));
+    LAST_ERROR_HAS("wrong size: the server runs 8 bytes");
+    pthread_join(t, NULL);
+    OK(gdaki_channel_destroy(ch));
+    side_fini(&srv);
+    side_fini(&cli);
+}
+
+int main(void) {
+    library();
+    contexts();
+    regions();
+    queues();
+    data_path();
+    proxy();
+    handshake();
+    OK(gdaki_context_destroy(ctx));
+    printf("api_test: %d checks, %d failed\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}
