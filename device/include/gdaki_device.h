@@ -210,6 +210,30 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_qp {
   struct gdaki_dev_cq cq;
 } gdaki_dev_qp;
 
+/**
+ * A peer's registered region as device code names it: where it starts, how long it is, and its
+ * rkey (C: `gdaki_remote_region`). The host API hands these out for applications to exchange; a
+ * buffer every peer has (a symmetric heap) is an array of them, one per peer.
+ */
+typedef struct gdaki_remote_region {
+  /**
+   * First address.
+   */
+  uint64_t addr;
+  /**
+   * Length in bytes (at least 1 for a region).
+   */
+  uint64_t len;
+  /**
+   * Remote key (never 0 for a region).
+   */
+  uint32_t rkey;
+  /**
+   * Zero.
+   */
+  uint32_t reserved;
+} gdaki_remote_region;
+
 /** Scratch memory of a block's collectives (block scope). */
 typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {
   uint64_t words[GDAKI_BLOCK_SCRATCH_BYTES / 8];

@@ -51,6 +51,12 @@ GDAKI_OFFSET_CHECK(gdaki_dev_qp, version_pad, 114)
 GDAKI_OFFSET_CHECK(gdaki_dev_qp, version, 116)
 GDAKI_OFFSET_CHECK(gdaki_dev_qp, const_pad, 120)
 GDAKI_OFFSET_CHECK(gdaki_dev_qp, cq, 128)
+GDAKI_ASSERT(sizeof(gdaki_remote_region) == 24, "size of gdaki_remote_region");
+GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_remote_region) == 8, "alignment of gdaki_remote_region");
+GDAKI_OFFSET_CHECK(gdaki_remote_region, addr, 0)
+GDAKI_OFFSET_CHECK(gdaki_remote_region, len, 8)
+GDAKI_OFFSET_CHECK(gdaki_remote_region, rkey, 16)
+GDAKI_OFFSET_CHECK(gdaki_remote_region, reserved, 20)
 GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 65792u, "handle version");

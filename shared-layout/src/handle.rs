@@ -131,6 +131,22 @@ pub const fn error_word(index: u64, syndrome: u8, vendor: u8, wqe_opcode: u8) ->
         | index as u32 as u64
 }
 
+/// A peer's registered region as device code names it: where it starts, how long it is, and its
+/// rkey (C: `gdaki_remote_region`). The host API hands these out for applications to exchange; a
+/// buffer every peer has (a symmetric heap) is an array of them, one per peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct DevRemote {
+    /// First address.
+    pub addr: u64,
+    /// Length in bytes (at least 1 for a region).
+    pub len: u64,
+    /// Remote key (never 0 for a region).
+    pub rkey: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
 /// A completion queue as the device sees it (embedded in [`DevQp`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C, align(64))]

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use gdaki_device::ffi::{self, OPERATIONS};
 use gdaki_device::status;
-use gdaki_layout::handle::{self, DevCq, DevQp, DoorbellKind};
+use gdaki_layout::handle::{self, DevCq, DevQp, DevRemote, DoorbellKind};
 
 /// Where the device header lives, from the workspace root.
 pub const DEVICE_HEADER: &str = "device/include/gdaki_device.h";
@@ -108,6 +108,7 @@ fn layouts() -> Vec<Layout> {
             max_msg_size, timeout_ns, qpn, sq_log_size, doorbell_kind, flags, version_pad, version,
             const_pad, cq
         }),
+        layout!(DevRemote as "gdaki_remote_region" { addr, len, rkey, reserved }),
     ]
 }
 
@@ -254,10 +255,13 @@ fn structs(workspace: &Path) -> Result<String, HeaderError> {
         documentation_style: cbindgen::DocumentationStyle::Doxy,
         ..Default::default()
     };
-    cfg.export.include = vec!["DevQp".into()];
+    cfg.export.include = vec!["DevQp".into(), "DevRemote".into()];
     cfg.export.item_types = vec![cbindgen::ItemType::Structs];
     cfg.export.rename.insert("DevQp".into(), "gdaki_dev_qp".into());
     cfg.export.rename.insert("DevCq".into(), "gdaki_dev_cq".into());
+    cfg.export
+        .rename
+        .insert("DevRemote".into(), "gdaki_remote_region".into());
     cfg.layout.aligned_n = Some("GDAKI_ALIGNED".into());
     let bindings = cbindgen::Builder::new()
         .with_config(cfg)
@@ -368,6 +372,9 @@ fn host_header(workspace: &Path) -> Result<String, HeaderError> {
     cfg.enumeration.rename_variants = cbindgen::RenameRule::ScreamingSnakeCase;
     cfg.enumeration.prefix_with_name = true;
     cfg.export.rename.insert("DevQp".into(), "gdaki_dev_qp".into());
+    cfg.export
+        .rename
+        .insert("DevRemote".into(), "gdaki_remote_region".into());
     let bindings = cbindgen::Builder::new()
         .with_config(cfg)
         .with_crate(&crate_dir)

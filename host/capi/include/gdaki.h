@@ -234,29 +234,6 @@ typedef struct gdaki_endpoint {
 } gdaki_endpoint;
 
 /**
- * A region as a peer sees it: what goes into a peer's operands (the device functions' `dst`
- * or `src` and `rkey`). Plain data: exchange it with the endpoint.
- */
-typedef struct gdaki_remote_region {
-  /**
-   * First address.
-   */
-  uint64_t addr;
-  /**
-   * Length in bytes (at least 1).
-   */
-  uint64_t len;
-  /**
-   * Remote key (never 0).
-   */
-  uint32_t rkey;
-  /**
-   * Zero.
-   */
-  uint32_t reserved;
-} gdaki_remote_region;
-
-/**
  * What one side offers: to send, set the pointers and `*_len`; to receive, set the pointers
  * and `*_cap` (element counts), and the call writes `*_len`.
  */
@@ -289,7 +266,7 @@ typedef struct gdaki_hello {
   /**
    * Regions the peer may access, at most `GDAKI_HELLO_MAX_ITEMS`.
    */
-  struct gdaki_remote_region *regions;
+  gdaki_remote_region *regions;
   /**
    * Regions in `regions`.
    */
@@ -852,7 +829,7 @@ enum gdaki_status gdaki_region_query(const struct gdaki_region *region,
  * `region` is NULL or a region handle; `remote` is NULL or writable.
  */
 enum gdaki_status gdaki_region_remote(const struct gdaki_region *region,
-                                      struct gdaki_remote_region *remote);
+                                      gdaki_remote_region *remote);
 
 /**
  * Copies `len` bytes at `offset` of a library-allocated region into `buf` (device memory:

@@ -10,7 +10,8 @@ use gdaki::handshake::{Channel, Hello};
 use crate::context::parse_addr;
 use crate::guard::{self, call, gdaki_status, handle, Failure, Outcome};
 use crate::queue::gdaki_endpoint;
-use crate::region::gdaki_remote_region;
+use crate::region::{remote_of, remote_to_rust};
+use gdaki_layout::handle::DevRemote;
 
 /// A channel and a received hello the caller has not taken yet (its buffers were too small).
 pub(crate) struct ChannelState {
@@ -41,7 +42,7 @@ pub struct gdaki_hello {
     /// Room in `endpoints` (receive).
     pub endpoints_cap: usize,
     /// Regions the peer may access, at most `GDAKI_HELLO_MAX_ITEMS`.
-    pub regions: *mut gdaki_remote_region,
+    pub regions: *mut DevRemote,
     /// Regions in `regions`.
     pub regions_len: usize,
     /// Room in `regions` (receive).
@@ -165,7 +166,7 @@ pub unsafe extern "C" fn gdaki_channel_send(channel: *const gdaki_channel, hello
                 .enumerate()
                 .map(|(i, e)| e.decode(&format!("hello.endpoints[{i}]")))
                 .collect::<Result<_, _>>()?,
-            regions: regions.iter().map(|r| r.to_rust()).collect(),
+            regions: regions.iter().map(remote_to_rust).collect(),
         };
         let mut state = guard::lock(ch);
         state.channel.send(&hello).map_err(|e| match e {
@@ -226,7 +227,7 @@ pub unsafe extern "C" fn gdaki_channel_receive(channel: *const gdaki_channel, he
             *dst = gdaki_endpoint::of(e)?;
         }
         for (dst, r) in regions.iter_mut().zip(&got.regions) {
-            *dst = gdaki_remote_region::of(*r);
+            *dst = remote_of(*r);
         }
         Ok(())
     })

@@ -3,6 +3,7 @@
 use std::ffi::c_void;
 
 use gdaki::{Access, MemoryRegion};
+use gdaki_layout::handle::DevRemote;
 
 use crate::context::{gdaki_context, gdaki_gpu};
 use crate::guard::{self, call, gdaki_status, handle, Failure, Outcome};
@@ -54,37 +55,27 @@ pub struct gdaki_region_info {
     pub library_owned: u32,
 }
 
-/// A region as a peer sees it: what goes into a peer's operands (the device functions' `dst`
-/// or `src` and `rkey`). Plain data: exchange it with the endpoint.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct gdaki_remote_region {
-    /// First address.
-    pub addr: u64,
-    /// Length in bytes (at least 1).
-    pub len: u64,
-    /// Remote key (never 0).
-    pub rkey: u32,
-    /// Zero.
-    pub reserved: u32,
+/// A region as a peer sees it (`gdaki_remote_region`, declared in `gdaki_device.h`): what goes
+/// into a peer's operands (the device functions' `dst` or `src` and `rkey`). Plain data:
+/// exchange it with the endpoint.
+pub use gdaki_layout::handle::DevRemote as gdaki_remote_region;
+
+/// The C struct of a Rust remote region.
+pub(crate) fn remote_of(r: gdaki::wire::RemoteRegion) -> DevRemote {
+    DevRemote {
+        addr: r.addr,
+        len: r.len,
+        rkey: r.rkey,
+        reserved: 0,
+    }
 }
 
-impl gdaki_remote_region {
-    pub(crate) fn of(r: gdaki::wire::RemoteRegion) -> gdaki_remote_region {
-        gdaki_remote_region {
-            addr: r.addr,
-            len: r.len,
-            rkey: r.rkey,
-            reserved: 0,
-        }
-    }
-
-    pub(crate) fn to_rust(self) -> gdaki::wire::RemoteRegion {
-        gdaki::wire::RemoteRegion {
-            addr: self.addr,
-            len: self.len,
-            rkey: self.rkey,
-        }
+/// The Rust remote region of a C struct.
+pub(crate) fn remote_to_rust(r: &DevRemote) -> gdaki::wire::RemoteRegion {
+    gdaki::wire::RemoteRegion {
+        addr: r.addr,
+        len: r.len,
+        rkey: r.rkey,
     }
 }
 
@@ -269,14 +260,11 @@ pub unsafe extern "C" fn gdaki_region_query(region: *const gdaki_region, info: *
 /// # Safety
 /// `region` is NULL or a region handle; `remote` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn gdaki_region_remote(
-    region: *const gdaki_region,
-    remote: *mut gdaki_remote_region,
-) -> gdaki_status {
+pub unsafe extern "C" fn gdaki_region_remote(region: *const gdaki_region, remote: *mut DevRemote) -> gdaki_status {
     call("gdaki_region_remote", || {
         // SAFETY: the caller's contract.
         let (r, out) = unsafe { (guard::borrow(region, "region")?, guard::out(remote, "remote")?) };
-        out.write(gdaki_remote_region::of(r.remote_region()));
+        out.write(remote_of(r.remote_region()));
         Ok(())
     })
 }
