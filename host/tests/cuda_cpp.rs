@@ -2,24 +2,27 @@
 //! both ways an embedder can: at run time (NVRTC with `-rdc=true`, then the driver's linker,
 //! [`Gpu::link_module`]) and ahead of time (`tools/cuda/build-device-lib.sh` makes
 //! `libgdaki_device.a`, `nvcc -rdc` links the kernels against it, [`Gpu::load_image`] loads
-//! the result). The kernels are in `tests/cuda/c_abi.cu`; what they wrote is checked here.
+//! the result). The kernels are in `tests/cuda/c_abi.cu`; what they wrote is checked here. The
+//! NCCL GIN-shaped C++ handle (`gdaki_gin.cuh`) is run the first way, from `tests/cuda/gin.cu`.
 //! Needs a GPU (prints SKIPPED without one); the nvcc way also needs nvcc.
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{gpu_or_skip, loopback_qp, pattern};
+use common::{gpu_or_skip, loopback_qp, pattern, qp as new_qp};
 use gdaki::cuda::{Args, DeviceBuffer, Dims, Gpu, LinkInput, Module};
 use gdaki::{Access, Context, Provider, QpConfig};
 
 const KERNELS: &str = include_str!("cuda/c_abi.cu");
-const HEADERS: [(&str, &str); 2] = [
+const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
+const HEADERS: [(&str, &str); 3] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
     (
         "gdaki_layout_check.h",
         include_str!("../../device/include/gdaki_layout_check.h"),
     ),
+    ("gdaki_gin.cuh", include_str!("../../device/include/gdaki_gin.cuh")),
 ];
 const BUILD_LIB: &str = include_str!("../../tools/cuda/build-device-lib.sh");
 
@@ -209,4 +212,96 @@ fn nvcc_rdc_kernels_linked_against_libgdaki_device() {
         .load_image(&image, &["cpp_thread_ops", "cpp_warp_put", "cpp_block_put"])
         .unwrap();
     run_kernels(&gpu, &module);
+}
+
+#[test]
+fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
+    let Some((gpu, _one)) = gpu_or_skip("gin_handle_two_pes_in_thread_warp_and_block_scope") else {
+        return;
+    };
+    let dir = workdir("gin");
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(Box::leak(arch(&gpu).into_boxed_str())),
+        include_paths: vec![dir.display().to_string()],
+        options: vec!["-rdc=true".into(), "-std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(GIN_KERNELS, opts).unwrap_or_else(|e| panic!("NVRTC: {e:?}"));
+    let module = gpu
+        .link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])
+        .unwrap();
+
+    // Two PEs: QP 0 (PE 0's, to PE 1) and QP 1 (PE 1's, to PE 0), connected to each other.
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let (q0, q1) = (
+        new_qp(&ctx, 1024, QpConfig::default()),
+        new_qp(&ctx, 1024, QpConfig::default()),
+    );
+    q0.connect(&q1.endpoint()).unwrap();
+    q1.connect(&q0.endpoint()).unwrap();
+    let (e0, e1) = (q0.export_gpu(&gpu).unwrap(), q1.export_gpu(&gpu).unwrap());
+    let mr = ctx.alloc_pinned_region(&gpu, 1 << 18, Access::ALL).unwrap();
+    let data = pattern(17, 4096);
+    mr.write(0, &data).unwrap();
+    let status = DeviceBuffer::zeroed(&gpu, 4 * 256).unwrap();
+    let launch = |kernel: &str, threads: u32| {
+        status.write(0, &[0xff; 4 * 256]).unwrap();
+        let args = Args::new()
+            .qps(&[&e0, &e0])
+            .qps(&[&e1, &e1])
+            .region(&mr)
+            .u32(mr.rkey())
+            .u32(mr.lkey())
+            .buffer(&status);
+        // SAFETY: the kernel's parameters are what `args` pushes; the QPs are used by this
+        // launch alone; the region and the status buffer hold what the kernel touches.
+        unsafe { module.kernel(kernel).unwrap().run(Dims::linear(1, threads), args) }.unwrap();
+        let mut raw = vec![0u8; 4 * threads as usize];
+        status.read(0, &mut raw).unwrap();
+        let codes: Vec<u32> = raw
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![0; threads as usize],
+            "{kernel}: status is line << 16 | code"
+        );
+    };
+    let read = |at: u64, len: usize| {
+        let mut v = vec![0u8; len];
+        mr.read(at, &mut v).unwrap();
+        v
+    };
+    let signal = |pe: u64, id: u64| mr.load_u64(131072 + 512 * pe + 8 * id).unwrap();
+    const PE1: u64 = 65536;
+
+    launch("gin_thread", 1);
+    assert_eq!(read(PE1, 4096), data, "put to PE 1");
+    assert_eq!(
+        read(PE1 + 8192, 8),
+        0x1122334455667788u64.to_le_bytes(),
+        "put_value u64"
+    );
+    assert_eq!(read(PE1 + 8200, 4), 0xa5a5a5a5u32.to_le_bytes(), "put_value u32");
+    assert_eq!(read(16384, 256), data[..256], "PE 1 put back to PE 0");
+    assert_eq!([signal(1, 0), signal(1, 1), signal(1, 2)], [1, 5, 9], "signals at PE 1");
+    assert_eq!(signal(0, 0), 0, "nothing signalled PE 0");
+
+    launch("gin_warp", 32);
+    for t in 0..32u64 {
+        assert_eq!(
+            read(PE1 + 32768 + 64 * t, 64),
+            data[64 * t as usize..][..64],
+            "warp lane {t}"
+        );
+    }
+    assert_eq!(signal(1, 3), 32, "one add per lane");
+
+    launch("gin_block", 256);
+    for t in 0..256u64 {
+        let src = 64 * (t % 64) as usize;
+        assert_eq!(read(PE1 + 40960 + 64 * t, 64), data[src..src + 64], "block thread {t}");
+    }
+    assert_eq!(signal(1, 4), 256, "one add per thread");
 }

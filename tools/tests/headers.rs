@@ -201,20 +201,24 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
         assert_eq!(clang.get(name), Some(sig), "{name}: C declaration vs Rust definition");
     }
 
-    // The test kernels of the GPU suite compile here too.
-    let kernels = workspace().join("host/tests/cuda/c_abi.cu");
+    // The test kernels of the GPU suite compile here too (gin.cu through gdaki_gin.cuh), with
+    // declarations of the CUDA intrinsics they use in place of CUDA's headers.
     let shim = dir.join("shim.h");
     std::fs::write(
         &shim,
         "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
-         #define __shared__ __attribute__((shared))\nstruct gdaki_dim { unsigned x, y, z; };\n\
-         extern const __device__ gdaki_dim threadIdx;\n",
+         #define __host__ __attribute__((host))\n#define __shared__ __attribute__((shared))\n\
+         struct gdaki_dim { unsigned x, y, z; };\nextern const __device__ gdaki_dim threadIdx;\n\
+         __device__ int __all_sync(unsigned, int);\n__device__ unsigned __shfl_sync(unsigned, unsigned, int);\n\
+         __device__ void __syncthreads();\n__device__ int __syncthreads_and(int);\n",
     )
     .unwrap();
-    run(clang_cuda()
-        .args(["-std=c++17", "-fsyntax-only", "-include"])
-        .arg(&shim)
-        .arg("-I")
-        .arg(include_dir())
-        .arg(kernels));
+    for kernels in ["host/tests/cuda/c_abi.cu", "host/tests/cuda/gin.cu"] {
+        run(clang_cuda()
+            .args(["-std=c++17", "-Wall", "-Werror", "-fsyntax-only", "-include"])
+            .arg(&shim)
+            .arg("-I")
+            .arg(include_dir())
+            .arg(workspace().join(kernels)));
+    }
 }

@@ -1,0 +1,280 @@
+/* gdaki_gin.cuh: a C++ handle over gdaki_device.h for kernels written against NCCL GIN's device
+ * surface (put, put_value, signal, flush, wait_signal), so that such a kernel can move to gdaki
+ * by swapping the handle's type. Header-only, over the extern "C" device functions: link with
+ * libgdaki_device.a (nvcc -rdc=true) or the C PTX, as for gdaki_device.h. See docs/cuda-cpp.md.
+ *
+ * The differences from NCCL GIN: there are no teams (a peer is an index into the handle's queue
+ * pairs), a window is a plain struct of addresses and keys that the host fills in, and every
+ * method returns GDAKI_OK or a GDAKI_CODE_* instead of nothing (an existing call site may ignore
+ * it). Cooperation is a tag, as in NCCL: gdaki::Thread, gdaki::Warp (all 32 lanes, converged) or
+ * gdaki::Block{scratch} (every thread of the block). Members of a warp or block call with the
+ * same peer and action, and their own offsets and sizes; an argument one member gets wrong, or
+ * members naming different peers, is refused for all of them (GDAKI_CODE_BAD_ARGUMENT) before
+ * anything is posted, so a collective never deadlocks. */
+#ifndef GDAKI_GIN_CUH
+#define GDAKI_GIN_CUH
+
+#include "gdaki_device.h"
+
+#ifndef GDAKI_CUDA
+#error "gdaki_gin.cuh is CUDA C++: compile it with nvcc or clang -x cuda"
+#endif
+#ifndef __cplusplus
+#error "gdaki_gin.cuh is C++"
+#endif
+
+namespace gdaki {
+
+/** One thread calls. */
+struct Thread {};
+/** All 32 lanes of a warp call together, converged. */
+struct Warp {};
+/** Every thread of the block calls together; `scratch` is one gdaki_block_scratch per block
+ *  (shared memory is best). */
+struct Block {
+    gdaki_block_scratch *scratch;
+};
+
+/** Who else posts on the handle's queue pairs: nobody (Exclusive), threads of this block (Cta),
+ *  threads of any block (Gpu). */
+struct Exclusive {};
+struct Cta {};
+struct Gpu {};
+
+/** A buffer registered on every peer (a window, as NCCL calls it): this PE's part as a local
+ *  operand, and every peer's part as a remote one (a device array indexed by peer, whose
+ *  entries the host copies from gdaki_region_remote). */
+struct Window {
+    uint64_t local;
+    uint64_t size;
+    uint32_t lkey;
+    uint32_t npeers;
+    const gdaki_remote_region *peers;
+};
+
+/** Remote actions of put, put_value and signal: none, or an atomic add to signal word `id` of
+ *  the handle's signal window at the peer, after the data. */
+struct None {};
+struct SignalAdd {
+    uint32_t id;
+    uint64_t value;
+};
+struct SignalInc {
+    uint32_t id;
+};
+
+namespace detail {
+
+/* Whether every member's `ok` holds, and all members name the same peer (a collective posts
+ * on one queue pair). */
+__device__ inline bool agree(bool ok, uint32_t, Thread) { return ok; }
+__device__ inline bool agree(bool ok, uint32_t peer, Warp) {
+    return __all_sync(0xffffffffu, ok && peer == __shfl_sync(0xffffffffu, peer, 0));
+}
+__device__ inline bool agree(bool ok, uint32_t peer, Block b) {
+    /* Thread 0's peer through the scratch area, which no gdaki call of this block uses now:
+     * the barriers order the write, the reads and the call that follows. */
+    bool first = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+    if (b.scratch != nullptr && first) b.scratch->words[0] = peer;
+    __syncthreads();
+    bool same = b.scratch != nullptr && b.scratch->words[0] == peer;
+    return __syncthreads_and(ok && same) != 0;
+}
+
+template <class Coop, class Mode>
+struct Ops;
+
+#define GDAKI_GIN_NO_SCRATCH(c)
+#define GDAKI_GIN_SCRATCH(c) , (c).scratch
+#define GDAKI_GIN_OPS(CoopT, scope, ModeT, mode, SCRATCH)                                                     \
+    template <>                                                                                               \
+    struct Ops<CoopT, ModeT> {                                                                                \
+        static __device__ uint32_t put(const CoopT &c, gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey,         \
+                                       uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags) {           \
+            (void)c;                                                                                          \
+            return gdaki_put_##scope##_##mode(qp SCRATCH(c), dst, rkey, src, lkey, len, flags, nullptr);      \
+        }                                                                                                     \
+        static __device__ uint32_t put_signal(const CoopT &c, gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey,  \
+                                              uint64_t src, uint32_t lkey, uint64_t len, uint64_t signal,     \
+                                              uint32_t signal_rkey, uint64_t add, uint64_t scratch,           \
+                                              uint32_t scratch_lkey, uint32_t flags) {                        \
+            (void)c;                                                                                          \
+            return gdaki_put_signal_##scope##_##mode(qp SCRATCH(c), dst, rkey, src, lkey, len, signal,        \
+                                                     signal_rkey, add, scratch, scratch_lkey, flags, nullptr); \
+        }                                                                                                     \
+        static __device__ uint32_t put_inline(const CoopT &c, gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey,  \
+                                              const void *data, uint32_t len, uint32_t flags) {               \
+            (void)c;                                                                                          \
+            return gdaki_put_inline_##scope##_##mode(qp SCRATCH(c), dst, rkey, data, len, flags, nullptr);    \
+        }                                                                                                     \
+        static __device__ uint32_t signal(const CoopT &c, gdaki_dev_qp *qp, uint64_t signal,                  \
+                                          uint32_t signal_rkey, uint64_t add, uint64_t scratch,               \
+                                          uint32_t scratch_lkey, uint32_t flags) {                            \
+            (void)c;                                                                                          \
+            return gdaki_signal_##scope##_##mode(qp SCRATCH(c), signal, signal_rkey, add, scratch,            \
+                                                 scratch_lkey, flags, nullptr);                               \
+        }                                                                                                     \
+        static __device__ uint32_t quiet(const CoopT &c, gdaki_dev_qp *qp) {                                  \
+            (void)c;                                                                                          \
+            return gdaki_quiet_##scope##_##mode(qp SCRATCH(c));                                               \
+        }                                                                                                     \
+        static __device__ uint32_t wait_signal(const CoopT &c, gdaki_dev_qp *qp, const uint64_t *signal,      \
+                                               uint64_t least) {                                              \
+            (void)c;                                                                                          \
+            return gdaki_wait_signal_##scope##_##mode(qp SCRATCH(c), signal, least);                          \
+        }                                                                                                     \
+    };
+#define GDAKI_GIN_OPS_ALL_MODES(CoopT, scope, SCRATCH)              \
+    GDAKI_GIN_OPS(CoopT, scope, Exclusive, exclusive, SCRATCH)      \
+    GDAKI_GIN_OPS(CoopT, scope, Cta, cta, SCRATCH)                  \
+    GDAKI_GIN_OPS(CoopT, scope, Gpu, gpu, SCRATCH)
+GDAKI_GIN_OPS_ALL_MODES(Thread, thread, GDAKI_GIN_NO_SCRATCH)
+GDAKI_GIN_OPS_ALL_MODES(Warp, warp, GDAKI_GIN_NO_SCRATCH)
+GDAKI_GIN_OPS_ALL_MODES(Block, block, GDAKI_GIN_SCRATCH)
+#undef GDAKI_GIN_OPS_ALL_MODES
+#undef GDAKI_GIN_OPS
+#undef GDAKI_GIN_SCRATCH
+#undef GDAKI_GIN_NO_SCRATCH
+
+/* None only reaches here behind an is_signal check that refuses it. */
+__device__ inline SignalAdd action(None) { return SignalAdd{0, 0}; }
+__device__ inline SignalAdd action(SignalInc a) { return SignalAdd{a.id, 1}; }
+__device__ inline SignalAdd action(SignalAdd a) { return a; }
+
+} // namespace detail
+
+/** The handle: one queue pair per peer (exported with gdaki_qp_export_gpu; a PE's own entry is
+ *  a loopback QP or NULL), a window of u64 signal words, and 8 bytes of local scratch per
+ *  poster for the fetched values of signal atomics (which nobody reads). Copy it by value into
+ *  kernels. */
+template <class Mode = Exclusive>
+class Gin {
+  public:
+    __host__ __device__ Gin(gdaki_dev_qp *const *qps, uint32_t npeers, Window signals, Window scratch)
+        : qps_(qps), npeers_(npeers), signals_(signals), scratch_(scratch) {}
+
+    /** `bytes` from `src` at `src_offset` to `peer`'s part of `dst` at `dst_offset`, then the
+     *  remote action. Returns when the source may be reused only after flush(). */
+    template <class Action = None, class Coop = Thread>
+    __device__ uint32_t put(uint32_t peer, const Window &dst, uint64_t dst_offset, const Window &src,
+                            uint64_t src_offset, uint64_t bytes, Action action = Action{}, Coop coop = Coop{}) const {
+        bool ok = peer_ok(peer, dst) && fits(dst.peers[peer].len, dst_offset, bytes) &&
+                  fits(src.size, src_offset, bytes) && action_ok(peer, action);
+        if (!detail::agree(ok, peer, coop)) return GDAKI_CODE_BAD_ARGUMENT;
+        const gdaki_remote_region &to = dst.peers[peer];
+        return put_action(coop, qps_[peer], to.addr + dst_offset, to.rkey, src.local + src_offset, src.lkey, bytes,
+                          peer, action);
+    }
+
+    /** A value of at most 8 bytes, carried in the WQE, to `peer`'s part of `dst` at
+     *  `dst_offset`, then the remote action. */
+    template <class T, class Action = None, class Coop = Thread>
+    __device__ uint32_t put_value(uint32_t peer, const Window &dst, uint64_t dst_offset, T value,
+                                  Action action = Action{}, Coop coop = Coop{}) const {
+        static_assert(sizeof(T) <= 8, "put_value carries at most 8 bytes");
+        bool ok = peer_ok(peer, dst) && fits(dst.peers[peer].len, dst_offset, sizeof(T)) && action_ok(peer, action);
+        if (!detail::agree(ok, peer, coop)) return GDAKI_CODE_BAD_ARGUMENT;
+        const gdaki_remote_region &to = dst.peers[peer];
+        uint32_t flags = is_signal(action) ? GDAKI_POST_DEFER : 0u;
+        uint32_t s = detail::Ops<Coop, Mode>::put_inline(coop, qps_[peer], to.addr + dst_offset, to.rkey, &value,
+                                                         (uint32_t)sizeof(T), flags);
+        if (s != GDAKI_OK || !is_signal(action)) return s;
+        return signal_now(coop, peer, detail::action(action), 0u);
+    }
+
+    /** The remote action alone (after everything posted to `peer` before it). */
+    template <class Action, class Coop = Thread>
+    __device__ uint32_t signal(uint32_t peer, Action action, Coop coop = Coop{}) const {
+        bool ok = peer < npeers_ && qps_[peer] != nullptr && is_signal(action) && action_ok(peer, action);
+        if (!detail::agree(ok, peer, coop)) return GDAKI_CODE_BAD_ARGUMENT;
+        return signal_now(coop, peer, detail::action(action), 0u);
+    }
+
+    /** Waits until everything this coop posted on every peer's queue pair has completed: its
+     *  sources may be reused and its data is at the peers. */
+    template <class Coop = Thread>
+    __device__ uint32_t flush(Coop coop = Coop{}) const {
+        uint32_t first = GDAKI_OK;
+        for (uint32_t p = 0; p < npeers_; p++) {
+            if (qps_[p] == nullptr) continue;
+            uint32_t s = detail::Ops<Coop, Mode>::quiet(coop, qps_[p]);
+            if (first == GDAKI_OK) first = s;
+        }
+        return first;
+    }
+
+    /** Waits until this PE's signal word `id` is at least `least` (or the queue pairs' timeout
+     *  passes: GDAKI_CODE_TIMEOUT). */
+    template <class Coop = Thread>
+    __device__ uint32_t wait_signal(Coop coop, uint32_t id, uint64_t least) const {
+        gdaki_dev_qp *any = any_qp();
+        bool ok = any != nullptr && (uint64_t)id * 8 + 8 <= signals_.size;
+        if (!detail::agree(ok, 0, coop)) return GDAKI_CODE_BAD_ARGUMENT;
+        return detail::Ops<Coop, Mode>::wait_signal(coop, any, signal_word(id), least);
+    }
+
+    /** This PE's signal word `id` now (0 for an id outside the signal window). */
+    __device__ uint64_t read_signal(uint32_t id) const {
+        if ((uint64_t)id * 8 + 8 > signals_.size) return 0;
+        return *(volatile const uint64_t *)signal_word(id);
+    }
+
+    /** The number of peers. */
+    __host__ __device__ uint32_t npeers() const { return npeers_; }
+
+  private:
+    gdaki_dev_qp *const *qps_;
+    uint32_t npeers_;
+    Window signals_;
+    Window scratch_;
+
+    __device__ const uint64_t *signal_word(uint32_t id) const {
+        return (const uint64_t *)(signals_.local + (uint64_t)id * 8);
+    }
+    __device__ gdaki_dev_qp *any_qp() const {
+        for (uint32_t p = 0; p < npeers_; p++)
+            if (qps_[p] != nullptr) return qps_[p];
+        return nullptr;
+    }
+    __device__ bool peer_ok(uint32_t peer, const Window &w) const {
+        return peer < npeers_ && peer < w.npeers && qps_[peer] != nullptr;
+    }
+    __device__ static bool fits(uint64_t size, uint64_t offset, uint64_t bytes) {
+        return offset <= size && bytes <= size - offset;
+    }
+    __device__ static bool is_signal(None) { return false; }
+    __device__ static bool is_signal(SignalAdd) { return true; }
+    __device__ static bool is_signal(SignalInc) { return true; }
+    __device__ bool action_ok(uint32_t, None) const { return true; }
+    __device__ bool action_ok(uint32_t peer, SignalAdd a) const { return signal_ok(peer, a.id); }
+    __device__ bool action_ok(uint32_t peer, SignalInc a) const { return signal_ok(peer, a.id); }
+    /* Signal word `id` exists at `peer` (and here), and there is scratch for the fetched value. */
+    __device__ bool signal_ok(uint32_t peer, uint32_t id) const {
+        return peer < signals_.npeers && (uint64_t)id * 8 + 8 <= signals_.peers[peer].len &&
+               (uint64_t)id * 8 + 8 <= signals_.size && scratch_.size >= 8;
+    }
+
+    template <class Coop>
+    __device__ uint32_t put_action(const Coop &coop, gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src,
+                                   uint32_t lkey, uint64_t bytes, uint32_t, None) const {
+        return detail::Ops<Coop, Mode>::put(coop, qp, dst, rkey, src, lkey, bytes, 0u);
+    }
+    template <class Coop, class Action>
+    __device__ uint32_t put_action(const Coop &coop, gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src,
+                                   uint32_t lkey, uint64_t bytes, uint32_t peer, Action action) const {
+        SignalAdd a = detail::action(action);
+        const gdaki_remote_region &sig = signals_.peers[peer];
+        return detail::Ops<Coop, Mode>::put_signal(coop, qp, dst, rkey, src, lkey, bytes, sig.addr + (uint64_t)a.id * 8,
+                                                   sig.rkey, a.value, scratch_.local, scratch_.lkey, 0u);
+    }
+    template <class Coop>
+    __device__ uint32_t signal_now(const Coop &coop, uint32_t peer, SignalAdd a, uint32_t flags) const {
+        const gdaki_remote_region &sig = signals_.peers[peer];
+        return detail::Ops<Coop, Mode>::signal(coop, qps_[peer], sig.addr + (uint64_t)a.id * 8, sig.rkey, a.value,
+                                               scratch_.local, scratch_.lkey, flags);
+    }
+};
+
+} // namespace gdaki
+
+#endif /* GDAKI_GIN_CUH */

@@ -1,0 +1,98 @@
+// Kernels written against gdaki_gin.cuh, the NCCL GIN-shaped handle: two PEs in one kernel,
+// each with a queue pair to the other, a data window, a signal window and scratch, all in one
+// GPU-mapped region the test checks afterwards.
+#include "gdaki_gin.cuh"
+
+// Region layout (bytes): PE p's data window at 65536 p (64 KiB; the host fills PE 0's first
+// 4096 bytes), its signal words at 131072 + 512 p (64 words), its scratch at 135168 + 64 p.
+#define GIN_CHECK(call, expect)              \
+  do {                                       \
+    uint32_t c_ = (call);                    \
+    if (c_ != (expect)) {                    \
+      status[t] = (__LINE__ << 16) | c_;     \
+      return;                                \
+    }                                        \
+  } while (0)
+
+struct Pes {
+  gdaki_remote_region data[2], sig[2];
+  gdaki::Window data_of[2], sig_of[2], scratch_of[2];
+
+  __device__ Pes(uint64_t base, uint32_t rkey, uint32_t lkey) {
+    for (int p = 0; p < 2; p++) {
+      data[p] = gdaki_remote_region{base + 65536ull * p, 65536, rkey, 0};
+      sig[p] = gdaki_remote_region{base + 131072 + 512ull * p, 512, rkey, 0};
+    }
+    for (int p = 0; p < 2; p++) {
+      data_of[p] = gdaki::Window{data[p].addr, 65536, lkey, 2, data};
+      sig_of[p] = gdaki::Window{sig[p].addr, 512, lkey, 2, sig};
+      scratch_of[p] = gdaki::Window{base + 135168 + 64ull * p, 64, lkey, 0, nullptr};
+    }
+  }
+  template <class Mode>
+  __device__ gdaki::Gin<Mode> pe(int p, gdaki_dev_qp *const *qps) const {
+    return gdaki::Gin<Mode>(qps, 2, sig_of[p], scratch_of[p]);
+  }
+};
+
+// One thread: every method, both directions, and the refusals.
+extern "C" __global__ void gin_thread(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
+                                      uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status) {
+  const unsigned t = 0;
+  Pes w(base, rkey, lkey);
+  auto pe0 = w.pe<gdaki::Exclusive>(0, qps0);
+  auto pe1 = w.pe<gdaki::Exclusive>(1, qps1);
+  const gdaki::Window &data = w.data_of[0];
+  GIN_CHECK(pe0.put(1, data, 0, data, 0, 4096, gdaki::SignalInc{0}), GDAKI_OK);
+  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 0, 1), GDAKI_OK);
+  GIN_CHECK(pe0.put_value(1, data, 8192, (uint64_t)0x1122334455667788ull, gdaki::SignalAdd{1, 5}), GDAKI_OK);
+  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 1, 5), GDAKI_OK);
+  GIN_CHECK(pe0.put_value(1, data, 8200, (uint32_t)0xa5a5a5a5u), GDAKI_OK);
+  GIN_CHECK(pe0.signal(1, gdaki::SignalAdd{2, 9}), GDAKI_OK);
+  GIN_CHECK(pe0.flush(), GDAKI_OK);
+  GIN_CHECK(pe1.read_signal(2) == 9 ? GDAKI_OK : 99u, GDAKI_OK);
+  // PE 1 back to PE 0, from the data PE 0 just sent it.
+  GIN_CHECK(pe1.put(0, w.data_of[1], 16384, w.data_of[1], 0, 256), GDAKI_OK);
+  GIN_CHECK(pe1.flush(), GDAKI_OK);
+  // Refused before anything is posted.
+  GIN_CHECK(pe0.put(2, data, 0, data, 0, 8), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe0.put(1, data, 65536 - 8, data, 0, 16), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe0.put(1, data, 0, data, 65536 - 8, 16), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe0.signal(1, gdaki::None{}), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe0.signal(1, gdaki::SignalInc{64}), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 64, 1), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe1.read_signal(64) == 0 ? GDAKI_OK : 99u, GDAKI_OK);
+  status[t] = 0;
+}
+
+// A warp: 32 lanes put 64 bytes each with one signal add per lane; lanes that name different
+// peers are refused together (no deadlock).
+extern "C" __global__ void gin_warp(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
+                                    uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status) {
+  const unsigned t = threadIdx.x;
+  Pes w(base, rkey, lkey);
+  auto pe0 = w.pe<gdaki::Cta>(0, qps0);
+  auto pe1 = w.pe<gdaki::Cta>(1, qps1);
+  const gdaki::Window &data = w.data_of[0];
+  GIN_CHECK(pe0.put(t & 1, data, 0, data, 0, 8, gdaki::None{}, gdaki::Warp{}), GDAKI_CODE_BAD_ARGUMENT);
+  GIN_CHECK(pe0.put(1, data, 32768 + 64 * t, data, 64 * t, 64, gdaki::SignalInc{3}, gdaki::Warp{}), GDAKI_OK);
+  GIN_CHECK(pe1.wait_signal(gdaki::Warp{}, 3, 32), GDAKI_OK);
+  GIN_CHECK(pe0.flush(gdaki::Warp{}), GDAKI_OK);
+  status[t] = 0;
+}
+
+// A block of 256: each thread puts 64 bytes; one signal add per thread.
+extern "C" __global__ void gin_block(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
+                                     uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status) {
+  __shared__ gdaki_block_scratch scratch;
+  const unsigned t = threadIdx.x;
+  Pes w(base, rkey, lkey);
+  auto pe0 = w.pe<gdaki::Gpu>(0, qps0);
+  auto pe1 = w.pe<gdaki::Gpu>(1, qps1);
+  gdaki::Block block{&scratch};
+  const gdaki::Window &data = w.data_of[0];
+  GIN_CHECK(pe0.put(1, data, 40960 + 64 * t, data, 64 * (t % 64), 64, gdaki::SignalInc{4}, block), GDAKI_OK);
+  GIN_CHECK(pe1.wait_signal(block, 4, 256), GDAKI_OK);
+  GIN_CHECK(pe0.flush(block), GDAKI_OK);
+  status[t] = 0;
+}
