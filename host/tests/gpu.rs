@@ -485,6 +485,62 @@ fn device_memory_regions_move_through_the_copier() {
 }
 
 #[test]
+fn caller_device_memory_registers_once_the_driver_vouches_for_it() {
+    let Some((gpu, _one)) = gpu_or_skip("caller_device_memory_registers_once_the_driver_vouches_for_it") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const LEN: usize = 1 << 20;
+    // The caller's allocation (as cudaMalloc would give it).
+    let buf = gdaki::cuda::DeviceBuffer::zeroed(&gpu, LEN).unwrap();
+    let host = ctx.alloc_region(LEN, Access::ALL).unwrap();
+    // SAFETY (each call): the ranges are refused before registration, or lie in `buf`, which
+    // outlives the region and every WQE naming it.
+    unsafe {
+        assert!(
+            ctx.register_device(&gpu, host.addr(), 4096, Access::ALL).is_err(),
+            "a host address"
+        );
+        assert!(
+            ctx.register_device(&gpu, buf.device_addr() + 4096, LEN, Access::ALL)
+                .is_err(),
+            "a range past the allocation"
+        );
+        assert!(
+            ctx.register_device(&gpu, buf.device_addr(), 0, Access::ALL).is_err(),
+            "no bytes"
+        );
+    }
+    // SAFETY: as above.
+    let mr = unsafe { ctx.register_device(&gpu, buf.device_addr() + 64, 65536, Access::ALL) }.unwrap();
+    assert!(mr.is_device_memory() && !mr.is_library_owned());
+    assert_eq!(mr.gpu_ordinal(), Some(gpu.ordinal()));
+    assert!(
+        mr.read(0, &mut [0; 8]).is_err(),
+        "the library does not read caller memory"
+    );
+    let data = pattern(91, 65536);
+    host.write(0, &data).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
+    let t = dev.put(mr.remote(0), host.local(0), 65536).unwrap();
+    dev.wait(t).unwrap();
+    let mut got = vec![0u8; 65536];
+    buf.read(64, &mut got).unwrap();
+    assert_eq!(got, data, "host -> caller device memory");
+    let t = dev.put(host.remote(65536), mr.local(100), 1000).unwrap();
+    dev.wait(t).unwrap();
+    assert_eq!(
+        host.read_vec(65536, 1000).unwrap(),
+        data[100..1100],
+        "caller device memory -> host"
+    );
+    drop(mr);
+    drop(buf);
+}
+
+#[test]
 fn gpu_kernels_put_between_device_memory_regions() {
     let Some((gpu, _one)) = gpu_or_skip("gpu_kernels_put_between_device_memory_regions") else {
         return;
