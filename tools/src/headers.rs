@@ -257,23 +257,8 @@ fn structs(workspace: &Path) -> Result<String, HeaderError> {
     };
     cfg.export.include = vec!["DevQp".into(), "DevRemote".into()];
     cfg.export.item_types = vec![cbindgen::ItemType::Structs];
-    cfg.export.rename.insert("DevQp".into(), "gdaki_dev_qp".into());
-    cfg.export.rename.insert("DevCq".into(), "gdaki_dev_cq".into());
-    cfg.export
-        .rename
-        .insert("DevRemote".into(), "gdaki_remote_region".into());
     cfg.layout.aligned_n = Some("GDAKI_ALIGNED".into());
-    let bindings = cbindgen::Builder::new()
-        .with_config(cfg)
-        .with_crate(&crate_dir)
-        .generate()
-        .map_err(|e| HeaderError::Cbindgen {
-            crate_dir: crate_dir.display().to_string(),
-            why: e.to_string(),
-        })?;
-    let mut out = Vec::new();
-    bindings.write(&mut out);
-    Ok(String::from_utf8_lossy(&out).trim().to_string())
+    Ok(cbindgen_on(&crate_dir, cfg)?.trim().to_string())
 }
 
 /// The field names of C struct `name` in cbindgen's output.
@@ -371,13 +356,22 @@ fn host_header(workspace: &Path) -> Result<String, HeaderError> {
     };
     cfg.enumeration.rename_variants = cbindgen::RenameRule::ScreamingSnakeCase;
     cfg.enumeration.prefix_with_name = true;
-    cfg.export.rename.insert("DevQp".into(), "gdaki_dev_qp".into());
-    cfg.export
-        .rename
-        .insert("DevRemote".into(), "gdaki_remote_region".into());
+    cbindgen_on(&crate_dir, cfg)
+}
+
+/// What cbindgen writes for the crate at `crate_dir` with `cfg`. The shared structs keep their
+/// C names in both headers.
+fn cbindgen_on(crate_dir: &Path, mut cfg: cbindgen::Config) -> Result<String, HeaderError> {
+    for (rust, c) in [
+        ("DevQp", "gdaki_dev_qp"),
+        ("DevCq", "gdaki_dev_cq"),
+        ("DevRemote", "gdaki_remote_region"),
+    ] {
+        cfg.export.rename.insert(rust.into(), c.into());
+    }
     let bindings = cbindgen::Builder::new()
         .with_config(cfg)
-        .with_crate(&crate_dir)
+        .with_crate(crate_dir)
         .generate()
         .map_err(|e| HeaderError::Cbindgen {
             crate_dir: crate_dir.display().to_string(),

@@ -119,6 +119,27 @@ pub unsafe extern "C" fn gdaki_region_alloc(
     })
 }
 
+/// A region on `gpu` made by `make`, as a new handle in `*region`.
+///
+/// # Safety
+/// `ctx`, `gpu` are NULL or handles of their types; `region` is NULL or writable.
+unsafe fn gpu_region(
+    name: &str,
+    ctx: *const gdaki_context,
+    gpu: *const gdaki_gpu,
+    access: u32,
+    region: *mut *mut gdaki_region,
+    make: impl FnOnce(&gdaki::Context, &gdaki::cuda::Gpu, Access) -> gdaki::Result<MemoryRegion>,
+) -> gdaki_status {
+    call(name, || {
+        // SAFETY: the caller's contract.
+        let (c, g) = unsafe { (guard::borrow(ctx, "ctx")?, guard::borrow(gpu, "gpu")?) };
+        let a = self::access(access)?;
+        // SAFETY: the caller's contract.
+        unsafe { new_region(region, || Ok(make(c, g, a)?)) }
+    })
+}
+
 /// Allocates `len` zeroed bytes of page-locked host memory mapped into `gpu` at the same
 /// address: kernels use it as local or remote operands and read what the HCA wrote there.
 ///
@@ -132,13 +153,12 @@ pub unsafe extern "C" fn gdaki_region_alloc_pinned(
     access: u32,
     region: *mut *mut gdaki_region,
 ) -> gdaki_status {
-    call("gdaki_region_alloc_pinned", || {
-        // SAFETY: the caller's contract.
-        let (c, g) = unsafe { (guard::borrow(ctx, "ctx")?, guard::borrow(gpu, "gpu")?) };
-        let a = self::access(access)?;
-        // SAFETY: the caller's contract.
-        unsafe { new_region(region, || Ok(c.alloc_pinned_region(g, len, a)?)) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        gpu_region("gdaki_region_alloc_pinned", ctx, gpu, access, region, |c, g, a| {
+            c.alloc_pinned_region(g, len, a)
+        })
+    }
 }
 
 /// Allocates `len` zeroed bytes of device memory on `gpu`, registered with `access`.
@@ -153,13 +173,12 @@ pub unsafe extern "C" fn gdaki_region_alloc_device(
     access: u32,
     region: *mut *mut gdaki_region,
 ) -> gdaki_status {
-    call("gdaki_region_alloc_device", || {
-        // SAFETY: the caller's contract.
-        let (c, g) = unsafe { (guard::borrow(ctx, "ctx")?, guard::borrow(gpu, "gpu")?) };
-        let a = self::access(access)?;
-        // SAFETY: the caller's contract.
-        unsafe { new_region(region, || Ok(c.alloc_device_region(g, len, a)?)) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        gpu_region("gdaki_region_alloc_device", ctx, gpu, access, region, |c, g, a| {
+            c.alloc_device_region(g, len, a)
+        })
+    }
 }
 
 /// Registers the caller's host memory `addr..addr + len`. The memory must stay allocated until
@@ -212,13 +231,13 @@ pub unsafe extern "C" fn gdaki_region_register_device(
     access: u32,
     region: *mut *mut gdaki_region,
 ) -> gdaki_status {
-    call("gdaki_region_register_device", || {
-        // SAFETY: the caller's contract.
-        let (c, g) = unsafe { (guard::borrow(ctx, "ctx")?, guard::borrow(gpu, "gpu")?) };
-        let a = self::access(access)?;
-        // SAFETY: the caller's contract; the driver checks the range is one allocation.
-        unsafe { new_region(region, || Ok(c.register_device(g, addr, len, a)?)) }
-    })
+    // SAFETY: the caller's contract; the driver checks the range is one allocation, which
+    // stays valid for the region's life (the caller's contract).
+    unsafe {
+        gpu_region("gdaki_region_register_device", ctx, gpu, access, region, |c, g, a| {
+            c.register_device(g, addr, len, a)
+        })
+    }
 }
 
 /// Destroys a region (NULL: nothing), deregistering it.
