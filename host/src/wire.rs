@@ -294,6 +294,27 @@ impl RemoteRegion {
     }
 }
 
+impl From<RemoteRegion> for gdaki_layout::handle::DevRemote {
+    fn from(r: RemoteRegion) -> Self {
+        gdaki_layout::handle::DevRemote {
+            addr: r.addr,
+            len: r.len,
+            rkey: r.rkey,
+            reserved: 0,
+        }
+    }
+}
+
+impl From<gdaki_layout::handle::DevRemote> for RemoteRegion {
+    fn from(r: gdaki_layout::handle::DevRemote) -> Self {
+        RemoteRegion {
+            addr: r.addr,
+            len: r.len,
+            rkey: r.rkey,
+        }
+    }
+}
+
 /// What one side of a handshake offers: its queue pairs' endpoints, its regions, and an
 /// application blob both sides agree on (e.g. test parameters that must match).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

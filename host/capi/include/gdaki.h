@@ -822,8 +822,9 @@ enum gdaki_status gdaki_region_query(const struct gdaki_region *region,
                                      struct gdaki_region_info *info);
 
 /**
- * The region as a peer sees it (address, length, rkey): send it to the peers that may access
- * it.
+ * The region as a peer sees it, a `gdaki_remote_region` (address, length, rkey; declared in
+ * `gdaki_device.h`): plain data to send to the peers that may access it, which put it into
+ * the device functions' `dst`/`src` and `rkey`.
  *
  * # Safety
  * `region` is NULL or a region handle; `remote` is NULL or writable.

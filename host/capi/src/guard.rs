@@ -300,17 +300,24 @@ pub(crate) use handle;
 
 // ------------------------------------------------------------------------------ arguments
 
-/// The place an output goes.
-///
-/// # Safety
-/// `p` is NULL or valid for a write of `T`.
-pub(crate) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut std::mem::MaybeUninit<T>, Failure> {
+/// Refuses a NULL pointer, or one not aligned for `T`: what every pointer argument is checked
+/// for before it is used.
+pub(crate) fn usable<T>(p: *const T, what: impl std::fmt::Display) -> Outcome {
     if p.is_null() {
         return Err(Failure::new(gdaki_status::NullArgument, format!("{what} is NULL")));
     }
     if !p.is_aligned() {
         return Err(Failure::invalid(format!("{what} is not aligned for its type")));
     }
+    Ok(())
+}
+
+/// The place an output goes.
+///
+/// # Safety
+/// `p` is NULL or valid for a write of `T`.
+pub(crate) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut std::mem::MaybeUninit<T>, Failure> {
+    usable(p, what)?;
     // SAFETY: non-null, aligned and writable by the caller's contract; MaybeUninit never
     // reads what is there.
     Ok(unsafe { &mut *p.cast::<std::mem::MaybeUninit<T>>() })
@@ -321,12 +328,7 @@ pub(crate) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut std::me
 /// # Safety
 /// `p` is NULL or valid for a read of an initialised `T`.
 pub(crate) unsafe fn input<'a, T>(p: *const T, what: &str) -> Result<&'a T, Failure> {
-    if p.is_null() {
-        return Err(Failure::new(gdaki_status::NullArgument, format!("{what} is NULL")));
-    }
-    if !p.is_aligned() {
-        return Err(Failure::invalid(format!("{what} is not aligned for its type")));
-    }
+    usable(p, what)?;
     // SAFETY: the caller's contract.
     Ok(unsafe { &*p })
 }
@@ -336,9 +338,8 @@ pub(crate) unsafe fn input<'a, T>(p: *const T, what: &str) -> Result<&'a T, Fail
 /// # Safety
 /// `p` is NULL or valid for reads and writes of an initialised `T`.
 pub(crate) unsafe fn inout<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, Failure> {
-    // SAFETY: the caller's contract (`input` checks NULL and alignment).
-    unsafe { input(p.cast_const(), what) }?;
-    // SAFETY: as above, and writable.
+    usable(p, what)?;
+    // SAFETY: non-null and aligned; readable and writable by the caller's contract.
     Ok(unsafe { &mut *p })
 }
 
@@ -364,15 +365,7 @@ pub(crate) unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result
     if len == 0 {
         return Ok(&[]);
     }
-    if p.is_null() {
-        return Err(Failure::new(
-            gdaki_status::NullArgument,
-            format!("{what} is NULL with a length of {len}"),
-        ));
-    }
-    if !p.is_aligned() {
-        return Err(Failure::invalid(format!("{what} is not aligned for its type")));
-    }
+    usable(p, format_args!("{what} (with a length of {len})"))?;
     // SAFETY: the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
@@ -385,15 +378,7 @@ pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, len: usize, what: &str) -> Resu
     if len == 0 {
         return Ok(&mut []);
     }
-    if p.is_null() {
-        return Err(Failure::new(
-            gdaki_status::NullArgument,
-            format!("{what} is NULL with a length of {len}"),
-        ));
-    }
-    if !p.is_aligned() {
-        return Err(Failure::invalid(format!("{what} is not aligned for its type")));
-    }
+    usable(p, format_args!("{what} (with a length of {len})"))?;
     // SAFETY: the caller's contract (the elements are plain data, any bytes are valid to
     // overwrite).
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })

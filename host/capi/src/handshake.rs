@@ -10,7 +10,6 @@ use gdaki::handshake::{Channel, Hello};
 use crate::context::parse_addr;
 use crate::guard::{self, call, gdaki_status, handle, Failure, Outcome};
 use crate::queue::gdaki_endpoint;
-use crate::region::{remote_of, remote_to_rust};
 use gdaki_layout::handle::DevRemote;
 
 /// A channel and a received hello the caller has not taken yet (its buffers were too small).
@@ -166,7 +165,7 @@ pub unsafe extern "C" fn gdaki_channel_send(channel: *const gdaki_channel, hello
                 .enumerate()
                 .map(|(i, e)| e.decode(&format!("hello.endpoints[{i}]")))
                 .collect::<Result<_, _>>()?,
-            regions: regions.iter().map(remote_to_rust).collect(),
+            regions: regions.iter().map(|r| (*r).into()).collect(),
         };
         let mut state = guard::lock(ch);
         state.channel.send(&hello).map_err(|e| match e {
@@ -227,7 +226,7 @@ pub unsafe extern "C" fn gdaki_channel_receive(channel: *const gdaki_channel, he
             *dst = gdaki_endpoint::of(e)?;
         }
         for (dst, r) in regions.iter_mut().zip(&got.regions) {
-            *dst = remote_of(*r);
+            *dst = (*r).into();
         }
         Ok(())
     })

@@ -55,30 +55,6 @@ pub struct gdaki_region_info {
     pub library_owned: u32,
 }
 
-/// A region as a peer sees it (`gdaki_remote_region`, declared in `gdaki_device.h`): what goes
-/// into a peer's operands (the device functions' `dst` or `src` and `rkey`). Plain data:
-/// exchange it with the endpoint.
-pub use gdaki_layout::handle::DevRemote as gdaki_remote_region;
-
-/// The C struct of a Rust remote region.
-pub(crate) fn remote_of(r: gdaki::wire::RemoteRegion) -> DevRemote {
-    DevRemote {
-        addr: r.addr,
-        len: r.len,
-        rkey: r.rkey,
-        reserved: 0,
-    }
-}
-
-/// The Rust remote region of a C struct.
-pub(crate) fn remote_to_rust(r: &DevRemote) -> gdaki::wire::RemoteRegion {
-    gdaki::wire::RemoteRegion {
-        addr: r.addr,
-        len: r.len,
-        rkey: r.rkey,
-    }
-}
-
 fn access(bits: u32) -> Result<Access, Failure> {
     Access::from_bits(bits).ok_or_else(|| {
         Failure::invalid(format!(
@@ -273,8 +249,9 @@ pub unsafe extern "C" fn gdaki_region_query(region: *const gdaki_region, info: *
     })
 }
 
-/// The region as a peer sees it (address, length, rkey): send it to the peers that may access
-/// it.
+/// The region as a peer sees it, a `gdaki_remote_region` (address, length, rkey; declared in
+/// `gdaki_device.h`): plain data to send to the peers that may access it, which put it into
+/// the device functions' `dst`/`src` and `rkey`.
 ///
 /// # Safety
 /// `region` is NULL or a region handle; `remote` is NULL or writable.
@@ -283,7 +260,7 @@ pub unsafe extern "C" fn gdaki_region_remote(region: *const gdaki_region, remote
     call("gdaki_region_remote", || {
         // SAFETY: the caller's contract.
         let (r, out) = unsafe { (guard::borrow(region, "region")?, guard::out(remote, "remote")?) };
-        out.write(remote_of(r.remote_region()));
+        out.write(r.remote_region().into());
         Ok(())
     })
 }
