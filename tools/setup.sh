@@ -23,6 +23,9 @@ packages=(
   clang-22         # ... and as CUDA, in device-only mode (no CUDA toolkit needed)
   libc6-dev
   pkg-config
+  make             # builds the SHMEM-style example (examples/shmem)
+  openmpi-bin      # ... and runs it under mpirun
+  libopenmpi-dev   # ... with its MPI bootstrap
 )
 
 say() { printf 'setup: %s\n' "$*" >&2; }

@@ -1,0 +1,156 @@
+/* gshmem.h: the host side of gshmem, a small SHMEM-style PGAS library built on gdaki's C API
+ * (gdaki.h) and its device header (gdaki_device.h), the way an embedder would build one.
+ *
+ * N processes (PEs) each own a symmetric heap of the same size: memory from gshmem_malloc is at
+ * the same offset in every PE's heap, so a local pointer names the same object on every PE.
+ * Kernels move data between heaps with gshmem_device.h; the host sets up, allocates and
+ * synchronises. Processes find each other through MPI (mpirun -np N) or a TCP rendezvous.
+ * See examples/shmem/README.md.
+ *
+ * Every function returning int gives 0 on success and -1 on failure, with the reason in
+ * gshmem_error(). Not thread-safe: one host thread per PE calls these. */
+#ifndef GSHMEM_H
+#define GSHMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gdaki.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How the PEs find each other. */
+typedef enum gshmem_bootstrap {
+    /** GSHMEM_BOOTSTRAP ("mpi" or "tcp"); unset: MPI when started by mpirun (and built with
+     *  MPI), else TCP. */
+    GSHMEM_BOOTSTRAP_ENV = 0,
+    /** MPI_COMM_WORLD (MPI is initialised if the program has not done so). */
+    GSHMEM_BOOTSTRAP_MPI = 1,
+    /** A TCP rendezvous at tcp_addr: rank 0 listens there, the others connect. */
+    GSHMEM_BOOTSTRAP_TCP = 2,
+} gshmem_bootstrap;
+
+/** Where the symmetric heap lives. */
+typedef enum gshmem_heap_kind {
+    /** GPU memory (GPU mode), host memory (CPU mode). */
+    GSHMEM_HEAP_DEFAULT = 0,
+    /** GPU memory of the PE's GPU. */
+    GSHMEM_HEAP_DEVICE = 1,
+    /** Page-locked host memory mapped into the GPU. */
+    GSHMEM_HEAP_PINNED = 2,
+} gshmem_heap_kind;
+
+/** What gshmem_init needs; gshmem_options_init fills in the defaults, which read the
+ *  environment variables named beside each field. */
+typedef struct gshmem_options {
+    gshmem_bootstrap bootstrap;
+    /** TCP: "ip:port" of rank 0 (GSHMEM_TCP_ADDR, default 127.0.0.1:29517). */
+    const char *tcp_addr;
+    /** TCP: this process's rank and the number of processes (GSHMEM_RANK, GSHMEM_NRANKS;
+     *  default 0 and 1). */
+    int tcp_rank, tcp_nranks;
+    /** Bound of every bootstrap wait, in ms (GSHMEM_TIMEOUT_MS, default 60000). */
+    int timeout_ms;
+    /** Usable heap bytes per PE (GSHMEM_HEAP_BYTES, default 64 MiB). */
+    size_t heap_bytes;
+    gshmem_heap_kind heap_kind;
+    /** GPU ordinal (GSHMEM_GPU, default 0), or -1 for CPU mode: host threads play the kernels,
+     *  through the host build of gdaki_device.h's thread scope. */
+    int gpu;
+    /** gdaki provider (GDAKI_PROVIDER_*; GSHMEM_PROVIDER "soft", "mlx5" or "auto", default
+     *  soft). */
+    uint32_t provider;
+    /** Where the soft HCA listens for the other PEs (GSHMEM_LISTEN, default 127.0.0.1:0). */
+    const char *listen;
+    /** Send queue size of each queue pair, in WQEs (GSHMEM_SQ_SIZE, default 1024). */
+    uint32_t sq_size;
+    /** Bound of every device-side wait (completions, signals, barriers), in ms
+     *  (GSHMEM_WAIT_TIMEOUT_MS, default 30000). */
+    uint32_t wait_timeout_ms;
+} gshmem_options;
+
+/** Version word of gshmem_ctx and gshmem_internal: bump on any layout change. */
+#define GSHMEM_CTX_VERSION 0x00010001u
+/** Slots for thread-scope fetching operations (one lock and one 8-byte result each). */
+#define GSHMEM_THREAD_SLOTS 1024u
+/** Slot groups for warp-scope fetching operations (32 results each). */
+#define GSHMEM_WARP_GROUPS 64u
+
+/** gshmem's own words at the start of every heap (the same offsets on every PE); user
+ *  allocations come after it. Kernels reach it through gshmem_ctx. */
+typedef struct gshmem_internal {
+    /** Raised by one per barrier by every other PE. */
+    uint64_t barrier_arrivals;
+    /** Barriers this PE has completed (written only by its barrier caller). */
+    uint64_t barrier_done;
+    /** Where signal atomics put the value they fetched, which nobody reads. */
+    uint64_t discard;
+    uint64_t pad[5];
+    uint32_t thread_locks[GSHMEM_THREAD_SLOTS];
+    uint32_t warp_locks[GSHMEM_WARP_GROUPS];
+    uint64_t thread_slots[GSHMEM_THREAD_SLOTS];
+    uint64_t warp_slots[GSHMEM_WARP_GROUPS][32];
+} gshmem_internal;
+
+/** Heap bytes gshmem keeps for itself (gshmem_internal, rounded up). */
+#define GSHMEM_RESERVED_BYTES 65536u
+
+/** What kernels need, by value (pass it as a kernel argument): gshmem_device.h's calls take it.
+ *  Its pointers are device addresses in GPU mode, host addresses in CPU mode. */
+typedef struct gshmem_ctx {
+    /** GSHMEM_CTX_VERSION. */
+    uint32_t version;
+    uint32_t my_pe;
+    uint32_t n_pes;
+    /** Local key of this PE's heap. */
+    uint32_t lkey;
+    /** This PE's heap: base address and size (gshmem_internal first). */
+    uint64_t heap_base;
+    uint64_t heap_bytes;
+    /** Every PE's heap as it sees it (address, length, rkey), indexed by PE. */
+    const gdaki_remote_region *heaps;
+    /** The queue pair to each PE (to this PE: a loopback), indexed by PE. */
+    gdaki_dev_qp *const *qps;
+} gshmem_ctx;
+
+/** Fills `opts` with the defaults (and the environment's overrides). */
+int gshmem_options_init(gshmem_options *opts);
+/** Joins the job: bootstraps, opens gdaki, allocates the heap, connects a queue pair to every
+ *  PE. Collective. `opts` NULL: the defaults. */
+int gshmem_init(const gshmem_options *opts);
+/** Leaves the job and frees everything. Collective (a barrier first). */
+int gshmem_finalize(void);
+/** Why the last call failed. */
+const char *gshmem_error(void);
+
+/** This PE's number, and the number of PEs (-1 before gshmem_init). */
+int gshmem_my_pe(void);
+int gshmem_n_pes(void);
+/** The GPU ordinal in use, or -1 in CPU mode. */
+int gshmem_gpu(void);
+/** The bootstrap in use ("mpi", "tcp"), or "" before gshmem_init. */
+const char *gshmem_bootstrap_name(void);
+
+/** `bytes` of the symmetric heap, 256-byte aligned, zeroed. Collective: every PE calls with
+ *  the same size in the same order (checked: a PE that differs gets NULL everywhere). NULL on
+ *  failure. */
+void *gshmem_malloc(size_t bytes);
+/** Returns a gshmem_malloc block (NULL: nothing). Collective. */
+int gshmem_free(void *ptr);
+/** Waits until every PE has called it (host side; kernels use gshmem::barrier_all). */
+int gshmem_barrier_all(void);
+/** The context kernels take. */
+gshmem_ctx gshmem_device_ctx(void);
+
+/** Copies `bytes` into / out of this PE's heap at symmetric address `sym` (device memory
+ *  too: no CUDA runtime needed). */
+int gshmem_heap_write(void *sym, const void *src, size_t bytes);
+int gshmem_heap_read(void *dst, const void *sym, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GSHMEM_H */

@@ -1,0 +1,231 @@
+// The MoE-dispatch pattern on gshmem: every PE sends a block to every PE (itself included)
+// with put_signal_nbi, then waits until every PE's block for it has arrived; repeated, timed,
+// and verified on every PE. Next to it, in the same run: a plain copy of the same bytes on this
+// PE (cudaMemcpyAsync device to device in GPU mode, memcpy in CPU mode).
+//
+//   alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [--json]
+//
+// Progress goes to stderr, the table (or JSON) to stdout from PE 0, on PE 0's clock. Exit 0 when
+// every PE received every block intact.
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <string>
+
+#include "launch.hpp"
+
+using launch::Failures;
+
+namespace {
+
+GSHMEM_FN uint8_t pattern(uint32_t from, uint32_t to, uint64_t i) {
+    return (uint8_t)(from * 37u + to * 101u + (uint32_t)(i >> 3) * 7u + (uint32_t)i + 3u);
+}
+
+/** Sender q (a warp on the GPU, a thread in CPU mode) sends block q to PE q, then waits until
+ *  all PEs' blocks of this round are here. */
+struct AllToAll {
+    uint8_t *send, *recv;
+    uint64_t *signal;
+    uint64_t bytes, base;
+    uint32_t iters;
+    Failures *f;
+    GSHMEM_FN void operator()(const gshmem_ctx &c, uint32_t t, uint32_t) const {
+        const int me = gshmem::my_pe(c), np = gshmem::n_pes(c);
+#if defined(GDAKI_CUDA)
+        const int q = (int)(t / 32);
+#else
+        const int q = (int)t;
+#endif
+        uint8_t *dst = recv + (uint64_t)me * bytes, *src = send + (uint64_t)q * bytes;
+        for (uint32_t i = 0; i < iters; i++) {
+#if defined(GDAKI_CUDA)
+            EXPECT_OK(f, gshmem::put_signal_nbi_warp(c, dst, src, bytes, signal, 1, q), i);
+#else
+            EXPECT_OK(f, gshmem::put_signal_nbi(c, dst, src, bytes, signal, 1, q), i);
+#endif
+            EXPECT_OK(f, gshmem::signal_wait_until_ge(c, signal, base + (uint64_t)(i + 1) * np), i);
+        }
+#if defined(GDAKI_CUDA)
+        EXPECT_OK(f, gshmem::quiet_warp(c), t);
+#else
+        EXPECT_OK(f, gshmem::quiet(c), t);
+#endif
+    }
+};
+
+/** A plain copy of `bytes` from `src` to `dst`, `iters` times: ms. */
+double copy_reference(void *dst, const void *src, uint64_t bytes, uint32_t iters) {
+#if defined(GDAKI_CUDA)
+    cudaEvent_t start, stop;
+    launch::cuda(cudaEventCreate(&start), "cudaEventCreate");
+    launch::cuda(cudaEventCreate(&stop), "cudaEventCreate");
+    launch::cuda(cudaEventRecord(start, launch::stream()), "cudaEventRecord");
+    for (uint32_t i = 0; i < iters; i++)
+        launch::cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, launch::stream()), "cudaMemcpyAsync");
+    launch::cuda(cudaEventRecord(stop, launch::stream()), "cudaEventRecord");
+    launch::wait_stream();
+    float ms = 0;
+    launch::cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return ms;
+#else
+    auto t0 = std::chrono::steady_clock::now();
+    for (uint32_t i = 0; i < iters; i++) {
+        std::memcpy(dst, src, bytes);
+        // Keeps the compiler from merging the copies.
+        __asm__ __volatile__("" : : "r"(dst) : "memory");
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+#endif
+}
+
+[[noreturn]] void usage(const std::string &why) {
+    if (gshmem_my_pe() <= 0)
+        std::fprintf(stderr, "alltoall: %s\nusage: alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [--json]\n",
+                     why.c_str());
+    std::exit(2);
+}
+
+uint64_t number(const char *text, const char *what) {
+    char *end = nullptr;
+    errno = 0;
+    unsigned long long v = std::strtoull(text, &end, 10);
+    if (end == text || *end != '\0' || errno != 0 || text[0] == '-' || v == 0)
+        usage(std::string(what) + " \"" + text + "\" is not a positive number");
+    return v;
+}
+
+struct Row {
+    uint64_t bytes;
+    double alltoall_us, copy_us;
+};
+
+} // namespace
+
+int main(int argc, char **argv) {
+    std::vector<uint64_t> sizes;
+    uint32_t iters = 50, warmup = 5;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--json") json = true;
+        else if ((a == "-s" || a == "-n" || a == "-w") && i + 1 < argc) {
+            std::string v = argv[++i];
+            if (a == "-n") iters = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-n"), 1u << 20);
+            else if (a == "-w") warmup = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-w"), 1u << 20);
+            else
+                for (size_t at = 0; at <= v.size();) {
+                    size_t comma = v.find(',', at);
+                    std::string one = v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+                    sizes.push_back(number(one.c_str(), "-s"));
+                    if (comma == std::string::npos) break;
+                    at = comma + 1;
+                }
+        } else if (a == "-h" || a == "--help") usage("the MoE all-to-all on gshmem");
+        else usage("unknown argument " + a);
+    }
+    if (sizes.empty()) sizes = {4096, 65536, 1 << 20};
+
+    gshmem_options o;
+    launch::check(gshmem_options_init(&o), "gshmem_options_init");
+#if defined(GDAKI_CUDA)
+    launch::prepare_gpu(o.gpu < 0 ? 0 : o.gpu);
+    const char *mode = "GPU";
+#else
+    o.gpu = -1;
+    o.heap_kind = GSHMEM_HEAP_DEFAULT;
+    const char *mode = "CPU";
+#endif
+    uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    launch::check(gshmem_init(&o), "gshmem_init");
+    const uint32_t me = (uint32_t)gshmem_my_pe(), np = (uint32_t)gshmem_n_pes();
+    if (largest > o.heap_bytes / (2 * (uint64_t)np + 1))
+        usage("blocks of " + std::to_string(largest) + " bytes for " + std::to_string(np) +
+              " PEs do not fit in the heap: raise GSHMEM_HEAP_BYTES");
+#if defined(GDAKI_CUDA)
+    if (np > 32) usage("the GPU build sends with one warp per PE in one block: at most 32 PEs");
+#endif
+    uint8_t *send = launch::alloc<uint8_t>(np * largest), *recv = launch::alloc<uint8_t>(np * largest);
+    uint8_t *copy_dst = launch::alloc<uint8_t>(np * largest);
+    uint64_t *signal = launch::alloc<uint64_t>(1);
+    Failures *f = launch::alloc<Failures>(1);
+    std::vector<uint8_t> block(largest);
+
+    uint64_t signalled = 0;
+    std::vector<Row> rows;
+    bool intact = true;
+    for (uint64_t bytes : sizes) {
+        for (uint32_t q = 0; q < np; q++) {
+            for (uint64_t i = 0; i < bytes; i++) block[i] = pattern(me, q, i);
+            launch::check(gshmem_heap_write(send + q * bytes, block.data(), bytes), "gshmem_heap_write");
+        }
+        std::vector<uint8_t> zero(np * bytes, 0);
+        launch::check(gshmem_heap_write(recv, zero.data(), zero.size()), "gshmem_heap_write");
+        launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
+        if (me == 0) std::fprintf(stderr, "alltoall: %u PEs, blocks of %" PRIu64 " bytes ...\n", np, bytes);
+        const uint32_t senders = mode[0] == 'G' ? 32 * np : np;
+        launch::run(AllToAll{send, recv, signal, bytes, signalled, warmup, f}, senders, senders);
+        signalled += (uint64_t)warmup * np;
+        launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
+        double ms = launch::run(AllToAll{send, recv, signal, bytes, signalled, iters, f}, senders, senders);
+        signalled += (uint64_t)iters * np;
+        double copy_ms = copy_reference(copy_dst, send, np * bytes, iters);
+        launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
+
+        Failures got{};
+        launch::check(gshmem_heap_read(&got, f, sizeof got), "gshmem_heap_read");
+        if (got.count != 0) {
+            std::fprintf(stderr, "PE %u: %u failed calls, the first at line %u (round %u): code %u\n", me, got.count,
+                         got.first_line, got.first_index, got.first_code);
+            intact = false;
+        }
+        for (uint32_t s = 0; s < np; s++) {
+            launch::check(gshmem_heap_read(block.data(), recv + s * bytes, bytes), "gshmem_heap_read");
+            uint64_t i = 0;
+            while (i < bytes && block[i] == pattern(s, me, i)) i++;
+            if (i != bytes) {
+                std::fprintf(stderr, "PE %u: the block from PE %u is wrong at byte %" PRIu64 " of %" PRIu64 "\n", me, s,
+                             i, bytes);
+                intact = false;
+            }
+        }
+        uint64_t sig = 0;
+        launch::check(gshmem_heap_read(&sig, signal, 8), "gshmem_heap_read");
+        if (sig != signalled) {
+            std::fprintf(stderr, "PE %u: the signal is %" PRIu64 ", expected %" PRIu64 "\n", me, sig, signalled);
+            intact = false;
+        }
+        rows.push_back({bytes, 1000.0 * ms / iters, 1000.0 * copy_ms / iters});
+    }
+    if (me == 0) {
+        if (json) {
+            std::printf("{\"program\": \"gshmem-alltoall\", \"pes\": %u, \"mode\": \"%s\", \"bootstrap\": \"%s\", "
+                        "\"iterations\": %u, \"clock\": \"PE 0\", \"rows\": [",
+                        np, mode, gshmem_bootstrap_name(), iters);
+            for (size_t i = 0; i < rows.size(); i++) {
+                const Row &r = rows[i];
+                double moved = (double)r.bytes * np;
+                std::printf("%s{\"block_bytes\": %" PRIu64 ", \"bytes_per_pe\": %.0f, \"alltoall_us\": %.3f, "
+                            "\"copy_us\": %.3f, \"alltoall_gb_s\": %.3f, \"copy_gb_s\": %.3f}",
+                            i ? ", " : "", r.bytes, moved, r.alltoall_us, r.copy_us, moved / r.alltoall_us / 1e3,
+                            moved / r.copy_us / 1e3);
+            }
+            std::printf("], \"verified\": %s}\n", intact ? "true" : "false");
+        } else {
+            std::printf("gshmem all-to-all: %u PEs, %s mode, %s bootstrap, %u iterations (PE 0's clock)\n", np, mode,
+                        gshmem_bootstrap_name(), iters);
+            std::printf(" %12s %14s %18s %18s %12s\n", "block [B]", "bytes per PE", "all-to-all [us]",
+                        "plain copy [us]", "a2a / copy");
+            for (const Row &r : rows)
+                std::printf(" %12" PRIu64 " %14" PRIu64 " %18.2f %18.2f %11.1fx\n", r.bytes, r.bytes * np,
+                            r.alltoall_us, r.copy_us, r.alltoall_us / r.copy_us);
+            std::printf(" data on PE 0: %s\n", intact ? "verified" : "WRONG");
+        }
+    }
+    std::fflush(stdout);
+    launch::check(gshmem_finalize(), "gshmem_finalize");
+    return intact ? 0 : 1;
+}

@@ -1,0 +1,141 @@
+// What gshmem's programs share: a functor run as a kernel (CUDA builds: one thread per index)
+// or by host threads (CPU mode: the same code through gdaki's host data path), its time, and
+// failure records kernels write into the heap.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gshmem.h"
+#include "gshmem_device.h"
+
+#if defined(GDAKI_CUDA)
+#include <cuda_runtime.h>
+#include <unistd.h>
+#endif
+
+namespace launch {
+
+[[noreturn]] inline void die(const std::string &what) {
+    std::fprintf(stderr, "PE %d: %s\n", gshmem_my_pe(), what.c_str());
+    std::exit(1);
+}
+
+/** Failures a kernel recorded (in the symmetric heap, so CPU and GPU builds read it alike). */
+struct Failures {
+    uint32_t count;
+    uint32_t first_code;
+    uint32_t first_line;
+    uint32_t first_index;
+};
+
+GSHMEM_FN void record(Failures *f, uint32_t code, uint32_t line, uint32_t index) {
+#if defined(GDAKI_CUDA)
+    if (atomicAdd(&f->count, 1u) == 0) {
+#else
+    if (__atomic_fetch_add(&f->count, 1u, __ATOMIC_RELAXED) == 0) {
+#endif
+        f->first_code = code;
+        f->first_line = line;
+        f->first_index = index;
+    }
+}
+
+/** Records a status that is not `want` (GDAKI_OK unless said), with the line and index. */
+#define EXPECT_CODE(failures, want, call, index)                                  \
+    do {                                                                          \
+        uint32_t got_ = (call);                                                   \
+        if (got_ != (want)) launch::record((failures), got_, __LINE__, (index)); \
+    } while (0)
+#define EXPECT_OK(failures, call, index) EXPECT_CODE(failures, GDAKI_OK, call, index)
+
+#if defined(GDAKI_CUDA)
+
+inline void cuda(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+inline cudaStream_t &stream() {
+    static cudaStream_t s = nullptr;
+    return s;
+}
+
+/** Call before gshmem_init: the CUDA runtime loads every kernel of this program now. gdaki's
+ *  soft HCA keeps a copy kernel resident on the GPU, and a module loaded later (CUDA loads
+ *  lazily by default, at a kernel's first launch) would wait for it forever. */
+inline void prepare_gpu(int ordinal) {
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+    cuda(cudaSetDevice(ordinal), "cudaSetDevice");
+    cuda(cudaFree(nullptr), "initialising the CUDA runtime");
+    // Never the legacy stream: it would wait for the resident copy kernel's stream.
+    cuda(cudaStreamCreateWithFlags(&stream(), cudaStreamNonBlocking), "cudaStreamCreate");
+}
+
+template <class F>
+__global__ void kernel(F f, gshmem_ctx c, uint32_t n) {
+    uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n) f(c, t, n);
+}
+
+/** Waits for the stream by polling, so the waiting thread never holds the driver. */
+inline void wait_stream() {
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(stream());
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) cuda(e, "kernel");
+        usleep(20);
+    }
+}
+
+/** Runs f(c, t, n) for t in 0..n as a kernel of `block`-thread blocks; its GPU time in ms. */
+template <class F>
+double run(F f, uint32_t n, uint32_t block = 128) {
+    cudaEvent_t start, stop;
+    cuda(cudaEventCreate(&start), "cudaEventCreate");
+    cuda(cudaEventCreate(&stop), "cudaEventCreate");
+    cuda(cudaEventRecord(start, stream()), "cudaEventRecord");
+    kernel<<<(n + block - 1) / block, block, 0, stream()>>>(f, gshmem_device_ctx(), n);
+    cuda(cudaGetLastError(), "launch");
+    cuda(cudaEventRecord(stop, stream()), "cudaEventRecord");
+    wait_stream();
+    float ms = 0;
+    cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return ms;
+}
+
+#else
+
+inline void prepare_gpu(int) {}
+
+/** Runs f(c, t, n) for t in 0..n, each on its own host thread; the wall time in ms. */
+template <class F>
+double run(F f, uint32_t n, uint32_t = 0) {
+    gshmem_ctx c = gshmem_device_ctx();
+    auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (uint32_t t = 0; t < n; t++) threads.emplace_back([=] { f(c, t, n); });
+    for (auto &th : threads) th.join();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+#endif
+
+/** gshmem_malloc or die. */
+template <class T>
+T *alloc(size_t count) {
+    void *p = gshmem_malloc(count * sizeof(T));
+    if (p == nullptr) die(std::string("gshmem_malloc: ") + gshmem_error());
+    return static_cast<T *>(p);
+}
+
+inline void check(int rc, const char *what) {
+    if (rc != 0) die(std::string(what) + ": " + gshmem_error());
+}
+
+} // namespace launch

@@ -1,0 +1,451 @@
+// gshmem's host side: bootstrap, one gdaki context per PE, the symmetric heap, a queue pair to
+// every PE (itself included, as a loopback), the tables kernels read, and the heap allocator.
+// Everything goes through gdaki's C API (gdaki.h); no CUDA runtime is needed here.
+#include "gshmem.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap.hpp"
+
+namespace gshmem {
+namespace {
+
+std::string g_error;
+
+/** Throws a gshmem::Error naming the gdaki call that failed and gdaki's reason. */
+void ok(gdaki_status s, const char *what) {
+    if (s != GDAKI_STATUS_OK)
+        throw Error(std::string(what) + ": " + gdaki_status_name(s) + ": " + gdaki_last_error());
+}
+
+const char *env(const char *name) {
+    const char *v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+/** An unsigned number from the environment, with binary suffixes (K, M, G); `fallback` unset. */
+uint64_t env_number(const char *name, uint64_t fallback) {
+    const char *v = env(name);
+    if (v == nullptr) return fallback;
+    char *end = nullptr;
+    errno = 0;
+    unsigned long long n = std::strtoull(v, &end, 10);
+    uint64_t scale = 1;
+    if (end != v && *end != '\0' && end[1] == '\0') {
+        switch (*end) {
+        case 'K': case 'k': scale = 1ull << 10; end++; break;
+        case 'M': case 'm': scale = 1ull << 20; end++; break;
+        case 'G': case 'g': scale = 1ull << 30; end++; break;
+        default: break;
+        }
+    }
+    if (end == v || *end != '\0' || errno != 0 || v[0] == '-' || n > UINT64_MAX / scale)
+        throw Error(std::string(name) + "=\"" + v + "\" is not a non-negative number");
+    return n * scale;
+}
+
+/** First-fit over the heap's user part, by offset; the same calls give the same offsets on
+ *  every PE. */
+class Allocator {
+  public:
+    static constexpr uint64_t ALIGN = 256;
+    void reset(uint64_t start, uint64_t end) {
+        free_.clear();
+        used_.clear();
+        if (end > start) free_[start] = end - start;
+    }
+    /** Offset of a new block, or UINT64_MAX. */
+    uint64_t alloc(uint64_t bytes) {
+        uint64_t size = std::max<uint64_t>(ALIGN, (bytes + ALIGN - 1) / ALIGN * ALIGN);
+        if (size < bytes) return UINT64_MAX;
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+            if (it->second < size) continue;
+            uint64_t off = it->first, left = it->second - size;
+            free_.erase(it);
+            if (left > 0) free_[off + size] = left;
+            used_[off] = size;
+            return off;
+        }
+        return UINT64_MAX;
+    }
+    /** Size of the block at `off`, or 0 when none starts there. */
+    uint64_t size_of(uint64_t off) const {
+        auto it = used_.find(off);
+        return it == used_.end() ? 0 : it->second;
+    }
+    void release(uint64_t off) {
+        auto it = used_.find(off);
+        if (it == used_.end()) return;
+        uint64_t size = it->second;
+        used_.erase(it);
+        auto next = free_.lower_bound(off);
+        if (next != free_.end() && off + size == next->first) {
+            size += next->second;
+            next = free_.erase(next);
+        }
+        if (next != free_.begin()) {
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == off) {
+                prev->second += size;
+                return;
+            }
+        }
+        free_[off] = size;
+    }
+
+  private:
+    std::map<uint64_t, uint64_t> free_, used_;
+};
+
+/** What one PE exchanges with the others: its heap and its endpoint for each PE. */
+struct Card {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t n_pes;
+    uint32_t heap_kind;
+    uint64_t heap_bytes;
+    gdaki_remote_region heap;
+};
+constexpr uint32_t CARD_MAGIC = 0x47534331; // "GSC1"
+
+struct Peer {
+    gdaki_cq *cq = nullptr;
+    gdaki_qp *qp = nullptr;
+    gdaki_gpu_qp *exported = nullptr;
+    gdaki_dev_qp *handle = nullptr;
+};
+
+struct State {
+    std::unique_ptr<Bootstrap> boot;
+    gdaki_context *ctx = nullptr;
+    gdaki_gpu *gpu = nullptr;
+    int gpu_ordinal = -1;
+    gdaki_region *heap = nullptr;
+    gdaki_region_info heap_info{};
+    gdaki_region *tables = nullptr;
+    std::vector<Peer> peers;
+    std::vector<gdaki_remote_region> heaps;
+    std::vector<gdaki_dev_qp *> handles;
+    gshmem_ctx dev{};
+    Allocator alloc;
+
+    ~State() {
+        // Exports before their queue pairs, queue pairs before their CQs; every destroy takes NULL.
+        for (Peer &p : peers) {
+            gdaki_gpu_qp_destroy(p.exported);
+            gdaki_qp_destroy(p.qp);
+            gdaki_cq_destroy(p.cq);
+        }
+        gdaki_region_destroy(tables);
+        gdaki_region_destroy(heap);
+        gdaki_gpu_destroy(gpu);
+        gdaki_context_destroy(ctx);
+    }
+};
+
+std::unique_ptr<State> g_state;
+
+State &state() {
+    if (!g_state) throw Error("gshmem_init has not been called");
+    return *g_state;
+}
+
+/** Runs `body`, turning an exception into -1 and gshmem_error(): none crosses into C. */
+template <class F>
+int guard(const char *name, F body) {
+    try {
+        body();
+        return 0;
+    } catch (const std::exception &e) {
+        g_error = std::string(name) + ": " + e.what();
+    } catch (...) {
+        g_error = std::string(name) + ": unknown failure";
+    }
+    return -1;
+}
+
+void options_init(gshmem_options *o) {
+    *o = gshmem_options{};
+    const char *boot = env("GSHMEM_BOOTSTRAP");
+    if (boot == nullptr) o->bootstrap = GSHMEM_BOOTSTRAP_ENV;
+    else if (std::strcmp(boot, "mpi") == 0) o->bootstrap = GSHMEM_BOOTSTRAP_MPI;
+    else if (std::strcmp(boot, "tcp") == 0) o->bootstrap = GSHMEM_BOOTSTRAP_TCP;
+    else throw Error(std::string("GSHMEM_BOOTSTRAP=\"") + boot + "\": use mpi or tcp");
+    o->tcp_addr = env("GSHMEM_TCP_ADDR") != nullptr ? env("GSHMEM_TCP_ADDR") : "127.0.0.1:29517";
+    o->tcp_rank = (int)std::min<uint64_t>(env_number("GSHMEM_RANK", 0), INT32_MAX);
+    o->tcp_nranks = (int)std::min<uint64_t>(env_number("GSHMEM_NRANKS", 1), INT32_MAX);
+    o->timeout_ms = (int)std::min<uint64_t>(env_number("GSHMEM_TIMEOUT_MS", 60000), INT32_MAX);
+    o->heap_bytes = env_number("GSHMEM_HEAP_BYTES", 64ull << 20);
+    const char *kind = env("GSHMEM_HEAP");
+    if (kind == nullptr) o->heap_kind = GSHMEM_HEAP_DEFAULT;
+    else if (std::strcmp(kind, "device") == 0) o->heap_kind = GSHMEM_HEAP_DEVICE;
+    else if (std::strcmp(kind, "pinned") == 0) o->heap_kind = GSHMEM_HEAP_PINNED;
+    else throw Error(std::string("GSHMEM_HEAP=\"") + kind + "\": use device or pinned");
+    const char *gpu = env("GSHMEM_GPU");
+    o->gpu = gpu != nullptr && std::strcmp(gpu, "cpu") == 0 ? -1 : (int)std::min<uint64_t>(env_number("GSHMEM_GPU", 0), INT32_MAX);
+    const char *provider = env("GSHMEM_PROVIDER");
+    if (provider == nullptr || std::strcmp(provider, "soft") == 0) o->provider = GDAKI_PROVIDER_SOFT;
+    else if (std::strcmp(provider, "mlx5") == 0) o->provider = GDAKI_PROVIDER_MLX5;
+    else if (std::strcmp(provider, "auto") == 0) o->provider = GDAKI_PROVIDER_AUTO;
+    else throw Error(std::string("GSHMEM_PROVIDER=\"") + provider + "\": use soft, mlx5 or auto");
+    o->listen = env("GSHMEM_LISTEN") != nullptr ? env("GSHMEM_LISTEN") : "127.0.0.1:0";
+    o->sq_size = (uint32_t)std::min<uint64_t>(env_number("GSHMEM_SQ_SIZE", 1024), UINT32_MAX);
+    o->wait_timeout_ms = (uint32_t)std::min<uint64_t>(env_number("GSHMEM_WAIT_TIMEOUT_MS", 30000), UINT32_MAX);
+}
+
+std::unique_ptr<Bootstrap> make_bootstrap(const gshmem_options &o) {
+    bool mpi = o.bootstrap == GSHMEM_BOOTSTRAP_MPI || (o.bootstrap == GSHMEM_BOOTSTRAP_ENV && launched_by_mpi());
+    if (mpi) {
+        auto b = mpi_bootstrap();
+        if (b) return b;
+        if (o.bootstrap == GSHMEM_BOOTSTRAP_MPI)
+            throw Error("the MPI bootstrap was asked for, but gshmem was built without MPI (make MPI=1)");
+        throw Error("started by an MPI launcher, but gshmem was built without MPI: rebuild with make MPI=1, or "
+                    "set GSHMEM_BOOTSTRAP=tcp");
+    }
+    if (o.tcp_addr == nullptr) throw Error("the TCP bootstrap needs tcp_addr");
+    return tcp_bootstrap(o.tcp_addr, o.tcp_rank, o.tcp_nranks, o.timeout_ms);
+}
+
+void init(const gshmem_options *given) {
+    if (g_state) throw Error("gshmem is already initialised (call gshmem_finalize first)");
+    gshmem_options o;
+    if (given != nullptr) o = *given;
+    else options_init(&o);
+    if (o.heap_bytes == 0 || o.heap_bytes > (1ull << 40))
+        throw Error("heap_bytes " + std::to_string(o.heap_bytes) + " is not 1 byte to 1 TiB");
+    if (o.heap_kind > GSHMEM_HEAP_PINNED) throw Error("heap_kind " + std::to_string(o.heap_kind) + " is unknown");
+    if (o.gpu < 0 && o.heap_kind != GSHMEM_HEAP_DEFAULT)
+        throw Error("CPU mode keeps the heap in host memory: heap_kind must be GSHMEM_HEAP_DEFAULT");
+
+    auto s = std::make_unique<State>();
+    s->boot = make_bootstrap(o);
+    const uint32_t me = (uint32_t)s->boot->rank(), n = (uint32_t)s->boot->size();
+
+    ok(gdaki_context_open(o.provider, nullptr, &s->ctx), "gdaki_context_open");
+    gdaki_provider provider = GDAKI_PROVIDER_AUTO;
+    ok(gdaki_context_provider(s->ctx, &provider), "gdaki_context_provider");
+    if (n > 1) {
+        char addr[128];
+        ok(gdaki_context_listen(s->ctx, o.listen, addr, sizeof addr, nullptr), "gdaki_context_listen");
+    }
+    if (o.gpu >= 0) {
+        ok(gdaki_gpu_open((uint32_t)o.gpu, &s->gpu), "gdaki_gpu_open");
+        s->gpu_ordinal = o.gpu;
+    }
+
+    const uint64_t total = GSHMEM_RESERVED_BYTES + (uint64_t)o.heap_bytes;
+    const uint32_t access = GDAKI_ACCESS_ALL;
+    gshmem_heap_kind kind = o.heap_kind == GSHMEM_HEAP_DEFAULT && s->gpu ? GSHMEM_HEAP_DEVICE : o.heap_kind;
+    if (s->gpu == nullptr) ok(gdaki_region_alloc(s->ctx, total, access, &s->heap), "heap: gdaki_region_alloc");
+    else if (kind == GSHMEM_HEAP_DEVICE)
+        ok(gdaki_region_alloc_device(s->ctx, s->gpu, total, access, &s->heap), "heap: gdaki_region_alloc_device");
+    else ok(gdaki_region_alloc_pinned(s->ctx, s->gpu, total, access, &s->heap), "heap: gdaki_region_alloc_pinned");
+    ok(gdaki_region_query(s->heap, &s->heap_info), "gdaki_region_query");
+
+    // A queue pair per PE. The soft HCA serves rings in host memory only; a NIC takes them in
+    // GPU memory, where the GPU writes them fastest.
+    const gdaki_gpu *rings = provider == GDAKI_PROVIDER_MLX5 ? s->gpu : nullptr;
+    gdaki_qp_config config;
+    ok(gdaki_qp_config_init(&config), "gdaki_qp_config_init");
+    config.sq_size = o.sq_size;
+    config.timeout_ms = o.wait_timeout_ms;
+    config.retry_timeout_ms = std::min<uint32_t>(config.retry_timeout_ms, o.wait_timeout_ms / 2);
+    config.rings_gpu = rings;
+    s->peers.resize(n);
+    std::vector<unsigned char> mine(sizeof(Card) + n * sizeof(gdaki_endpoint));
+    Card card{CARD_MAGIC, GSHMEM_CTX_VERSION, n, (uint32_t)kind, (uint64_t)o.heap_bytes, {}};
+    ok(gdaki_region_remote(s->heap, &card.heap), "gdaki_region_remote");
+    std::memcpy(mine.data(), &card, sizeof card);
+    for (uint32_t pe = 0; pe < n; pe++) {
+        Peer &p = s->peers[pe];
+        ok(gdaki_cq_create(s->ctx, o.sq_size, rings, &p.cq), "gdaki_cq_create");
+        ok(gdaki_qp_create(s->ctx, p.cq, &config, &p.qp), "gdaki_qp_create");
+        gdaki_endpoint ep;
+        ok(gdaki_qp_endpoint(p.qp, &ep), "gdaki_qp_endpoint");
+        std::memcpy(mine.data() + sizeof(Card) + pe * sizeof ep, &ep, sizeof ep);
+    }
+
+    std::vector<unsigned char> all(mine.size() * n);
+    s->boot->allgather(mine.data(), all.data(), mine.size());
+    s->heaps.resize(n);
+    for (uint32_t pe = 0; pe < n; pe++) {
+        const unsigned char *theirs = all.data() + pe * mine.size();
+        Card c;
+        std::memcpy(&c, theirs, sizeof c);
+        if (c.magic != CARD_MAGIC || c.version != GSHMEM_CTX_VERSION || c.n_pes != n)
+            throw Error("PE " + std::to_string(pe) + " runs another gshmem version or job");
+        if (c.heap_bytes != o.heap_bytes)
+            throw Error("PE " + std::to_string(pe) + " has a heap of " + std::to_string(c.heap_bytes) +
+                        " bytes, this PE " + std::to_string(o.heap_bytes) + ": set the same GSHMEM_HEAP_BYTES everywhere");
+        s->heaps[pe] = c.heap;
+        // PE `pe`'s endpoint for this PE.
+        gdaki_endpoint ep;
+        std::memcpy(&ep, theirs + sizeof(Card) + me * sizeof ep, sizeof ep);
+        ok(gdaki_qp_connect(s->peers[pe].qp, &ep), "gdaki_qp_connect");
+    }
+
+    // The tables kernels read: a handle per PE, then every PE's heap.
+    s->handles.resize(n);
+    for (uint32_t pe = 0; pe < n; pe++) {
+        Peer &p = s->peers[pe];
+        if (s->gpu != nullptr) {
+            ok(gdaki_qp_export_gpu(p.qp, s->gpu, &p.exported), "gdaki_qp_export_gpu");
+            ok(gdaki_gpu_qp_handle(p.exported, &p.handle), "gdaki_gpu_qp_handle");
+        } else {
+            ok(gdaki_qp_host_handle(p.qp, &p.handle), "gdaki_qp_host_handle");
+        }
+        s->handles[pe] = p.handle;
+    }
+    s->dev.version = GSHMEM_CTX_VERSION;
+    s->dev.my_pe = me;
+    s->dev.n_pes = n;
+    s->dev.lkey = s->heap_info.lkey;
+    s->dev.heap_base = s->heap_info.addr;
+    s->dev.heap_bytes = total;
+    if (s->gpu != nullptr) {
+        const uint64_t handles_bytes = (n * sizeof(gdaki_dev_qp *) + 63) / 64 * 64;
+        const uint64_t bytes = handles_bytes + n * sizeof(gdaki_remote_region);
+        ok(gdaki_region_alloc_device(s->ctx, s->gpu, bytes, GDAKI_ACCESS_LOCAL_WRITE, &s->tables),
+           "tables: gdaki_region_alloc_device");
+        gdaki_region_info t;
+        ok(gdaki_region_query(s->tables, &t), "gdaki_region_query");
+        ok(gdaki_region_write(s->tables, 0, s->handles.data(), n * sizeof(gdaki_dev_qp *)), "gdaki_region_write");
+        ok(gdaki_region_write(s->tables, handles_bytes, s->heaps.data(), n * sizeof(gdaki_remote_region)),
+           "gdaki_region_write");
+        s->dev.qps = reinterpret_cast<gdaki_dev_qp *const *>(t.addr);
+        s->dev.heaps = reinterpret_cast<const gdaki_remote_region *>(t.addr + handles_bytes);
+    } else {
+        s->dev.qps = s->handles.data();
+        s->dev.heaps = s->heaps.data();
+    }
+    s->alloc.reset(GSHMEM_RESERVED_BYTES, total);
+    // Nobody posts before every PE is connected.
+    s->boot->barrier();
+    g_state = std::move(s);
+}
+
+/** The heap offset of symmetric `ptr` holding `bytes`, checked. */
+uint64_t heap_offset(const State &s, const void *ptr, uint64_t bytes) {
+    uint64_t a = reinterpret_cast<uint64_t>(ptr), base = s.dev.heap_base, end = base + s.dev.heap_bytes;
+    if (a < base || a > end || bytes > end - a) {
+        char text[160];
+        std::snprintf(text, sizeof text, "0x%" PRIx64 " + %" PRIu64 " bytes is outside the heap 0x%" PRIx64 "..0x%" PRIx64,
+                      a, bytes, base, end);
+        throw Error(text);
+    }
+    return a - base;
+}
+
+/** Every PE passed the same (call, value): checked through the bootstrap, so a PE that
+ *  differs makes the call fail on every PE instead of corrupting the heap. */
+bool agreed(State &s, uint64_t a, uint64_t b) {
+    uint64_t mine[2] = {a, b};
+    std::vector<uint64_t> all(2 * (size_t)s.boot->size());
+    s.boot->allgather(mine, all.data(), sizeof mine);
+    for (size_t i = 0; i < all.size(); i += 2)
+        if (all[i] != a || all[i + 1] != b) return false;
+    return true;
+}
+
+} // namespace
+} // namespace gshmem
+
+using namespace gshmem;
+
+extern "C" {
+
+int gshmem_options_init(gshmem_options *opts) {
+    return guard("gshmem_options_init", [&] {
+        if (opts == nullptr) throw Error("opts is NULL");
+        options_init(opts);
+    });
+}
+
+int gshmem_init(const gshmem_options *opts) { return guard("gshmem_init", [&] { init(opts); }); }
+
+int gshmem_finalize(void) {
+    return guard("gshmem_finalize", [&] {
+        State &s = state();
+        // Nobody may still be writing into this PE's heap.
+        s.boot->barrier();
+        g_state.reset();
+    });
+}
+
+const char *gshmem_error(void) { return g_error.c_str(); }
+
+int gshmem_my_pe(void) { return g_state ? (int)g_state->dev.my_pe : -1; }
+int gshmem_n_pes(void) { return g_state ? (int)g_state->dev.n_pes : -1; }
+int gshmem_gpu(void) { return g_state ? g_state->gpu_ordinal : -1; }
+const char *gshmem_bootstrap_name(void) { return g_state ? g_state->boot->name() : ""; }
+
+void *gshmem_malloc(size_t bytes) {
+    void *out = nullptr;
+    guard("gshmem_malloc", [&] {
+        State &s = state();
+        uint64_t off = bytes == 0 ? UINT64_MAX : s.alloc.alloc(bytes);
+        if (off != UINT64_MAX) {
+            // Zeroed before any PE can learn of the block (the agreement below is a barrier).
+            std::vector<unsigned char> zero(std::min<uint64_t>(s.alloc.size_of(off), 1 << 20));
+            for (uint64_t done = 0, size = s.alloc.size_of(off); done < size; done += zero.size()) {
+                uint64_t n = std::min<uint64_t>(zero.size(), size - done);
+                ok(gdaki_region_write(s.heap, off + done, zero.data(), n), "gdaki_region_write");
+            }
+        }
+        bool same = agreed(s, 1, off);
+        if (!same || off == UINT64_MAX) {
+            if (off != UINT64_MAX) s.alloc.release(off);
+            if (bytes == 0) throw Error("0 bytes asked for");
+            if (!same) throw Error("the PEs disagree: call gshmem_malloc with the same sizes, in the same order, everywhere");
+            throw Error(std::to_string(bytes) + " bytes do not fit in the heap (GSHMEM_HEAP_BYTES)");
+        }
+        out = reinterpret_cast<void *>(s.dev.heap_base + off);
+    });
+    return out;
+}
+
+int gshmem_free(void *ptr) {
+    return guard("gshmem_free", [&] {
+        if (ptr == nullptr) return;
+        State &s = state();
+        uint64_t a = reinterpret_cast<uint64_t>(ptr);
+        uint64_t off = a >= s.dev.heap_base ? a - s.dev.heap_base : UINT64_MAX;
+        bool known = off < s.dev.heap_bytes && s.alloc.size_of(off) != 0;
+        if (!agreed(s, 2, known ? off : UINT64_MAX))
+            throw Error("the PEs disagree: free the same block everywhere (and only blocks from gshmem_malloc)");
+        if (!known) throw Error("the pointer is not a block from gshmem_malloc");
+        s.alloc.release(off);
+    });
+}
+
+int gshmem_barrier_all(void) { return guard("gshmem_barrier_all", [&] { state().boot->barrier(); }); }
+
+gshmem_ctx gshmem_device_ctx(void) { return g_state ? g_state->dev : gshmem_ctx{}; }
+
+int gshmem_heap_write(void *sym, const void *src, size_t bytes) {
+    return guard("gshmem_heap_write", [&] {
+        State &s = state();
+        if (src == nullptr && bytes > 0) throw Error("src is NULL");
+        ok(gdaki_region_write(s.heap, heap_offset(s, sym, bytes), src, bytes), "gdaki_region_write");
+    });
+}
+
+int gshmem_heap_read(void *dst, const void *sym, size_t bytes) {
+    return guard("gshmem_heap_read", [&] {
+        State &s = state();
+        if (dst == nullptr && bytes > 0) throw Error("dst is NULL");
+        ok(gdaki_region_read(s.heap, heap_offset(s, sym, bytes), dst, bytes), "gdaki_region_read");
+    });
+}
+
+} // extern "C"
