@@ -27,7 +27,7 @@ for line in sys.stdin:
         # The golden layout tests compile C against the rdma-core headers of the build machine at
         # paths fixed at build time, and the header tests check the sources: they check the
         # build, not the GPU, and run in CI instead; so do the C API and gshmem tests, which
-        # install the libraries with cargo and compile C and C++ programs (gshmem's CUDA build
+        # install the libraries with cargo and compile C and C++ programs (the gshmem CUDA build
         # runs on the GPU machine through examples/shmem/gpu-run.sh instead).
         if t["name"] in ("golden", "wqe_golden", "prm_golden", "layout", "headers", "c_api", "shmem"):
             continue
@@ -40,6 +40,12 @@ for bin in target/release/*; do
   [[ -f $bin && -x $bin && ! $bin == *.d && ! $bin == *.so ]] && cp "$bin" "$dir/bin/"
 done
 cp target/ptx/gdaki_device.ptx "$dir/"
+# The C API's shared library and the C PTX, for the CUDA C++ programs built on the GPU machine
+# (examples/shmem/gpu-run.sh gpu-bundle/capi); the static library stays behind (60 MB).
+cargo build --release --locked -p gdaki-capi -q
+mkdir -p "$dir/capi"
+cp target/release/libgdaki.so target/ptx/gdaki_device_c.ptx "$dir/capi/"
+strip --strip-debug "$dir/capi/libgdaki.so"
 # Host benchmarks travel too: the device machine has more cores and less noise than CI.
 cargo bench --locked -p gdaki-device -p gdaki -p gdaki-proxy --no-run --message-format=json -q 2>/dev/null \
   | python3 -c '

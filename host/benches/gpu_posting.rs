@@ -8,13 +8,39 @@
 //! twice: a doorbell per post, and deferred posts with a commit every `--commit-every` posts
 //! per thread (default: all of a thread's posts), so many posts share one doorbell.
 //!
+//! Every row runs twice more: the same kernels written in CUDA C++ against `gdaki_device.h`
+//! (`benches/cuda/post_rate.cu`, NVRTC, linked with gdaki's C PTX at run time, so each gdaki
+//! call is a real call), next to the Rust kernels' row of the same run (`c++ / rust`).
+//!
 //! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N] [--commit-every N]`;
 //! without a usable GPU it says so and exits 0.
-use gdaki::cuda::{self, DataPathLaunch, Gpu, KernelMode, KernelScope, RingPlacement};
+use gdaki::cuda::{self, DataPathLaunch, Gpu, KernelMode, KernelScope, LinkInput, Module, PostingKernels, RingPlacement};
 use serde::Serialize;
+
+const CPP_KERNELS: &str = include_str!("cuda/post_rate.cu");
+const DEVICE_HEADER: &str = include_str!("../../device/include/gdaki_device.h");
+
+/// The C++ posting kernels, compiled by NVRTC and linked with gdaki's C PTX.
+fn cpp_module(gpu: &Gpu) -> anyhow::Result<Module> {
+    let dir = std::env::temp_dir().join(format!("gdaki-bench-posting-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("gdaki_device.h"), DEVICE_HEADER)?;
+    let (major, minor) = gpu.compute_capability()?;
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(Box::leak(format!("sm_{major}{minor}").into_boxed_str())),
+        include_paths: vec![dir.display().to_string()],
+        options: vec!["-rdc=true".into(), "-std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(CPP_KERNELS, opts).map_err(|e| anyhow::anyhow!("NVRTC: {e:?}"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(gpu.link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])?)
+}
 
 #[derive(Serialize)]
 struct Row {
+    /// "rust" (gdaki's kernels) or "c++" (benches/cuda/post_rate.cu).
+    kernel: &'static str,
     placement: RingPlacement,
     scope: &'static str,
     /// Posts per thread between doorbells (1: every post rings).
@@ -25,6 +51,9 @@ struct Row {
     post_mwqe_s: f64,
     store_mrec_s: f64,
     post_vs_store: f64,
+    /// C++ rows: the posting rate over the Rust kernels' in the row before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_rust: Option<f64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -54,6 +83,9 @@ fn main() -> anyhow::Result<()> {
         ("thread", KernelScope::Thread, KernelMode::Cta, grid, block),
         ("block", KernelScope::Block, KernelMode::Exclusive, grid, block),
     ];
+    let module = cpp_module(&gpu)?;
+    // SAFETY: post_rate.cu's kernels have gdaki's names and parameters and post as it does.
+    let cpp = unsafe { PostingKernels::module(&module) };
     let mut rows = Vec::new();
     for placement in [
         RingPlacement::HostPinned,
@@ -68,20 +100,25 @@ fn main() -> anyhow::Result<()> {
                 grid,
                 block,
             };
-            let r = gpu.posting_rate(placement, launch, qps, stride, iters, every)?;
-            let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
-            let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
-            rows.push(Row {
-                placement,
-                scope: name,
-                commit_every: every,
-                qps,
-                threads: grid as u64 * block as u64,
-                wqes: r.wqes,
-                post_mwqe_s: post,
-                store_mrec_s: store,
-                post_vs_store: post / store,
-            });
+            for (kernel, kernels) in [("rust", PostingKernels::GDAKI), ("c++", cpp)] {
+                let r = gpu.posting_rate(kernels, placement, launch, qps, stride, iters, every)?;
+                let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
+                let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
+                let vs_rust = (kernel == "c++").then(|| post / rows.last().map_or(f64::NAN, |r: &Row| r.post_mwqe_s));
+                rows.push(Row {
+                    kernel,
+                    placement,
+                    scope: name,
+                    commit_every: every,
+                    qps,
+                    threads: grid as u64 * block as u64,
+                    wqes: r.wqes,
+                    post_mwqe_s: post,
+                    store_mrec_s: store,
+                    post_vs_store: post / store,
+                    vs_rust,
+                });
+            }
         }
     }
     if json {
@@ -97,11 +134,12 @@ fn main() -> anyhow::Result<()> {
             info.gpus[0].name
         );
         println!(
-            " placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store"
+            " kernel  placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store   c++/rust"
         );
         for r in &rows {
             println!(
-                " {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}%",
+                " {:<7} {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}% {:>10}",
+                r.kernel,
                 format!("{:?}", r.placement),
                 r.scope,
                 if r.commit_every <= 1 {
@@ -113,7 +151,8 @@ fn main() -> anyhow::Result<()> {
                 r.wqes,
                 r.post_mwqe_s,
                 r.store_mrec_s,
-                100.0 * r.post_vs_store
+                100.0 * r.post_vs_store,
+                r.vs_rust.map_or(String::new(), |v| format!("{:.1}%", 100.0 * v))
             );
         }
     }

@@ -7,7 +7,8 @@
 #   tools/capi/install.sh [--prefix DIR] [--debug] [--from DIR]
 #       --prefix DIR  where to install (default /usr/local)
 #       --debug       install the debug build (default: release)
-#       --from DIR    take the libraries already built in DIR (e.g. target/debug); no cargo
+#       --from DIR    take the libraries already built in DIR (e.g. target/debug), and the C
+#                     PTX when DIR has gdaki_device_c.ptx; no cargo
 #
 # Then:  cc app.c $(pkg-config --cflags --libs gdaki)
 #        static: cc app.c $(pkg-config --cflags gdaki) -l:libgdaki.a $(pkg-config --static --libs-only-other --libs-only-l gdaki | sed 's/-lgdaki //')
@@ -19,7 +20,7 @@ while (($#)); do
     --prefix) prefix=$2; shift 2 ;;
     --debug) profile=debug; shift ;;
     --from) from=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,9 +31,7 @@ if [[ -z $from ]]; then
   (cd "$root" && cargo build "${flag[@]}" -p gdaki-capi)
   from=$root/target/$profile
 fi
-for f in libgdaki.so libgdaki.a; do
-  [[ -s $from/$f ]] || { say "$from/$f is missing: build gdaki-capi first (or drop --from)"; exit 1; }
-done
+[[ -s $from/libgdaki.so ]] || { say "$from/libgdaki.so is missing: build gdaki-capi first (or drop --from)"; exit 1; }
 abi=$(sed -n 's/^#define GDAKI_ABI_VERSION \([0-9]*\)$/\1/p' "$root/host/capi/include/gdaki.h")
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -1)
 [[ -n $abi && -n $version ]] || { say "cannot read the ABI version or the package version"; exit 1; }
@@ -41,9 +40,16 @@ mkdir -p "$lib/pkgconfig" "$inc" "$share"
 install -m 0755 "$from/libgdaki.so" "$lib/libgdaki.so.$version"
 ln -sf "libgdaki.so.$version" "$lib/libgdaki.so.$abi"
 ln -sf "libgdaki.so.$abi" "$lib/libgdaki.so"
-install -m 0644 "$from/libgdaki.a" "$lib/libgdaki.a"
+# A --from folder may carry the shared library alone (the static one is large).
+if [[ -s $from/libgdaki.a ]]; then
+  install -m 0644 "$from/libgdaki.a" "$lib/libgdaki.a"
+else
+  say "$from has no libgdaki.a: the static library is not installed"
+fi
 install -m 0644 "$root/host/capi/include/gdaki.h" "$root"/device/include/* "$inc/"
+# The C PTX beside the libraries of --from, else where the build leaves it.
 ptx=$root/target/ptx/gdaki_device_c.ptx
+[[ -s $from/gdaki_device_c.ptx ]] && ptx=$from/gdaki_device_c.ptx
 if [[ -s $ptx ]]; then
   install -m 0644 "$ptx" "$share/gdaki_device_c.ptx"
   if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then

@@ -69,6 +69,9 @@ typedef struct gshmem_options {
     /** Bound of every device-side wait (completions, signals, barriers), in ms
      *  (GSHMEM_WAIT_TIMEOUT_MS, default 30000). */
     uint32_t wait_timeout_ms;
+    /** gdaki's diagnostics to stderr, filtered as RUST_LOG is ("warn", "gdaki=debug"), or NULL
+     *  for none (GSHMEM_LOG). */
+    const char *log;
 } gshmem_options;
 
 /** Version word of gshmem_ctx and gshmem_internal: bump on any layout change. */
@@ -139,6 +142,10 @@ const char *gshmem_bootstrap_name(void);
 void *gshmem_malloc(size_t bytes);
 /** Returns a gshmem_malloc block (NULL: nothing). Collective. */
 int gshmem_free(void *ptr);
+/** 0 when every queue pair of this PE is ready to send; -1 naming each one that is not (its
+ *  peer, state and error syndrome: the first failed operation's cause), e.g. after a kernel
+ *  got GDAKI_CODE_CQE_ERROR. Local: not collective. */
+int gshmem_check_queues(void);
 /** Waits until every PE has called it (host side; kernels use gshmem::barrier_all). */
 int gshmem_barrier_all(void);
 /** The context kernels take. */

@@ -19,7 +19,7 @@ using launch::Failures;
 
 namespace {
 
-GSHMEM_FN uint8_t pattern(uint32_t from, uint32_t to, uint64_t i) {
+LAUNCH_HD uint8_t pattern(uint32_t from, uint32_t to, uint64_t i) {
     return (uint8_t)(from * 37u + to * 101u + (uint32_t)(i >> 3) * 7u + (uint32_t)i + 3u);
 }
 

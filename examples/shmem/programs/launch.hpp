@@ -18,6 +18,13 @@
 #include <unistd.h>
 #endif
 
+/** Helpers both the host and kernels call (patterns, expected values). */
+#if defined(GDAKI_CUDA)
+#define LAUNCH_HD __host__ __device__ inline
+#else
+#define LAUNCH_HD inline
+#endif
+
 namespace launch {
 
 [[noreturn]] inline void die(const std::string &what) {

@@ -25,10 +25,10 @@ int checks = 0, failed = 0;
         }                                                                    \
     } while (0)
 
-GSHMEM_FN uint8_t pattern(uint32_t pe, uint32_t index, uint64_t i) {
+LAUNCH_HD uint8_t pattern(uint32_t pe, uint32_t index, uint64_t i) {
     return (uint8_t)(pe * 131u + index * 7u + (uint32_t)i * 13u + 1u);
 }
-GSHMEM_FN uint32_t value(uint32_t pe, uint32_t t) { return 0x80000000u | (pe << 20) | t; }
+LAUNCH_HD uint32_t value(uint32_t pe, uint32_t t) { return 0x80000000u | (pe << 20) | t; }
 
 constexpr uint32_t BLOCK = 64;     // bytes per thread in thread scope
 constexpr uint32_t FETCHES = 4;    // fetch-adds per thread
@@ -48,6 +48,7 @@ void no_failures(Failures *f, const char *test) {
     Failures got = read(f, 1)[0];
     CHECK(got.count == 0, "%s: %u failures, the first at line %u, index %u: code %u", test, got.count, got.first_line,
           got.first_index, got.first_code);
+    if (got.count != 0 && gshmem_check_queues() != 0) std::fprintf(stderr, "PE %d: %s\n", gshmem_my_pe(), gshmem_error());
     const Failures none{};
     launch::check(gshmem_heap_write(f, &none, sizeof none), "gshmem_heap_write");
 }

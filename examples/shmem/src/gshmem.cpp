@@ -200,6 +200,27 @@ void options_init(gshmem_options *o) {
     o->listen = env("GSHMEM_LISTEN") != nullptr ? env("GSHMEM_LISTEN") : "127.0.0.1:0";
     o->sq_size = (uint32_t)std::min<uint64_t>(env_number("GSHMEM_SQ_SIZE", 1024), UINT32_MAX);
     o->wait_timeout_ms = (uint32_t)std::min<uint64_t>(env_number("GSHMEM_WAIT_TIMEOUT_MS", 30000), UINT32_MAX);
+    o->log = env("GSHMEM_LOG");
+}
+
+/** mlx5's name for an error CQE's syndrome. */
+const char *syndrome_name(uint32_t s) {
+    switch (s) {
+    case 0x01: return "local length error";
+    case 0x02: return "local QP operation error";
+    case 0x04: return "local protection error";
+    case 0x05: return "flushed (the queue pair failed earlier)";
+    case 0x06: return "memory window bind error";
+    case 0x10: return "bad response";
+    case 0x11: return "local access error";
+    case 0x12: return "remote invalid request";
+    case 0x13: return "remote access error";
+    case 0x14: return "remote operation error";
+    case 0x15: return "transport retries exceeded (the peer did not answer)";
+    case 0x16: return "RNR retries exceeded";
+    case 0x22: return "aborted";
+    default: return "unknown syndrome";
+    }
 }
 
 std::unique_ptr<Bootstrap> make_bootstrap(const gshmem_options &o) {
@@ -227,6 +248,11 @@ void init(const gshmem_options *given) {
     if (o.gpu < 0 && o.heap_kind != GSHMEM_HEAP_DEFAULT)
         throw Error("CPU mode keeps the heap in host memory: heap_kind must be GSHMEM_HEAP_DEFAULT");
 
+    // Once per process: gdaki keeps the first filter.
+    if (o.log != nullptr) {
+        gdaki_status st = gdaki_log_init(o.log);
+        if (st != GDAKI_STATUS_OK && st != GDAKI_STATUS_INVALID_STATE) ok(st, "gdaki_log_init");
+    }
     auto s = std::make_unique<State>();
     s->boot = make_bootstrap(o);
     const uint32_t me = (uint32_t)s->boot->rank(), n = (uint32_t)s->boot->size();
@@ -425,6 +451,28 @@ int gshmem_free(void *ptr) {
             throw Error("the PEs disagree: free the same block everywhere (and only blocks from gshmem_malloc)");
         if (!known) throw Error("the pointer is not a block from gshmem_malloc");
         s.alloc.release(off);
+    });
+}
+
+int gshmem_check_queues(void) {
+    return guard("gshmem_check_queues", [&] {
+        State &s = state();
+        std::string bad;
+        static const char *states[] = {"RESET", "INIT", "RTR", "RTS", "ERROR"};
+        for (size_t pe = 0; pe < s.peers.size(); pe++) {
+            gdaki_qp_info info{};
+            ok(gdaki_qp_query(s.peers[pe].qp, &info), "gdaki_qp_query");
+            if (info.state == GDAKI_QP_STATE_RTS) continue;
+            char text[200];
+            std::snprintf(text, sizeof text, "%sthe queue pair to PE %zu (QPN 0x%x) is in %s", bad.empty() ? "" : "; ",
+                          pe, info.qpn, (uint32_t)info.state < 5 ? states[info.state] : "an unknown state");
+            bad += text;
+            if (info.state == GDAKI_QP_STATE_ERROR) {
+                std::snprintf(text, sizeof text, ", syndrome 0x%02x: %s", info.syndrome, syndrome_name(info.syndrome));
+                bad += text;
+            }
+        }
+        if (!bad.empty()) throw Error(bad);
     });
 }
 

@@ -253,6 +253,21 @@ impl Gpu {
         launch: DataPathLaunch,
         args: Args<'_>,
     ) -> Result<KernelRun, CudaError> {
+        // SAFETY: gdaki's own data-path kernels take exactly that parameter list.
+        unsafe { self.run_data_path_kernel(&Kernel::own(self, name)?, launch, args) }
+    }
+
+    /// [`run_data_path`](Self::run_data_path) with a kernel of any module.
+    ///
+    /// # Safety
+    /// `kernel` takes `args`, then `scratch: *mut BlockScratch` (one per block) and
+    /// `status: *mut u32` (one per thread), and touches nothing else.
+    pub(super) unsafe fn run_data_path_kernel(
+        &self,
+        kernel: &Kernel<'_>,
+        launch: DataPathLaunch,
+        args: Args<'_>,
+    ) -> Result<KernelRun, CudaError> {
         let stream = self.ctx.default_stream();
         let threads = launch.threads().max(1);
         let mut status = stream.alloc_zeros::<u32>(threads)?;
@@ -261,11 +276,10 @@ impl Gpu {
         let scratch_bytes = gdaki_device::scope::BLOCK_SCRATCH_BYTES * launch.grid.max(1) as usize;
         let scratch = stream.alloc_zeros::<u8>(scratch_bytes)?;
         let args = args.slice(&scratch).slice(&status);
-        // SAFETY: every data-path kernel takes its own arguments (pushed by the caller, typed:
-        // the QPs are exported to this GPU and borrowed until the kernel is done), then
-        // `scratch: *mut BlockScratch` (one per block) and `status: *mut u32` (one per
-        // thread), allocated above.
-        let elapsed = unsafe { Kernel::own(self, name)?.run(Dims::linear(launch.grid, launch.block), args) }?;
+        // SAFETY: the kernel takes the caller's arguments (typed: the QPs are exported to this
+        // GPU and borrowed until the kernel is done), then `scratch: *mut BlockScratch` (one
+        // per block) and `status: *mut u32` (one per thread), allocated above (the contract).
+        let elapsed = unsafe { kernel.run(Dims::linear(launch.grid, launch.block), args) }?;
         Ok(KernelRun {
             status: stream.clone_dtoh(&status)?,
             elapsed,

@@ -27,6 +27,29 @@ pub enum RingPlacement {
     DeviceSystemFences,
 }
 
+/// Which code posts: gdaki's Rust kernels ([`PostingKernels::GDAKI`]), or the same kernels
+/// written elsewhere, e.g. CUDA C++ calling `gdaki_device.h`, linked with
+/// [`Gpu::link_module`] ([`PostingKernels::module`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PostingKernels<'a>(Option<&'a super::Module>);
+
+impl<'a> PostingKernels<'a> {
+    /// gdaki's own (Rust) kernels.
+    pub const GDAKI: PostingKernels<'static> = PostingKernels(None);
+
+    /// The posting kernels of `module`.
+    ///
+    /// # Safety
+    /// Each kernel is named as gdaki's are (`gdaki_post_rate_<scope>_<mode>`), takes the same
+    /// parameters (`qps: *const u64, nqp: u32, stride: u32, iters: u32, commit_every: u32,
+    /// scratch: *mut gdaki_block_scratch` (one per block), `status: *mut u32` (one per
+    /// thread)), and touches only the queue pairs in `qps` (posting 8-byte puts as
+    /// `perf::post_only` does), its block's scratch and its thread's status.
+    pub unsafe fn module(module: &'a super::Module) -> PostingKernels<'a> {
+        PostingKernels(Some(module))
+    }
+}
+
 /// What one posting-rate run measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PostingRun {
@@ -61,13 +84,15 @@ fn bad(why: String) -> CudaError {
 }
 
 impl Gpu {
-    /// Posts `per_thread` 8-byte puts from every thread of `launch` (thread `t` on QP
+    /// With `kernels`' posting kernel, posts `per_thread` 8-byte puts from every thread of
+    /// `launch` (thread `t` on QP
     /// `(t / stride) % qps`, each QP used in `launch.mode` by the threads that map to it), then
     /// runs the store-loop reference over the same memory; returns both GPU times. With
     /// `commit_every` above 1 the puts are deferred and each thread commits every
     /// `commit_every` puts (one doorbell for that many posts), else every post rings.
     pub fn posting_rate(
         &self,
+        kernels: PostingKernels<'_>,
         placement: RingPlacement,
         launch: DataPathLaunch,
         qps: u32,
@@ -180,7 +205,21 @@ impl Gpu {
             .u32(stride)
             .u32(per_thread)
             .u32(commit_every);
-        let run = self.run_data_path(&name, launch, args)?;
+        let run = match kernels.0 {
+            None => self.run_data_path(&name, launch, args)?,
+            Some(module) => {
+                if module.gpu().ordinal() != self.ordinal() {
+                    return Err(bad(format!(
+                        "the module is loaded into GPU {}, not GPU {}",
+                        module.gpu().ordinal(),
+                        self.ordinal()
+                    )));
+                }
+                // SAFETY: the kernel takes these parameters and touches only what they name
+                // (the contract of `PostingKernels::module`).
+                unsafe { self.run_data_path_kernel(&module.kernel(&name)?, launch, args)? }
+            }
+        };
         if let Some((t, code)) = run.first_failure() {
             return Err(CudaError::WrongResult {
                 kernel: "gdaki_post_rate",
