@@ -14,7 +14,9 @@
 //!
 //! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N] [--commit-every N]`;
 //! without a usable GPU it says so and exits 0.
-use gdaki::cuda::{self, DataPathLaunch, Gpu, KernelMode, KernelScope, LinkInput, Module, PostingKernels, RingPlacement};
+use gdaki::cuda::{
+    self, DataPathLaunch, Gpu, KernelMode, KernelScope, LinkInput, Module, PostingKernels, PostingShape, RingPlacement,
+};
 use serde::Serialize;
 
 const CPP_KERNELS: &str = include_str!("cuda/post_rate.cu");
@@ -101,7 +103,13 @@ fn main() -> anyhow::Result<()> {
                 block,
             };
             for (kernel, kernels) in [("rust", PostingKernels::GDAKI), ("c++", cpp)] {
-                let r = gpu.posting_rate(kernels, placement, launch, qps, stride, iters, every)?;
+                let shape = PostingShape {
+                    qps,
+                    stride,
+                    per_thread: iters,
+                    commit_every: every,
+                };
+                let r = gpu.posting_rate(kernels, placement, launch, shape)?;
                 let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
                 let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
                 let vs_rust = (kernel == "c++").then(|| post / rows.last().map_or(f64::NAN, |r: &Row| r.post_mwqe_s));

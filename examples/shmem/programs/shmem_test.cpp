@@ -1,7 +1,8 @@
 // gshmem's test: every operation between every PE, data verified on every PE. Thread scope
 // runs in both builds (kernels, or host threads in CPU mode); warp scope needs the CUDA build.
 // Exits 0 when every check passed on this PE. Run it as N processes (mpirun -np N, or the TCP
-// rendezvous: GSHMEM_RANK / GSHMEM_NRANKS); see ../README.md.
+// rendezvous: GSHMEM_RANK / GSHMEM_NRANKS); see ../README.md. GSHMEM_TEST_THREADS sets the
+// threads of the thread-scope tests (default 256 on the GPU, 8 in CPU mode).
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -317,12 +318,14 @@ int main() {
     launch::check(gshmem_options_init(&o), "gshmem_options_init");
 #if defined(GDAKI_CUDA)
     launch::prepare_gpu(o.gpu < 0 ? 0 : o.gpu);
-    const uint32_t T = 256;
+    uint32_t T = 256;
 #else
     o.gpu = -1;
     o.heap_kind = GSHMEM_HEAP_DEFAULT;
-    const uint32_t T = 8;
+    uint32_t T = 8;
 #endif
+    // Threads of the thread-scope tests (GSHMEM_TEST_THREADS, 1 to 1024).
+    if (const char *v = std::getenv("GSHMEM_TEST_THREADS")) T = (uint32_t)std::min(std::max(std::atoi(v), 1), 1024);
     launch::check(gshmem_init(&o), "gshmem_init");
     const uint32_t me = (uint32_t)gshmem_my_pe(), np = (uint32_t)gshmem_n_pes();
     const uint32_t prev = (me + np - 1) % np, next = (me + 1) % np;

@@ -16,7 +16,7 @@ mod posting;
 mod reference;
 pub use kernel::{Args, Dims, Kernel, LinkInput, Module};
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
-pub use posting::{PostingKernels, PostingRun, RingPlacement};
+pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
 pub const MIN_DRIVER_VERSION: i32 = 13000;

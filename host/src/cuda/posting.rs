@@ -50,6 +50,19 @@ impl<'a> PostingKernels<'a> {
     }
 }
 
+/// How a posting-rate run spreads its posts (see [`Gpu::posting_rate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostingShape {
+    /// Queue pairs.
+    pub qps: u32,
+    /// Consecutive threads sharing a queue pair.
+    pub stride: u32,
+    /// Puts per thread.
+    pub per_thread: u32,
+    /// Puts per doorbell (1: every post rings).
+    pub commit_every: u32,
+}
+
 /// What one posting-rate run measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PostingRun {
@@ -85,21 +98,24 @@ fn bad(why: String) -> CudaError {
 
 impl Gpu {
     /// With `kernels`' posting kernel, posts `per_thread` 8-byte puts from every thread of
-    /// `launch` (thread `t` on QP
-    /// `(t / stride) % qps`, each QP used in `launch.mode` by the threads that map to it), then
-    /// runs the store-loop reference over the same memory; returns both GPU times. With
-    /// `commit_every` above 1 the puts are deferred and each thread commits every
-    /// `commit_every` puts (one doorbell for that many posts), else every post rings.
+    /// `launch` (thread `t` on QP `(t / stride) % qps`, each QP used in `launch.mode` by the
+    /// threads that map to it), then runs the store-loop reference over the same memory;
+    /// returns both GPU times. With `commit_every` above 1 the puts are deferred and each
+    /// thread commits every `commit_every` puts (one doorbell for that many posts), else every
+    /// post rings.
     pub fn posting_rate(
         &self,
         kernels: PostingKernels<'_>,
         placement: RingPlacement,
         launch: DataPathLaunch,
-        qps: u32,
-        stride: u32,
-        per_thread: u32,
-        commit_every: u32,
+        shape: PostingShape,
     ) -> Result<PostingRun, CudaError> {
+        let PostingShape {
+            qps,
+            stride,
+            per_thread,
+            commit_every,
+        } = shape;
         let threads = launch.grid as u64 * launch.block as u64;
         if qps == 0 || stride == 0 || per_thread == 0 || threads == 0 {
             return Err(bad("QPs, stride, iterations and threads must be at least 1".into()));
