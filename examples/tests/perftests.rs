@@ -2,6 +2,9 @@
 //! 127.0.0.1 in CPU mode (the table parses, data is validated, `--json` has the documented
 //! keys), the errors users hit (flag mismatch, refused connection, bad flags), and the same on
 //! a GPU where one is usable (SKIPPED otherwise, unless `GDAKI_REQUIRE_GPU=1`).
+mod common;
+
+use common::free_port;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
@@ -56,15 +59,6 @@ fn num(s: &str) -> f64 {
     s.trim_end_matches('%')
         .parse()
         .unwrap_or_else(|_| panic!("not a number: {s}"))
-}
-
-/// A TCP port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs `name --server` and `name 127.0.0.1` with their own flags; returns both outputs.

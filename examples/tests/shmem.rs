@@ -6,6 +6,9 @@
 //! clear error. The CUDA build of the same programs runs on the GPU machine (see
 //! examples/shmem/README.md). Needs make, g++ and Open MPI (tools/setup.sh installs them);
 //! without mpirun the MPI runs say SKIPPED.
+mod common;
+
+use common::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -56,15 +59,6 @@ fn build(scratch: &Path) -> PathBuf {
             .arg("cpu"),
     );
     out.join("cpu")
-}
-
-/// A TCP port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn text(out: &Output) -> String {
