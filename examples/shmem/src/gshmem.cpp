@@ -16,6 +16,8 @@
 
 #include "bootstrap.hpp"
 
+static_assert(sizeof(gshmem_internal) <= GSHMEM_RESERVED_BYTES, "gshmem's own words outgrew their reservation");
+
 namespace gshmem {
 namespace {
 
