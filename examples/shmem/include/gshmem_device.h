@@ -90,9 +90,13 @@ GSHMEM_FN uint64_t remote_addr(const gshmem_ctx &c, const void *addr, int pe) {
     return c.heaps[pe].addr + ((uint64_t)addr - c.heap_base);
 }
 GSHMEM_FN uint32_t rkey(const gshmem_ctx &c, int pe) { return c.heaps[pe].rkey; }
-/* `pe`'s barrier counter. */
-GSHMEM_FN uint64_t arrivals(const gshmem_ctx &c, uint32_t pe) {
-    return c.heaps[pe].addr + offsetof(gshmem_internal, barrier_arrivals);
+/* Announces this PE's arrival at a barrier to `pe` (an add to its counter) and waits until
+ * the add is done. */
+GSHMEM_FN uint32_t arrive(const gshmem_ctx &c, uint32_t pe) {
+    uint64_t ticket = 0;
+    uint32_t s = gdaki_signal_thread_gpu(c.qps[pe], c.heaps[pe].addr + offsetof(gshmem_internal, barrier_arrivals),
+                                         c.heaps[pe].rkey, 1, (uint64_t)&internal(c)->discard, c.lkey, 0u, &ticket);
+    return s != GDAKI_OK ? s : gdaki_wait_thread_gpu(c.qps[pe], ticket);
 }
 
 #if defined(GDAKI_CUDA)
@@ -121,22 +125,26 @@ GSHMEM_FN uint32_t lane_id() { return threadIdx.x % 32; }
 GSHMEM_FN int my_pe(const gshmem_ctx &c) { return (int)c.my_pe; }
 GSHMEM_FN int n_pes(const gshmem_ctx &c) { return (int)c.n_pes; }
 
+namespace detail {
+/* Checks and posts a put; its ticket into `*ticket` unless null. */
+GSHMEM_FN uint32_t post_put(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe,
+                            uint64_t *ticket) {
+    if (!pe_ok(c, pe) || !in_heap(c, dest, bytes) || !in_heap(c, src, bytes)) return GDAKI_CODE_BAD_ARGUMENT;
+    return gdaki_put_thread_gpu(c.qps[pe], remote_addr(c, dest, pe), rkey(c, pe), (uint64_t)src, c.lkey, bytes, 0u,
+                                ticket);
+}
+} // namespace detail
+
 /** Starts copying `bytes` from symmetric `src` here to symmetric `dest` at `pe`; complete
  *  (source reusable, data at `pe`) after quiet(). */
 GSHMEM_FN uint32_t put_nbi(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
-    if (!detail::pe_ok(c, pe) || !detail::in_heap(c, dest, bytes) || !detail::in_heap(c, src, bytes))
-        return GDAKI_CODE_BAD_ARGUMENT;
-    return gdaki_put_thread_gpu(c.qps[pe], detail::remote_addr(c, dest, pe), detail::rkey(c, pe), (uint64_t)src,
-                                c.lkey, bytes, 0u, nullptr);
+    return detail::post_put(c, dest, src, bytes, pe, nullptr);
 }
 
 /** put_nbi, then waits until it has completed. */
 GSHMEM_FN uint32_t put(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
-    if (!detail::pe_ok(c, pe) || !detail::in_heap(c, dest, bytes) || !detail::in_heap(c, src, bytes))
-        return GDAKI_CODE_BAD_ARGUMENT;
     uint64_t ticket = 0;
-    uint32_t s = gdaki_put_thread_gpu(c.qps[pe], detail::remote_addr(c, dest, pe), detail::rkey(c, pe),
-                                      (uint64_t)src, c.lkey, bytes, 0u, &ticket);
+    uint32_t s = detail::post_put(c, dest, src, bytes, pe, &ticket);
     return s != GDAKI_OK ? s : gdaki_wait_thread_gpu(c.qps[pe], ticket);
 }
 
@@ -222,10 +230,7 @@ GSHMEM_FN uint32_t barrier_all(const gshmem_ctx &c) {
     uint64_t round = ++*(volatile uint64_t *)&in->barrier_done;
     for (uint32_t pe = 0; pe < c.n_pes; pe++) {
         if (pe == c.my_pe) continue;
-        uint64_t ticket = 0;
-        s = gdaki_signal_thread_gpu(c.qps[pe], detail::arrivals(c, pe), c.heaps[pe].rkey, 1, (uint64_t)&in->discard,
-                                    c.lkey, 0u, &ticket);
-        if (s == GDAKI_OK) s = gdaki_wait_thread_gpu(c.qps[pe], ticket);
+        s = detail::arrive(c, pe);
         if (s != GDAKI_OK) return s;
     }
     return gdaki_wait_signal_thread_gpu(c.qps[c.my_pe], &in->barrier_arrivals, round * (c.n_pes - 1));
@@ -353,10 +358,7 @@ __device__ inline uint32_t barrier_all_warp(const gshmem_ctx &c) {
     round = __shfl_sync(0xffffffffu, round, 0);
     for (uint32_t pe = detail::lane_id(); pe < c.n_pes; pe += 32) {
         if (pe == c.my_pe) continue;
-        uint64_t ticket = 0;
-        uint32_t r = gdaki_signal_thread_gpu(c.qps[pe], detail::arrivals(c, pe), c.heaps[pe].rkey, 1,
-                                             (uint64_t)&in->discard, c.lkey, 0u, &ticket);
-        if (r == GDAKI_OK) r = gdaki_wait_thread_gpu(c.qps[pe], ticket);
+        uint32_t r = detail::arrive(c, pe);
         if (s == GDAKI_OK) s = r;
     }
     s = detail::warp_status(s);
