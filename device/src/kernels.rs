@@ -124,15 +124,16 @@ unsafe fn run<M: Sharing, S: Launch>(
 
 macro_rules! kernels_for {
     ($mode:ty, $scope:ty, $put:ident, $ops:ident, $rate:ident) => {
-        /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode: block
-        /// `b` posts on `qps[b % nqp]`, every thread of the grid `iters` messages of `len`
-        /// bytes into `slots` slots, thread `t` numbering its messages from `first + t`.
+        /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode:
+        /// thread `t` posts on `qps[(t / per_qp) % nqp]` (`per_qp` 0: a block's threads),
+        /// every thread of the grid `iters` messages of `len` bytes into `slots` slots,
+        /// thread `t` numbering its messages from `first + t`.
         ///
         /// # Safety
         /// `qps` holds `nqp` (at least one) exported handles, each shared only by this launch's
-        /// threads in this mode; the buffers hold `len * slots` bytes and are registered with
-        /// the keys given; `status` holds one u32 per thread; `scratch` as in the module
-        /// documentation.
+        /// threads in this mode; `per_qp` keeps each posting group (warp, block) on one QP;
+        /// the buffers hold `len * slots` bytes and are registered with the keys given;
+        /// `status` holds one u32 per thread; `scratch` as in the module documentation.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $put(
             qps: *const u64,
@@ -145,17 +146,22 @@ macro_rules! kernels_for {
             slots: u64,
             first: u64,
             iters: u32,
+            per_qp: u32,
             scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
             let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
-            // SAFETY: `qps` holds `nqp` entries (contract); special registers are always readable.
-            let (qp, threads) = unsafe {
+            // SAFETY: special registers are always readable.
+            let (block, threads) = unsafe {
                 (
-                    *qps.add((_block_idx_x() as u32 % nqp.max(1)) as usize) as *mut DevQp,
+                    _block_dim_x() as u32,
                     _grid_dim_x() as u64 * _block_dim_x() as u64,
                 )
             };
+            let per_qp = if per_qp == 0 { block } else { per_qp };
+            let i = (global_thread() / per_qp.max(1)) % nqp.max(1);
+            // SAFETY: `qps` holds `nqp` entries (contract).
+            let qp = unsafe { *qps.add(i as usize) } as *mut DevQp;
             let t = first + global_thread() as u64;
             unsafe {
                 run::<$mode, $scope>(qp, scratch, status, |qp| {

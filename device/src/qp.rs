@@ -784,16 +784,20 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
 
     /// Posts `count` WQEs of this member (see [`post_group`](Self::post_group)). On the GPU,
-    /// thread scope in a shared mode posts with the warp's lanes that post at the same moment
-    /// ([`Coalesced`](crate::scope::Coalesced)): one reservation and one doorbell per warp
-    /// instead of a contended atomic and an in-order hand-off per thread. The ticket is then
-    /// the group's last index, which covers this thread's WQEs too.
+    /// thread scope in a shared mode posts with the warp's lanes that post on the same QP at
+    /// the same moment ([`Coalesced`](crate::scope::Coalesced)): one reservation and one
+    /// doorbell per warp instead of a contended atomic and an in-order hand-off per thread.
+    /// The ticket is then the group's last index, which covers this thread's WQEs too.
     #[inline(always)]
     fn post(&self, count: u64, write: impl FnMut(u64, u64, u8) -> Result<(), PostError>) -> Result<Ticket, PostError> {
         #[cfg(target_arch = "nvptx64")]
         if S::SOLO && M::SHARED {
+            // The group reserves, writes and rings on its leader's QP: lanes on other QPs, or
+            // that defer when the leader would ring, form groups of their own. The handle is
+            // 8-byte aligned, so its low bit is free for the deferral.
+            let key = self.ptr as u64 | self.defer as u64;
             return self
-                .with_scope(crate::scope::Coalesced::here())
+                .with_scope(crate::scope::Coalesced::sharing(key))
                 .post_group(count, write);
         }
         self.post_group(count, write)

@@ -146,22 +146,25 @@ mod gpu {
         }
     }
 
-    /// The lanes of a warp that execute this call together (CUDA's coalesced group). Thread
-    /// scope posts as one in the shared modes, so a warp's concurrent posters take one
-    /// reservation, one in-order hand-off and one doorbell instead of contending lane by lane.
-    /// Every lane of the group must then run the same collectives in the same order, which the
-    /// posting code does (its loop bounds are the group's, not the lane's).
+    /// The lanes of a warp that execute this call together with the same key (CUDA's
+    /// coalesced group, split by `__match_any_sync`). Thread scope posts as one in the shared
+    /// modes, so a warp's concurrent posters on one queue pair take one reservation, one
+    /// in-order hand-off and one doorbell instead of contending lane by lane. Every lane of the
+    /// group must then run the same collectives in the same order, which the posting code does
+    /// (its loop bounds are the group's, not the lane's).
     #[derive(Clone, Copy)]
     pub struct Coalesced {
         mask: u32,
     }
 
     impl Coalesced {
-        /// The lanes executing this call with the caller.
+        /// The lanes executing this call with the caller and passing the same `key`. Lanes
+        /// that act on different queues must pass different keys: a group acts through its
+        /// leader's queue.
         #[inline(always)]
-        pub fn here() -> Coalesced {
+        pub fn sharing(key: u64) -> Coalesced {
             Coalesced {
-                mask: arch::active_mask(),
+                mask: arch::match_any(arch::active_mask(), key),
             }
         }
     }

@@ -55,6 +55,7 @@ fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
         slots: 1,
         first: 0,
         iters: 1,
+        threads_per_qp: 0,
     }
 }
 use gdaki::{Access, Context, ContextOptions, Provider, QpConfig, QueuePair};
@@ -125,6 +126,7 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
                         slots: threads as u64,
                         first: 0,
                         iters: ITERS,
+                        threads_per_qp: 0,
                     },
                 )
                 .unwrap()
@@ -182,6 +184,7 @@ fn put_kernel_spreads_blocks_over_several_qps() {
         slots: SLOTS,
         first: 7,
         iters: 10,
+        threads_per_qp: 0,
     };
     let run = gpu.run_put(&handles, launch, &stream).unwrap();
     assert_eq!(run.first_failure(), None);
@@ -195,6 +198,108 @@ fn put_kernel_spreads_blocks_over_several_qps() {
     }
     // No handles: an error, not a launch.
     assert!(gpu.run_put(&[], launch, &stream).is_err());
+}
+
+/// Lanes of one warp that post on different QPs at the same moment: thread scope in the shared
+/// modes posts with the lanes beside it, which must be only those on its own QP (a group
+/// reserves and rings on its leader's QP). Before that was so, lane 1's WQE went into its own
+/// ring at the index lane 0 reserved on QP 0, and QP 0's doorbell covered a slot never written.
+#[test]
+fn lanes_of_a_warp_post_on_different_qps() {
+    let Some((gpu, _one)) = gpu_or_skip("lanes_of_a_warp_post_on_different_qps") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const NQP: usize = 3;
+    const LEN: u64 = 48;
+    const ITERS: u32 = 6;
+    let cases = [
+        (KernelScope::Thread, KernelMode::Gpu, 1),
+        (KernelScope::Thread, KernelMode::Cta, 1),
+        (KernelScope::Thread, KernelMode::Gpu, 5),
+        (KernelScope::Warp, KernelMode::Gpu, 32),
+    ];
+    let failures: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(c, &(scope, mode, per))| {
+            // Every QP is shared by several groups across the grid, so each sees many rounds.
+            let qps: Vec<QueuePair> = (0..NQP).map(|_| loopback_qp(&ctx, 64, QpConfig::default())).collect();
+            let exported: Vec<_> = qps.iter().map(|q| q.export_gpu(&gpu).unwrap()).collect();
+            let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
+            let launch = DataPathLaunch {
+                scope,
+                mode,
+                grid: if mode == KernelMode::Cta { 1 } else { 2 },
+                block: 96,
+            };
+            let threads = (launch.grid * launch.block) as u64;
+            let src = ctx
+                .alloc_pinned_region(&gpu, (LEN * threads) as usize, Access::ALL)
+                .unwrap();
+            let dst = ctx
+                .alloc_pinned_region(&gpu, (LEN * threads) as usize, Access::ALL)
+                .unwrap();
+            let data = pattern(40 + c as u64, (LEN * threads) as usize);
+            src.write(0, &data).unwrap();
+            let _ = writeln!(std::io::stderr(), "{launch:?}, {per} threads per QP");
+            let stream = PutStream {
+                dst: dst.remote(0),
+                src: src.local(0),
+                len: LEN,
+                slots: threads,
+                first: 0,
+                iters: ITERS,
+                threads_per_qp: per,
+            };
+            let run = gpu.run_put(&handles, launch, &stream).unwrap();
+            let mut why = Vec::new();
+            if let Some((t, code)) = run.first_failure() {
+                why.push(format!("thread {t}: {}", gdaki_device::status::Code(code)));
+            }
+            if dst.read_vec(0, data.len()).unwrap() != data {
+                why.push("the data differs".into());
+            }
+            for (i, (q, g)) in qps.iter().zip(&exported).enumerate() {
+                let posts = (0..threads).filter(|t| (t / per as u64) as usize % NQP == i).count() as u64;
+                let c = g.counters().unwrap();
+                if q.state() != gdaki::QpState::Rts || c.hca_completed != posts * ITERS as u64 {
+                    why.push(format!("QP {i}: {:?}, {:?}, {c:?}", q.state(), q.error()));
+                }
+            }
+            (!why.is_empty()).then(|| format!("{launch:?}, {per} per QP: {why:?}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn put_groups_stay_on_one_qp() {
+    let Some((gpu, _one)) = gpu_or_skip("put_groups_stay_on_one_qp") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    let gq = qp.export_gpu(&gpu).unwrap();
+    let mr = ctx.alloc_region(64, Access::ALL).unwrap();
+    let split = |scope, block, per| {
+        let launch = DataPathLaunch {
+            scope,
+            mode: KernelMode::Gpu,
+            grid: 1,
+            block,
+        };
+        let stream = PutStream {
+            threads_per_qp: per,
+            ..one_put(mr.remote(0), mr.local(0))
+        };
+        gpu.run_put(&[&gq], launch, &stream)
+    };
+    // A warp, or a block, that would post as a group over two QPs: refused before a launch.
+    let e = split(KernelScope::Warp, 64, 16).unwrap_err().to_string();
+    assert!(e.contains("16 threads per queue pair"), "{e}");
+    assert!(split(KernelScope::Block, 64, 32).is_err());
+    assert_eq!(split(KernelScope::Block, 64, 64).unwrap().first_failure(), None);
 }
 
 #[test]
@@ -569,6 +674,7 @@ fn gpu_kernels_put_between_device_memory_regions() {
                 slots: threads,
                 first: 0,
                 iters: 4,
+                threads_per_qp: 0,
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             if let Some((t, c)) = run.first_failure() {
@@ -644,6 +750,7 @@ fn an_unmappable_doorbell_falls_back_to_the_library_proxy() {
                 slots: threads as u64,
                 first: 0,
                 iters: 8,
+                threads_per_qp: 0,
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             let rung = qp.fallback_proxy_counters().unwrap().doorbells;

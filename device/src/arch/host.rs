@@ -247,6 +247,12 @@ pub fn ballot(mask: u32, pred: bool) -> u32 {
     pred as u32 & mask & 1
 }
 
+/// Lane 0 alone holds its own value, if lane 0 is in `mask`.
+#[inline(always)]
+pub fn match_any(mask: u32, _value: u64) -> u32 {
+    mask & 1
+}
+
 /// `value`: lane 0 is the only source.
 #[inline(always)]
 pub fn shfl_idx(_mask: u32, value: u32, _src: u32) -> u32 {

@@ -165,6 +165,8 @@ extern "C" {
     fn nvvm_activemask() -> i32;
     #[link_name = "llvm.nvvm.vote.ballot.sync"]
     fn nvvm_ballot(mask: i32, pred: bool) -> i32;
+    #[link_name = "llvm.nvvm.match.any.sync.i64"]
+    fn nvvm_match_any_i64(mask: i32, value: i64) -> i32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn nvvm_shfl_idx(mask: i32, value: i32, lane: i32, clamp: i32) -> i32;
     #[link_name = "llvm.nvvm.shfl.sync.up.i32"]
@@ -198,6 +200,14 @@ pub fn active_mask() -> u32 {
 pub fn ballot(mask: u32, pred: bool) -> u32 {
     // SAFETY: the caller's lanes in `mask` converge here, per the contract.
     unsafe { nvvm_ballot(mask as i32, pred) as u32 }
+}
+
+/// The lanes of `mask` whose `value` equals the caller's (`match.any.sync.b64`). Every lane in
+/// `mask` must call it together.
+#[inline(always)]
+pub fn match_any(mask: u32, value: u64) -> u32 {
+    // SAFETY: as for `ballot`.
+    unsafe { nvvm_match_any_i64(mask as i32, value as i64) as u32 }
 }
 
 /// `value` of lane `src` (`shfl.sync.idx`). Every lane in `mask` must call it together.

@@ -407,6 +407,7 @@ fn gpu_windows(
         slots,
         first,
         iters,
+        threads_per_qp: 0,
     };
     // Warm-up: one message per thread (module load, first touches of the rings).
     check(gpu.run_put(handles, launch, &stream(0, 1))?)?;

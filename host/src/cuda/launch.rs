@@ -91,6 +91,11 @@ pub struct PutStream {
     pub first: u64,
     /// Messages per thread.
     pub iters: u32,
+    /// How threads take the queue pairs: consecutive runs of this many threads share one, the
+    /// runs taking the QPs in turn. 0: a block's threads (block `b` posts on QP `b % qps`).
+    /// A warp or block that posts as a group shares one QP, so in warp scope this is a
+    /// multiple of 32 and in block scope of the block size.
+    pub threads_per_qp: u32,
 }
 
 /// What a data-path kernel launch returned.
@@ -147,6 +152,21 @@ impl Gpu {
     pub fn run_put(&self, qps: &[&GpuQp], launch: DataPathLaunch, stream: &PutStream) -> Result<KernelRun, CudaError> {
         let name = format!("gdaki_put_bw_{}_{}", launch.scope.name(), launch.mode.name());
         let s = stream;
+        let group = match launch.scope {
+            KernelScope::Thread => 1,
+            KernelScope::Warp => 32,
+            KernelScope::Block => launch.block.max(1),
+        };
+        if s.threads_per_qp % group != 0 {
+            return Err(CudaError::BadArgument {
+                what: "run_put",
+                why: format!(
+                    "{} threads per queue pair split the {} scope's groups of {group} threads",
+                    s.threads_per_qp,
+                    launch.scope.name()
+                ),
+            });
+        }
         let args = Args::new()
             .qps(qps)
             .remote(s.dst)
@@ -154,7 +174,8 @@ impl Gpu {
             .u64(s.len)
             .u64(s.slots)
             .u64(s.first)
-            .u32(s.iters);
+            .u32(s.iters)
+            .u32(s.threads_per_qp);
         self.run_data_path(&name, launch, args)
     }
 
