@@ -853,7 +853,11 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     fn split(&self, len: u64) -> (u64, u64) {
         let max = self.max_msg_size().min(gdaki_layout::data::MAX_BYTE_COUNT as u64);
-        (len.div_ceil(max).max(1), max)
+        // Most messages fit one WQE: no 64-bit division (a long sequence on a GPU) for them.
+        if len <= max {
+            return (1, max);
+        }
+        (len.div_ceil(max), max)
     }
 
     /// Writes WQE `k` of an RDMA WRITE or READ of `len` bytes split by `max` bytes (`len` 0:

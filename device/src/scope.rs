@@ -76,6 +76,19 @@ unsafe impl Scope for Thread {
     }
 }
 
+/// Exclusive prefix sum and total over the lanes of `mask` (contiguous from lane 0). When every
+/// lane brings the same value (posts of one size: the common case) one match instruction
+/// replaces the ten shuffles of the scan and the broadcast of its total.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn warp_scan(mask: u32, lane: u32, value: u64) -> (u64, u64) {
+    if crate::arch::match_any(mask, value) == mask {
+        return (lane as u64 * value, mask.count_ones() as u64 * value);
+    }
+    let incl = warp_inclusive_scan(mask, lane, value);
+    (incl - value, shfl_u64(mask, incl, 31 - mask.leading_zeros()))
+}
+
 /// Inclusive prefix sum over the lanes of `mask` (contiguous from lane 0), by shuffles.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
@@ -137,8 +150,7 @@ mod gpu {
         }
         #[inline(always)]
         fn scan(&self, value: u64) -> (u64, u64) {
-            let incl = warp_inclusive_scan(FULL_WARP, arch::lane_id(), value);
-            (incl - value, shfl_u64(FULL_WARP, incl, 31))
+            warp_scan(FULL_WARP, arch::lane_id(), value)
         }
         #[inline(always)]
         fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
@@ -189,8 +201,10 @@ mod gpu {
         fn scan(&self, value: u64) -> (u64, u64) {
             let lane = arch::lane_id();
             if self.mask == FULL_WARP {
-                let incl = warp_inclusive_scan(FULL_WARP, lane, value);
-                return (incl - value, shfl_u64(FULL_WARP, incl, 31));
+                return warp_scan(FULL_WARP, lane, value);
+            }
+            if arch::match_any(self.mask, value) == self.mask {
+                return (self.rank() as u64 * value, self.size() as u64 * value);
             }
             // Lanes are not contiguous: visit each once (every lane runs the same loop).
             let (mut before, mut total) = (0, 0);
@@ -266,12 +280,12 @@ mod gpu {
             // The last warp may be partial: its lanes are the low ones.
             let lanes = (size - warp * 32).min(32);
             let mask = if lanes == 32 { FULL_WARP } else { (1u32 << lanes) - 1 };
-            let incl = warp_inclusive_scan(mask, lane, value);
+            let (excl, warp_total) = warp_scan(mask, lane, value);
             // SAFETY (scratch accesses): valid per `new`; barriers order them. Volatile, so the
             // compiler keeps them on their side of each barrier.
             let totals = unsafe { core::ptr::addr_of_mut!((*self.scratch).warp_totals) } as *mut u64;
             if lane == lanes - 1 {
-                unsafe { totals.add(warp as usize).write_volatile(incl) };
+                unsafe { totals.add(warp as usize).write_volatile(warp_total) };
             }
             arch::block_sync();
             let (mut before, mut total) = (0, 0);
@@ -283,7 +297,7 @@ mod gpu {
                 total += t;
             }
             arch::block_sync(); // the totals are free for the next collective
-            (before + incl - value, total)
+            (before + excl, total)
         }
         #[inline(always)]
         fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
