@@ -23,7 +23,7 @@
 //! ```
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use crate::wire::{Hello, RemoteRegion};
 
@@ -134,26 +134,50 @@ impl Channel {
         self.stream.write_all(bytes).map_err(io("sending a handshake frame"))
     }
 
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
-        self.stream.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
-                what: format!("handshake with {}", self.peer),
-                after: self.timeout,
-            },
-            std::io::ErrorKind::UnexpectedEof => Error::PeerUnreachable {
-                what: format!("{} (closed the handshake connection)", self.peer),
-            },
-            _ => Error::Io {
-                what: "receiving a handshake frame",
-                source: e,
-            },
-        })
+    /// Fills `buf` by `deadline`. The deadline is absolute, not per read, so a peer that sends
+    /// a byte at a time cannot hold the channel longer than its timeout.
+    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<()> {
+        let timeout = || Error::Timeout {
+            what: format!("handshake with {}", self.peer),
+            after: self.timeout,
+        };
+        let mut done = 0;
+        while done < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timeout());
+            }
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(io("setting a socket read timeout"))?;
+            match self.stream.read(&mut buf[done..]) {
+                Ok(0) => {
+                    return Err(Error::PeerUnreachable {
+                        what: format!("{} (closed the handshake connection)", self.peer),
+                    })
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Err(timeout())
+                }
+                Err(e) => {
+                    return Err(Error::Io {
+                        what: "receiving a handshake frame",
+                        source: e,
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// Reads one frame; a rejection becomes [`Error::Rejected`].
+    /// Reads one frame, whole within the channel's timeout; a rejection becomes
+    /// [`Error::Rejected`].
     fn frame(&mut self) -> Result<(Header, Vec<u8>)> {
+        let deadline = Instant::now() + self.timeout;
         let mut h = [0u8; HEADER_LEN];
-        self.read_exact(&mut h)?;
+        self.read_exact(&mut h, deadline)?;
         let h = Header::parse(&h).map_err(|e| self.bad(e))?;
         if !matches!(h.kind, Kind::Hello | Kind::Reject | Kind::Sync) {
             return Err(self.bad(WireError::Unexpected {
@@ -162,7 +186,7 @@ impl Channel {
             }));
         }
         let mut p = vec![0u8; h.len as usize];
-        self.read_exact(&mut p)?;
+        self.read_exact(&mut p, deadline)?;
         if h.kind == Kind::Reject {
             let reason = wire::decode_reject(&p).map_err(|e| self.bad(e))?;
             return Err(Error::Rejected {

@@ -296,7 +296,8 @@ fn connecting_to_nothing_is_refused_at_once() {
     q.to_init().unwrap();
     q.to_rtr(&wrong).unwrap();
     match q.to_rts() {
-        Err(e @ Error::Device { .. }) => assert!(e.to_string().contains("refused"), "{e}"),
+        // No answer at all (a responder is no oracle over its QPNs), at once.
+        Err(e @ Error::Device { .. }) => assert!(e.to_string().contains("without an answer"), "{e}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(q.state(), QpState::Rtr, "a refused RTR2RTS leaves the QP in RTR");
@@ -642,4 +643,199 @@ fn atomic_results_in_both_reply_orders() {
             assert_eq!(target.load_u64(1024).unwrap(), 5, "{order:?} {how}");
         }
     }
+}
+
+// ------------------------------------------------------------------------------ hostile peers
+
+/// What a third party reading and writing raw frames gets from `target` (a listening soft
+/// HCA) when it claims to be QP `qpn` with first PSN `psn`: every byte it receives until the
+/// connection closes (or 2 s pass).
+fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, region: &MemoryRegion) -> Vec<u8> {
+    use gdaki::wire::{Connect, Op, Request};
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(target).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let connect = Connect {
+        hca: 0x1234_5678,
+        qpn,
+        target_qpn,
+        psn,
+    };
+    let _ = s.write_all(&connect.encode());
+    let write = Request {
+        seq: psn,
+        rkey: region.rkey(),
+        addr: region.remote(0).addr,
+        op: Op::Write { len: 8 },
+    };
+    let read = Request {
+        seq: psn.wrapping_add(1),
+        op: Op::Read { len: 8 },
+        ..write
+    };
+    let _ = s.write_all(&write.encode_head());
+    let _ = s.write_all(b"PWNED!!!");
+    let _ = s.write_all(&read.encode_head());
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// RC accepts packets only from the QP a QP was moved to RTR with, in PSN order from the PSN
+/// exchanged then. A third party that knows the target QPN, the rkey and the address (all of
+/// which travel in clear) but not the peer's QPN and PSN gets nothing: no write lands, no read
+/// answers, no answer at all, and the real peer's traffic goes on.
+#[test]
+fn a_third_party_cannot_write_or_read_a_connected_qp() {
+    let (a, qa, b, qb) = tcp_pair(QpConfig::default());
+    let la = a.alloc_region(4096, Access::ALL).unwrap();
+    let rb = b.alloc_region(4096, Access::ALL).unwrap();
+    let secret = pattern(77, 64);
+    rb.write(0, &secret).unwrap();
+    let at = qb.endpoint().addr.unwrap();
+    let real = qa.endpoint();
+    for (qpn, psn) in [(0x31337, 0x777), (real.qpn, real.psn ^ 1), (real.qpn ^ 1, real.psn)] {
+        let got = third_party(at, qb.qpn(), qpn, psn, &rb);
+        assert!(
+            got.is_empty(),
+            "QPN {qpn:#x}, PSN {psn:#x}: {} bytes answered",
+            got.len()
+        );
+        assert_eq!(rb.read_vec(0, 64).unwrap(), secret, "QPN {qpn:#x}, PSN {psn:#x} wrote");
+    }
+    // A QP that does not exist answers nothing either (no oracle over QPNs).
+    assert!(third_party(at, qb.qpn() ^ 0x40_0000, real.qpn, real.psn, &rb).is_empty());
+    assert_eq!(qb.state(), QpState::Rts);
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
+    la.write(0, b"from qa!").unwrap();
+    dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
+    assert_eq!(rb.read_vec(0, 8).unwrap(), b"from qa!");
+}
+
+/// A fake responder that reads the connect and answers with `answer` (then keeps the
+/// connection open for `hold`, sending `trickle` one byte every 20 ms).
+fn fake_responder(answer: Vec<u8>, trickle: usize, hold: Duration) -> (SocketAddr, thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let h = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
+        let _ = s.read_exact(&mut connect);
+        let _ = s.write_all(&answer);
+        let end = Instant::now() + hold;
+        for _ in 0..trickle {
+            if Instant::now() > end || s.write_all(b"x").is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        while Instant::now() < end && s.write_all(&[]).is_ok() {
+            thread::sleep(Duration::from_millis(20));
+        }
+    });
+    (addr, h)
+}
+
+fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
+    let a = listening_context();
+    let q = qp(&a, 8, QpConfig::default());
+    let started = Instant::now();
+    let r = q.connect(&Endpoint {
+        gid: [7; 16],
+        lid: 0,
+        qpn: 0x42,
+        psn: 0,
+        mtu: 4096,
+        addr: Some(addr),
+    });
+    (r, started.elapsed())
+}
+
+/// A connect's answer is an accept or a reject: any other kind is refused before its length
+/// is believed (a 2 GiB "read response" once made the requester allocate 2 GiB).
+#[test]
+fn a_connect_answer_of_another_kind_is_refused_before_its_payload() {
+    use gdaki::wire::{Header, Kind};
+    let huge = Header::new(Kind::ReadResp, 4 + (1 << 31)).encode().to_vec();
+    let (addr, h) = fake_responder(huge, 0, Duration::from_secs(3));
+    let (r, took) = connect_to(addr);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("ReadResp"), "{e}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    h.join().unwrap();
+}
+
+/// The connect's deadline is absolute: a peer trickling its answer a byte at a time does not
+/// stretch it.
+#[test]
+fn a_trickling_responder_cannot_stretch_the_connect_deadline() {
+    use gdaki::wire::{Header, Kind, MAX_REASON_BYTES};
+    let reject = Header::new(Kind::Reject, 2 + MAX_REASON_BYTES as u32).encode().to_vec();
+    let (addr, h) = fake_responder(reject, 2000, Duration::from_secs(12));
+    let (r, took) = connect_to(addr);
+    assert!(r.is_err());
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    h.join().unwrap();
+}
+
+/// Each handshake frame must arrive within the channel's timeout as a whole, not per read: a
+/// client sending a Hello a byte every 20 ms is cut off.
+#[test]
+fn a_slow_handshake_client_is_cut_off_at_the_timeout() {
+    use gdaki::wire::{Header, Kind};
+    use std::io::Write;
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let _ = s.write_all(&Header::new(Kind::Hello, 6 + 4000).encode());
+        for _ in 0..4006 {
+            if s.write_all(&[0]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let mut ch = Channel::accept(&listener, Duration::from_millis(800)).unwrap();
+    let started = Instant::now();
+    let e = ch.receive().unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(ch);
+    client.join().unwrap();
+}
+
+/// Connections that never say who they are cost a bounded amount: at most
+/// `MAX_UNVERIFIED` (64) are held, each at most the connect deadline (5 s); more are closed
+/// at once. 2,000 such connections once held 2,009 threads.
+#[test]
+fn silent_connections_are_capped_and_closed() {
+    use std::io::Read;
+    let ctx = listening_context();
+    let q = qp(&ctx, 8, QpConfig::default());
+    let at = q.endpoint().addr.unwrap();
+    let conns: Vec<std::net::TcpStream> = (0..70).map(|_| std::net::TcpStream::connect(at).unwrap()).collect();
+    let closed = || {
+        conns
+            .iter()
+            .filter(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                let mut r: &std::net::TcpStream = s;
+                match r.read(&mut [0u8; 16]) {
+                    Ok(n) => n == 0,
+                    Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+                }
+            })
+            .count()
+    };
+    thread::sleep(Duration::from_millis(1500));
+    let early = closed();
+    assert_eq!(early, 70 - 64, "closed at once");
+    thread::sleep(Duration::from_secs(5));
+    assert_eq!(closed(), 70, "closed at the connect deadline");
 }

@@ -31,7 +31,7 @@ use crate::queue::{Endpoint, QpState};
 use crate::soft::copier::{Copier, DeviceDma};
 use crate::soft::dma::{Dma, HostDma};
 use crate::soft::engine::Engine;
-use crate::soft::objects::{Peer, SoftCq, SoftQp, Window};
+use crate::soft::objects::{Peer, RtrPeer, SoftCq, SoftQp, Window};
 use crate::soft::Hca;
 
 /// Why the soft firmware refused a command (the syndrome in its output mailbox).
@@ -537,13 +537,19 @@ impl SoftDevice {
                 );
                 let mut t = lock(&self.tables);
                 let addr = t.neighbours.get(&gid).copied();
+                let remote_qpn = q(qpc::REMOTE_QPN) as u32;
                 if let Some(e) = t.qps.get_mut(&qp.qpn) {
                     e.remote = Some(Remote {
                         gid,
-                        qpn: q(qpc::REMOTE_QPN) as u32,
+                        qpn: remote_qpn,
                         addr,
                     });
                 }
+                *lock(&qp.rtr_peer) = Some(RtrPeer {
+                    qpn: remote_qpn,
+                    psn: q(qpc::NEXT_RCV_PSN) as u32,
+                    ip: addr.map(|a| a.ip()),
+                });
                 qp.set_state(QpState::Rtr);
             }
             Opcode::Rtr2RtsQp => {

@@ -194,6 +194,9 @@ pub(crate) struct Hca {
     pub stop: AtomicBool,
     /// The transport listener, once started.
     pub(crate) listening: Mutex<Option<net::Listening>>,
+    /// Incoming transport connections not yet known to come from a QP's RTR peer (see
+    /// [`net::MAX_UNVERIFIED`]).
+    pub(crate) unverified: std::sync::atomic::AtomicUsize,
 }
 
 /// Live HCAs of this process, by id (in-process connections look peers up here).
@@ -224,6 +227,7 @@ impl Hca {
             atomics: Mutex::new(()),
             stop: AtomicBool::new(false),
             listening: Mutex::new(None),
+            unverified: Default::default(),
         });
         reg.insert(hca.id, Arc::downgrade(&hca));
         hca

@@ -19,8 +19,8 @@
 //! memory: the memory may be GPU memory, and other agents write host memory concurrently.
 use std::collections::VecDeque;
 use std::io::{self, BufWriter, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -92,6 +92,10 @@ struct Reader {
     buf: Box<[u8]>,
     pos: usize,
     end: usize,
+    /// While set (connection set-up), reads fail with a timeout past it, however the bytes
+    /// arrive: a peer sending a byte at a time never lets a read time out, so `idle` alone
+    /// would not bound the set-up.
+    deadline: Option<Instant>,
 }
 
 impl Reader {
@@ -102,6 +106,7 @@ impl Reader {
             buf: vec![0u8; 64 << 10].into_boxed_slice(),
             pos: 0,
             end: 0,
+            deadline: None,
         })
     }
 
@@ -116,6 +121,9 @@ impl Reader {
         self.pos += n;
         let mut done = n;
         while done < dst.len() {
+            if self.deadline.is_some_and(|d| Instant::now() > d) {
+                return Err(Fault::Timeout);
+            }
             let direct = dst.len() - done >= self.buf.len();
             let r = if direct {
                 self.s.read(&mut dst[done..])
@@ -338,6 +346,7 @@ impl Link {
         let mut reader = Reader::new(stream.try_clone().map_err(io("cloning a socket"))?)
             .map_err(io("setting a socket read timeout"))?;
         let deadline = Instant::now() + CONNECT_TIMEOUT;
+        reader.deadline = Some(deadline);
         let mut idle = || {
             if Instant::now() > deadline {
                 Err(Fault::Timeout)
@@ -348,8 +357,20 @@ impl Link {
         let refused = |why: String| Error::PeerUnreachable {
             what: format!("QP {:#x} at {addr}: {why}", peer_qpn),
         };
-        let h = reader.header(&mut idle).map_err(|f| refused(f.to_string()))?;
+        let h = reader.header(&mut idle).map_err(|f| match f {
+            Fault::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => refused(
+                "closed without an answer: it has no queue pair connected to this one (check that the \
+                 endpoints exchanged are these queue pairs')"
+                    .into(),
+            ),
+            f => refused(f.to_string()),
+        })?;
+        // Only these answers are believed, and only then is their length allocated.
+        if !matches!(h.kind, Kind::Accept | Kind::Reject) {
+            return Err(refused(format!("unexpected {:?} answer to a connect", h.kind)));
+        }
         let p = reader.payload(h, &mut idle).map_err(|f| refused(f.to_string()))?;
+        reader.deadline = None;
         match h.kind {
             Kind::Accept if wire::decode_accept(&p).map_err(|e| refused(e.to_string()))? == peer_qpn => {}
             Kind::Reject => {
@@ -684,17 +705,109 @@ fn accept_loop(listener: TcpListener, hca: Weak<Hca>) {
     }
 }
 
-/// Serves one incoming connection: the connect, then requests until the peer closes.
+/// At most this many incoming connections per HCA may wait to be known as a QP's RTR peer
+/// (before their connect, or accepted for a QP not yet at RTR); more are closed at once. A
+/// known peer's connection does not count: there is one per QP.
+pub(crate) const MAX_UNVERIFIED: usize = 64;
+
+/// Holds one of an HCA's [`MAX_UNVERIFIED`] places until dropped.
+struct Unverified<'a>(&'a AtomicUsize);
+
+impl<'a> Unverified<'a> {
+    fn take(count: &'a AtomicUsize) -> Option<Unverified<'a>> {
+        if count.fetch_add(1, Ordering::AcqRel) >= MAX_UNVERIFIED {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Unverified(count))
+    }
+}
+
+impl Drop for Unverified<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A QP's one transport connection from its peer, released when the connection ends.
+struct Bound(Weak<SoftQp>);
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(qp) = self.0.upgrade() {
+            qp.transport_bound.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Whether connection `c` from `from` is `qp`'s RTR peer.
+enum Verdict {
+    /// It is, and now holds the QP's connection.
+    Bound(Bound),
+    /// The QP has no peer yet (not at RTR): its requests are refused until it has.
+    Pending,
+    /// It is not (or the peer is already connected): why, for the log.
+    Refused(String),
+}
+
+fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Verdict {
+    let Some(peer) = *lock(&qp.rtr_peer) else {
+        return Verdict::Pending;
+    };
+    if !peer.admits(c.qpn, c.psn, from) {
+        return Verdict::Refused(format!(
+            "the connection claims QP {:#x}, PSN {:#x}, from {}; the QP's RTR peer is QP {:#x}, PSN {:#x}, at {}",
+            c.qpn,
+            c.psn,
+            from.map_or("an unknown address".into(), |a| a.to_string()),
+            peer.qpn,
+            peer.psn,
+            peer.ip.map_or("any address".into(), |a| a.to_string()),
+        ));
+    }
+    if qp.transport_bound.swap(true, Ordering::AcqRel) {
+        return Verdict::Refused(format!(
+            "QP {:#x} (its peer) is already connected: one connection per QP",
+            c.qpn
+        ));
+    }
+    Verdict::Bound(Bound(Arc::downgrade(qp)))
+}
+
+/// Logs a refused connection to `qp`: at warn the first time for each QP (someone who is not
+/// its peer tried to reach it), at debug afterwards.
+fn say_refused(qp: &SoftQp, why: &str) {
+    if !qp.refusal_said.swap(true, Ordering::AcqRel) {
+        warn!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            "transport connection closed unanswered: not this queue pair's peer: {why} (said once per QP)"
+        );
+    } else {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            "transport connection closed unanswered: {why}"
+        );
+    }
+}
+
+/// Serves one incoming connection: the connect, then requests until the peer closes. Only a
+/// QP's RTR peer is served (its QPN and first PSN, from its address); anything else, an
+/// unknown QPN included, is closed without an answer, so a third party learns nothing.
 fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
+    let Some(place) = Unverified::take(&hca.unverified) else {
+        return Err(Fault::Protocol(format!(
+            "{MAX_UNVERIFIED} connections already wait to be known as a peer: closed"
+        )));
+    };
+    let mut unverified = Some(place);
+    let from = stream.peer_addr().ok().map(|a| a.ip());
     stream.set_nodelay(true)?;
     let mut reader = Reader::new(stream.try_clone()?)?;
     let mut w = BufWriter::with_capacity(CHUNK, stream);
-    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
     let mut connecting = || {
         if hca.stop.load(Ordering::Acquire) {
             Err(Fault::Stopped)
-        } else if Instant::now() > deadline {
-            Err(Fault::Timeout)
         } else {
             Ok(())
         }
@@ -708,10 +821,20 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         .into());
     }
     let c = wire::Connect::decode(&reader.payload(h, &mut connecting)?)?;
+    reader.deadline = None;
     let Some(target) = hca.qp(c.target_qpn) else {
-        w.write_all(&wire::encode_reject(&format!("no queue pair {:#x} here", c.target_qpn)))?;
-        w.flush()?;
         return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
+    };
+    let mut bound = match verify(&target, &c, from) {
+        Verdict::Refused(why) => {
+            say_refused(&target, &why);
+            return Err(Fault::Protocol(why));
+        }
+        Verdict::Bound(b) => {
+            drop(unverified.take());
+            Some(b)
+        }
+        Verdict::Pending => None,
     };
     w.get_ref().set_write_timeout(Some(target.retry_timeout()))?;
     w.write_all(&wire::encode_accept(c.target_qpn))?;
@@ -757,6 +880,23 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             return Err(Fault::Protocol(format!("request {} where {expect} was due", req.seq)));
         }
         expect = expect.wrapping_add(1);
+        if bound.is_none() {
+            // Accepted before its QP had a peer: served once the QP's RTR peer is this one.
+            let Some(t) = target.upgrade() else {
+                return Err(Fault::Protocol(format!("QP {:#x} is gone", c.target_qpn)));
+            };
+            match verify(&t, &c, from) {
+                Verdict::Refused(why) => {
+                    say_refused(&t, &why);
+                    return Err(Fault::Protocol(why));
+                }
+                Verdict::Bound(b) => {
+                    bound = Some(b);
+                    drop(unverified.take());
+                }
+                Verdict::Pending => {} // not at RTR: refused below, as any request then
+            }
+        }
         if failed {
             // After a NAK nothing executes; WRITE data is read and dropped.
             if let Op::Write { len } = req.op {

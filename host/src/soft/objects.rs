@@ -2,6 +2,7 @@
 //! queue, doorbell, progress and connected peer. The rings live in memory the host library
 //! registered (umems); a [`Window`] names such memory and keeps it alive for as long as the
 //! engine may touch it.
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -111,6 +112,31 @@ pub(crate) struct SqProgress {
     pub deferred: std::collections::VecDeque<crate::soft::engine::Deferred>,
 }
 
+/// Who may send to a QP over the transport: the QP it was moved to RTR with, starting at the
+/// PSN exchanged then, from that peer's address (RC's rule; rxe drops anything else).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RtrPeer {
+    pub qpn: u32,
+    pub psn: u32,
+    /// The peer HCA's address, where known (its endpoint's transport address).
+    pub ip: Option<IpAddr>,
+}
+
+impl RtrPeer {
+    /// Whether a connection from `from` claiming QP `qpn` with first PSN `psn` is this peer.
+    pub fn admits(&self, qpn: u32, psn: u32, from: Option<IpAddr>) -> bool {
+        let canonical = |ip: IpAddr| match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let ip_ok = match (self.ip.map(canonical), from.map(canonical)) {
+            (Some(want), Some(got)) if !want.is_unspecified() => want == got,
+            _ => true,
+        };
+        self.qpn == qpn && self.psn == psn & 0xff_ffff && ip_ok
+    }
+}
+
 /// A queue pair as the soft HCA holds it.
 pub(crate) struct SoftQp {
     pub qpn: u32,
@@ -130,6 +156,12 @@ pub(crate) struct SoftQp {
     pub atomic_reply: AtomicReplyOrder,
     pub progress: Mutex<SqProgress>,
     pub first_error: Mutex<Option<Syndrome>>,
+    /// The peer set at INIT2RTR: the only one the transport serves.
+    pub rtr_peer: Mutex<Option<RtrPeer>>,
+    /// A transport connection from the peer is being served (RC has one peer per QP).
+    pub transport_bound: AtomicBool,
+    /// A refused connection to this QP was logged at warn (later ones at debug).
+    pub refusal_said: AtomicBool,
 }
 
 impl SoftQp {
@@ -161,6 +193,9 @@ impl SoftQp {
             atomic_reply,
             progress: Mutex::new(SqProgress::default()),
             first_error: Mutex::new(None),
+            rtr_peer: Mutex::new(None),
+            transport_bound: AtomicBool::new(false),
+            refusal_said: AtomicBool::new(false),
         }
     }
 
