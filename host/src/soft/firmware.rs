@@ -356,7 +356,7 @@ impl SoftDevice {
         let ring = t.window(ring_umem, get(input, create_cq_in::CQ_UMEM_OFFSET), 64 << log_size, 64)?;
         let dbr_umem = c(cqc::DBR_UMEM_ID) as u32;
         let dbrec = t.window(dbr_umem, c(cqc::DBR_ADDR), 8, 8)?;
-        let cqn = self.hca.alloc_qpn();
+        let cqn = self.alloc_number(&t)?;
         let cq = Arc::new(SoftCq::new(cqn, log_size, ring, dbrec));
         t.hold(&[ring_umem, dbr_umem]);
         t.cqs.insert(
@@ -427,7 +427,7 @@ impl SoftDevice {
         let dbr_umem = q(qpc::DBR_UMEM_ID) as u32;
         // Checked, though the model reads the doorbell itself rather than the record.
         t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
-        let qpn = self.hca.alloc_qpn();
+        let qpn = self.alloc_number(&t)?;
         let caps = general_caps();
         let qp = Arc::new(SoftQp::new(
             qpn,
@@ -615,6 +615,21 @@ impl SoftDevice {
             .or_else(|e| refuse(CmdStatus::BadParam, FwSyndrome::PeerUnreachable, e.to_string()))
     }
 
+    /// A QP or CQ number no live QP or CQ of this device has.
+    fn alloc_number(&self, t: &Tables) -> Answer<u32> {
+        match self
+            .hca
+            .alloc_number(|n| t.qps.contains_key(&n) || t.cqs.contains_key(&n))
+        {
+            Some(n) => Ok(n),
+            None => refuse(
+                CmdStatus::ExceedLim,
+                FwSyndrome::AboveCap,
+                "every 24-bit QP and CQ number is in use",
+            ),
+        }
+    }
+
     fn query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Answer<u64> {
         Self::need(input, object_in::BYTES)?;
         match command::opcode(input) {
@@ -716,7 +731,7 @@ impl SoftDevice {
                         format!("no QP {number:#x}"),
                     );
                 };
-                self.hca.detach(number);
+                self.hca.detach(&e.qp);
                 *lock(&e.qp.cq.qpn) = None;
                 if let Some(u) = t.uars.get_mut(&e.uar) {
                     u.1 = None;

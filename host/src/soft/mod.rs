@@ -356,9 +356,13 @@ impl Hca {
         (r.contains(addr, len) && r.access.contains(need)).then_some(r)
     }
 
-    /// A fresh queue pair number.
-    pub fn alloc_qpn(&self) -> u32 {
-        self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+    /// A fresh 24-bit queue pair or completion queue number (they share one counter), never 0
+    /// and never one `taken` says is still in use, even after the counter wraps; `None` when
+    /// every number is in use.
+    pub fn alloc_number(&self, taken: impl Fn(u32) -> bool) -> Option<u32> {
+        (0..1u32 << 24)
+            .map(|_| self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff)
+            .find(|&n| n != 0 && !taken(n))
     }
 
     /// Adds a queue pair to the engine's list.
@@ -371,10 +375,18 @@ impl Hca {
         self.qps_version.fetch_add(1, Ordering::Release);
     }
 
-    /// Removes a queue pair from the engine's list.
-    pub fn detach(&self, qpn: u32) {
-        self.by_qpn.write().unwrap_or_else(|e| e.into_inner()).remove(&qpn);
-        lock(&self.qps).retain(|q| q.qpn != qpn);
+    /// Removes `qp` (that very QP, not another of its number) from the engine's list.
+    pub fn detach(&self, qp: &Arc<SoftQp>) {
+        {
+            let mut by_qpn = self.by_qpn.write().unwrap_or_else(|e| e.into_inner());
+            if by_qpn
+                .get(&qp.qpn)
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
+            {
+                by_qpn.remove(&qp.qpn);
+            }
+        }
+        lock(&self.qps).retain(|q| !Arc::ptr_eq(q, qp));
         self.qps_version.fetch_add(1, Ordering::Release);
     }
 
@@ -442,6 +454,28 @@ mod tests {
         let qp = ctx.create_qp(&cq, cfg).unwrap();
         qp.connect(&qp.endpoint()).unwrap();
         (cq, qp)
+    }
+
+    /// QPNs and CQNs come from one 24-bit counter. When it wraps, numbers still in use are
+    /// skipped: a new QP once got a live QP's number, and dropping it detached both.
+    #[test]
+    fn numbers_in_use_are_skipped_when_the_counter_wraps() {
+        use crate::Access;
+        let (ctx, soft) = firmware::SoftDevice::context();
+        let (_cq, live) = loopback(&ctx);
+        let mr = ctx.alloc_region(64, Access::ALL).unwrap();
+        // The next number would be the live QP's (and its CQ's right before it).
+        soft.hca().next_qpn.store((live.qpn() - 1) | 1 << 24, Ordering::Relaxed);
+        for _ in 0..3 {
+            let (cq, qp) = loopback(&ctx);
+            assert_ne!(qp.qpn(), live.qpn());
+            drop((qp, cq));
+        }
+        // SAFETY: one poster, the QP outlives it.
+        let dev = unsafe { live.cpu::<gdaki_device::Exclusive>() }.unwrap();
+        let t = dev.put(mr.remote(0), mr.local(8), 8).unwrap();
+        dev.wait(t).unwrap();
+        assert_eq!(live.state(), crate::QpState::Rts);
     }
 
     /// Memory whose every transfer fails, as a GPU copy that failed would.
