@@ -287,10 +287,8 @@ pub struct RemoteRegion {
 impl RemoteRegion {
     /// The device-API address of byte `offset`, if it lies inside.
     pub fn at(&self, offset: u64) -> Option<gdaki_device::Remote> {
-        (offset < self.len).then_some(gdaki_device::Remote {
-            addr: self.addr + offset,
-            rkey: self.rkey,
-        })
+        let addr = self.addr.checked_add(offset).filter(|_| offset < self.len)?;
+        Some(gdaki_device::Remote { addr, rkey: self.rkey })
     }
 }
 
@@ -572,7 +570,17 @@ pub fn decode_reject(payload: &[u8]) -> Result<String, WireError> {
     let n = c.u16("reason length")? as usize;
     let text = c.take(n, "reason")?;
     c.end()?;
-    String::from_utf8(text.to_vec()).map_err(|_| invalid("reason", "not UTF-8"))
+    let text = std::str::from_utf8(text).map_err(|_| invalid("reason", "not UTF-8"))?;
+    // Shown to users as is: a peer's control characters (terminal escapes) come out escaped.
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
 }
 
 /// A [`Kind::Sync`] frame.
@@ -894,6 +902,31 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Public fields hold anything: an offset that overflows the address is outside, not a
+    /// panic (it was one in debug builds).
+    #[test]
+    fn remote_region_at_never_overflows() {
+        let r = RemoteRegion {
+            addr: u64::MAX - 4,
+            len: 64,
+            rkey: 7,
+        };
+        assert_eq!(r.at(3).map(|x| x.addr), Some(u64::MAX - 1));
+        assert_eq!(r.at(5), None);
+        assert_eq!(r.at(63), None);
+        assert_eq!(r.at(64), None);
+    }
+
+    /// A peer's reason is shown to users: control characters (terminal escapes that could
+    /// fake output) come out escaped, the rest as sent.
+    #[test]
+    fn reject_reasons_come_out_escaped() {
+        let frame = encode_reject("no \u{1b}[2J\u{1b}[1;1Hroom\n\tfor \u{7f}you, caf\u{e9}");
+        let got = decode_reject(&frame[HEADER_LEN..]).unwrap();
+        assert_eq!(got, "no \\u{1b}[2J\\u{1b}[1;1Hroom\\n\\tfor \\u{7f}you, caf\u{e9}");
+        assert!(!got.chars().any(char::is_control), "{got:?}");
+    }
 
     fn sample() -> Hello {
         Hello {
