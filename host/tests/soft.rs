@@ -487,3 +487,28 @@ fn a_deregistered_key_stops_working_at_once() {
     let t = dev.put(gone, local.local(0), 8).unwrap();
     assert_eq!(cqe_error(dev.wait(t)), Syndrome::RemoteAccess);
 }
+
+/// A request that breaks the responder's rules moves the responder's QP to error too, as RC
+/// does, in process as over TCP (tests/tcp.rs): a bad rkey is not a free guess on a live QP.
+#[test]
+fn an_access_violation_moves_the_responder_qp_to_error() {
+    let (a, b) = (
+        Context::open(Provider::Soft).unwrap(),
+        Context::open(Provider::Soft).unwrap(),
+    );
+    let (qa, qb) = (qp(&a, 8, QpConfig::default()), qp(&b, 8, QpConfig::default()));
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    let la = a.alloc_region(64, Access::ALL).unwrap();
+    let rb = b.alloc_region(64, Access::ALL).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
+    let guess = gdaki_device::Remote {
+        rkey: rb.rkey() ^ 0x100,
+        ..rb.remote(0)
+    };
+    assert_eq!(
+        cqe_error(dev.wait(dev.put(guess, la.local(0), 8).unwrap())),
+        Syndrome::RemoteAccess
+    );
+    assert_eq!(qb.state(), QpState::Error);
+}

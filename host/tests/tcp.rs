@@ -172,8 +172,11 @@ fn remote_faults_nak_and_flush_what_follows() {
     assert_eq!(rb.read_vec(0, 1).unwrap(), [0], "nothing after the NAK executed");
     assert_eq!(qa.state(), QpState::Error);
     assert_eq!(qa.error(), Some(Syndrome::RemoteAccess));
+    // As RC does, the responder's QP goes to error too (no CQE there: nothing was posted on
+    // it): no probing keys on a live QP.
+    assert_eq!(qb.state(), QpState::Error);
     // A misaligned atomic on a fresh pair.
-    let (a2, qa2, b2, _qb2) = tcp_pair(QpConfig::default());
+    let (a2, qa2, b2, qb2) = tcp_pair(QpConfig::default());
     let (l2, r2) = (
         a2.alloc_region(4096, Access::ALL).unwrap(),
         b2.alloc_region(4096, Access::ALL).unwrap(),
@@ -190,7 +193,7 @@ fn remote_faults_nak_and_flush_what_follows() {
     dev2.mark_ready(t, t + 1).unwrap();
     dev2.submit(t + 1).unwrap();
     assert_eq!(cqe_error(dev2.wait(t)), Syndrome::RemoteInvalReq);
-    drop(qb);
+    assert_eq!(qb2.state(), QpState::Error);
 }
 
 #[test]

@@ -19,6 +19,7 @@ use crate::soft::copier::Copier;
 use crate::soft::net::Meta;
 use crate::soft::objects::{SoftQp, SqProgress};
 use crate::soft::requester::{self, Executed, Scratch, Target};
+use crate::soft::responder;
 use crate::soft::Hca;
 
 /// A running engine: dropping it stops the HCA's engine and transport threads and joins the
@@ -193,7 +194,12 @@ fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scr
                     Ok(Executed::Copying { bytes, copier, seq }) => {
                         Some((Outcome::Success { bytes }, Some((copier, seq))))
                     }
-                    Err(s) => Some((Outcome::Error(s), None)),
+                    Err(s) => {
+                        if let Target::Local(_, peer) = &target {
+                            responder::violated(peer, s);
+                        }
+                        Some((Outcome::Error(s), None))
+                    }
                 },
                 Err(e) => {
                     trace!(qpn = format_args!("{:#x}", qp.qpn), index, ?e, "malformed WQE");

@@ -918,6 +918,9 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             Ok(true) => unacked = Some(req.seq),
             Ok(false) => unacked = None, // answered with data, which acknowledges everything before
             Err(syndrome) => {
+                if let Some(t) = target.upgrade() {
+                    responder::violated(&t, syndrome);
+                }
                 w.write_all(&Response::Nak { seq: req.seq, syndrome }.encode_head())?;
                 unacked = None;
                 failed = true;

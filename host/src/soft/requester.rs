@@ -110,7 +110,7 @@ fn gpu_write(
     r: DevRemote,
     src: &Locals,
 ) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
-    let (Target::Local(peer), [Some((s, region)), None, ..]) = (target, &src.items) else {
+    let (Target::Local(peer, _), [Some((s, region)), None, ..]) = (target, &src.items) else {
         return Ok(None);
     };
     // Plain host memory never pairs with a copier: no target lookup for it.
@@ -156,8 +156,8 @@ fn locals(hca: &Hca, cache: &mut RegionCache, sges: &[Sge], need: Access) -> Res
 
 /// Where a QP's requests go, resolved once per doorbell batch.
 pub(crate) enum Target<'a> {
-    /// A peer HCA in this process: its responder runs right here.
-    Local(Arc<Hca>),
+    /// A peer HCA in this process and the target QP: its responder runs right here.
+    Local(Arc<Hca>, Arc<SoftQp>),
     /// A peer in another process, over the QP's link.
     Remote(&'a mut Link),
     /// Nowhere: requests fail with this syndrome.
@@ -174,9 +174,11 @@ pub(crate) fn resolve(peer: Option<&mut Peer>) -> Target<'_> {
             let Some(hca) = hca.upgrade() else {
                 return Target::Down(Syndrome::TransportRetryExc);
             };
-            match responder::accepts(qp.upgrade().as_deref()) {
-                Ok(()) => Target::Local(hca),
-                Err(s) => Target::Down(s),
+            let qp = qp.upgrade();
+            match (responder::accepts(qp.as_deref()), qp) {
+                (Ok(()), Some(qp)) => Target::Local(hca, qp),
+                (Err(s), _) => Target::Down(s),
+                (Ok(()), None) => Target::Down(Syndrome::TransportRetryExc),
             }
         }
     }
@@ -275,7 +277,9 @@ pub(crate) fn execute(
                 }
             };
             match target {
-                Target::Local(peer) => responder::write(peer, regions, remote(r), data).map(|()| Executed::Done(bytes)),
+                Target::Local(peer, _) => {
+                    responder::write(peer, regions, remote(r), data).map(|()| Executed::Done(bytes))
+                }
                 Target::Remote(link) => {
                     link.post(meta, remote(r), Op::Write { len: bytes }, data, Sink::Ack);
                     Ok(Executed::InFlight)
@@ -288,7 +292,7 @@ pub(crate) fn execute(
             let dst = locals(hca, regions, local.as_slice(), Access::LOCAL_WRITE)?;
             settle(copies)?;
             match target {
-                Target::Local(peer) => {
+                Target::Local(peer, _) => {
                     buf.clear();
                     buf.resize(bytes as usize, 0);
                     responder::read(peer, regions, remote(r), buf)?;
@@ -351,7 +355,7 @@ fn atomic(
 ) -> Result<Executed, Syndrome> {
     let dst = locals(hca, cache, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
     match target {
-        Target::Local(peer) => {
+        Target::Local(peer, _) => {
             let old = responder::atomic(peer, cache, r, op)?;
             if let Some((_, region)) = &dst.items[0] {
                 region

@@ -3,6 +3,7 @@
 //! answering with a NAK syndrome instead of touching memory when a check fails.
 use gdaki_device::Remote;
 use gdaki_layout::Syndrome;
+use tracing::warn;
 
 use crate::memory::Access;
 use crate::queue::QpState;
@@ -31,6 +32,24 @@ pub(crate) fn accepts(target: Option<&SoftQp>) -> Result<(), Syndrome> {
         Some(QpState::Rtr | QpState::Rts) => Ok(()),
         _ => Err(Syndrome::TransportRetryExc),
     }
+}
+
+/// A request broke the responder's rules (an rkey, a right or a bound it does not have, a
+/// misaligned atomic): as RC does (rxe's class A and C errors), the responder QP goes to error
+/// too, so a peer cannot probe keys and addresses on a live QP. Said at warn, once per QP
+/// (it is in error afterwards).
+pub(crate) fn violated(qp: &SoftQp, s: Syndrome) {
+    if !matches!(s, Syndrome::RemoteAccess | Syndrome::RemoteInvalReq) {
+        return;
+    }
+    if qp.state() != QpState::Error {
+        warn!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            syndrome = ?s,
+            "a request from the peer broke the access rules: the queue pair goes to error"
+        );
+    }
+    qp.fail(s);
 }
 
 /// RDMA WRITE of `data` at `remote`.
