@@ -32,8 +32,35 @@ impl Access {
 /// threads and posters, which access it through raw pointers and atomics only.
 pub(crate) struct HostBuffer {
     ptr: NonNull<u8>,
-    layout: Layout,
+    size: usize,
+    /// Kept for its drop: the heap block or the mapping behind `ptr`.
+    _backing: Backing,
 }
+
+/// Where a [`HostBuffer`]'s bytes come from (held for its drop, never read).
+#[allow(dead_code)]
+enum Backing {
+    /// A small buffer: a heap block, zeroed when allocated.
+    Heap(HeapBlock),
+    /// A large one: an anonymous mapping, whose pages the kernel zeroes on first touch (a
+    /// 10 GiB region costs nothing until it is used, and a size the kernel cannot commit is
+    /// an error, not an abort).
+    Mapped(memmap2::MmapMut),
+}
+
+/// A block of the global allocator, freed on drop.
+struct HeapBlock(NonNull<u8>, Layout);
+
+impl Drop for HeapBlock {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `HostBuffer::new`, freed only here.
+        unsafe { alloc::dealloc(self.0.as_ptr(), self.1) }
+    }
+}
+
+/// From this size on, buffers are mapped rather than allocated (rings and small regions stay
+/// on the heap: a mapping each would use up the process's mapping count).
+const MAP_FROM: usize = 1 << 20;
 
 // SAFETY: the buffer is plain memory; every access goes through raw pointers whose users
 // synchronise (atomics, doorbells), as with DMA memory.
@@ -49,11 +76,26 @@ impl HostBuffer {
             .max(1)
             .checked_next_multiple_of(4096)
             .ok_or(Error::Alloc { what, bytes: len })?;
+        if size >= MAP_FROM {
+            let mut map = memmap2::MmapOptions::new()
+                .len(size)
+                .map_anon()
+                .map_err(|_| Error::Alloc { what, bytes: len })?;
+            let ptr = NonNull::new(map.as_mut_ptr()).ok_or(Error::Alloc { what, bytes: len })?;
+            return Ok(HostBuffer {
+                ptr,
+                size,
+                _backing: Backing::Mapped(map),
+            });
+        }
         let layout = Layout::from_size_align(size, 4096).map_err(|_| Error::Alloc { what, bytes: len })?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or(Error::Alloc { what, bytes: len })?;
-        Ok(HostBuffer { ptr, layout })
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or(Error::Alloc { what, bytes: len })?;
+        Ok(HostBuffer {
+            ptr,
+            size,
+            _backing: Backing::Heap(HeapBlock(ptr, layout)),
+        })
     }
 
     /// The first byte.
@@ -68,14 +110,7 @@ impl HostBuffer {
 
     /// Its size in bytes (whole pages).
     pub(crate) fn size(&self) -> usize {
-        self.layout.size()
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        self.size
     }
 }
 
