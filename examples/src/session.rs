@@ -223,7 +223,10 @@ impl Session {
                         "the client's test flags are unreadable ({e}): is it a gdaki perftest of this version?"
                     )
                 })?;
-                if let Some(why) = mine.mismatch(&flags) {
+                if let Some(why) = mine
+                    .mismatch(&flags)
+                    .or_else(|| foreign_endpoints(&theirs, ch.peer_addr()))
+                {
                     let _ = ch.reject(&why);
                     bail!("{why}");
                 }
@@ -248,6 +251,24 @@ impl Session {
         ch.sync(step).context("the peer")?;
         Ok(())
     }
+}
+
+/// Why the client's endpoints cannot be served: the server connects its QPs to the addresses
+/// in them, so they must be the client's own host (the one the setup connection comes from),
+/// or a client could make the server open connections anywhere.
+fn foreign_endpoints(theirs: &Hello, client: SocketAddr) -> Option<String> {
+    let same = |ip: std::net::IpAddr| ip == client.ip() || ip.to_canonical() == client.ip().to_canonical();
+    theirs
+        .endpoints
+        .iter()
+        .filter_map(|e| e.addr)
+        .find(|a| !same(a.ip()))
+        .map(|a| {
+            format!(
+                "the client's queue pairs are at {a}, another host than the {} it connects from",
+                client.ip()
+            )
+        })
 }
 
 /// The byte at `offset` of a `size`-byte test message: differs between sizes, so a stale

@@ -193,6 +193,76 @@ fn put_bw_flag_mismatch_is_a_clear_error_on_both_sides() {
     }
 }
 
+/// The server connects its QPs to the addresses in the client's endpoints: they must be the
+/// client's own (the host the setup connection comes from), or a client could make the server
+/// open connections anywhere. Such a hello is refused before the server says anything about
+/// its own QPs and buffer.
+#[test]
+fn a_client_naming_another_host_is_refused_before_the_server_answers() {
+    use gdaki::handshake::{Channel, Hello};
+    use std::net::{SocketAddr, TcpListener};
+    use std::time::Duration;
+    let port = free_port();
+    let server = Command::new(bin("put_bw"))
+        .args([
+            "--server",
+            "-p",
+            &port.to_string(),
+            "--mode",
+            "cpu",
+            "-s",
+            "8",
+            "-n",
+            "5",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Somewhere else the server should never be made to connect to.
+    let elsewhere = TcpListener::bind("127.0.0.2:0").unwrap();
+    elsewhere.set_nonblocking(true).unwrap();
+    let at: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut ch = (0..400)
+        .find_map(|_| {
+            let ch = Channel::connect(at, Duration::from_secs(10)).ok();
+            if ch.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            ch
+        })
+        .expect("the server never listened");
+    let ctx = gdaki::Context::open(gdaki::Provider::Soft).unwrap();
+    ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let cq = ctx.create_cq(1024).unwrap();
+    let qp = ctx.create_qp(&cq, Default::default()).unwrap();
+    let endpoint = gdaki::Endpoint {
+        addr: Some(elsewhere.local_addr().unwrap()),
+        ..qp.endpoint()
+    };
+    let flags = gdaki_examples::session::Symmetric {
+        test: "put_bw".into(),
+        sizes: vec![8],
+        iters: 5,
+        qps: 1,
+    };
+    ch.send(&Hello {
+        app: serde_json::to_vec(&flags).unwrap(),
+        endpoints: vec![endpoint],
+        regions: vec![],
+    })
+    .unwrap();
+    let answer = ch.receive();
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    match answer {
+        Err(gdaki::Error::Rejected { reason, .. }) => assert!(reason.contains("127.0.0.2"), "{reason}"),
+        other => panic!("expected a rejection, got {other:?}; server: {err}"),
+    }
+    assert!(!out.status.success() && err.contains("127.0.0.2"), "{err}");
+    assert!(elsewhere.accept().is_err(), "the server connected elsewhere");
+}
+
 #[test]
 fn refused_connections_and_bad_flags_are_clear_errors() {
     let port = free_port().to_string();
