@@ -3,7 +3,12 @@
 //! in the same run. `--transport tcp` puts the two QPs in two contexts connected over loopback
 //! TCP (as two processes would be) and adds a raw TCP stream of the same bytes as a reference.
 //!
-//! `cargo bench -p gdaki --bench soft [-- --json] [--messages N] [--transport inproc|tcp]`
+//! Then the round trip of one 8-byte put (post, wait for its CQE) while the same HCA also
+//! serves idle QPs (`--idle 0,100,10000`), next to the round trip with none in the same run:
+//! what idle QPs cost a busy one.
+//!
+//! `cargo bench -p gdaki --bench soft [-- --json] [--messages N] [--transport inproc|tcp]
+//! [--idle N,N,...]`
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
@@ -22,6 +27,35 @@ struct Report {
     put_vs_memcpy: f64,
     /// Raw TCP loopback stream of the same 1 MiB writes (tcp transport only).
     tcp_stream_1mib_gb_per_s: Option<f64>,
+    /// One put's round trip with idle QPs beside it.
+    idle: Vec<IdleRow>,
+}
+
+#[derive(Serialize)]
+struct IdleRow {
+    idle_qps: usize,
+    round_trip_median_us: f64,
+    round_trip_p99_us: f64,
+    /// The median over the first row's (normally 0 idle QPs), same run.
+    vs_first: f64,
+}
+
+/// Median and 99th percentile (µs) of `n` round trips of one 8-byte put.
+fn round_trips(
+    dev: &gdaki_device::Qp<Exclusive>,
+    dst: gdaki_device::Remote,
+    src: gdaki_device::Local,
+    n: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let mut us = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        let t = dev.put(dst, src, 8).map_err(|e| anyhow::anyhow!("put: {e}"))?;
+        dev.wait(t).map_err(|e| anyhow::anyhow!("wait: {e}"))?;
+        us.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok((us[n / 2], us[n * 99 / 100]))
 }
 
 /// GB/s of `reps` 1 MiB writes through a plain loopback TCP stream to a reading thread.
@@ -141,6 +175,38 @@ fn main() -> anyhow::Result<()> {
     let memcpy_bw = (reps * MIB) as f64 / started.elapsed().as_secs_f64() / 1e9;
     let stream_bw = if tcp { Some(tcp_stream(reps)?) } else { None };
 
+    let counts: Vec<usize> = arg(&args, "--idle", "0,100,10000".to_string())
+        .split(',')
+        .map(|n| n.trim().parse())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("--idle: {e}"))?;
+    let mut idle = Vec::new();
+    let mut kept = Vec::new();
+    for &n in &counts {
+        eprintln!("8-byte put round trips beside {n} idle QPs ...");
+        while kept.len() < n {
+            let cq = ctx.create_cq(8)?;
+            let q = ctx.create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 8,
+                    ..Default::default()
+                },
+            )?;
+            q.connect(&q.endpoint())?;
+            kept.push((cq, q));
+        }
+        let (median, p99) = round_trips(&dev, dst.remote(0), src.local(0), 2000)?;
+        let first = idle.first().map_or(median, |r: &IdleRow| r.round_trip_median_us);
+        idle.push(IdleRow {
+            idle_qps: n,
+            round_trip_median_us: median,
+            round_trip_p99_us: p99,
+            vs_first: median / first,
+        });
+    }
+    drop(kept);
+
     let r = Report {
         transport: transport.clone(),
         tcp_stream_1mib_gb_per_s: stream_bw,
@@ -149,6 +215,7 @@ fn main() -> anyhow::Result<()> {
         put_1mib_gb_per_s: put_bw,
         memcpy_1mib_gb_per_s: memcpy_bw,
         put_vs_memcpy: put_bw / memcpy_bw,
+        idle,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -165,6 +232,14 @@ fn main() -> anyhow::Result<()> {
         if let Some(s) = stream_bw {
             println!("  1 MiB TCP stream:    {s:>8.2} GB/s (reference, same run)");
             println!("  put / TCP stream:    {:>8.1} %", 100.0 * put_bw / s);
+        }
+        println!("  8-byte put round trip beside idle QPs (2000 each; reference: the first row, same run)");
+        println!("    idle QPs   median [us]   p99 [us]   median / first");
+        for r in &r.idle {
+            println!(
+                "    {:>8}   {:>11.2}   {:>8.2}   {:>14.2}",
+                r.idle_qps, r.round_trip_median_us, r.round_trip_p99_us, r.vs_first
+            );
         }
     }
     Ok(())
