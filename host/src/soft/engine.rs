@@ -52,23 +52,83 @@ impl Drop for Engine {
     }
 }
 
+/// Rounds without work after which a QP counts as quiet.
+const QUIET_AFTER: u32 = 64;
+/// Quiet QPs whose doorbells a spinning round looks at (in turn): idle QPs cost a busy one at
+/// most this many loads per round, however many there are.
+const QUIET_PER_ROUND: usize = 64;
+/// Idle rounds that spin before the engine yields and sleeps (see [`backoff`]); rounds are
+/// slow then, so every QP is looked at in each.
+const SPIN_ROUNDS: u32 = 512;
+
+/// A QP as the engine watches it between rounds.
+struct Watched {
+    qp: Arc<SoftQp>,
+    /// The doorbell word when the QP was last serviced.
+    seen: u64,
+    /// Rounds since it last had work.
+    quiet: u32,
+}
+
 /// Runs until `hca.stop` is set.
+///
+/// A QP that had work in the last [`QUIET_AFTER`] rounds is serviced every round. A quiet one
+/// is serviced only when its doorbell word changed, and while the engine spins only
+/// [`QUIET_PER_ROUND`] quiet QPs are looked at per round, in turn: with 10,000 idle QPs a busy
+/// QP's round trip no longer waits for 10,000 doorbell loads a round.
 pub(crate) fn run(hca: Arc<Hca>) {
-    let mut qps: Vec<Arc<SoftQp>> = Vec::new();
+    let mut watched: Vec<Watched> = Vec::new();
+    // Indices into `watched` of the QPs that are not quiet, serviced every round.
+    let mut active: Vec<usize> = Vec::new();
     let mut version = u64::MAX;
     let mut scratch = Scratch::default();
     // One WQE's bytes, reused: a fresh buffer per doorbell would be a 1 KiB memset per batch.
     let mut wqe = [0u8; MAX_WQEBBS * SEND_WQE_BB];
     let mut idle = 0u32;
+    let mut cursor = 0usize;
     while !hca.stop.load(Ordering::Acquire) {
         if let Some(list) = hca.qps_if_changed(&mut version) {
-            qps = list;
+            // A new list starts every QP as active: each is serviced at least once.
+            watched = list.into_iter().map(|qp| Watched { qp, seen: 0, quiet: 0 }).collect();
+            active = (0..watched.len()).collect();
+            cursor = 0;
         }
         scratch.release_stale_regions();
         let mut busy = false;
-        for qp in &qps {
-            busy |= service(&hca, qp, &mut wqe, &mut scratch);
+        let mut look = |w: &mut Watched, busy: &mut bool| {
+            let db = w.qp.doorbell().load(Ordering::Acquire);
+            if w.quiet > 0 && db == w.seen {
+                // Nothing rung since a round that found no work.
+                w.quiet = w.quiet.saturating_add(1);
+                return;
+            }
+            w.seen = db;
+            if service(&hca, &w.qp, &mut wqe, &mut scratch) {
+                *busy = true;
+                w.quiet = 0;
+            } else {
+                w.quiet = w.quiet.saturating_add(1);
+            }
+        };
+        active.retain(|&i| {
+            look(&mut watched[i], &mut busy);
+            watched[i].quiet < QUIET_AFTER
+        });
+        // Quiet QPs, a window of them in turn (all of them once the engine has slowed down).
+        let n = watched.len();
+        let window = if idle < SPIN_ROUNDS { QUIET_PER_ROUND.min(n) } else { n };
+        for k in 0..window {
+            let i = (cursor + k) % n;
+            let w = &mut watched[i];
+            if w.quiet < QUIET_AFTER {
+                continue; // active: looked at above
+            }
+            look(w, &mut busy);
+            if w.quiet == 0 {
+                active.push(i);
+            }
         }
+        cursor = (cursor + window) % n.max(1);
         if busy {
             idle = 0;
         } else {
@@ -80,7 +140,7 @@ pub(crate) fn run(hca: Arc<Hca>) {
 
 /// Idle rounds: spin, then yield, then sleep up to 200 us.
 fn backoff(idle: u32) {
-    if idle < 512 {
+    if idle < SPIN_ROUNDS {
         std::hint::spin_loop();
     } else if idle < 4096 {
         std::thread::yield_now();
