@@ -11,6 +11,24 @@ pub mod plot;
 pub mod report;
 pub mod session;
 
+/// `e` and its causes, each said once: gdaki's errors already include their cause in their
+/// text (what a C caller's `gdaki_last_error` shows), so a cause a message already contains is
+/// not repeated after it, as `{:#}` would.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if text.contains(&s) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&s);
+    }
+    text
+}
+
 /// Sets `tracing` up for a perftest: warnings and above on stderr unless `RUST_LOG` says more.
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

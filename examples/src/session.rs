@@ -245,7 +245,7 @@ impl Session {
             return verdict;
         };
         if let Err(e) = verdict {
-            let _ = ch.reject(&format!("{e:#}"));
+            let _ = ch.reject(&crate::error_text(&e));
             return Err(e);
         }
         ch.sync(step).context("the peer")?;

@@ -263,6 +263,62 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
     assert!(elsewhere.accept().is_err(), "the server connected elsewhere");
 }
 
+/// Library errors carry their cause in their text and as their source; a binary prints each
+/// cause once ("X: X" was printed for every device and socket error).
+#[test]
+fn errors_say_each_cause_once() {
+    use gdaki::handshake::{Channel, Hello};
+    use gdaki::wire::RemoteRegion;
+    use std::net::TcpListener;
+    use std::time::Duration;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Nobody listens there: the client's queue pair cannot reach the "server's".
+    let nobody = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut ch = Channel::accept(&listener, Duration::from_secs(20)).unwrap();
+        let theirs = ch.receive().unwrap();
+        let endpoints = theirs
+            .endpoints
+            .iter()
+            .map(|e| gdaki::Endpoint {
+                gid: [9; 16],
+                addr: Some(nobody),
+                ..*e
+            })
+            .collect();
+        let regions = vec![RemoteRegion {
+            addr: 0x10000,
+            len: 1 << 20,
+            rkey: 1,
+        }];
+        let _ = ch.send(&Hello {
+            app: theirs.app,
+            endpoints,
+            regions,
+        });
+        let _ = ch.sync(1);
+    });
+    let out = run(
+        "put_bw",
+        &[
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--mode",
+            "cpu",
+            "-s",
+            "8",
+            "-n",
+            "5",
+        ],
+    );
+    server.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("RTR2RTS_QP failed").count(), 1, "{err}");
+}
+
 #[test]
 fn refused_connections_and_bad_flags_are_clear_errors() {
     let port = free_port().to_string();

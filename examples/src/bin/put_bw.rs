@@ -96,7 +96,7 @@ fn buffer_len(sizes: &[u64], iters: u32) -> u64 {
 fn main() {
     gdaki_examples::init_tracing();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("put_bw: error: {e:#}");
+        eprintln!("put_bw: error: {}", gdaki_examples::error_text(&e));
         std::process::exit(1);
     }
 }

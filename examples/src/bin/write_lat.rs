@@ -73,7 +73,7 @@ struct Reference {
 fn main() {
     gdaki_examples::init_tracing();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("write_lat: error: {e:#}");
+        eprintln!("write_lat: error: {}", gdaki_examples::error_text(&e));
         std::process::exit(1);
     }
 }
