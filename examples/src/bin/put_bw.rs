@@ -276,7 +276,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     cli.qps,
                 )?
             }
-            _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters)?,
+            _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, &|| {})?,
         };
         // Validation: here in loopback, by the server otherwise.
         let written = (nslots * size) as usize;
@@ -422,7 +422,11 @@ fn gpu_windows(
 }
 
 /// Timed CPU windows: one thread per QP, released together; (wall time, messages) each, and
-/// messages per QP in all.
+/// messages per QP in all. Each posting thread takes its own clock readings, around its own
+/// posts, and a window runs from the first thread's start to the last one's end: a thread that
+/// is descheduled (the releasing one, or a poster before its first post) cannot shorten it.
+/// `stall` runs on the releasing thread right after each release (tests use it to model that
+/// thread being descheduled).
 fn cpu_windows(
     qps: &[(CompletionQueue, QueuePair)],
     dst: Remote,
@@ -430,47 +434,66 @@ fn cpu_windows(
     size: u64,
     slots: u64,
     iters: u32,
+    stall: &(dyn Fn() + Sync),
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
     let windows = WINDOWS.min(iters);
     let per_window = iters.div_ceil(windows);
     let barrier = Barrier::new(qps.len() + 1);
+    type Stamps = Vec<Option<(Instant, Instant)>>;
     let mut out = Vec::new();
     std::thread::scope(|s| -> anyhow::Result<()> {
         let workers: Vec<_> = qps
             .iter()
             .map(|(_, q)| {
                 let barrier = &barrier;
-                s.spawn(move || -> Result<(), String> {
+                s.spawn(move || -> Result<Stamps, String> {
                     // SAFETY: each QP has exactly one posting thread (this one), in exclusive
                     // mode, and the QP outlives the scope.
                     let dev = unsafe { q.cpu::<Exclusive>() }.map_err(|e| e.to_string())?;
                     // Warm-up, untimed: every slot once (first touches of the pages).
                     let mut result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32)
                         .map_err(|e| e.to_string());
+                    let mut stamps = Vec::new();
                     for w in 0..windows {
                         barrier.wait();
                         if result.is_ok() {
                             // Messages continue across windows, so every slot gets written.
                             let first = (w * per_window) as u64;
+                            let started = Instant::now();
                             result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, first, 1, per_window)
                                 .map_err(|e| e.to_string());
+                            stamps.push(Some((started, Instant::now())));
+                        } else {
+                            stamps.push(None);
                         }
                         barrier.wait();
                     }
-                    result
+                    result.map(|()| stamps)
                 })
             })
             .collect();
         for _ in 0..windows {
             barrier.wait();
-            let started = Instant::now();
+            stall();
             barrier.wait();
-            out.push((started.elapsed(), per_window as u64 * qps.len() as u64));
         }
+        let mut all = Vec::new();
         for (i, w) in workers.into_iter().enumerate() {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("posting thread {i} panicked"))?
-                .map_err(|e| anyhow::anyhow!("QP {i}: {e}"))?;
+            all.push(
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("posting thread {i} panicked"))?
+                    .map_err(|e| anyhow::anyhow!("QP {i}: {e}"))?,
+            );
+        }
+        for w in 0..windows as usize {
+            let spans = all.iter().filter_map(|stamps| stamps[w]);
+            let first = spans.clone().map(|(a, _)| a).min();
+            let last = spans.map(|(_, b)| b).max();
+            let took = match (first, last) {
+                (Some(a), Some(b)) => b.duration_since(a),
+                _ => bail!("window {w} has no posting thread's times"),
+            };
+            out.push((took, per_window as u64 * qps.len() as u64));
         }
         Ok(())
     })?;
@@ -616,4 +639,43 @@ fn write_plot(path: &PathBuf, cli: &Cli, session: &Session, rows: &[BwRow]) -> a
     std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("put_bw: plot written to {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdaki::{Access, Context, Provider};
+
+    /// A window's time covers all of its posting, however the threads are scheduled: the
+    /// thread that releases the posters being descheduled right after the release (modelled
+    /// by a stall) once shortened the window to nothing, and put_bw printed peaks of 380 GB/s
+    /// in CPU mode.
+    #[test]
+    fn a_descheduled_releasing_thread_does_not_shorten_a_window() {
+        let ctx = Context::open(Provider::Soft).unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = ctx
+            .create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 64,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        const SIZE: u64 = 4 << 20;
+        let (src, dst) = (
+            ctx.alloc_region(2 * SIZE as usize, Access::ALL).unwrap(),
+            ctx.alloc_region(2 * SIZE as usize, Access::ALL).unwrap(),
+        );
+        let qps = [(cq, qp)];
+        let stall = || std::thread::sleep(Duration::from_millis(300));
+        let (windows, _) = cpu_windows(&qps, dst.remote(0), src.local(0), SIZE, 2, 16, &stall).unwrap();
+        for (t, messages) in windows {
+            // No host copies 4 MiB messages at 200 GB/s on one thread.
+            let gb_s = (messages * SIZE) as f64 / t.as_secs_f64().max(1e-12) / 1e9;
+            assert!(gb_s < 200.0, "{messages} messages of 4 MiB in {t:?}: {gb_s:.0} GB/s");
+        }
+    }
 }
