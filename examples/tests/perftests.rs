@@ -106,6 +106,19 @@ fn put_bw_loopback_prints_a_perftest_table_and_validates() {
     assert!(out.contains("Validation: every size's data arrived intact"));
 }
 
+/// `-n` is what runs: 1001 messages per QP were once run (and reported) as 1004, 5 as 8.
+#[test]
+fn put_bw_runs_exactly_the_iterations_asked() {
+    for n in ["5", "1001"] {
+        let out = ok("put_bw", &["--mode", "cpu", "-s", "64", "-n", n, "-q", "2"]);
+        let r = rows(&out);
+        assert_eq!(num(&r[0][1]), num(n), "{out}");
+        let json = ok("put_bw", &["--mode", "cpu", "-s", "64", "-n", n, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["results"][0]["iterations"].as_u64(), Some(num(n) as u64), "{json}");
+    }
+}
+
 #[test]
 fn put_bw_json_sweep_has_the_documented_schema() {
     let dir = std::env::temp_dir().join(format!("gdaki-put-bw-{}", std::process::id()));

@@ -436,8 +436,10 @@ fn cpu_windows(
     iters: u32,
     stall: &(dyn Fn() + Sync),
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
-    let windows = WINDOWS.min(iters);
-    let per_window = iters.div_ceil(windows);
+    let windows = WINDOWS.min(iters).max(1);
+    // Exactly `iters` messages per QP: the windows differ by at most one message.
+    let in_window = |w: u32| iters / windows + u32::from(w < iters % windows);
+    let first_of = |w: u32| (0..w).map(in_window).map(u64::from).sum::<u64>();
     let barrier = Barrier::new(qps.len() + 1);
     type Stamps = Vec<Option<(Instant, Instant)>>;
     let mut out = Vec::new();
@@ -458,10 +460,18 @@ fn cpu_windows(
                         barrier.wait();
                         if result.is_ok() {
                             // Messages continue across windows, so every slot gets written.
-                            let first = (w * per_window) as u64;
                             let started = Instant::now();
-                            result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, first, 1, per_window)
-                                .map_err(|e| e.to_string());
+                            result = gdaki_device::perf::put_stream(
+                                dev,
+                                dst,
+                                src,
+                                size,
+                                slots,
+                                first_of(w),
+                                1,
+                                in_window(w),
+                            )
+                            .map_err(|e| e.to_string());
                             stamps.push(Some((started, Instant::now())));
                         } else {
                             stamps.push(None);
@@ -493,11 +503,11 @@ fn cpu_windows(
                 (Some(a), Some(b)) => b.duration_since(a),
                 _ => bail!("window {w} has no posting thread's times"),
             };
-            out.push((took, per_window as u64 * qps.len() as u64));
+            out.push((took, in_window(w as u32) as u64 * qps.len() as u64));
         }
         Ok(())
     })?;
-    Ok((out, windows as u64 * per_window as u64))
+    Ok((out, iters as u64))
 }
 
 /// The reference bandwidth (MiB/s) for `count` messages of `size` bytes through the same slots
