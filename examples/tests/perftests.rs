@@ -119,6 +119,19 @@ fn put_bw_runs_exactly_the_iterations_asked() {
     }
 }
 
+/// JSON values are in the unit their keys and `bw_unit` name (MiB/s), with or without
+/// `--report-gbits`, which changes the table only: it once labelled MiB/s values "Gb/s".
+#[test]
+fn put_bw_json_units_match_their_label() {
+    let json = ok(
+        "put_bw",
+        &["--mode", "cpu", "-s", "64", "-n", "50", "--json", "--report-gbits"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["params"]["bw_unit"], "MiB/s", "{json}");
+    assert!(v["results"][0]["bw_avg_mib_s"].as_f64().unwrap() > 0.0, "{json}");
+}
+
 #[test]
 fn put_bw_json_sweep_has_the_documented_schema() {
     let dir = std::env::temp_dir().join(format!("gdaki-put-bw-{}", std::process::id()));
