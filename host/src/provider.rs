@@ -21,7 +21,9 @@ pub enum Provider {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DoorbellHandler {
-    /// The posting thread itself (GPU kernel or CPU thread) writes the doorbell record and the UAR.
+    /// The posting thread itself (GPU kernel or CPU thread) writes the doorbell record and the UAR
+    /// (named `direct`, as the perftests say).
+    #[serde(rename = "direct")]
     Gpu,
     /// The poster publishes its producer index; a CPU proxy thread rings for it.
     CpuProxy,
@@ -123,7 +125,7 @@ macro_rules! named {
     };
 }
 named!(Provider, "provider", Mlx5 => "mlx5", Soft => "soft", Auto => "auto");
-named!(DoorbellHandler, "doorbell handler", Gpu => "gpu", CpuProxy => "cpu-proxy");
+named!(DoorbellHandler, "doorbell handler", Gpu => "direct", CpuProxy => "cpu-proxy");
 named!(ExecutionMode, "mode", Gpu => "gpu", Cpu => "cpu");
 
 #[cfg(test)]

@@ -58,6 +58,28 @@ fn json_report_has_the_documented_keys_and_a_concrete_choice() {
     assert_eq!(soft["report"]["link_layer"], "Ethernet");
 }
 
+/// Probes read the same way everywhere: `{"ok": true, "value": ...}` or `{"ok": false,
+/// "error": "..."}`, never Rust's `{"Ok": ...}` / `{"Err": ...}`; dma-buf is reported; the
+/// doorbell handler has put_bw's names (`direct`, `cpu-proxy`).
+#[test]
+fn json_report_speaks_one_documented_vocabulary() {
+    let out = doctor(&["--json"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("\"Ok\"") && !text.contains("\"Err\""), "{text}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    for probe in [&v["cuda"], &v["ptx"]] {
+        let ok = probe["ok"].as_bool().expect("an ok flag");
+        assert_eq!(probe.get("value").is_some(), ok, "{probe}");
+        assert_eq!(probe["error"].is_string(), !ok, "{probe}");
+    }
+    for t in v["selftests"].as_array().unwrap() {
+        assert!(t["result"]["ok"].is_boolean(), "{t}");
+    }
+    assert!(v["dma_buf"].is_boolean(), "{v}");
+    let handler = v["selection"]["handler"].as_str().unwrap();
+    assert!(handler == "direct" || handler == "cpu-proxy", "{handler}");
+}
+
 #[test]
 fn text_report_names_the_mode() {
     let out = doctor(&["--no-selftest"]);

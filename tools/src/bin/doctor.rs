@@ -1,6 +1,7 @@
 //! `doctor`: tells a newcomer whether this machine can run gdaki, and how: GPUs, kernels, RDMA
 //! devices, GPU-memory registration, and what `auto` would choose. Exit status 0 when gdaki can
-//! run in some mode (and every `--require` holds), 1 otherwise.
+//! run in some mode (and every `--require` holds), 1 otherwise. `--json`'s schema is in the
+//! README ("Two commands"): every probe reads `{"ok", "value" | "error"}`.
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -8,7 +9,7 @@ use gdaki::cuda::{self, CudaInfo, Gpu, SelftestReport};
 use gdaki::ptx::{self, PtxSummary};
 use gdaki::system::{self, RdmaDevice};
 use gdaki::{Context, ContextOptions, DeviceReport, ExecutionMode, Provider, Selection};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 #[derive(Parser, Debug)]
 #[command(name = "doctor", version, about = "Can this machine run gdaki, and how?")]
@@ -31,12 +32,41 @@ struct Args {
     verbose: bool,
 }
 
+/// A probe's outcome in `--json`: `{"ok": true, "value": ...}` or `{"ok": false, "error": "..."}`.
+fn outcome<T: Serialize, S: Serializer>(r: &Result<T, String>, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Outcome<'a, T> {
+        ok: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        value: Option<&'a T>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
+    }
+    match r {
+        Ok(v) => Outcome {
+            ok: true,
+            value: Some(v),
+            error: None,
+        },
+        Err(e) => Outcome {
+            ok: false,
+            value: None,
+            error: Some(e.as_str()),
+        },
+    }
+    .serialize(s)
+}
+
 #[derive(Serialize)]
 struct Report {
     gdaki_version: &'static str,
+    #[serde(serialize_with = "outcome")]
     cuda: Result<CudaInfo, String>,
+    #[serde(serialize_with = "outcome")]
     ptx: Result<PtxSummary, String>,
     selftests: Vec<GpuSelftest>,
+    /// Whether a GPU exports its memory as dma-buf (how a NIC reaches GPU memory).
+    dma_buf: bool,
     libibverbs: bool,
     libmlx5: bool,
     rdma_devices: Vec<RdmaDevice>,
@@ -81,6 +111,7 @@ impl DeviceCheck {
 #[derive(Serialize)]
 struct GpuSelftest {
     ordinal: usize,
+    #[serde(serialize_with = "outcome")]
     result: Result<SelftestReport, String>,
 }
 
@@ -146,8 +177,10 @@ fn examine(args: &Args) -> Report {
     // The soft provider in CPU mode needs nothing beyond this binary; mlx5 requested explicitly
     // needs a device.
     let can_run = selection.provider != Provider::Mlx5 || rdma_devices.iter().any(|d| d.mlx5);
+    let dma_buf = cuda.as_ref().is_ok_and(|i| i.gpus.iter().any(|g| g.dma_buf));
     Report {
         gdaki_version: env!("CARGO_PKG_VERSION"),
+        dma_buf,
         cuda,
         ptx,
         selftests,
