@@ -68,6 +68,37 @@ struct Reference {
     /// CPU mode: thread <-> thread flag round trip through shared memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     thread_round_trip_us: Option<f64>,
+    /// Why the reference cannot be trusted (then no ratio is printed against it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    doubt: Option<String>,
+}
+
+/// A thread <-> thread round trip through shared memory takes well under a microsecond on any
+/// host; a median above this is a thread that waited for a core, not the memory.
+const PLAUSIBLE_THREAD_ROUND_TRIP_US: f64 = 20.0;
+/// Attempts at a plausible reference before it is flagged.
+const REFERENCE_TRIES: u32 = 3;
+
+/// Why a thread round trip median of `us` cannot be a reference, if it cannot.
+fn thread_reference_doubt(us: f64) -> Option<String> {
+    (!(us.is_finite() && us > 0.0 && us <= PLAUSIBLE_THREAD_ROUND_TRIP_US)).then(|| {
+        format!(
+            "the thread round trip took {us:.2} usec (median of the best of {REFERENCE_TRIES} tries), where shared \
+             memory takes well under {PLAUSIBLE_THREAD_ROUND_TRIP_US} usec: its threads waited for cores"
+        )
+    })
+}
+
+/// What to say when this machine's cores cannot all spin at once: the engine and each posting
+/// side spin, and so do the reference's two threads.
+fn cores_note(spinning: usize) -> Option<String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores < spinning).then(|| {
+        format!(
+            "{cores} cores for {spinning} spinning threads (engine, posters, reference): latencies here \
+             include waits for a core; measure on a machine with more cores"
+        )
+    })
 }
 
 fn main() {
@@ -263,11 +294,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             gdaki_examples::outln!(
                 " Ref: CPU thread <-> thread round trip through shared memory: {rt:.2} usec (median)"
             );
-            gdaki_examples::outln!(
-                " t_typical ({} B) / thread round trip: {:.2}",
-                plan.sizes[0],
-                typical / rt.max(1e-9)
-            );
+            match &reference.doubt {
+                Some(why) => gdaki_examples::outln!(" Ref not trusted, no ratio: {why}"),
+                None => gdaki_examples::outln!(
+                    " t_typical ({} B) / thread round trip: {:.2}",
+                    plan.sizes[0],
+                    typical / rt.max(1e-9)
+                ),
+            }
         }
         gdaki_examples::outln!(" Validation: every size's messages arrived intact");
     }
@@ -340,11 +374,23 @@ fn measure_reference(session: &Session) -> anyhow::Result<Reference> {
                 gpu.synced_copy(N)?.iter().map(|d| d.as_nanos() as u64).collect(),
             )),
             thread_round_trip_us: None,
+            doubt: None,
         },
-        None => Reference {
-            thread_round_trip_us: Some(median_us(thread_round_trip(N))),
-            ..Default::default()
-        },
+        None => {
+            // Re-measured while implausible: a descheduled spinner makes one try worthless.
+            let mut best = f64::INFINITY;
+            for _ in 0..REFERENCE_TRIES {
+                best = best.min(median_us(thread_round_trip(N)));
+                if thread_reference_doubt(best).is_none() {
+                    break;
+                }
+            }
+            Reference {
+                thread_round_trip_us: Some(best),
+                doubt: thread_reference_doubt(best),
+                ..Default::default()
+            }
+        }
     })
 }
 
@@ -393,5 +439,31 @@ fn print_header(session: &Session, plan: &Plan, p: &Params, sides: &[(Side, gdak
         let e = s.qp.endpoint();
         lines.push(("local address", format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn)));
     }
+    if p.gpu.is_none() {
+        // CPU mode: each side's poster and the engine spin; a peer process may share the host.
+        let peer = if matches!(plan.role, Role::Loopback) { 0 } else { 2 };
+        if let Some(note) = cores_note(sides.len() + 1 + peer) {
+            lines.push(("Note", note));
+        }
+    }
     report::print_header("RDMA_Write Latency Test (gdaki write_lat)", &lines);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// References seen in two-process runs on a 2-core machine (7999.78 and 172.71 usec, where
+    /// 0.13 is normal) are flagged, never used for a ratio; normal ones are kept.
+    #[test]
+    fn implausible_thread_references_are_flagged() {
+        for bad in [7999.78, 172.71, 0.0, f64::NAN, f64::INFINITY] {
+            assert!(thread_reference_doubt(bad).is_some(), "{bad}");
+        }
+        for good in [0.13, 0.9, 4.0] {
+            assert_eq!(thread_reference_doubt(good), None, "{good}");
+        }
+        assert!(cores_note(usize::MAX).is_some_and(|n| n.contains("spinning threads")));
+        assert_eq!(cores_note(1), None);
+    }
 }
