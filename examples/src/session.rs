@@ -95,7 +95,9 @@ impl Session {
             .with_context(|| format!("opening provider {}", common.provider))?;
         let channel =
             match (&plan.role, listener) {
-                (Role::Server(port), Some(listener)) => {
+                (Role::Server(_), Some(listener)) => {
+                    // The port bound, which `-p 0` leaves to the system.
+                    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
                     eprintln!("waiting for a client on port {port} ...");
                     let ch = Channel::accept(&listener, plan.timeout).context("accepting the client")?;
                     info!(peer = %ch.peer_addr(), "client connected");

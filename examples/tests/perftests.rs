@@ -345,6 +345,44 @@ fn errors_say_each_cause_once() {
     assert_eq!(err.matches("RTR2RTS_QP failed").count(), 1, "{err}");
 }
 
+/// `--server -p 0` says the port the system chose, so a client can be pointed at it.
+#[test]
+fn a_server_on_port_0_says_its_real_port() {
+    use std::io::{BufRead, BufReader};
+    let mut server = Command::new(bin("put_bw"))
+        .args(["--server", "-p", "0", "--mode", "cpu", "-s", "8", "-n", "5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    while !line.contains("waiting for a client") && err.read_line(&mut line).unwrap() > 0 {}
+    let port: u16 = line
+        .split("on port ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    assert_ne!(port, 0, "{line}");
+    let client = run(
+        "put_bw",
+        &[
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--mode",
+            "cpu",
+            "-s",
+            "8",
+            "-n",
+            "5",
+        ],
+    );
+    assert!(client.status.success(), "{}", String::from_utf8_lossy(&client.stderr));
+    assert!(server.wait().unwrap().success());
+}
+
 #[test]
 fn refused_connections_and_bad_flags_are_clear_errors() {
     let port = free_port().to_string();
