@@ -255,6 +255,32 @@ impl Session {
     }
 }
 
+/// perftest's address lines: this side's QPs (with the buffer it offers, if any), then the
+/// peer's (with the buffer it offered). At most 4 QPs a side, as the header shows.
+pub fn address_lines(
+    mine: &[gdaki::Endpoint],
+    my_region: Option<gdaki::wire::RemoteRegion>,
+    peer: Option<&Hello>,
+) -> Vec<(&'static str, String)> {
+    let line = |e: &gdaki::Endpoint, r: Option<gdaki::wire::RemoteRegion>| {
+        let mut t = format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn);
+        if let Some(r) = r {
+            t.push_str(&format!(" RKey {:#010x} VAddr {:#018x}", r.rkey, r.addr));
+        }
+        t
+    };
+    let mut v: Vec<(&'static str, String)> = mine
+        .iter()
+        .take(4)
+        .map(|e| ("local address", line(e, my_region)))
+        .collect();
+    if let Some(h) = peer {
+        let r = h.regions.first().copied();
+        v.extend(h.endpoints.iter().take(4).map(|e| ("remote address", line(e, r))));
+    }
+    v
+}
+
 /// Why the client's endpoints cannot be served: the server connects its QPs to the addresses
 /// in them, so they must be the client's own host (the one the setup connection comes from),
 /// or a client could make the server open connections anywhere.

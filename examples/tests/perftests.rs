@@ -200,6 +200,33 @@ fn put_bw_server_and_client_validate_across_processes() {
     );
     assert!(so.contains("data received correctly"), "{so}");
     assert_eq!(rows(&co).len(), 1, "{co}");
+    // perftest's address lines, each side's remote ones the other's local ones.
+    let addresses = |out: &str, which: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.trim_start().starts_with(which))
+            .map(|l| {
+                l.split(": ")
+                    .nth(1)
+                    .unwrap_or("")
+                    .split(" RKey")
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    assert_eq!(addresses(&co, "remote address").len(), 2, "{co}");
+    assert_eq!(
+        addresses(&co, "remote address"),
+        addresses(&so, "local address"),
+        "{co}\n{so}"
+    );
+    assert_eq!(
+        addresses(&so, "remote address"),
+        addresses(&co, "local address"),
+        "{co}\n{so}"
+    );
+    assert!(co.contains("RKey 0x") && so.contains("VAddr 0x"), "{co}\n{so}");
 }
 
 #[test]

@@ -182,7 +182,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if !cli.common.json {
             report::print_header(
                 "RDMA_Write BW Test (gdaki put_bw, server)",
-                &header_lines(&cli, &plan, &session, None, &qps),
+                &header_lines(
+                    &cli,
+                    &plan,
+                    &session,
+                    None,
+                    &qps,
+                    Some(dst.remote_region()),
+                    Some(&theirs),
+                ),
             );
         }
         for (i, &size) in plan.sizes.iter().enumerate() {
@@ -213,14 +221,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
     // Loopback or client: this side posts.
     let src = session.alloc(len as usize)?;
-    let (dst_local, target) = match plan.role {
+    let (dst_local, target, peer) = match plan.role {
         Role::Loopback => {
             let dst = session.alloc(len as usize)?;
             for (_, q) in &qps {
                 q.connect(&q.endpoint())?;
             }
             let r = dst.remote(0);
-            (Some(dst), r)
+            (Some(dst), r, None)
         }
         _ => {
             let hello = Hello {
@@ -237,7 +245,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             connect(&qps, &theirs.endpoints)?;
             session.agree(1, Ok(()))?;
-            (None, Remote { addr, rkey })
+            (None, Remote { addr, rkey }, Some(theirs))
         }
     };
     let exported = match &session.gpu {
@@ -252,7 +260,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if !cli.common.json {
         report::print_header(
             "RDMA_Write BW Test (gdaki put_bw)",
-            &header_lines(&cli, &plan, &session, launch.as_ref(), &qps),
+            &header_lines(&cli, &plan, &session, launch.as_ref(), &qps, None, peer.as_ref()),
         );
         gdaki_examples::outln!("{}", BwRow::header(gbits));
     }
@@ -538,6 +546,8 @@ fn header_lines(
     session: &Session,
     launch: Option<&DataPathLaunch>,
     qps: &[(CompletionQueue, QueuePair)],
+    my_region: Option<RemoteRegion>,
+    peer: Option<&Hello>,
 ) -> Vec<(&'static str, String)> {
     let p = params(cli, plan, session, launch);
     let mut v = session.header_lines(plan);
@@ -565,10 +575,8 @@ fn header_lines(
             ),
         ));
     }
-    for (_, q) in qps.iter().take(4) {
-        let e = q.endpoint();
-        v.push(("local address", format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn)));
-    }
+    let mine: Vec<gdaki::Endpoint> = qps.iter().map(|(_, q)| q.endpoint()).collect();
+    v.extend(gdaki_examples::session::address_lines(&mine, my_region, peer));
     v
 }
 
