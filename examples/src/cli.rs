@@ -100,7 +100,7 @@ pub struct Common {
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Message size in bytes.
-    #[arg(short = 's', long)]
+    #[arg(short = 's', long, allow_negative_numbers = true)]
     pub size: Option<u64>,
     /// Every power of two from 2 B to 8 MiB.
     #[arg(short = 'a', long)]
@@ -148,6 +148,24 @@ pub struct Common {
     /// Print one JSON object on stdout instead of the header and table.
     #[arg(long)]
     pub json: bool,
+    /// perftest's -F (do not fail on CPU frequency checks): accepted and ignored, since gdaki
+    /// times with monotonic clocks, never cycle counters.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// perftest's -x: GID index. The soft device has one GID (index 0); on a ConnectX the mlx5
+    /// provider takes it from GDAKI_GID_INDEX.
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u32>,
+    /// perftest's -c: connection type. RC only.
+    #[arg(short = 'c', long = "connection", default_value = "RC")]
+    pub connection: String,
+    /// perftest's -R / --rdma_cm: not supported (gdaki connects QPs through its own setup
+    /// connection, as perftest does without -R).
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
+    /// perftest's -D SECONDS (run for a time instead of -n iterations): not supported yet.
+    #[arg(short = 'D', long = "duration", allow_negative_numbers = true)]
+    pub duration: Option<i64>,
 }
 
 /// Where the peer is.
@@ -253,6 +271,28 @@ impl Common {
     ) -> anyhow::Result<Plan> {
         if !(1..=64).contains(&self.proxy_threads) {
             bail!("--proxy-threads {}: 1 to 64", self.proxy_threads);
+        }
+        if !self.connection.eq_ignore_ascii_case("RC") {
+            bail!(
+                "-c {}: only RC (reliable connection) is supported; UC, UD, XRC and DC are not",
+                self.connection
+            );
+        }
+        if self.rdma_cm {
+            bail!("-R / --rdma_cm is not supported: gdaki connects queue pairs through its own setup connection (-p)");
+        }
+        if let Some(d) = self.duration {
+            bail!("-D {d}: running for a duration is not supported yet; use -n ITERATIONS");
+        }
+        if let Some(x) = self.gid_index.filter(|&x| x != 0) {
+            let env = std::env::var(gdaki::GID_INDEX_VAR).ok();
+            if env.as_deref().map(str::trim) != Some(x.to_string().as_str()) {
+                bail!(
+                    "-x {x}: GID index {x}: the soft device has one GID (index 0); on a ConnectX set {}={x}, \
+                     which the mlx5 provider reads when it opens the device",
+                    gdaki::GID_INDEX_VAR
+                );
+            }
         }
         if let Some(d) = &self.device {
             if self.provider == Provider::Soft && d != "soft" {

@@ -410,6 +410,35 @@ fn a_server_on_port_0_says_its_real_port() {
     assert!(server.wait().unwrap().success());
 }
 
+/// What ib_write_bw / ib_write_lat users type: accepted where it means something here, a clear
+/// error where it does not, and never clap's wrong tip ("to pass '-D' as a value, use '-- -D'").
+#[test]
+fn perftest_flags_are_understood() {
+    for name in ["put_bw", "write_lat"] {
+        // Accepted: -F (no cycle counter is used), -x 0, -c RC, --size=N.
+        let out = ok(
+            name,
+            &["--mode", "cpu", "-n", "5", "-F", "-x", "0", "-c", "RC", "--size=64"],
+        );
+        assert_eq!(num(&rows(&out)[0][0]), 64.0, "{out}");
+        for (args, says) in [
+            (&["-c", "UD"][..], "only RC"),
+            (&["-c", "UC"], "only RC"),
+            (&["-R"], "not supported"),
+            (&["--rdma_cm"], "not supported"),
+            (&["-D", "2"], "-D"),
+            (&["-x", "3"], "GID index 3"),
+            (&["-s", "-1"], "-1"),
+        ] {
+            let out = run(name, &[&["--mode", "cpu", "-n", "5"][..], args].concat());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{name} {args:?}");
+            assert!(err.contains(says), "{name} {args:?}: {err}");
+            assert!(!err.contains("use '--"), "{name} {args:?}: {err}");
+        }
+    }
+}
+
 #[test]
 fn refused_connections_and_bad_flags_are_clear_errors() {
     let port = free_port().to_string();

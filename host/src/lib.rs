@@ -41,6 +41,7 @@ pub use context::{Context, ContextOptions};
 pub use devx::{DeviceReport, Requirement};
 pub use error::{Error, Result};
 pub use memory::{Access, MemoryRegion};
+pub use mlx5::GID_INDEX_VAR;
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
 pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair, Rings};
 
