@@ -61,6 +61,24 @@ fn num(s: &str) -> f64 {
         .unwrap_or_else(|_| panic!("not a number: {s}"))
 }
 
+/// `put_bw` as a CPU-mode client of a server at 127.0.0.1:`port`: 5 messages of 8 bytes.
+fn small_client(port: u16) -> Output {
+    run(
+        "put_bw",
+        &[
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--mode",
+            "cpu",
+            "-s",
+            "8",
+            "-n",
+            "5",
+        ],
+    )
+}
+
 /// Runs `name --server` and `name 127.0.0.1` with their own flags; returns both outputs.
 fn server_client(name: &str, server: &[&str], client: &[&str]) -> (Output, Output) {
     let port = free_port().to_string();
@@ -352,20 +370,7 @@ fn errors_say_each_cause_once() {
         });
         let _ = ch.sync(1);
     });
-    let out = run(
-        "put_bw",
-        &[
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--mode",
-            "cpu",
-            "-s",
-            "8",
-            "-n",
-            "5",
-        ],
-    );
+    let out = small_client(port);
     server.join().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -392,20 +397,7 @@ fn a_server_on_port_0_says_its_real_port() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no port in {line:?}"));
     assert_ne!(port, 0, "{line}");
-    let client = run(
-        "put_bw",
-        &[
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--mode",
-            "cpu",
-            "-s",
-            "8",
-            "-n",
-            "5",
-        ],
-    );
+    let client = small_client(port);
     assert!(client.status.success(), "{}", String::from_utf8_lossy(&client.stderr));
     assert!(server.wait().unwrap().success());
 }
