@@ -6,4 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-exec cargo run --release --locked -q -p gdaki-examples --bin put_bw -- "$@"
+# Not quiet: a first build takes minutes, and cargo's progress says what it is doing. put_bw
+# then says on stderr which mode `auto` chose and why, before the run.
+echo "run: building put_bw (release; minutes the first time) ..." >&2
+exec cargo run --release --locked -p gdaki-examples --bin put_bw -- "$@"

@@ -259,6 +259,8 @@ pub struct Plan {
     pub fell_back: bool,
     /// Bound of every wait.
     pub timeout: Duration,
+    /// The mode and why, in one line ("CPU mode (auto: no usable GPU: ...)").
+    pub mode_line: String,
 }
 
 impl Common {
@@ -267,7 +269,7 @@ impl Common {
         &self,
         default_size: u64,
         default_iters: u32,
-        gpu_usable: impl FnOnce() -> bool,
+        why_gpu_unusable: impl FnOnce() -> Option<String>,
     ) -> anyhow::Result<Plan> {
         if !(1..=64).contains(&self.proxy_threads) {
             bail!("--proxy-threads {}: 1 to 64", self.proxy_threads);
@@ -323,11 +325,13 @@ impl Common {
             (None, false) => Role::Loopback,
             (Some(a), false) => Role::Client(resolve(a, self.port)?),
         };
-        let gpu = match self.mode {
-            Mode::Cpu => None,
-            Mode::Gpu => Some(self.gpu),
-            Mode::Auto if gpu_usable() => Some(self.gpu),
-            Mode::Auto => None,
+        let (gpu, mode_line) = match self.mode {
+            Mode::Cpu => (None, "CPU mode (--mode cpu)".to_string()),
+            Mode::Gpu => (Some(self.gpu), format!("GPU mode on GPU {} (--mode gpu)", self.gpu)),
+            Mode::Auto => match why_gpu_unusable() {
+                None => (Some(self.gpu), format!("GPU mode (auto: GPU {} is usable)", self.gpu)),
+                Some(why) => (None, format!("CPU mode (auto: no usable GPU: {why})")),
+            },
         };
         if gpu.is_none() && self.scope != Scope::Thread {
             bail!("--scope {:?}: CPU mode posts from one CPU thread per QP (thread scope); warp and block scope need --mode gpu", self.scope);
@@ -365,6 +369,7 @@ impl Common {
             proxy_threads: self.cpu_proxy.then_some(self.proxy_threads),
             fell_back: false,
             timeout: Duration::from_secs(self.timeout),
+            mode_line,
         })
     }
 }

@@ -431,6 +431,25 @@ fn perftest_flags_are_understood() {
     }
 }
 
+/// Before the run, one line on stderr says which mode `auto` chose and why (a first run once
+/// went into CPU mode without a word).
+#[test]
+fn auto_mode_says_what_it_chose_and_why() {
+    for name in ["put_bw", "write_lat"] {
+        let out = run(name, &["-n", "5", "-s", "8"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("mode (auto:"))
+            .unwrap_or_else(|| panic!("{name}: {err}"));
+        assert!(
+            line.contains("CPU mode (auto: no usable GPU: ") || line.contains("GPU mode (auto: GPU 0 is usable"),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn refused_connections_and_bad_flags_are_clear_errors() {
     let port = free_port().to_string();

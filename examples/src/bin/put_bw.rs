@@ -135,12 +135,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if !(1..=64).contains(&cli.qps) {
         bail!("-q {}: 1 to 64 QPs", cli.qps);
     }
-    let mut plan = cli.common.plan(65536, 5000, || gdaki::cuda::usable(cli.common.gpu))?;
+    let mut plan = cli
+        .common
+        .plan(65536, 5000, || gdaki::cuda::why_unusable(cli.common.gpu))?;
     if matches!(plan.role, Role::Server(_)) {
         // The server only offers a host buffer and validates it: it needs no GPU, and no proxy.
         plan.gpu = None;
         plan.proxy_threads = None;
+        plan.mode_line = "the server posts nothing: it offers a host buffer and validates it".into();
     }
+    eprintln!("put_bw: {}", plan.mode_line);
     let launch = match plan.gpu {
         Some(_) => Some(gpu_launch(&cli, plan.scope)?),
         None => None,

@@ -110,7 +110,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut plan = cli.common.plan(2, 1000, || gdaki::cuda::usable(cli.common.gpu))?;
+    let mut plan = cli.common.plan(2, 1000, || gdaki::cuda::why_unusable(cli.common.gpu))?;
+    eprintln!("write_lat: {}", plan.mode_line);
     if plan.gpu.is_some() && plan.mem == gdaki_examples::cli::Mem::Host {
         bail!("--mem host: in GPU mode the kernels poll their buffers, which must be pinned or device memory");
     }

@@ -211,7 +211,23 @@ pub fn probe() -> Result<CudaInfo, CudaError> {
 /// Whether GPU `ordinal` looks usable: a recent enough driver, the GPU present and the kernels
 /// built in. Cheap (no module load, unlike [`Gpu::open`], which is the real test); never panics.
 pub fn usable(ordinal: usize) -> bool {
-    ptx::ptx().is_ok() && probe().is_ok_and(|info| info.gpus.len() > ordinal)
+    why_unusable(ordinal).is_none()
+}
+
+/// Why GPU `ordinal` does not look usable ([`usable`]), or `None` when it does.
+pub fn why_unusable(ordinal: usize) -> Option<String> {
+    if let Err(e) = ptx::ptx() {
+        return Some(e.to_string());
+    }
+    match probe() {
+        Err(e) => Some(e.to_string()),
+        Ok(info) if info.gpus.len() <= ordinal => Some(format!(
+            "no GPU {ordinal} (this machine has {} GPU{})",
+            info.gpus.len(),
+            if info.gpus.len() == 1 { "" } else { "s" }
+        )),
+        Ok(_) => None,
+    }
 }
 
 fn checked_driver_version() -> Result<i32, CudaError> {
