@@ -1,7 +1,7 @@
 //! What the perftests print: perftest's header block and tables (so people who read
 //! `ib_write_bw` / `ib_write_lat` output read these at a glance), the reference measured in the
 //! same run, the latency statistics, and the `--json` object.
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const RULE: &str = "---------------------------------------------------------------------------------------";
 
@@ -24,7 +24,7 @@ pub fn print_rule() {
 pub const MIB: f64 = (1u64 << 20) as f64;
 
 /// One `put_bw` row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BwRow {
     /// Message size.
     pub bytes: u64,

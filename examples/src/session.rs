@@ -239,6 +239,29 @@ impl Session {
         }
     }
 
+    /// The client hands its result rows (as JSON) to the server, which returns them: so the
+    /// server prints the table too, as perftest's does. `None` in loopback; the client gets
+    /// back its own rows.
+    pub fn share_results(&mut self, rows: Vec<u8>) -> anyhow::Result<Option<Vec<u8>>> {
+        let role = self.role.clone();
+        let Some(ch) = self.channel.as_mut() else {
+            return Ok(None);
+        };
+        let hello = |app| Hello {
+            app,
+            endpoints: vec![],
+            regions: vec![],
+        };
+        match role {
+            Role::Client(_) => {
+                ch.send(&hello(rows.clone()))?;
+                Ok(Some(rows))
+            }
+            Role::Server(_) => Ok(Some(ch.receive().context("the client's results")?.app)),
+            Role::Loopback => Ok(None),
+        }
+    }
+
     /// A barrier with the peer that also carries this side's verdict: `Err` is sent to the peer
     /// as a rejection (and returned), and a peer's rejection comes back as an error. A no-op
     /// verdict check in loopback.

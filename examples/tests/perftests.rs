@@ -245,6 +245,8 @@ fn put_bw_server_and_client_validate_across_processes() {
         "{co}\n{so}"
     );
     assert!(co.contains("RKey 0x") && so.contains("VAddr 0x"), "{co}\n{so}");
+    // The server prints the client's result table too, as perftest's server does.
+    assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
 }
 
 #[test]

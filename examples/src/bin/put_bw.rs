@@ -209,12 +209,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             session.agree(11 + 2 * i as u64, verdict)?;
             eprintln!("put_bw: {size} B: data validated");
         }
+        // The client's measurements, which the server prints too.
+        let rows: Vec<BwRow> = match session.share_results(vec![])? {
+            Some(json) => serde_json::from_slice(&json).context("the client's results are unreadable")?,
+            None => vec![],
+        };
         if cli.common.json {
             gdaki_examples::outln!(
                 "{}",
-                serde_json::json!({"test": "put_bw", "role": "server", "sizes": plan.sizes, "validation": "ok"})
+                serde_json::json!({"test": "put_bw", "role": "server", "sizes": plan.sizes, "results": rows, "validation": "ok"})
             );
         } else {
+            gdaki_examples::outln!("{}", BwRow::header(cli.report_gbits));
+            for row in &rows {
+                gdaki_examples::outln!("{}", row.line(cli.report_gbits));
+            }
+            report::print_rule();
             gdaki_examples::outln!(
                 " Validation: {} size(s), data received correctly from the client",
                 plan.sizes.len()
@@ -328,6 +338,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         rows.push(row);
     }
+    session.share_results(serde_json::to_vec(&rows)?)?;
     let reference = Reference {
         what: if session.gpu.is_some() {
             "device-to-device copy (cuMemcpyDtoDAsync), same size, message count and buffer slots, on the same GPU"
