@@ -345,15 +345,9 @@ impl Link {
             .map_err(io("sending a transport connect"))?;
         let mut reader = Reader::new(stream.try_clone().map_err(io("cloning a socket"))?)
             .map_err(io("setting a socket read timeout"))?;
-        let deadline = Instant::now() + CONNECT_TIMEOUT;
-        reader.deadline = Some(deadline);
-        let mut idle = || {
-            if Instant::now() > deadline {
-                Err(Fault::Timeout)
-            } else {
-                Ok(())
-            }
-        };
+        reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
+        // The reader's deadline bounds the set-up; nothing else to check while waiting.
+        let mut idle = || Ok(());
         let refused = |why: String| Error::PeerUnreachable {
             what: format!("QP {:#x} at {addr}: {why}", peer_qpn),
         };
@@ -740,22 +734,15 @@ impl Drop for Bound {
     }
 }
 
-/// Whether connection `c` from `from` is `qp`'s RTR peer.
-enum Verdict {
-    /// It is, and now holds the QP's connection.
-    Bound(Bound),
-    /// The QP has no peer yet (not at RTR): its requests are refused until it has.
-    Pending,
-    /// It is not (or the peer is already connected): why, for the log.
-    Refused(String),
-}
-
-fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Verdict {
+/// Whether connection `c` from `from` is `qp`'s RTR peer: `Some` when it is (it now holds the
+/// QP's one connection), `None` while the QP has no peer yet (not at RTR: its requests are
+/// refused until it has), a fault, logged, when it is not or the peer is already connected.
+fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Result<Option<Bound>, Fault> {
     let Some(peer) = *lock(&qp.rtr_peer) else {
-        return Verdict::Pending;
+        return Ok(None);
     };
-    if !peer.admits(c.qpn, c.psn, from) {
-        return Verdict::Refused(format!(
+    let why = if !peer.admits(c.qpn, c.psn, from) {
+        format!(
             "the connection claims QP {:#x}, PSN {:#x}, from {}; the QP's RTR peer is QP {:#x}, PSN {:#x}, at {}",
             c.qpn,
             c.psn,
@@ -763,15 +750,14 @@ fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Verdict 
             peer.qpn,
             peer.psn,
             peer.ip.map_or("any address".into(), |a| a.to_string()),
-        ));
-    }
-    if qp.transport_bound.swap(true, Ordering::AcqRel) {
-        return Verdict::Refused(format!(
-            "QP {:#x} (its peer) is already connected: one connection per QP",
-            c.qpn
-        ));
-    }
-    Verdict::Bound(Bound(Arc::downgrade(qp)))
+        )
+    } else if qp.transport_bound.swap(true, Ordering::AcqRel) {
+        format!("QP {:#x} (its peer) is already connected: one connection per QP", c.qpn)
+    } else {
+        return Ok(Some(Bound(Arc::downgrade(qp))));
+    };
+    say_refused(qp, &why);
+    Err(Fault::Protocol(why))
 }
 
 /// Logs a refused connection to `qp`: at warn the first time for each QP (someone who is not
@@ -825,17 +811,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     let Some(target) = hca.qp(c.target_qpn) else {
         return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
     };
-    let mut bound = match verify(&target, &c, from) {
-        Verdict::Refused(why) => {
-            say_refused(&target, &why);
-            return Err(Fault::Protocol(why));
-        }
-        Verdict::Bound(b) => {
-            drop(unverified.take());
-            Some(b)
-        }
-        Verdict::Pending => None,
-    };
+    let mut bound = verify(&target, &c, from)?;
+    if bound.is_some() {
+        drop(unverified.take());
+    }
     w.get_ref().set_write_timeout(Some(target.retry_timeout()))?;
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
@@ -885,16 +864,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             let Some(t) = target.upgrade() else {
                 return Err(Fault::Protocol(format!("QP {:#x} is gone", c.target_qpn)));
             };
-            match verify(&t, &c, from) {
-                Verdict::Refused(why) => {
-                    say_refused(&t, &why);
-                    return Err(Fault::Protocol(why));
-                }
-                Verdict::Bound(b) => {
-                    bound = Some(b);
-                    drop(unverified.take());
-                }
-                Verdict::Pending => {} // not at RTR: refused below, as any request then
+            // Still no peer (not at RTR): refused below, as any request then.
+            bound = verify(&t, &c, from)?;
+            if bound.is_some() {
+                drop(unverified.take());
             }
         }
         if failed {

@@ -125,11 +125,7 @@ pub(crate) struct RtrPeer {
 impl RtrPeer {
     /// Whether a connection from `from` claiming QP `qpn` with first PSN `psn` is this peer.
     pub fn admits(&self, qpn: u32, psn: u32, from: Option<IpAddr>) -> bool {
-        let canonical = |ip: IpAddr| match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        let ip_ok = match (self.ip.map(canonical), from.map(canonical)) {
+        let ip_ok = match (self.ip.map(|a| a.to_canonical()), from.map(|a| a.to_canonical())) {
             (Some(want), Some(got)) if !want.is_unspecified() => want == got,
             _ => true,
         };
