@@ -239,23 +239,22 @@ impl Session {
         }
     }
 
-    /// The client hands its result rows (as JSON) to the server, which returns them: so the
-    /// server prints the table too, as perftest's does. `None` in loopback; the client gets
-    /// back its own rows.
-    pub fn share_results(&mut self, rows: Vec<u8>) -> anyhow::Result<Option<Vec<u8>>> {
+    /// The client hands its result rows (`rows`, as JSON) to the server, which returns them:
+    /// so the server prints the table too, as perftest's does. The server's own `rows` are not
+    /// used; `None` on the client and in loopback.
+    pub fn share_results(&mut self, rows: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
         let role = self.role.clone();
         let Some(ch) = self.channel.as_mut() else {
             return Ok(None);
         };
-        let hello = |app| Hello {
-            app,
-            endpoints: vec![],
-            regions: vec![],
-        };
         match role {
             Role::Client(_) => {
-                ch.send(&hello(rows.clone()))?;
-                Ok(Some(rows))
+                ch.send(&Hello {
+                    app: rows.to_vec(),
+                    endpoints: vec![],
+                    regions: vec![],
+                })?;
+                Ok(None)
             }
             Role::Server(_) => Ok(Some(ch.receive().context("the client's results")?.app)),
             Role::Loopback => Ok(None),
@@ -308,12 +307,11 @@ pub fn address_lines(
 /// in them, so they must be the client's own host (the one the setup connection comes from),
 /// or a client could make the server open connections anywhere.
 fn foreign_endpoints(theirs: &Hello, client: SocketAddr) -> Option<String> {
-    let same = |ip: std::net::IpAddr| ip == client.ip() || ip.to_canonical() == client.ip().to_canonical();
     theirs
         .endpoints
         .iter()
         .filter_map(|e| e.addr)
-        .find(|a| !same(a.ip()))
+        .find(|a| a.ip().to_canonical() != client.ip().to_canonical())
         .map(|a| {
             format!(
                 "the client's queue pairs are at {a}, another host than the {} it connects from",

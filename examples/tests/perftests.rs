@@ -61,21 +61,14 @@ fn num(s: &str) -> f64 {
         .unwrap_or_else(|_| panic!("not a number: {s}"))
 }
 
-/// `put_bw` as a CPU-mode client of a server at 127.0.0.1:`port`: 5 messages of 8 bytes.
+/// The smallest put_bw run, in CPU mode: 5 messages of 8 bytes.
+const SMALL: [&str; 6] = ["--mode", "cpu", "-s", "8", "-n", "5"];
+
+/// `put_bw` as a [`SMALL`] client of a server at 127.0.0.1:`port`.
 fn small_client(port: u16) -> Output {
     run(
         "put_bw",
-        &[
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--mode",
-            "cpu",
-            "-s",
-            "8",
-            "-n",
-            "5",
-        ],
+        &[&["127.0.0.1", "-p", &port.to_string()][..], &SMALL].concat(),
     )
 }
 
@@ -277,17 +270,8 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
     use std::time::Duration;
     let port = free_port();
     let server = Command::new(bin("put_bw"))
-        .args([
-            "--server",
-            "-p",
-            &port.to_string(),
-            "--mode",
-            "cpu",
-            "-s",
-            "8",
-            "-n",
-            "5",
-        ])
+        .args(["--server", "-p", &port.to_string()])
+        .args(SMALL)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -384,7 +368,8 @@ fn errors_say_each_cause_once() {
 fn a_server_on_port_0_says_its_real_port() {
     use std::io::{BufRead, BufReader};
     let mut server = Command::new(bin("put_bw"))
-        .args(["--server", "-p", "0", "--mode", "cpu", "-s", "8", "-n", "5"])
+        .args(["--server", "-p", "0"])
+        .args(SMALL)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

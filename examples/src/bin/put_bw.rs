@@ -210,7 +210,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("put_bw: {size} B: data validated");
         }
         // The client's measurements, which the server prints too.
-        let rows: Vec<BwRow> = match session.share_results(vec![])? {
+        let rows: Vec<BwRow> = match session.share_results(&[])? {
             Some(json) => serde_json::from_slice(&json).context("the client's results are unreadable")?,
             None => vec![],
         };
@@ -338,7 +338,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         rows.push(row);
     }
-    session.share_results(serde_json::to_vec(&rows)?)?;
+    session.share_results(&serde_json::to_vec(&rows)?)?;
     let reference = Reference {
         what: if session.gpu.is_some() {
             "device-to-device copy (cuMemcpyDtoDAsync), same size, message count and buffer slots, on the same GPU"

@@ -436,10 +436,8 @@ fn print_header(session: &Session, plan: &Plan, p: &Params, sides: &[(Side, gdak
             .into(),
         ),
     ]);
-    for (s, _) in sides {
-        let e = s.qp.endpoint();
-        lines.push(("local address", format!("QPN {:#08x} PSN {:#08x}", e.qpn, e.psn)));
-    }
+    let mine: Vec<gdaki::Endpoint> = sides.iter().map(|(s, _)| s.qp.endpoint()).collect();
+    lines.extend(gdaki_examples::session::address_lines(&mine, None, None));
     if p.gpu.is_none() {
         // CPU mode: each side's poster and the engine spin; a peer process may share the host.
         let peer = if matches!(plan.role, Role::Loopback) { 0 } else { 2 };
