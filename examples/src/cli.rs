@@ -14,6 +14,8 @@ use gdaki::Provider;
 pub const SWEEP: (u64, u64) = (2, 8 << 20);
 /// perftest's default setup port.
 pub const DEFAULT_PORT: u16 = 18515;
+/// Longest `-D`, per size: a day.
+pub const MAX_DURATION_S: i64 = 86_400;
 
 /// Who posts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -163,7 +165,8 @@ pub struct Common {
     /// connection, as perftest does without -R).
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
-    /// perftest's -D SECONDS (run for a time instead of -n iterations): not supported yet.
+    /// perftest's -D SECONDS: run each size for this many seconds, in rounds of -n
+    /// iterations, instead of -n iterations once.
     #[arg(short = 'D', long = "duration", allow_negative_numbers = true)]
     pub duration: Option<i64>,
 }
@@ -242,8 +245,10 @@ pub struct Plan {
     pub role: Role,
     /// Sizes to run, ascending.
     pub sizes: Vec<u64>,
-    /// Iterations per size.
+    /// Iterations per size, or per round with a duration.
     pub iters: u32,
+    /// `-D`: run each size this long, in rounds of `iters`.
+    pub duration: Option<Duration>,
     /// Send queue depth.
     pub tx_depth: u32,
     /// GPU or CPU (resolved).
@@ -283,9 +288,11 @@ impl Common {
         if self.rdma_cm {
             bail!("-R / --rdma_cm is not supported: gdaki connects queue pairs through its own setup connection (-p)");
         }
-        if let Some(d) = self.duration {
-            bail!("-D {d}: running for a duration is not supported yet; use -n ITERATIONS");
-        }
+        let duration = match self.duration {
+            None => None,
+            Some(d) if (1..=MAX_DURATION_S).contains(&d) => Some(Duration::from_secs(d as u64)),
+            Some(d) => bail!("-D {d}: a duration from 1 to {MAX_DURATION_S} seconds"),
+        };
         if let Some(x) = self.gid_index.filter(|&x| x != 0) {
             let env = std::env::var(gdaki::GID_INDEX_VAR).ok();
             if env.as_deref().map(str::trim) != Some(x.to_string().as_str()) {
@@ -362,6 +369,7 @@ impl Common {
             role,
             sizes,
             iters,
+            duration,
             tx_depth,
             gpu,
             scope: self.scope,

@@ -23,9 +23,23 @@ pub struct Symmetric {
     pub iters: u32,
     /// Number of QPs.
     pub qps: u32,
+    /// `-D` in seconds, if given.
+    #[serde(default)]
+    pub duration_s: Option<u64>,
 }
 
 impl Symmetric {
+    /// The flags of `plan` that `test` needs both sides to share.
+    pub fn of(test: &str, plan: &crate::cli::Plan, qps: u32) -> Symmetric {
+        Symmetric {
+            test: test.into(),
+            sizes: plan.sizes.clone(),
+            iters: plan.iters,
+            qps,
+            duration_s: plan.duration.map(|d| d.as_secs()),
+        }
+    }
+
     /// Why `theirs` (the client's) does not match `self` (the server's), flag by flag.
     pub fn mismatch(&self, theirs: &Symmetric) -> Option<String> {
         let mut why = Vec::new();
@@ -45,6 +59,14 @@ impl Symmetric {
         }
         if self.iters != theirs.iters {
             why.push(format!("client -n {} vs server -n {}", theirs.iters, self.iters));
+        }
+        if self.duration_s != theirs.duration_s {
+            let show = |d: Option<u64>| d.map_or("no -D".to_string(), |d| format!("-D {d}"));
+            why.push(format!(
+                "client {} vs server {}",
+                show(theirs.duration_s),
+                show(self.duration_s)
+            ));
         }
         if self.qps != theirs.qps {
             why.push(format!("client -q {} vs server -q {}", theirs.qps, self.qps));
@@ -239,10 +261,10 @@ impl Session {
         }
     }
 
-    /// The client hands its result rows (`rows`, as JSON) to the server, which returns them:
-    /// so the server prints the table too, as perftest's does. The server's own `rows` are not
-    /// used; `None` on the client and in loopback.
-    pub fn share_results(&mut self, rows: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
+    /// The client's `bytes` reach the server, which returns them (its own `bytes` are not
+    /// used); `None` on the client and in loopback. For what only the client knows: its result
+    /// rows (so the server prints the table too, as perftest's does), write_lat's `-D` rounds.
+    pub fn from_client(&mut self, bytes: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
         let role = self.role.clone();
         let Some(ch) = self.channel.as_mut() else {
             return Ok(None);
@@ -250,13 +272,13 @@ impl Session {
         match role {
             Role::Client(_) => {
                 ch.send(&Hello {
-                    app: rows.to_vec(),
+                    app: bytes.to_vec(),
                     endpoints: vec![],
                     regions: vec![],
                 })?;
                 Ok(None)
             }
-            Role::Server(_) => Ok(Some(ch.receive().context("the client's results")?.app)),
+            Role::Server(_) => Ok(Some(ch.receive().context("the client's message")?.app)),
             Role::Loopback => Ok(None),
         }
     }

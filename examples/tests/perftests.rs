@@ -242,6 +242,48 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
 }
 
+/// `-D SECONDS` runs each size for that long, in rounds of `-n`, as perftest's duration mode:
+/// in loopback, and across processes (write_lat's server runs the rounds its client decides).
+#[test]
+fn duration_mode_runs_each_size_for_the_time_asked() {
+    use std::time::{Duration, Instant};
+    let started = Instant::now();
+    let out = ok("put_bw", &["--mode", "cpu", "-s", "64", "-n", "40", "-D", "1"]);
+    assert!(started.elapsed() >= Duration::from_secs(1), "{out}");
+    assert!(out.contains("for 1 s per size (-D), in rounds of 40 per QP"), "{out}");
+    let n = num(&rows(&out)[0][1]);
+    assert!(n > 40.0 && n % 40.0 == 0.0, "{out}");
+
+    let started = Instant::now();
+    let (s, c) = server_client(
+        "write_lat",
+        &["-s", "8", "-n", "20", "-D", "1"],
+        &["--mode", "cpu", "-s", "8", "-n", "20", "-D", "1"],
+    );
+    let (so, co) = (String::from_utf8_lossy(&s.stdout), String::from_utf8_lossy(&c.stdout));
+    assert!(
+        s.status.success() && c.status.success(),
+        "{so}\n{co}\n{}\n{}",
+        String::from_utf8_lossy(&s.stderr),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let (ns, nc) = (num(&rows(&so)[0][1]), num(&rows(&co)[0][1]));
+    assert!(nc > 20.0 && nc % 20.0 == 0.0 && ns == nc, "{so}\n{co}");
+    assert!(
+        co.contains("for 1 s per size (-D), in rounds of 20 round trips"),
+        "{co}"
+    );
+
+    // Both sides must agree on -D, as on -n.
+    let (s, _c) = server_client("put_bw", &SMALL, &[&SMALL[..], &["-D", "1"]].concat());
+    let err = String::from_utf8_lossy(&s.stderr);
+    assert!(
+        !s.status.success() && err.contains("client -D 1 vs server no -D"),
+        "{err}"
+    );
+}
+
 #[test]
 fn put_bw_flag_mismatch_is_a_clear_error_on_both_sides() {
     let (s, c) = server_client(
@@ -302,6 +344,7 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
         sizes: vec![8],
         iters: 5,
         qps: 1,
+        duration_s: None,
     };
     ch.send(&Hello {
         app: serde_json::to_vec(&flags).unwrap(),
@@ -405,7 +448,7 @@ fn perftest_flags_are_understood() {
             (&["-c", "UC"], "only RC"),
             (&["-R"], "not supported"),
             (&["--rdma_cm"], "not supported"),
-            (&["-D", "2"], "-D"),
+            (&["-D", "0"], "-D 0: a duration from 1"),
             (&["-x", "3"], "GID index 3"),
             (&["-s", "-1"], "-1"),
         ] {

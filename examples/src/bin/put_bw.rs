@@ -73,14 +73,20 @@ struct Params {
     blocks: Option<u32>,
     threads_per_block: Option<u32>,
     sharing: Option<String>,
-    iterations: u32,
+    /// Messages per QP per size (per round with `duration_s`): `-n`, rounded up in GPU mode
+    /// to whole messages per thread.
+    iterations: u64,
+    /// `-n` as given.
+    iterations_asked: u32,
+    /// `-D`: each size ran for this many seconds, in rounds of `iterations`.
+    duration_s: Option<u64>,
     sizes: Vec<u64>,
     bw_unit: &'static str,
 }
 
 #[derive(Debug, Serialize)]
 struct Reference {
-    what: &'static str,
+    what: String,
 }
 
 /// Slots per buffer for `size`-byte messages, `iters` per QP: never more than the messages,
@@ -150,12 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => None,
     };
     let mut session = Session::open(&cli.common, &plan)?;
-    let symmetric = Symmetric {
-        test: "put_bw".into(),
-        sizes: plan.sizes.clone(),
-        iters: plan.iters,
-        qps: cli.qps,
-    };
+    let symmetric = Symmetric::of("put_bw", &plan, cli.qps);
     let cfg = QpConfig {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
@@ -210,7 +211,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("put_bw: {size} B: data validated");
         }
         // The client's measurements, which the server prints too.
-        let rows: Vec<BwRow> = match session.share_results(&[])? {
+        let rows: Vec<BwRow> = match session.from_client(&[])? {
             Some(json) => serde_json::from_slice(&json).context("the client's results are unreadable")?,
             None => vec![],
         };
@@ -283,23 +284,38 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         report::progress("put_bw", i, plan.sizes.len(), size);
         let nslots = slots(size, plan.iters);
         src.write(0, &pattern_bytes(size, 0, (nslots * size) as usize))?;
-        let (windows, per_qp) = match (&session.gpu, launch) {
-            (Some(gpu), Some(l)) => {
-                let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
-                gpu_windows(
-                    gpu,
-                    &handles,
-                    l,
-                    target,
-                    src.local(0),
-                    size,
-                    nslots,
-                    plan.iters,
-                    cli.qps,
-                )?
+        // One round of -n messages per QP, or rounds until -D has passed.
+        let started = Instant::now();
+        let (mut windows, mut per_qp, mut round) = (Vec::new(), 0, 0);
+        loop {
+            let (w, n) = match (&session.gpu, launch) {
+                (Some(gpu), Some(l)) => {
+                    let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
+                    gpu_windows(
+                        gpu,
+                        &handles,
+                        l,
+                        target,
+                        src.local(0),
+                        size,
+                        nslots,
+                        plan.iters,
+                        cli.qps,
+                        windows.is_empty(),
+                    )?
+                }
+                _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, &|| {})?,
+            };
+            windows.extend(w);
+            per_qp += n;
+            if round == 0 {
+                round = n * cli.qps as u64;
             }
-            _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, &|| {})?,
-        };
+            match plan.duration {
+                Some(d) if started.elapsed() < d => {}
+                _ => break,
+            }
+        }
         // Validation: here in loopback, by the server otherwise.
         let written = (nslots * size) as usize;
         let verdict = match &dst_local {
@@ -323,7 +339,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .iter()
             .map(|(t, m)| (m * size) as f64 / t.as_secs_f64().max(1e-12) / MIB)
             .fold(0.0, f64::max);
-        let reference = reference_bw(&session, size, nslots, messages.min(u32::MAX as u64) as u32)?;
+        // The reference copies one round's worth: enough for a bandwidth, however long -D is.
+        let count = round.clamp(1, u32::MAX as u64) as u32;
+        let reference = reference_bw(&session, size, nslots, count)?;
         let row = BwRow {
             bytes: size,
             iterations: per_qp,
@@ -338,12 +356,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         rows.push(row);
     }
-    session.share_results(&serde_json::to_vec(&rows)?)?;
+    session.from_client(&serde_json::to_vec(&rows)?)?;
+    let count = match plan.duration {
+        Some(_) => "one round's message count",
+        None => "message count",
+    };
     let reference = Reference {
         what: if session.gpu.is_some() {
-            "device-to-device copy (cuMemcpyDtoDAsync), same size, message count and buffer slots, on the same GPU"
+            format!("device-to-device copy (cuMemcpyDtoDAsync), same size, {count} and buffer slots, on the same GPU")
         } else {
-            "memcpy by one CPU thread, same size, message count and buffer slots"
+            format!("memcpy by one CPU thread, same size, {count} and buffer slots")
         },
     };
     if cli.common.json {
@@ -412,11 +434,14 @@ fn gpu_windows(
     slots: u64,
     iters: u32,
     qps: u32,
+    warm_up: bool,
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
-    let threads = launch.grid as u64 * launch.block as u64;
-    let per_thread = (iters as u64 * qps as u64).div_ceil(threads).max(1);
-    let windows = (WINDOWS as u64).min(per_thread);
-    let per_window = per_thread.div_ceil(windows) as u32;
+    let GpuCounts {
+        threads,
+        windows,
+        per_window,
+        ..
+    } = GpuCounts::new(launch, iters, qps);
     let check = |run: gdaki::cuda::KernelRun| -> anyhow::Result<Duration> {
         if let Some((t, code)) = run.first_failure() {
             bail!("GPU thread {t}: {}", Code(code));
@@ -432,16 +457,51 @@ fn gpu_windows(
         iters,
         threads_per_qp: 0,
     };
-    // Warm-up: one message per thread (module load, first touches of the rings).
-    check(gpu.run_put(handles, launch, &stream(0, 1))?)?;
+    if warm_up {
+        // One message per thread (module load, first touches of the rings).
+        check(gpu.run_put(handles, launch, &stream(0, 1))?)?;
+    }
     let mut out = Vec::new();
     for w in 0..windows {
         let first = w * per_window as u64 * threads;
         let t = check(gpu.run_put(handles, launch, &stream(first, per_window))?)?;
         out.push((t, per_window as u64 * threads));
     }
-    let per_qp = windows * per_window as u64 * threads / qps as u64;
-    Ok((out, per_qp))
+    Ok((out, GpuCounts::new(launch, iters, qps).per_qp()))
+}
+
+/// How a GPU round of `-n` messages per QP is cut: every thread posts the same number of
+/// messages, in `windows` launches of `per_window` each, so `-n` rounds up to whole messages
+/// per thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GpuCounts {
+    threads: u64,
+    qps: u64,
+    windows: u64,
+    per_window: u32,
+}
+
+impl GpuCounts {
+    fn new(launch: DataPathLaunch, iters: u32, qps: u32) -> GpuCounts {
+        let threads = launch.grid as u64 * launch.block as u64;
+        let per_thread = (iters as u64 * qps as u64).div_ceil(threads).max(1);
+        let windows = (WINDOWS as u64).min(per_thread);
+        GpuCounts {
+            threads,
+            qps: qps.max(1) as u64,
+            windows,
+            per_window: per_thread.div_ceil(windows) as u32,
+        }
+    }
+
+    fn per_thread(&self) -> u64 {
+        self.windows * self.per_window as u64
+    }
+
+    /// Messages per QP in a round: what runs for `-n`.
+    fn per_qp(&self) -> u64 {
+        self.per_thread() * self.threads / self.qps
+    }
 }
 
 /// Timed CPU windows: one thread per QP, released together; (wall time, messages) each, and
@@ -570,7 +630,7 @@ fn header_lines(
         ("Scope", format!("{:?}", p.scope).to_lowercase()),
         ("Number of qps", p.qps.to_string()),
         ("Memory", p.memory.into()),
-        ("Iterations", format!("{} per QP per size", p.iterations)),
+        ("Iterations", iterations_line(plan.iters, p.duration_s, launch, cli.qps)),
         (
             "Sizes",
             match plan.sizes.as_slice() {
@@ -595,6 +655,25 @@ fn header_lines(
     v
 }
 
+/// What runs per size (`-n` messages per QP, or rounds of them for `-D` seconds), and why it
+/// differs from `-n` where it does.
+fn iterations_line(asked: u32, duration_s: Option<u64>, launch: Option<&DataPathLaunch>, qps: u32) -> String {
+    let counts = launch.map(|l| GpuCounts::new(*l, asked, qps));
+    let runs = counts.map_or(asked as u64, |c| c.per_qp());
+    let mut t = match duration_s {
+        Some(d) => format!("for {d} s per size (-D), in rounds of {runs} per QP"),
+        None => format!("{runs} per QP per size"),
+    };
+    if let Some(c) = counts.filter(|_| runs != asked as u64) {
+        t.push_str(&format!(
+            " (-n {asked} rounded up: each of the {} GPU threads posts {})",
+            c.threads,
+            c.per_thread()
+        ));
+    }
+    t
+}
+
 fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch: Option<&DataPathLaunch>) -> Params {
     Params {
         role: plan.role.name(),
@@ -614,7 +693,12 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         blocks: launch.map(|l| l.grid),
         threads_per_block: launch.map(|l| l.block),
         sharing: launch.map(|l| format!("{:?}", l.mode).to_lowercase()),
-        iterations: plan.iters,
+        iterations: match launch {
+            Some(l) => GpuCounts::new(*l, plan.iters, cli.qps).per_qp(),
+            None => plan.iters as u64,
+        },
+        iterations_asked: plan.iters,
+        duration_s: plan.duration.map(|d| d.as_secs()),
         sizes: plan.sizes.clone(),
         // The JSON values' unit (their keys say it too); --report-gbits changes the table only.
         bw_unit: "MiB/s",
@@ -678,6 +762,31 @@ fn write_plot(path: &PathBuf, cli: &Cli, session: &Session, rows: &[BwRow]) -> a
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// GPU mode runs whole messages per thread: `-n 5000` on 512 threads runs 6144 per QP, and
+    /// the header says so (it once said 5000).
+    #[test]
+    fn the_header_says_what_gpu_mode_runs_for_n() {
+        let launch = DataPathLaunch {
+            scope: gdaki::cuda::KernelScope::Thread,
+            mode: KernelMode::Cta,
+            grid: 2,
+            block: 256,
+        };
+        let c = GpuCounts::new(launch, 5000, 1);
+        assert_eq!((c.per_thread(), c.per_qp()), (12, 6144));
+        assert_eq!(
+            iterations_line(5000, None, Some(&launch), 1),
+            "6144 per QP per size (-n 5000 rounded up: each of the 512 GPU threads posts 12)"
+        );
+        // Exact where the count divides: 2 QPs x 512 = 1024 messages, 2 per thread.
+        assert_eq!(iterations_line(512, None, Some(&launch), 2), "512 per QP per size");
+        assert_eq!(iterations_line(1001, None, None, 1), "1001 per QP per size");
+        assert_eq!(
+            iterations_line(40, Some(3), None, 1),
+            "for 3 s per size (-D), in rounds of 40 per QP"
+        );
+    }
     use gdaki::{Access, Context, Provider};
 
     /// A window's time covers all of its posting, however the threads are scheduled: the

@@ -52,7 +52,10 @@ struct Params {
     /// Where the queues' rings are: `host` or `gpu`.
     rings: &'static str,
     memory: &'static str,
+    /// Round trips per size (per round with `duration_s`).
     iterations: u32,
+    /// `-D`: each size ran for this many seconds, in rounds of `iterations`.
+    duration_s: Option<u64>,
     sizes: Vec<u64>,
 }
 
@@ -116,12 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         bail!("--mem host: in GPU mode the kernels poll their buffers, which must be pinned or device memory");
     }
     let mut session = Session::open(&cli.common, &plan)?;
-    let symmetric = Symmetric {
-        test: "write_lat".into(),
-        sizes: plan.sizes.clone(),
-        iters: plan.iters,
-        qps: 1,
-    };
+    let symmetric = Symmetric::of("write_lat", &plan, 1);
     let cfg = QpConfig {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
@@ -208,6 +206,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         rings: session.rings_name(),
         memory: plan.mem.describe(),
         iterations: plan.iters,
+        duration_s: plan.duration.map(|d| d.as_secs()),
         sizes: plan.sizes.clone(),
     };
     if !cli.common.json {
@@ -215,50 +214,72 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gdaki_examples::outln!("{}", LatRow::header());
     }
     let mut rows = Vec::new();
+    // Barrier steps, the same sequence on both sides.
+    let mut steps = 10u64..;
+    let mut step = move || steps.next().unwrap_or(u64::MAX);
     for (i, &size) in plan.sizes.iter().enumerate() {
         report::progress("write_lat", i, plan.sizes.len(), size);
         let payload = pattern_bytes(size, 0, size as usize - 1);
-        for (s, _) in &sides {
-            s.poll.write(0, &vec![0u8; size as usize])?;
-            s.post.write(0, &payload)?;
-        }
-        session.agree(10 + 3 * i as u64, Ok(()))?; // both sides ready
-        let times = match &session.gpu {
-            Some(gpu) => {
-                let dev: Vec<WriteLatSide> = sides
-                    .iter()
-                    .zip(&exported)
-                    .map(|((s, to), g)| WriteLatSide {
-                        qp: g,
-                        post: &s.post,
-                        poll: &s.poll,
-                        remote: *to,
-                        initiator: s.initiator,
-                    })
-                    .collect();
-                let run = gpu.run_write_lat(&dev, size, plan.iters)?;
-                if let Some((k, &c)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
-                    bail!(
-                        "{} side: {}",
-                        if sides[k].0.initiator { "initiator" } else { "responder" },
-                        Code(c)
-                    );
-                }
-                run.times.into_iter().next().unwrap_or_default()
+        let started = Instant::now();
+        let (mut round_trips, mut rounds) = (Vec::new(), 0u64);
+        loop {
+            for (s, _) in &sides {
+                s.poll.write(0, &vec![0u8; size as usize])?;
+                s.post.write(0, &payload)?;
             }
-            None => cpu_ping_pong(&sides, size, plan.iters)?,
-        };
-        session.agree(11 + 3 * i as u64, Ok(()))?; // both sides done
-                                                   // Every side received the other's message and the last flag.
-        let mut want = payload.clone();
-        want.push((plan.iters as u8).to_le_bytes()[0]);
-        let verdict = sides
-            .iter()
-            .try_for_each(|(s, _)| check_bytes(&s.poll, 0, &want, &format!("{size}-byte message")));
-        session.agree(12 + 3 * i as u64, verdict)?;
-        let round_trips: Vec<u64> = times.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
+            session.agree(step(), Ok(()))?; // both sides ready
+            let times = match &session.gpu {
+                Some(gpu) => {
+                    let dev: Vec<WriteLatSide> = sides
+                        .iter()
+                        .zip(&exported)
+                        .map(|((s, to), g)| WriteLatSide {
+                            qp: g,
+                            post: &s.post,
+                            poll: &s.poll,
+                            remote: *to,
+                            initiator: s.initiator,
+                        })
+                        .collect();
+                    let run = gpu.run_write_lat(&dev, size, plan.iters)?;
+                    if let Some((k, &c)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
+                        bail!(
+                            "{} side: {}",
+                            if sides[k].0.initiator { "initiator" } else { "responder" },
+                            Code(c)
+                        );
+                    }
+                    run.times.into_iter().next().unwrap_or_default()
+                }
+                None => cpu_ping_pong(&sides, size, plan.iters)?,
+            };
+            session.agree(step(), Ok(()))?; // both sides done
+                                            // Every side received the other's message and the last flag.
+            let mut want = payload.clone();
+            want.push((plan.iters as u8).to_le_bytes()[0]);
+            let verdict = sides
+                .iter()
+                .try_for_each(|(s, _)| check_bytes(&s.poll, 0, &want, &format!("{size}-byte message")));
+            session.agree(step(), verdict)?;
+            round_trips.extend(times.windows(2).map(|w| w[1].saturating_sub(w[0])));
+            rounds += 1;
+            let Some(d) = plan.duration else { break };
+            // With -D the client (or this process, in loopback) says after each round whether
+            // another follows; the server does what it is told, so both run the same rounds.
+            let mine = started.elapsed() < d;
+            let more = match session.from_client(&[mine as u8])? {
+                Some(b) => match b.as_slice() {
+                    [m @ (0 | 1)] => *m == 1,
+                    _ => bail!("the client's round decision is unreadable ({} bytes)", b.len()),
+                },
+                None => mine,
+            };
+            if !more {
+                break;
+            }
+        }
         let row = LatRow {
-            iterations: plan.iters as u64,
+            iterations: rounds * plan.iters as u64,
             ..LatRow::from_round_trips(size, &round_trips)
         };
         if !cli.common.json {
@@ -425,7 +446,13 @@ fn print_header(session: &Session, plan: &Plan, p: &Params, sides: &[(Side, gdak
     lines.extend([
         ("Number of qps", "1".into()),
         ("Memory", p.memory.into()),
-        ("Iterations", format!("{} round trips per size", p.iterations)),
+        (
+            "Iterations",
+            match p.duration_s {
+                Some(d) => format!("for {d} s per size (-D), in rounds of {} round trips", p.iterations),
+                None => format!("{} round trips per size", p.iterations),
+            },
+        ),
         (
             "Timer",
             if p.gpu.is_some() {
