@@ -2,7 +2,6 @@
 //! `-q`, `-t`, `-d`, `-p`, `--report-gbits`), plus gdaki's own (provider, mode, scope, GPU
 //! launch shape), and their check into a [`Plan`].
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
@@ -400,16 +399,6 @@ fn resolve(addr: &str, port: u16) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("cannot resolve the server address {addr:?}"))?;
     it.next()
         .with_context(|| format!("the server address {addr:?} resolves to nothing"))
-}
-
-/// `--plot FILE.svg` (put_bw).
-pub fn check_plot_path(p: &Option<PathBuf>) -> anyhow::Result<()> {
-    if let Some(p) = p {
-        if p.extension().is_none_or(|e| !e.eq_ignore_ascii_case("svg")) {
-            bail!("--plot {}: the plot is an SVG file (name it *.svg)", p.display());
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

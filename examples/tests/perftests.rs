@@ -185,9 +185,14 @@ fn put_bw_json_sweep_has_the_documented_schema() {
     }
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert!(
-        doc.starts_with("<svg") && doc.matches("<polyline").count() == 4,
+        doc.starts_with("<svg") && doc.matches("<polyline").count() == 6,
         "{doc}"
     );
+    // One size: a table, not a plot of one point.
+    let one = dir.join("one.svg");
+    ok("put_bw", &[&SMALL[..], &["--plot", one.to_str().unwrap()]].concat());
+    let doc = std::fs::read_to_string(&one).unwrap();
+    assert!(doc.contains(">#bytes<") && !doc.contains("<polyline"), "{doc}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -498,6 +503,10 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         (&["--cpu-proxy", "--proxy-threads", "0"], "1 to 64"),
         (&["-d", "mlx5_0"], "the soft provider has one device"),
         (&["--plot", "x.png"], "SVG"),
+        (
+            &["--plot", "/no/such/dir/x.svg", "-n", "100000000"],
+            "cannot be written",
+        ),
         (&["--mode", "cpu", "--mem", "device"], "GPU memory needs --mode gpu"),
         (&["-q", "0"], "1 to 64"),
         (&["--mode", "cpu", "--rings", "gpu"], "need --mode gpu"),

@@ -15,8 +15,8 @@ use gdaki::handshake::{Hello, RemoteRegion};
 use gdaki::{CompletionQueue, QpConfig, QueuePair};
 use gdaki_device::status::Code;
 use gdaki_device::{Exclusive, Local, Remote};
-use gdaki_examples::cli::{check_plot_path, Common, Role, Scope};
-use gdaki_examples::plot::{self, Panel, Series};
+use gdaki_examples::cli::{Common, Role, Scope};
+use gdaki_examples::plot::{self, Panel, PlotFile, Scale, Series};
 use gdaki_examples::report::{self, BwRow, JsonReport, MIB};
 use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
 use serde::Serialize;
@@ -44,7 +44,8 @@ struct Cli {
     /// Bandwidth in Gbit/s (10^9 bits) instead of MiB/s (2^20 bytes).
     #[arg(long = "report-gbits", alias = "report_gbits")]
     report_gbits: bool,
-    /// Write an SVG of bandwidth and message rate against size (for -a sweeps).
+    /// Write an SVG: bandwidth, message rate and their share of the reference against size
+    /// (log axes) for -a sweeps; a table for one size. Checked before the run.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// GPU blocks (default: 2, or the number of QPs if more); block b posts on QP b mod q.
@@ -137,7 +138,8 @@ fn gpu_launch(cli: &Cli, scope: Scope) -> anyhow::Result<DataPathLaunch> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    check_plot_path(&cli.plot)?;
+    // Opened first: a path that cannot be written fails now, not after the run.
+    let plot_file = cli.plot.as_deref().map(PlotFile::open).transpose()?;
     if !(1..=64).contains(&cli.qps) {
         bail!("-q {}: 1 to 64 QPs", cli.qps);
     }
@@ -405,8 +407,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gdaki_examples::outln!(" Ref: {}", reference.what);
         gdaki_examples::outln!(" Validation: every size's data arrived intact");
     }
-    if let Some(path) = &cli.plot {
-        write_plot(path, &cli, &session, &rows)?;
+    if let Some(file) = plot_file {
+        write_plot(file, &cli, &session, &rows)?;
     }
     Ok(())
 }
@@ -705,57 +707,84 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
     }
 }
 
-fn write_plot(path: &PathBuf, cli: &Cli, session: &Session, rows: &[BwRow]) -> anyhow::Result<()> {
+/// `--plot`: bandwidth (average and peak) and message rate against size on log axes, each next
+/// to its reference, and put_bw as a share of the reference; a one-size run as a table.
+fn write_plot(file: PlotFile, cli: &Cli, session: &Session, rows: &[BwRow]) -> anyhow::Result<()> {
     let who = match &session.gpu {
         Some(g) => g.context().name().unwrap_or_else(|_| "GPU".into()),
         None => "CPU mode".into(),
     };
     let ref_name = if session.gpu.is_some() { "device copy" } else { "memcpy" };
-    let bw: Vec<(f64, f64)> = rows.iter().map(|r| (r.bytes as f64, r.bw_avg_mib_s)).collect();
-    let rf: Vec<(f64, f64)> = rows.iter().map(|r| (r.bytes as f64, r.ref_bw_mib_s)).collect();
-    let rate: Vec<(f64, f64)> = rows.iter().map(|r| (r.bytes as f64, r.msg_rate_mpps)).collect();
-    let ref_rate: Vec<(f64, f64)> = rows
-        .iter()
-        .map(|r| (r.bytes as f64, r.ref_bw_mib_s * MIB / r.bytes as f64 / 1e6))
-        .collect();
-    let doc = plot::svg(
-        &format!("put_bw, {} QP(s), {:?} scope, {who}", cli.qps, cli.common.scope).to_lowercase(),
-        "message size [bytes]",
-        &[
-            Panel {
-                y_label: "bandwidth [MiB/s]",
-                series: vec![
-                    Series {
-                        name: "put_bw average",
-                        color: "#1f77b4",
-                        points: bw,
-                    },
-                    Series {
-                        name: ref_name,
-                        color: "#ff7f0e",
-                        points: rf,
-                    },
-                ],
-            },
-            Panel {
-                y_label: "message rate [Mpps]",
-                series: vec![
-                    Series {
-                        name: "put_bw",
-                        color: "#1f77b4",
-                        points: rate,
-                    },
-                    Series {
-                        name: ref_name,
-                        color: "#ff7f0e",
-                        points: ref_rate,
-                    },
-                ],
-            },
-        ],
-    );
-    std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("put_bw: plot written to {}", path.display());
+    let title = format!("put_bw, {} QP(s), {:?} scope, {who}", cli.qps, cli.common.scope).to_lowercase();
+    let doc = if rows.len() < 2 {
+        let head = [
+            "#bytes",
+            "BW peak [MiB/s]",
+            "BW average [MiB/s]",
+            "msg rate [Mpps]",
+            "ref [MiB/s]",
+            "BW / ref",
+        ];
+        let cells: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.bytes.to_string(),
+                    format!("{:.2}", r.bw_peak_mib_s),
+                    format!("{:.2}", r.bw_avg_mib_s),
+                    format!("{:.6}", r.msg_rate_mpps),
+                    format!("{:.2}", r.ref_bw_mib_s),
+                    format!("{:.1}%", 100.0 * r.bw_vs_ref),
+                ]
+            })
+            .collect();
+        plot::table(&format!("{title} ({ref_name} as reference)"), &head, &cells)
+    } else {
+        let at = |f: &dyn Fn(&BwRow) -> f64| rows.iter().map(|r| (r.bytes as f64, f(r))).collect::<Vec<_>>();
+        let line = |name, color, dashed, points| Series {
+            name,
+            color,
+            dashed,
+            points,
+        };
+        let (blue, orange) = ("#1f77b4", "#ff7f0e");
+        plot::svg(
+            &title,
+            "message size [bytes]",
+            &[
+                Panel {
+                    y_label: "bandwidth [MiB/s]",
+                    scale: Scale::Log,
+                    series: vec![
+                        line("put_bw average", blue, false, at(&|r| r.bw_avg_mib_s)),
+                        line("put_bw peak", blue, true, at(&|r| r.bw_peak_mib_s)),
+                        line(ref_name, orange, false, at(&|r| r.ref_bw_mib_s)),
+                    ],
+                },
+                Panel {
+                    y_label: "message rate [Mpps]",
+                    scale: Scale::Log,
+                    series: vec![
+                        line("put_bw", blue, false, at(&|r| r.msg_rate_mpps)),
+                        line(
+                            ref_name,
+                            orange,
+                            false,
+                            at(&|r| r.ref_bw_mib_s * MIB / r.bytes as f64 / 1e6),
+                        ),
+                    ],
+                },
+                Panel {
+                    y_label: "put_bw / reference [%]",
+                    scale: Scale::Linear,
+                    series: vec![line("average", blue, false, at(&|r| 100.0 * r.bw_vs_ref))],
+                },
+            ],
+        )
+    };
+    let path = file.path().display().to_string();
+    file.write(&doc)?;
+    eprintln!("put_bw: plot written to {path}");
     Ok(())
 }
 
