@@ -15,7 +15,9 @@ step "cargo test"
 cargo test --workspace --locked
 step "loom model of the posting protocol (device/tests/loom.rs)"
 # Its own target dir: --cfg loom changes every crate's build, which must not evict the normal one.
-RUSTFLAGS="--cfg loom" cargo test -p gdaki-device --test loom --release --locked --target-dir target/loom
+# --nocapture: each model says every 10 s how far it is, and what it explored in the end.
+RUSTFLAGS="--cfg loom" cargo test -p gdaki-device --test loom --release --locked --target-dir target/loom \
+  -- --nocapture
 step "PTX build"
 ptx=target/ptx/gdaki_device.ptx
 [[ -s $ptx ]] || { echo "test: $ptx was not built" >&2; exit 1; }

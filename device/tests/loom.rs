@@ -146,10 +146,38 @@ fn check_wqes(qp: &DevQp, pi: u64, posters: u64, per: u64) {
 }
 
 /// `posters` threads each put `per` messages while a consumer looks at the doorbell twice.
+/// Says on stderr every 10 s how far the exploration is, and what it took in the end (a model
+/// runs for a minute and more; run with `--nocapture` to see it as it goes).
 fn model<M: Sharing>(kind: DoorbellKind, posters: u64, per: u64, bound: usize) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let name = std::thread::current().name().unwrap_or("model").to_string();
+    let explored = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let heartbeat = {
+        let (explored, done, name) = (explored.clone(), done.clone(), name.clone());
+        std::thread::spawn(move || {
+            let mut next = Duration::from_secs(10);
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                if started.elapsed() >= next {
+                    eprintln!(
+                        "   loom: {name}: {} interleavings so far, {} s",
+                        explored.load(Ordering::Relaxed),
+                        next.as_secs()
+                    );
+                    next += Duration::from_secs(10);
+                }
+            }
+        })
+    };
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
+    let counter = explored.clone();
     b.check(move || {
+        counter.fetch_add(1, Ordering::Relaxed);
         let rings = Rings::new(kind);
         let p = rings.ptr();
         let handles: Vec<_> = (0..posters)
@@ -184,6 +212,13 @@ fn model<M: Sharing>(kind: DoorbellKind, posters: u64, per: u64, bound: usize) {
         check_wqes(qp, total, posters, per);
         drop(rings);
     });
+    done.store(true, Ordering::Relaxed);
+    let _ = heartbeat.join();
+    eprintln!(
+        "   loom: {name}: {} interleavings, all checked, in {:.1} s",
+        explored.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[test]
