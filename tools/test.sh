@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this): setup, formatting, lints,
-# every test of the workspace (GPU tests say SKIPPED where there is no GPU), the loom model of
+# docs, every test of the workspace (GPU tests say SKIPPED where there is no GPU), the loom model of
 # the posting protocol, and the PTX build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo doc (warnings are errors: broken or private links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 step "cargo test"
 cargo test --workspace --locked
 step "loom model of the posting protocol (device/tests/loom.rs)"

@@ -13,9 +13,28 @@
 //! - [`arch`]: one module per target, barriers named by purpose.
 //! - [`copier`]: the soft HCA's persistent copy kernel body (GPU payloads).
 //! - [`perf`]: the perftest loops (`put_bw`, `write_lat`), shared by kernels and CPU mode.
-//! - [`kernels`]: the PTX entry points (nvptx64 only, feature `kernels`), in one place.
+//! - `kernels`: the PTX entry points (nvptx64 only, feature `kernels`), in one place.
 //! - [`ffi`]: the data path as `extern "C"` functions for CUDA C++ (feature `c-abi` on
 //!   nvptx64; always on the host, thread scope).
+//!
+//! Where to start: a kernel gets a [`Qp`] from the handle the host exported
+//! (`gdaki::QueuePair::export_gpu`) and posts; `docs/own-kernels.md` and `examples/own-kernel`
+//! walk through a whole kernel, in Rust and in CUDA C++. What a thread of such a kernel does:
+//!
+//! ```no_run
+//! use gdaki_device::{Cta, Local, Qp, Remote};
+//!
+//! /// Each thread writes its own `len`-byte slice to the peer and waits for it to land.
+//! fn put_my_slice(qp: &Qp<Cta>, dst: Remote, src: Local, thread: u64, len: u64) -> Result<(), &'static str> {
+//!     let at = thread * len;
+//!     let dst = Remote { addr: dst.addr + at, ..dst };
+//!     let src = Local { addr: src.addr + at, ..src };
+//!     let ticket = qp.put(dst, src, len).map_err(|_| "the send queue is full or the QP failed")?;
+//!     qp.wait(ticket).map_err(|_| "the put completed with an error or timed out")
+//! }
+//! ```
+//! (`no_run`: a `Qp` comes from a host that created the queues; `gdaki`'s front page runs the
+//! same calls in CPU mode.)
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",

@@ -1,5 +1,5 @@
 //! The perftest loops, written once: `put_bw`'s stream of puts and `write_lat`'s ping-pong.
-//! The GPU kernels ([`crate::kernels`]) and CPU mode (`gdaki-examples`) run this very code, so
+//! The GPU kernels (`kernels`, built for nvptx64 only) and CPU mode (`gdaki-examples`) run this very code, so
 //! a figure measured in one mode is the other's reference.
 use gdaki_layout::perf::PingPongSide;
 

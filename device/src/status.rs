@@ -148,6 +148,20 @@ impl core::fmt::Display for PostError {
     }
 }
 
+// So host code can `?` them into `Box<dyn Error>`, anyhow or its own error types.
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::error::Error for WaitError {}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            PostError::Wait(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
 /// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`],
 /// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], [`CODE_BAD_ARGUMENT`], or [`CODE_CQE_ERROR`] |

@@ -4,6 +4,17 @@
 //! pieces of the perftests live here: flags ([`cli`]), setup and the two-process handshake
 //! ([`session`]), output and statistics ([`report`]), and `--plot` ([`plot`]). The loops that
 //! post are `gdaki_device::perf`'s, run by GPU kernels or by CPU threads.
+//!
+//! Where to start: `tools/run.sh` runs put_bw as a newcomer would; `put_bw --help` and
+//! `write_lat --help` list the perftest flags. The statistics are the library's too:
+//!
+//! ```
+//! use gdaki_examples::report::LatRow;
+//! // Round trips in ns; a latency is half of one, as perftest reports it.
+//! let row = LatRow::from_round_trips(8, &[4_000, 4_200, 3_800, 4_000, 30_000]);
+//! assert_eq!(row.bytes, 8);
+//! assert!(row.t_min_us <= row.t_typical_us && row.t_typical_us <= row.t_max_us);
+//! ```
 #![warn(missing_docs)]
 
 pub mod cli;

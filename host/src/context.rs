@@ -226,7 +226,7 @@ impl Context {
     /// Allocates `len` zeroed bytes of host memory registered with `access`. From 1 MiB on
     /// the memory is mapped and zeroed lazily, a page at a time as it is first touched, so a
     /// large region costs memory only as it is used; a size the kernel will not commit is
-    /// [`Error::Alloc`](crate::Error::Alloc). The soft device pins nothing, so no locked-memory
+    /// [`Error::Alloc`]. The soft device pins nothing, so no locked-memory
     /// limit applies to it; a NIC pins what is registered, within `RLIMIT_MEMLOCK`
     /// (`ulimit -l`).
     pub fn alloc_region(&self, len: usize, access: Access) -> Result<MemoryRegion> {

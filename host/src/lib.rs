@@ -6,18 +6,27 @@
 //! through run-time loading ([`cuda`], no CUDA needed to build) and describes what the machine
 //! offers ([`system`], [`provider`]), which is what `doctor` reports.
 //!
-//! ```no_run
+//! Where to start: [`Context`] (open a provider, register memory, create queues), then
+//! [`QueuePair::export_gpu`] for your own kernels (`docs/own-kernels.md`), or
+//! [`QueuePair::cpu`] to post from a CPU thread with the same device code, as here. This runs
+//! anywhere: the soft provider models a ConnectX in software, and CPU mode needs no GPU.
+//!
+//! ```
 //! use gdaki::{Access, Context, Provider, QpConfig};
-//! # fn main() -> gdaki::Result<()> {
-//! let ctx = Context::open(Provider::Auto)?;
-//! let mr = ctx.alloc_region(1 << 20, Access::ALL)?;
-//! let cq = ctx.create_cq(1024)?;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::open(Provider::Soft)?;
+//! let mr = ctx.alloc_region(8192, Access::ALL)?;
+//! mr.write(0, b"hello, gdaki")?;
+//! let cq = ctx.create_cq(1024)?; // at least the send queue's depth (1024 by default)
 //! let qp = ctx.create_qp(&cq, QpConfig::default())?;
-//! qp.connect(&qp.endpoint())?; // loopback
-//! // CPU mode: post from this thread with the device crate's API.
+//! qp.connect(&qp.endpoint())?; // loopback: the QP writes into its own context's memory
+//! // SAFETY: this thread is the QP's only poster (exclusive mode), and the QP outlives `dev`.
 //! let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }?;
-//! let t = dev.put(mr.remote(4096), mr.local(0), 4096).expect("put");
-//! dev.wait(t).expect("completion");
+//! let ticket = dev.put(mr.remote(4096), mr.local(0), 12)?; // an RDMA WRITE of 12 bytes
+//! dev.wait(ticket)?; // its completion, polled from the CQ
+//! let mut landed = [0u8; 12];
+//! mr.read(4096, &mut landed)?;
+//! assert_eq!(&landed, b"hello, gdaki");
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]

@@ -23,6 +23,18 @@
 //!   queries) a host sends to create and drive queues, bit-exact.
 //!
 //! The crate is `no_std` and has no unsafe code; every accessor on a checked view is panic-free.
+//!
+//! Where to start: [`wqe`] for what a poster writes, [`cqe`] for what it polls, [`handle`] for
+//! what the host hands a kernel. For example, the doorbell a poster writes to the NIC, and what
+//! the soft HCA reads back from it:
+//!
+//! ```
+//! use gdaki_layout::doorbell;
+//! // QP 0x123456, producer index 0x1_abcd: only the low 16 bits of the index are sent.
+//! let bytes = doorbell::value(0x12_3456, 0x1_abcd);
+//! assert_eq!(bytes, [0x00, 0xab, 0xcd, 0x00, 0x12, 0x34, 0x56, 0x00]); // big-endian, as the NIC reads it
+//! assert_eq!(doorbell::decode(bytes), (0x12_3456, 0xabcd));
+//! ```
 #![no_std]
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,5 +1,5 @@
 //! Whole command mailboxes: opcodes, op_mods, status codes, and typed builders that encode a
-//! command's input from its parameters (each one field by field through [`layout`]), plus the
+//! command's input from its parameters (each one field by field through [`layout`](super::layout)), plus the
 //! readers for what the device answers. The soft device's firmware decodes the same fields.
 use super::layout::{ads, atomic_caps, cmd_hca_cap, cmd_in, cmd_out, cqc, create_cq_in, create_qp_in};
 use super::layout::{modify_qp_in, object_in, qpc, query_hca_cap_out};
