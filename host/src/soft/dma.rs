@@ -1,6 +1,6 @@
 //! How the soft HCA touches memory: every data movement goes through [`Dma`], so the model runs
-//! on plain host memory in tests and on GPU memory (#5) with another implementation. Addresses
-//! are the ones posters use (virtual addresses); the caller has already checked them against a
+//! on plain host memory in tests and on GPU memory (through the copier) with another
+//! implementation. Addresses are the ones posters use (virtual addresses); the caller has already checked them against a
 //! registered region.
 use std::sync::atomic::{AtomicU64, Ordering};
 
