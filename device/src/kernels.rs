@@ -378,6 +378,45 @@ pub unsafe extern "ptx-kernel" fn gdaki_store_loop(base: *mut u64, records_log: 
     }
 }
 
+/// The posting rate's ring-order reference: the stores of [`gdaki_store_loop`], placed where
+/// the posts put their WQEs. Thread `t` writes into the ring of QP `q = (t / stride) mod qps`
+/// (rings of `1 << ring_log` records, one after another from `base`), and the QP's threads take
+/// its records in turn, as posters sharing a ring do: rank `r` of the QP's `n` threads writes
+/// record `k * n + r` (mod the ring) in its `k`-th round. A ring written in order combines
+/// writes that scattered records do not, so this, not the scattered loop, is what posting into
+/// host-pinned rings compares with.
+///
+/// # Safety
+/// `base` is valid for `qps * 64 << ring_log` bytes of writes by this device.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_store_loop_rings(
+    base: *mut u64,
+    ring_log: u32,
+    qps: u32,
+    stride: u32,
+    iters: u32,
+) {
+    let t = global_thread() as u64;
+    // SAFETY: special registers are always readable.
+    let threads = unsafe { _grid_dim_x() as u64 * _block_dim_x() as u64 };
+    let (qps, stride) = (qps.max(1) as u64, stride.max(1) as u64);
+    let group = t / stride;
+    let q = group % qps;
+    let rank = (group / qps) * stride + t % stride;
+    let n = threads.div_ceil(qps);
+    let mask = (1u64 << ring_log) - 1;
+    for k in 0..iters as u64 {
+        let m = (q << ring_log) + ((k * n + rank) & mask);
+        // SAFETY: q < qps and the record is masked into its ring; 16-byte aligned.
+        unsafe {
+            let p = base.add((m * 8) as usize);
+            for seg in 0..4 {
+                arch::store_seg(p.add(seg * 2), [m, seg as u64]);
+            }
+        }
+    }
+}
+
 /// The soft HCA's persistent copy kernel (see [`crate::copier::serve`]): runs until the host
 /// sets `*stop` while no descriptor is pending. `work` is the zeroed working area
 /// `gdaki_layout::copy::WORK_BYTES` describes.

@@ -1,8 +1,10 @@
 //! The device posting rate on a GPU: 8-byte puts posted by every thread of a full-GPU launch
 //! into send queues no HCA consumes, in warp scope (one QP per warp), thread scope (one QP per
 //! block, its threads sharing it) and block scope (one QP per block), with the rings in
-//! host-pinned memory (the soft HCA's placement) and in device memory (mlx5's), each next to a
-//! plain 64-byte store loop into the same memory measured in the same run. Device rings run
+//! host-pinned memory (the soft HCA's placement) and in device memory (mlx5's), each next to
+//! two plain 64-byte store loops into the same memory measured in the same run: records
+//! scattered over it, and records in ring order where the posts put their WQEs (a ring written
+//! in order combines writes, which matters in host-pinned memory). Device rings run
 //! twice: with the GPU-scope doorbell fences they get (`QP_RINGS_IN_GPU_MEMORY`), and with
 //! system-scope fences as the reference for what that scope gains. Each shape runs
 //! twice: a doorbell per post, and deferred posts with a commit every `--commit-every` posts
@@ -53,6 +55,10 @@ struct Row {
     post_mwqe_s: f64,
     store_mrec_s: f64,
     post_vs_store: f64,
+    /// The same stores in ring order, where the posts put their WQEs: the reference that
+    /// write-combines as a ring does.
+    ring_store_mrec_s: f64,
+    post_vs_ring_store: f64,
     /// C++ rows: the posting rate over the Rust kernels' in the row before.
     #[serde(skip_serializing_if = "Option::is_none")]
     vs_rust: Option<f64>,
@@ -112,6 +118,7 @@ fn main() -> anyhow::Result<()> {
                 let r = gpu.posting_rate(kernels, placement, launch, shape)?;
                 let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
                 let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
+                let ring_store = r.wqes as f64 / r.ring_store.as_secs_f64() / 1e6;
                 let vs_rust = (kernel == "c++").then(|| post / rows.last().map_or(f64::NAN, |r: &Row| r.post_mwqe_s));
                 rows.push(Row {
                     kernel,
@@ -124,6 +131,8 @@ fn main() -> anyhow::Result<()> {
                     post_mwqe_s: post,
                     store_mrec_s: store,
                     post_vs_store: post / store,
+                    ring_store_mrec_s: ring_store,
+                    post_vs_ring_store: post / ring_store,
                     vs_rust,
                 });
             }
@@ -142,11 +151,11 @@ fn main() -> anyhow::Result<()> {
             info.gpus[0].name
         );
         println!(
-            " kernel  placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store   c++/rust"
+            " kernel  placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store   ring order [M rec/s]   post/ring   c++/rust"
         );
         for r in &rows {
             println!(
-                " {:<7} {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}% {:>10}",
+                " {:<7} {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}% {:>22.1} {:>10.1}% {:>10}",
                 r.kernel,
                 format!("{:?}", r.placement),
                 r.scope,
@@ -160,6 +169,8 @@ fn main() -> anyhow::Result<()> {
                 r.post_mwqe_s,
                 r.store_mrec_s,
                 100.0 * r.post_vs_store,
+                r.ring_store_mrec_s,
+                100.0 * r.post_vs_ring_store,
                 r.vs_rust.map_or(String::new(), |v| format!("{:.1}%", 100.0 * v))
             );
         }

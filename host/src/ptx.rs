@@ -40,6 +40,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_post_rate_block_cta",
     "gdaki_post_rate_block_gpu",
     "gdaki_store_loop",
+    "gdaki_store_loop_rings",
     "gdaki_copier",
 ];
 

@@ -968,3 +968,41 @@ fn own_modules_are_checked_before_they_load_or_launch() {
     let err = unsafe { kernel.run(cuda::Dims::linear(1, 1), args) }.unwrap_err();
     assert!(err.to_string().contains("no GPU can reach"), "{err}");
 }
+
+/// The posting rate's ring-order reference writes every record of every ring, each with its own
+/// index, in the order posters sharing a QP would: 2 QPs, 32 threads each, 2 rounds fill two
+/// 64-record rings exactly (a wrong mapping leaves records unwritten or writes one twice).
+#[test]
+fn the_ring_order_store_loop_fills_each_ring_as_its_posters_would() {
+    let Some((gpu, _one)) = gpu_or_skip("the_ring_order_store_loop_fills_each_ring_as_its_posters_would") else {
+        return;
+    };
+    let module = gpu.load_module(gdaki::ptx::ptx().unwrap()).unwrap();
+    let kernel = module.kernel("gdaki_store_loop_rings").unwrap();
+    let (qps, stride, iters, ring_log) = (2u32, 32u32, 2u32, 6u32);
+    let buf = cuda::DeviceBuffer::zeroed(&gpu, (qps as usize * 64) << ring_log).unwrap();
+    let args = cuda::Args::new()
+        .buffer(&buf)
+        .u32(ring_log)
+        .u32(qps)
+        .u32(stride)
+        .u32(iters);
+    // SAFETY: `gdaki_store_loop_rings(base, ring_log, qps, stride, iters)` writes `qps` rings of
+    // `64 << ring_log` bytes from `base`, which `buf` holds.
+    unsafe { kernel.run(cuda::Dims::linear(2, 32), args) }.unwrap();
+    let mut back = vec![0u8; buf.len()];
+    buf.read(0, &mut back).unwrap();
+    for (m, rec) in back.chunks(64).enumerate() {
+        let words: Vec<u64> = rec
+            .chunks(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        for seg in 0..4 {
+            assert_eq!(
+                (words[2 * seg], words[2 * seg + 1]),
+                (m as u64, seg as u64),
+                "record {m}"
+            );
+        }
+    }
+}

@@ -70,8 +70,10 @@ pub struct PostingRun {
     pub wqes: u64,
     /// GPU time of the posting kernel.
     pub post: Duration,
-    /// GPU time of the store loop.
+    /// GPU time of the store loop (records scattered over the memory).
     pub store: Duration,
+    /// GPU time of the same stores in ring order, where the posts put their WQEs.
+    pub ring_store: Duration,
 }
 
 /// Memory of either placement, freed on drop (a pinned buffer after its mapping: field order).
@@ -214,6 +216,15 @@ impl Gpu {
             // `64 << records_log` bytes (records_log is rounded down).
             store = store.min(timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))?);
         }
+        let ring_loop = self.module.load_function("gdaki_store_loop_rings")?;
+        let mut ring_store = Duration::MAX;
+        for _ in 0..2 {
+            let mut b = stream.launch_builder(&ring_loop);
+            b.arg(&base).arg(&ring_log).arg(&qps).arg(&stride).arg(&per_thread);
+            // SAFETY: `gdaki_store_loop_rings(base, ring_log, qps, stride, iters)`: `base` holds
+            // `qps` rings of `64 << ring_log` bytes (`total`).
+            ring_store = ring_store.min(timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))?);
+        }
         let name = format!("gdaki_post_rate_{}_{}", launch.scope.name(), launch.mode.name());
         let args = Args::new()
             .slice(&handle_list)
@@ -248,6 +259,7 @@ impl Gpu {
             wqes: threads * per_thread as u64,
             post: run.elapsed,
             store,
+            ring_store,
         })
     }
 }
