@@ -260,11 +260,9 @@ fn duration_mode_runs_each_size_for_the_time_asked() {
     assert!(n > 40.0 && n % 40.0 == 0.0, "{out}");
 
     let started = Instant::now();
-    let (s, c) = server_client(
-        "write_lat",
-        &["-s", "8", "-n", "20", "-D", "1"],
-        &["--mode", "cpu", "-s", "8", "-n", "20", "-D", "1"],
-    );
+    // Both sides in CPU mode: a GPU-mode write_lat server answers only once its kernels load.
+    let flags = ["--mode", "cpu", "-s", "8", "-n", "20", "-D", "1"];
+    let (s, c) = server_client("write_lat", &flags, &flags);
     let (so, co) = (String::from_utf8_lossy(&s.stdout), String::from_utf8_lossy(&c.stdout));
     assert!(
         s.status.success() && c.status.success(),
