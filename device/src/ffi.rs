@@ -182,6 +182,10 @@ macro_rules! c_abi {
             use super::*;
             $(
                 $(#[doc = $doc])*
+                ///
+                /// # Safety
+                /// As the entry points require: every pointer argument is null or valid for
+                /// what the operation reads or writes through it.
                 #[inline(always)]
                 #[allow(clippy::too_many_arguments)]
                 pub(super) unsafe fn $op<M: Sharing, S: Scope>($qp: Qp<M, S> $(, $arg: $ty)*) -> u32 $body
@@ -296,6 +300,7 @@ c_abi! {
     /// `GDAKI_MAX_INLINE`; no local key needed, and `data` may be reused at once).
     fn put_inline(qp, dst: u64, rkey: u32, data: *const u8, len: u32, flags: u32, ticket: *mut u64) {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY: `data` is null or holds `len` readable bytes (this function's contract).
         let (bytes, valid) = unsafe { inline_bytes(data, len) };
         match unsafe { posted(qp.put_inline(Remote { addr: dst, rkey }, bytes), ticket) } {
             _ if !valid => CODE_BAD_ARGUMENT,
@@ -314,6 +319,7 @@ c_abi! {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
         let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
         let (signal, scratch) = (Remote { addr: signal, rkey: signal_rkey }, Local { addr: scratch, lkey: scratch_lkey });
+        // SAFETY: `ticket` is null or writable (this function's contract).
         unsafe { posted(qp.put_signal(dst, src, len, signal, add, scratch), ticket) }
     }
 
@@ -322,6 +328,7 @@ c_abi! {
     fn signal(qp, signal: u64, signal_rkey: u32, add: u64, scratch: u64, scratch_lkey: u32, flags: u32, ticket: *mut u64) {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
         let (signal, scratch) = (Remote { addr: signal, rkey: signal_rkey }, Local { addr: scratch, lkey: scratch_lkey });
+        // SAFETY: `ticket` is null or writable (this function's contract).
         unsafe { posted(qp.signal(signal, add, scratch), ticket) }
     }
 
@@ -329,6 +336,7 @@ c_abi! {
     /// the data is there once the ticket has completed.
     fn get(qp, dst: u64, lkey: u32, src: u64, rkey: u32, len: u64, flags: u32, ticket: *mut u64) {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY: `ticket` is null or writable (this function's contract).
         unsafe { posted(qp.get(Local { addr: dst, lkey }, Remote { addr: src, rkey }, len), ticket) }
     }
 
@@ -339,6 +347,7 @@ c_abi! {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
         match qp.atomic_fetch_add(Remote { addr: target, rkey }, add, Local { addr: result, lkey }) {
             Ok(v) => {
+                // SAFETY: `fetched` is null or writable (this function's contract).
                 unsafe { give(fetched, v) };
                 CODE_OK
             }
@@ -357,6 +366,7 @@ c_abi! {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
         match qp.atomic_compare_swap(Remote { addr: target, rkey }, compare, swap, Local { addr: result, lkey }) {
             Ok(v) => {
+                // SAFETY: `fetched` is null or writable (this function's contract).
                 unsafe { give(fetched, v) };
                 CODE_OK
             }
@@ -387,6 +397,7 @@ c_abi! {
         if signal.is_null() || signal as usize % 8 != 0 {
             return CODE_BAD_ARGUMENT;
         }
+        // SAFETY: `signal` is a readable, 8-byte aligned word (this function's contract).
         unsafe { qp.wait_signal(signal, value) }.map_or_else(|e| e.code(), |()| CODE_OK)
     }
 }

@@ -230,38 +230,47 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
     #[inline(always)]
     fn sq_ready(&self) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken (no reference to the shared handle).
         unsafe { addr_of_mut!((*self.ptr).sq_ready) }
     }
     #[inline(always)]
     fn sq_rung(&self) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken (no reference to the shared handle).
         unsafe { addr_of_mut!((*self.ptr).sq_rung) }
     }
     #[inline(always)]
     fn db_lock(&self) -> *mut u32 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken (no reference to the shared handle).
         unsafe { addr_of_mut!((*self.ptr).db_lock) }
     }
     #[inline(always)]
     fn cq_consumed(&self) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken (no reference to the shared handle).
         unsafe { addr_of_mut!((*self.ptr).cq.consumed) }
     }
     #[inline(always)]
     fn cq_error(&self) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken (no reference to the shared handle).
         unsafe { addr_of_mut!((*self.ptr).cq.error) }
     }
     #[inline(always)]
     fn sq_log_size(&self) -> u32 {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         unsafe { (*self.ptr).sq_log_size }
     }
     #[inline(always)]
     fn qpn(&self) -> u32 {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         unsafe { (*self.ptr).qpn }
     }
     #[inline(always)]
     fn max_msg_size(&self) -> u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         unsafe { (*self.ptr).max_msg_size }.max(1)
     }
     #[inline(always)]
     fn flags(&self) -> u8 {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         unsafe { (*self.ptr).flags }
     }
 
@@ -277,6 +286,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     fn deadline(&self) -> Deadline {
         Deadline {
             start: None,
+            // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
             limit: unsafe { (*self.ptr).timeout_ns },
             round: 0,
         }
@@ -285,6 +295,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Address of WQE `index`.
     #[inline(always)]
     pub fn wqe_ptr(&self, index: u64) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         let base = unsafe { (*self.ptr).sq_base };
         (base + ring::wqe_offset(index, self.sq_log_size())) as *mut u64
     }
@@ -437,6 +448,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 }
             }
         }
+        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
         unsafe { M::store_release(self.sq_ready(), end) };
         Ok(())
     }
@@ -444,10 +456,12 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Makes the HCA see every ready WQE up to at least `pi` (which the caller marked ready).
     #[inline(always)]
     pub fn submit(&self, pi: u64) -> Result<(), PostError> {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         let kind = DoorbellKind::from_raw(unsafe { (*self.ptr).doorbell_kind });
         match kind {
             Some(DoorbellKind::Gpu) if !M::SHARED => {
                 self.ring(pi);
+                // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
                 unsafe { M::store_release(self.sq_rung(), pi) };
                 Ok(())
             }
@@ -459,11 +473,13 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                         return Ok(()); // someone rang for us
                     }
                     if unsafe { M::try_lock(self.db_lock()) } {
+                        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
                         let ready = unsafe { M::load_acquire(self.sq_ready()) };
                         if ready > unsafe { M::load_acquire(self.sq_rung()) } {
                             self.ring(ready);
                             unsafe { M::store_release(self.sq_rung(), ready) };
                         }
+                        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
                         unsafe { M::unlock(self.db_lock()) };
                         return Ok(());
                     }
@@ -474,6 +490,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             }
             Some(DoorbellKind::CpuProxy) => {
                 let ready = if M::SHARED {
+                    // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
                     unsafe { M::load_acquire(self.sq_ready()) }
                 } else {
                     pi
@@ -519,6 +536,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// it (consumer index, doorbell record, sticky error).
     #[inline(always)]
     fn try_complete(&self, index: u64) -> Option<Result<(), WaitError>> {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
         let slot = base + ring::cqe_offset(index, log);
         // SAFETY: the CQ ring of the live handle; op_own is its last byte.
@@ -574,6 +592,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[cold]
     #[inline]
     fn record_earlier_errors(&self, index: u64) {
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
         let first = unsafe { M::load_acquire(self.cq_consumed()) };
         for j in first..index {
@@ -599,6 +618,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         if cur == NO_ERROR || (is_flush(cur) && !is_flush(word)) {
             // A lost race only loses to another error recorded at the same moment; both are
             // errors of this QP, so either describes it.
+            // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
             unsafe { M::store_release(self.cq_error(), word) };
         }
     }
@@ -613,12 +633,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         if old >= next {
             return;
         }
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         let rec = unsafe { (*self.ptr).cq.dbrec } as *mut u32;
         let want = dbrec::cq_ci(next);
         if !M::SHARED {
             unsafe { arch::store_dbrec(rec, want.to_be()) };
             return;
         }
+        // SAFETY: `rec` is the CQ's doorbell record from the live handle, 4-byte aligned.
         let mut cur = unsafe { arch::load_u32_volatile(rec) };
         while !ring::cq_ci_at_or_after(u32::from_be(cur), want) {
             let seen = unsafe { arch::cas_dbrec(rec, cur, want.to_be()) };
@@ -632,6 +654,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// The sticky error, if it concerns WQE `index` (at or before it).
     #[inline(always)]
     fn error_at_or_before(&self, index: u64) -> Result<(), CqeError> {
+        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
         let err = unsafe { M::load_acquire(self.cq_error()) };
         if err & ERROR_VALID != 0 && ((index as u32).wrapping_sub(err as u32) as i32) >= 0 {
             return Err(CqeError::from_word(err));
@@ -644,6 +667,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// if the HCA has not written it.
     #[inline(always)]
     pub fn poll_one(&self) -> Option<Result<u64, WaitError>> {
+        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
         let index = unsafe { M::load_acquire(self.cq_consumed()) };
         self.try_complete(index).map(|r| r.map(|()| index))
     }
@@ -664,6 +688,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         let mut rang = false;
         loop {
             // Already consumed (by anyone): done, unless the QP failed at or before it.
+            // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
             if unsafe { M::load_acquire(self.cq_consumed()) } > index {
                 if !report_errors {
                     return Ok(());
@@ -736,6 +761,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     ) -> Result<(), WaitError> {
         // The timer is read (and the backoff consulted) once every 256 polls: a poll costs
         // about a memory round trip.
+        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
         let limit = unsafe { (*self.ptr).timeout_ns };
         let mut start = None;
         let mut polls = 0u32;
@@ -1077,6 +1103,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// [`quiet`](Self::quiet) by the calling thread.
     #[inline(always)]
     fn quiet_here(&self) -> Result<(), WaitError> {
+        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
         let reserved = unsafe { M::load_acquire(self.sq_reserved()) };
         if reserved == 0 {
             return Ok(());
@@ -1086,6 +1113,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         // Other posters' WQEs may be more than a lap ahead of the consumer; wait a lap at a
         // time so every polled slot holds at worst the previous lap's entry.
         loop {
+            // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
             let consumed = unsafe { M::load_acquire(self.cq_consumed()) };
             let step = target.min(consumed + size - 1);
             self.wait_until(step, true)?;

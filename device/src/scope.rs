@@ -290,6 +290,7 @@ mod gpu {
             arch::block_sync();
             let (mut before, mut total) = (0, 0);
             for w in 0..size.div_ceil(32) {
+                // SAFETY: the block scratch holds one total per warp of the block, and `w` is below their number.
                 let t = unsafe { totals.add(w as usize).read_volatile() };
                 if w < warp {
                     before += t;
@@ -307,6 +308,7 @@ mod gpu {
                 unsafe { slot.write_volatile(value) };
             }
             arch::block_sync();
+            // SAFETY: `slot` is the block scratch's broadcast value; the barrier orders the leader's write before this read.
             let v = unsafe { slot.read_volatile() };
             arch::block_sync();
             v

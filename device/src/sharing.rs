@@ -73,28 +73,34 @@ mod imp {
                 const NAME: &'static str = $name;
                 #[inline(always)]
                 unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+                    // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
                     unsafe { u64_at(p) }.fetch_add(v, Relaxed)
                 }
                 #[inline(always)]
                 unsafe fn load_acquire(p: *const u64) -> u64 {
+                    // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
                     unsafe { u64_at(p as *mut u64) }.load(Acquire)
                 }
                 #[inline(always)]
                 unsafe fn store_release(p: *mut u64, v: u64) {
+                    // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
                     unsafe { u64_at(p) }.store(v, Release)
                 }
                 #[inline(always)]
                 unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
+                    // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
                     unsafe { u64_at(p) }.fetch_max(v, AcqRel)
                 }
                 #[inline(always)]
                 unsafe fn try_lock(p: *mut u32) -> bool {
+                    // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
                     unsafe { u32_at(p) }
                         .compare_exchange(0, 1, Acquire, Relaxed)
                         .is_ok()
                 }
                 #[inline(always)]
                 unsafe fn unlock(p: *mut u32) {
+                    // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
                     unsafe { u32_at(p) }.store(0, Release)
                 }
             }
@@ -110,6 +116,7 @@ mod imp {
         const NAME: &'static str = "exclusive";
         #[inline(always)]
         unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+            // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
             let a = unsafe { u64_at(p) };
             let old = a.load(Relaxed);
             a.store(old + v, Relaxed);
@@ -117,14 +124,17 @@ mod imp {
         }
         #[inline(always)]
         unsafe fn load_acquire(p: *const u64) -> u64 {
+            // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
             unsafe { u64_at(p as *mut u64) }.load(Acquire)
         }
         #[inline(always)]
         unsafe fn store_release(p: *mut u64, v: u64) {
+            // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
             unsafe { u64_at(p) }.store(v, Release)
         }
         #[inline(always)]
         unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
+            // SAFETY: `p` is valid and aligned for this access (the trait method's contract).
             let a = unsafe { u64_at(p) };
             let old = a.load(Relaxed);
             if v > old {
