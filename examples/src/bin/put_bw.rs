@@ -281,6 +281,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
         gdaki_examples::outln!("{}", BwRow::header(gbits));
     }
+    let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
     let mut rows = Vec::new();
     for (i, &size) in plan.sizes.iter().enumerate() {
         report::progress("put_bw", i, plan.sizes.len(), size);
@@ -288,36 +289,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         src.write(0, &pattern_bytes(size, 0, (nslots * size) as usize))?;
         // One round of -n messages per QP, or rounds until -D has passed.
         let started = Instant::now();
-        let (mut windows, mut per_qp, mut round) = (Vec::new(), 0, 0);
-        loop {
+        let (mut windows, mut per_qp) = (Vec::new(), 0);
+        // Messages in a round (all QPs): every round runs the same.
+        let round = loop {
             let (w, n) = match (&session.gpu, launch) {
-                (Some(gpu), Some(l)) => {
-                    let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
-                    gpu_windows(
-                        gpu,
-                        &handles,
-                        l,
-                        target,
-                        src.local(0),
-                        size,
-                        nslots,
-                        plan.iters,
-                        cli.qps,
-                        windows.is_empty(),
-                    )?
-                }
+                (Some(gpu), Some(l)) => gpu_windows(
+                    gpu,
+                    &handles,
+                    l,
+                    target,
+                    src.local(0),
+                    size,
+                    nslots,
+                    plan.iters,
+                    cli.qps,
+                    windows.is_empty(),
+                )?,
                 _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, &|| {})?,
             };
             windows.extend(w);
             per_qp += n;
-            if round == 0 {
-                round = n * cli.qps as u64;
-            }
             match plan.duration {
                 Some(d) if started.elapsed() < d => {}
-                _ => break,
+                _ => break n * cli.qps as u64,
             }
-        }
+        };
         // Validation: here in loopback, by the server otherwise.
         let written = (nslots * size) as usize;
         let verdict = match &dst_local {
@@ -438,12 +434,13 @@ fn gpu_windows(
     qps: u32,
     warm_up: bool,
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
+    let counts = GpuCounts::new(launch, iters, qps);
     let GpuCounts {
         threads,
         windows,
         per_window,
         ..
-    } = GpuCounts::new(launch, iters, qps);
+    } = counts;
     let check = |run: gdaki::cuda::KernelRun| -> anyhow::Result<Duration> {
         if let Some((t, code)) = run.first_failure() {
             bail!("GPU thread {t}: {}", Code(code));
@@ -469,7 +466,7 @@ fn gpu_windows(
         let t = check(gpu.run_put(handles, launch, &stream(first, per_window))?)?;
         out.push((t, per_window as u64 * threads));
     }
-    Ok((out, GpuCounts::new(launch, iters, qps).per_qp()))
+    Ok((out, counts.per_qp()))
 }
 
 /// How a GPU round of `-n` messages per QP is cut: every thread posts the same number of
@@ -791,6 +788,7 @@ fn write_plot(file: PlotFile, cli: &Cli, session: &Session, rows: &[BwRow]) -> a
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gdaki::{Access, Context, Provider};
 
     /// GPU mode runs whole messages per thread: `-n 5000` on 512 threads runs 6144 per QP, and
     /// the header says so (it once said 5000).
@@ -816,7 +814,6 @@ mod tests {
             "for 3 s per size (-D), in rounds of 40 per QP"
         );
     }
-    use gdaki::{Access, Context, Provider};
 
     /// A window's time covers all of its posting, however the threads are scheduled: the
     /// thread that releases the posters being descheduled right after the release (modelled
