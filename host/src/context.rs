@@ -17,8 +17,12 @@ use crate::system;
 /// The state every object of a context shares.
 pub(crate) struct ContextInner {
     pub options: ContextOptions,
-    /// The device queues are created on, and what the context opened on it.
-    pub device: Opened,
+    /// The protection domain its regions and queue pairs are in (given back before what the
+    /// device opened: fields drop in order).
+    pub pd: crate::devx::OwnedPd,
+    /// The device queues are created on, and what the context opened on it (shared by the
+    /// contexts of [`Context::alloc_pd`]).
+    pub device: Arc<Opened>,
 }
 
 /// How a context is opened, beyond its provider. [`Context::open`] takes these from the
@@ -201,10 +205,48 @@ impl Context {
     /// Opens a context on `device` (a NIC, the soft device, or a test's wrapper of one).
     pub(crate) fn open_on(device: Arc<dyn Device>, options: ContextOptions, provider: Provider) -> Result<Context> {
         let device = Devx::open(device).map_err(Error::device("opening the device"))?;
+        let pd = device
+            .devx
+            .pd()
+            .map_err(Error::device("allocating a protection domain"))?;
         Ok(Context {
-            inner: Arc::new(ContextInner { options, device }),
+            inner: Arc::new(ContextInner {
+                options,
+                device: Arc::new(device),
+                pd,
+            }),
             provider,
         })
+    }
+
+    /// Another context on the same device with a protection domain of its own, as
+    /// `ibv_alloc_pd` gives: regions and queue pairs made through it are in that domain, and a
+    /// queue pair uses keys of its own domain only. A WQE naming a region of another domain
+    /// completes with a local protection error; a peer's request naming one is refused with a
+    /// remote access error and moves the target queue pair to error, as on RC. Use one per
+    /// tenant, or per peer whose requests should reach only the memory registered for it.
+    /// The domain is given back when the context and everything made through it are gone.
+    pub fn alloc_pd(&self) -> Result<Context> {
+        let pd = self
+            .inner
+            .device
+            .devx
+            .pd()
+            .map_err(Error::device("allocating a protection domain"))?;
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                options: self.inner.options.clone(),
+                device: self.inner.device.clone(),
+                pd,
+            }),
+            provider: self.provider,
+        })
+    }
+
+    /// The protection domain's number (what the device calls it).
+    #[cfg(test)]
+    pub(crate) fn pd(&self) -> u32 {
+        self.inner.pd.number
     }
 
     /// The RDMA device the context opened (`mlx5_0`, or `soft`).
@@ -282,8 +324,9 @@ impl Context {
     /// [`Endpoint`](crate::Endpoint) of this context then carries. Once per context: later
     /// calls return the first address. Only the soft provider needs this (its transport runs
     /// over TCP; requests are checked against keys, bounds and rights like any RDMA request,
-    /// but the connection itself is neither authenticated nor encrypted: bind to an interface
-    /// of a network you trust). On a NIC the fabric carries requests: `None`.
+    /// and a connection must come from the QP's RTR peer and present the secret of the
+    /// endpoint it was handed, but nothing is encrypted and endpoints travel in clear in the
+    /// handshake: bind to an interface of a network you trust). On a NIC the fabric carries requests: `None`.
     pub fn listen(&self, bind: std::net::SocketAddr) -> Result<Option<std::net::SocketAddr>> {
         self.inner
             .device

@@ -61,6 +61,19 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// 32 random bits from the OS.
+/// A non-zero 64-bit secret from the OS generator, or `None` where it fails (a secret must not
+/// fall back to something guessable as [`random_u32`] does).
+pub(crate) fn random_secret() -> Option<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).ok()?;
+        match u64::from_ne_bytes(b) {
+            0 => continue,
+            s => return Some(s),
+        }
+    }
+}
+
 pub(crate) fn random_u32() -> u32 {
     let mut b = [0u8; 4];
     // The OS generator only fails on exotic platforms; fall back to a clock-derived value there

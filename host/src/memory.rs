@@ -259,7 +259,7 @@ impl MemoryRegion {
         let mem = Memory { addr, len, kind, keep };
         let mr = dev
             .device()
-            .reg_mr(dev.pd, &mem, access)
+            .reg_mr(ctx.pd.number, &mem, access)
             .map_err(Error::device("registering a memory region"))?;
         Ok(MemoryRegion {
             ctx: ctx.clone(),

@@ -107,6 +107,11 @@ pub struct Endpoint {
     /// The port's active MTU in bytes (256, 512, 1024, 2048 or 4096): the path uses the
     /// smaller of both sides'.
     pub mtu: u16,
+    /// The soft HCA's transport secret for this QP, random at its creation: a peer opening
+    /// the transport connection to this QP must present it, so only whoever was handed this
+    /// endpoint can (treat an endpoint like a password). 0 on a NIC, where the fabric carries
+    /// requests and nothing reads it.
+    pub secret: u64,
     /// Where the HCA accepts transport connections from other processes or hosts (the soft
     /// HCA's listener, see [`Context::listen`](crate::Context::listen)); `None` when it does
     /// not listen.
@@ -514,7 +519,7 @@ impl QueuePair {
             .devx
             .create_owned(
                 &CreateQp {
-                    pd: dev.pd,
+                    pd: ctx.pd.number,
                     uar_page: uar.uar.page,
                     cqn_snd: cq.cqn(),
                     cqn_rcv: cq.cqn(),
@@ -633,6 +638,7 @@ impl QueuePair {
             qpn: self.inner.qpn,
             psn: self.inner.psn,
             mtu: port.mtu as u16,
+            secret: self.inner.ctx.device.device().transport_secret(self.inner.qpn),
             addr: self.inner.ctx.device.device().transport_addr(),
         }
     }

@@ -23,8 +23,9 @@ use crate::queue::Endpoint;
 /// Frame magic, "GDKI".
 pub const MAGIC: u32 = 0x4744_4b49;
 /// Protocol version. Bumped on any incompatible change to a payload (2: endpoints carry the
-/// port's GID, LID and MTU instead of the soft HCA's identity).
-pub const VERSION: u16 = 2;
+/// port's GID, LID and MTU instead of the soft HCA's identity; 3: endpoints carry the QP's
+/// transport secret, which a connect presents).
+pub const VERSION: u16 = 3;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -325,7 +326,7 @@ pub struct Hello {
     pub regions: Vec<RemoteRegion>,
 }
 
-const ENDPOINT_MAX: usize = 16 + 2 + 4 + 4 + 2 + 1 + 16 + 2;
+const ENDPOINT_MAX: usize = 16 + 2 + 4 + 4 + 2 + 8 + 1 + 16 + 2;
 const REGION_LEN: usize = 8 + 8 + 4;
 
 impl Hello {
@@ -406,6 +407,7 @@ fn put_endpoint(p: &mut Vec<u8>, e: &Endpoint) -> Result<(), WireError> {
     p.extend_from_slice(&e.qpn.to_be_bytes());
     p.extend_from_slice(&e.psn.to_be_bytes());
     p.extend_from_slice(&e.mtu.to_be_bytes());
+    p.extend_from_slice(&e.secret.to_be_bytes());
     match e.addr {
         None => p.push(0),
         Some(SocketAddr::V4(a)) => {
@@ -429,6 +431,7 @@ fn read_endpoint(c: &mut Cursor<'_>) -> Result<Endpoint, WireError> {
     let qpn = c.u32("endpoint QPN")?;
     let psn = c.u32("endpoint PSN")?;
     let mtu = c.u16("endpoint MTU")?;
+    let secret = c.u64("endpoint secret")?;
     let addr = match c.u8("endpoint address family")? {
         0 => None,
         4 => {
@@ -447,6 +450,7 @@ fn read_endpoint(c: &mut Cursor<'_>) -> Result<Endpoint, WireError> {
         qpn,
         psn,
         mtu,
+        secret,
         addr,
     };
     check_endpoint(&e)?;
@@ -598,7 +602,7 @@ pub fn decode_sync(payload: &[u8]) -> Result<u64, WireError> {
 
 // ------------------------------------------------------------------------------ transport
 
-const CONNECT_LEN: usize = 8 + 4 + 4 + 4;
+const CONNECT_LEN: usize = 8 + 4 + 4 + 4 + 8;
 /// Fixed part of every request: seq, rkey, addr.
 pub const REQ_HEAD: usize = 4 + 4 + 8;
 
@@ -613,6 +617,9 @@ pub struct Connect {
     pub target_qpn: u32,
     /// The requester's first PSN (the first request's `seq`).
     pub psn: u32,
+    /// The target QP's transport secret, from the endpoint the handshake delivered: only the
+    /// side that was handed that endpoint can open this connection.
+    pub secret: u64,
 }
 
 impl Connect {
@@ -623,6 +630,7 @@ impl Connect {
         p.extend_from_slice(&self.qpn.to_be_bytes());
         p.extend_from_slice(&self.target_qpn.to_be_bytes());
         p.extend_from_slice(&self.psn.to_be_bytes());
+        p.extend_from_slice(&self.secret.to_be_bytes());
         frame(Kind::Connect, &p)
     }
 
@@ -634,6 +642,7 @@ impl Connect {
             qpn: u24("QPN", c.u32("QPN")?)?,
             target_qpn: u24("target QPN", c.u32("target QPN")?)?,
             psn: u24("PSN", c.u32("PSN")?)?,
+            secret: c.u64("secret")?,
         };
         c.end()?;
         Ok(v)
@@ -938,6 +947,7 @@ mod tests {
                     qpn: 0x1234,
                     psn: 7,
                     mtu: 4096,
+                    secret: 0x0123_4567_89ab_cdef,
                     addr: Some("10.0.0.2:18515".parse().unwrap()),
                 },
                 Endpoint {
@@ -946,6 +956,7 @@ mod tests {
                     qpn: 0xff_ffff,
                     psn: 0,
                     mtu: 256,
+                    secret: u64::MAX,
                     addr: Some("[fe80::1]:9".parse().unwrap()),
                 },
                 Endpoint {
@@ -954,6 +965,7 @@ mod tests {
                     qpn: 1,
                     psn: 1,
                     mtu: 1024,
+                    secret: 0,
                     addr: None,
                 },
             ],
@@ -1049,7 +1061,7 @@ mod tests {
         assert!(h.encode().is_err());
         // A hostile family byte.
         let mut bytes = sample().encode().unwrap();
-        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 28;
+        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 36;
         assert_eq!(bytes[fam], 4);
         bytes[fam] = 5;
         assert!(matches!(
@@ -1127,6 +1139,7 @@ mod tests {
             qpn: 2,
             target_qpn: 3,
             psn: 4,
+            secret: 0xfeed_f00d_dead_beef,
         };
         assert_eq!(Connect::decode(&c.encode()[HEADER_LEN..]).unwrap(), c);
         assert_eq!(decode_reject(&encode_reject("nope")[HEADER_LEN..]).unwrap(), "nope");

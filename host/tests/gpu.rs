@@ -505,6 +505,7 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
         qpn: 0x77,
         psn: 0,
         mtu: 4096,
+        secret: 0x77,
         addr: Some(addr),
     })
     .unwrap();

@@ -513,6 +513,41 @@ fn an_access_violation_moves_the_responder_qp_to_error() {
     assert_eq!(qb.state(), QpState::Error);
 }
 
+/// Keys are scoped to protection domains, as on RC: a queue pair of one domain can use
+/// neither a local key nor a peer's remote key of another domain of the same device, and the
+/// responder that was asked goes to error; within one domain everything works.
+#[test]
+fn keys_of_another_protection_domain_are_refused() {
+    let a = Context::open(Provider::Soft).unwrap();
+    let other = a.alloc_pd().unwrap();
+    let ours = a.alloc_region(64, Access::ALL).unwrap();
+    let theirs = other.alloc_region(64, Access::ALL).unwrap();
+    theirs.write(0, b"tenant 2").unwrap();
+    // A WQE naming a region of another domain as its source.
+    let q = loopback_qp(&a, 8, QpConfig::default());
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
+    let t = dev.put(ours.remote(0), theirs.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::LocalProt);
+    // A peer's request naming one: the target QP (in `a`'s domain) refuses it and goes to
+    // error; the bytes are untouched.
+    let b = Context::open(Provider::Soft).unwrap();
+    let (qa, qb) = (qp(&a, 8, QpConfig::default()), qp(&b, 8, QpConfig::default()));
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    let lb = b.alloc_region(64, Access::ALL).unwrap();
+    let dev = unsafe { qb.cpu::<Exclusive>() }.unwrap();
+    let t = dev.put(theirs.remote(0), lb.local(0), 8).unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::RemoteAccess);
+    assert_eq!(qa.state(), QpState::Error);
+    assert_eq!(theirs.read_vec(0, 8).unwrap(), b"tenant 2");
+    // Within the other domain, its own QP uses its keys.
+    let q = loopback_qp(&other, 8, QpConfig::default());
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
+    dev.wait(dev.put(theirs.remote(8), theirs.local(0), 8).unwrap())
+        .unwrap();
+    assert_eq!(theirs.read_vec(8, 8).unwrap(), b"tenant 2");
+}
+
 /// Resident memory of this process, in bytes (Linux).
 fn rss() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();

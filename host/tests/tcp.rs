@@ -268,6 +268,7 @@ fn a_peer_that_accepts_and_then_goes_silent_times_out() {
         qpn: 0x42,
         psn: 0,
         mtu: 4096,
+        secret: 0x5ec,
         addr: Some(addr),
     })
     .unwrap();
@@ -344,6 +345,7 @@ fn handshake_exchanges_validates_and_refuses() {
         qpn: 0x1234,
         psn: 99,
         mtu: 1024,
+        secret: 0x5ec2e7,
         addr: Some("0.0.0.0:4791".parse().unwrap()),
     };
     let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
@@ -651,9 +653,9 @@ fn atomic_results_in_both_reply_orders() {
 // ------------------------------------------------------------------------------ hostile peers
 
 /// What a third party reading and writing raw frames gets from `target` (a listening soft
-/// HCA) when it claims to be QP `qpn` with first PSN `psn`: every byte it receives until the
-/// connection closes (or 2 s pass).
-fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, region: &MemoryRegion) -> Vec<u8> {
+/// HCA) when it claims to be QP `qpn` with first PSN `psn` and presents `secret`: every byte
+/// it receives until the connection closes (or 2 s pass).
+fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: u64, region: &MemoryRegion) -> Vec<u8> {
     use gdaki::wire::{Connect, Op, Request};
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(target).unwrap();
@@ -663,6 +665,7 @@ fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, region: 
         qpn,
         target_qpn,
         psn,
+        secret,
     };
     let _ = s.write_all(&connect.encode());
     let write = Request {
@@ -688,9 +691,9 @@ fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, region: 
 }
 
 /// RC accepts packets only from the QP a QP was moved to RTR with, in PSN order from the PSN
-/// exchanged then. A third party that knows the target QPN, the rkey and the address (all of
-/// which travel in clear) but not the peer's QPN and PSN gets nothing: no write lands, no read
-/// answers, no answer at all, and the real peer's traffic goes on.
+/// exchanged then. A third party that knows the target QPN, the rkey and the address, and even
+/// holds the target's endpoint with its secret, but not the peer's QPN and PSN gets nothing:
+/// no write lands, no read answers, no answer at all, and the real peer's traffic goes on.
 #[test]
 fn a_third_party_cannot_write_or_read_a_connected_qp() {
     let (a, qa, b, qb) = tcp_pair(QpConfig::default());
@@ -699,9 +702,10 @@ fn a_third_party_cannot_write_or_read_a_connected_qp() {
     let secret = pattern(77, 64);
     rb.write(0, &secret).unwrap();
     let at = qb.endpoint().addr.unwrap();
+    let key = qb.endpoint().secret;
     let real = qa.endpoint();
     for (qpn, psn) in [(0x31337, 0x777), (real.qpn, real.psn ^ 1), (real.qpn ^ 1, real.psn)] {
-        let got = third_party(at, qb.qpn(), qpn, psn, &rb);
+        let got = third_party(at, qb.qpn(), qpn, psn, key, &rb);
         assert!(
             got.is_empty(),
             "QPN {qpn:#x}, PSN {psn:#x}: {} bytes answered",
@@ -710,7 +714,7 @@ fn a_third_party_cannot_write_or_read_a_connected_qp() {
         assert_eq!(rb.read_vec(0, 64).unwrap(), secret, "QPN {qpn:#x}, PSN {psn:#x} wrote");
     }
     // A QP that does not exist answers nothing either (no oracle over QPNs).
-    assert!(third_party(at, qb.qpn() ^ 0x40_0000, real.qpn, real.psn, &rb).is_empty());
+    assert!(third_party(at, qb.qpn() ^ 0x40_0000, real.qpn, real.psn, key, &rb).is_empty());
     assert_eq!(qb.state(), QpState::Rts);
     let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
     la.write(0, b"from qa!").unwrap();
@@ -753,6 +757,7 @@ fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
         qpn: 0x42,
         psn: 0,
         mtu: 4096,
+        secret: 0x5ec,
         addr: Some(addr),
     });
     (r, started.elapsed())
@@ -841,4 +846,65 @@ fn silent_connections_are_capped_and_closed() {
     assert_eq!(early, 70 - 64, "closed at once");
     thread::sleep(Duration::from_secs(5));
     assert_eq!(closed(), 70, "closed at the connect deadline");
+}
+
+/// A third party that has every number of the real peer (its QPN and first PSN, from the same
+/// address) but not the secret of the handshake that set the connection up gets nothing either,
+/// even before the real peer has connected.
+#[test]
+fn a_third_party_with_every_number_but_not_the_secret_gets_nothing() {
+    let (a, b) = (listening_context(), listening_context());
+    let cfg = QpConfig::default();
+    let (qa, qb) = (qp(&a, 64, cfg.clone()), qp(&b, 64, cfg));
+    // Only qb is connected: its RTR peer is qa, which has not opened its connection yet.
+    qb.connect(&over_tcp(qa.endpoint())).unwrap();
+    let rb = b.alloc_region(4096, Access::ALL).unwrap();
+    let before = pattern(78, 64);
+    rb.write(0, &before).unwrap();
+    let (real, at, key) = (qa.endpoint(), qb.endpoint().addr.unwrap(), qb.endpoint().secret);
+    assert_ne!(key, 0, "a soft HCA's endpoint carries a secret");
+    for guess in [0, key ^ 1, key.rotate_left(32)] {
+        let got = third_party(at, qb.qpn(), real.qpn, real.psn, guess, &rb);
+        assert!(got.is_empty(), "secret {guess:#x}: {} bytes answered", got.len());
+        assert_eq!(
+            rb.read_vec(0, 64).unwrap(),
+            before,
+            "secret {guess:#x}: the third party wrote"
+        );
+    }
+    // The real peer still connects and writes.
+    qa.connect(&over_tcp(qb.endpoint())).unwrap();
+    let la = a.alloc_region(4096, Access::ALL).unwrap();
+    la.write(0, b"from qa!").unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
+    dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
+    assert_eq!(rb.read_vec(0, 8).unwrap(), b"from qa!");
+}
+
+/// Over TCP too, a request naming a key of another protection domain than the target QP's is
+/// refused with a remote access error and the target goes to error.
+#[test]
+fn over_tcp_a_key_of_another_protection_domain_is_refused() {
+    let (a, qa, b, qb) = tcp_pair(QpConfig::default());
+    let tenant = b.alloc_pd().unwrap();
+    let theirs = tenant.alloc_region(64, Access::ALL).unwrap();
+    theirs.write(0, b"tenant 2").unwrap();
+    let la = a.alloc_region(64, Access::ALL).unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
+    for (i, t) in [
+        dev.put(theirs.remote(0), la.local(0), 8).unwrap(),
+        dev.get(la.local(8), theirs.remote(0), 8).unwrap(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let want = [Syndrome::RemoteAccess, Syndrome::WrFlush][i];
+        assert_eq!(cqe_error(dev.wait(t)), want);
+    }
+    assert_eq!(theirs.read_vec(0, 8).unwrap(), b"tenant 2");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while qb.state() != QpState::Error && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(qb.state(), QpState::Error);
 }

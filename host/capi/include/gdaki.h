@@ -438,6 +438,20 @@ enum gdaki_status gdaki_context_open(uint32_t provider,
 enum gdaki_status gdaki_context_destroy(struct gdaki_context *ctx);
 
 /**
+ * A new context on `ctx`'s device with a protection domain of its own, into `*pd_ctx`
+ * (`ibv_alloc_pd`): regions and queue pairs made through it are in that domain, and a queue
+ * pair uses keys of its own domain only (a WQE naming another domain's region completes with
+ * a local protection error; a peer's request naming one is refused and moves the target
+ * queue pair to error). Destroy it with `gdaki_context_destroy`; the domain is given back
+ * once everything made through it is destroyed too.
+ *
+ * # Safety
+ * `ctx` is NULL or a context handle; `pd_ctx` is NULL or writable.
+ */
+enum gdaki_status gdaki_context_alloc_pd(const struct gdaki_context *ctx,
+                                         struct gdaki_context **pd_ctx);
+
+/**
  * The provider the context runs on (never `GDAKI_PROVIDER_AUTO`).
  *
  * # Safety
@@ -465,7 +479,8 @@ enum gdaki_status gdaki_context_device_name(const struct gdaki_context *ctx,
  * listens on `bind` ("ip:port", port 0 for any free one) and writes the address it listens on
  * into `buf` (as `gdaki_context_device_name` does); every endpoint made afterwards carries
  * it. Once per context (later calls give the first address). A NIC needs no listener: "" is
- * written. The soft transport is not authenticated: bind to a network you trust.
+ * written. A connection must come from the peer a queue pair was connected to and present
+ * the secret its endpoint carries, but nothing is encrypted: bind to a network you trust.
  *
  * # Safety
  * `ctx` is NULL or a context handle; `bind` is NULL or a NUL-terminated string; `buf` is NULL

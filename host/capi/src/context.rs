@@ -147,6 +147,28 @@ pub unsafe extern "C" fn gdaki_context_destroy(ctx: *mut gdaki_context) -> gdaki
     call("gdaki_context_destroy", || unsafe { guard::destroy(ctx, "ctx") })
 }
 
+/// A new context on `ctx`'s device with a protection domain of its own, into `*pd_ctx`
+/// (`ibv_alloc_pd`): regions and queue pairs made through it are in that domain, and a queue
+/// pair uses keys of its own domain only (a WQE naming another domain's region completes with
+/// a local protection error; a peer's request naming one is refused and moves the target
+/// queue pair to error). Destroy it with `gdaki_context_destroy`; the domain is given back
+/// once everything made through it is destroyed too.
+///
+/// # Safety
+/// `ctx` is NULL or a context handle; `pd_ctx` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_context_alloc_pd(
+    ctx: *const gdaki_context,
+    pd_ctx: *mut *mut gdaki_context,
+) -> gdaki_status {
+    call("gdaki_context_alloc_pd", || {
+        // SAFETY: the caller's contract.
+        let (c, out) = unsafe { (guard::borrow(ctx, "ctx")?, guard::out(pd_ctx, "pd_ctx")?) };
+        out.write(guard::into_handle(c.alloc_pd()?));
+        Ok(())
+    })
+}
+
 /// The provider the context runs on (never `GDAKI_PROVIDER_AUTO`).
 ///
 /// # Safety
@@ -190,7 +212,8 @@ pub unsafe extern "C" fn gdaki_context_device_name(
 /// listens on `bind` ("ip:port", port 0 for any free one) and writes the address it listens on
 /// into `buf` (as `gdaki_context_device_name` does); every endpoint made afterwards carries
 /// it. Once per context (later calls give the first address). A NIC needs no listener: "" is
-/// written. The soft transport is not authenticated: bind to a network you trust.
+/// written. A connection must come from the peer a queue pair was connected to and present
+/// the secret its endpoint carries, but nothing is encrypted: bind to a network you trust.
 ///
 /// # Safety
 /// `ctx` is NULL or a context handle; `bind` is NULL or a NUL-terminated string; `buf` is NULL

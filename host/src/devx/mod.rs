@@ -115,8 +115,10 @@ pub enum DeviceError {
 pub(crate) trait Device: Send + Sync {
     /// A general command (`QUERY_HCA_CAP`).
     fn general_cmd(&self, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError>;
-    /// A protection domain's number.
+    /// A new protection domain's number.
     fn alloc_pd(&self) -> Result<u32, DeviceError>;
+    /// Gives a protection domain back (refused while a region or QP uses it).
+    fn dealloc_pd(&self, pd: u32) -> Result<(), DeviceError>;
     /// A UAR page.
     fn alloc_uar(&self) -> Result<Uar, DeviceError>;
     /// Gives a UAR page back.
@@ -152,6 +154,11 @@ pub(crate) trait Device: Send + Sync {
     /// The address [`listen`](Self::listen) bound, once it did.
     fn transport_addr(&self) -> Option<SocketAddr> {
         None
+    }
+    /// The transport secret a peer must present to connect to QP `qpn` (the soft device's
+    /// transport; 0 where the fabric carries requests).
+    fn transport_secret(&self, _qpn: u32) -> u64 {
+        0
     }
     /// The address path to `peer` (RoCE: its MAC from the GID; the soft device also learns
     /// the transport address the endpoint carries).
@@ -280,16 +287,14 @@ impl Devx {
     }
 }
 
-/// What a context opens on its device once: the capabilities, a protection domain, the event
-/// queue, the port, and the UAR page its CQs name (gdaki never arms a CQ, so one page serves
-/// them all).
+/// What a context opens on its device once: the capabilities, the event queue, the port, and
+/// the UAR page its CQs name (gdaki never arms a CQ, so one page serves them all). Shared by
+/// the contexts of every protection domain on it.
 pub(crate) struct Opened {
     /// The command runner.
     pub devx: Devx,
     /// The capabilities read at open.
     pub caps: Caps,
-    /// The context's protection domain.
-    pub pd: u32,
     /// The event queue CQs report to.
     pub eqn: u32,
     /// The port.
@@ -464,14 +469,12 @@ impl Devx {
                 ),
             });
         }
-        let pd = devx.device.alloc_pd()?;
         let eqn = devx.device.query_eqn()?;
         let port = devx.device.query_port()?;
         let cq_uar = devx.uar()?;
         Ok(Opened {
             devx,
             caps,
-            pd,
             eqn,
             port,
             cq_uar,
@@ -485,6 +488,14 @@ impl Devx {
             devx: self.clone(),
             id,
             mem,
+        })
+    }
+
+    /// A new protection domain, given back when the returned value goes.
+    pub fn pd(&self) -> Result<OwnedPd, DeviceError> {
+        Ok(OwnedPd {
+            number: self.device.alloc_pd()?,
+            devx: self.clone(),
         })
     }
 
@@ -592,6 +603,21 @@ impl Drop for Umem {
     fn drop(&mut self) {
         if let Err(e) = self.devx.device.umem_dereg(self.id) {
             tracing::warn!(target: "gdaki::devx", umem = self.id, "umem not deregistered: {e}");
+        }
+    }
+}
+
+/// A protection domain; given back on drop (after everything in it, which holds it alive).
+pub(crate) struct OwnedPd {
+    devx: Devx,
+    /// Its number.
+    pub number: u32,
+}
+
+impl Drop for OwnedPd {
+    fn drop(&mut self) {
+        if let Err(e) = self.devx.device.dealloc_pd(self.number) {
+            tracing::warn!(target: "gdaki::devx", pd = format_args!("{:#x}", self.number), "protection domain not given back: {e}");
         }
     }
 }
@@ -709,6 +735,10 @@ pub(crate) mod tests {
             self.note("alloc_pd");
             self.inner.alloc_pd()
         }
+        fn dealloc_pd(&self, pd: u32) -> Result<(), DeviceError> {
+            self.note("dealloc_pd");
+            self.inner.dealloc_pd(pd)
+        }
         fn alloc_uar(&self) -> Result<Uar, DeviceError> {
             self.note("alloc_uar");
             self.inner.alloc_uar()
@@ -776,6 +806,9 @@ pub(crate) mod tests {
         fn transport_addr(&self) -> Option<SocketAddr> {
             self.inner.transport_addr()
         }
+        fn transport_secret(&self, qpn: u32) -> u64 {
+            self.inner.transport_secret(qpn)
+        }
         fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
             self.note("resolve");
             self.inner.resolve(peer)
@@ -808,10 +841,10 @@ pub(crate) mod tests {
             [
                 "QUERY_HCA_CAP",
                 "QUERY_HCA_CAP",
-                "alloc_pd",
                 "query_eqn",
                 "query_port",
-                "alloc_uar"
+                "alloc_uar",
+                "alloc_pd"
             ]
         );
         let cq = ctx.create_cq(64).unwrap();
@@ -853,8 +886,22 @@ pub(crate) mod tests {
         );
         drop(mr);
         assert_eq!(rec.take(), ["dereg_mr"]);
+        // A second protection domain on the same device: its own PD, nothing else opened
+        // again, given back when it and its regions are gone.
+        let tenant = ctx.alloc_pd().unwrap();
+        assert_eq!(rec.take(), ["alloc_pd"]);
+        assert_ne!(tenant.pd(), ctx.pd());
+        let theirs = tenant.alloc_region(4096, Access::ALL).unwrap();
+        drop(tenant);
+        assert_eq!(rec.take(), ["reg_mr"], "the region holds its PD");
+        drop(theirs);
+        assert_eq!(rec.take(), ["dereg_mr", "dealloc_pd"]);
         drop(ctx);
-        assert_eq!(rec.take(), ["free_uar"], "the CQs' UAR page goes with the context");
+        assert_eq!(
+            rec.take(),
+            ["dealloc_pd", "free_uar"],
+            "the PD, then the CQs' UAR page go with the context"
+        );
     }
 
     /// The report names what gdaki needs and judges each requirement: the soft device meets

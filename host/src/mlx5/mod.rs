@@ -187,6 +187,8 @@ struct Tables {
     mrs: HashMap<u64, Memory>,
     /// UAR page id → its `mlx5dv_devx_uar`.
     uars: HashMap<u32, usize>,
+    /// PD number → its `ibv_pd`, for the PDs [`Device::alloc_pd`] gave out.
+    pds: HashMap<u32, usize>,
 }
 
 /// A ConnectX opened for DevX.
@@ -195,7 +197,6 @@ pub(crate) struct Mlx5Device {
     name: String,
     ctx: *mut sys::ibv_context,
     pd: *mut sys::ibv_pd,
-    pdn: u32,
     port: Port,
     tables: Mutex<Tables>,
 }
@@ -259,28 +260,33 @@ impl Mlx5Device {
         })
     }
 
-    fn set_up(lib: &'static Lib, name: String, ctx: *mut sys::ibv_context) -> Result<Mlx5Device, DeviceError> {
-        let what = "setting up the mlx5 device";
+    /// A new PD on `ctx` and its number.
+    fn new_pd(lib: &'static Lib, ctx: *mut sys::ibv_context) -> Result<(*mut sys::ibv_pd, u32), DeviceError> {
+        let what = "allocating a protection domain";
         // SAFETY: `ctx` is an open context.
         let pd = unsafe { (lib.alloc_pd)(ctx) };
         if pd.is_null() {
             return Err(call_error(what, format!("ibv_alloc_pd: {}", os_error(0))));
         }
-        let done = (|| {
-            let mut dv_pd = sys::mlx5dv_pd::default();
-            let mut obj = empty_obj();
-            obj.pd.r#in = pd;
-            obj.pd.out = &mut dv_pd;
-            // SAFETY: `obj` names a live PD and a place for its mlx5 view.
-            let rc = unsafe { (lib.init_obj)(&mut obj, sys::MLX5DV_OBJ_PD) };
-            if rc != 0 {
-                return Err(call_error(what, format!("mlx5dv_init_obj(PD): {}", os_error(rc))));
-            }
-            let port = query_port(lib, ctx, &name)?;
-            Ok((dv_pd.pdn, port))
-        })();
-        match done {
-            Ok((pdn, port)) => {
+        let mut dv_pd = sys::mlx5dv_pd::default();
+        let mut obj = empty_obj();
+        obj.pd.r#in = pd;
+        obj.pd.out = &mut dv_pd;
+        // SAFETY: `obj` names a live PD and a place for its mlx5 view.
+        let rc = unsafe { (lib.init_obj)(&mut obj, sys::MLX5DV_OBJ_PD) };
+        if rc != 0 {
+            // SAFETY: allocated above, used by nothing.
+            unsafe { (lib.dealloc_pd)(pd) };
+            return Err(call_error(what, format!("mlx5dv_init_obj(PD): {}", os_error(rc))));
+        }
+        Ok((pd, dv_pd.pdn))
+    }
+
+    fn set_up(lib: &'static Lib, name: String, ctx: *mut sys::ibv_context) -> Result<Mlx5Device, DeviceError> {
+        // The device's own PD holds its address handles; contexts allocate theirs.
+        let (pd, pdn) = Self::new_pd(lib, ctx)?;
+        match query_port(lib, ctx, &name) {
+            Ok(port) => {
                 tracing::info!(
                     target: "gdaki::devx",
                     device = %name,
@@ -295,7 +301,6 @@ impl Mlx5Device {
                     name,
                     ctx,
                     pd,
-                    pdn,
                     port,
                     tables: Mutex::new(Tables::default()),
                 })
@@ -506,7 +511,7 @@ fn ibv_access(access: Access) -> i32 {
 
 impl Drop for Mlx5Device {
     fn drop(&mut self) {
-        let t = lock(&self.tables);
+        let mut t = lock(&self.tables);
         if !t.objects.is_empty() || !t.umems.is_empty() || !t.uars.is_empty() || !t.mrs.is_empty() {
             tracing::warn!(
                 target: "gdaki::devx",
@@ -516,6 +521,10 @@ impl Drop for Mlx5Device {
                 uars = t.uars.len(),
                 "mlx5 device closed with resources still held"
             );
+        }
+        for (_, pd) in t.pds.drain() {
+            // SAFETY: PDs alloc_pd made that no context gave back; nothing uses them now.
+            unsafe { (self.lib.dealloc_pd)(pd as *mut sys::ibv_pd) };
         }
         drop(t);
         // SAFETY: the PD and the context were made in `open`; every queue (which holds the
@@ -543,7 +552,24 @@ impl Device for Mlx5Device {
     }
 
     fn alloc_pd(&self) -> Result<u32, DeviceError> {
-        Ok(self.pdn)
+        let (pd, pdn) = Self::new_pd(self.lib, self.ctx)?;
+        lock(&self.tables).pds.insert(pdn, pd as usize);
+        Ok(pdn)
+    }
+
+    fn dealloc_pd(&self, pdn: u32) -> Result<(), DeviceError> {
+        let mut t = lock(&self.tables);
+        let Some(&pd) = t.pds.get(&pdn) else {
+            return Err(call_error("ibv_dealloc_pd", format!("no protection domain {pdn:#x}")));
+        };
+        // SAFETY: a PD alloc_pd made; the verbs library refuses (EBUSY) while a region or QP
+        // uses it, and it stays in the table then.
+        let rc = unsafe { (self.lib.dealloc_pd)(pd as *mut sys::ibv_pd) };
+        if rc != 0 {
+            return Err(call_error("ibv_dealloc_pd", os_error(rc).to_string()));
+        }
+        t.pds.remove(&pdn);
+        Ok(())
     }
 
     fn alloc_uar(&self) -> Result<Uar, DeviceError> {
@@ -641,18 +667,15 @@ impl Device for Mlx5Device {
 
     fn reg_mr(&self, pd: u32, mem: &Memory, access: Access) -> Result<Mr, DeviceError> {
         let what = "ibv_reg_mr";
-        if pd != self.pdn {
-            return Err(call_error(
-                what,
-                format!("protection domain {pd:#x} is not this device's ({:#x})", self.pdn),
-            ));
-        }
+        let Some(ibv_pd) = lock(&self.tables).pds.get(&pd).map(|&p| p as *mut sys::ibv_pd) else {
+            return Err(call_error(what, format!("no protection domain {pd:#x} on this device")));
+        };
         let len = usize::try_from(mem.len).map_err(|_| call_error(what, format!("{} bytes", mem.len)))?;
         let flags = ibv_access(access);
         let mr = match &mem.kind {
             // SAFETY: the range stays allocated while `keep` (or the caller's contract) holds it,
             // which outlives the registration (the table keeps `keep` until dereg).
-            MemoryKind::Host { .. } => unsafe { (self.lib.reg_mr)(self.pd, mem.addr as *mut c_void, len, flags) },
+            MemoryKind::Host { .. } => unsafe { (self.lib.reg_mr)(ibv_pd, mem.addr as *mut c_void, len, flags) },
             MemoryKind::Gpu(gpu) => {
                 let Some(reg) = self.lib.reg_dmabuf_mr else {
                     return Err(call_error(
@@ -664,7 +687,7 @@ impl Device for Mlx5Device {
                     .map_err(|e| call_error("exporting GPU memory as dma-buf", e.to_string()))?;
                 // SAFETY: the fd exports the pages around the region, which starts `offset`
                 // bytes in; the MR keeps its own reference to the dma-buf.
-                unsafe { reg(self.pd, offset, len, mem.addr, buf.fd().as_raw_fd(), flags) }
+                unsafe { reg(ibv_pd, offset, len, mem.addr, buf.fd().as_raw_fd(), flags) }
             }
         };
         if mr.is_null() {

@@ -162,6 +162,8 @@ struct Remote {
     qpn: u32,
     /// Where its soft HCA listens, as resolved for its GID before INIT2RTR.
     addr: Option<SocketAddr>,
+    /// Its transport secret, from the endpoint resolved before INIT2RTR (0: none known).
+    secret: u64,
 }
 
 #[derive(Default)]
@@ -172,6 +174,8 @@ struct Tables {
     cqs: HashMap<u32, CqEntry>,
     qps: HashMap<u32, QpEntry>,
     neighbours: HashMap<[u8; 16], SocketAddr>,
+    /// Transport secrets of resolved endpoints, by GID and QPN, until INIT2RTR takes them.
+    secrets: HashMap<([u8; 16], u32), u64>,
     next_id: u32,
 }
 
@@ -428,9 +432,18 @@ impl SoftDevice {
         // Checked, though the model reads the doorbell itself rather than the record.
         t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
         let qpn = self.alloc_number(&t)?;
+        let Some(secret) = crate::random_secret() else {
+            return refuse(
+                CmdStatus::IntErr,
+                FwSyndrome::Unsupported,
+                "the OS random generator failed: no transport secret for the QP",
+            );
+        };
         let caps = general_caps();
         let qp = Arc::new(SoftQp::new(
             qpn,
+            secret,
+            q(qpc::PD) as u32,
             0,
             sq_log,
             sq,
@@ -538,11 +551,13 @@ impl SoftDevice {
                 let mut t = lock(&self.tables);
                 let addr = t.neighbours.get(&gid).copied();
                 let remote_qpn = q(qpc::REMOTE_QPN) as u32;
+                let secret = t.secrets.remove(&(gid, remote_qpn)).unwrap_or(0);
                 if let Some(e) = t.qps.get_mut(&qp.qpn) {
                     e.remote = Some(Remote {
                         gid,
                         qpn: remote_qpn,
                         addr,
+                        secret,
                     });
                 }
                 *lock(&qp.rtr_peer) = Some(RtrPeer {
@@ -588,6 +603,7 @@ impl SoftDevice {
             gid,
             qpn: remote_qpn,
             addr,
+            secret,
         } = remote;
         let guid = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
         if let Some(hca) = Hca::find(guid) {
@@ -610,7 +626,7 @@ impl SoftDevice {
                 format!("HCA {guid:#x} is not in this process and has no known address"),
             );
         };
-        crate::soft::net::Link::connect(self.hca.id, qp, remote_qpn, addr)
+        crate::soft::net::Link::connect(self.hca.id, qp, remote_qpn, secret, addr)
             .map(Peer::Remote)
             .or_else(|e| refuse(CmdStatus::BadParam, FwSyndrome::PeerUnreachable, e.to_string()))
     }
@@ -826,6 +842,28 @@ impl Device for SoftDevice {
         Ok(pd)
     }
 
+    fn dealloc_pd(&self, pd: u32) -> Result<(), DeviceError> {
+        let what = "giving a protection domain back";
+        let mut t = lock(&self.tables);
+        if !t.pds.contains(&pd) {
+            return Err(DeviceError::Call {
+                what,
+                why: format!("no protection domain {pd:#x}"),
+            });
+        }
+        // As ibv_dealloc_pd: refused while something of it is alive.
+        let qps = t.qps.values().filter(|e| e.qp.pd == pd).count();
+        let regions = self.hca.regions_in(pd);
+        if qps + regions > 0 {
+            return Err(DeviceError::Call {
+                what,
+                why: format!("protection domain {pd:#x} still has {qps} queue pairs and {regions} regions"),
+            });
+        }
+        t.pds.remove(&pd);
+        Ok(())
+    }
+
     fn alloc_uar(&self) -> Result<Uar, DeviceError> {
         let page = HostBuffer::new("a doorbell page", 64).map_err(|e| DeviceError::Call {
             what: "allocating a UAR page",
@@ -969,7 +1007,7 @@ impl Device for SoftDevice {
         };
         let key = self
             .hca
-            .register(mem.addr, mem.len, access, dma, keep)
+            .register(pd, mem.addr, mem.len, access, dma, keep)
             .map_err(|e| DeviceError::Call {
                 what,
                 why: e.to_string(),
@@ -1009,10 +1047,19 @@ impl Device for SoftDevice {
         self.hca.listen_addr()
     }
 
+    fn transport_secret(&self, qpn: u32) -> u64 {
+        self.hca.qp(qpn).map_or(0, |qp| qp.secret)
+    }
+
     fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
+        let mut t = lock(&self.tables);
         if let Some(addr) = peer.addr {
-            lock(&self.tables).neighbours.insert(peer.gid, addr);
+            t.neighbours.insert(peer.gid, addr);
         }
+        if peer.secret != 0 {
+            t.secrets.insert((peer.gid, peer.qpn), peer.secret);
+        }
+        drop(t);
         Ok(AddressPath {
             port: PORT,
             grh: true,
@@ -1047,6 +1094,7 @@ mod tests {
             qpn: 0,
             psn: 0,
             mtu: 4096,
+            secret: 0,
             addr: None,
         }
     }
@@ -1074,9 +1122,8 @@ mod tests {
 
     /// CQ and QP of `2^log` entries, the CQ ring with the records after it in one umem, as
     /// DOCA lays them out.
-    fn queues(dev: &Devx, log: u8) -> Queues {
+    fn queues(dev: &Devx, log: u8, pd: u32) -> Queues {
         let d = dev.device();
-        let pd = d.alloc_pd().unwrap();
         let uar = d.alloc_uar().unwrap();
         let cq_bytes = 64usize << log;
         let (cq_ring, cq_umem) = umem(dev, cq_bytes + 64);
@@ -1178,18 +1225,8 @@ mod tests {
         get(&out, qpc::STATE.within(query_qp_out::QPC))
     }
 
-    /// The whole DevX sequence on the soft device, then a put through the queues it made.
-    #[test]
-    fn queues_made_by_devx_commands_carry_a_put() {
-        let (ctx, dev, soft) = rig();
-        let caps = dev.query_caps().unwrap();
-        assert_eq!((caps.general.cqe_version, caps.general.atomic), (1, true));
-        assert_eq!(caps.atomic.reply_mode, 0);
-        let q = queues(&dev, 6);
-        assert_eq!(state(&dev, &q), QpcState::Reset as u64);
-        to_rts(&dev, &soft, &q, 0x1234).unwrap();
-        assert_eq!(state(&dev, &q), QpcState::Rts as u64);
-
+    /// A device-side poster for `q` (one thread), with the page holding its handle.
+    fn poster(q: &Queues) -> (HostBuffer, gdaki_device::Qp<gdaki_device::Exclusive>) {
         let dev_qp = DevQp {
             sq_base: q.sq.addr(),
             sq_dbrec: q.sq.addr() + (64 << q.log) + 4,
@@ -1211,16 +1248,57 @@ mod tests {
         let handle = HostBuffer::new("handle", std::mem::size_of::<DevQp>()).unwrap();
         // SAFETY: the buffer is DevQp-sized and page-aligned.
         unsafe { (handle.as_ptr() as *mut DevQp).write(dev_qp) };
-        let src = ctx.alloc_region(4096, Access::ALL).unwrap();
-        let dst = ctx.alloc_region(4096, Access::ALL).unwrap();
+        // SAFETY: the tests keep the handle page and the queues it names until they are done
+        // with the poster, and post from one thread.
+        let post = unsafe { gdaki_device::Qp::from_raw(handle.as_ptr() as *mut DevQp) };
+        (handle, post)
+    }
+
+    /// 4 KiB of host memory registered in `pd` with every right.
+    fn region_in(d: &dyn Device, pd: u32) -> (Arc<HostBuffer>, Mr) {
+        let buf = Arc::new(HostBuffer::new("test region", 4096).unwrap());
+        let mem = Memory {
+            addr: buf.addr(),
+            len: 4096,
+            kind: MemoryKind::Host { gpu_mapped: false },
+            keep: Some(buf.clone()),
+        };
+        let mr = d.reg_mr(pd, &mem, Access::ALL).unwrap();
+        (buf, mr)
+    }
+
+    /// The whole DevX sequence on the soft device, then a put through the queues it made.
+    #[test]
+    fn queues_made_by_devx_commands_carry_a_put() {
+        let (_ctx, dev, soft) = rig();
+        let caps = dev.query_caps().unwrap();
+        assert_eq!((caps.general.cqe_version, caps.general.atomic), (1, true));
+        assert_eq!(caps.atomic.reply_mode, 0);
+        let pd = dev.device().alloc_pd().unwrap();
+        let q = queues(&dev, 6, pd);
+        assert_eq!(state(&dev, &q), QpcState::Reset as u64);
+        to_rts(&dev, &soft, &q, 0x1234).unwrap();
+        assert_eq!(state(&dev, &q), QpcState::Rts as u64);
+
+        let ((src, smr), (dst, dmr)) = (region_in(dev.device(), pd), region_in(dev.device(), pd));
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
-        src.write(0, &data).unwrap();
-        // SAFETY: the handle and the queues it names outlive `post`; one poster.
-        let post = unsafe { gdaki_device::Qp::<gdaki_device::Exclusive>::from_raw(handle.as_ptr() as *mut DevQp) };
-        let t = post.put(dst.remote(0), src.local(0), 4096).unwrap();
+        // SAFETY: 4096 bytes of a live buffer, not shared yet.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), src.as_ptr(), 4096) };
+        let (_handle, post) = poster(&q);
+        let (from, to) = (
+            gdaki_device::Local {
+                addr: src.addr(),
+                lkey: smr.lkey,
+            },
+            gdaki_device::Remote {
+                addr: dst.addr(),
+                rkey: dmr.rkey,
+            },
+        );
+        let t = post.put(to, from, 4096).unwrap();
         post.wait(t).unwrap();
-        let mut got = vec![0u8; 4096];
-        dst.read(0, &mut got).unwrap();
+        // SAFETY: the put completed: nothing writes the buffer any more.
+        let got = unsafe { std::slice::from_raw_parts(dst.as_ptr(), 4096) };
         assert_eq!(got, data);
 
         // Destroy in order: the QP, then its CQ, then the umems are free.
@@ -1232,6 +1310,60 @@ mod tests {
         dev.destroy(&q.cq).unwrap();
         assert!(soft.hca.qp(q.qp.number).is_none(), "the engine no longer serves it");
         assert!(lock(&soft.tables).umems.values().all(|u| u.users == 0));
+    }
+
+    /// An lkey or rkey works only on queue pairs of its protection domain, as on RC: a key of
+    /// another PD is a local protection error at the requester and a remote access error at
+    /// the responder, which then goes to error.
+    #[test]
+    fn keys_work_only_on_queue_pairs_of_their_protection_domain() {
+        let (_ctx, dev, soft) = rig();
+        let d = dev.device();
+        let (pd, other) = (d.alloc_pd().unwrap(), d.alloc_pd().unwrap());
+        assert_ne!(pd, other);
+        let ((mine, mine_mr), (theirs, theirs_mr)) = (region_in(d, pd), region_in(d, other));
+        let local = |b: &HostBuffer, mr: &Mr| gdaki_device::Local {
+            addr: b.addr(),
+            lkey: mr.lkey,
+        };
+        let remote = |b: &HostBuffer, mr: &Mr| gdaki_device::Remote {
+            addr: b.addr(),
+            rkey: mr.rkey,
+        };
+        let syndrome = |r: Result<(), gdaki_device::WaitError>| match r {
+            Err(gdaki_device::WaitError::Cqe(e)) => e.syndrome,
+            other => panic!("expected an error CQE, got {other:?}"),
+        };
+        // The QP is its own peer, in `pd`.
+        let q = queues(&dev, 4, pd);
+        to_rts(&dev, &soft, &q, 1).unwrap();
+        let (_handle, post) = poster(&q);
+        let t = post
+            .put(remote(&mine, &mine_mr), local(&theirs, &theirs_mr), 8)
+            .unwrap();
+        assert_eq!(syndrome(post.wait(t)), Syndrome::LocalProt, "a local key of another PD");
+        let q = queues(&dev, 4, pd);
+        to_rts(&dev, &soft, &q, 1).unwrap();
+        let (_handle, post) = poster(&q);
+        // SAFETY: 8 bytes of a live buffer nothing else writes.
+        unsafe { theirs.as_ptr().write_bytes(0x5a, 8) };
+        let t = post
+            .put(remote(&theirs, &theirs_mr), local(&mine, &mine_mr), 8)
+            .unwrap();
+        assert_eq!(
+            syndrome(post.wait(t)),
+            Syndrome::RemoteAccess,
+            "a remote key of another PD"
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::slice::from_raw_parts(theirs.as_ptr(), 8) }, [0x5a; 8]);
+        assert_eq!(state(&dev, &q), QpcState::Err as u64, "the responder went to error");
+        // Within its own PD the same QP kind works.
+        let q = queues(&dev, 4, pd);
+        to_rts(&dev, &soft, &q, 1).unwrap();
+        let (_handle, post) = poster(&q);
+        let t = post.put(remote(&mine, &mine_mr), local(&mine, &mine_mr), 8).unwrap();
+        post.wait(t).unwrap();
     }
 
     fn refused(r: Result<impl std::fmt::Debug, DeviceError>) -> (CmdStatus, u32) {
@@ -1337,7 +1469,7 @@ mod tests {
 
         // A QP on another device's CQ.
         let (_ctx2, dev2, _) = rig();
-        let other = queues(&dev2, 4);
+        let other = queues(&dev2, 4, dev2.device().alloc_pd().unwrap());
         let pd = d.alloc_pd().unwrap();
         let (_sq, sq_umem) = umem(&dev, 4096);
         let qp = CreateQp {
@@ -1359,7 +1491,7 @@ mod tests {
         assert!(lock(&soft.tables).umems.values().all(|u| u.users == 0), "nothing held");
 
         // Transitions out of order.
-        let q = queues(&dev, 4);
+        let q = queues(&dev, 4, dev.device().alloc_pd().unwrap());
         let rtr = Init2Rtr {
             qpn: q.qp.number,
             mtu: 5,
@@ -1404,11 +1536,11 @@ mod tests {
         dev.destroy(&q.qp).unwrap();
         dev.destroy(&q.cq).unwrap();
         // A connection to a QP that does not exist is refused at RTR2RTS.
-        let q = queues(&dev, 4);
+        let q = queues(&dev, 4, dev.device().alloc_pd().unwrap());
         let mut steps = to_rts(&dev, &soft, &q, 0);
         assert!(steps.is_ok());
         dev.destroy(&q.qp).unwrap();
-        let q2 = queues(&dev, 4);
+        let q2 = queues(&dev, 4, dev.device().alloc_pd().unwrap());
         dev.modify(
             &q2.qp,
             &Rst2Init {

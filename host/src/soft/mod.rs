@@ -71,6 +71,8 @@ type KeyMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdentityHasher>>;
 
 /// A registered range.
 pub(crate) struct Region {
+    /// The protection domain: only QPs of this PD may use its keys.
+    pub pd: u32,
     pub addr: u64,
     pub len: u64,
     pub access: Access,
@@ -243,9 +245,10 @@ impl Hca {
         lock(registry()).get(&id).and_then(Weak::upgrade)
     }
 
-    /// Registers `addr..addr + len` with a fresh random key.
+    /// Registers `addr..addr + len` in protection domain `pd` with a fresh random key.
     pub fn register(
         &self,
+        pd: u32,
         addr: u64,
         len: u64,
         access: Access,
@@ -274,6 +277,7 @@ impl Hca {
         regions.insert(
             key,
             Arc::new(Region {
+                pd,
                 addr,
                 len,
                 access,
@@ -290,6 +294,12 @@ impl Hca {
             "registered"
         );
         Ok(key)
+    }
+
+    /// How many regions protection domain `pd` has.
+    pub fn regions_in(&self, pd: u32) -> usize {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        regions.values().filter(|r| r.pd == pd).count()
     }
 
     /// Removes a key (in-flight work that already looked it up finishes).
@@ -316,12 +326,14 @@ impl Hca {
         gone
     }
 
-    /// The region of `key` if it covers `addr..addr + len` with `need` rights, through the
-    /// engine's cache (one atomic load when the key was seen and nothing was (de)registered
-    /// since).
+    /// The region of `key` if it is in protection domain `pd` (the QP's that uses the key)
+    /// and covers `addr..addr + len` with `need` rights, through the engine's cache (one atomic
+    /// load when the key was seen and nothing was (de)registered since).
+    #[allow(clippy::too_many_arguments)]
     pub fn region<'c>(
         &self,
         cache: &'c mut RegionCache,
+        pd: u32,
         key: u32,
         addr: u64,
         len: u64,
@@ -353,7 +365,7 @@ impl Hca {
             }
         };
         let r = &cache.entries[slot].as_ref()?.region;
-        (r.contains(addr, len) && r.access.contains(need)).then_some(r)
+        (r.pd == pd && r.contains(addr, len) && r.access.contains(need)).then_some(r)
     }
 
     /// A fresh 24-bit queue pair or completion queue number (they share one counter), never 0
@@ -506,7 +518,7 @@ mod tests {
         let addr = 0x1000_0000;
         let key = soft
             .hca()
-            .register(addr, 4096, Access::ALL, Arc::new(FailingDma), None)
+            .register(ctx.pd(), addr, 4096, Access::ALL, Arc::new(FailingDma), None)
             .unwrap();
         let bad_local = gdaki_device::Local { addr, lkey: key };
         let bad_remote = gdaki_device::Remote { addr, rkey: key };
@@ -558,6 +570,7 @@ mod tests {
         let buf = [7u8; 64];
         let key = hca
             .register(
+                ctx.pd(),
                 buf.as_ptr() as u64,
                 64,
                 Access::ALL,

@@ -324,8 +324,8 @@ pub(crate) struct Link {
 
 impl Link {
     /// Connects `qp` (of HCA `hca`) to QP `peer_qpn` of the soft HCA listening at `addr`, which
-    /// must accept.
-    pub(crate) fn connect(hca: u64, qp: &Arc<SoftQp>, peer_qpn: u32, addr: SocketAddr) -> Result<Link> {
+    /// must accept, presenting the peer QP's transport `secret` (from its endpoint).
+    pub(crate) fn connect(hca: u64, qp: &Arc<SoftQp>, peer_qpn: u32, secret: u64, addr: SocketAddr) -> Result<Link> {
         let io = |what: &'static str| move |source| Error::Io { what, source };
         let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| Error::PeerUnreachable {
             what: format!("QP {:#x} at {addr}: {e}", peer_qpn),
@@ -339,6 +339,7 @@ impl Link {
             qpn: qp.qpn,
             target_qpn: peer_qpn,
             psn: qp.psn(),
+            secret,
         };
         (&stream)
             .write_all(&hello.encode())
@@ -741,7 +742,13 @@ fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Result<O
     let Some(peer) = *lock(&qp.rtr_peer) else {
         return Ok(None);
     };
-    let why = if !peer.admits(c.qpn, c.psn, from) {
+    let why = if c.secret != qp.secret {
+        // Said without the numbers: they would help whoever is guessing.
+        format!(
+            "the connection claims QP {:#x} without this QP's transport secret",
+            c.qpn
+        )
+    } else if !peer.admits(c.qpn, c.psn, from) {
         format!(
             "the connection claims QP {:#x}, PSN {:#x}, from {}; the QP's RTR peer is QP {:#x}, PSN {:#x}, at {}",
             c.qpn,
@@ -818,6 +825,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     w.get_ref().set_write_timeout(Some(target.retry_timeout()))?;
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
+    let pd = target.pd;
     let target = Arc::downgrade(&target);
     debug!(
         qpn = format_args!("{:#x}", c.target_qpn),
@@ -885,7 +893,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
                 }
                 Err(s)
             }
-            Ok(()) => execute(hca, &mut cache, &mut reader, &mut w, req, &mut bounce, &mut idle)?,
+            Ok(()) => execute(hca, &mut cache, pd, &mut reader, &mut w, req, &mut bounce, &mut idle)?,
         };
         match answer {
             Ok(true) => unacked = Some(req.seq),
@@ -902,11 +910,13 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     }
 }
 
-/// Executes one request. `Ok(Ok(true))`: a write, to acknowledge; `Ok(Ok(false))`: answered;
-/// `Ok(Err(s))`: to NAK.
+/// Executes one request for a QP of protection domain `pd`. `Ok(Ok(true))`: a write, to
+/// acknowledge; `Ok(Ok(false))`: answered; `Ok(Err(s))`: to NAK.
+#[allow(clippy::too_many_arguments)]
 fn execute(
     hca: &Hca,
     cache: &mut RegionCache,
+    pd: u32,
     reader: &mut Reader,
     w: &mut BufWriter<TcpStream>,
     req: Request,
@@ -921,7 +931,7 @@ fn execute(
         Op::Write { len } => {
             let region = match len {
                 0 => None,
-                _ => match hca.region(cache, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
+                _ => match hca.region(cache, pd, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
                     Some(r) => Some(r.clone()),
                     None => {
                         let _ = reader.read_to_region(None, 0, len as u64, bounce, idle)?;
@@ -937,7 +947,7 @@ fn execute(
         Op::Read { len } => {
             let region = match len {
                 0 => None,
-                _ => match hca.region(cache, req.rkey, req.addr, len as u64, Access::REMOTE_READ) {
+                _ => match hca.region(cache, pd, req.rkey, req.addr, len as u64, Access::REMOTE_READ) {
                     Some(r) => Some(r.clone()),
                     None => return Ok(Err(Syndrome::RemoteAccess)),
                 },
@@ -948,22 +958,29 @@ fn execute(
             }
             Ok(false)
         }
-        Op::FetchAdd { add } => atomic(hca, cache, w, req.seq, remote, AtomicOp::FetchAdd(add))?,
-        Op::CompareSwap { compare, swap } => {
-            atomic(hca, cache, w, req.seq, remote, AtomicOp::CompareSwap { compare, swap })?
-        }
+        Op::FetchAdd { add } => atomic(hca, cache, pd, w, req.seq, remote, AtomicOp::FetchAdd(add))?,
+        Op::CompareSwap { compare, swap } => atomic(
+            hca,
+            cache,
+            pd,
+            w,
+            req.seq,
+            remote,
+            AtomicOp::CompareSwap { compare, swap },
+        )?,
     })
 }
 
 fn atomic(
     hca: &Hca,
     cache: &mut RegionCache,
+    pd: u32,
     w: &mut impl Write,
     seq: u32,
     remote: gdaki_device::Remote,
     op: AtomicOp,
 ) -> io::Result<Result<bool, Syndrome>> {
-    Ok(match responder::atomic(hca, cache, remote, op) {
+    Ok(match responder::atomic(hca, cache, pd, remote, op) {
         Ok(old) => {
             w.write_all(&Response::Atomic { seq, old }.encode_head())?;
             Ok(false)

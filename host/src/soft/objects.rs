@@ -136,6 +136,12 @@ impl RtrPeer {
 /// A queue pair as the soft HCA holds it.
 pub(crate) struct SoftQp {
     pub qpn: u32,
+    /// What a transport connection to this QP must present (its endpoint carries it): binds
+    /// the connection to the handshake that handed the endpoint out.
+    pub secret: u64,
+    /// The protection domain: the QP's WQEs and its peer's requests may use keys of this PD
+    /// only.
+    pub pd: u32,
     /// Initial PSN: the first transport request's sequence number (set at creation by the
     /// library's path, at RTR2RTS by the firmware's).
     psn: std::sync::atomic::AtomicU32,
@@ -167,6 +173,8 @@ impl SoftQp {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         qpn: u32,
+        secret: u64,
+        pd: u32,
         psn: u32,
         sq_log: u32,
         sq: Window,
@@ -178,6 +186,8 @@ impl SoftQp {
     ) -> SoftQp {
         SoftQp {
             qpn,
+            secret,
+            pd,
             psn: psn.into(),
             retry_timeout_ns: AtomicU64::new(retry_timeout.as_nanos().min(u64::MAX as u128) as u64),
             state: AtomicU8::new(QpState::Reset as u8),

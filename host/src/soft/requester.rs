@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gdaki_device::Remote as DevRemote;
 use gdaki_layout::ctrl::FenceMode;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
-use gdaki_layout::{AtomicReplyOrder, Syndrome};
+use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
 use crate::soft::copier::Copier;
@@ -110,14 +110,14 @@ fn gpu_write(
     r: DevRemote,
     src: &Locals,
 ) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
-    let (Target::Local(peer, _), [Some((s, region)), None, ..]) = (target, &src.items) else {
+    let (Target::Local(peer, tq), [Some((s, region)), None, ..]) = (target, &src.items) else {
         return Ok(None);
     };
     // Plain host memory never pairs with a copier: no target lookup for it.
     if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
         return Ok(None);
     }
-    responder::write_by_gpu(peer, regions, r, region, s.addr, s.length as u64).transpose()
+    responder::write_by_gpu(peer, regions, tq.pd, r, region, s.addr, s.length as u64).transpose()
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -139,15 +139,15 @@ impl Locals {
     }
 }
 
-/// The local regions of `sges`, with the rights `need`; a bad key, range or right is a local
-/// protection error.
-fn locals(hca: &Hca, cache: &mut RegionCache, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
+/// The local regions of `sges` in protection domain `pd` (the posting QP's), with the rights
+/// `need`; a bad key, range, PD or right is a local protection error.
+fn locals(hca: &Hca, cache: &mut RegionCache, pd: u32, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
     let mut out = Locals {
         items: Default::default(),
     };
     for (slot, s) in out.items.iter_mut().zip(sges) {
         let r = hca
-            .region(cache, s.lkey, s.addr, s.length as u64, need)
+            .region(cache, pd, s.lkey, s.addr, s.length as u64, need)
             .ok_or(Syndrome::LocalProt)?;
         *slot = Some((*s, r.clone()));
     }
@@ -230,7 +230,7 @@ pub(crate) fn execute(
         // The HCA reads the local bytes (checked as a NIC checks them) and completes; what
         // makes it a consistency point is its fence, handled above.
         Operation::Dump { local } => {
-            locals(hca, regions, std::slice::from_ref(&local), Access::empty())?;
+            locals(hca, regions, qp.pd, std::slice::from_ref(&local), Access::empty())?;
             Ok(Executed::Done(0))
         }
         Operation::Write { remote: r, payload } => {
@@ -245,7 +245,7 @@ pub(crate) fn execute(
                 }
                 Payload::Gather(list) => {
                     let bytes = check_len(list.total_len())?;
-                    let src = locals(hca, regions, list.as_slice(), Access::empty())?;
+                    let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
                     // GPU memory to a target in this process: the GPU copies it in one step,
                     // after the copies before it, and the engine completes the WQE once done.
                     if let Some((copier, seq)) = gpu_write(target, regions, remote(r), &src)? {
@@ -277,8 +277,8 @@ pub(crate) fn execute(
                 }
             };
             match target {
-                Target::Local(peer, _) => {
-                    responder::write(peer, regions, remote(r), data).map(|()| Executed::Done(bytes))
+                Target::Local(peer, tq) => {
+                    responder::write(peer, regions, tq.pd, remote(r), data).map(|()| Executed::Done(bytes))
                 }
                 Target::Remote(link) => {
                     link.post(meta, remote(r), Op::Write { len: bytes }, data, Sink::Ack);
@@ -289,13 +289,13 @@ pub(crate) fn execute(
         }
         Operation::Read { remote: r, local } => {
             let bytes = check_len(local.total_len())?;
-            let dst = locals(hca, regions, local.as_slice(), Access::LOCAL_WRITE)?;
+            let dst = locals(hca, regions, qp.pd, local.as_slice(), Access::LOCAL_WRITE)?;
             settle(copies)?;
             match target {
-                Target::Local(peer, _) => {
+                Target::Local(peer, tq) => {
                     buf.clear();
                     buf.resize(bytes as usize, 0);
-                    responder::read(peer, regions, remote(r), buf)?;
+                    responder::read(peer, regions, tq.pd, remote(r), buf)?;
                     // Completer side: scatter the response.
                     let mut at = 0;
                     for (s, region) in dst.iter() {
@@ -317,7 +317,7 @@ pub(crate) fn execute(
         Operation::FetchAdd { remote: r, add, result } => {
             settle(copies)?;
             let op = AtomicOp::FetchAdd(add);
-            atomic(hca, regions, target, meta, remote(r), op, result, qp.atomic_reply)
+            atomic(hca, regions, qp, target, meta, remote(r), op, result)
         }
         Operation::CompareSwap {
             remote: r,
@@ -329,34 +329,35 @@ pub(crate) fn execute(
             atomic(
                 hca,
                 regions,
+                qp,
                 target,
                 meta,
                 remote(r),
                 AtomicOp::CompareSwap { compare, swap },
                 result,
-                qp.atomic_reply,
             )
         }
     }
 }
 
-/// An atomic: the result buffer is checked first, and the fetched value lands there in the
-/// QP's reply byte order (`order`), as the NIC's atomic endianness mode writes it.
+/// An atomic posted on `qp`: the result buffer is checked first, and the fetched value lands
+/// there in the QP's reply byte order, as the NIC's atomic endianness mode writes it.
 #[allow(clippy::too_many_arguments)]
 fn atomic(
     hca: &Hca,
     cache: &mut RegionCache,
+    qp: &SoftQp,
     target: &mut Target<'_>,
     meta: Meta,
     r: DevRemote,
     op: AtomicOp,
     result: Sge,
-    order: AtomicReplyOrder,
 ) -> Result<Executed, Syndrome> {
-    let dst = locals(hca, cache, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
+    let order = qp.atomic_reply;
+    let dst = locals(hca, cache, qp.pd, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
     match target {
-        Target::Local(peer, _) => {
-            let old = responder::atomic(peer, cache, r, op)?;
+        Target::Local(peer, tq) => {
+            let old = responder::atomic(peer, cache, tq.pd, r, op)?;
             if let Some((_, region)) = &dst.items[0] {
                 region
                     .dma

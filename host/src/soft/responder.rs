@@ -53,12 +53,19 @@ pub(crate) fn violated(qp: &SoftQp, s: Syndrome) {
 }
 
 /// RDMA WRITE of `data` at `remote`.
-pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
+pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, pd: u32, remote: Remote, data: &[u8]) -> Result<(), Syndrome> {
     if data.is_empty() {
         return Ok(()); // a zero-length WRITE touches no memory, so its rkey is not checked
     }
     let r = hca
-        .region(cache, remote.rkey, remote.addr, data.len() as u64, Access::REMOTE_WRITE)
+        .region(
+            cache,
+            pd,
+            remote.rkey,
+            remote.addr,
+            data.len() as u64,
+            Access::REMOTE_WRITE,
+        )
         .ok_or(Syndrome::RemoteAccess)?;
     r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
@@ -70,6 +77,7 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, remote: Remote, data: &[
 pub(crate) fn write_by_gpu(
     hca: &Hca,
     cache: &mut RegionCache,
+    pd: u32,
     remote: Remote,
     region: &crate::soft::Region,
     src: u64,
@@ -78,7 +86,7 @@ pub(crate) fn write_by_gpu(
     if len == 0 {
         return None;
     }
-    let dst = match hca.region(cache, remote.rkey, remote.addr, len, Access::REMOTE_WRITE) {
+    let dst = match hca.region(cache, pd, remote.rkey, remote.addr, len, Access::REMOTE_WRITE) {
         Some(r) => r.clone(),
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
@@ -93,24 +101,43 @@ pub(crate) fn write_by_gpu(
 }
 
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
-pub(crate) fn read(hca: &Hca, cache: &mut RegionCache, remote: Remote, out: &mut [u8]) -> Result<(), Syndrome> {
+pub(crate) fn read(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    pd: u32,
+    remote: Remote,
+    out: &mut [u8],
+) -> Result<(), Syndrome> {
     if out.is_empty() {
         return Ok(());
     }
     let r = hca
-        .region(cache, remote.rkey, remote.addr, out.len() as u64, Access::REMOTE_READ)
+        .region(
+            cache,
+            pd,
+            remote.rkey,
+            remote.addr,
+            out.len() as u64,
+            Access::REMOTE_READ,
+        )
         .ok_or(Syndrome::RemoteAccess)?;
     r.dma.read(remote.addr, out).map_err(|_| Syndrome::RemoteOp)
 }
 
 /// An 8-byte atomic at `remote` (native byte order in memory); returns the old value.
 /// Serialised per HCA, which is IB's atomicity guarantee.
-pub(crate) fn atomic(hca: &Hca, cache: &mut RegionCache, remote: Remote, op: AtomicOp) -> Result<u64, Syndrome> {
+pub(crate) fn atomic(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    pd: u32,
+    remote: Remote,
+    op: AtomicOp,
+) -> Result<u64, Syndrome> {
     if remote.addr % 8 != 0 {
         return Err(Syndrome::RemoteInvalReq);
     }
     let r = hca
-        .region(cache, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
+        .region(cache, pd, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
         .ok_or(Syndrome::RemoteAccess)?;
     let _serial = crate::lock(&hca.atomics);
     match op {

@@ -286,6 +286,26 @@ static void data_path(void) {
     OK(gdaki_qp_query(qp, &info));
     CHECK(info.state == GDAKI_QP_STATE_ERROR && info.syndrome == (code & 0xff));
 
+    /* A second protection domain: its region's key is refused by a QP of the first. */
+    gdaki_context *tenant = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_alloc_pd(ctx, NULL));
+    OK(gdaki_context_alloc_pd(ctx, &tenant));
+    gdaki_region *theirs = NULL;
+    OK(gdaki_region_alloc(tenant, 4096, GDAKI_ACCESS_ALL, &theirs));
+    OK(gdaki_context_destroy(tenant)); /* the region keeps its domain */
+    gdaki_region_info t;
+    OK(gdaki_region_query(theirs, &t));
+    gdaki_cq *cq2 = NULL;
+    gdaki_qp *qp2 = loopback(&cq2, GDAKI_DOORBELL_GPU);
+    gdaki_dev_qp *h2 = NULL;
+    OK(gdaki_qp_host_handle(qp2, &h2));
+    CHECK(gdaki_put_thread_exclusive(h2, t.addr, t.rkey, s.addr, s.lkey, 64, 0, &ticket) == GDAKI_OK);
+    code = gdaki_wait_thread_exclusive(h2, ticket);
+    CHECK((code & ~0xffu) == GDAKI_CODE_CQE_ERROR);
+    OK(gdaki_region_destroy(theirs));
+    OK(gdaki_qp_destroy(qp2));
+    OK(gdaki_cq_destroy(cq2));
+
     OK(gdaki_region_destroy(src));
     OK(gdaki_region_destroy(dst));
     OK(gdaki_qp_destroy(qp));
