@@ -110,4 +110,15 @@ for tool in fmt clippy; do
   fi
 done
 say "host toolchain: $(cargo --version), $(cargo clippy --version), rustfmt $(cargo fmt --version | awk '{print $2}')"
+
+# Miri (nightly), which checks the copies that may race the HCA for undefined behaviour. Optional:
+# where rustup cannot fetch it, tools/test.sh says that step was skipped.
+if command -v rustup >/dev/null && ! cargo +nightly miri --version >/dev/null 2>&1; then
+  say "installing Miri (rustup: nightly with miri and rust-src)"
+  rustup toolchain install nightly --profile minimal --component miri,rust-src >/dev/null 2>&1 ||
+    say "Miri could not be installed: its test step will be skipped"
+fi
+if cargo +nightly miri --version >/dev/null 2>&1; then
+  say "Miri: $(cargo +nightly miri --version)"
+fi
 say "ready"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this): setup, formatting, lints,
 # docs, every test of the workspace (GPU tests say SKIPPED where there is no GPU), the loom model of
-# the posting protocol, and the PTX build.
+# the posting protocol, Miri on the copies that may race the HCA, and the PTX build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -20,6 +20,13 @@ step "loom model of the posting protocol (device/tests/loom.rs)"
 # --nocapture: each model says every 10 s how far it is, and what it explored in the end.
 RUSTFLAGS="--cfg loom" cargo test -p gdaki-device --test loom --release --locked --target-dir target/loom \
   -- --nocapture
+step "Miri: copies that race the HCA are defined behaviour (host/src/shared_copy.rs)"
+if cargo +nightly miri --version >/dev/null 2>&1; then
+  # Its own target dir, as for loom. Only this module: the rest calls the OS and CUDA.
+  cargo +nightly miri test -p gdaki --lib --locked --target-dir target/miri shared_copy
+else
+  echo "SKIPPED: no Miri here (rustup toolchain install nightly --component miri,rust-src)" >&2
+fi
 step "PTX build"
 ptx=target/ptx/gdaki_device.ptx
 [[ -s $ptx ]] || { echo "test: $ptx was not built" >&2; exit 1; }

@@ -42,6 +42,7 @@ pub(crate) mod mlx5;
 pub mod provider;
 pub mod ptx;
 pub mod queue;
+mod shared_copy;
 pub mod soft;
 pub mod system;
 pub mod wire;
@@ -60,7 +61,6 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// 32 random bits from the OS.
 /// A non-zero 64-bit secret from the OS generator, or `None` where it fails (a secret must not
 /// fall back to something guessable as [`random_u32`] does).
 pub(crate) fn random_secret() -> Option<u64> {
@@ -74,6 +74,7 @@ pub(crate) fn random_secret() -> Option<u64> {
     }
 }
 
+/// 32 random bits from the OS.
 pub(crate) fn random_u32() -> u32 {
     let mut b = [0u8; 4];
     // The OS generator only fails on exotic platforms; fall back to a clock-derived value there

@@ -345,28 +345,35 @@ impl MemoryRegion {
     }
 
     /// Copies `buf.len()` bytes at `offset` out of a region this library allocated (for device
-    /// memory, a synchronous copy). Like any DMA buffer, bytes an RDMA operation is writing at
-    /// the same time may be torn.
+    /// memory, a synchronous copy). Host memory is copied with atomic word loads, so a copy
+    /// racing the HCA (or a kernel) writing the same bytes is defined behaviour; like any DMA
+    /// buffer, such bytes may come from before or after that write, per 8-byte word. To read
+    /// what a peer wrote, wait for its signal first ([`load_u64`](Self::load_u64) acquires).
+    /// (The soft HCA's own transfers copy as a NIC's DMA does, at memcpy speed: see
+    /// `soft::dma`.)
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         if let Owned::Device(d) = &self.memory {
             self.bounds(offset, buf.len())?;
             return Ok(d.read(offset as usize, buf)?);
         }
         let src = self.check(offset, buf.len())?;
-        // SAFETY: in bounds of the owned allocation, which outlives this call.
-        unsafe { std::ptr::copy(src, buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: in bounds of the owned allocation, which outlives this call; the other
+        // accesses are atomic, a kernel's, or the HCA's DMA (see `soft::dma`).
+        unsafe { crate::shared_copy::load(src, buf) };
         Ok(())
     }
 
-    /// Copies `data` into a region this library allocated, at `offset`.
+    /// Copies `data` into a region this library allocated, at `offset` (host memory with
+    /// atomic word stores, as [`read`](Self::read) loads).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         if let Owned::Device(d) = &self.memory {
             self.bounds(offset, data.len())?;
             return Ok(d.write(offset as usize, data)?);
         }
         let dst = self.check(offset, data.len())?;
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+        // SAFETY: as in `read`; `data` is a Rust slice, so it cannot be the region's memory,
+        // which safe code never borrows.
+        unsafe { crate::shared_copy::store(dst, data) };
         Ok(())
     }
 
