@@ -602,7 +602,8 @@ pub fn decode_sync(payload: &[u8]) -> Result<u64, WireError> {
 
 // ------------------------------------------------------------------------------ transport
 
-const CONNECT_LEN: usize = 8 + 4 + 4 + 4 + 8;
+/// Payload length of a [`Kind::Connect`] frame.
+pub const CONNECT_LEN: usize = 8 + 4 + 4 + 4 + 8;
 /// Fixed part of every request: seq, rkey, addr.
 pub const REQ_HEAD: usize = 4 + 4 + 8;
 

@@ -730,7 +730,7 @@ fn fake_responder(answer: Vec<u8>, trickle: usize, hold: Duration) -> (SocketAdd
     let addr = listener.local_addr().unwrap();
     let h = thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
+        let mut connect = [0u8; gdaki::wire::HEADER_LEN + gdaki::wire::CONNECT_LEN];
         let _ = s.read_exact(&mut connect);
         let _ = s.write_all(&answer);
         let end = Instant::now() + hold;
@@ -907,4 +907,31 @@ fn over_tcp_a_key_of_another_protection_domain_is_refused() {
         thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(qb.state(), QpState::Error);
+}
+
+/// Open file descriptors of this process (Linux).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Destroying connected queue pairs closes their transport connections on both sides: nothing
+/// of them stays behind (threads, sockets, a place among the HCA's unverified connections).
+#[test]
+fn destroyed_queue_pairs_close_their_transport_connections() {
+    let (a, b) = (listening_context(), listening_context());
+    let before = open_fds();
+    for _ in 0..20 {
+        let (qa, qb) = (qp(&a, 8, QpConfig::default()), qp(&b, 8, QpConfig::default()));
+        qb.connect(&over_tcp(qa.endpoint())).unwrap();
+        qa.connect(&over_tcp(qb.endpoint())).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open_fds() > before + 4 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        open_fds() <= before + 4,
+        "{} descriptors open after 20 connected pairs were destroyed, {before} before",
+        open_fds()
+    );
 }

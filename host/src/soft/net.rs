@@ -826,7 +826,13 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
     let pd = target.pd;
-    let target = Arc::downgrade(&target);
+    // Only a weak reference while serving: a strong one would keep a destroyed QP (and so
+    // its own link, whose peer's thread here holds that peer's QP) alive for ever.
+    let target = {
+        let weak = Arc::downgrade(&target);
+        drop(target);
+        weak
+    };
     debug!(
         qpn = format_args!("{:#x}", c.target_qpn),
         from = format_args!("{:#x}", c.qpn),

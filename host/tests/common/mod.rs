@@ -56,7 +56,7 @@ pub fn silent_peer() -> (SocketAddr, JoinHandle<()>) {
     let addr = listener.local_addr().unwrap();
     let handle = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut connect = [0u8; gdaki::wire::HEADER_LEN + 20];
+        let mut connect = [0u8; gdaki::wire::HEADER_LEN + gdaki::wire::CONNECT_LEN];
         s.read_exact(&mut connect).unwrap();
         let target = u32::from_be_bytes(connect[gdaki::wire::HEADER_LEN + 12..][..4].try_into().unwrap());
         s.write_all(&gdaki::wire::encode_accept(target)).unwrap();
@@ -64,6 +64,16 @@ pub fn silent_peer() -> (SocketAddr, JoinHandle<()>) {
         while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
     });
     (addr, handle)
+}
+
+/// Logs the library's tracing events to stderr when `RUST_LOG` is set.
+pub fn log_from_env() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
 }
 
 /// GPU tests run one at a time, so one test's kernel never waits behind another's (the
@@ -75,12 +85,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// tests, and a skip must be seen.
 pub fn gpu_or_skip(test: &str) -> Option<(Gpu, std::sync::MutexGuard<'static, ()>)> {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log_from_env();
     let required = std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1");
     match Gpu::open(0) {
         Ok(gpu) => Some((gpu, guard)),
