@@ -111,6 +111,7 @@ unsafe fn units<T: Unit>(dst: u64, src: u64, count: u64, tid: u64, n: u64) {
     }
     while i + 3 * n < count {
         let at = |k: u64| (i + k * n) as usize;
+        // SAFETY: every index used is below `count`, inside both ranges (caller's contract).
         unsafe {
             let (a, b, c, e) = (
                 T::load(s.add(at(0))),
@@ -126,6 +127,7 @@ unsafe fn units<T: Unit>(dst: u64, src: u64, count: u64, tid: u64, n: u64) {
         i += 4 * n;
     }
     while i < count {
+        // SAFETY: as above: `i < count`.
         unsafe { T::store(d.add(i as usize), T::load(s.add(i as usize))) };
         i += n;
     }
@@ -402,7 +404,9 @@ mod gpu {
             )
         };
         let (lane, warp, per_block) = (tid % 32, tid / 32, nt / 32);
+        // SAFETY: `work.state` is the device memory the contract names; only field addresses are taken.
         let head = unsafe { addr_of_mut!((*work.state).head) };
+        // SAFETY: as above.
         let stopped = unsafe { addr_of_mut!((*work.state).stop) };
         if b == 0 {
             if warp == 0 {
@@ -429,6 +433,7 @@ mod gpu {
                     arch::backoff(polls / 64);
                 }
                 if h < n {
+                    // SAFETY: the state is valid per the contract.
                     h = unsafe { ld_acquire_gpu(head) }; // the stop raced a last mirror
                 }
             }
@@ -655,6 +660,7 @@ mod gpu {
             let ready = unsafe { arch::load_u64_volatile(addr_of!((*d).seq)) } == mine;
             let run = (!arch::ballot(FULL_WARP, ready)).trailing_zeros() as u64;
             if run == 0 {
+                // SAFETY: `stop` is a host-pinned word (contract).
                 let stopping = lane == 0 && unsafe { stop.read_volatile() } != 0;
                 if arch::ballot(FULL_WARP, stopping) != 0 {
                     if lane == 0 {

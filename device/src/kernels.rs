@@ -202,6 +202,8 @@ macro_rules! kernels_for {
                     lkey: 1,
                 },
             );
+            // SAFETY: the launch passes a live QP handle, block scratch and one status word per
+            // thread (the kernel's contract).
             unsafe {
                 run::<$mode, $scope>(qp, scratch, status, |qp| {
                     perf::post_only(qp, dst, src, iters, commit_every)
@@ -224,6 +226,7 @@ macro_rules! kernels_for {
             status: *mut u32,
         ) {
             let (remote, local) = (Remote { addr: remote, rkey }, Local { addr: local, lkey });
+            // SAFETY: as above.
             unsafe { run::<$mode, $scope>(qp, scratch, status, |qp| all_ops(qp, remote, local)) }
         }
     };
@@ -302,6 +305,7 @@ kernels_for!(
 /// `status` holds one u32 per thread.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn gdaki_write_lat(sides: *const PingPongSide, size: u64, iters: u32, status: *mut u32) {
+    // SAFETY: special registers are always readable.
     let code = if unsafe { _thread_idx_x() } == 0 {
         // SAFETY: one side per block (contract).
         let side = unsafe { *sides.add(_block_idx_x() as usize) };
@@ -342,6 +346,7 @@ pub unsafe extern "ptx-kernel" fn gdaki_pinned_pingpong(
             gpu_word.write_volatile(i);
         }
         let mut polls = 0u32;
+        // SAFETY: `cpu_word` is a host-pinned word of this side (contract).
         while unsafe { arch::load_u64_volatile(cpu_word) } != i {
             polls = polls.wrapping_add(1);
             if polls % 256 == 0 && arch::global_timer_ns().wrapping_sub(start) > timeout_ns {
@@ -441,5 +446,6 @@ pub unsafe extern "ptx-kernel" fn gdaki_copier(
             completed: work.add(WORK_COMPLETED).cast(),
         }
     };
+    // SAFETY: the rings, the stop word and the work area are what `serve` requires (this kernel's contract).
     unsafe { crate::copier::serve(descs, dones, stop, &w, first) }
 }

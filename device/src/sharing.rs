@@ -166,33 +166,39 @@ mod imp {
                 #[inline(always)]
                 unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
                     let o: u64;
+                    // SAFETY: `p` is valid and 8-byte aligned for this scope's agents (the trait's contract).
                     unsafe { asm!(concat!("atom.relaxed.", $scope, ".add.u64 {o}, [{p}], {v};"), o = out(reg64) o, p = in(reg64) p, v = in(reg64) v, options(nostack)) }
                     o
                 }
                 #[inline(always)]
                 unsafe fn load_acquire(p: *const u64) -> u64 {
                     let o: u64;
+                    // SAFETY: as above.
                     unsafe { asm!(concat!("ld.acquire.", $scope, ".u64 {o}, [{p}];"), o = out(reg64) o, p = in(reg64) p, options(nostack)) }
                     o
                 }
                 #[inline(always)]
                 unsafe fn store_release(p: *mut u64, v: u64) {
+                    // SAFETY: as above.
                     unsafe { asm!(concat!("st.release.", $scope, ".u64 [{p}], {v};"), p = in(reg64) p, v = in(reg64) v, options(nostack)) }
                 }
                 #[inline(always)]
                 unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
                     let o: u64;
+                    // SAFETY: as above.
                     unsafe { asm!(concat!("atom.acq_rel.", $scope, ".max.u64 {o}, [{p}], {v};"), o = out(reg64) o, p = in(reg64) p, v = in(reg64) v, options(nostack)) }
                     o
                 }
                 #[inline(always)]
                 unsafe fn try_lock(p: *mut u32) -> bool {
                     let o: u32;
+                    // SAFETY: `p` is a valid, 4-byte aligned lock word (the trait's contract).
                     unsafe { asm!(concat!("atom.acquire.", $scope, ".cas.b32 {o}, [{p}], 0, 1;"), o = out(reg32) o, p = in(reg64) p, options(nostack)) }
                     o == 0
                 }
                 #[inline(always)]
                 unsafe fn unlock(p: *mut u32) {
+                    // SAFETY: as above.
                     unsafe { asm!(concat!("st.release.", $scope, ".u32 [{p}], 0;"), p = in(reg64) p, options(nostack)) }
                 }
             }
@@ -208,22 +214,28 @@ mod imp {
         const NAME: &'static str = "exclusive";
         #[inline(always)]
         unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+            // SAFETY: one thread owns the QP, and `p` is valid and aligned (the trait's contract).
             let old = unsafe { p.read_volatile() };
+            // SAFETY: as above.
             unsafe { p.write_volatile(old + v) };
             old
         }
         #[inline(always)]
         unsafe fn load_acquire(p: *const u64) -> u64 {
+            // SAFETY: as above.
             unsafe { p.read_volatile() }
         }
         #[inline(always)]
         unsafe fn store_release(p: *mut u64, v: u64) {
+            // SAFETY: as above.
             unsafe { p.write_volatile(v) }
         }
         #[inline(always)]
         unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
+            // SAFETY: as above.
             let old = unsafe { p.read_volatile() };
             if v > old {
+                // SAFETY: as above.
                 unsafe { p.write_volatile(v) };
             }
             old
