@@ -1254,8 +1254,8 @@ mod tests {
         (handle, post)
     }
 
-    /// 4 KiB of host memory registered in `pd` with every right.
-    fn region_in(d: &dyn Device, pd: u32) -> (Arc<HostBuffer>, Mr) {
+    /// 4 KiB of host memory, and its description for the device (which keeps it alive).
+    fn host_page() -> (Arc<HostBuffer>, Memory) {
         let buf = Arc::new(HostBuffer::new("test region", 4096).unwrap());
         let mem = Memory {
             addr: buf.addr(),
@@ -1263,6 +1263,12 @@ mod tests {
             kind: MemoryKind::Host { gpu_mapped: false },
             keep: Some(buf.clone()),
         };
+        (buf, mem)
+    }
+
+    /// 4 KiB of host memory registered in `pd` with every right.
+    fn region_in(d: &dyn Device, pd: u32) -> (Arc<HostBuffer>, Mr) {
+        let (buf, mem) = host_page();
         let mr = d.reg_mr(pd, &mem, Access::ALL).unwrap();
         (buf, mr)
     }
@@ -1383,13 +1389,7 @@ mod tests {
         let (_ctx, dev, _soft) = rig();
         let d = dev.device();
         let pd = d.alloc_pd().unwrap();
-        let buf = Arc::new(HostBuffer::new("test region", 4096).unwrap());
-        let mem = Memory {
-            addr: buf.addr(),
-            len: 4096,
-            kind: MemoryKind::Host { gpu_mapped: false },
-            keep: Some(buf.clone()),
-        };
+        let (_buf, mem) = host_page();
         let mr = d.reg_mr(pd, &mem, Access::ALL).unwrap();
         assert_eq!(mr.lkey, mr.rkey);
         assert!(
