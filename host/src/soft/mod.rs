@@ -329,7 +329,6 @@ impl Hca {
     /// The region of `key` if it is in protection domain `pd` (the QP's that uses the key)
     /// and covers `addr..addr + len` with `need` rights, through the engine's cache (one atomic
     /// load when the key was seen and nothing was (de)registered since).
-    #[allow(clippy::too_many_arguments)]
     pub fn region<'c>(
         &self,
         cache: &'c mut RegionCache,
