@@ -75,14 +75,15 @@ pub fn post_only<M: Sharing, S: Scope>(
 /// last byte of each message is its flag, `(i + 1) as u8` in round `i`: the initiator writes
 /// the flag into its post buffer, puts the message into the peer's poll buffer and waits for
 /// the peer's message with the same flag in its own; the other side waits first, then answers.
-/// Timestamps (ns) are taken just before each send. Ends with a quiet.
+/// Timestamps (ns) are taken just before each send (`times`) and once its put has returned
+/// (`posted`). Ends with a quiet.
 ///
 /// A message is only rewritten after the peer's answer arrived, which the peer sent after
 /// receiving it, so the HCA never reads a post buffer being changed.
 ///
 /// # Safety
 /// `qp` is `side.qp`; `side.post` and `side.poll` are valid for `size` bytes (reads and writes
-/// by this device); `side.times` is 0 or valid for `iters` u64 writes; both poll buffers
+/// by this device); `side.times` and `side.posted` are each 0 or valid for `iters` u64 writes; both poll buffers
 /// start with a flag byte that is not 1 (zeroed).
 #[inline(always)]
 pub unsafe fn ping_pong<M: Sharing>(
@@ -103,6 +104,7 @@ pub unsafe fn ping_pong<M: Sharing>(
         lkey: side.lkey,
     };
     let times = side.times as *mut u64;
+    let posted = side.posted as *mut u64;
     for i in 0..iters {
         let flag = (i as u8).wrapping_add(1);
         if side.initiator == 0 {
@@ -117,6 +119,10 @@ pub unsafe fn ping_pong<M: Sharing>(
         // HCA before its doorbell.
         unsafe { post_flag.write_volatile(flag) };
         qp.put(dst, src, size)?;
+        if !posted.is_null() {
+            // SAFETY: `posted` holds `iters` entries (caller's contract).
+            unsafe { posted.add(i as usize).write_volatile(arch::global_timer_ns()) };
+        }
         if side.initiator != 0 {
             // SAFETY: as above.
             unsafe { qp.wait_until_u8(poll_flag, flag) }?;

@@ -26,10 +26,14 @@ pub struct PingPongSide {
     pub pad: u32,
     /// Where the side writes one u64 timestamp (ns) per iteration as it sends, or 0 for none.
     pub times: u64,
+    /// Where the side writes one u64 timestamp (ns) per iteration once its put has returned
+    /// (WQE written, doorbell rung), or 0 for none: with `times`, what the post itself cost.
+    pub posted: u64,
 }
 
 const _: () = {
     use core::mem::{offset_of, size_of};
-    assert!(size_of::<PingPongSide>() == 56);
+    assert!(size_of::<PingPongSide>() == 64);
     assert!(offset_of!(PingPongSide, lkey) == 32 && offset_of!(PingPongSide, times) == 48);
+    assert!(offset_of!(PingPongSide, posted) == 56);
 };

@@ -76,6 +76,88 @@ struct Reference {
     doubt: Option<String>,
 }
 
+/// One size's result: perftest's statistics, and where a one-way went when both sides ran here.
+#[derive(Debug, Serialize)]
+struct Row {
+    #[serde(flatten)]
+    lat: LatRow,
+    /// Loopback only (both sides' timestamps on one clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breakdown: Option<Breakdown>,
+}
+
+/// A one-way latency split in two (medians over both directions and every round).
+#[derive(Debug, Serialize)]
+struct Breakdown {
+    /// From just before the put to its return: the WQE written, the fences and the doorbell.
+    post_us: f64,
+    /// From the put's return to the peer seeing the message's flag: the HCA noticing the
+    /// doorbell, moving the data, and the peer's poll.
+    delivery_us: f64,
+}
+
+/// One side's timestamps of a ping-pong run (ns, one per round).
+struct Stamps {
+    /// Just before the side's put.
+    sent: Vec<u64>,
+    /// Once the put had returned.
+    posted: Vec<u64>,
+}
+
+impl From<(Vec<u64>, Vec<u64>)> for Stamps {
+    fn from((sent, posted): (Vec<u64>, Vec<u64>)) -> Self {
+        Stamps { sent, posted }
+    }
+}
+
+/// Post and delivery samples collected over the rounds of one size.
+#[derive(Default)]
+struct Split {
+    post: Vec<u64>,
+    delivery: Vec<u64>,
+}
+
+impl Split {
+    /// Adds one run's samples, if both sides of the ping-pong ran in this process. The
+    /// responder's send time is when it saw the initiator's flag (it sends at once), and the
+    /// initiator's next send time is when it saw the answer.
+    fn add(&mut self, sides: &[(Side, gdaki_device::Remote)], stamps: &[Stamps]) {
+        let (Some(a), Some(b)) = (
+            sides.iter().position(|(s, _)| s.initiator),
+            sides.iter().position(|(s, _)| !s.initiator),
+        ) else {
+            return;
+        };
+        let (Some(a), Some(b)) = (stamps.get(a), stamps.get(b)) else {
+            return;
+        };
+        for s in [a, b] {
+            self.post
+                .extend(s.sent.iter().zip(&s.posted).map(|(t, p)| p.saturating_sub(*t)));
+        }
+        self.delivery
+            .extend(b.sent.iter().zip(&a.posted).map(|(seen, p)| seen.saturating_sub(*p)));
+        self.delivery.extend(
+            a.sent
+                .iter()
+                .skip(1)
+                .zip(&b.posted)
+                .map(|(seen, p)| seen.saturating_sub(*p)),
+        );
+    }
+
+    fn medians(self) -> Option<Breakdown> {
+        let median = |mut v: Vec<u64>| {
+            v.sort_unstable();
+            v.get(v.len() / 2).map(|&ns| ns as f64 / 1e3)
+        };
+        Some(Breakdown {
+            post_us: median(self.post)?,
+            delivery_us: median(self.delivery)?,
+        })
+    }
+}
+
 /// A thread <-> thread round trip through shared memory takes well under a microsecond on any
 /// host; a median above this is a thread that waited for a core, not the memory.
 const PLAUSIBLE_THREAD_ROUND_TRIP_US: f64 = 20.0;
@@ -222,13 +304,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         let payload = pattern_bytes(size, 0, size as usize - 1);
         let started = Instant::now();
         let (mut round_trips, mut rounds) = (Vec::new(), 0u64);
+        let mut split = Split::default();
         loop {
             for (s, _) in &sides {
                 s.poll.write(0, &vec![0u8; size as usize])?;
                 s.post.write(0, &payload)?;
             }
             session.agree(step(), Ok(()))?; // both sides ready
-            let times = match &session.gpu {
+            let stamps = match &session.gpu {
                 Some(gpu) => {
                     let dev: Vec<WriteLatSide> = sides
                         .iter()
@@ -249,7 +332,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             Code(c)
                         );
                     }
-                    run.times.into_iter().next().unwrap_or_default()
+                    run.times.into_iter().zip(run.posted).map(Stamps::from).collect()
                 }
                 None => cpu_ping_pong(&sides, size, plan.iters)?,
             };
@@ -261,7 +344,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .iter()
                 .try_for_each(|(s, _)| check_bytes(&s.poll, 0, &want, &format!("{size}-byte message")));
             session.agree(step(), verdict)?;
-            round_trips.extend(times.windows(2).map(|w| w[1].saturating_sub(w[0])));
+            let first = stamps.first().map(|s| s.sent.as_slice()).unwrap_or_default();
+            round_trips.extend(first.windows(2).map(|w| w[1].saturating_sub(w[0])));
+            split.add(&sides, &stamps);
             rounds += 1;
             let Some(d) = plan.duration else { break };
             // With -D the client (or this process, in loopback) says after each round whether
@@ -278,12 +363,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 break;
             }
         }
-        let row = LatRow {
-            iterations: rounds * plan.iters as u64,
-            ..LatRow::from_round_trips(size, &round_trips)
+        let row = Row {
+            lat: LatRow {
+                iterations: rounds * plan.iters as u64,
+                ..LatRow::from_round_trips(size, &round_trips)
+            },
+            breakdown: split.medians(),
         };
         if !cli.common.json {
-            gdaki_examples::outln!("{}", row.line());
+            gdaki_examples::outln!("{}", row.lat.line());
         }
         rows.push(row);
     }
@@ -299,7 +387,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gdaki_examples::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         report::print_rule();
-        let typical = rows.first().map(|r| r.t_typical_us).unwrap_or(0.0);
+        for r in &rows {
+            if let Some(b) = &r.breakdown {
+                gdaki_examples::outln!(
+                    " Breakdown ({} B, medians): post {:.2} usec (the put call: WQE, fences, doorbell) + delivery {:.2} \
+                     usec (doorbell to the peer seeing the flag)",
+                    r.lat.bytes,
+                    b.post_us,
+                    b.delivery_us
+                );
+            }
+        }
+        let typical = rows.first().map(|r| r.lat.t_typical_us).unwrap_or(0.0);
         if let Some(rt) = reference.pinned_round_trip_us {
             gdaki_examples::outln!(" Ref: GPU <-> CPU round trip through host-pinned memory: {rt:.2} usec (median)");
             gdaki_examples::outln!(
@@ -341,31 +440,37 @@ fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64) -> PingPongSide {
         initiator: s.initiator as u32,
         pad: 0,
         times: 0,
+        posted: 0,
     }
 }
 
-/// CPU mode: one thread per side runs the device crate's ping-pong; returns the first side's
-/// send timestamps.
-fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) -> anyhow::Result<Vec<u64>> {
+/// CPU mode: one thread per side runs the device crate's ping-pong; returns each side's
+/// timestamps.
+fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) -> anyhow::Result<Vec<Stamps>> {
     std::thread::scope(|sc| {
         let workers: Vec<_> = sides
             .iter()
             .map(|(s, to)| {
-                sc.spawn(move || -> Result<Vec<u64>, String> {
-                    let mut times = vec![0u64; iters as usize];
+                sc.spawn(move || -> Result<Stamps, String> {
+                    let mut stamps = Stamps {
+                        sent: vec![0u64; iters as usize],
+                        posted: vec![0u64; iters as usize],
+                    };
                     let mut side = ping_pong_side(s, *to, 0);
-                    side.times = times.as_mut_ptr() as u64;
+                    side.times = stamps.sent.as_mut_ptr() as u64;
+                    side.posted = stamps.posted.as_mut_ptr() as u64;
                     // SAFETY: this thread is the QP's only poster (exclusive); the buffers are
-                    // the side's regions (at least `size` bytes), and `times` holds `iters`.
+                    // the side's regions (at least `size` bytes), and `sent` and `posted` hold
+                    // `iters` each.
                     let r = unsafe {
                         let qp = s.qp.cpu::<Exclusive>().map_err(|e| e.to_string())?;
                         gdaki_device::perf::ping_pong(qp, &side, size, iters)
                     };
-                    r.map(|()| times).map_err(|e| e.to_string())
+                    r.map(|()| stamps).map_err(|e| e.to_string())
                 })
             })
             .collect();
-        let mut first = None;
+        let mut all = Vec::new();
         for (k, w) in workers.into_iter().enumerate() {
             let t = w
                 .join()
@@ -376,9 +481,9 @@ fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) 
                         if sides[k].0.initiator { "initiator" } else { "responder" }
                     )
                 })?;
-            first.get_or_insert(t);
+            all.push(t);
         }
-        Ok(first.unwrap_or_default())
+        Ok(all)
     })
 }
 

@@ -125,6 +125,9 @@ pub struct WriteLatRun {
     pub status: Vec<u32>,
     /// Each side's send timestamps (GPU global timer, ns), one per round.
     pub times: Vec<Vec<u64>>,
+    /// Each side's timestamps once its put of the round had returned (doorbell rung): with
+    /// `times`, what posting cost, and with the peer's, how long delivery took.
+    pub posted: Vec<Vec<u64>>,
     /// GPU time of the whole kernel.
     pub elapsed: Duration,
 }
@@ -229,11 +232,13 @@ impl Gpu {
         }
         let stream = self.ctx.default_stream();
         let per_side = iters.max(1) as usize;
-        let times = stream.alloc_zeros::<u64>(per_side * sides.len())?;
+        // Send timestamps of every side, then their posted timestamps.
+        let times = stream.alloc_zeros::<u64>(2 * per_side * sides.len())?;
         let times_base = {
             use cudarc::driver::DevicePtr;
             times.device_ptr(&stream).0
         };
+        let posted_base = times_base + (per_side * sides.len() * 8) as u64;
         let dev: Vec<PingPongSide> = sides
             .iter()
             .enumerate()
@@ -247,6 +252,7 @@ impl Gpu {
                 initiator: s.initiator as u32,
                 pad: 0,
                 times: times_base + (i * per_side * 8) as u64,
+                posted: posted_base + (i * per_side * 8) as u64,
             })
             .collect();
         let sides_dev = stream.clone_htod(bytemuck::cast_slice::<PingPongSide, u8>(&dev))?;
@@ -256,12 +262,15 @@ impl Gpu {
         // SAFETY: `gdaki_write_lat(sides: *const PingPongSide, size: u64, iters: u32, status:
         // *mut u32)`: one side per block (checked above: each side's QP is exported to this
         // GPU, its buffers hold `size` bytes the GPU reaches, and `iters` timestamp slots are
-        // allocated for it), one status per block.
+        // allocated for it, and as many posted slots), one status per block.
         let elapsed = unsafe { Kernel::own(self, "gdaki_write_lat")?.run(Dims::linear(sides.len() as u32, 1), args) }?;
         let all = stream.clone_dtoh(&times)?;
+        let (sent, posted) = all.split_at(per_side * sides.len());
+        let per = |v: &[u64]| v.chunks(per_side).map(|c| c[..iters as usize].to_vec()).collect();
         Ok(WriteLatRun {
             status: stream.clone_dtoh(&status)?,
-            times: all.chunks(per_side).map(|c| c[..iters as usize].to_vec()).collect(),
+            times: per(sent),
+            posted: per(posted),
             elapsed,
         })
     }
