@@ -980,3 +980,47 @@ fn rings_in_gpu_memory_post_the_same_queue() {
     let kinds: Vec<_> = seen.iter().map(|w| w.opcode).collect();
     assert_eq!(kinds, [WqeOpcode::RdmaWrite, WqeOpcode::RdmaRead]);
 }
+
+/// Reusing a slot consumes through the newest completed WQE, not just the slot's previous
+/// user: a poster that waits for its peer between posts (write_lat) then polls one CQE per
+/// ring, not one per post on its way to the doorbell. An error among them is still reported.
+#[test]
+fn reusing_a_slot_consumes_every_completion_that_is_in() {
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 4096);
+    h.consumer.fail_at.store(13, Release);
+    let qp = h.qp::<Exclusive>();
+    let consumed = || unsafe { std::ptr::read_volatile(&h.setup.qp.cq.consumed) };
+    let written = |index: u64| {
+        let slot = &h.setup.cq[ring::cqe_offset(index, 3) as usize / 64];
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !ring::cqe_ready(unsafe { std::ptr::read_volatile(&slot.0[63]) }, index, 3) {
+            assert!(std::time::Instant::now() < deadline, "CQE {index} never came");
+            thread::yield_now();
+        }
+    };
+    for i in 0..8u64 {
+        qp.put(h.remote(8 * i), h.local(8 * i), 8).unwrap();
+    }
+    written(7);
+    assert_eq!(consumed(), 0);
+    // The ninth post needs slot 0 back: every CQE up to the eighth's is in, and consumed.
+    qp.put(h.remote(0), h.local(0), 8).unwrap();
+    assert_eq!(consumed(), 8);
+    assert_eq!(u32::from_be(h.setup.cq_dbrec[0]), 8, "the CQ's doorbell record follows");
+    for i in 9..16u64 {
+        qp.put(h.remote(8 * (i % 8)), h.local(8 * (i % 8)), 8).unwrap();
+    }
+    assert_eq!(consumed(), 8, "slots 1..8 were already free");
+    written(15);
+    // WQE 13 failed (and 14, 15 were flushed): consuming through 15 keeps its error.
+    qp.put(h.remote(0), h.local(0), 8).unwrap();
+    assert_eq!(consumed(), 16);
+    for index in [13, 15] {
+        match qp.poll_at(index) {
+            Err(WaitError::Cqe(e)) => assert_eq!((e.wqe_index, e.syndrome), (13, Syndrome::RemoteAccess)),
+            other => panic!("expected WQE 13's error at {index}, got {other:?}"),
+        }
+    }
+    assert_eq!(qp.poll_at(12), Ok(()));
+    h.finish();
+}

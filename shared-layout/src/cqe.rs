@@ -66,6 +66,31 @@ pub const QPN_MASK: u32 = 0x00ff_ffff;
 /// `s_wqe_opcode_qpn`: shift of the failed WQE's opcode.
 pub const WQE_OPCODE_SHIFT: u32 = 24;
 
+/// Byte offset of a CQE's [`Tail`] word.
+pub const TAIL_OFFSET: usize = field::SOP_DROP_QPN.start;
+
+/// The last 8 bytes of a CQE (`sop_drop_qpn`, `wqe_counter`, `signature`, `op_own`) as one
+/// word loaded from memory: all a poller needs to recognise a successful completion of a given
+/// WQE, so polling takes one 8-byte load (one round trip where the CQ sits in host memory).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct Tail(pub u64);
+
+impl Tail {
+    /// `op_own` (the entry's last byte).
+    #[inline(always)]
+    pub const fn op_own(self) -> u8 {
+        self.0.to_ne_bytes()[7]
+    }
+
+    /// The WQE counter (bytes 60..62, big-endian).
+    #[inline(always)]
+    pub const fn wqe_counter(self) -> u16 {
+        let b = self.0.to_ne_bytes();
+        u16::from_be_bytes([b[4], b[5]])
+    }
+}
+
 /// Packs `op_own`.
 #[inline(always)]
 pub const fn op_own(opcode: CqeOpcode, owner: u8) -> u8 {
@@ -272,5 +297,25 @@ impl ErrCqe {
     #[inline(always)]
     pub fn as_cqe(&self) -> Cqe64 {
         bytemuck::cast(*self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_word_decodes_counter_and_op_own_of_both_forms() {
+        let ok = Cqe64::success(0x12345, 0xbeef, 8, 1);
+        let bytes = bytemuck::bytes_of(&ok);
+        let tail = Tail(u64::from_ne_bytes(bytes[TAIL_OFFSET..SIZE].try_into().unwrap()));
+        assert_eq!(tail.wqe_counter(), 0xbeef);
+        assert_eq!(tail.op_own(), ok.op_own);
+        assert_eq!(owner(tail.op_own()), 1);
+        let err = ErrCqe::new(7, 0x0102, 8, Syndrome::RemoteAccess, 0, 0);
+        let bytes = bytemuck::bytes_of(&err);
+        let tail = Tail(u64::from_ne_bytes(bytes[TAIL_OFFSET..SIZE].try_into().unwrap()));
+        assert_eq!(tail.wqe_counter(), 0x0102);
+        assert!(opcode(tail.op_own()).is_error());
     }
 }

@@ -125,24 +125,26 @@ pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
     unsafe { u64_at(dst).store(value, Ordering::Release) }
 }
 
-/// Stores a doorbell-record word.
+/// Stores a send doorbell-record word, relaxed ([`crate::Qp::ring`] orders it with its
+/// fences); on the host there is one scope.
 ///
 /// # Safety
 /// `dst` is a valid, 4-byte aligned doorbell-record word.
 #[inline(always)]
-pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
+pub unsafe fn store_dbrec(dst: *mut u32, value: u32, _gpu: bool) {
     // SAFETY: per the caller's contract.
-    unsafe { u32_at(dst).store(value, Ordering::Release) }
+    unsafe { u32_at(dst).store(value, Ordering::Relaxed) }
 }
 
-/// [`store_dbrec`] for rings in the poster's own memory: on the host there is one scope.
+/// Stores a CQ doorbell-record word, a release store: the consumer index is raised only after
+/// the CQEs below it were read.
 ///
 /// # Safety
-/// As [`store_dbrec`].
+/// `dst` is a valid, 4-byte aligned doorbell-record word.
 #[inline(always)]
-pub unsafe fn store_dbrec_gpu(dst: *mut u32, value: u32) {
+pub unsafe fn store_cq_dbrec(dst: *mut u32, value: u32) {
     // SAFETY: per the caller's contract.
-    unsafe { store_dbrec(dst, value) }
+    unsafe { u32_at(dst).store(value, Ordering::Release) }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.
@@ -165,6 +167,16 @@ pub unsafe fn cas_dbrec(dst: *mut u32, current: u32, new: u32) -> u32 {
 pub unsafe fn fetch_max_sys(dst: *mut u64, value: u64) -> u64 {
     // SAFETY: per the caller's contract.
     unsafe { u64_at(dst) }.fetch_max(value, Ordering::AcqRel)
+}
+
+/// Stores a host-visible u64 with release order.
+///
+/// # Safety
+/// `dst` is a valid, 8-byte aligned u64.
+#[inline(always)]
+pub unsafe fn store_sys(dst: *mut u64, value: u64) {
+    // SAFETY: per the caller's contract.
+    unsafe { u64_at(dst) }.store(value, Ordering::Release)
 }
 
 /// Reads a byte the HCA writes (a CQE's `op_own`).

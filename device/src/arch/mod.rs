@@ -9,9 +9,10 @@
 //! | [`from_device_barrier`] | reads after it (CQE body, fetched values) see what the HCA wrote before the owner bit just read |
 //! | [`store_seg`] | one 16-byte WQE segment store |
 //! | [`mmio_store`] | the 8-byte doorbell store to the UAR |
-//! | [`store_dbrec`] / [`store_dbrec_gpu`] | a doorbell-record word, system / GPU scope (rings in host / GPU memory) |
+//! | [`store_dbrec`] | the send doorbell-record word, relaxed, system or GPU scope (rings in host / GPU memory) |
+//! | [`store_cq_dbrec`] | the CQ doorbell-record word, release, system scope |
 //! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
-//! | [`fetch_max_sys`] | raise a host-visible u64 (the CPU proxy's producer index) |
+//! | [`fetch_max_sys`] / [`store_sys`] | raise / store a host-visible u64 (the CPU proxy's producer index) |
 //! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |
 //! | [`global_timer_ns`] | monotonic nanoseconds (GPU `%globaltimer`) |
 //! | [`backoff`] | what a waiter does between polls |

@@ -48,25 +48,32 @@ pub unsafe fn mmio_store(dst: *mut u64, value: u64) {
     }
 }
 
-/// Stores a doorbell-record word (`st.release.sys`).
+/// Stores a send doorbell-record word, relaxed, at system scope or (`gpu`: the record is in
+/// this GPU's memory) GPU scope: [`crate::Qp::ring`] orders it with its fences.
 ///
 /// # Safety
 /// `dst` is a valid, 4-byte aligned address.
 #[inline(always)]
-pub unsafe fn store_dbrec(dst: *mut u32, value: u32) {
+pub unsafe fn store_dbrec(dst: *mut u32, value: u32, gpu: bool) {
     // SAFETY: per the caller's contract.
-    unsafe { asm!("st.release.sys.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack)) }
+    unsafe {
+        if gpu {
+            asm!("st.relaxed.gpu.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack))
+        } else {
+            asm!("st.relaxed.sys.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack))
+        }
+    }
 }
 
-/// Stores a doorbell-record word in GPU memory (`st.release.gpu`): see
-/// [`to_device_barrier_gpu`].
+/// Stores a CQ doorbell-record word (`st.release.sys`): the consumer index is raised only
+/// after the CQEs below it were read.
 ///
 /// # Safety
 /// `dst` is a valid, 4-byte aligned address.
 #[inline(always)]
-pub unsafe fn store_dbrec_gpu(dst: *mut u32, value: u32) {
+pub unsafe fn store_cq_dbrec(dst: *mut u32, value: u32) {
     // SAFETY: per the caller's contract.
-    unsafe { asm!("st.release.gpu.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack)) }
+    unsafe { asm!("st.release.sys.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack)) }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.
@@ -97,6 +104,17 @@ pub unsafe fn fetch_max_sys(dst: *mut u64, value: u64) -> u64 {
              options(nostack))
     }
     old
+}
+
+/// Stores a host-visible u64 (`st.relaxed.sys`): a posted write, where an atomic is a round
+/// trip.
+///
+/// # Safety
+/// `dst` is a valid, 8-byte aligned address.
+#[inline(always)]
+pub unsafe fn store_sys(dst: *mut u64, value: u64) {
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("st.relaxed.sys.u64 [{p}], {v};", p = in(reg64) dst, v = in(reg64) value, options(nostack)) }
 }
 
 /// Reads a byte the HCA writes (`ld.relaxed.sys`).
