@@ -208,16 +208,18 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                     ));
                 }
                 // The record is the send word at +4 (`dbrec[1]`), big-endian, the 16-bit
-                // producer index with nothing above it; it is written before the doorbell, so
-                // it is never behind it.
+                // producer index with nothing above it. It follows the doorbell (DOCA's order:
+                // the doorbell is rung first and again after the record), so it may trail it
+                // here; once the posters are done it holds the last index (checked at stop).
                 let dbr = u32::from_be(unsafe { AtomicU32::from_ptr(h.sq_dbrec as *mut u32) }.load(Acquire));
                 if dbr > 0xffff {
                     return Err(format!("doorbell record {dbr:#x} holds more than 16 bits"));
                 }
-                if db != 0 && !ring::wq_counter_at_or_after(dbr as u16, pi16) {
-                    return Err(format!("doorbell record {dbr:#x} behind doorbell {pi16:#x}"));
+                let target = done + pi16.wrapping_sub(done as u16) as u64;
+                if stopping && target == done && db != 0 && dbr as u16 != pi16 {
+                    return Err(format!("doorbell record {dbr:#x} behind the last doorbell {pi16:#x}"));
                 }
-                done + pi16.wrapping_sub(done as u16) as u64
+                target
             }
             DoorbellKind::CpuProxy => db,
         };
