@@ -359,9 +359,10 @@ pub unsafe extern "ptx-kernel" fn gdaki_pinned_pingpong(
     unsafe { status.write_volatile(code) };
 }
 
-/// The posting rate's reference: thread `t` writes `iters` 64-byte records (four 16-byte
-/// stores, as WQE segments are written) at record `(t + k * threads) mod 2^records_log` of
-/// `base`: the same memory a ring would be in, with no protocol around the stores.
+/// The posting rate's reference: thread `t` writes `iters` records ([`perf::STORE_LOOP_SEGMENTS`]
+/// 16-byte stores into a 64-byte slot, as a put's WQE segments are written) at slot
+/// `(t + k * threads) mod 2^records_log` of `base`: the same memory a ring would be in, with no
+/// protocol around the stores.
 ///
 /// # Safety
 /// `base` is valid for `64 << records_log` bytes of writes by this device.
@@ -376,7 +377,7 @@ pub unsafe extern "ptx-kernel" fn gdaki_store_loop(base: *mut u64, records_log: 
         // SAFETY: record m lies inside the buffer (masked); 16-byte aligned.
         unsafe {
             let p = base.add((m * 8) as usize);
-            for seg in 0..4 {
+            for seg in 0..perf::STORE_LOOP_SEGMENTS {
                 arch::store_seg(p.add(seg * 2), [m, seg as u64]);
             }
         }
@@ -415,7 +416,7 @@ pub unsafe extern "ptx-kernel" fn gdaki_store_loop_rings(
         // SAFETY: q < qps and the record is masked into its ring; 16-byte aligned.
         unsafe {
             let p = base.add((m * 8) as usize);
-            for seg in 0..4 {
+            for seg in 0..perf::STORE_LOOP_SEGMENTS {
                 arch::store_seg(p.add(seg * 2), [m, seg as u64]);
             }
         }

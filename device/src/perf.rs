@@ -9,6 +9,12 @@ use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
 use crate::status::PostError;
 
+/// The 16-byte stores per record of the posting rate's store loops (the `gdaki_store_loop*`
+/// kernels): what the benchmarked post, an 8-byte put, writes into its 64-byte slot (control,
+/// remote address and data segments: 48 bytes), so records per second and WQEs per second
+/// compare like with like.
+pub const STORE_LOOP_SEGMENTS: usize = 3;
+
 /// Member `t` of `threads` posters sharing `qp` puts `iters` messages of `len` bytes: message
 /// `m = t + k * threads` goes from slot `m % slots` of `src` to the same slot of `dst` (slots
 /// are `len` bytes apart), so every slot is written once there are at least `slots` messages.

@@ -2,7 +2,8 @@
 //! into send queues no HCA consumes, in warp scope (one QP per warp), thread scope (one QP per
 //! block, its threads sharing it) and block scope (one QP per block), with the rings in
 //! host-pinned memory (the soft HCA's placement) and in device memory (mlx5's), each next to
-//! two plain 64-byte store loops into the same memory measured in the same run: records
+//! two plain store loops into the same memory measured in the same run, each record the 48 bytes
+//! an 8-byte put writes into its 64-byte slot (`perf::STORE_LOOP_SEGMENTS`): records
 //! scattered over it, and records in ring order where the posts put their WQEs (a ring written
 //! in order combines writes, which matters in host-pinned memory). Device rings run
 //! twice: with the GPU-scope doorbell fences they get (`QP_RINGS_IN_GPU_MEMORY`), and with

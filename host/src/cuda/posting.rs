@@ -2,7 +2,8 @@
 //! that no HCA consumes (each ring holds every WQE a run posts), in host-pinned memory (the
 //! soft HCA's placement) or device memory (the mlx5 placement), with a host-pinned stand-in
 //! for each doorbell record and doorbell. The reference is a plain store loop writing the same
-//! number of 64-byte records into the same memory, timed the same way.
+//! number of records (the 48 bytes of an 8-byte put's WQE in each 64-byte slot) into the same
+//! memory, timed the same way.
 use std::time::Duration;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -66,7 +67,7 @@ pub struct PostingShape {
 /// What one posting-rate run measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PostingRun {
-    /// WQEs posted (and 64-byte records the reference stored).
+    /// WQEs posted (and records the reference stored).
     pub wqes: u64,
     /// GPU time of the posting kernel.
     pub post: Duration,
