@@ -147,13 +147,9 @@ impl Split {
     }
 
     fn medians(self) -> Option<Breakdown> {
-        let median = |mut v: Vec<u64>| {
-            v.sort_unstable();
-            v.get(v.len() / 2).map(|&ns| ns as f64 / 1e3)
-        };
-        Some(Breakdown {
-            post_us: median(self.post)?,
-            delivery_us: median(self.delivery)?,
+        (!self.post.is_empty() && !self.delivery.is_empty()).then(|| Breakdown {
+            post_us: median_us(self.post),
+            delivery_us: median_us(self.delivery),
         })
     }
 }
