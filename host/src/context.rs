@@ -33,6 +33,8 @@ pub struct ContextOptions {
     unmappable_doorbell: bool,
     unordered_rdma_writes: bool,
     atomic_reply: AtomicReplyOrder,
+    /// Same-host transport connections stay on TCP (the default is shared memory).
+    tcp_only: bool,
 }
 
 impl ContextOptions {
@@ -49,8 +51,13 @@ impl ContextOptions {
     /// [`unordered_rdma_writes`](Self::unordered_rdma_writes) (`1`, `true` or `yes`).
     pub const UNORDERED_RDMA_WRITES_VAR: &'static str = "GDAKI_SOFT_UNORDERED_RDMA_WRITES";
 
+    /// The variable [`from_env`](Self::from_env) reads for
+    /// [`same_host_shared_memory`](Self::same_host_shared_memory): `0`, `false`, `no` or `off`
+    /// keep same-host connections on TCP.
+    pub const SHARED_MEMORY_VAR: &'static str = "GDAKI_SOFT_SHM";
+
     /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`, `GDAKI_SOFT_ATOMIC_REPLY`,
-    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`.
+    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`, `GDAKI_SOFT_SHM`.
     /// An atomic-reply value that is neither `host` nor `big-endian` is ignored with a warning.
     pub fn from_env() -> ContextOptions {
         let on = |var| {
@@ -70,7 +77,12 @@ impl ContextOptions {
                 }
             },
         };
+        let off = |var| {
+            std::env::var(var)
+                .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
+        };
         ContextOptions::default()
+            .same_host_shared_memory(!off(Self::SHARED_MEMORY_VAR))
             .unmappable_doorbell(on(Self::UNMAPPABLE_DOORBELL_VAR))
             .atomic_reply_order(reply)
             .unordered_rdma_writes(on(Self::UNORDERED_RDMA_WRITES_VAR))
@@ -117,6 +129,21 @@ impl ContextOptions {
     pub fn unordered_rdma_writes(mut self, on: bool) -> ContextOptions {
         self.unordered_rdma_writes = on;
         self
+    }
+
+    /// Soft HCA: whether a transport connection to a peer process on this machine moves its
+    /// frames through a shared-memory segment instead of the loopback socket (on by default).
+    /// The TCP connection still sets it up and tells when the peer dies, so semantics, ordering
+    /// and failures are the same; off keeps every byte on TCP (to compare, or where
+    /// `/dev/shm` is not wanted). A connection uses shared memory only when both sides allow it.
+    pub fn same_host_shared_memory(mut self, on: bool) -> ContextOptions {
+        self.tcp_only = !on;
+        self
+    }
+
+    /// Whether [`same_host_shared_memory`](Self::same_host_shared_memory) is on.
+    pub fn uses_same_host_shared_memory(&self) -> bool {
+        !self.tcp_only
     }
 
     /// Whether [`unordered_rdma_writes`](Self::unordered_rdma_writes) is on.
@@ -199,6 +226,7 @@ impl Context {
             ));
         }
         let soft = SoftDevice::open(options.atomic_reply()).map_err(Error::device("opening the soft device"))?;
+        soft.hca().set_shared_memory(options.uses_same_host_shared_memory());
         Ok(Arc::new(soft))
     }
 

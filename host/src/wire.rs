@@ -24,8 +24,9 @@ use crate::queue::Endpoint;
 pub const MAGIC: u32 = 0x4744_4b49;
 /// Protocol version. Bumped on any incompatible change to a payload (2: endpoints carry the
 /// port's GID, LID and MTU instead of the soft HCA's identity; 3: endpoints carry the QP's
-/// transport secret, which a connect presents).
-pub const VERSION: u16 = 3;
+/// transport secret, which a connect presents; 4: after the accept, the requester offers a
+/// shared-memory carrier, which the responder answers).
+pub const VERSION: u16 = 4;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -103,6 +104,11 @@ pub enum Kind {
     Connect = 16,
     /// Transport: the responder accepts a [`Kind::Connect`].
     Accept = 17,
+    /// Transport, after the accept: the requester offers a shared-memory segment to carry the
+    /// connection (its name; empty: none, stay on TCP).
+    ShmOffer = 18,
+    /// Transport: the responder's answer to a [`Kind::ShmOffer`] (1: mapped, switch; 0: TCP).
+    ShmAnswer = 19,
     /// Transport request: RDMA WRITE (head, then the data).
     Write = 20,
     /// Transport request: RDMA READ.
@@ -130,6 +136,8 @@ impl Kind {
             3 => Kind::Sync,
             16 => Kind::Connect,
             17 => Kind::Accept,
+            18 => Kind::ShmOffer,
+            19 => Kind::ShmAnswer,
             20 => Kind::Write,
             21 => Kind::Read,
             22 => Kind::FetchAdd,
@@ -154,6 +162,8 @@ impl Kind {
             Kind::Sync => (8, 8),
             Kind::Connect => (CONNECT_LEN as u32, CONNECT_LEN as u32),
             Kind::Accept => (4, 4),
+            Kind::ShmOffer => (0, MAX_SHM_NAME as u32),
+            Kind::ShmAnswer => (1, 1),
             Kind::Write => (REQ_HEAD as u32, REQ_HEAD as u32 + MAX_MESSAGE),
             Kind::Read => (REQ_HEAD as u32 + 4, REQ_HEAD as u32 + 4),
             Kind::FetchAdd => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8),
@@ -666,6 +676,53 @@ pub fn decode_accept(payload: &[u8]) -> Result<u32, WireError> {
     Ok(qpn)
 }
 
+/// Longest shared-memory segment name in a [`Kind::ShmOffer`].
+pub const MAX_SHM_NAME: usize = 64;
+/// What every offered segment name starts with.
+pub const SHM_PREFIX: &str = "gdaki-";
+
+/// A [`Kind::ShmOffer`] frame: the segment's name, or none (the connection stays on TCP).
+pub fn encode_shm_offer(name: Option<&str>) -> Vec<u8> {
+    frame(Kind::ShmOffer, name.unwrap_or("").as_bytes())
+}
+
+/// Decodes a [`Kind::ShmOffer`] payload. A name is a file name under `/dev/shm` that the
+/// responder opens, so only [`SHM_PREFIX`] followed by lowercase hex digits and dashes is
+/// accepted: no path, no dots, nothing another program's segment is called.
+pub fn decode_shm_offer(payload: &[u8]) -> Result<Option<String>, WireError> {
+    if payload.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: &str| invalid("shared-memory segment name", why);
+    let name = std::str::from_utf8(payload).map_err(|_| bad("not UTF-8"))?;
+    let Some(rest) = name.strip_prefix(SHM_PREFIX) else {
+        return Err(bad(&format!("does not start with {SHM_PREFIX}")));
+    };
+    if rest.is_empty() || !rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-')) {
+        return Err(bad("holds more than lowercase hex digits and dashes"));
+    }
+    Ok(Some(name.to_owned()))
+}
+
+/// A [`Kind::ShmAnswer`] frame: whether the responder mapped the offered segment.
+pub fn encode_shm_answer(mapped: bool) -> [u8; HEADER_LEN + 1] {
+    let mut b = [0u8; HEADER_LEN + 1];
+    b[..HEADER_LEN].copy_from_slice(&Header::new(Kind::ShmAnswer, 1).encode());
+    b[HEADER_LEN] = mapped as u8;
+    b
+}
+
+/// Decodes a [`Kind::ShmAnswer`] payload.
+pub fn decode_shm_answer(payload: &[u8]) -> Result<bool, WireError> {
+    let mut c = Cursor { b: payload };
+    let v = c.take(1, "shared-memory answer")?[0];
+    c.end()?;
+    match v {
+        0 | 1 => Ok(v == 1),
+        _ => Err(invalid("shared-memory answer", "neither 0 nor 1")),
+    }
+}
+
 /// What a request asks for (the WRITE data follows the head on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -897,6 +954,8 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
         Kind::Sync => decode_sync(payload).map(drop)?,
         Kind::Connect => Connect::decode(payload).map(drop)?,
         Kind::Accept => decode_accept(payload).map(drop)?,
+        Kind::ShmOffer => decode_shm_offer(payload).map(drop)?,
+        Kind::ShmAnswer => decode_shm_answer(payload).map(drop)?,
         Kind::Write | Kind::Read | Kind::FetchAdd | Kind::CompareSwap => {
             let n = Request::fixed_len(h)?;
             Request::decode(h, &payload[..n])?;
@@ -1143,6 +1202,26 @@ mod tests {
             secret: 0xfeed_f00d_dead_beef,
         };
         assert_eq!(Connect::decode(&c.encode()[HEADER_LEN..]).unwrap(), c);
+        for name in [None, Some("gdaki-0123abcd-42-ff")] {
+            let f = encode_shm_offer(name);
+            assert_eq!(check_frame(&f).unwrap().kind, Kind::ShmOffer);
+            assert_eq!(decode_shm_offer(&f[HEADER_LEN..]).unwrap().as_deref(), name);
+        }
+        for bad in [
+            "gdaki-../../etc/passwd",
+            "gdaki-",
+            "other-12",
+            "gdaki-ABC",
+            "gdaki-1/2",
+            "gdaki-1.2",
+        ] {
+            assert!(decode_shm_offer(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(check_frame(&frame(Kind::ShmOffer, &[b'a'; MAX_SHM_NAME + 1])).is_err());
+        for mapped in [false, true] {
+            assert_eq!(decode_shm_answer(&encode_shm_answer(mapped)[HEADER_LEN..]), Ok(mapped));
+        }
+        assert!(decode_shm_answer(&[2]).is_err());
         assert_eq!(decode_reject(&encode_reject("nope")[HEADER_LEN..]).unwrap(), "nope");
         let long = "é".repeat(MAX_REASON_BYTES);
         assert!(decode_reject(&encode_reject(&long)[HEADER_LEN..]).unwrap().len() <= MAX_REASON_BYTES);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gdaki::{Access, Context, Endpoint, Provider, QpConfig};
+use gdaki::{Access, Context, ContextOptions, Endpoint, Provider, QpConfig};
 use gdaki_device::{Exclusive, WaitError};
 
 /// How long a request waits for its answer.
@@ -50,14 +50,15 @@ impl Fault {
     }
 
     /// Connection `n`'s fault: the kinds in turn, direction and byte from `rng`. Never inside
-    /// the connect (40 bytes) or its accept (16): a fault there is a refused `connect`, which
-    /// other tests cover, and would cost the set-up deadline here.
+    /// the set-up (the connect and the empty shared-memory offer, 52 bytes; the accept and the
+    /// offer's answer, 29): a fault there is a refused `connect`, which other tests cover, and
+    /// would cost the set-up deadline here.
     fn nth(n: usize, rng: &mut Rng) -> Fault {
         let to_responder = rng.next() % 2 == 0;
         let skip = if to_responder {
-            gdaki::wire::HEADER_LEN + gdaki::wire::CONNECT_LEN
+            gdaki::wire::HEADER_LEN + gdaki::wire::CONNECT_LEN + gdaki::wire::HEADER_LEN
         } else {
-            gdaki::wire::HEADER_LEN + 4
+            gdaki::wire::HEADER_LEN + 4 + gdaki::wire::HEADER_LEN + 1
         };
         // Within what a round sends that way: about 2 KiB of requests, 150 bytes of answers.
         let span = if to_responder { 2000 } else { 150 };
@@ -226,8 +227,10 @@ fn through(e: Endpoint, relay: SocketAddr) -> Endpoint {
     }
 }
 
+/// A listening context whose connections stay on TCP (shared memory would bypass the relay).
 fn listening() -> Context {
-    let ctx = Context::open(Provider::Soft).unwrap();
+    let options = ContextOptions::default().same_host_shared_memory(false);
+    let ctx = Context::open_with(Provider::Soft, options).unwrap();
     ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     ctx
 }

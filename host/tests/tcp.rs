@@ -1,7 +1,10 @@
-//! The soft HCA's TCP transport and the handshake: every operation between two HCAs over
-//! loopback TCP (in one process, endpoints stripped of their in-process identity, and across
-//! two processes), faults with their syndromes, a peer process killed mid-run, and the
-//! handshake's refusals.
+//! The soft HCA's transport between processes and the handshake: every operation between two
+//! HCAs over loopback TCP and over the same-host shared-memory carrier (in one process,
+//! endpoints stripped of their in-process identity, and across two processes), faults with
+//! their syndromes, a peer process killed mid-run, and the handshake's refusals.
+//!
+//! Tests named `name::tcp` and `name::shm` run one body over each carrier, and check that the
+//! connection took the carrier asked for.
 //!
 //! The two-process tests run this test binary a second time as the peer (`peer_process`,
 //! which does nothing unless `GDAKI_TCP_PEER` is set).
@@ -15,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use gdaki::handshake::{Channel, Hello};
-use gdaki::{Access, Context, Endpoint, Error, MemoryRegion, Provider, QpConfig, QpState, QueuePair};
+use gdaki::{Access, Context, ContextOptions, Endpoint, Error, MemoryRegion, Provider, QpConfig, QpState, QueuePair};
 use gdaki_device::{Exclusive, Gpu, WaitError};
 use gdaki_layout::Syndrome;
 
@@ -29,10 +32,63 @@ fn cqe_error(r: Result<(), WaitError>) -> Syndrome {
     }
 }
 
-fn listening_context() -> Context {
-    let ctx = Context::open(Provider::Soft).unwrap();
+/// What carries a same-host transport connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    Tcp,
+    Shm,
+}
+
+/// Runs the transport test `name(Carrier)` over each carrier, as `name::tcp` and `name::shm`.
+macro_rules! over_each_carrier {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn tcp() {
+                super::$name(super::Carrier::Tcp)
+            }
+            #[test]
+            fn shm() {
+                super::$name(super::Carrier::Shm)
+            }
+        }
+    };
+}
+
+/// A listening soft context whose same-host connections take `carrier`.
+fn listening_over(carrier: Carrier) -> Context {
+    let options = ContextOptions::default().same_host_shared_memory(carrier == Carrier::Shm);
+    let ctx = Context::open_with(Provider::Soft, options).unwrap();
     ctx.listen(LOOPBACK.parse().unwrap()).unwrap();
     ctx
+}
+
+fn listening_context() -> Context {
+    listening_over(Carrier::Tcp)
+}
+
+/// Mappings in this process of the shared-memory segments of `e`'s QP's connection (its
+/// name carries the HCA and QP: see the soft HCA's `shm` module). In a one-process test both
+/// sides map it: 2 while connected over shared memory, 0 over TCP or once closed.
+fn shm_maps(e: &Endpoint) -> usize {
+    let guid = u64::from_be_bytes(e.gid[8..].try_into().unwrap());
+    let tag = format!("/gdaki-{guid:016x}-{:06x}-", e.qpn);
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&tag))
+        .count()
+}
+
+/// Connects `qa` and `qb` (of two contexts of this process) over the transport, and checks
+/// that their connections took `carrier`.
+fn connect_over(qa: &QueuePair, qb: &QueuePair, carrier: Carrier) {
+    qa.connect(&over_tcp(qb.endpoint())).unwrap();
+    qb.connect(&over_tcp(qa.endpoint())).unwrap();
+    let want = if carrier == Carrier::Shm { 2 } else { 0 };
+    for e in [qa.endpoint(), qb.endpoint()] {
+        assert_eq!(shm_maps(&e), want, "QP {:#x} is not connected over {carrier:?}", e.qpn);
+    }
 }
 
 /// The endpoint as another process would see it: a GID no HCA of this process has, so the
@@ -44,21 +100,28 @@ fn over_tcp(e: Endpoint) -> Endpoint {
     Endpoint { gid, ..e }
 }
 
-/// Two listening contexts with a QP each, connected to each other over TCP.
-fn tcp_pair(cfg: QpConfig) -> (Context, QueuePair, Context, QueuePair) {
-    let (a, b) = (listening_context(), listening_context());
+/// Two listening contexts with a QP each, connected to each other over `carrier`.
+fn pair_over(cfg: QpConfig, carrier: Carrier) -> (Context, QueuePair, Context, QueuePair) {
+    let (a, b) = (listening_over(carrier), listening_over(carrier));
     let (qa, qb) = (qp(&a, 64, cfg.clone()), qp(&b, 64, cfg));
-    qa.connect(&over_tcp(qb.endpoint())).unwrap();
-    qb.connect(&over_tcp(qa.endpoint())).unwrap();
+    connect_over(&qa, &qb, carrier);
     (a, qa, b, qb)
 }
 
-#[test]
-fn every_operation_over_tcp() {
-    let (a, qa, b, _qb) = tcp_pair(QpConfig {
-        max_msg_size: 1 << 20,
-        ..Default::default()
-    });
+/// Two listening contexts with a QP each, connected to each other over TCP.
+fn tcp_pair(cfg: QpConfig) -> (Context, QueuePair, Context, QueuePair) {
+    pair_over(cfg, Carrier::Tcp)
+}
+
+over_each_carrier!(every_operation);
+fn every_operation(carrier: Carrier) {
+    let (a, qa, b, _qb) = pair_over(
+        QpConfig {
+            max_msg_size: 1 << 20,
+            ..Default::default()
+        },
+        carrier,
+    );
     let la = a.alloc_region(8 << 20, Access::ALL).unwrap();
     let rb = b.alloc_region(4 << 20, Access::ALL).unwrap();
     let data = pattern(1, 3 << 20);
@@ -105,9 +168,9 @@ fn every_operation_over_tcp() {
     assert_eq!(qa.error(), None);
 }
 
-#[test]
-fn many_qps_and_threads_pipeline_over_tcp() {
-    let (a, b) = (Arc::new(listening_context()), listening_context());
+over_each_carrier!(many_qps_and_threads_pipeline);
+fn many_qps_and_threads_pipeline(carrier: Carrier) {
+    let (a, b) = (Arc::new(listening_over(carrier)), listening_over(carrier));
     const QPS: usize = 3;
     const PER_THREAD: usize = 1500;
     const THREADS: usize = 2;
@@ -121,8 +184,7 @@ fn many_qps_and_threads_pipeline_over_tcp() {
     let mut pairs = Vec::new();
     for _ in 0..QPS {
         let (qa, qb) = (qp(&a, 128, QpConfig::default()), qp(&b, 128, QpConfig::default()));
-        qa.connect(&over_tcp(qb.endpoint())).unwrap();
-        qb.connect(&over_tcp(qa.endpoint())).unwrap();
+        connect_over(&qa, &qb, carrier);
         pairs.push((Arc::new(qa), qb));
     }
     thread::scope(|s| {
@@ -154,9 +216,9 @@ fn many_qps_and_threads_pipeline_over_tcp() {
     }
 }
 
-#[test]
-fn remote_faults_nak_and_flush_what_follows() {
-    let (a, qa, b, qb) = tcp_pair(QpConfig::default());
+over_each_carrier!(remote_faults_nak_and_flush_what_follows);
+fn remote_faults_nak_and_flush_what_follows(carrier: Carrier) {
+    let (a, qa, b, qb) = pair_over(QpConfig::default(), carrier);
     let la = a.alloc_region(1 << 16, Access::ALL).unwrap();
     let rb = b
         .alloc_region(1 << 16, Access::REMOTE_READ | Access::LOCAL_WRITE)
@@ -176,7 +238,7 @@ fn remote_faults_nak_and_flush_what_follows() {
     // it): no probing keys on a live QP.
     assert_eq!(qb.state(), QpState::Error);
     // A misaligned atomic on a fresh pair.
-    let (a2, qa2, b2, qb2) = tcp_pair(QpConfig::default());
+    let (a2, qa2, b2, qb2) = pair_over(QpConfig::default(), carrier);
     let (l2, r2) = (
         a2.alloc_region(4096, Access::ALL).unwrap(),
         b2.alloc_region(4096, Access::ALL).unwrap(),
@@ -196,9 +258,9 @@ fn remote_faults_nak_and_flush_what_follows() {
     assert_eq!(qb2.state(), QpState::Error);
 }
 
-#[test]
-fn a_local_error_behind_requests_in_flight_completes_in_order() {
-    let (a, qa, b, _qb) = tcp_pair(QpConfig::default());
+over_each_carrier!(a_local_error_behind_requests_in_flight_completes_in_order);
+fn a_local_error_behind_requests_in_flight_completes_in_order(carrier: Carrier) {
+    let (a, qa, b, _qb) = pair_over(QpConfig::default(), carrier);
     let la = a.alloc_region(4 << 20, Access::ALL).unwrap();
     let rb = b.alloc_region(4 << 20, Access::ALL).unwrap();
     la.write(0, &pattern(3, 4 << 20)).unwrap();
@@ -216,13 +278,13 @@ fn a_local_error_behind_requests_in_flight_completes_in_order() {
     assert_eq!(rb.read_vec(0, 4 << 20).unwrap(), pattern(3, 4 << 20));
 }
 
-#[test]
-fn a_target_qp_in_error_or_gone_gives_transport_errors() {
+over_each_carrier!(a_target_qp_in_error_or_gone_gives_transport_errors);
+fn a_target_qp_in_error_or_gone_gives_transport_errors(carrier: Carrier) {
     let cfg = QpConfig {
         retry_timeout: Duration::from_millis(500),
         ..Default::default()
     };
-    let (a, qa, b, qb) = tcp_pair(cfg.clone());
+    let (a, qa, b, qb) = pair_over(cfg.clone(), carrier);
     let la = a.alloc_region(4096, Access::ALL).unwrap();
     let rb = b.alloc_region(4096, Access::ALL).unwrap();
     let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
@@ -231,7 +293,7 @@ fn a_target_qp_in_error_or_gone_gives_transport_errors() {
     let t = dev.put(rb.remote(0), la.local(0), 8).unwrap();
     assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
     // The whole peer context goes away: its connections close.
-    let (a2, qa2, b2, qb2) = tcp_pair(cfg);
+    let (a2, qa2, b2, qb2) = pair_over(cfg, carrier);
     let (l2, r2) = (
         a2.alloc_region(4096, Access::ALL).unwrap(),
         b2.alloc_region(4096, Access::ALL).unwrap(),
@@ -411,7 +473,11 @@ fn peer_process() {
     let Ok(mode) = std::env::var("GDAKI_TCP_PEER") else {
         return;
     };
-    let ctx = listening_context();
+    let carrier = match std::env::var("GDAKI_TCP_PEER_CARRIER").as_deref() {
+        Ok("shm") => Carrier::Shm,
+        _ => Carrier::Tcp,
+    };
+    let ctx = listening_over(carrier);
     let mr = ctx.alloc_region(PEER_REGION, Access::ALL).unwrap();
     mr.write(0, &pattern(42, 64 << 10)).unwrap();
     let q = qp(&ctx, 64, QpConfig::default());
@@ -452,10 +518,14 @@ impl Drop for Peer {
     }
 }
 
-fn spawn_peer(mode: &str) -> Peer {
+fn spawn_peer(mode: &str, carrier: Carrier) -> Peer {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
         .env("GDAKI_TCP_PEER", mode)
+        .env(
+            "GDAKI_TCP_PEER_CARRIER",
+            if carrier == Carrier::Shm { "shm" } else { "tcp" },
+        )
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -473,10 +543,10 @@ fn spawn_peer(mode: &str) -> Peer {
     Peer { child, port }
 }
 
-#[test]
-fn two_processes_then_the_peer_is_killed() {
-    let mut peer = spawn_peer("serve");
-    let ctx = listening_context();
+over_each_carrier!(two_processes_then_the_peer_is_killed);
+fn two_processes_then_the_peer_is_killed(carrier: Carrier) {
+    let mut peer = spawn_peer("serve", carrier);
+    let ctx = listening_over(carrier);
     let mr = ctx.alloc_region(PEER_REGION, Access::ALL).unwrap();
     mr.write(0, &pattern(7, 64 << 10)).unwrap();
     let q = qp(
@@ -502,6 +572,9 @@ fn two_processes_then_the_peer_is_killed() {
     );
     q.connect(&theirs.endpoints[0]).unwrap();
     ch.sync(1).unwrap();
+    // This side's mapping of its own connection's segment (the peer maps it too, over there).
+    let want = if carrier == Carrier::Shm { 1 } else { 0 };
+    assert_eq!(shm_maps(&q.endpoint()), want, "not connected over {carrier:?}");
     let region = theirs.regions[0];
     let at = |off: u64| region.at(off).unwrap();
     let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
@@ -538,7 +611,7 @@ fn two_processes_then_the_peer_is_killed() {
 
 #[test]
 fn two_processes_with_different_parameters_are_refused() {
-    let peer = spawn_peer("reject");
+    let peer = spawn_peer("reject", Carrier::Tcp);
     let mut ch = Channel::connect(SocketAddr::from(([127, 0, 0, 1], peer.port)), Duration::from_secs(20)).unwrap();
     ch.send(&Hello {
         app: APP.to_vec(),
@@ -914,19 +987,21 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
+over_each_carrier!(destroyed_queue_pairs_close_their_transport_connections);
 /// Destroying connected queue pairs closes their transport connections on both sides: nothing
 /// of them stays behind (threads, sockets, a place among the HCA's unverified connections).
-#[test]
-fn destroyed_queue_pairs_close_their_transport_connections() {
-    let (a, b) = (listening_context(), listening_context());
+fn destroyed_queue_pairs_close_their_transport_connections(carrier: Carrier) {
+    let (a, b) = (listening_over(carrier), listening_over(carrier));
     let before = open_fds();
+    let mut endpoints = Vec::new();
     for _ in 0..20 {
         let (qa, qb) = (qp(&a, 8, QpConfig::default()), qp(&b, 8, QpConfig::default()));
-        qb.connect(&over_tcp(qa.endpoint())).unwrap();
-        qa.connect(&over_tcp(qb.endpoint())).unwrap();
+        connect_over(&qa, &qb, carrier);
+        endpoints.extend([qa.endpoint(), qb.endpoint()]);
     }
+    let maps = || endpoints.iter().map(shm_maps).sum::<usize>();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while open_fds() > before + 4 && Instant::now() < deadline {
+    while (open_fds() > before + 4 || maps() > 0) && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
     }
     assert!(
@@ -934,4 +1009,29 @@ fn destroyed_queue_pairs_close_their_transport_connections() {
         "{} descriptors open after 20 connected pairs were destroyed, {before} before",
         open_fds()
     );
+    assert_eq!(maps(), 0, "shared-memory segments still mapped");
+}
+
+/// Shared memory needs both sides: a side that turned it off keeps the connection on TCP,
+/// whichever side offers, and the offered segment is not left behind in `/dev/shm`.
+#[test]
+fn a_side_without_shared_memory_keeps_tcp() {
+    let (on, off) = (listening_over(Carrier::Shm), listening_over(Carrier::Tcp));
+    let (qa, qb) = (qp(&on, 8, QpConfig::default()), qp(&off, 8, QpConfig::default()));
+    connect_over(&qa, &qb, Carrier::Tcp);
+    let guid = u64::from_be_bytes(qa.endpoint().gid[8..].try_into().unwrap());
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(&format!("{guid:016x}")))
+        .collect();
+    assert!(left.is_empty(), "offered segments left in /dev/shm: {left:?}");
+    let (la, rb) = (
+        on.alloc_region(4096, Access::ALL).unwrap(),
+        off.alloc_region(4096, Access::ALL).unwrap(),
+    );
+    la.write(0, b"over tcp").unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
+    dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
+    assert_eq!(rb.read_vec(0, 8).unwrap(), b"over tcp");
 }

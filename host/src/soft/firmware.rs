@@ -260,7 +260,6 @@ impl SoftDevice {
     }
 
     /// The HCA behind the device.
-    #[cfg(test)]
     pub fn hca(&self) -> &Arc<Hca> {
         &self.hca
     }
@@ -626,7 +625,7 @@ impl SoftDevice {
                 format!("HCA {guid:#x} is not in this process and has no known address"),
             );
         };
-        crate::soft::net::Link::connect(self.hca.id, qp, remote_qpn, secret, addr)
+        crate::soft::net::Link::connect(&self.hca, qp, remote_qpn, secret, addr)
             .map(Peer::Remote)
             .or_else(|e| refuse(CmdStatus::BadParam, FwSyndrome::PeerUnreachable, e.to_string()))
     }

@@ -34,6 +34,7 @@ pub(crate) mod net;
 pub(crate) mod objects;
 pub(crate) mod requester;
 pub(crate) mod responder;
+pub(crate) mod shm;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -199,6 +200,9 @@ pub(crate) struct Hca {
     /// Incoming transport connections not yet known to come from a QP's RTR peer (see
     /// [`net::MAX_UNVERIFIED`]).
     pub(crate) unverified: std::sync::atomic::AtomicUsize,
+    /// Whether transport connections to a peer on this machine may go through shared memory
+    /// (`ContextOptions::same_host_shared_memory`).
+    shared_memory: AtomicBool,
 }
 
 /// Live HCAs of this process, by id (in-process connections look peers up here).
@@ -230,9 +234,21 @@ impl Hca {
             stop: AtomicBool::new(false),
             listening: Mutex::new(None),
             unverified: Default::default(),
+            shared_memory: AtomicBool::new(true),
         });
         reg.insert(hca.id, Arc::downgrade(&hca));
         hca
+    }
+
+    /// Lets transport connections to peers on this machine go through shared memory, or keeps
+    /// them on TCP (both sides must allow it; it applies to connections made afterwards).
+    pub fn set_shared_memory(&self, on: bool) {
+        self.shared_memory.store(on, Ordering::Release);
+    }
+
+    /// See [`set_shared_memory`](Self::set_shared_memory).
+    pub fn shared_memory(&self) -> bool {
+        self.shared_memory.load(Ordering::Acquire)
     }
 
     /// The transport listener's address, once listening.

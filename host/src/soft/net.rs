@@ -37,11 +37,12 @@ use crate::soft::dma::DmaFault;
 use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
+use crate::soft::shm::{self, Dir, Segment};
 use crate::soft::{Hca, Region, RegionCache};
 use crate::wire::{self, Header, Kind, Op, Request, Response, WireError, HEADER_LEN};
 
-/// How often blocked socket reads wake up to check deadlines and stop flags.
-const POLL: Duration = Duration::from_millis(50);
+/// How often blocked reads wake up to check deadlines, stop flags and dead peers.
+pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// Bounce buffer size for payloads.
 const CHUNK: usize = 256 << 10;
 /// How long connection set-up may take.
@@ -85,10 +86,68 @@ impl From<WireError> for Fault {
     }
 }
 
-/// Reads from a socket with a read timeout, calling `idle` on every timeout (to check
+/// Where a connection's bytes come from: the socket, or the shared ring once the set-up
+/// switched to it (see [`shm`]).
+enum Inbound {
+    Tcp(TcpStream),
+    Shm(shm::Rx),
+}
+
+impl Inbound {
+    /// Reads what there is, waiting at most about [`POLL`]; a timeout is an error of kind
+    /// `WouldBlock` or `TimedOut`.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Inbound::Tcp(s) => s.read(buf),
+            Inbound::Shm(rx) => rx.read(buf),
+        }
+    }
+
+    /// Ends the connection both ways.
+    fn shutdown(&self) {
+        match self {
+            Inbound::Tcp(s) => drop(s.shutdown(Shutdown::Both)),
+            Inbound::Shm(rx) => {
+                rx.closer().close();
+                rx.watch().shutdown();
+            }
+        }
+    }
+}
+
+/// Where a connection's bytes go: the socket (buffered) or the shared ring.
+enum Outbound {
+    Tcp(BufWriter<TcpStream>),
+    Shm(shm::Tx),
+}
+
+impl Write for Outbound {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Outbound::Tcp(w) => w.write(buf),
+            Outbound::Shm(w) => w.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Outbound::Tcp(w) => w.write_all(buf),
+            Outbound::Shm(w) => w.write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Outbound::Tcp(w) => w.flush(),
+            Outbound::Shm(w) => w.flush(),
+        }
+    }
+}
+
+/// Reads a connection's bytes with a timeout, calling `idle` on every timeout (to check
 /// deadlines and stop flags) without losing a byte.
 struct Reader {
-    s: TcpStream,
+    s: Inbound,
     buf: Box<[u8]>,
     pos: usize,
     end: usize,
@@ -102,7 +161,7 @@ impl Reader {
     fn new(s: TcpStream) -> io::Result<Reader> {
         s.set_read_timeout(Some(POLL))?;
         Ok(Reader {
-            s,
+            s: Inbound::Tcp(s),
             buf: vec![0u8; 64 << 10].into_boxed_slice(),
             pos: 0,
             end: 0,
@@ -113,6 +172,19 @@ impl Reader {
     /// Bytes received but not yet consumed.
     fn buffered(&self) -> usize {
         self.end - self.pos
+    }
+
+    /// Reads from the shared ring `rx` from now on. Nothing may be left over from the socket:
+    /// the peer sends nothing after the frame that switched.
+    fn switch(&mut self, rx: shm::Rx) -> Result<(), Fault> {
+        if self.buffered() != 0 {
+            return Err(Fault::Protocol(format!(
+                "{} bytes sent over TCP after the switch to shared memory",
+                self.buffered()
+            )));
+        }
+        self.s = Inbound::Shm(rx);
+        Ok(())
     }
 
     fn read_exact(&mut self, dst: &mut [u8], idle: &mut dyn FnMut() -> Result<(), Fault>) -> Result<(), Fault> {
@@ -311,8 +383,10 @@ struct Shared {
 
 /// A QP's connection to a peer in another process (the requester's side of it).
 pub(crate) struct Link {
-    tx: BufWriter<TcpStream>,
+    tx: Outbound,
     stream: TcpStream,
+    /// Ends the receiver's wait on the shared ring (a socket shutdown does not reach it).
+    rx_closer: Option<shm::Closer>,
     next_seq: u32,
     /// The engine hit a local error on this QP with requests still in flight: the QP goes
     /// to error when that WQE completes, and nothing after it executes.
@@ -324,8 +398,9 @@ pub(crate) struct Link {
 
 impl Link {
     /// Connects `qp` (of HCA `hca`) to QP `peer_qpn` of the soft HCA listening at `addr`, which
-    /// must accept, presenting the peer QP's transport `secret` (from its endpoint).
-    pub(crate) fn connect(hca: u64, qp: &Arc<SoftQp>, peer_qpn: u32, secret: u64, addr: SocketAddr) -> Result<Link> {
+    /// must accept, presenting the peer QP's transport `secret` (from its endpoint). A peer on
+    /// this machine is then reached through shared memory where both sides can (see [`shm`]).
+    pub(crate) fn connect(hca: &Hca, qp: &Arc<SoftQp>, peer_qpn: u32, secret: u64, addr: SocketAddr) -> Result<Link> {
         let io = |what: &'static str| move |source| Error::Io { what, source };
         let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| Error::PeerUnreachable {
             what: format!("QP {:#x} at {addr}: {e}", peer_qpn),
@@ -335,7 +410,7 @@ impl Link {
             .set_write_timeout(Some(qp.retry_timeout()))
             .map_err(io("setting a socket write timeout"))?;
         let hello = wire::Connect {
-            hca,
+            hca: hca.id,
             qpn: qp.qpn,
             target_qpn: peer_qpn,
             psn: qp.psn(),
@@ -376,6 +451,8 @@ impl Link {
             }
             k => return Err(refused(format!("unexpected {k:?} answer to a connect"))),
         }
+        let (tx, rx_closer) = offer(hca, qp, &stream, &mut reader).map_err(|f| refused(f.to_string()))?;
+        let carrier = if rx_closer.is_some() { "shared memory" } else { "TCP" };
         let shared = Arc::new(Shared {
             qp: Arc::downgrade(qp),
             retry_timeout: qp.retry_timeout(),
@@ -387,10 +464,11 @@ impl Link {
             receive(reader, rx_shared, addr)
         })
         .map_err(io("starting a transport receiver thread"))?;
-        info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer_qpn), %addr, "connected over TCP");
+        info!(qpn = format_args!("{:#x}", qp.qpn), peer = format_args!("{:#x}", peer_qpn), %addr, "connected over {carrier}");
         Ok(Link {
-            tx: BufWriter::with_capacity(CHUNK, stream.try_clone().map_err(io("cloning a socket"))?),
+            tx,
             stream,
+            rx_closer,
             next_seq: qp.psn(),
             halted: false,
             shared,
@@ -474,7 +552,7 @@ impl Link {
 
     fn kill(&mut self, why: &str) {
         warn!(peer = %self.peer, "transport connection lost: {why}");
-        let _ = self.stream.shutdown(Shutdown::Both);
+        self.shutdown();
         let mut inflight = lock(&self.shared.inflight);
         inflight.fail_unanswered(Syndrome::TransportRetryExc);
         let qp = self.shared.qp.upgrade();
@@ -482,11 +560,122 @@ impl Link {
     }
 }
 
+impl Link {
+    /// Ends the connection both ways, waking this side's receiver.
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(c) = &self.rx_closer {
+            c.close();
+        }
+    }
+}
+
+/// The requester's half of choosing the carrier, right after the accept: offers a
+/// shared-memory segment (when this HCA may and one can be made) and, when the responder
+/// mapped it, switches `reader` to it. Returns where requests go, and what closes the
+/// receiver's ring.
+fn offer(
+    hca: &Hca,
+    qp: &SoftQp,
+    stream: &TcpStream,
+    reader: &mut Reader,
+) -> Result<(Outbound, Option<shm::Closer>), Fault> {
+    let seg = match hca.shared_memory() {
+        false => None,
+        true => Segment::create(hca.id, qp.qpn)
+            .inspect_err(|e| {
+                debug!(
+                    qpn = format_args!("{:#x}", qp.qpn),
+                    "no shared-memory segment ({e}): the connection stays on TCP"
+                )
+            })
+            .ok(),
+    };
+    let mut answer = || -> Result<bool, Fault> {
+        let mut w = stream;
+        w.write_all(&wire::encode_shm_offer(seg.as_deref().map(Segment::name)))?;
+        reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
+        let mut idle = || Ok(());
+        let h = reader.header(&mut idle)?;
+        if h.kind != Kind::ShmAnswer {
+            return Err(WireError::Unexpected {
+                got: h.kind,
+                want: "a shared-memory answer",
+            }
+            .into());
+        }
+        let mapped = wire::decode_shm_answer(&reader.payload(h, &mut idle)?)?;
+        reader.deadline = None;
+        Ok(mapped)
+    };
+    let mapped = answer();
+    if let Some(s) = &seg {
+        s.unlink();
+    }
+    match (seg, mapped?) {
+        (Some(seg), true) => {
+            let rx = shm::Rx::new(seg.clone(), Dir::Responses, shm::Watch::new(stream)?);
+            let closer = rx.closer();
+            reader.switch(rx)?;
+            let tx = shm::Tx::new(seg, Dir::Requests, qp.retry_timeout(), shm::Watch::new(stream)?);
+            Ok((Outbound::Shm(tx), Some(closer)))
+        }
+        (None, true) => Err(Fault::Protocol("a shared-memory answer to no offer".into())),
+        (_, false) => Ok((
+            Outbound::Tcp(BufWriter::with_capacity(CHUNK, stream.try_clone()?)),
+            None,
+        )),
+    }
+}
+
+/// The responder's half: reads the requester's offer and answers it, mapping the segment when
+/// this HCA may and the segment checks out. Returns where answers go from now on.
+fn answer_offer(
+    hca: &Hca,
+    target: &SoftQp,
+    reader: &mut Reader,
+    mut w: BufWriter<TcpStream>,
+    idle: &mut dyn FnMut() -> Result<(), Fault>,
+) -> Result<Outbound, Fault> {
+    reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
+    let h = reader.header(idle)?;
+    if h.kind != Kind::ShmOffer {
+        return Err(WireError::Unexpected {
+            got: h.kind,
+            want: "a shared-memory offer",
+        }
+        .into());
+    }
+    let offered = wire::decode_shm_offer(&reader.payload(h, idle)?)?;
+    reader.deadline = None;
+    let seg = offered.filter(|_| hca.shared_memory()).and_then(|name| {
+        Segment::open(&name)
+            .inspect_err(|e| {
+                debug!(
+                    qpn = format_args!("{:#x}", target.qpn),
+                    "shared-memory segment {name} not taken ({e}): the connection stays on TCP"
+                )
+            })
+            .ok()
+    });
+    w.write_all(&wire::encode_shm_answer(seg.is_some()))?;
+    w.flush()?;
+    let Some(seg) = seg else { return Ok(Outbound::Tcp(w)) };
+    let stream = w.get_ref();
+    reader.switch(shm::Rx::new(seg.clone(), Dir::Requests, shm::Watch::new(stream)?))?;
+    Ok(Outbound::Shm(shm::Tx::new(
+        seg,
+        Dir::Responses,
+        target.retry_timeout(),
+        shm::Watch::new(stream)?,
+    )))
+}
+
 impl Drop for Link {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Release);
         let _ = self.tx.flush();
-        let _ = self.stream.shutdown(Shutdown::Both);
+        self.shutdown();
         if let Some(t) = self.receiver.take() {
             // The receiver may itself drop the last reference to the QP (and so this link).
             if t.thread().id() != std::thread::current().id() {
@@ -499,7 +688,7 @@ impl Drop for Link {
 /// The receiver thread: applies responses in order until the connection ends.
 fn receive(mut reader: Reader, shared: Arc<Shared>, peer: SocketAddr) {
     let fault = receive_loop(&mut reader, &shared).unwrap_err();
-    let _ = reader.s.shutdown(Shutdown::Both);
+    reader.s.shutdown();
     let mut inflight = lock(&shared.inflight);
     let unanswered = inflight.unanswered();
     match fault {
@@ -825,6 +1014,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     w.get_ref().set_write_timeout(Some(target.retry_timeout()))?;
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
+    let mut w = answer_offer(hca, &target, &mut reader, w, &mut connecting)?;
     let pd = target.pd;
     // Only a weak reference while serving: a strong one would keep a destroyed QP (and so
     // its own link, whose peer's thread here holds that peer's QP) alive for ever.
@@ -924,7 +1114,7 @@ fn execute(
     cache: &mut RegionCache,
     pd: u32,
     reader: &mut Reader,
-    w: &mut BufWriter<TcpStream>,
+    w: &mut Outbound,
     req: Request,
     bounce: &mut Vec<u8>,
     idle: &mut dyn FnMut() -> Result<(), Fault>,

@@ -60,6 +60,14 @@ pub fn silent_peer() -> (SocketAddr, JoinHandle<()>) {
         s.read_exact(&mut connect).unwrap();
         let target = u32::from_be_bytes(connect[gdaki::wire::HEADER_LEN + 12..][..4].try_into().unwrap());
         s.write_all(&gdaki::wire::encode_accept(target)).unwrap();
+        // The requester's shared-memory offer (a header, then a name): declined, it stays on
+        // TCP, where nothing answers.
+        let mut head = [0u8; gdaki::wire::HEADER_LEN];
+        s.read_exact(&mut head).unwrap();
+        let h = gdaki::wire::Header::parse(&head).unwrap();
+        assert_eq!(h.kind, gdaki::wire::Kind::ShmOffer);
+        s.read_exact(&mut vec![0u8; h.len as usize]).unwrap();
+        s.write_all(&gdaki::wire::encode_shm_answer(false)).unwrap();
         let mut sink = [0u8; 4096];
         while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
     });
