@@ -243,34 +243,79 @@ impl Reader {
         Ok(p)
     }
 
-    /// Reads `len` bytes into registered memory at `addr`, through a bounce buffer. The stream
-    /// is always consumed in full; a failed copy into the region is the inner error.
+    /// Passes the next `len` bytes of the stream to `f`, piece by piece: straight from the
+    /// shared ring where the connection has one, through `bounce` from a socket (in whole
+    /// chunks: a message of up to [`CHUNK`] bytes reaches memory whole or not at all, over TCP;
+    /// over shared memory a peer that dies mid-payload may leave part of it, which a failed
+    /// READ's buffer may hold on RC too).
+    fn consume(
+        &mut self,
+        len: u64,
+        bounce: &mut Vec<u8>,
+        idle: &mut dyn FnMut() -> Result<(), Fault>,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), Fault> {
+        let mut left = len;
+        while left > 0 {
+            let max = left.min(CHUNK as u64) as usize;
+            let buffered = self.buffered();
+            match &mut self.s {
+                // What this reader buffered comes first.
+                Inbound::Shm(_) if buffered > 0 => {
+                    let n = max.min(buffered);
+                    f(&self.buf[self.pos..self.pos + n]);
+                    self.pos += n;
+                    left -= n as u64;
+                }
+                Inbound::Shm(rx) => match rx.read_with(max, |piece| f(piece)) {
+                    Ok(0) => return Err(Fault::Io(io::ErrorKind::UnexpectedEof.into())),
+                    Ok(got) => left -= got as u64,
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => idle()?,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                },
+                Inbound::Tcp(_) => {
+                    bounce.resize(max, 0);
+                    self.read_exact(&mut bounce[..max], idle)?;
+                    f(&bounce[..max]);
+                    left -= max as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes into registered memory at `addr` (see [`consume`](Self::consume)).
+    /// The stream is always consumed in full; a failed copy into the region is the inner
+    /// error.
     fn read_to_region(
         &mut self,
         region: Option<&Region>,
-        mut addr: u64,
+        addr: u64,
         len: u64,
         bounce: &mut Vec<u8>,
         idle: &mut dyn FnMut() -> Result<(), Fault>,
     ) -> Result<Result<(), DmaFault>, Fault> {
-        let mut left = len;
         let mut copied = Ok(());
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            bounce.resize(n, 0);
-            self.read_exact(&mut bounce[..n], idle)?;
+        let mut at = addr;
+        self.consume(len, bounce, idle, &mut |piece| {
             if let (Some(r), Ok(())) = (region, copied) {
-                copied = r.dma.write(addr, &bounce[..n]);
+                copied = r.dma.write(at, piece);
             }
-            addr += n as u64;
-            left -= n as u64;
-        }
+            at += piece.len() as u64;
+        })?;
         Ok(copied)
     }
 }
 
 /// Writes `len` bytes of registered memory at `addr` to `w`, through a bounce buffer.
 fn from_region(w: &mut impl Write, region: &Region, mut addr: u64, len: u64, bounce: &mut Vec<u8>) -> io::Result<()> {
+    if region.dma.host_addressable() {
+        // SAFETY: the range was checked against this live, host-addressable region (the
+        // caller holds it); like DMA, concurrent writes by the application may be torn.
+        let d = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+        return w.write_all(d);
+    }
     let mut left = len;
     while left > 0 {
         let n = left.min(CHUNK as u64) as usize;

@@ -469,31 +469,56 @@ impl Rx {
         if dst.is_empty() {
             return Ok(0);
         }
+        self.read_with(dst.len(), |piece| dst[..piece.len()].copy_from_slice(piece))
+    }
+
+    /// As [`read`](Self::read), but hands `f` the next bytes where they lie in the ring (one
+    /// contiguous piece of at most `max` bytes) instead of copying them out, then consumes
+    /// them: a payload goes from the ring to its destination in one copy.
+    pub fn read_with(&mut self, max: usize, f: impl FnOnce(&[u8])) -> io::Result<usize> {
+        let avail = self.wait()?;
+        let at = (self.head % RING_BYTES as u64) as usize;
+        let n = avail.min(max).min(RING_BYTES - at);
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: `at..at + n` lies inside the ring, below the tail the producer published
+        // (release) and this side loaded (acquire): the producer does not write there until
+        // the head passes it. A peer that breaks that rule only changes bytes that are parsed
+        // as untrusted anyway (as a NIC's DMA may change memory under a reader).
+        f(unsafe { std::slice::from_raw_parts(self.seg.data(self.dir).add(at), n) });
+        self.head += n as u64;
+        let ctl = self.seg.ctl(self.dir);
+        ctl.head.store(self.head, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if ctl.writer_waiting.load(Ordering::Relaxed) != 0 {
+            wake(&ctl.space_seq);
+        }
+        Ok(n)
+    }
+
+    /// Waits at most about a poll interval for bytes: how many there are, 0 at the end of the
+    /// stream, a `TimedOut` error when none came.
+    fn wait(&mut self) -> io::Result<usize> {
         let ctl = self.seg.ctl(self.dir);
         let ended = || ctl.reader_closed.load(Ordering::Acquire) != 0 || ctl.writer_closed.load(Ordering::Acquire) != 0;
         let mut slept = false;
         loop {
             let avail = self.available()?;
             if avail > 0 {
-                return Ok(self.take(dst, avail));
+                return Ok(avail);
             }
             if ctl.reader_closed.load(Ordering::Acquire) != 0 {
                 return Ok(0);
             }
             if ctl.writer_closed.load(Ordering::Acquire) != 0 {
                 // Closed after its last publish: what the tail says now is all there is.
-                return match self.available()? {
-                    0 => Ok(0),
-                    a => Ok(self.take(dst, a)),
-                };
+                return self.available();
             }
             if slept {
                 if self.watch.gone() {
                     // Whatever was published before the peer went is still delivered.
-                    return match self.available()? {
-                        0 => Ok(0),
-                        a => Ok(self.take(dst, a)),
-                    };
+                    return self.available();
                 }
                 return Err(io::ErrorKind::TimedOut.into());
             }
@@ -510,27 +535,6 @@ impl Rx {
             ctl.reader_waiting.store(0, Ordering::Relaxed);
             slept = true;
         }
-    }
-
-    fn take(&mut self, dst: &mut [u8], avail: usize) -> usize {
-        let n = avail.min(dst.len());
-        let at = (self.head % RING_BYTES as u64) as usize;
-        let first = n.min(RING_BYTES - at);
-        let data = self.seg.data(self.dir);
-        // SAFETY: `at + first` and `n - first` stay inside the ring, and these `n` bytes lie
-        // below the tail the producer published (release) and this side loaded (acquire).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.add(at), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), n - first);
-        }
-        self.head += n as u64;
-        let ctl = self.seg.ctl(self.dir);
-        ctl.head.store(self.head, Ordering::Release);
-        fence(Ordering::SeqCst);
-        if ctl.writer_waiting.load(Ordering::Relaxed) != 0 {
-            wake(&ctl.space_seq);
-        }
-        n
     }
 }
 
