@@ -225,8 +225,8 @@ impl Context {
                 },
             ));
         }
-        let soft = SoftDevice::open(options.atomic_reply()).map_err(Error::device("opening the soft device"))?;
-        soft.hca().set_shared_memory(options.uses_same_host_shared_memory());
+        let soft = SoftDevice::open(options.atomic_reply(), options.uses_same_host_shared_memory())
+            .map_err(Error::device("opening the soft device"))?;
         Ok(Arc::new(soft))
     }
 

@@ -221,10 +221,11 @@ pub(crate) struct SoftDevice {
 }
 
 impl SoftDevice {
-    /// A new soft HCA and its device, answering 8-byte atomics in `atomic_reply` order, with
-    /// its engine started.
-    pub fn open(atomic_reply: AtomicReplyOrder) -> Result<SoftDevice, DeviceError> {
-        let hca = Hca::new();
+    /// A new soft HCA and its device, answering 8-byte atomics in `atomic_reply` order, its
+    /// same-host connections through shared memory where `shared_memory`, with its engine
+    /// started.
+    pub fn open(atomic_reply: AtomicReplyOrder, shared_memory: bool) -> Result<SoftDevice, DeviceError> {
+        let hca = Hca::new(shared_memory);
         let engine = Engine::start(hca.clone()).map_err(|e| DeviceError::Call {
             what: "starting the soft HCA's engine thread",
             why: e.to_string(),
@@ -253,13 +254,14 @@ impl SoftDevice {
     /// A soft context opened on a new device, and the device (for the library's tests).
     #[cfg(test)]
     pub fn context() -> (crate::Context, Arc<SoftDevice>) {
-        let soft = Arc::new(SoftDevice::open(AtomicReplyOrder::BigEndian).expect("a soft device"));
+        let soft = Arc::new(SoftDevice::open(AtomicReplyOrder::BigEndian, true).expect("a soft device"));
         let ctx =
             crate::Context::open_on(soft.clone(), Default::default(), crate::Provider::Soft).expect("a context on it");
         (ctx, soft)
     }
 
     /// The HCA behind the device.
+    #[cfg(test)]
     pub fn hca(&self) -> &Arc<Hca> {
         &self.hca
     }

@@ -202,7 +202,7 @@ pub(crate) struct Hca {
     pub(crate) unverified: std::sync::atomic::AtomicUsize,
     /// Whether transport connections to a peer on this machine may go through shared memory
     /// (`ContextOptions::same_host_shared_memory`).
-    shared_memory: AtomicBool,
+    pub shared_memory: bool,
 }
 
 /// Live HCAs of this process, by id (in-process connections look peers up here).
@@ -212,8 +212,8 @@ fn registry() -> &'static Mutex<HashMap<u64, Weak<Hca>>> {
 }
 
 impl Hca {
-    /// A new HCA, registered in the process's table.
-    pub fn new() -> Arc<Hca> {
+    /// A new HCA, registered in the process's table; `shared_memory`: see [`Hca::shared_memory`].
+    pub fn new(shared_memory: bool) -> Arc<Hca> {
         let mut reg = lock(registry());
         let id = loop {
             let id = (random_u32() as u64) << 32 | random_u32() as u64;
@@ -234,21 +234,10 @@ impl Hca {
             stop: AtomicBool::new(false),
             listening: Mutex::new(None),
             unverified: Default::default(),
-            shared_memory: AtomicBool::new(true),
+            shared_memory,
         });
         reg.insert(hca.id, Arc::downgrade(&hca));
         hca
-    }
-
-    /// Lets transport connections to peers on this machine go through shared memory, or keeps
-    /// them on TCP (both sides must allow it; it applies to connections made afterwards).
-    pub fn set_shared_memory(&self, on: bool) {
-        self.shared_memory.store(on, Ordering::Release);
-    }
-
-    /// See [`set_shared_memory`](Self::set_shared_memory).
-    pub fn shared_memory(&self) -> bool {
-        self.shared_memory.load(Ordering::Acquire)
     }
 
     /// The transport listener's address, once listening.

@@ -37,7 +37,7 @@ use crate::soft::dma::DmaFault;
 use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
-use crate::soft::shm::{self, Dir, Segment};
+use crate::soft::shm::{self, Segment, Side};
 use crate::soft::{Hca, Region, RegionCache};
 use crate::wire::{self, Header, Kind, Op, Request, Response, WireError, HEADER_LEN};
 
@@ -243,51 +243,12 @@ impl Reader {
         Ok(p)
     }
 
-    /// Passes the next `len` bytes of the stream to `f`, piece by piece: straight from the
-    /// shared ring where the connection has one, through `bounce` from a socket (in whole
-    /// chunks: a message of up to [`CHUNK`] bytes reaches memory whole or not at all, over TCP;
-    /// over shared memory a peer that dies mid-payload may leave part of it, which a failed
-    /// READ's buffer may hold on RC too).
-    fn consume(
-        &mut self,
-        len: u64,
-        bounce: &mut Vec<u8>,
-        idle: &mut dyn FnMut() -> Result<(), Fault>,
-        f: &mut dyn FnMut(&[u8]),
-    ) -> Result<(), Fault> {
-        let mut left = len;
-        while left > 0 {
-            let max = left.min(CHUNK as u64) as usize;
-            let buffered = self.buffered();
-            match &mut self.s {
-                // What this reader buffered comes first.
-                Inbound::Shm(_) if buffered > 0 => {
-                    let n = max.min(buffered);
-                    f(&self.buf[self.pos..self.pos + n]);
-                    self.pos += n;
-                    left -= n as u64;
-                }
-                Inbound::Shm(rx) => match rx.read_with(max, |piece| f(piece)) {
-                    Ok(0) => return Err(Fault::Io(io::ErrorKind::UnexpectedEof.into())),
-                    Ok(got) => left -= got as u64,
-                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => idle()?,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e.into()),
-                },
-                Inbound::Tcp(_) => {
-                    bounce.resize(max, 0);
-                    self.read_exact(&mut bounce[..max], idle)?;
-                    f(&bounce[..max]);
-                    left -= max as u64;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads `len` bytes into registered memory at `addr` (see [`consume`](Self::consume)).
-    /// The stream is always consumed in full; a failed copy into the region is the inner
-    /// error.
+    /// Reads `len` bytes into registered memory at `addr`: straight from the shared ring where
+    /// the connection has one, through `bounce` from a socket (in whole chunks: over TCP a
+    /// message of up to [`CHUNK`] bytes reaches memory whole or not at all; over shared memory
+    /// a peer that dies mid-payload may leave part of it, which a failed READ's buffer may
+    /// hold on RC too). The stream is always consumed in full; a failed copy into the region
+    /// is the inner error.
     fn read_to_region(
         &mut self,
         region: Option<&Region>,
@@ -298,12 +259,39 @@ impl Reader {
     ) -> Result<Result<(), DmaFault>, Fault> {
         let mut copied = Ok(());
         let mut at = addr;
-        self.consume(len, bounce, idle, &mut |piece| {
+        let mut put = |piece: &[u8]| {
             if let (Some(r), Ok(())) = (region, copied) {
                 copied = r.dma.write(at, piece);
             }
             at += piece.len() as u64;
-        })?;
+        };
+        let mut left = len;
+        while left > 0 {
+            let max = left.min(CHUNK as u64) as usize;
+            let buffered = self.buffered();
+            match &mut self.s {
+                // What this reader buffered comes first.
+                Inbound::Shm(_) if buffered > 0 => {
+                    let n = max.min(buffered);
+                    put(&self.buf[self.pos..self.pos + n]);
+                    self.pos += n;
+                    left -= n as u64;
+                }
+                Inbound::Shm(rx) => match rx.read_with(max, &mut put) {
+                    Ok(0) => return Err(Fault::Io(io::ErrorKind::UnexpectedEof.into())),
+                    Ok(got) => left -= got as u64,
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => idle()?,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                },
+                Inbound::Tcp(_) => {
+                    bounce.resize(max, 0);
+                    self.read_exact(&mut bounce[..max], idle)?;
+                    put(&bounce[..max]);
+                    left -= max as u64;
+                }
+            }
+        }
         Ok(copied)
     }
 }
@@ -625,7 +613,7 @@ fn offer(
     stream: &TcpStream,
     reader: &mut Reader,
 ) -> Result<(Outbound, Option<shm::Closer>), Fault> {
-    let seg = match hca.shared_memory() {
+    let seg = match hca.shared_memory {
         false => None,
         true => Segment::create(hca.id, qp.qpn)
             .inspect_err(|e| {
@@ -659,10 +647,9 @@ fn offer(
     }
     match (seg, mapped?) {
         (Some(seg), true) => {
-            let rx = shm::Rx::new(seg.clone(), Dir::Responses, shm::Watch::new(stream)?);
+            let (tx, rx) = shm::ends(seg, Side::Requester, qp.retry_timeout(), stream)?;
             let closer = rx.closer();
             reader.switch(rx)?;
-            let tx = shm::Tx::new(seg, Dir::Requests, qp.retry_timeout(), shm::Watch::new(stream)?);
             Ok((Outbound::Shm(tx), Some(closer)))
         }
         (None, true) => Err(Fault::Protocol("a shared-memory answer to no offer".into())),
@@ -693,7 +680,7 @@ fn answer_offer(
     }
     let offered = wire::decode_shm_offer(&reader.payload(h, idle)?)?;
     reader.deadline = None;
-    let seg = offered.filter(|_| hca.shared_memory()).and_then(|name| {
+    let seg = offered.filter(|_| hca.shared_memory).and_then(|name| {
         Segment::open(&name)
             .inspect_err(|e| {
                 debug!(
@@ -706,14 +693,9 @@ fn answer_offer(
     w.write_all(&wire::encode_shm_answer(seg.is_some()))?;
     w.flush()?;
     let Some(seg) = seg else { return Ok(Outbound::Tcp(w)) };
-    let stream = w.get_ref();
-    reader.switch(shm::Rx::new(seg.clone(), Dir::Requests, shm::Watch::new(stream)?))?;
-    Ok(Outbound::Shm(shm::Tx::new(
-        seg,
-        Dir::Responses,
-        target.retry_timeout(),
-        shm::Watch::new(stream)?,
-    )))
+    let (tx, rx) = shm::ends(seg, Side::Responder, target.retry_timeout(), w.get_ref())?;
+    reader.switch(rx)?;
+    Ok(Outbound::Shm(tx))
 }
 
 impl Drop for Link {

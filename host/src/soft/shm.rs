@@ -79,11 +79,35 @@ const _: () = assert!(RING_BYTES.is_power_of_two());
 
 /// Which ring: requests (requester to responder) or responses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dir {
+enum Dir {
     /// Requests and WRITE data, requester to responder.
     Requests = 0,
     /// Responses and READ data, responder to requester.
     Responses = 1,
+}
+
+/// Which side of a connection this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// Sends requests, receives responses.
+    Requester,
+    /// Receives requests, sends responses.
+    Responder,
+}
+
+/// `side`'s ends of `seg`'s rings, both watching the set-up connection `stream`: the producer
+/// of its outgoing ring (whose writes wait at most `timeout` for room) and the consumer of the
+/// other.
+pub(crate) fn ends(seg: Arc<Segment>, side: Side, timeout: Duration, stream: &TcpStream) -> io::Result<(Tx, Rx)> {
+    let watch = Arc::new(Watch::new(stream)?);
+    let (out, back) = match side {
+        Side::Requester => (Dir::Requests, Dir::Responses),
+        Side::Responder => (Dir::Responses, Dir::Requests),
+    };
+    Ok((
+        Tx::new(seg.clone(), out, timeout, watch.clone()),
+        Rx::new(seg, back, watch),
+    ))
 }
 
 /// A mapped segment.
@@ -283,12 +307,12 @@ pub(crate) struct Tx {
     published: u64,
     /// How long a write waits for room (the QP's retry timeout, as TCP's write timeout).
     timeout: Duration,
-    watch: Watch,
+    watch: Arc<Watch>,
 }
 
 impl Tx {
     /// The producer of `seg`'s ring `dir`.
-    pub fn new(seg: Arc<Segment>, dir: Dir, timeout: Duration, watch: Watch) -> Tx {
+    fn new(seg: Arc<Segment>, dir: Dir, timeout: Duration, watch: Arc<Watch>) -> Tx {
         Tx {
             seg,
             dir,
@@ -427,12 +451,12 @@ pub(crate) struct Rx {
     seg: Arc<Segment>,
     dir: Dir,
     head: u64,
-    watch: Watch,
+    watch: Arc<Watch>,
 }
 
 impl Rx {
     /// The consumer of `seg`'s ring `dir`.
-    pub fn new(seg: Arc<Segment>, dir: Dir, watch: Watch) -> Rx {
+    fn new(seg: Arc<Segment>, dir: Dir, watch: Arc<Watch>) -> Rx {
         Rx {
             seg,
             dir,
@@ -557,8 +581,8 @@ mod tests {
         let (b, _) = l.accept().unwrap();
         let seg = Segment::create(1, 2).unwrap();
         let other = Segment::open(seg.name()).unwrap();
-        let tx = Tx::new(seg.clone(), Dir::Requests, timeout, Watch::new(&a).unwrap());
-        let rx = Rx::new(other, Dir::Requests, Watch::new(&b).unwrap());
+        let tx = Tx::new(seg.clone(), Dir::Requests, timeout, Arc::new(Watch::new(&a).unwrap()));
+        let rx = Rx::new(other, Dir::Requests, Arc::new(Watch::new(&b).unwrap()));
         (tx, rx, a, seg)
     }
 
