@@ -2,7 +2,10 @@
 //!
 //! Block 0's first warp watches the host-pinned ring and mirrors new descriptors into device
 //! memory, up to 32 per PCIe round trip, running ahead of the others (so one warp polls across
-//! PCIe, and descriptors are fetched while earlier ones are copied). Every other warp walks the
+//! PCIe, and descriptors are fetched while earlier ones are copied). A descriptor that arrives
+//! alone and is small it serves itself (see
+//! [`MIRROR_SERVES_MAX`](gdaki_layout::copy::MIRROR_SERVES_MAX)): a lone small write is a
+//! latency case, and the hand-off to a worker warp costs more than the copy. Every other warp walks the
 //! mirrored descriptors 32 at a time and serves its own: a small copy, a copy list (up to 32
 //! small copies, a lane each) or an atomic belongs to one warp (descriptor `n` to worker warp
 //! `n mod warps`), so many are served at once; a large copy is shared by the warps of enough
@@ -257,7 +260,8 @@ mod gpu {
     use core::ptr::{addr_of, addr_of_mut};
 
     use gdaki_layout::copy::{
-        CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, RING_SLOTS,
+        CopyDesc, CopyDone, CopyItem, LIST_MAX, MIRROR_SERVES_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST,
+        OP_FETCH_ADD, OP_SERVED, RING_SLOTS, SERVER_MIRROR,
     };
 
     use super::{block_part, block_share, body, copy_share, participants, warp_sized, Work, LANE_COPY_MAX};
@@ -336,11 +340,19 @@ mod gpu {
         started: u64,
     }
 
+    /// Who serves a descriptor: the warp's lane, and what its answer names as the server
+    /// ([`CopyDone::server`]).
+    #[derive(Clone, Copy)]
+    struct Server {
+        lane: u64,
+        id: u64,
+    }
+
     /// Publishes the answer to descriptor `n`: everything this thread saw written (the copy's
     /// bytes, through the warp barrier or the `finished` chain) is made visible system-wide
     /// first, then the stamps and the result, then the sequence number.
     #[inline(always)]
-    unsafe fn answer(dones: *mut CopyDone, work: &Work, n: u64, result: u64, t: Times) {
+    unsafe fn answer(dones: *mut CopyDone, work: &Work, n: u64, result: u64, t: Times, server: u64) {
         arch::to_device_barrier();
         let finished = arch::global_timer_ns();
         // SAFETY: the slot of a live answer ring and of the work area (the kernel's contract).
@@ -350,6 +362,7 @@ mod gpu {
             let done = dones.add((n & MASK) as usize);
             addr_of_mut!((*done).stamps).write_volatile([t.seen, t.started, finished]);
             addr_of_mut!((*done).result).write_volatile(result);
+            addr_of_mut!((*done).server).write_volatile(server);
             st_release_sys(addr_of_mut!((*done).seq), n);
         }
     }
@@ -411,7 +424,7 @@ mod gpu {
         if b == 0 {
             if warp == 0 {
                 // SAFETY: the rings and the state are valid per the contract.
-                unsafe { mirror(descs, stop, work, first, head, stopped, lane) };
+                unsafe { mirror(descs, dones, stop, work, first, head, stopped, lane) };
             }
             return;
         }
@@ -451,6 +464,7 @@ mod gpu {
                 None
             };
             let serves = match d {
+                Some(d) if d.op == OP_SERVED => false,
                 Some(d) if warp_sized(d.op, d.len) => mine.checked_rem(warps) == Some(me),
                 Some(d) => block_part(mine, wb, participants(d.len, nw), nw).is_some(),
                 None => false,
@@ -482,9 +496,10 @@ mod gpu {
                 // targets (contract).
                 unsafe {
                     if warp_sized(op, len) {
-                        serve_small(dones, work, k, op, dst, src, len, arg0, arg1, lane, t);
+                        let who = Server { lane, id: me };
+                        serve_small(dones, work, k, op, dst, src, len, arg0, arg1, who, t);
                     } else {
-                        serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, lane, per_block, t);
+                        serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, (lane, me), per_block, t);
                     }
                 }
             }
@@ -509,9 +524,10 @@ mod gpu {
         len: u64,
         arg0: u64,
         arg1: u64,
-        lane: u64,
+        who: Server,
         t: Times,
     ) {
+        let lane = who.lane;
         let mut result = 0;
         // SAFETY (all arms): the caller's contract.
         unsafe {
@@ -531,7 +547,7 @@ mod gpu {
                 _ => {}
             }
             if lane == 0 {
-                answer(dones, work, k, result, t);
+                answer(dones, work, k, result, t, who.id);
             }
         }
         arch::warp_sync(FULL_WARP);
@@ -609,7 +625,7 @@ mod gpu {
         nw: u64,
         tid: u64,
         nt: u64,
-        lane: u64,
+        (lane, me): (u64, u64),
         per_block: u64,
         t: Times,
     ) {
@@ -629,11 +645,67 @@ mod gpu {
                 if add_acq_rel_gpu(finished, 1) == parts * per_block - 1 {
                     finished.write_volatile(0);
                     copy_share(dst + body, src + body, len - body, 0, 1);
-                    answer(dones, work, k, 0, t);
+                    answer(dones, work, k, 0, t, me);
                 }
             }
         }
         arch::warp_sync(FULL_WARP);
+    }
+
+    /// The mirror warp serves descriptor `n`, the only one ready (lane 0 holds it), itself when
+    /// it is an atomic or a copy of at most [`MIRROR_SERVES_MAX`] bytes not waiting for an
+    /// unfinished earlier copy; returns whether it did. Uniform across the warp.
+    ///
+    /// # Safety
+    /// As for [`serve`]; every lane of the warp calls this together.
+    #[inline(always)]
+    unsafe fn serve_lone(
+        dones: *mut CopyDone,
+        work: &Work,
+        first: u64,
+        n: u64,
+        d: CopyDesc,
+        seen: u64,
+        lane: u64,
+    ) -> bool {
+        let op = arch::shfl_idx(FULL_WARP, d.op, 0);
+        let len = shfl_u64(FULL_WARP, d.len, 0);
+        let arg1 = shfl_u64(FULL_WARP, d.arg1, 0);
+        let small = match op {
+            OP_FETCH_ADD | OP_COMPARE_SWAP => true,
+            OP_COPY => len <= MIRROR_SERVES_MAX,
+            _ => false,
+        };
+        if !small {
+            return false;
+        }
+        // A copy ordered after an earlier one goes to the workers unless that one is done
+        // (acquired: its bytes land before this copy's).
+        let mut free = true;
+        if op == OP_COPY && arg1 >= first && lane == 0 {
+            // SAFETY: the work area's slot of `arg1` (contract).
+            free = unsafe { ld_acquire_gpu(work.completed.add((arg1 & MASK) as usize)) } >= arg1;
+        }
+        if arch::ballot(FULL_WARP, free) & 1 == 0 {
+            return false;
+        }
+        let (dst, src, arg0) = (
+            shfl_u64(FULL_WARP, d.dst, 0),
+            shfl_u64(FULL_WARP, d.src, 0),
+            shfl_u64(FULL_WARP, d.arg0, 0),
+        );
+        let t = Times {
+            seen,
+            started: arch::global_timer_ns(),
+        };
+        let who = Server {
+            lane,
+            id: SERVER_MIRROR,
+        };
+        // SAFETY: the host names valid, non-overlapping ranges and aligned atomic targets
+        // (contract).
+        unsafe { serve_small(dones, work, n, op, dst, src, len, arg0, arg1, who, t) };
+        true
     }
 
     /// Block 0's first warp: mirrors the descriptors the host has posted, up to 32 at a time
@@ -644,6 +716,7 @@ mod gpu {
     /// As for [`serve`]; every lane of the warp calls this together.
     unsafe fn mirror(
         descs: *const CopyDesc,
+        dones: *mut CopyDone,
         stop: *const u32,
         work: &Work,
         first: u64,
@@ -675,15 +748,27 @@ mod gpu {
             }
             polls = 0;
             let seen = arch::global_timer_ns();
+            let mut desc: CopyDesc = bytemuck::Zeroable::zeroed();
             if lane < run {
                 // SAFETY: per the contract.
                 unsafe {
                     arch::from_device_barrier();
                     // A plain read after the acquire: its loads cross PCIe together (volatile
                     // ones would go one round trip at a time).
-                    let desc = d.read();
-                    // seq cleared first and set last: a reader never takes a half-written
-                    // slot for its descriptor (see `read_mirror`).
+                    desc = d.read();
+                }
+            }
+            if run == 1 {
+                // SAFETY: the rings and the work area are valid per the contract.
+                if unsafe { serve_lone(dones, work, first, n, desc, seen, lane) } {
+                    desc.op = OP_SERVED;
+                }
+            }
+            if lane < run {
+                // SAFETY: the mirror slot of `mine` (contract). seq cleared first and set
+                // last: a reader never takes a half-written slot for its descriptor (see
+                // `read_mirror`).
+                unsafe {
                     let m = work.mirror.add((mine & MASK) as usize);
                     addr_of_mut!((*m).seq).write_volatile(0);
                     fence_gpu();

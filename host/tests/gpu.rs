@@ -833,6 +833,58 @@ fn copier_lists_copy_every_size_and_alignment_in_order() {
     }
 }
 
+/// A lone small copy (nothing else ready behind it) is served by the warp that fetched it, not
+/// handed to a worker warp through device memory: that hand-off was most of a small write's
+/// latency into GPU memory. Large copies still go to the workers, and a lone small copy onto
+/// bytes a large one is still writing lands after it.
+#[test]
+fn a_lone_small_copy_is_served_by_the_warp_that_fetched_it() {
+    let Some((gpu, _one)) = gpu_or_skip("a_lone_small_copy_is_served_by_the_warp_that_fetched_it") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let src = ctx.alloc_device_region(&gpu, 4 << 20, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, 4 << 20, Access::ALL).unwrap();
+    let data = pattern(21, 4 << 20);
+    src.write(0, &data).unwrap();
+    let copier = gdaki::soft::copier::Copier::of(&gpu).unwrap();
+    // SAFETY (every submit below): both ranges lie inside the two live device regions of this
+    // GPU, which do not overlap; nothing else touches them until the copies are settled.
+    let lone = |to: u64, from: u64, len: u64| {
+        let n = unsafe { copier.submit_copy(dst.addr() + to, src.addr() + from, len) }.unwrap();
+        copier.flush().unwrap();
+        copier.settle(n).unwrap();
+        copier.served_by_mirror(n).expect("answer still in its slot")
+    };
+    for (len, mirror) in [(1u64, true), (8, true), (256, true), (4096, false), (64 << 10, false)] {
+        for round in 0..4u64 {
+            let (to, from) = (round * 8192 + 3, round * 64 + 1);
+            assert_eq!(lone(to, from, len), mirror, "{len} B, round {round}");
+            let got = dst.read_vec(to, len as usize).unwrap();
+            assert_eq!(got, data[from as usize..(from + len) as usize], "{len} B, round {round}");
+        }
+    }
+    // Small copies onto the start of a large one just submitted: each must land last, whoever
+    // serves it (the fetching warp only once the large one is done).
+    let mut want = dst.read_vec(0, 4 << 20).unwrap();
+    for round in 0..16u64 {
+        let big = 3 << 20;
+        let from = round * 4096;
+        want[..big as usize].copy_from_slice(&data[from as usize..(from + big) as usize]);
+        // SAFETY: as above.
+        unsafe { copier.submit_copy(dst.addr(), src.addr() + from, big) }.unwrap();
+        copier.flush().unwrap();
+        let small = 64 + round;
+        want[..8].copy_from_slice(&data[small as usize..small as usize + 8]);
+        // SAFETY: as above.
+        let n = unsafe { copier.submit_copy(dst.addr(), src.addr() + small, 8) }.unwrap();
+        copier.flush().unwrap();
+        copier.settle(n).unwrap();
+        let got = dst.read_vec(0, big as usize).unwrap();
+        assert!(got == want[..big as usize], "round {round}: the small copy did not land last");
+    }
+}
+
 #[test]
 fn copier_orders_what_needs_order() {
     let Some((gpu, _one)) = gpu_or_skip("copier_orders_what_needs_order") else {

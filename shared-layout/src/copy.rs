@@ -18,6 +18,21 @@ pub const OP_COMPARE_SWAP: u32 = 3;
 /// copies travel this way: one descriptor, one answer and one PCIe round trip for many.
 pub const OP_COPY_LIST: u32 = 4;
 
+/// [`CopyDesc::op`] in the kernel's mirror only, never posted by the host: the mirror warp has
+/// already served this descriptor itself (a lone small one, see [`MIRROR_SERVES_MAX`]), so no
+/// worker warp takes it.
+pub const OP_SERVED: u32 = 5;
+
+/// A descriptor that arrives alone (nothing else ready behind it) and is an atomic, or a copy
+/// of at most this many bytes not ordered after an unfinished earlier copy, is served by the
+/// warp that fetched it rather than handed to a worker warp: the hand-off through device memory
+/// (mirror, fences, the worker's poll) costs more than such a copy. Larger copies still go to
+/// the workers, so the fetching warp never stops watching the ring for long.
+pub const MIRROR_SERVES_MAX: u64 = 256;
+
+/// [`CopyDone::server`] of a descriptor that the mirror warp served (see [`OP_SERVED`]).
+pub const SERVER_MIRROR: u64 = u64::MAX;
+
 /// Most copies in one [`OP_COPY_LIST`] descriptor: one per lane of a warp.
 pub const LIST_MAX: usize = 32;
 
@@ -79,8 +94,11 @@ pub struct CopyDone {
     /// serving warp started it, and when it finished (just before this answer). Diagnostics
     /// only; [`STAMP_SEEN`], [`STAMP_STARTED`], [`STAMP_FINISHED`] index it.
     pub stamps: [u64; 3],
+    /// Which warp served it (diagnostics): [`SERVER_MIRROR`], or the index of the worker warp
+    /// that answered.
+    pub server: u64,
     /// Pads to a cache line.
-    pub pad: [u64; 3],
+    pub pad: [u64; 2],
 }
 
 /// [`CopyDone::stamps`]: the kernel saw the descriptor in the host ring.

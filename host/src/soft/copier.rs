@@ -22,7 +22,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gdaki_layout::copy::{
     CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, RING_SLOTS,
-    WORK_BYTES,
+    SERVER_MIRROR, WORK_BYTES,
 };
 use tracing::{debug, error};
 
@@ -597,16 +597,26 @@ impl Copier {
     /// The kernel's time stamps for descriptor `seq` (see [`CopyDone::stamps`]), while its
     /// answer is still in its slot: `None` before it is answered or once the slot was reused.
     pub fn stamps(&self, seq: u64) -> Option<[u64; 3]> {
+        self.answer_of(seq, |d| d.stamps)
+    }
+
+    /// Whether descriptor `seq` was served by the warp that fetched it from the ring (a lone
+    /// small one, see [`MIRROR_SERVES_MAX`](gdaki_layout::copy::MIRROR_SERVES_MAX)) rather than
+    /// handed to a worker warp: `None` as for [`stamps`](Self::stamps). Diagnostics.
+    pub fn served_by_mirror(&self, seq: u64) -> Option<bool> {
+        self.answer_of(seq, |d| d.server == SERVER_MIRROR)
+    }
+
+    /// `f` of the answer to descriptor `seq`, if that is the answer its slot holds (before and
+    /// after reading: the slot may be reused meanwhile).
+    fn answer_of<T>(&self, seq: u64, f: impl FnOnce(&CopyDone) -> T) -> Option<T> {
         let slot = (seq & (RING_SLOTS as u64 - 1)) as usize;
         if self.done_seq(slot).load(Ordering::Acquire) != seq {
             return None;
         }
-        // SAFETY: the stamps of a live answer slot, written before its seq (acquired above).
-        let stamps = unsafe {
-            std::ptr::addr_of!((*(self.dones_buf.as_ptr() as *const CopyDone).add(slot)).stamps).read_volatile()
-        };
-        // The slot may have been reused while reading: then the stamps may be another's.
-        (self.done_seq(slot).load(Ordering::Acquire) == seq).then_some(stamps)
+        // SAFETY: a live answer slot, written before its seq (acquired above).
+        let done = unsafe { (self.dones_buf.as_ptr() as *const CopyDone).add(slot).read_volatile() };
+        (self.done_seq(slot).load(Ordering::Acquire) == seq).then(|| f(&done))
     }
 
     /// Copies `len` bytes between GPU addresses (device memory or host memory mapped into this
