@@ -278,6 +278,13 @@ mod gpu {
         v
     }
     #[inline(always)]
+    unsafe fn ld_acquire_sys(p: *const u64) -> u64 {
+        let v: u64;
+        // SAFETY: as above.
+        unsafe { asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack)) }
+        v
+    }
+    #[inline(always)]
     unsafe fn st_release_gpu(p: *mut u64, v: u64) {
         // SAFETY: as above.
         unsafe { asm!("st.release.gpu.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) }
@@ -730,7 +737,9 @@ mod gpu {
             let mine = n + lane;
             // SAFETY: per the contract (slot < RING_SLOTS).
             let d = unsafe { descs.add((mine & MASK) as usize) };
-            let ready = unsafe { arch::load_u64_volatile(addr_of!((*d).seq)) } == mine;
+            // An acquire load: a lane that finds its descriptor posted reads it next, ordered
+            // by this load alone (a system-scope fence after the poll cost microseconds).
+            let ready = unsafe { ld_acquire_sys(addr_of!((*d).seq)) } == mine;
             let run = (!arch::ballot(FULL_WARP, ready)).trailing_zeros() as u64;
             if run == 0 {
                 // SAFETY: `stop` is a host-pinned word (contract).
@@ -750,13 +759,9 @@ mod gpu {
             let seen = arch::global_timer_ns();
             let mut desc: CopyDesc = bytemuck::Zeroable::zeroed();
             if lane < run {
-                // SAFETY: per the contract.
-                unsafe {
-                    arch::from_device_barrier();
-                    // A plain read after the acquire: its loads cross PCIe together (volatile
-                    // ones would go one round trip at a time).
-                    desc = d.read();
-                }
+                // SAFETY: per the contract. A plain read after this lane's acquire of its `seq`:
+                // its loads cross PCIe together (volatile ones would go one round trip at a time).
+                desc = unsafe { d.read() };
             }
             if run == 1 {
                 // SAFETY: the rings and the work area are valid per the contract.
