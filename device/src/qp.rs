@@ -35,7 +35,9 @@ use gdaki_layout::atomic::AtomicSeg;
 use gdaki_layout::cqe::{self, Cqe64, Tail as CqeTail};
 use gdaki_layout::ctrl::{self, CtrlSeg};
 use gdaki_layout::data::DataSeg;
-use gdaki_layout::handle::{error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR, QP_FLUSH_AFTER_FETCH};
+use gdaki_layout::handle::{
+    error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR, QP_FLUSH_AFTER_FETCH, QP_RINGS_IN_GPU_MEMORY,
+};
 use gdaki_layout::raddr::RaddrSeg;
 use gdaki_layout::{
     atomic as atomic_seg, dbrec, doorbell, inline, ring, AtomicReplyOrder, DevQp, DoorbellKind, Segment, Syndrome,
@@ -94,12 +96,58 @@ const SIGNALED: u8 = ctrl::CE_CQ_UPDATE;
 /// A queue pair handle used in sharing mode `M` by execution scope `S`.
 pub struct Qp<M: Sharing, S: Scope = Thread> {
     ptr: *mut DevQp,
+    /// The handle's constant fields, read once.
+    k: Consts,
     scope: S,
     /// Posts leave the doorbell to [`Qp::commit`] (see [`Qp::deferred`]).
     defer: bool,
     /// Fence-mode bits the first WQE of each post carries (see [`Qp::fenced`]).
     fence: u8,
     _mode: PhantomData<M>,
+}
+
+/// The constant fields of a handle that posting and completing use, read when the handle is
+/// wrapped. Read through the pointer instead, they were loaded again after every fence and
+/// doorbell store (asm the compiler must assume touches memory), each load a round trip to L2
+/// on a post's critical path: the profile of the posting rate showed those waits, not the
+/// fences, as where a post's time went.
+#[derive(Clone, Copy)]
+struct Consts {
+    sq_base: u64,
+    sq_dbrec: u64,
+    doorbell: u64,
+    max_msg_size: u64,
+    cqe_base: u64,
+    cq_dbrec: u64,
+    qpn: u32,
+    sq_log_size: u32,
+    cq_log_size: u32,
+    doorbell_kind: u8,
+    flags: u8,
+}
+
+impl Consts {
+    /// # Safety
+    /// `ptr` is valid for reads (as `Qp::from_raw` requires).
+    #[inline(always)]
+    const unsafe fn read(ptr: *const DevQp) -> Consts {
+        // SAFETY: the caller's contract; constant fields, read by value.
+        unsafe {
+            Consts {
+                sq_base: (*ptr).sq_base,
+                sq_dbrec: (*ptr).sq_dbrec,
+                doorbell: (*ptr).doorbell,
+                max_msg_size: (*ptr).max_msg_size,
+                cqe_base: (*ptr).cq.cqe_base,
+                cq_dbrec: (*ptr).cq.dbrec,
+                qpn: (*ptr).qpn,
+                sq_log_size: (*ptr).sq_log_size,
+                cq_log_size: (*ptr).cq.log_size,
+                doorbell_kind: (*ptr).doorbell_kind,
+                flags: (*ptr).flags,
+            }
+        }
+    }
 }
 
 impl<M: Sharing, S: Scope> Clone for Qp<M, S> {
@@ -139,6 +187,8 @@ impl<M: Sharing> Qp<M, Thread> {
     pub const unsafe fn from_raw(ptr: *mut DevQp) -> Self {
         Qp {
             ptr,
+            // SAFETY: `ptr` is valid (this function's contract).
+            k: unsafe { Consts::read(ptr) },
             scope: Thread,
             defer: false,
             fence: 0,
@@ -153,6 +203,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub const fn with_scope<T: Scope>(self, scope: T) -> Qp<M, T> {
         Qp {
             ptr: self.ptr,
+            k: self.k,
             scope,
             defer: self.defer,
             fence: self.fence,
@@ -255,31 +306,26 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
     #[inline(always)]
     fn sq_log_size(&self) -> u32 {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        unsafe { (*self.ptr).sq_log_size }
+        self.k.sq_log_size
     }
     #[inline(always)]
     fn qpn(&self) -> u32 {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        unsafe { (*self.ptr).qpn }
+        self.k.qpn
     }
     #[inline(always)]
     fn max_msg_size(&self) -> u64 {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        unsafe { (*self.ptr).max_msg_size }.max(1)
+        self.k.max_msg_size.max(1)
     }
     #[inline(always)]
     fn flags(&self) -> u8 {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        unsafe { (*self.ptr).flags }
+        self.k.flags
     }
 
     /// The byte order in which this QP's HCA returns fetched atomic values (a property of the
     /// device, carried in the handle): what [`fetched`](Self::fetched) undoes.
     #[inline(always)]
     pub fn atomic_reply_order(&self) -> AtomicReplyOrder {
-        // SAFETY: `ptr` is valid per `from_raw`; the handle is read by value.
-        unsafe { (*self.ptr).atomic_reply_order() }
+        AtomicReplyOrder::of_flags(self.k.flags)
     }
 
     #[inline(always)]
@@ -295,9 +341,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Address of WQE `index`.
     #[inline(always)]
     pub fn wqe_ptr(&self, index: u64) -> *mut u64 {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        let base = unsafe { (*self.ptr).sq_base };
-        (base + ring::wqe_offset(index, self.sq_log_size())) as *mut u64
+        (self.k.sq_base + ring::wqe_offset(index, self.sq_log_size())) as *mut u64
     }
 
     // ---------------------------------------------------------------- low level: posting
@@ -485,8 +529,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Makes the HCA see every ready WQE up to at least `pi` (which the caller marked ready).
     #[inline(always)]
     pub fn submit(&self, pi: u64) -> Result<(), PostError> {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        let kind = DoorbellKind::from_raw(unsafe { (*self.ptr).doorbell_kind });
+        let kind = DoorbellKind::from_raw(self.k.doorbell_kind);
         match kind {
             Some(DoorbellKind::Gpu) if !M::SHARED => {
                 self.ring(pi);
@@ -525,8 +568,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                     pi
                 };
                 arch::to_device_barrier();
-                // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-                let word = unsafe { (*self.ptr).doorbell } as *mut u64;
+                let word = self.k.doorbell as *mut u64;
                 // SAFETY: the proxy word is a valid host-visible u64 per the handle; the
                 // counter belongs to the live handle.
                 unsafe {
@@ -561,12 +603,12 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub fn ring(&self, pi: u64) {
         // SAFETY: the record and doorbell addresses come from the live handle.
         unsafe {
-            let record = (*self.ptr).sq_dbrec as *mut u32;
+            let record = self.k.sq_dbrec as *mut u32;
             let counter = dbrec::wq_counter(pi).to_be();
-            let doorbell = (*self.ptr).doorbell as *mut u64;
+            let doorbell = self.k.doorbell as *mut u64;
             let word = doorbell::word(self.qpn(), pi);
             // The fences' scope is the memory the HCA reads the WQEs and the record from.
-            let gpu = (*self.ptr).rings_in_gpu_memory();
+            let gpu = self.k.flags & QP_RINGS_IN_GPU_MEMORY != 0;
             let fence = || {
                 if gpu {
                     arch::to_device_barrier_gpu()
@@ -587,8 +629,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Address of the CQE slot of `index`.
     #[inline(always)]
     fn cqe_slot(&self, index: u64) -> u64 {
-        // SAFETY: `ptr` is valid per `from_raw`; constant fields, read by value.
-        let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
+        let (base, log) = (self.k.cqe_base, self.k.cq_log_size);
         base + ring::cqe_offset(index, log)
     }
 
@@ -612,8 +653,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// [`try_complete`](Self::try_complete) with the CQE's tail already loaded.
     #[inline(always)]
     fn complete_seen(&self, index: u64, tail: CqeTail) -> Option<Result<(), WaitError>> {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        let log = unsafe { (*self.ptr).cq.log_size };
+        let log = self.k.cq_log_size;
         let op_own = tail.op_own();
         if !ring::cqe_ready(op_own, index, log) {
             return None;
@@ -668,8 +708,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[cold]
     #[inline]
     fn record_earlier_errors(&self, index: u64) {
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        let (base, log) = unsafe { ((*self.ptr).cq.cqe_base, (*self.ptr).cq.log_size) };
+        let (base, log) = (self.k.cqe_base, self.k.cq_log_size);
         let first = unsafe { M::load_acquire(self.cq_consumed()) };
         for j in first..index {
             let slot = base + ring::cqe_offset(j, log);
@@ -710,8 +749,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         if old >= next {
             return;
         }
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        let rec = unsafe { (*self.ptr).cq.dbrec } as *mut u32;
+        let rec = self.k.cq_dbrec as *mut u32;
         let want = dbrec::cq_ci(next);
         if !M::SHARED {
             unsafe { arch::store_cq_dbrec(rec, want.to_be()) };

@@ -26,11 +26,7 @@ impl DevQp {
     /// The byte order of fetched atomic values on this QP.
     #[inline(always)]
     pub const fn atomic_reply_order(&self) -> AtomicReplyOrder {
-        if self.flags & QP_ATOMIC_REPLY_HOST_ORDER != 0 {
-            AtomicReplyOrder::HostOrder
-        } else {
-            AtomicReplyOrder::BigEndian
-        }
+        AtomicReplyOrder::of_flags(self.flags)
     }
 }
 
@@ -62,6 +58,16 @@ pub enum AtomicReplyOrder {
 }
 
 impl AtomicReplyOrder {
+    /// The order a handle's [`DevQp::flags`] name ([`QP_ATOMIC_REPLY_HOST_ORDER`]).
+    #[inline(always)]
+    pub const fn of_flags(flags: u8) -> AtomicReplyOrder {
+        if flags & QP_ATOMIC_REPLY_HOST_ORDER != 0 {
+            AtomicReplyOrder::HostOrder
+        } else {
+            AtomicReplyOrder::BigEndian
+        }
+    }
+
     /// The fetched value from the 8 bytes the HCA wrote, read as a native `u64`.
     #[inline(always)]
     pub const fn decode(self, raw_native: u64) -> u64 {
