@@ -861,7 +861,11 @@ fn a_lone_small_copy_is_served_by_the_warp_that_fetched_it() {
             let (to, from) = (round * 8192 + 3, round * 64 + 1);
             assert_eq!(lone(to, from, len), mirror, "{len} B, round {round}");
             let got = dst.read_vec(to, len as usize).unwrap();
-            assert_eq!(got, data[from as usize..(from + len) as usize], "{len} B, round {round}");
+            assert_eq!(
+                got,
+                data[from as usize..(from + len) as usize],
+                "{len} B, round {round}"
+            );
         }
     }
     // Small copies onto the start of a large one just submitted: each must land last, whoever
@@ -881,7 +885,10 @@ fn a_lone_small_copy_is_served_by_the_warp_that_fetched_it() {
         copier.flush().unwrap();
         copier.settle(n).unwrap();
         let got = dst.read_vec(0, big as usize).unwrap();
-        assert!(got == want[..big as usize], "round {round}: the small copy did not land last");
+        assert!(
+            got == want[..big as usize],
+            "round {round}: the small copy did not land last"
+        );
     }
 }
 
