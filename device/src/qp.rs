@@ -117,6 +117,7 @@ struct Consts {
     sq_dbrec: u64,
     doorbell: u64,
     max_msg_size: u64,
+    timeout_ns: u64,
     cqe_base: u64,
     cq_dbrec: u64,
     qpn: u32,
@@ -138,6 +139,7 @@ impl Consts {
                 sq_dbrec: (*ptr).sq_dbrec,
                 doorbell: (*ptr).doorbell,
                 max_msg_size: (*ptr).max_msg_size,
+                timeout_ns: (*ptr).timeout_ns,
                 cqe_base: (*ptr).cq.cqe_base,
                 cq_dbrec: (*ptr).cq.dbrec,
                 qpn: (*ptr).qpn,
@@ -332,8 +334,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     fn deadline(&self) -> Deadline {
         Deadline {
             start: None,
-            // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-            limit: unsafe { (*self.ptr).timeout_ns },
+            limit: self.k.timeout_ns,
             round: 0,
         }
     }
@@ -876,8 +877,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     ) -> Result<(), WaitError> {
         // The timer is read (and the backoff consulted) once every 256 polls: a poll costs
         // about a memory round trip.
-        // SAFETY: `ptr` is valid per `from_raw`; a constant field, read by value.
-        let limit = unsafe { (*self.ptr).timeout_ns };
+        let limit = self.k.timeout_ns;
         let mut start = None;
         let mut polls = 0u32;
         loop {
