@@ -2,11 +2,11 @@
 //!
 //! Block 0's first warp watches the host-pinned ring and mirrors new descriptors into device
 //! memory, up to 32 per PCIe round trip, running ahead of the others (so one warp polls across
-//! PCIe, and descriptors are fetched while earlier ones are copied). A descriptor that arrives
-//! alone and is small it serves itself (see
+//! PCIe, and descriptors are fetched while earlier ones are copied). A small descriptor that
+//! arrives alone it serves itself (see
 //! [`MIRROR_SERVES_MAX`](gdaki_layout::copy::MIRROR_SERVES_MAX)): a lone small write is a
-//! latency case, and the hand-off to a worker warp costs more than the copy. Every other warp walks the
-//! mirrored descriptors 32 at a time and serves its own: a small copy, a copy list (up to 32
+//! latency case, and the hand-off to a worker warp costs more than the copy. Every other warp
+//! walks the mirrored descriptors 32 at a time and serves its own: a small copy, a copy list (up to 32
 //! small copies, a lane each) or an atomic belongs to one warp (descriptor `n` to worker warp
 //! `n mod warps`), so many are served at once; a large copy is shared by the warps of enough
 //! blocks (starting at a different block for each copy), and the last warp to finish its share
