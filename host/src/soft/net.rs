@@ -243,6 +243,21 @@ impl Reader {
         Ok(p)
     }
 
+    /// Reads a whole frame that must be of `kind` (`want` names it in the error) and returns
+    /// its payload: the set-up steps, where anything else is a protocol error.
+    fn expect(
+        &mut self,
+        kind: Kind,
+        want: &'static str,
+        idle: &mut dyn FnMut() -> Result<(), Fault>,
+    ) -> Result<Vec<u8>, Fault> {
+        let h = self.header(idle)?;
+        if h.kind != kind {
+            return Err(WireError::Unexpected { got: h.kind, want }.into());
+        }
+        self.payload(h, idle)
+    }
+
     /// Reads `len` bytes into registered memory at `addr`: straight from the shared ring where
     /// the connection has one, through `bounce` from a socket (in whole chunks: over TCP a
     /// message of up to [`CHUNK`] bytes reaches memory whole or not at all; over shared memory
@@ -591,9 +606,7 @@ impl Link {
         let qp = self.shared.qp.upgrade();
         inflight.drain(qp.as_deref());
     }
-}
 
-impl Link {
     /// Ends the connection both ways, waking this side's receiver.
     fn shutdown(&self) {
         let _ = self.stream.shutdown(Shutdown::Both);
@@ -628,16 +641,8 @@ fn offer(
         let mut w = stream;
         w.write_all(&wire::encode_shm_offer(seg.as_deref().map(Segment::name)))?;
         reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
-        let mut idle = || Ok(());
-        let h = reader.header(&mut idle)?;
-        if h.kind != Kind::ShmAnswer {
-            return Err(WireError::Unexpected {
-                got: h.kind,
-                want: "a shared-memory answer",
-            }
-            .into());
-        }
-        let mapped = wire::decode_shm_answer(&reader.payload(h, &mut idle)?)?;
+        let frame = reader.expect(Kind::ShmAnswer, "a shared-memory answer", &mut || Ok(()))?;
+        let mapped = wire::decode_shm_answer(&frame)?;
         reader.deadline = None;
         Ok(mapped)
     };
@@ -670,15 +675,7 @@ fn answer_offer(
     idle: &mut dyn FnMut() -> Result<(), Fault>,
 ) -> Result<Outbound, Fault> {
     reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
-    let h = reader.header(idle)?;
-    if h.kind != Kind::ShmOffer {
-        return Err(WireError::Unexpected {
-            got: h.kind,
-            want: "a shared-memory offer",
-        }
-        .into());
-    }
-    let offered = wire::decode_shm_offer(&reader.payload(h, idle)?)?;
+    let offered = wire::decode_shm_offer(&reader.expect(Kind::ShmOffer, "a shared-memory offer", idle)?)?;
     reader.deadline = None;
     let seg = offered.filter(|_| hca.shared_memory).and_then(|name| {
         Segment::open(&name)
@@ -1021,15 +1018,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             Ok(())
         }
     };
-    let h = reader.header(&mut connecting)?;
-    if h.kind != Kind::Connect {
-        return Err(WireError::Unexpected {
-            got: h.kind,
-            want: "a connect",
-        }
-        .into());
-    }
-    let c = wire::Connect::decode(&reader.payload(h, &mut connecting)?)?;
+    let c = wire::Connect::decode(&reader.expect(Kind::Connect, "a connect", &mut connecting)?)?;
     reader.deadline = None;
     let Some(target) = hca.qp(c.target_qpn) else {
         return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
