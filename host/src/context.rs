@@ -35,6 +35,9 @@ pub struct ContextOptions {
     atomic_reply: AtomicReplyOrder,
     /// Same-host transport connections stay on TCP (the default is shared memory).
     tcp_only: bool,
+    /// WRITEs from GPU memory to a same-host peer carry the bytes (the default is a CUDA IPC
+    /// reference).
+    no_cuda_ipc: bool,
 }
 
 impl ContextOptions {
@@ -56,8 +59,13 @@ impl ContextOptions {
     /// keep same-host connections on TCP.
     pub const SHARED_MEMORY_VAR: &'static str = "GDAKI_SOFT_SHM";
 
+    /// The variable [`from_env`](Self::from_env) reads for
+    /// [`same_host_cuda_ipc`](Self::same_host_cuda_ipc): `0`, `false`, `no` or `off` send the
+    /// bytes of GPU memory to same-host peers.
+    pub const CUDA_IPC_VAR: &'static str = "GDAKI_SOFT_CUDA_IPC";
+
     /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`, `GDAKI_SOFT_ATOMIC_REPLY`,
-    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`, `GDAKI_SOFT_SHM`.
+    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`, `GDAKI_SOFT_SHM`, `GDAKI_SOFT_CUDA_IPC`.
     /// An atomic-reply value that is neither `host` nor `big-endian` is ignored with a warning.
     pub fn from_env() -> ContextOptions {
         let on = |var| {
@@ -83,6 +91,7 @@ impl ContextOptions {
         };
         ContextOptions::default()
             .same_host_shared_memory(!off(Self::SHARED_MEMORY_VAR))
+            .same_host_cuda_ipc(!off(Self::CUDA_IPC_VAR))
             .unmappable_doorbell(on(Self::UNMAPPABLE_DOORBELL_VAR))
             .atomic_reply_order(reply)
             .unordered_rdma_writes(on(Self::UNORDERED_RDMA_WRITES_VAR))
@@ -144,6 +153,22 @@ impl ContextOptions {
     /// Whether [`same_host_shared_memory`](Self::same_host_shared_memory) is on.
     pub fn uses_same_host_shared_memory(&self) -> bool {
         !self.tcp_only
+    }
+
+    /// Soft HCA: whether a WRITE from GPU memory to a peer process on this machine, over a
+    /// shared-memory connection, sends a CUDA IPC reference to the bytes instead of the bytes
+    /// (on by default). The peer's GPU copier then moves them inside the GPU: the first WRITE
+    /// from each allocation still carries its bytes while the peer maps it. Needs both sides
+    /// to allow it, memory from `cuMemAlloc`/`cudaMalloc` (not `cuMemCreate`), and device
+    /// memory registered on the peer's side of the same GPU. Off: every byte is sent.
+    pub fn same_host_cuda_ipc(mut self, on: bool) -> ContextOptions {
+        self.no_cuda_ipc = !on;
+        self
+    }
+
+    /// Whether [`same_host_cuda_ipc`](Self::same_host_cuda_ipc) is on.
+    pub fn uses_same_host_cuda_ipc(&self) -> bool {
+        !self.no_cuda_ipc
     }
 
     /// Whether [`unordered_rdma_writes`](Self::unordered_rdma_writes) is on.
@@ -225,8 +250,12 @@ impl Context {
                 },
             ));
         }
-        let soft = SoftDevice::open(options.atomic_reply(), options.uses_same_host_shared_memory())
-            .map_err(Error::device("opening the soft device"))?;
+        let same_host = crate::soft::SameHost {
+            shared_memory: options.uses_same_host_shared_memory(),
+            cuda_ipc: options.uses_same_host_cuda_ipc(),
+        };
+        let soft =
+            SoftDevice::open(options.atomic_reply(), same_host).map_err(Error::device("opening the soft device"))?;
         Ok(Arc::new(soft))
     }
 

@@ -18,6 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use gdaki_layout::Syndrome;
 
+use crate::cuda::IPC_HANDLE_BYTES;
 use crate::queue::Endpoint;
 
 /// Frame magic, "GDKI".
@@ -25,8 +26,10 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// Protocol version. Bumped on any incompatible change to a payload (2: endpoints carry the
 /// port's GID, LID and MTU instead of the soft HCA's identity; 3: endpoints carry the QP's
 /// transport secret, which a connect presents; 4: after the accept, the requester offers a
-/// shared-memory carrier, which the responder answers).
-pub const VERSION: u16 = 4;
+/// shared-memory carrier, which the responder answers; 5: over shared memory, a WRITE from GPU
+/// memory may travel as a CUDA IPC reference: [`Kind::GpuOffer`], [`Kind::GpuAnswer`],
+/// [`Kind::WriteRef`]).
+pub const VERSION: u16 = 5;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -117,6 +120,13 @@ pub enum Kind {
     FetchAdd = 22,
     /// Transport request: compare-and-swap.
     CompareSwap = 23,
+    /// Transport, requester to responder between requests (no sequence number): an allocation
+    /// of GPU memory the requester will name in [`Kind::WriteRef`]s once the responder has
+    /// mapped it ([`GpuOffer`]).
+    GpuOffer = 24,
+    /// Transport request: RDMA WRITE whose data the responder reads itself from an offered
+    /// allocation ([`Op::WriteRef`]).
+    WriteRef = 25,
     /// Transport response: every request up to `seq` succeeded.
     Ack = 30,
     /// Transport response: READ data.
@@ -125,6 +135,9 @@ pub enum Kind {
     AtomicResp = 32,
     /// Transport response: request `seq` failed with a syndrome; nothing after it executes.
     Nak = 33,
+    /// Transport, responder to requester between responses: whether an offered allocation
+    /// was mapped ([`GpuAnswer`]).
+    GpuAnswer = 34,
 }
 
 impl Kind {
@@ -142,10 +155,13 @@ impl Kind {
             21 => Kind::Read,
             22 => Kind::FetchAdd,
             23 => Kind::CompareSwap,
+            24 => Kind::GpuOffer,
+            25 => Kind::WriteRef,
             30 => Kind::Ack,
             31 => Kind::ReadResp,
             32 => Kind::AtomicResp,
             33 => Kind::Nak,
+            34 => Kind::GpuAnswer,
             _ => return Err(WireError::UnknownKind(v)),
         })
     }
@@ -168,10 +184,13 @@ impl Kind {
             Kind::Read => (REQ_HEAD as u32 + 4, REQ_HEAD as u32 + 4),
             Kind::FetchAdd => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8),
             Kind::CompareSwap => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
+            Kind::GpuOffer => (GPU_OFFER_LEN as u32, GPU_OFFER_LEN as u32),
+            Kind::WriteRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::Ack => (4, 4),
             Kind::ReadResp => (4, 4 + MAX_MESSAGE),
             Kind::AtomicResp => (12, 12),
             Kind::Nak => (5, 5),
+            Kind::GpuAnswer => (5, 5),
         }
     }
 }
@@ -723,12 +742,97 @@ pub fn decode_shm_answer(payload: &[u8]) -> Result<bool, WireError> {
     }
 }
 
+/// Payload bytes of a [`Kind::GpuOffer`]: id, size, GPU UUID, IPC handle.
+const GPU_OFFER_LEN: usize = 4 + 8 + 16 + IPC_HANDLE_BYTES;
+
+/// An allocation of the requester's GPU memory that the responder may map (CUDA IPC) and then
+/// read WRITE data from ([`Op::WriteRef`]). Offers on a connection are numbered from 0, in
+/// order; the responder answers each with a [`GpuAnswer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuOffer {
+    /// The allocation's number on this connection.
+    pub id: u32,
+    /// Its size as the requester sees it (the responder trusts only its own mapping's).
+    pub size: u64,
+    /// The GPU it lives on (`cuDeviceGetUuid`).
+    pub gpu: [u8; 16],
+    /// The driver's IPC handle.
+    pub handle: [u8; IPC_HANDLE_BYTES],
+}
+
+impl GpuOffer {
+    /// The whole frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(GPU_OFFER_LEN);
+        p.extend_from_slice(&self.id.to_be_bytes());
+        p.extend_from_slice(&self.size.to_be_bytes());
+        p.extend_from_slice(&self.gpu);
+        p.extend_from_slice(&self.handle);
+        frame(Kind::GpuOffer, &p)
+    }
+
+    /// Decodes a [`Kind::GpuOffer`] payload.
+    pub fn decode(payload: &[u8]) -> Result<GpuOffer, WireError> {
+        let mut c = Cursor { b: payload };
+        let o = GpuOffer {
+            id: c.u32("allocation")?,
+            size: c.u64("allocation size")?,
+            gpu: c.array("GPU UUID")?,
+            handle: c.array("IPC handle")?,
+        };
+        c.end()?;
+        Ok(o)
+    }
+}
+
+/// The responder's answer to a [`GpuOffer`]: whether it mapped the allocation (then the
+/// requester may name it in [`Op::WriteRef`]s; otherwise it keeps sending those bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuAnswer {
+    /// The offer's id.
+    pub id: u32,
+    /// Mapped.
+    pub mapped: bool,
+}
+
+impl GpuAnswer {
+    /// The whole frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = self.id.to_be_bytes().to_vec();
+        p.push(self.mapped as u8);
+        frame(Kind::GpuAnswer, &p)
+    }
+
+    /// Decodes a [`Kind::GpuAnswer`] payload.
+    pub fn decode(payload: &[u8]) -> Result<GpuAnswer, WireError> {
+        let mut c = Cursor { b: payload };
+        let id = c.u32("allocation")?;
+        let mapped = match c.u8("mapped")? {
+            0 => false,
+            1 => true,
+            _ => return Err(invalid("mapped", "neither 0 nor 1")),
+        };
+        c.end()?;
+        Ok(GpuAnswer { id, mapped })
+    }
+}
+
 /// What a request asks for (the WRITE data follows the head on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// RDMA WRITE of `len` bytes.
     Write {
         /// Data bytes after the head.
+        len: u32,
+    },
+    /// RDMA WRITE of `len` bytes that the responder reads from offset `offset` of the
+    /// requester's allocation `alloc` ([`GpuOffer::id`]), mapped with CUDA IPC.
+    WriteRef {
+        /// The allocation, as offered and accepted.
+        alloc: u32,
+        /// Where the data starts in it.
+        offset: u64,
+        /// Data bytes.
         len: u32,
     },
     /// RDMA READ of `len` bytes.
@@ -768,6 +872,12 @@ impl Request {
     pub fn encode_head(&self) -> Vec<u8> {
         let (kind, extra, tail): (Kind, u32, Vec<u8>) = match self.op {
             Op::Write { len } => (Kind::Write, len, Vec::new()),
+            Op::WriteRef { alloc, offset, len } => {
+                let mut t = alloc.to_be_bytes().to_vec();
+                t.extend_from_slice(&len.to_be_bytes());
+                t.extend_from_slice(&offset.to_be_bytes());
+                (Kind::WriteRef, 0, t)
+            }
             Op::Read { len } => (Kind::Read, 0, len.to_be_bytes().to_vec()),
             Op::FetchAdd { add } => (Kind::FetchAdd, 0, add.to_be_bytes().to_vec()),
             Op::CompareSwap { compare, swap } => {
@@ -794,7 +904,7 @@ impl Request {
                 Kind::Write => 0,
                 Kind::Read => 4,
                 Kind::FetchAdd => 8,
-                Kind::CompareSwap => 16,
+                Kind::CompareSwap | Kind::WriteRef => 16,
                 k => {
                     return Err(WireError::Unexpected {
                         got: k,
@@ -824,6 +934,21 @@ impl Request {
                 Op::Read { len }
             }
             Kind::FetchAdd => Op::FetchAdd { add: c.u64("addend")? },
+            Kind::WriteRef => {
+                let alloc = c.u32("allocation")?;
+                let len = c.u32("write length")?;
+                let offset = c.u64("offset in the allocation")?;
+                if len > MAX_MESSAGE {
+                    return Err(invalid("write length", format!("{len} (at most {MAX_MESSAGE})")));
+                }
+                if offset.checked_add(len as u64).is_none() {
+                    return Err(invalid(
+                        "offset in the allocation",
+                        format!("{offset:#x} + {len} wraps"),
+                    ));
+                }
+                Op::WriteRef { alloc, offset, len }
+            }
             _ => Op::CompareSwap {
                 compare: c.u64("compare value")?,
                 swap: c.u64("swap value")?,
@@ -956,7 +1081,9 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
         Kind::Accept => decode_accept(payload).map(drop)?,
         Kind::ShmOffer => decode_shm_offer(payload).map(drop)?,
         Kind::ShmAnswer => decode_shm_answer(payload).map(drop)?,
-        Kind::Write | Kind::Read | Kind::FetchAdd | Kind::CompareSwap => {
+        Kind::GpuOffer => GpuOffer::decode(payload).map(drop)?,
+        Kind::GpuAnswer => GpuAnswer::decode(payload).map(drop)?,
+        Kind::Write | Kind::WriteRef | Kind::Read | Kind::FetchAdd | Kind::CompareSwap => {
             let n = Request::fixed_len(h)?;
             Request::decode(h, &payload[..n])?;
         }
@@ -1159,6 +1286,11 @@ mod tests {
             Op::Read { len: 1 << 20 },
             Op::FetchAdd { add: 3 },
             Op::CompareSwap { compare: 1, swap: 2 },
+            Op::WriteRef {
+                alloc: 3,
+                offset: 0x1234_5678_9abc,
+                len: MAX_MESSAGE,
+            },
         ] {
             let r = Request {
                 seq: 9,
@@ -1225,5 +1357,50 @@ mod tests {
         assert_eq!(decode_reject(&encode_reject("nope")[HEADER_LEN..]).unwrap(), "nope");
         let long = "é".repeat(MAX_REASON_BYTES);
         assert!(decode_reject(&encode_reject(&long)[HEADER_LEN..]).unwrap().len() <= MAX_REASON_BYTES);
+    }
+
+    /// The CUDA IPC frames: an offer and its answer round-trip; a reference that is too long,
+    /// wraps its offset, or is cut short is refused, as is an answer that is neither yes nor no.
+    #[test]
+    fn gpu_reference_frames_round_trip_and_refuse_bad_fields() {
+        let offer = GpuOffer {
+            id: 7,
+            size: 1 << 30,
+            gpu: [0x5a; 16],
+            handle: std::array::from_fn(|i| i as u8),
+        };
+        let f = offer.encode();
+        assert_eq!(check_frame(&f).unwrap().kind, Kind::GpuOffer);
+        assert_eq!(GpuOffer::decode(&f[HEADER_LEN..]).unwrap(), offer);
+        assert!(GpuOffer::decode(&f[HEADER_LEN..f.len() - 1]).is_err());
+        assert!(check_frame(&frame(Kind::GpuOffer, &f[HEADER_LEN..f.len() - 1])).is_err());
+        for mapped in [false, true] {
+            let a = GpuAnswer { id: 9, mapped };
+            let f = a.encode();
+            assert_eq!(check_frame(&f).unwrap().kind, Kind::GpuAnswer);
+            assert_eq!(GpuAnswer::decode(&f[HEADER_LEN..]).unwrap(), a);
+        }
+        assert!(GpuAnswer::decode(&[0, 0, 0, 9, 2]).is_err());
+        let reference = |offset: u64, len: u32| {
+            Request {
+                seq: 1,
+                rkey: 2,
+                addr: 3,
+                op: Op::WriteRef { alloc: 0, offset, len },
+            }
+            .encode_head()
+        };
+        assert!(check_frame(&reference(u64::MAX - 8, 8)).is_ok());
+        assert!(check_frame(&reference(u64::MAX - 8, 9)).is_err(), "the offset wraps");
+        assert!(
+            check_frame(&reference(0, MAX_MESSAGE + 1)).is_err(),
+            "longer than a message"
+        );
+        let mut short = reference(0, 8);
+        short.pop();
+        assert!(check_frame(&short).is_err());
+        // Neither is a request or a response.
+        assert!(Request::fixed_len(Header::new(Kind::GpuOffer, GPU_OFFER_LEN as u32)).is_err());
+        assert!(Response::fixed_len(Header::new(Kind::GpuAnswer, 5)).is_err());
     }
 }

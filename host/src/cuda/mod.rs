@@ -10,10 +10,12 @@ use thiserror::Error;
 
 use crate::ptx::{self, PtxUnavailable};
 
+mod ipc;
 mod kernel;
 mod launch;
 mod posting;
 mod reference;
+pub(crate) use ipc::{uuid as gpu_uuid, GpuUuid, IpcExport, IpcImport, HANDLE_BYTES as IPC_HANDLE_BYTES};
 pub use kernel::{Args, Dims, Kernel, LinkInput, Module};
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};

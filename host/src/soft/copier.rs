@@ -15,7 +15,7 @@
 //! [`quiesced`](crate::cuda::quiesced) too (or drop its device-memory regions first). Free GPU memory only while no
 //! kernel waits on the soft HCA.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
@@ -26,7 +26,7 @@ use gdaki_layout::copy::{
 };
 use tracing::{debug, error};
 
-use crate::cuda::{CudaError, DeviceBuffer, Gpu, HostMapping};
+use crate::cuda::{CudaError, DeviceBuffer, Gpu, GpuUuid, HostMapping, IpcExport};
 use crate::lock;
 use crate::memory::HostBuffer;
 use crate::soft::dma::{Dma, DmaFault};
@@ -53,6 +53,8 @@ static COPIERS: Mutex<Vec<Weak<Copier>>> = Mutex::new(Vec::new());
 /// on. One per GPU per process, alive while device-memory regions on that GPU are.
 pub struct Copier {
     ctx: Arc<CudaContext>,
+    /// Its GPU's identity across processes (`cuDeviceGetUuid`).
+    gpu: GpuUuid,
     function: CudaFunction,
     stream: Arc<CudaStream>,
     grid: u32,
@@ -190,6 +192,16 @@ impl Copier {
             .find(|c| c.ctx.ordinal() == ordinal)
     }
 
+    /// The live copier of the GPU with this UUID, if there is one (none is started).
+    pub(crate) fn on_gpu(uuid: &GpuUuid) -> Option<Arc<Copier>> {
+        lock(&COPIERS).iter().filter_map(Weak::upgrade).find(|c| c.gpu == *uuid)
+    }
+
+    /// The context of its GPU.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     fn new(gpu: &Gpu) -> crate::Result<Copier> {
         let ctx = gpu.context().clone();
         let function = gpu.module().load_function("gdaki_copier").map_err(CudaError::from)?;
@@ -213,9 +225,11 @@ impl Copier {
         let (descs, dones, lists) = (map(&descs_buf)?, map(&dones_buf)?, map(&lists_buf)?);
         let (ctl, bounce) = (map(&ctl_buf)?, map(&bounce_buf)?);
         let work = DeviceBuffer::zeroed(gpu, WORK_BYTES)?;
+        let uuid = crate::cuda::gpu_uuid(&ctx)?;
         debug!(gpu = ctx.ordinal(), grid, "GPU copier ready");
         Ok(Copier {
             ctx,
+            gpu: uuid,
             function,
             stream,
             grid,
@@ -684,6 +698,62 @@ impl crate::cuda::Resident for Copier {
     }
 }
 
+/// The newest copy submitted to each copier without waiting and not yet known done: what a
+/// thread that moves data itself must wait for first, so that it never overtakes an earlier
+/// copy (a put, then its signal).
+#[derive(Default)]
+pub(crate) struct Pending(Vec<(Arc<Copier>, u64)>);
+
+impl Pending {
+    /// Copy `seq` of `copier` was submitted.
+    pub fn add(&mut self, copier: &Arc<Copier>, seq: u64) {
+        match self.0.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
+            Some(entry) => entry.1 = seq,
+            None => self.0.push((copier.clone(), seq)),
+        }
+    }
+
+    /// Whether no copy is pending.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Waits (bounded) until every pending copy is done, and lets go of the copiers.
+    pub fn settle(&mut self) -> Result<(), DmaFault> {
+        let mut result = Ok(());
+        for (copier, seq) in self.0.drain(..) {
+            if result.is_ok() {
+                result = copier.settle(seq);
+            }
+            release(copier);
+        }
+        result
+    }
+
+    /// Hands the small copies gathered so far to their copiers' kernels (see
+    /// [`Copier::flush`]).
+    pub fn flush(&self) {
+        for (copier, _) in &self.0 {
+            // A copier that cannot post is broken (the copy fails where it is waited for) or
+            // paused (retried at the next flush).
+            let _ = copier.flush();
+        }
+    }
+
+    /// Forgets the copies known done, letting go of their copiers (finished copies need no
+    /// settling).
+    pub fn release_done(&mut self) {
+        let mut i = 0;
+        while i < self.0.len() {
+            if matches!(self.0[i].0.done(self.0[i].1), Ok(true)) {
+                release(self.0.swap_remove(i).0);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
 /// The copier that can move bytes between memory `a` and `b` in one step: one side is device
 /// memory of its GPU and the other the same GPU's, or host memory mapped into the GPUs.
 pub(crate) fn shared_copier<'a>(a: &'a dyn Dma, b: &'a dyn Dma) -> Option<&'a Arc<Copier>> {
@@ -699,9 +769,32 @@ pub(crate) fn shared_copier<'a>(a: &'a dyn Dma, b: &'a dyn Dma) -> Option<&'a Ar
 /// reached through the copier's pinned bounce buffer.
 pub(crate) struct DeviceDma {
     pub copier: Arc<Copier>,
+    /// The region (`addr`, `len`), whose allocation is exported for CUDA IPC at its first
+    /// WRITE to a peer process; `None` for memory that is never exported (a peer's, mapped).
+    span: Option<(u64, u64)>,
+    export: OnceLock<Option<IpcExport>>,
 }
 
 impl DeviceDma {
+    /// The `Dma` of a region of `len` bytes at `addr`, device memory of `copier`'s GPU.
+    pub fn new(copier: Arc<Copier>, addr: u64, len: u64) -> DeviceDma {
+        DeviceDma {
+            copier,
+            span: Some((addr, len)),
+            export: OnceLock::new(),
+        }
+    }
+
+    /// The `Dma` of another process's device memory mapped into this one (CUDA IPC): never
+    /// exported again.
+    pub fn imported(copier: Arc<Copier>) -> DeviceDma {
+        DeviceDma {
+            copier,
+            span: None,
+            export: OnceLock::new(),
+        }
+    }
+
     /// Moves `len` bytes between device memory at `dev` and host memory at `host`, through the
     /// bounce buffer, a chunk at a time.
     fn bounce(&self, dev: u64, host: *mut u8, len: usize, to_device: bool) -> Result<(), DmaFault> {
@@ -745,5 +838,15 @@ unsafe impl Dma for DeviceDma {
     }
     fn gpu_copier(&self) -> Option<&Arc<Copier>> {
         Some(&self.copier)
+    }
+    fn ipc_export(&self) -> Option<&IpcExport> {
+        let (addr, len) = self.span?;
+        self.export
+            .get_or_init(|| {
+                IpcExport::of(self.copier.context(), addr, len)
+                    .inspect_err(|e| debug!("device memory at {addr:#x} is sent as bytes: {e}"))
+                    .ok()
+            })
+            .as_ref()
     }
 }

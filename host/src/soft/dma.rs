@@ -38,6 +38,11 @@ pub unsafe trait Dma: Send + Sync {
     fn gpu_copier(&self) -> Option<&std::sync::Arc<crate::soft::copier::Copier>> {
         None
     }
+    /// The CUDA IPC export of this region's allocation, made at the first call (device memory
+    /// that another process may map; `None` when it cannot be exported).
+    fn ipc_export(&self) -> Option<&crate::cuda::IpcExport> {
+        None
+    }
 }
 
 /// Host memory: the addresses are CPU pointers. `mapped`: also mapped into the GPUs at the same

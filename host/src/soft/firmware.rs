@@ -32,7 +32,7 @@ use crate::soft::copier::{Copier, DeviceDma};
 use crate::soft::dma::{Dma, HostDma};
 use crate::soft::engine::Engine;
 use crate::soft::objects::{Peer, RtrPeer, SoftCq, SoftQp, Window};
-use crate::soft::Hca;
+use crate::soft::{Hca, SameHost};
 
 /// Why the soft firmware refused a command (the syndrome in its output mailbox).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -222,10 +222,9 @@ pub(crate) struct SoftDevice {
 
 impl SoftDevice {
     /// A new soft HCA and its device, answering 8-byte atomics in `atomic_reply` order, its
-    /// same-host connections through shared memory where `shared_memory`, with its engine
-    /// started.
-    pub fn open(atomic_reply: AtomicReplyOrder, shared_memory: bool) -> Result<SoftDevice, DeviceError> {
-        let hca = Hca::new(shared_memory);
+    /// same-host connections travelling as `same_host` allows, with its engine started.
+    pub fn open(atomic_reply: AtomicReplyOrder, same_host: SameHost) -> Result<SoftDevice, DeviceError> {
+        let hca = Hca::new(same_host);
         let engine = Engine::start(hca.clone()).map_err(|e| DeviceError::Call {
             what: "starting the soft HCA's engine thread",
             why: e.to_string(),
@@ -254,7 +253,7 @@ impl SoftDevice {
     /// A soft context opened on a new device, and the device (for the library's tests).
     #[cfg(test)]
     pub fn context() -> (crate::Context, Arc<SoftDevice>) {
-        let soft = Arc::new(SoftDevice::open(AtomicReplyOrder::BigEndian, true).expect("a soft device"));
+        let soft = Arc::new(SoftDevice::open(AtomicReplyOrder::BigEndian, SameHost::default()).expect("a soft device"));
         let ctx =
             crate::Context::open_on(soft.clone(), Default::default(), crate::Provider::Soft).expect("a context on it");
         (ctx, soft)
@@ -999,7 +998,7 @@ impl Device for SoftDevice {
                     what: "starting the GPU copier",
                     why: e.to_string(),
                 })?;
-                let dma = Arc::new(DeviceDma { copier });
+                let dma = Arc::new(DeviceDma::new(copier, mem.addr, mem.len));
                 // The region holds the copier too, so its last reference is never dropped on
                 // an HCA thread (stopping it waits for kernels): see `soft::Keep`.
                 let keep: Arc<dyn Send + Sync> = Arc::new((mem.keep.clone(), dma.clone()));

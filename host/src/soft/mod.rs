@@ -13,7 +13,8 @@
 //! - `completer`: applies responses locally (READ data, fetched values) and writes CQEs.
 //! - `dma`: the memory trait every data movement goes through (not public: its accesses are
 //!   only sound on registered ranges).
-//! - `net`: the transport to peers in other processes or hosts (TCP).
+//! - `net`: the transport to peers in other processes or hosts (TCP), `shm` its same-host
+//!   carrier, `ipc` WRITEs from GPU memory to a same-host peer as CUDA IPC references.
 //! - [`copier`]: the persistent GPU kernel that moves device-memory bytes.
 //!
 //! Peers in one process talk directly (the responder runs on the requester's engine thread,
@@ -30,6 +31,7 @@ pub mod copier;
 pub(crate) mod dma;
 pub(crate) mod engine;
 pub(crate) mod firmware;
+pub(crate) mod ipc;
 pub(crate) mod net;
 pub(crate) mod objects;
 pub(crate) mod requester;
@@ -200,9 +202,28 @@ pub(crate) struct Hca {
     /// Incoming transport connections not yet known to come from a QP's RTR peer (see
     /// [`net::MAX_UNVERIFIED`]).
     pub(crate) unverified: std::sync::atomic::AtomicUsize,
-    /// Whether transport connections to a peer on this machine may go through shared memory
-    /// (`ContextOptions::same_host_shared_memory`).
+    /// How transport connections to a peer on this machine may travel.
+    pub same_host: SameHost,
+}
+
+/// How a soft HCA's transport connections to a peer process on this machine may travel; a
+/// connection uses what both sides allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SameHost {
+    /// Frames through a shared-memory segment (`ContextOptions::same_host_shared_memory`).
     pub shared_memory: bool,
+    /// Over shared memory, WRITEs from GPU memory as CUDA IPC references
+    /// (`ContextOptions::same_host_cuda_ipc`).
+    pub cuda_ipc: bool,
+}
+
+impl Default for SameHost {
+    fn default() -> SameHost {
+        SameHost {
+            shared_memory: true,
+            cuda_ipc: true,
+        }
+    }
 }
 
 /// Live HCAs of this process, by id (in-process connections look peers up here).
@@ -212,8 +233,8 @@ fn registry() -> &'static Mutex<HashMap<u64, Weak<Hca>>> {
 }
 
 impl Hca {
-    /// A new HCA, registered in the process's table; `shared_memory`: see [`Hca::shared_memory`].
-    pub fn new(shared_memory: bool) -> Arc<Hca> {
+    /// A new HCA, registered in the process's table; `same_host`: see [`Hca::same_host`].
+    pub fn new(same_host: SameHost) -> Arc<Hca> {
         let mut reg = lock(registry());
         let id = loop {
             let id = (random_u32() as u64) << 32 | random_u32() as u64;
@@ -234,7 +255,7 @@ impl Hca {
             stop: AtomicBool::new(false),
             listening: Mutex::new(None),
             unverified: Default::default(),
-            shared_memory,
+            same_host,
         });
         reg.insert(hca.id, Arc::downgrade(&hca));
         hca

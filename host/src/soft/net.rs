@@ -33,7 +33,8 @@ use crate::lock;
 use crate::memory::Access;
 use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
-use crate::soft::dma::DmaFault;
+use crate::soft::dma::{Dma, DmaFault};
+use crate::soft::ipc::{self, Imports};
 use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
@@ -427,6 +428,8 @@ struct Shared {
     retry_timeout: Duration,
     inflight: Mutex<Inflight>,
     closed: AtomicBool,
+    /// The peer's answers to GPU allocation offers (see [`ipc`]).
+    gpu_answers: Arc<Mutex<Vec<Option<bool>>>>,
 }
 
 /// A QP's connection to a peer in another process (the requester's side of it).
@@ -442,6 +445,9 @@ pub(crate) struct Link {
     shared: Arc<Shared>,
     receiver: Option<JoinHandle<()>>,
     peer: SocketAddr,
+    /// GPU allocations offered to the peer: where WRITEs from GPU memory may travel as CUDA
+    /// IPC references (a shared-memory connection, both sides allowing it).
+    exports: Option<ipc::Exports>,
 }
 
 impl Link {
@@ -501,12 +507,16 @@ impl Link {
         }
         let (tx, rx_closer) = offer(hca, qp, &stream, &mut reader).map_err(|f| refused(f.to_string()))?;
         let carrier = if rx_closer.is_some() { "shared memory" } else { "TCP" };
+        let exports = ipc::Exports::default();
         let shared = Arc::new(Shared {
             qp: Arc::downgrade(qp),
             retry_timeout: qp.retry_timeout(),
             inflight: Mutex::new(Inflight::default()),
             closed: AtomicBool::new(false),
+            gpu_answers: exports.answers(),
         });
+        // (The responder refuses offers if it does not take references.)
+        let exports = (rx_closer.is_some() && hca.same_host.cuda_ipc).then_some(exports);
         let rx_shared = shared.clone();
         let receiver = super::spawn_hca_thread(format!("gdaki-rx-{:x}", qp.qpn), move || {
             receive(reader, rx_shared, addr)
@@ -522,13 +532,34 @@ impl Link {
             shared,
             receiver: Some(receiver),
             peer: addr,
+            exports,
         })
+    }
+
+    /// Where the peer can read the `len` bytes at `addr` of GPU memory `dma` itself (CUDA IPC,
+    /// see [`ipc`]); `None` when they must travel as bytes. The first time an allocation comes
+    /// by, this sends its offer (and the bytes go, this time).
+    pub(crate) fn reference(&mut self, dma: &dyn Dma, addr: u64, len: u64) -> Option<ipc::Reference> {
+        let exports = self.exports.as_mut()?;
+        let export = dma.ipc_export()?;
+        match exports.reference(export, addr, len) {
+            ipc::Choice::Reference(r) => Some(r),
+            ipc::Choice::Bytes => None,
+            ipc::Choice::OfferThenBytes(offer) => {
+                if lock(&self.shared.inflight).dead.is_none() {
+                    if let Err(e) = self.tx.write_all(&offer) {
+                        self.kill(&format!("sending to {}: {e}", self.peer));
+                    }
+                }
+                None
+            }
+        }
     }
 
     /// Sends a request for WQE `meta` (`data`: a WRITE's payload) and queues its completion.
     pub(crate) fn post(&mut self, meta: Meta, remote: gdaki_device::Remote, op: Op, data: &[u8], sink: Sink) {
         let bytes = match op {
-            Op::Write { len } | Op::Read { len } => len,
+            Op::Write { len } | Op::WriteRef { len, .. } | Op::Read { len } => len,
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => 8,
         };
         let (rkey, addr) = (remote.rkey, remote.addr);
@@ -626,7 +657,7 @@ fn offer(
     stream: &TcpStream,
     reader: &mut Reader,
 ) -> Result<(Outbound, Option<shm::Closer>), Fault> {
-    let seg = match hca.shared_memory {
+    let seg = match hca.same_host.shared_memory {
         false => None,
         true => Segment::create(hca.id, qp.qpn)
             .inspect_err(|e| {
@@ -677,7 +708,7 @@ fn answer_offer(
     reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
     let offered = wire::decode_shm_offer(&reader.expect(Kind::ShmOffer, "a shared-memory offer", idle)?)?;
     reader.deadline = None;
-    let seg = offered.filter(|_| hca.shared_memory).and_then(|name| {
+    let seg = offered.filter(|_| hca.same_host.shared_memory).and_then(|name| {
         Segment::open(&name)
             .inspect_err(|e| {
                 debug!(
@@ -740,6 +771,11 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
     let mut bounce = Vec::new();
     loop {
         let h = reader.header(&mut idle)?;
+        if h.kind == Kind::GpuAnswer {
+            let a = wire::GpuAnswer::decode(&reader.payload(h, &mut idle)?)?;
+            ipc::answered(&shared.gpu_answers, a).map_err(Fault::Protocol)?;
+            continue;
+        }
         let n = Response::fixed_len(h)?;
         let resp = Response::decode(h, reader.fixed(n, &mut fixed, &mut idle)?)?;
         let seq = match resp {
@@ -1031,6 +1067,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
     let mut w = answer_offer(hca, &target, &mut reader, w, &mut connecting)?;
+    // References to the peer's GPU memory are taken over shared memory only: a TCP peer may be
+    // on another host, where a handle means nothing.
+    let takes_references = matches!(w, Outbound::Shm(_)) && hca.same_host.cuda_ipc;
+    let mut imports = Imports::default();
     let pd = target.pd;
     // Only a weak reference while serving: a strong one would keep a destroyed QP (and so
     // its own link, whose peer's thread here holds that peer's QP) alive for ever.
@@ -1064,11 +1104,19 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             // was executed.
             cache = RegionCache::default();
             if let Some(seq) = unacked.take() {
+                // What is acknowledged has landed.
+                imports.settle().map_err(copy_failed)?;
                 w.write_all(&Response::Ack { seq }.encode_head())?;
             }
             w.flush()?;
         }
         let h = reader.header(&mut idle)?;
+        if h.kind == Kind::GpuOffer {
+            let offer = wire::GpuOffer::decode(&reader.payload(h, &mut idle)?)?;
+            let answer = imports.offer(&offer, takes_references).map_err(Fault::Protocol)?;
+            w.write_all(&answer.encode())?;
+            continue;
+        }
         let n = Request::fixed_len(h)?;
         let req = Request::decode(h, reader.fixed(n, &mut fixed, &mut idle)?)?;
         if hca.stop.load(Ordering::Acquire) {
@@ -1098,6 +1146,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             continue;
         }
         let ready = responder::accepts(target.upgrade().as_deref());
+        if !matches!(req.op, Op::WriteRef { .. }) {
+            // What the CPU executes, and any answer with data, comes after the GPU's copies.
+            imports.settle().map_err(copy_failed)?;
+        }
         let answer = match ready {
             Err(s) => {
                 if let Op::Write { len } = req.op {
@@ -1105,7 +1157,15 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
                 }
                 Err(s)
             }
-            Ok(()) => execute(hca, &mut cache, pd, &mut reader, &mut w, req, &mut bounce, &mut idle)?,
+            Ok(()) => {
+                let mut io = Io {
+                    reader: &mut reader,
+                    w: &mut w,
+                    bounce: &mut bounce,
+                    imports: &mut imports,
+                };
+                execute(hca, &mut cache, pd, &mut io, req, &mut idle)?
+            }
         };
         match answer {
             Ok(true) => unacked = Some(req.seq),
@@ -1114,6 +1174,8 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
                 if let Some(t) = target.upgrade() {
                     responder::violated(&t, syndrome);
                 }
+                // The requests before it succeeded: their copies land first.
+                imports.settle().map_err(copy_failed)?;
                 w.write_all(&Response::Nak { seq: req.seq, syndrome }.encode_head())?;
                 unacked = None;
                 failed = true;
@@ -1122,24 +1184,67 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     }
 }
 
+/// A GPU copy from a mapped allocation failed (the copier broke): the connection ends, and the
+/// requester's outstanding requests fail with transport errors.
+fn copy_failed(_: DmaFault) -> Fault {
+    Fault::Io(io::Error::other("a GPU copy out of the peer's mapped memory failed"))
+}
+
+/// What a responder's connection executes requests with.
+struct Io<'a> {
+    reader: &'a mut Reader,
+    w: &'a mut Outbound,
+    bounce: &'a mut Vec<u8>,
+    imports: &'a mut Imports,
+}
+
 /// Executes one request for a QP of protection domain `pd`. `Ok(Ok(true))`: a write, to
 /// acknowledge; `Ok(Ok(false))`: answered; `Ok(Err(s))`: to NAK.
-#[allow(clippy::too_many_arguments)]
 fn execute(
     hca: &Hca,
     cache: &mut RegionCache,
     pd: u32,
-    reader: &mut Reader,
-    w: &mut Outbound,
+    io: &mut Io<'_>,
     req: Request,
-    bounce: &mut Vec<u8>,
     idle: &mut dyn FnMut() -> Result<(), Fault>,
 ) -> Result<Result<bool, Syndrome>, Fault> {
     let remote = gdaki_device::Remote {
         addr: req.addr,
         rkey: req.rkey,
     };
+    let Io {
+        reader,
+        w,
+        bounce,
+        imports,
+    } = io;
     Ok(match req.op {
+        Op::WriteRef { alloc, offset, len } => {
+            let src = imports.get(alloc).map_err(Fault::Protocol)?;
+            let Some(from) = src.at(offset, len as u64) else {
+                return Err(Fault::Protocol(format!(
+                    "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
+                )));
+            };
+            match responder::write_by_gpu(hca, cache, pd, remote, &src.dma, from, len as u64) {
+                Some(Ok((copier, seq))) => {
+                    imports.pending().add(&copier, seq);
+                    crate::soft::copier::release(copier);
+                    Ok(true)
+                }
+                Some(Err(s)) => Err(s),
+                // Not one copier's step (the target is on another GPU, or host memory no GPU
+                // maps; or nothing to move): through host memory, after the copies before it.
+                None => {
+                    imports.settle().map_err(copy_failed)?;
+                    bounce.resize(len as usize, 0);
+                    if src.dma.read(from, &mut bounce[..]).is_err() {
+                        return Ok(Err(Syndrome::RemoteOp));
+                    }
+                    responder::write(hca, cache, pd, remote, &bounce[..]).map(|()| true)
+                }
+            }
+        }
         Op::Write { len } => {
             let region = match len {
                 0 => None,

@@ -11,7 +11,7 @@ use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
 use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
-use crate::soft::copier::Copier;
+use crate::soft::copier::{Copier, Pending};
 use crate::soft::net::{Link, Meta, Sink};
 use crate::soft::objects::{Peer, SoftQp};
 use crate::soft::responder::{self, AtomicOp};
@@ -24,7 +24,7 @@ pub(crate) struct Scratch {
     data: Vec<u8>,
     regions: RegionCache,
     /// The newest copy submitted to each GPU copier and not yet known done.
-    copies: Copies,
+    copies: Pending,
 }
 
 /// How a WQE was executed.
@@ -53,15 +53,7 @@ impl Scratch {
         self.regions.release_if_stale();
         // A flush that failed earlier (a paused copier) is retried here.
         self.flush_copies();
-        // Finished copies need no settling: let go of their copiers (off this thread).
-        let mut i = 0;
-        while i < self.copies.len() {
-            if matches!(self.copies[i].0.done(self.copies[i].1), Ok(true)) {
-                crate::soft::copier::release(self.copies.swap_remove(i).0);
-            } else {
-                i += 1;
-            }
-        }
+        self.copies.release_done();
     }
 }
 
@@ -69,36 +61,17 @@ impl Scratch {
     /// Hands the small copies gathered so far to their copiers' kernels (see
     /// [`Copier::flush`]): at the end of every doorbell batch, so a batch of WQEs becomes a few
     /// copy lists instead of a descriptor each.
+    /// A copier that cannot post is broken (its WQEs fail at their completion, see
+    /// `Copier::done`) or paused (retried on the engine's next round).
     pub(crate) fn flush_copies(&self) {
-        for (copier, _) in &self.copies {
-            // A copier that cannot post is broken (its WQEs fail at their completion, see
-            // `Copier::done`) or paused (retried on the engine's next round).
-            let _ = copier.flush();
-        }
+        self.copies.flush();
     }
 }
-
-/// The newest copy submitted to each GPU copier and not yet known done.
-type Copies = Vec<(Arc<Copier>, u64)>;
 
 /// Waits until every GPU copy this engine submitted is done: before the CPU moves data itself,
 /// so it never overtakes an earlier WQE's copy (a put then its signal).
-fn settle(copies: &mut Copies) -> Result<(), Syndrome> {
-    let mut result = Ok(());
-    for (copier, seq) in copies.drain(..) {
-        if result.is_ok() {
-            result = copier.settle(seq).map_err(|_| Syndrome::LocalAccess);
-        }
-        crate::soft::copier::release(copier);
-    }
-    result
-}
-
-fn copying(copies: &mut Copies, copier: &Arc<Copier>, seq: u64) {
-    match copies.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
-        Some(entry) => entry.1 = seq,
-        None => copies.push((copier.clone(), seq)),
-    }
+fn settle(copies: &mut Pending) -> Result<(), Syndrome> {
+    copies.settle().map_err(|_| Syndrome::LocalAccess)
 }
 
 /// The GPU copy of a WRITE from one buffer to a target in this process, when one copier moves
@@ -117,7 +90,7 @@ fn gpu_write(
     if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
         return Ok(None);
     }
-    responder::write_by_gpu(peer, regions, tq.pd, r, region, s.addr, s.length as u64).transpose()
+    responder::write_by_gpu(peer, regions, tq.pd, r, &*region.dma, s.addr, s.length as u64).transpose()
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -249,10 +222,23 @@ pub(crate) fn execute(
                     // GPU memory to a target in this process: the GPU copies it in one step,
                     // after the copies before it, and the engine completes the WQE once done.
                     if let Some((copier, seq)) = gpu_write(target, regions, remote(r), &src)? {
-                        copying(copies, &copier, seq);
+                        copies.add(&copier, seq);
                         return Ok(Executed::Copying { bytes, copier, seq });
                     }
                     settle(copies)?;
+                    // GPU memory to a peer process on this machine: a reference that the
+                    // peer's copier reads (CUDA IPC), once the peer has mapped the allocation.
+                    if let (Target::Remote(link), [Some((s, region)), None, ..]) = (&mut *target, &src.items) {
+                        if let Some(at) = link.reference(&*region.dma, s.addr, s.length as u64) {
+                            let op = Op::WriteRef {
+                                alloc: at.alloc,
+                                offset: at.offset,
+                                len: bytes,
+                            };
+                            link.post(meta, remote(r), op, &[], Sink::Ack);
+                            return Ok(Executed::InFlight);
+                        }
+                    }
                     match &src.items {
                         // One host buffer: hand it on without a copy.
                         [Some((s, region)), None, ..] if region.dma.host_addressable() => {

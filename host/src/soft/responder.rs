@@ -70,8 +70,9 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, pd: u32, remote: Remote,
     r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
-/// RDMA WRITE of `len` bytes from `src` (in `region`, the requester's) at `remote`, handed to a
-/// GPU copier (one step) when one side is device memory and the other is reachable by the same
+/// RDMA WRITE of `len` bytes from `src` (memory that `src_dma` moves: a requester's region in
+/// this process, or a peer process's allocation mapped here) at `remote`, handed to a GPU
+/// copier (one step) when one side is device memory and the other is reachable by the same
 /// GPU: the copier and the copy's sequence number, not waited for. `None`: not such a pair
 /// (the caller moves the bytes through host memory).
 pub(crate) fn write_by_gpu(
@@ -79,7 +80,7 @@ pub(crate) fn write_by_gpu(
     cache: &mut RegionCache,
     pd: u32,
     remote: Remote,
-    region: &crate::soft::Region,
+    src_dma: &dyn crate::soft::dma::Dma,
     src: u64,
     len: u64,
 ) -> Option<Result<(std::sync::Arc<crate::soft::copier::Copier>, u64), Syndrome>> {
@@ -90,10 +91,11 @@ pub(crate) fn write_by_gpu(
         Some(r) => r.clone(),
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
-    let copier = crate::soft::copier::shared_copier(&*region.dma, &*dst.dma)?.clone();
-    // SAFETY: both ranges lie in live registered regions this copier's GPU reaches (checked
-    // above and by the caller); overlap and concurrent access are the application's, as with
-    // a NIC's DMA.
+    let copier = crate::soft::copier::shared_copier(src_dma, &*dst.dma)?.clone();
+    // SAFETY: the target lies in a live registered region this copier's GPU reaches (checked
+    // above), the source in memory the caller keeps mapped until the copy is done (a live
+    // registered region, or a peer's allocation whose mapping outlives its pending copies);
+    // overlap and concurrent access are the application's, as with a NIC's DMA.
     Some(match unsafe { copier.submit_copy(remote.addr, src, len) } {
         Ok(seq) => Ok((copier, seq)),
         Err(_) => Err(Syndrome::RemoteOp),

@@ -1,0 +1,218 @@
+//! GPU memory between two processes of one machine: a WRITE from device memory to a peer
+//! connected over shared memory (see [`shm`](super::shm)) sends a reference to the bytes, not
+//! the bytes, and the peer's copier moves them inside the GPU (CUDA IPC).
+//!
+//! - **Offer.** The first WRITE from an allocation goes as bytes, preceded by a
+//!   [`GpuOffer`]: the allocation's IPC handle, numbered in order on the connection. The
+//!   responder maps it when it can (a live copier on that GPU, the driver accepts the handle,
+//!   CUDA IPC on at both ends) and says so in a [`GpuAnswer`], in order with its responses.
+//!   From the answer on, WRITEs from that allocation are [`Op::WriteRef`]s; while it is
+//!   outstanding, or after a refusal, they stay bytes. Nothing waits for an answer.
+//! - **The same semantics.** A reference is executed as the bytes would be: checked against
+//!   the target's rkey, bounds and rights, then copied by the responder's copier (inside the
+//!   GPU, or into host memory that GPU maps; through the bounce buffer otherwise). Every
+//!   response, and every request the CPU executes, waits for the copies before it, so
+//!   acknowledged data has landed and a put's signal lands after the put.
+//! - **Untrusted peer.** A reference names an allocation the responder mapped, within the
+//!   mapping's own size (the driver's record, not the offer's); anything else is a protocol
+//!   violation that ends the connection. The mappings are closed when the connection ends.
+//! - **Limits.** Legacy IPC only: memory made with `cuMemCreate`, or on a GPU the responder
+//!   has no copier for, is sent as bytes. READs still carry bytes.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tracing::debug;
+
+use crate::cuda::{IpcExport, IpcImport, IPC_HANDLE_BYTES};
+use crate::lock;
+use crate::soft::copier::{Copier, DeviceDma, Pending};
+use crate::soft::dma::DmaFault;
+use crate::wire::{GpuAnswer, GpuOffer};
+
+/// Allocations one connection may offer: a peer cannot make a responder hold more mappings.
+pub(crate) const MAX_OFFERS: u32 = 1024;
+
+/// The requester's side on one connection: what it offered, and the answers the receiver
+/// thread read.
+#[derive(Default)]
+pub(crate) struct Exports {
+    /// Offered allocations, by IPC handle (a new allocation at a freed one's address has
+    /// another handle).
+    ids: HashMap<[u8; IPC_HANDLE_BYTES], u32>,
+    /// The peer's answers, by offer id: `None` while outstanding.
+    answers: Arc<Mutex<Vec<Option<bool>>>>,
+}
+
+/// Where a WRITE's data is for the peer: in allocation `alloc` (accepted) at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reference {
+    /// The offer id.
+    pub alloc: u32,
+    /// Where the data starts in the allocation.
+    pub offset: u64,
+}
+
+/// What [`Exports::reference`] decided.
+pub(crate) enum Choice {
+    /// Send this reference.
+    Reference(Reference),
+    /// Send the bytes, after this offer frame.
+    OfferThenBytes(Vec<u8>),
+    /// Send the bytes.
+    Bytes,
+}
+
+impl Exports {
+    /// The receiver's handle on the answers.
+    pub fn answers(&self) -> Arc<Mutex<Vec<Option<bool>>>> {
+        self.answers.clone()
+    }
+
+    /// How `len` bytes at `addr` in memory of allocation `export` go to the peer.
+    pub fn reference(&mut self, export: &IpcExport, addr: u64, len: u64) -> Choice {
+        let inside = addr >= export.base && addr.checked_add(len).is_some_and(|e| e <= export.base + export.size);
+        if !inside {
+            return Choice::Bytes;
+        }
+        if let Some(&id) = self.ids.get(&export.handle) {
+            return match lock(&self.answers).get(id as usize) {
+                Some(Some(true)) => Choice::Reference(Reference {
+                    alloc: id,
+                    offset: addr - export.base,
+                }),
+                _ => Choice::Bytes,
+            };
+        }
+        let id = self.ids.len() as u32;
+        if id >= MAX_OFFERS {
+            return Choice::Bytes;
+        }
+        self.ids.insert(export.handle, id);
+        lock(&self.answers).push(None);
+        Choice::OfferThenBytes(
+            GpuOffer {
+                id,
+                size: export.size,
+                gpu: export.gpu,
+                handle: export.handle,
+            }
+            .encode(),
+        )
+    }
+}
+
+/// Records the peer's answer `a` (receiver thread): an answer to nothing offered, or a second
+/// answer, is a protocol violation.
+pub(crate) fn answered(answers: &Mutex<Vec<Option<bool>>>, a: GpuAnswer) -> Result<(), String> {
+    let mut all = lock(answers);
+    match all.get_mut(a.id as usize) {
+        Some(slot @ None) => {
+            *slot = Some(a.mapped);
+            Ok(())
+        }
+        Some(Some(_)) => Err(format!("a second answer to GPU allocation offer {}", a.id)),
+        None => Err(format!("an answer to GPU allocation offer {}, never made", a.id)),
+    }
+}
+
+/// One allocation of the peer's, mapped here.
+pub(crate) struct Import {
+    /// Moves its bytes (declared first: dropped before the mapping closes).
+    pub dma: DeviceDma,
+    mem: IpcImport,
+}
+
+impl Import {
+    /// Where `offset..offset + len` of the allocation is in this process, if inside it.
+    pub fn at(&self, offset: u64, len: u64) -> Option<u64> {
+        (offset.checked_add(len)? <= self.mem.size()).then(|| self.mem.ptr() + offset)
+    }
+}
+
+/// The responder's side on one connection: the peer's allocations it mapped, and the copies
+/// from them not yet known done. Dropping it waits for those copies and closes the mappings
+/// (off the HCA's threads, see [`Keep`](super::Keep)).
+#[derive(Default)]
+pub(crate) struct Imports {
+    maps: Vec<Option<Arc<Import>>>,
+    pending: Pending,
+}
+
+impl Imports {
+    /// Answers offer `o` (`allowed`: this side takes CUDA IPC references at all), mapping the
+    /// allocation when it can. An offer out of order is a protocol violation.
+    pub fn offer(&mut self, o: &GpuOffer, allowed: bool) -> Result<GpuAnswer, String> {
+        if o.id as usize != self.maps.len() {
+            return Err(format!(
+                "GPU allocation offer {} where {} was due",
+                o.id,
+                self.maps.len()
+            ));
+        }
+        let map = match (allowed, self.maps.len() < MAX_OFFERS as usize) {
+            (false, _) => None,
+            (true, false) => {
+                debug!("more than {MAX_OFFERS} GPU allocations offered: the rest travel as bytes");
+                None
+            }
+            (true, true) => Self::open(o),
+        };
+        let mapped = map.is_some();
+        self.maps.push(map.map(Arc::new));
+        Ok(GpuAnswer { id: o.id, mapped })
+    }
+
+    fn open(o: &GpuOffer) -> Option<Import> {
+        let Some(copier) = Copier::on_gpu(&o.gpu) else {
+            debug!(
+                offer = o.id,
+                "no copier on the offered allocation's GPU: its WRITEs stay bytes"
+            );
+            return None;
+        };
+        match IpcImport::open(copier.context(), &o.handle) {
+            Ok(mem) => Some(Import {
+                dma: DeviceDma::imported(copier),
+                mem,
+            }),
+            Err(e) => {
+                debug!(offer = o.id, "GPU allocation not mapped ({e}): its WRITEs stay bytes");
+                None
+            }
+        }
+    }
+
+    /// The mapped allocation `alloc`: one that was never offered or not mapped is a protocol
+    /// violation.
+    pub fn get(&self, alloc: u32) -> Result<Arc<Import>, String> {
+        match self.maps.get(alloc as usize) {
+            Some(Some(m)) => Ok(m.clone()),
+            Some(None) => Err(format!("a reference to GPU allocation {alloc}, which was not mapped")),
+            None => Err(format!("a reference to GPU allocation {alloc}, never offered")),
+        }
+    }
+
+    /// The copies from mapped allocations submitted and not yet waited for.
+    pub fn pending(&mut self) -> &mut Pending {
+        &mut self.pending
+    }
+
+    /// Waits until every copy submitted so far is done (before anything that must come after
+    /// them: a response, a request the CPU executes).
+    pub fn settle(&mut self) -> Result<(), DmaFault> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.pending.settle()
+    }
+}
+
+impl Drop for Imports {
+    fn drop(&mut self) {
+        // A mapping is closed only once nothing copies from it.
+        let _ = self.pending.settle();
+        for m in self.maps.drain(..).flatten() {
+            drop(super::Keep::new(Some(m)));
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! GPU memory between two processes on one machine: WRITEs from device memory to a peer
+//! process, which maps the allocation (CUDA IPC) and moves the bytes with its own copier, or,
+//! where it refuses, receives the bytes. The peer is this test binary run a second time
+//! (`peer_process`, which does nothing unless `GDAKI_GPU_IPC_PEER` is set). Without a GPU
+//! the tests say they were skipped.
+mod common;
+use common::{gpu_or_skip, pattern, qp, ReadVec};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::Duration;
+
+use gdaki::handshake::{Channel, Hello};
+use gdaki::soft::copier::Copier;
+use gdaki::{Access, Context, ContextOptions, Provider, QpConfig};
+use gdaki_device::{Exclusive, WaitError};
+use gdaki_layout::Syndrome;
+
+const APP: &[u8] = b"gdaki gpu ipc test v1";
+/// The requester's source and the peer's device target.
+const LEN: usize = 4 << 20;
+/// The peer's host-memory targets.
+const HOST_LEN: usize = 64 << 10;
+
+/// A listening soft context whose same-host connections take shared memory, with CUDA IPC
+/// references as `ipc` says.
+fn listening(ipc: bool) -> Context {
+    let options = ContextOptions::default()
+        .same_host_shared_memory(true)
+        .same_host_cuda_ipc(ipc);
+    let ctx = Context::open_with(Provider::Soft, options).unwrap();
+    ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    ctx
+}
+
+/// What the requester writes where (the peer checks it): `(target, offset in the target,
+/// offset in the source, length)`; target 0 is the peer's device region, 1 its pinned host
+/// region, 2 its plain host region.
+fn writes() -> Vec<(usize, u64, u64, u64)> {
+    let mut w = vec![(0, 0, 0, 65536)];
+    // Odd sizes and offsets, one GPU copy each on the peer.
+    w.extend((0..16u64).map(|k| (0, 65536 + k * 4096 + 3, k * 4096 + 7, 4093)));
+    // Large (more than the copier's bounce buffer).
+    w.push((0, 1 << 20, (1 << 20) + 1, (2 << 20) + 5));
+    // Into host memory the peer's GPU maps (one GPU copy) and into plain host memory (bounced).
+    w.push((1, 5, 11, 40_000));
+    w.push((2, 9, 13, 30_000));
+    w
+}
+
+/// The peer process (runs only when spawned by the tests below): serves, then checks what it
+/// was sent, and tells how many copies its copier was handed.
+#[test]
+fn peer_process() {
+    let Ok(mode) = std::env::var("GDAKI_GPU_IPC_PEER") else {
+        return;
+    };
+    let gpu = gdaki::cuda::Gpu::open(0).unwrap();
+    let ctx = listening(mode == "on");
+    let dev = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    let pinned = ctx.alloc_pinned_region(&gpu, HOST_LEN, Access::ALL).unwrap();
+    let host = ctx.alloc_region(HOST_LEN, Access::ALL).unwrap();
+    let q = qp(&ctx, 64, QpConfig::default());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("PORT {}", listener.local_addr().unwrap().port());
+    let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
+    let theirs = ch.receive().unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![q.endpoint()],
+        regions: vec![dev.remote_region(), pinned.remote_region(), host.remote_region()],
+    })
+    .unwrap();
+    q.connect(&theirs.endpoints[0]).unwrap();
+    ch.sync(1).unwrap();
+    ch.sync(2).unwrap();
+    // Copies this side's copier was handed without waiting: the references (a bounced WRITE
+    // waits for its copies and is not counted). Read before the checks below use the copier.
+    let copies = Copier::existing(&gpu).map_or(0, |c| c.stats().copies);
+    eprintln!("peer: copier copies {copies}");
+    let src = pattern(5, LEN);
+    let targets = [&dev, &pinned, &host];
+    let mut ok = true;
+    for (t, at, from, len) in writes() {
+        let got = targets[t].read_vec(at, len as usize).unwrap();
+        if got[..] != src[from as usize..(from + len) as usize] {
+            eprintln!("peer: target {t} at {at}: {len} bytes differ");
+            ok = false;
+        }
+    }
+    // The signal of the put_signal, after its put.
+    ok &= dev.load_u64(LEN as u64 - 8).unwrap() == 1;
+    ch.send(&Hello {
+        app: format!("{ok} {copies}").into_bytes(),
+        endpoints: vec![],
+        regions: vec![],
+    })
+    .unwrap();
+    thread::sleep(Duration::from_secs(60));
+}
+
+struct Peer {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_peer(mode: &str) -> Peer {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
+        .env("GDAKI_GPU_IPC_PEER", mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let port = loop {
+        let line = lines.next().expect("peer exited before saying its port").unwrap();
+        if let Some(i) = line.find("PORT ") {
+            break line[i + 5..].trim().parse().unwrap();
+        }
+    };
+    thread::spawn(move || for _ in lines {});
+    Peer { child, port }
+}
+
+/// Runs the writes against a peer in `mode` ("on": it maps offered allocations; "off": it
+/// refuses them) from a requester with CUDA IPC `ipc`; returns how many copies the peer's
+/// copier was handed and how many descriptors this side's copier ran for the writes after the
+/// first.
+fn run(test: &str, mode: &str, ipc: bool) -> Option<(u64, u64)> {
+    let (gpu, _one) = gpu_or_skip(test)?;
+    let peer = spawn_peer(mode);
+    let ctx = listening(ipc);
+    let src = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    src.write(0, &pattern(5, LEN)).unwrap();
+    let scratch = ctx.alloc_pinned_region(&gpu, 4096, Access::ALL).unwrap();
+    let q = qp(&ctx, 64, QpConfig::default());
+    let mut ch = Channel::connect(SocketAddr::from(([127, 0, 0, 1], peer.port)), Duration::from_secs(30)).unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![q.endpoint()],
+        regions: vec![],
+    })
+    .unwrap();
+    let theirs = ch.receive().unwrap();
+    q.connect(&theirs.endpoints[0]).unwrap();
+    ch.sync(1).unwrap();
+    let at = |t: usize, off: u64| theirs.regions[t].at(off).unwrap();
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
+    let w = writes();
+    // The first WRITE from the allocation carries its bytes (and its offer); waiting for it
+    // also waits for the peer's answer, which comes before its acknowledgement.
+    let (t, off, from, len) = w[0];
+    dev.wait(dev.put(at(t, off), src.local(from), len).unwrap()).unwrap();
+    let posted = || Copier::existing(&gpu).unwrap().stats().posted;
+    let before = posted();
+    for &(t, off, from, len) in &w[1..] {
+        dev.put(at(t, off), src.local(from), len).unwrap();
+    }
+    // A put and its signal (an atomic, which the peer executes after the put's copy).
+    let signal = dev
+        .put_signal(at(0, 0), src.local(0), 8, at(0, LEN as u64 - 8), 1, scratch.local(0))
+        .unwrap();
+    dev.wait(signal).unwrap();
+    dev.quiet().unwrap();
+    let ran = posted() - before;
+    ch.sync(2).unwrap();
+    let verdict = String::from_utf8(ch.receive().expect("the peer's verdict").app).unwrap();
+    let (ok, copies) = verdict.split_once(' ').unwrap();
+    assert_eq!(ok, "true", "the peer found other bytes than were sent");
+    // A reference to a key the peer never gave: refused like any WRITE (and the QP fails).
+    let bad = gdaki_device::Remote {
+        rkey: theirs.regions[0].rkey ^ 0x55,
+        ..at(0, 0)
+    };
+    match dev.wait(dev.put(bad, src.local(0), 64).unwrap()) {
+        Err(WaitError::Cqe(e)) => assert_eq!(e.syndrome, Syndrome::RemoteAccess),
+        other => panic!("a WRITE with a bad rkey: {other:?}"),
+    }
+    Some((copies.parse().unwrap(), ran))
+}
+
+#[test]
+fn device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads() {
+    let Some((copies, ran)) = run(
+        "device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads",
+        "on",
+        true,
+    ) else {
+        return;
+    };
+    // Every WRITE after the first, and the signal's put, was one copy on the peer's GPU, but
+    // the one into plain host memory (bounced, not counted); none read this side's memory here.
+    let after_the_first = writes().len() as u64 - 1;
+    let bounced = 1; // into plain host memory
+    let signal = 1;
+    assert_eq!(
+        copies,
+        after_the_first - bounced + signal,
+        "copies the peer's copier was handed"
+    );
+    assert_eq!(ran, 0, "this side's copier moved bytes of WRITEs sent as references");
+}
+
+#[test]
+fn a_peer_that_refuses_the_mapping_gets_the_bytes() {
+    let Some((copies, ran)) = run("a_peer_that_refuses_the_mapping_gets_the_bytes", "off", true) else {
+        return;
+    };
+    assert_eq!(copies, 0, "the peer's copier was handed references it refused");
+    assert!(ran > 0, "the bytes were read out of device memory here");
+}
+
+#[test]
+fn without_cuda_ipc_the_bytes_travel() {
+    let Some((copies, ran)) = run("without_cuda_ipc_the_bytes_travel", "on", false) else {
+        return;
+    };
+    assert_eq!(copies, 0);
+    assert!(ran > 0);
+}
