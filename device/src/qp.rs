@@ -740,31 +740,39 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         }
     }
 
-    /// Raises the consumer index past `index` and tells the HCA (the doorbell record never moves
-    /// backwards: it is compare-and-swapped in 24-bit wrapped order).
+    /// Raises the consumer index past `index`: tells the HCA (the doorbell record never moves
+    /// backwards: it is compare-and-swapped in 24-bit wrapped order), then the posters.
+    ///
+    /// In that order: the consumed count frees send-queue slots, and a WQE posted into a freed
+    /// slot may complete at once. Were the count raised first, the HCA could complete that WQE
+    /// while the record still said the CQ was full, and overrun it (the soft HCA reported
+    /// "CQ overrun" and a kernel timed out, in about one GPU test run in four).
     #[inline(always)]
     fn consume_through(&self, index: u64) {
         let next = index + 1;
         // SAFETY: counters and record of the live handle.
-        let old = unsafe { M::fetch_max(self.cq_consumed(), next) };
-        if old >= next {
-            return;
+        if unsafe { M::load_acquire(self.cq_consumed()) } >= next {
+            return; // another poller consumed past it, and moved the record first
         }
         let rec = self.k.cq_dbrec as *mut u32;
         let want = dbrec::cq_ci(next);
         if !M::SHARED {
+            // SAFETY: as above; a release store, before the count below.
             unsafe { arch::store_cq_dbrec(rec, want.to_be()) };
-            return;
-        }
-        // SAFETY: `rec` is the CQ's doorbell record from the live handle, 4-byte aligned.
-        let mut cur = unsafe { arch::load_u32_volatile(rec) };
-        while !ring::cq_ci_at_or_after(u32::from_be(cur), want) {
-            let seen = unsafe { arch::cas_dbrec(rec, cur, want.to_be()) };
-            if seen == cur {
-                break;
+        } else {
+            // SAFETY: `rec` is the CQ's doorbell record from the live handle, 4-byte aligned.
+            let mut cur = unsafe { arch::load_u32_volatile(rec) };
+            while !ring::cq_ci_at_or_after(u32::from_be(cur), want) {
+                // SAFETY: as above (an acq_rel system-scope CAS: visible before the count).
+                let seen = unsafe { arch::cas_dbrec(rec, cur, want.to_be()) };
+                if seen == cur {
+                    break;
+                }
+                cur = seen;
             }
-            cur = seen;
         }
+        // SAFETY: as above.
+        unsafe { M::fetch_max(self.cq_consumed(), next) };
     }
 
     /// The sticky error, if it concerns WQE `index` (at or before it).
