@@ -56,6 +56,7 @@ fn peer_process() {
     let Ok(mode) = std::env::var("GDAKI_GPU_IPC_PEER") else {
         return;
     };
+    common::log_from_env();
     let gpu = gdaki::cuda::Gpu::open(0).unwrap();
     let ctx = listening(mode == "on");
     let dev = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();

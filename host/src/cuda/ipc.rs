@@ -59,11 +59,12 @@ impl IpcExport {
                 format!("{len} bytes at {addr:#x} run past their allocation ({size} bytes at {base:#x})"),
             ));
         }
-        let mut capable: u8 = 0;
-        // SAFETY: this attribute writes a boolean (one byte is enough; zeroed above).
+        // The driver writes a boolean whose width it does not document: room for any, zeroed.
+        let mut capable: u64 = 0;
+        // SAFETY: a valid out-pointer to 8 writable bytes.
         let asked = unsafe {
             sys::cuPointerGetAttribute(
-                (&mut capable as *mut u8).cast(),
+                (&mut capable as *mut u64).cast(),
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
                 base,
             )

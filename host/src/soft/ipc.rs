@@ -13,9 +13,12 @@
 //!   GPU, or into host memory that GPU maps; through the bounce buffer otherwise). Every
 //!   response, and every request the CPU executes, waits for the copies before it, so
 //!   acknowledged data has landed and a put's signal lands after the put.
-//! - **Untrusted peer.** A reference names an allocation the responder mapped, within the
-//!   mapping's own size (the driver's record, not the offer's); anything else is a protocol
-//!   violation that ends the connection. The mappings are closed when the connection ends.
+//! - **Untrusted peer.** Offers are taken over shared memory only, which only a process of the
+//!   same user reaches (see [`shm`](super::shm)): an IPC handle opens any allocation of any
+//!   process that exported it, so it is no more trusted than that user. A reference names an
+//!   allocation the responder mapped, within the mapping's own size (the driver's record, not
+//!   the offer's); anything else is a protocol violation that ends the connection. The
+//!   mappings are closed when the connection ends.
 //! - **Limits.** Legacy IPC only: memory made with `cuMemCreate`, or on a GPU the responder
 //!   has no copier for, is sent as bytes. READs still carry bytes.
 use std::collections::HashMap;
@@ -214,5 +217,78 @@ impl Drop for Imports {
         for m in self.maps.drain(..).flatten() {
             drop(super::Keep::new(Some(m)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(handle: u8) -> IpcExport {
+        IpcExport {
+            handle: [handle; IPC_HANDLE_BYTES],
+            base: 0x10_0000,
+            size: 0x1000,
+            gpu: [1; 16],
+        }
+    }
+
+    /// An allocation is offered once; its WRITEs are references only once the peer said it
+    /// mapped it, and only inside it.
+    #[test]
+    fn the_requester_offers_once_and_refers_only_after_a_yes() {
+        let mut ex = Exports::default();
+        let answers = ex.answers();
+        let a = export(7);
+        let Choice::OfferThenBytes(frame) = ex.reference(&a, 0x10_0010, 16) else {
+            panic!("the first WRITE from an allocation offers it")
+        };
+        let h = crate::wire::check_frame(&frame).unwrap();
+        let offer = GpuOffer::decode(&frame[crate::wire::HEADER_LEN..]).unwrap();
+        assert_eq!(
+            (h.kind, offer.id, offer.size, offer.handle),
+            (crate::wire::Kind::GpuOffer, 0, 0x1000, a.handle)
+        );
+        assert!(
+            matches!(ex.reference(&a, 0x10_0010, 16), Choice::Bytes),
+            "no answer yet"
+        );
+        answered(&answers, GpuAnswer { id: 0, mapped: true }).unwrap();
+        assert!(matches!(
+            ex.reference(&a, 0x10_0010, 16),
+            Choice::Reference(Reference { alloc: 0, offset: 0x10 })
+        ));
+        assert!(matches!(ex.reference(&a, 0x10_0ff0, 17), Choice::Bytes), "past its end");
+        assert!(
+            matches!(ex.reference(&a, 0xf_fff0, 16), Choice::Bytes),
+            "before its start"
+        );
+        // Another allocation: its own offer, refused, so bytes for good.
+        let b = export(9);
+        assert!(matches!(ex.reference(&b, 0x10_0000, 8), Choice::OfferThenBytes(_)));
+        answered(&answers, GpuAnswer { id: 1, mapped: false }).unwrap();
+        assert!(matches!(ex.reference(&b, 0x10_0000, 8), Choice::Bytes));
+        // Answers to nothing, and second answers, break the protocol.
+        assert!(answered(&answers, GpuAnswer { id: 2, mapped: true }).is_err());
+        assert!(answered(&answers, GpuAnswer { id: 0, mapped: false }).is_err());
+    }
+
+    /// The responder numbers offers in order, refuses when it may not (or cannot) map, and a
+    /// reference to anything it did not map is a protocol violation.
+    #[test]
+    fn the_responder_takes_offers_in_order_and_refuses_unmapped_references() {
+        let mut im = Imports::default();
+        let offer = |id| GpuOffer {
+            id,
+            size: 4096,
+            gpu: [0xee; 16],
+            handle: [3; IPC_HANDLE_BYTES],
+        };
+        assert!(im.offer(&offer(1), true).is_err(), "out of order");
+        assert_eq!(im.offer(&offer(0), false).unwrap(), GpuAnswer { id: 0, mapped: false });
+        // No copier on a GPU of that UUID (there is none here): refused, not an error.
+        assert_eq!(im.offer(&offer(1), true).unwrap(), GpuAnswer { id: 1, mapped: false });
+        assert!(im.get(0).is_err() && im.get(1).is_err() && im.get(2).is_err());
+        assert!(im.settle().is_ok());
     }
 }
