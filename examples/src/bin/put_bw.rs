@@ -15,7 +15,7 @@ use gdaki::handshake::{Hello, RemoteRegion};
 use gdaki::{CompletionQueue, QpConfig, QueuePair};
 use gdaki_device::status::Code;
 use gdaki_device::{Exclusive, Local, Remote};
-use gdaki_examples::cli::{Common, Role, Scope};
+use gdaki_examples::cli::{Common, Mem, Role, Scope};
 use gdaki_examples::plot::{self, Panel, PlotFile, Scale, Series};
 use gdaki_examples::report::{self, BwRow, JsonReport, MIB};
 use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
@@ -147,10 +147,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .common
         .plan(65536, 5000, || gdaki::cuda::why_unusable(cli.common.gpu))?;
     if matches!(plan.role, Role::Server(_)) {
-        // The server only offers a host buffer and validates it: it needs no GPU, and no proxy.
-        plan.gpu = None;
+        // The server only offers a buffer and validates it: it needs no proxy, and the GPU
+        // only for `--mem device`, a buffer in GPU memory (the target of a GPU-memory run across
+        // two processes on one machine, as perftest's --use_cuda on both sides). Host memory
+        // otherwise: pinning it would change nothing for the HCA, and opening the GPU takes
+        // seconds before the handshake.
+        if plan.mem != Mem::Device {
+            plan.gpu = None;
+        }
         plan.proxy_threads = None;
-        plan.mode_line = "the server posts nothing: it offers a host buffer and validates it".into();
+        plan.mode_line = format!(
+            "the server posts nothing: it offers a buffer ({}) and validates it",
+            plan.mem.describe()
+        );
     }
     eprintln!("put_bw: {}", plan.mode_line);
     let launch = match plan.gpu {
@@ -177,7 +186,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
     // The server only offers its buffer and validates what lands there.
     if matches!(plan.role, Role::Server(_)) {
-        let dst = session.ctx.alloc_region(len as usize, gdaki::Access::ALL)?;
+        let dst = session.alloc(len as usize)?;
         let hello = Hello {
             app: vec![],
             endpoints: qps.iter().map(|(_, q)| q.endpoint()).collect(),
@@ -685,8 +694,8 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         rings: session.rings_name(),
         qps: cli.qps,
         tx_depth: plan.tx_depth,
-        memory: match plan.role {
-            Role::Server(_) => "host",
+        memory: match (&plan.role, &session.gpu) {
+            (Role::Server(_), None) => "host",
             _ => plan.mem.describe(),
         },
         blocks: launch.map(|l| l.grid),
