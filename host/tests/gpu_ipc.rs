@@ -4,10 +4,8 @@
 //! (`peer_process`, which does nothing unless `GDAKI_GPU_IPC_PEER` is set). Without a GPU
 //! the tests say they were skipped.
 mod common;
-use common::{gpu_or_skip, pattern, qp, ReadVec};
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use common::{gpu_or_skip, pattern, qp, PeerProcess, ReadVec};
+use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
@@ -101,35 +99,8 @@ fn peer_process() {
     thread::sleep(Duration::from_secs(60));
 }
 
-struct Peer {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_peer(mode: &str) -> Peer {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
-        .env("GDAKI_GPU_IPC_PEER", mode)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(out).lines();
-    let port = loop {
-        let line = lines.next().expect("peer exited before saying its port").unwrap();
-        if let Some(i) = line.find("PORT ") {
-            break line[i + 5..].trim().parse().unwrap();
-        }
-    };
-    thread::spawn(move || for _ in lines {});
-    Peer { child, port }
+fn spawn_peer(mode: &str) -> PeerProcess {
+    PeerProcess::spawn(&[("GDAKI_GPU_IPC_PEER", mode)])
 }
 
 /// Runs the writes against a peer in `mode` ("on": it maps offered allocations; "off": it
@@ -144,14 +115,7 @@ fn run(test: &str, mode: &str, ipc: bool) -> Option<(u64, u64)> {
     src.write(0, &pattern(5, LEN)).unwrap();
     let scratch = ctx.alloc_pinned_region(&gpu, 4096, Access::ALL).unwrap();
     let q = qp(&ctx, 64, QpConfig::default());
-    let mut ch = Channel::connect(SocketAddr::from(([127, 0, 0, 1], peer.port)), Duration::from_secs(30)).unwrap();
-    ch.send(&Hello {
-        app: APP.to_vec(),
-        endpoints: vec![q.endpoint()],
-        regions: vec![],
-    })
-    .unwrap();
-    let theirs = ch.receive().unwrap();
+    let (mut ch, theirs) = peer.hello(APP, &q);
     q.connect(&theirs.endpoints[0]).unwrap();
     ch.sync(1).unwrap();
     let at = |t: usize, off: u64| theirs.regions[t].at(off).unwrap();

@@ -9,10 +9,8 @@
 //! The two-process tests run this test binary a second time as the peer (`peer_process`,
 //! which does nothing unless `GDAKI_TCP_PEER` is set).
 mod common;
-use common::{pattern, qp, ReadVec};
-use std::io::{BufRead, BufReader};
+use common::{pattern, qp, PeerProcess, ReadVec};
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -506,41 +504,9 @@ fn peer_process() {
     thread::sleep(Duration::from_secs(60));
 }
 
-struct Peer {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_peer(mode: &str, carrier: Carrier) -> Peer {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
-        .env("GDAKI_TCP_PEER", mode)
-        .env(
-            "GDAKI_TCP_PEER_CARRIER",
-            if carrier == Carrier::Shm { "shm" } else { "tcp" },
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(out).lines();
-    let port = loop {
-        let line = lines.next().expect("peer exited before saying its port").unwrap();
-        // The harness prints "test peer_process ... " on the same line.
-        if let Some(i) = line.find("PORT ") {
-            break line[i + 5..].trim().parse().unwrap();
-        }
-    };
-    // Keep draining its stdout so it never blocks on a full pipe.
-    thread::spawn(move || for _ in lines {});
-    Peer { child, port }
+fn spawn_peer(mode: &str, carrier: Carrier) -> PeerProcess {
+    let carrier = if carrier == Carrier::Shm { "shm" } else { "tcp" };
+    PeerProcess::spawn(&[("GDAKI_TCP_PEER", mode), ("GDAKI_TCP_PEER_CARRIER", carrier)])
 }
 
 over_each_carrier!(two_processes_then_the_peer_is_killed);
@@ -557,14 +523,7 @@ fn two_processes_then_the_peer_is_killed(carrier: Carrier) {
             ..Default::default()
         },
     );
-    let mut ch = Channel::connect(SocketAddr::from(([127, 0, 0, 1], peer.port)), Duration::from_secs(20)).unwrap();
-    ch.send(&Hello {
-        app: APP.to_vec(),
-        endpoints: vec![q.endpoint()],
-        regions: vec![],
-    })
-    .unwrap();
-    let theirs = ch.receive().unwrap();
+    let (mut ch, theirs) = peer.hello(APP, &q);
     assert_ne!(
         theirs.endpoints[0].gid,
         q.endpoint().gid,

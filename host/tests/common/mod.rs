@@ -104,3 +104,62 @@ pub fn gpu_or_skip(test: &str) -> Option<(Gpu, std::sync::MutexGuard<'static, ()
         Err(e) => panic!("GDAKI_REQUIRE_GPU=1 but no usable GPU: {e}"),
     }
 }
+
+/// This test binary run a second time as the peer process of a two-process test: only its
+/// test `peer_process`, which does nothing unless the environment `env` sets says so, and
+/// which prints `PORT <n>` once it listens. Killed when dropped.
+pub struct PeerProcess {
+    /// The child.
+    pub child: std::process::Child,
+    /// The port it said it listens on.
+    pub port: u16,
+}
+
+impl PeerProcess {
+    /// Starts the peer with `env` set and waits for its port.
+    pub fn spawn(env: &[(&str, &str)]) -> PeerProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(out).lines();
+        let port = loop {
+            let line = lines.next().expect("peer exited before saying its port").unwrap();
+            // The harness prints "test peer_process ... " on the same line.
+            if let Some(i) = line.find("PORT ") {
+                break line[i + 5..].trim().parse().unwrap();
+            }
+        };
+        // Keep draining its stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        PeerProcess { child, port }
+    }
+}
+
+impl PeerProcess {
+    /// Connects to the peer's handshake, says hello with `app` and `q`'s endpoint, and returns
+    /// the channel and the peer's hello.
+    pub fn hello(&self, app: &[u8], q: &QueuePair) -> (gdaki::handshake::Channel, gdaki::handshake::Hello) {
+        let at = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let mut ch = gdaki::handshake::Channel::connect(at, std::time::Duration::from_secs(30)).unwrap();
+        ch.send(&gdaki::handshake::Hello {
+            app: app.to_vec(),
+            endpoints: vec![q.endpoint()],
+            regions: vec![],
+        })
+        .unwrap();
+        let theirs = ch.receive().unwrap();
+        (ch, theirs)
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
