@@ -1111,9 +1111,22 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             w.flush()?;
         }
         let h = reader.header(&mut idle)?;
+        if bound.is_none() {
+            // Accepted before its QP had a peer: served once the QP's RTR peer is this one.
+            let Some(t) = target.upgrade() else {
+                return Err(Fault::Protocol(format!("QP {:#x} is gone", c.target_qpn)));
+            };
+            // Still no peer (not at RTR): refused below, as any request then.
+            bound = verify(&t, &c, from)?;
+            if bound.is_some() {
+                drop(unverified.take());
+            }
+        }
         if h.kind == Kind::GpuOffer {
+            // Only the QP's peer makes this side map memory.
             let offer = wire::GpuOffer::decode(&reader.payload(h, &mut idle)?)?;
-            let answer = imports.offer(&offer, takes_references).map_err(Fault::Protocol)?;
+            let take = takes_references && bound.is_some();
+            let answer = imports.offer(&offer, take).map_err(Fault::Protocol)?;
             w.write_all(&answer.encode())?;
             continue;
         }
@@ -1127,17 +1140,6 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             return Err(Fault::Protocol(format!("request {} where {expect} was due", req.seq)));
         }
         expect = expect.wrapping_add(1);
-        if bound.is_none() {
-            // Accepted before its QP had a peer: served once the QP's RTR peer is this one.
-            let Some(t) = target.upgrade() else {
-                return Err(Fault::Protocol(format!("QP {:#x} is gone", c.target_qpn)));
-            };
-            // Still no peer (not at RTR): refused below, as any request then.
-            bound = verify(&t, &c, from)?;
-            if bound.is_some() {
-                drop(unverified.take());
-            }
-        }
         if failed {
             // After a NAK nothing executes; WRITE data is read and dropped.
             if let Op::Write { len } = req.op {
