@@ -394,6 +394,57 @@ fn cta_mode_many_threads_small_ring() {
     many_posters::<Cta>(3, 400, 2, DoorbellKind::Gpu);
 }
 
+/// A poller moves the CQ's doorbell record before it raises the consumed count, which frees
+/// send-queue slots: whoever sees a slot freed (here a watcher thread reading the count, then
+/// the record) finds the record at least as far. The other way round, a WQE posted into the
+/// freed slot could complete while the record said the CQ was full: an overrun (seen on the
+/// GPU as a dropped CQE and a timed-out wait).
+#[test]
+fn the_cq_record_never_trails_the_consumed_count() {
+    let h = Harness::new(2, DoorbellKind::Gpu, 1 << 30, 4096);
+    let handle = h.setup.qp.as_ref() as *const DevQp;
+    // SAFETY: fields of the live handle, which outlives the threads below.
+    let (consumed, record) = unsafe {
+        (
+            AtomicU64::from_ptr(std::ptr::addr_of!((*handle).cq.consumed) as *mut u64),
+            AtomicU32::from_ptr((*handle).cq.dbrec as *mut u32),
+        )
+    };
+    let done = AtomicBool::new(false);
+    let trailing = thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut trailing = 0u64;
+            while !done.load(Acquire) {
+                let c = consumed.load(Acquire);
+                let ci = u32::from_be(record.load(Acquire));
+                if !ring::cq_ci_at_or_after(ci, dbrec::cq_ci(c)) {
+                    trailing += 1;
+                }
+            }
+            trailing
+        });
+        // Two posters sharing the QP (the shared path's compare-and-swap on the record).
+        let posters: Vec<_> = (0..2)
+            .map(|t| {
+                let h = &h;
+                s.spawn(move || {
+                    let qp = h.qp::<Gpu>();
+                    for i in 0..10_000u64 {
+                        let off = t * 64 + i % 64;
+                        let ticket = qp.put(h.remote(off), h.local(off), 1).expect("put");
+                        qp.wait(ticket).expect("wait");
+                    }
+                })
+            })
+            .collect();
+        posters.into_iter().for_each(|p| p.join().unwrap());
+        done.store(true, Release);
+        watcher.join().unwrap()
+    });
+    h.finish();
+    assert_eq!(trailing, 0, "times the record trailed the consumed count");
+}
+
 #[test]
 fn cpu_proxy_handler_publishes_the_producer_index() {
     many_posters::<Gpu>(3, 300, 4, DoorbellKind::CpuProxy);
