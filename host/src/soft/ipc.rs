@@ -143,7 +143,8 @@ pub(crate) struct Imports {
 
 impl Imports {
     /// Answers offer `o` (`allowed`: this side takes CUDA IPC references at all), mapping the
-    /// allocation when it can. An offer out of order is a protocol violation.
+    /// allocation when it can. An offer out of order, or past [`MAX_OFFERS`], is a protocol
+    /// violation.
     pub fn offer(&mut self, o: &GpuOffer, allowed: bool) -> Result<GpuAnswer, String> {
         if o.id as usize != self.maps.len() {
             return Err(format!(
@@ -152,14 +153,11 @@ impl Imports {
                 self.maps.len()
             ));
         }
-        let map = match (allowed, self.maps.len() < MAX_OFFERS as usize) {
-            (false, _) => None,
-            (true, false) => {
-                debug!("more than {MAX_OFFERS} GPU allocations offered: the rest travel as bytes");
-                None
-            }
-            (true, true) => Self::open(o),
-        };
+        if o.id >= MAX_OFFERS {
+            // A requester offers at most this many: more would grow this table without end.
+            return Err(format!("GPU allocation offer {}: at most {MAX_OFFERS} are made", o.id));
+        }
+        let map = if allowed { Self::open(o) } else { None };
         let mapped = map.is_some();
         self.maps.push(map.map(Arc::new));
         Ok(GpuAnswer { id: o.id, mapped })
@@ -289,6 +287,11 @@ mod tests {
         // No copier on a GPU of that UUID (there is none here): refused, not an error.
         assert_eq!(im.offer(&offer(1), true).unwrap(), GpuAnswer { id: 1, mapped: false });
         assert!(im.get(0).is_err() && im.get(1).is_err() && im.get(2).is_err());
+        // As many offers as a requester makes, refused here; one more breaks the protocol.
+        for id in 2..MAX_OFFERS {
+            assert!(!im.offer(&offer(id), false).unwrap().mapped);
+        }
+        assert!(im.offer(&offer(MAX_OFFERS), false).is_err());
         assert!(im.settle().is_ok());
     }
 }
