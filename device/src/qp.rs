@@ -35,9 +35,7 @@ use gdaki_layout::atomic::AtomicSeg;
 use gdaki_layout::cqe::{self, Cqe64, Tail as CqeTail};
 use gdaki_layout::ctrl::{self, CtrlSeg};
 use gdaki_layout::data::DataSeg;
-use gdaki_layout::handle::{
-    error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR, QP_FLUSH_AFTER_FETCH, QP_RINGS_IN_GPU_MEMORY,
-};
+use gdaki_layout::handle::{error_word, ERROR_SYNDROME_SHIFT, ERROR_VALID, NO_ERROR, QP_FLUSH_AFTER_FETCH};
 use gdaki_layout::raddr::RaddrSeg;
 use gdaki_layout::{
     atomic as atomic_seg, dbrec, doorbell, inline, ring, AtomicReplyOrder, DevQp, DoorbellKind, Segment, Syndrome,
@@ -125,6 +123,8 @@ struct Consts {
     cq_log_size: u32,
     doorbell_kind: u8,
     flags: u8,
+    /// Decoded from `flags` once: `ring` picks its fences' scope by it on every doorbell.
+    rings_in_gpu_memory: bool,
 }
 
 impl Consts {
@@ -147,6 +147,7 @@ impl Consts {
                 cq_log_size: (*ptr).cq.log_size,
                 doorbell_kind: (*ptr).doorbell_kind,
                 flags: (*ptr).flags,
+                rings_in_gpu_memory: (*ptr).rings_in_gpu_memory(),
             }
         }
     }
@@ -609,7 +610,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             let doorbell = self.k.doorbell as *mut u64;
             let word = doorbell::word(self.qpn(), pi);
             // The fences' scope is the memory the HCA reads the WQEs and the record from.
-            let gpu = self.k.flags & QP_RINGS_IN_GPU_MEMORY != 0;
+            let gpu = self.k.rings_in_gpu_memory;
             let fence = || {
                 if gpu {
                     arch::to_device_barrier_gpu()
@@ -771,8 +772,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 cur = seen;
             }
         }
-        // SAFETY: as above.
-        unsafe { M::fetch_max(self.cq_consumed(), next) };
+        if M::SHARED {
+            // SAFETY: as above.
+            unsafe { M::fetch_max(self.cq_consumed(), next) };
+        } else {
+            // The only consumer, and the count is below `next` (read above): no second load.
+            // SAFETY: as above.
+            unsafe { M::store_release(self.cq_consumed(), next) };
+        }
     }
 
     /// The sticky error, if it concerns WQE `index` (at or before it).
