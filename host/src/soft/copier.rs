@@ -713,11 +713,6 @@ impl Pending {
         }
     }
 
-    /// Whether no copy is pending.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Waits (bounded) until every pending copy is done, and lets go of the copiers.
     pub fn settle(&mut self) -> Result<(), DmaFault> {
         let mut result = Ok(());

@@ -35,16 +35,17 @@ use crate::wire::{GpuAnswer, GpuOffer};
 /// Allocations one connection may offer: a peer cannot make a responder hold more mappings.
 pub(crate) const MAX_OFFERS: u32 = 1024;
 
-/// The requester's side on one connection: what it offered, and the answers the receiver
-/// thread read.
+/// The requester's side on one connection: what it offered. The peer's answers, by offer id
+/// (`None` while outstanding), are [`Answers`], which the receiver thread fills.
 #[derive(Default)]
 pub(crate) struct Exports {
     /// Offered allocations, by IPC handle (a new allocation at a freed one's address has
     /// another handle).
     ids: HashMap<[u8; IPC_HANDLE_BYTES], u32>,
-    /// The peer's answers, by offer id: `None` while outstanding.
-    answers: Arc<Mutex<Vec<Option<bool>>>>,
 }
+
+/// The peer's answers to a connection's offers, by offer id: `None` while outstanding.
+pub(crate) type Answers = Mutex<Vec<Option<bool>>>;
 
 /// Where a WRITE's data is for the peer: in allocation `alloc` (accepted) at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,19 +67,15 @@ pub(crate) enum Choice {
 }
 
 impl Exports {
-    /// The receiver's handle on the answers.
-    pub fn answers(&self) -> Arc<Mutex<Vec<Option<bool>>>> {
-        self.answers.clone()
-    }
-
-    /// How `len` bytes at `addr` in memory of allocation `export` go to the peer.
-    pub fn reference(&mut self, export: &IpcExport, addr: u64, len: u64) -> Choice {
+    /// How `len` bytes at `addr` in memory of allocation `export` go to the peer, given its
+    /// `answers` so far.
+    pub fn reference(&mut self, answers: &Answers, export: &IpcExport, addr: u64, len: u64) -> Choice {
         let inside = addr >= export.base && addr.checked_add(len).is_some_and(|e| e <= export.base + export.size);
         if !inside {
             return Choice::Bytes;
         }
         if let Some(&id) = self.ids.get(&export.handle) {
-            return match lock(&self.answers).get(id as usize) {
+            return match lock(answers).get(id as usize) {
                 Some(Some(true)) => Choice::Reference(Reference {
                     alloc: id,
                     offset: addr - export.base,
@@ -91,7 +88,7 @@ impl Exports {
             return Choice::Bytes;
         }
         self.ids.insert(export.handle, id);
-        lock(&self.answers).push(None);
+        lock(answers).push(None);
         Choice::OfferThenBytes(
             GpuOffer {
                 id,
@@ -106,7 +103,7 @@ impl Exports {
 
 /// Records the peer's answer `a` (receiver thread): an answer to nothing offered, or a second
 /// answer, is a protocol violation.
-pub(crate) fn answered(answers: &Mutex<Vec<Option<bool>>>, a: GpuAnswer) -> Result<(), String> {
+pub(crate) fn answered(answers: &Answers, a: GpuAnswer) -> Result<(), String> {
     let mut all = lock(answers);
     match all.get_mut(a.id as usize) {
         Some(slot @ None) => {
@@ -201,9 +198,6 @@ impl Imports {
     /// Waits until every copy submitted so far is done (before anything that must come after
     /// them: a response, a request the CPU executes).
     pub fn settle(&mut self) -> Result<(), DmaFault> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
         self.pending.settle()
     }
 }
@@ -236,9 +230,9 @@ mod tests {
     #[test]
     fn the_requester_offers_once_and_refers_only_after_a_yes() {
         let mut ex = Exports::default();
-        let answers = ex.answers();
+        let answers = Answers::default();
         let a = export(7);
-        let Choice::OfferThenBytes(frame) = ex.reference(&a, 0x10_0010, 16) else {
+        let Choice::OfferThenBytes(frame) = ex.reference(&answers, &a, 0x10_0010, 16) else {
             panic!("the first WRITE from an allocation offers it")
         };
         let h = crate::wire::check_frame(&frame).unwrap();
@@ -248,24 +242,30 @@ mod tests {
             (crate::wire::Kind::GpuOffer, 0, 0x1000, a.handle)
         );
         assert!(
-            matches!(ex.reference(&a, 0x10_0010, 16), Choice::Bytes),
+            matches!(ex.reference(&answers, &a, 0x10_0010, 16), Choice::Bytes),
             "no answer yet"
         );
         answered(&answers, GpuAnswer { id: 0, mapped: true }).unwrap();
         assert!(matches!(
-            ex.reference(&a, 0x10_0010, 16),
+            ex.reference(&answers, &a, 0x10_0010, 16),
             Choice::Reference(Reference { alloc: 0, offset: 0x10 })
         ));
-        assert!(matches!(ex.reference(&a, 0x10_0ff0, 17), Choice::Bytes), "past its end");
         assert!(
-            matches!(ex.reference(&a, 0xf_fff0, 16), Choice::Bytes),
+            matches!(ex.reference(&answers, &a, 0x10_0ff0, 17), Choice::Bytes),
+            "past its end"
+        );
+        assert!(
+            matches!(ex.reference(&answers, &a, 0xf_fff0, 16), Choice::Bytes),
             "before its start"
         );
         // Another allocation: its own offer, refused, so bytes for good.
         let b = export(9);
-        assert!(matches!(ex.reference(&b, 0x10_0000, 8), Choice::OfferThenBytes(_)));
+        assert!(matches!(
+            ex.reference(&answers, &b, 0x10_0000, 8),
+            Choice::OfferThenBytes(_)
+        ));
         answered(&answers, GpuAnswer { id: 1, mapped: false }).unwrap();
-        assert!(matches!(ex.reference(&b, 0x10_0000, 8), Choice::Bytes));
+        assert!(matches!(ex.reference(&answers, &b, 0x10_0000, 8), Choice::Bytes));
         // Answers to nothing, and second answers, break the protocol.
         assert!(answered(&answers, GpuAnswer { id: 2, mapped: true }).is_err());
         assert!(answered(&answers, GpuAnswer { id: 0, mapped: false }).is_err());

@@ -429,7 +429,7 @@ struct Shared {
     inflight: Mutex<Inflight>,
     closed: AtomicBool,
     /// The peer's answers to GPU allocation offers (see [`ipc`]).
-    gpu_answers: Arc<Mutex<Vec<Option<bool>>>>,
+    gpu_answers: ipc::Answers,
 }
 
 /// A QP's connection to a peer in another process (the requester's side of it).
@@ -507,16 +507,15 @@ impl Link {
         }
         let (tx, rx_closer) = offer(hca, qp, &stream, &mut reader).map_err(|f| refused(f.to_string()))?;
         let carrier = if rx_closer.is_some() { "shared memory" } else { "TCP" };
-        let exports = ipc::Exports::default();
         let shared = Arc::new(Shared {
             qp: Arc::downgrade(qp),
             retry_timeout: qp.retry_timeout(),
             inflight: Mutex::new(Inflight::default()),
             closed: AtomicBool::new(false),
-            gpu_answers: exports.answers(),
+            gpu_answers: Default::default(),
         });
         // (The responder refuses offers if it does not take references.)
-        let exports = (rx_closer.is_some() && hca.same_host.cuda_ipc).then_some(exports);
+        let exports = (rx_closer.is_some() && hca.same_host.cuda_ipc).then(ipc::Exports::default);
         let rx_shared = shared.clone();
         let receiver = super::spawn_hca_thread(format!("gdaki-rx-{:x}", qp.qpn), move || {
             receive(reader, rx_shared, addr)
@@ -542,7 +541,7 @@ impl Link {
     pub(crate) fn reference(&mut self, dma: &dyn Dma, addr: u64, len: u64) -> Option<ipc::Reference> {
         let exports = self.exports.as_mut()?;
         let export = dma.ipc_export()?;
-        match exports.reference(export, addr, len) {
+        match exports.reference(&self.shared.gpu_answers, export, addr, len) {
             ipc::Choice::Reference(r) => Some(r),
             ipc::Choice::Bytes => None,
             ipc::Choice::OfferThenBytes(offer) => {

@@ -61,8 +61,6 @@ impl Scratch {
     /// Hands the small copies gathered so far to their copiers' kernels (see
     /// [`Copier::flush`]): at the end of every doorbell batch, so a batch of WQEs becomes a few
     /// copy lists instead of a descriptor each.
-    /// A copier that cannot post is broken (its WQEs fail at their completion, see
-    /// `Copier::done`) or paused (retried on the engine's next round).
     pub(crate) fn flush_copies(&self) {
         self.copies.flush();
     }
