@@ -529,6 +529,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
 
     /// Makes the HCA see every ready WQE up to at least `pi` (which the caller marked ready).
+    /// In exclusive mode it fails only for a handle that names no doorbell kind (`post_group`
+    /// relies on that).
     #[inline(always)]
     pub fn submit(&self, pi: u64) -> Result<(), PostError> {
         let kind = DoorbellKind::from_raw(self.k.doorbell_kind);
@@ -914,9 +916,12 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
 
     // ---------------------------------------------------------------- high level
 
-    /// Runs `f` on the leader and hands its outcome to every member.
+    /// Runs `f` on the leader and hands its outcome to every member. Success, the usual
+    /// outcome, travels as its one word; an error (or a value equal to the marker that says
+    /// "look at the whole status") takes a second broadcast of the whole status.
     #[inline(always)]
     fn on_leader(&self, f: impl FnOnce() -> Result<u64, PostError>) -> Result<u64, PostError> {
+        const WHOLE_STATUS: u64 = u64::MAX;
         if S::SOLO {
             return f();
         }
@@ -925,7 +930,30 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         } else {
             [0; 2]
         };
+        let ok = mine[0] == status::CODE_OK as u64 && mine[1] != WHOLE_STATUS;
+        let word = self.scope.broadcast_word(if ok { mine[1] } else { WHOLE_STATUS });
+        if word != WHOLE_STATUS {
+            return Ok(word);
+        }
         status::decode(self.scope.broadcast(mine))
+    }
+
+    /// [`on_leader`](Self::on_leader) for a step that returns nothing: success takes one
+    /// flag (a vote in a warp), an error its whole status.
+    #[inline(always)]
+    fn on_leader_ok(&self, f: impl FnOnce() -> Result<(), PostError>) -> Result<(), PostError> {
+        if S::SOLO {
+            return f();
+        }
+        let mine = if self.scope.is_leader() {
+            status::encode(f().map(|()| 0))
+        } else {
+            [0; 2]
+        };
+        if !self.scope.broadcast_flag(mine[0] != status::CODE_OK as u64) {
+            return Ok(());
+        }
+        status::decode(self.scope.broadcast(mine)).map(|_| ())
     }
 
     /// [`on_leader`](Self::on_leader) for waits.
@@ -977,7 +1005,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         let mut done = 0u64;
         while done < total {
             let n = ring.min(total - done);
-            let base = self.on_leader(|| self.reserve(n as u32))?;
+            let base = self.reserve_group(n)?;
             // This member's WQEs that fall in this round.
             for p in first.max(done)..(first + count).min(done + n) {
                 let index = base + (p - done);
@@ -991,18 +1019,73 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                 }
             }
             self.scope.sync();
-            last = self.on_leader(|| {
+            let step = || {
+                if Self::MEMBERS_READ_THE_BASE {
+                    // After the barrier above every member has read the base: the counter may
+                    // move on (see `reserve_group`).
+                    // SAFETY: a counter of the live handle, written by the leader alone.
+                    unsafe { M::store_release(self.sq_reserved(), base + n) };
+                }
                 self.mark_ready(base, base + n)?;
                 if !self.defer {
                     self.submit(base + n)?;
                 }
-                Ok(base + n - 1)
-            });
-            last?;
+                Ok(())
+            };
+            if self.leader_step_cannot_fail() {
+                if self.scope.is_leader() {
+                    let stepped = step();
+                    debug_assert!(stepped.is_ok());
+                }
+            } else {
+                self.on_leader_ok(step)?;
+            }
+            last = Ok(base + n - 1);
             done += n;
         }
         written?;
         last
+    }
+
+    /// Whether a group's members read its reservation base themselves ([`reserve_group`]).
+    ///
+    /// [`reserve_group`]: Self::reserve_group
+    const MEMBERS_READ_THE_BASE: bool = !S::SOLO && !M::SHARED;
+
+    /// The group's reservation of `n` slots (`1..=` the ring's size): its first index, for
+    /// every member.
+    ///
+    /// In exclusive mode the leader is the counter's only writer, so each member reads the base
+    /// itself instead of waiting for the leader to broadcast it (a warp's post paid four
+    /// shuffles for that, which ptxas wraps in convergence loops). The barrier before the read
+    /// makes the leader's last store visible (its own low-level posts included), and the leader
+    /// moves the counter on only after the barrier that follows the members' writes, when
+    /// every member has read it: so all read one base.
+    #[inline(always)]
+    fn reserve_group(&self, n: u64) -> Result<u64, PostError> {
+        if !Self::MEMBERS_READ_THE_BASE {
+            return self.on_leader(|| self.reserve(n as u32));
+        }
+        self.scope.sync();
+        // SAFETY: a counter of the live handle, read by every member and written by the leader
+        // alone, ordered by the group's barriers (above).
+        let base = unsafe { M::load_acquire(self.sq_reserved()) };
+        let size = 1u64 << self.sq_log_size();
+        let last = base + n - 1;
+        if last >= size {
+            // Every member read the same base, so all take this branch together.
+            self.on_leader_ok(|| self.reclaim(last - size).map_err(PostError::from))?;
+        }
+        Ok(base)
+    }
+
+    /// Whether the leader's step after the group's writes (mark ready, then submit unless
+    /// deferred) cannot fail, so the members need not wait to hear its outcome: in exclusive
+    /// mode nothing waits for another poster, and `submit` fails only for a handle that names
+    /// no doorbell kind, which every member sees in its own copy of the constants.
+    #[inline(always)]
+    fn leader_step_cannot_fail(&self) -> bool {
+        !M::SHARED && (self.defer || DoorbellKind::from_raw(self.k.doorbell_kind).is_some())
     }
 
     /// WQEs a message of `len` bytes takes (one NOP for 0 bytes), and the bytes per WQE.

@@ -21,9 +21,9 @@
 /// A group of threads that posts together.
 ///
 /// # Safety
-/// All members of one group calling [`scan`](Self::scan) or [`broadcast`](Self::broadcast)
-/// together must get consistent results (disjoint prefix ranges that sum to the total; the
-/// leader's value), and ranks must be distinct, `0..size`: the QP lets members write the slots
+/// All members of one group calling [`scan`](Self::scan) or a broadcast together must get
+/// consistent results (disjoint prefix ranges that sum to the total; the leader's value), and
+/// ranks must be distinct, `0..size`: the QP lets members write the slots
 /// these results assign to them.
 pub unsafe trait Scope: Copy {
     /// Scope name (`thread`, `warp`, `block`).
@@ -45,6 +45,17 @@ pub unsafe trait Scope: Copy {
     fn scan(&self, value: u64) -> (u64, u64);
     /// The leader's `value`, for every member.
     fn broadcast(&self, value: [u64; 2]) -> [u64; 2];
+    /// The leader's one word, for every member: what a successful step hands on, for half
+    /// the collective work of [`broadcast`](Self::broadcast) in a warp.
+    #[inline(always)]
+    fn broadcast_word(&self, value: u64) -> u64 {
+        self.broadcast([value, 0])[0]
+    }
+    /// The leader's `flag`, for every member (one vote in a warp): whether its step failed.
+    #[inline(always)]
+    fn broadcast_flag(&self, flag: bool) -> bool {
+        self.broadcast([flag as u64, 0])[0] != 0
+    }
 }
 
 /// One thread on its own.
@@ -156,6 +167,14 @@ mod gpu {
         fn broadcast(&self, value: [u64; 2]) -> [u64; 2] {
             [shfl_u64(FULL_WARP, value[0], 0), shfl_u64(FULL_WARP, value[1], 0)]
         }
+        #[inline(always)]
+        fn broadcast_word(&self, value: u64) -> u64 {
+            shfl_u64(FULL_WARP, value, 0)
+        }
+        #[inline(always)]
+        fn broadcast_flag(&self, flag: bool) -> bool {
+            arch::ballot(FULL_WARP, flag) & 1 != 0
+        }
     }
 
     /// The lanes of a warp that execute this call together with the same key (CUDA's
@@ -227,6 +246,16 @@ mod gpu {
                 shfl_u64(self.mask, value[0], leader),
                 shfl_u64(self.mask, value[1], leader),
             ]
+        }
+        #[inline(always)]
+        fn broadcast_word(&self, value: u64) -> u64 {
+            shfl_u64(self.mask, value, self.mask.trailing_zeros())
+        }
+        #[inline(always)]
+        fn broadcast_flag(&self, flag: bool) -> bool {
+            // The leader is the mask's lowest lane: its vote is the ballot's lowest bit.
+            let votes = arch::ballot(self.mask, flag);
+            votes & (self.mask & self.mask.wrapping_neg()) != 0
         }
     }
 

@@ -771,6 +771,50 @@ fn warp_groups_post_members_operations_with_one_reservation_per_round() {
     }
 }
 
+/// An exclusive warp reads its reservation base on every member (no broadcast): with the
+/// leader's own low-level posts between the group's calls, on a ring smaller than many rounds,
+/// no two WQEs may share a slot and every member must read the same base. (A leader that moved
+/// the counter on before a slow member had read it split the group: it hung or timed out.)
+#[test]
+fn an_exclusive_warp_and_its_leaders_own_posts_never_share_a_slot() {
+    const LANES: u32 = 4;
+    const ITERS: usize = 200;
+    let slot = |i: usize, who: usize| ((i * (LANES as usize + 1) + who) * 16) as u64;
+    let h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, ITERS * (LANES as usize + 1) * 16);
+    let group = Group::new(LANES).unwrap();
+    thread::scope(|s| {
+        for lane in 0..LANES {
+            let (h, group) = (&h, &group);
+            s.spawn(move || {
+                let qp = h.qp::<Exclusive>().with_scope(group.warp(lane).unwrap());
+                for i in 0..ITERS {
+                    let off = slot(i, lane as usize);
+                    qp.put(h.remote(off), h.local(off), 16).expect("put");
+                    if lane == 0 {
+                        // The leader alone, through the per-thread protocol.
+                        let off = slot(i, LANES as usize);
+                        let index = qp.reserve(1).expect("reserve");
+                        qp.wqe_prepare_write(index, h.remote(off), h.local(off), 16, 0);
+                        qp.mark_ready(index, index + 1).expect("ready");
+                        qp.submit(index + 1).expect("submit");
+                        // Give the members time to reach the next call's read.
+                        thread::yield_now();
+                    }
+                }
+                qp.quiet().expect("quiet");
+            });
+        }
+    });
+    let remote = h.remote_bytes();
+    for i in 0..ITERS {
+        for who in 0..=LANES as usize {
+            let off = slot(i, who) as usize;
+            assert_eq!(&remote[off..off + 16], &pattern(off, 16)[..], "put {i} by {who}");
+        }
+    }
+    assert_eq!(h.finish().len(), ITERS * (LANES as usize + 1));
+}
+
 /// A block of CPU threads that owns a QP (exclusive mode) runs every high-level operation as a
 /// collective, on a ring smaller than the group.
 #[test]
