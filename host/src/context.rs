@@ -1,6 +1,7 @@
 //! A context: one opened provider (an HCA), the owner of everything created from it. Objects
 //! hold the context alive; when the last one goes, its engine thread is stopped and joined.
 use std::sync::Arc;
+use std::time::Duration;
 
 use gdaki_layout::AtomicReplyOrder;
 use tracing::{info, warn};
@@ -38,6 +39,8 @@ pub struct ContextOptions {
     /// WRITEs from GPU memory to a same-host peer carry the bytes (the default is a CUDA IPC
     /// reference).
     no_cuda_ipc: bool,
+    /// How long the soft HCA's engine spins when idle (`None`: its default).
+    engine_idle_spin: Option<Duration>,
 }
 
 impl ContextOptions {
@@ -64,9 +67,14 @@ impl ContextOptions {
     /// bytes of GPU memory to same-host peers.
     pub const CUDA_IPC_VAR: &'static str = "GDAKI_SOFT_CUDA_IPC";
 
+    /// The variable [`from_env`](Self::from_env) reads for
+    /// [`engine_idle_spin`](Self::engine_idle_spin): whole microseconds.
+    pub const ENGINE_IDLE_SPIN_VAR: &'static str = "GDAKI_SOFT_IDLE_SPIN_US";
+
     /// Options from the environment: `GDAKI_SOFT_UNMAPPABLE_DOORBELL`, `GDAKI_SOFT_ATOMIC_REPLY`,
-    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`, `GDAKI_SOFT_SHM`, `GDAKI_SOFT_CUDA_IPC`.
-    /// An atomic-reply value that is neither `host` nor `big-endian` is ignored with a warning.
+    /// `GDAKI_SOFT_UNORDERED_RDMA_WRITES`, `GDAKI_SOFT_SHM`, `GDAKI_SOFT_CUDA_IPC`,
+    /// `GDAKI_SOFT_IDLE_SPIN_US`. An atomic-reply value that is neither `host` nor `big-endian`,
+    /// or a spin that is not a whole number of microseconds, is ignored with a warning.
     pub fn from_env() -> ContextOptions {
         let on = |var| {
             std::env::var(var).is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
@@ -89,12 +97,27 @@ impl ContextOptions {
             std::env::var(var)
                 .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
         };
-        ContextOptions::default()
-            .same_host_shared_memory(!off(Self::SHARED_MEMORY_VAR))
-            .same_host_cuda_ipc(!off(Self::CUDA_IPC_VAR))
-            .unmappable_doorbell(on(Self::UNMAPPABLE_DOORBELL_VAR))
-            .atomic_reply_order(reply)
-            .unordered_rdma_writes(on(Self::UNORDERED_RDMA_WRITES_VAR))
+        let spin = std::env::var(Self::ENGINE_IDLE_SPIN_VAR)
+            .ok()
+            .and_then(|v| match v.trim().parse::<u64>() {
+                Ok(us) => Some(Duration::from_micros(us)),
+                Err(_) => {
+                    tracing::warn!(
+                        "{}={v:?} is not a whole number of microseconds; ignored",
+                        Self::ENGINE_IDLE_SPIN_VAR
+                    );
+                    None
+                }
+            });
+        ContextOptions {
+            engine_idle_spin: spin,
+            ..ContextOptions::default()
+        }
+        .same_host_shared_memory(!off(Self::SHARED_MEMORY_VAR))
+        .same_host_cuda_ipc(!off(Self::CUDA_IPC_VAR))
+        .unmappable_doorbell(on(Self::UNMAPPABLE_DOORBELL_VAR))
+        .atomic_reply_order(reply)
+        .unordered_rdma_writes(on(Self::UNORDERED_RDMA_WRITES_VAR))
     }
 
     /// The RDMA device to open (`mlx5_1`; the soft provider has one, `soft`). Unset: the
@@ -169,6 +192,22 @@ impl ContextOptions {
     /// Whether [`same_host_cuda_ipc`](Self::same_host_cuda_ipc) is on.
     pub fn uses_same_host_cuda_ipc(&self) -> bool {
         !self.no_cuda_ipc
+    }
+
+    /// Soft HCA: how long its engine thread keeps spinning once it has nothing to do, before
+    /// it yields its core (for 2 ms) and then sleeps between looks at the doorbells (up to
+    /// 200 us, longer the longer it has been idle). Any work starts the spin again. The default,
+    /// 200 us, keeps it awake between the doorbells of a latency test; a longer spin keeps it
+    /// awake across pauses in an application (a doorbell that finds it asleep waits up to
+    /// 200 us more), a shorter one gives its core back sooner on a machine with few cores.
+    pub fn engine_idle_spin(mut self, spin: Duration) -> ContextOptions {
+        self.engine_idle_spin = Some(spin);
+        self
+    }
+
+    /// The spin of [`engine_idle_spin`](Self::engine_idle_spin), or the default.
+    pub fn engine_idle_spin_time(&self) -> Duration {
+        self.engine_idle_spin.unwrap_or(crate::soft::engine::Idle::DEFAULT_SPIN)
     }
 
     /// Whether [`unordered_rdma_writes`](Self::unordered_rdma_writes) is on.
@@ -254,8 +293,11 @@ impl Context {
             shared_memory: options.uses_same_host_shared_memory(),
             cuda_ipc: options.uses_same_host_cuda_ipc(),
         };
-        let soft =
-            SoftDevice::open(options.atomic_reply(), same_host).map_err(Error::device("opening the soft device"))?;
+        let idle = crate::soft::engine::Idle {
+            spin: options.engine_idle_spin_time(),
+        };
+        let soft = SoftDevice::open(options.atomic_reply(), same_host, idle)
+            .map_err(Error::device("opening the soft device"))?;
         Ok(Arc::new(soft))
     }
 

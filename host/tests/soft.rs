@@ -473,6 +473,38 @@ fn a_vanished_peer_gives_a_transport_error_in_bounded_time() {
     assert_eq!(qc.state(), QpState::Rtr);
 }
 
+/// The engine's idle spin is an option: with none it yields and then sleeps as soon as it has
+/// nothing to do, and with a long one it never sleeps in a test; either way every doorbell is
+/// served, also one that comes after the engine has gone to sleep.
+#[test]
+fn an_engine_serves_doorbells_whatever_its_idle_spin() {
+    for spin in [Duration::ZERO, Duration::from_micros(200), Duration::from_secs(60)] {
+        let options = gdaki::ContextOptions::default().engine_idle_spin(spin);
+        assert_eq!(options.engine_idle_spin_time(), spin);
+        let ctx = Context::open_with(Provider::Soft, options).unwrap();
+        let qp = loopback_qp(&ctx, 8, QpConfig::default());
+        let local = ctx.alloc_region(4096, Access::ALL).unwrap();
+        let target = ctx.alloc_region(4096, Access::ALL).unwrap();
+        local.write(0, &pattern(7, 4096)).unwrap();
+        let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
+        for round in 0..4u64 {
+            // Past the spin and the 2 ms of yielding where there is one: asleep.
+            thread::sleep(Duration::from_millis(5));
+            let at = round * 1024;
+            dev.wait(dev.put(target.remote(at), local.local(at), 1024).unwrap())
+                .unwrap_or_else(|e| panic!("spin {spin:?}, round {round}: {e:?}"));
+        }
+        let mut got = vec![0; 4096];
+        target.read(0, &mut got).unwrap();
+        assert_eq!(got, pattern(7, 4096), "spin {spin:?}");
+    }
+    assert_eq!(
+        gdaki::ContextOptions::default().engine_idle_spin_time(),
+        Duration::from_micros(200),
+        "the documented default"
+    );
+}
+
 #[test]
 fn a_deregistered_key_stops_working_at_once() {
     let ctx = Context::open(Provider::Soft).unwrap();

@@ -822,7 +822,7 @@ pub(crate) mod tests {
     /// A context on a [`Recording`] device; `stand_in_for_gpu_umems`: see there.
     pub(crate) fn recording_context_with(stand_in_for_gpu_umems: bool) -> (Context, Arc<Recording>) {
         let rec = Arc::new(Recording {
-            inner: Arc::new(SoftDevice::open(Default::default(), Default::default()).unwrap()),
+            inner: Arc::new(SoftDevice::open(Default::default(), Default::default(), Default::default()).unwrap()),
             calls: Mutex::new(Vec::new()),
             refuse: Mutex::new(None),
             stand_in_for_gpu_umems,
@@ -915,7 +915,7 @@ pub(crate) mod tests {
         assert!(rep.gid.starts_with("fe80::"), "{}", rep.gid);
 
         let mut opened = Devx::open(Arc::new(
-            SoftDevice::open(Default::default(), Default::default()).unwrap(),
+            SoftDevice::open(Default::default(), Default::default(), Default::default()).unwrap(),
         ))
         .unwrap();
         opened.caps.general.log_max_qp_sz = 10;

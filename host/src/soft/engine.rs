@@ -1,10 +1,11 @@
 //! The engine thread of a soft HCA: watches the doorbells of its queue pairs, fetches the WQEs
 //! up to each rung index, and runs them through requester, responder and completer, in order.
-//! When nothing happens it spins briefly, then yields, then sleeps a little longer each round
-//! (bounded), so an idle engine leaves the cores to posters and proxies.
+//! When nothing happens it spins for [`Idle::spin`] (a latency run's next doorbell finds it
+//! awake), then yields, then sleeps a little longer each round (bounded), so an idle engine
+//! leaves the cores to posters and proxies.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gdaki_layout::wqe::{WorkRequest, WqeView, MAX_WQEBBS};
 use gdaki_layout::{ctrl, doorbell, ring, Syndrome, SEND_WQE_BB};
@@ -30,10 +31,10 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// Starts the engine of `hca`.
-    pub fn start(hca: Arc<Hca>) -> std::io::Result<Engine> {
+    /// Starts the engine of `hca`, idling as `idle` says.
+    pub fn start(hca: Arc<Hca>, idle: Idle) -> std::io::Result<Engine> {
         let served = hca.clone();
-        let thread = crate::soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || run(served))?;
+        let thread = crate::soft::spawn_hca_thread(format!("gdaki-soft-{}", hca.id), move || run(served, idle))?;
         Ok(Engine {
             hca,
             thread: Some(thread),
@@ -57,9 +58,63 @@ const QUIET_AFTER: u32 = 64;
 /// Quiet QPs whose doorbells a spinning round looks at (in turn): idle QPs cost a busy one at
 /// most this many loads per round, however many there are.
 const QUIET_PER_ROUND: usize = 64;
-/// Idle rounds that spin before the engine yields and sleeps (see [`backoff`]); rounds are
-/// slow then, so every QP is looked at in each.
-const SPIN_ROUNDS: u32 = 512;
+/// How the engine waits when a round finds no work: it spins for `spin` after its last work,
+/// then yields the core for [`Idle::YIELD`], then sleeps between rounds, longer the longer it
+/// has been idle, up to [`Idle::MAX_SLEEP`]. Time, not rounds, so the window does not shrink
+/// on a fast machine or with few QPs. Work in any round (a doorbell, a completion a copy was
+/// holding back) starts the spin again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Idle {
+    /// How long an engine with nothing to do keeps spinning (see
+    /// `ContextOptions::engine_idle_spin`).
+    pub spin: Duration,
+}
+
+/// What an idle round does before the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Loop again at once (a spin-loop hint).
+    Spin,
+    /// Give the core to another thread, if one is ready.
+    Yield,
+    /// Sleep this long.
+    Sleep(Duration),
+}
+
+impl Idle {
+    /// The default spin: a ping-pong's next doorbell (microseconds away, tens through a GPU
+    /// copier) finds the engine spinning, and a forgotten context stops burning its core
+    /// within a fraction of a millisecond.
+    pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+    /// How long the engine yields after spinning, before it sleeps.
+    pub const YIELD: Duration = Duration::from_millis(2);
+    /// The longest sleep between idle rounds: the worst added latency of a doorbell that finds
+    /// the engine asleep.
+    pub const MAX_SLEEP: Duration = Duration::from_micros(200);
+    /// The shortest sleep.
+    const MIN_SLEEP: Duration = Duration::from_micros(10);
+
+    /// What a round that finds no work does, `idle_for` after the last round that found some.
+    fn wait(&self, idle_for: Duration) -> Wait {
+        if idle_for < self.spin {
+            return Wait::Spin;
+        }
+        let asleep = idle_for - self.spin;
+        if asleep < Self::YIELD {
+            return Wait::Yield;
+        }
+        // Sleeps grow with the idle time (a 64th of it), so a long-idle engine wakes rarely.
+        Wait::Sleep(((asleep - Self::YIELD) / 64).clamp(Self::MIN_SLEEP, Self::MAX_SLEEP))
+    }
+}
+
+impl Default for Idle {
+    fn default() -> Idle {
+        Idle {
+            spin: Idle::DEFAULT_SPIN,
+        }
+    }
+}
 
 /// A QP as the engine watches it between rounds.
 struct Watched {
@@ -76,7 +131,7 @@ struct Watched {
 /// is serviced only when its doorbell word changed, and while the engine spins only
 /// [`QUIET_PER_ROUND`] quiet QPs are looked at per round, in turn: with 10,000 idle QPs a busy
 /// QP's round trip no longer waits for 10,000 doorbell loads a round.
-pub(crate) fn run(hca: Arc<Hca>) {
+pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
     let mut watched: Vec<Watched> = Vec::new();
     // Indices into `watched` of the QPs that are not quiet, serviced every round.
     let mut active: Vec<usize> = Vec::new();
@@ -84,7 +139,9 @@ pub(crate) fn run(hca: Arc<Hca>) {
     let mut scratch = Scratch::default();
     // One WQE's bytes, reused: a fresh buffer per doorbell would be a 1 KiB memset per batch.
     let mut wqe = [0u8; MAX_WQEBBS * SEND_WQE_BB];
-    let mut idle = 0u32;
+    // When the rounds started finding no work; `None` while they find some.
+    let mut idle_since: Option<Instant> = None;
+    let mut spinning = true;
     let mut cursor = 0usize;
     while !hca.stop.load(Ordering::Acquire) {
         if let Some(list) = hca.qps_if_changed(&mut version) {
@@ -116,7 +173,7 @@ pub(crate) fn run(hca: Arc<Hca>) {
         });
         // Quiet QPs, a window of them in turn (all of them once the engine has slowed down).
         let n = watched.len();
-        let window = if idle < SPIN_ROUNDS { QUIET_PER_ROUND.min(n) } else { n };
+        let window = if spinning { QUIET_PER_ROUND.min(n) } else { n };
         for k in 0..window {
             let i = (cursor + k) % n;
             let w = &mut watched[i];
@@ -130,22 +187,18 @@ pub(crate) fn run(hca: Arc<Hca>) {
         }
         cursor = (cursor + window) % n.max(1);
         if busy {
-            idle = 0;
-        } else {
-            idle = idle.saturating_add(1);
-            backoff(idle);
+            idle_since = None;
+            spinning = true;
+            continue;
         }
-    }
-}
-
-/// Idle rounds: spin, then yield, then sleep up to 200 us.
-fn backoff(idle: u32) {
-    if idle < SPIN_ROUNDS {
-        std::hint::spin_loop();
-    } else if idle < 4096 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(((idle - 4096) as u64 / 64).clamp(10, 200)));
+        let now = Instant::now();
+        let wait = idle_policy.wait(now - *idle_since.get_or_insert(now));
+        spinning = wait == Wait::Spin;
+        match wait {
+            Wait::Spin => std::hint::spin_loop(),
+            Wait::Yield => std::thread::yield_now(),
+            Wait::Sleep(d) => std::thread::sleep(d),
+        }
     }
 }
 
@@ -322,4 +375,36 @@ fn fetch(qp: &SoftQp, index: u64, rung: u64, out: &mut [u8; MAX_WQEBBS * SEND_WQ
         copy_bb(i as u64, &mut out[i * SEND_WQE_BB..(i + 1) * SEND_WQE_BB]);
     }
     Ok(bbs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_engine_spins_then_yields_then_sleeps_longer_up_to_the_bound() {
+        let idle = Idle {
+            spin: Duration::from_micros(100),
+        };
+        let us = Duration::from_micros;
+        assert_eq!(idle.wait(us(0)), Wait::Spin);
+        assert_eq!(idle.wait(us(99)), Wait::Spin);
+        assert_eq!(idle.wait(us(100)), Wait::Yield);
+        assert_eq!(idle.wait(us(100) + Idle::YIELD - us(1)), Wait::Yield);
+        assert_eq!(idle.wait(us(100) + Idle::YIELD), Wait::Sleep(Idle::MIN_SLEEP));
+        // A 64th of the time asleep, within the bounds.
+        assert_eq!(idle.wait(us(100) + Idle::YIELD + us(6400)), Wait::Sleep(us(100)));
+        assert_eq!(idle.wait(Duration::from_secs(3600)), Wait::Sleep(Idle::MAX_SLEEP));
+    }
+
+    #[test]
+    fn no_spin_yields_at_once_and_a_long_spin_never_sleeps_in_a_run() {
+        let none = Idle { spin: Duration::ZERO };
+        assert_eq!(none.wait(Duration::ZERO), Wait::Yield);
+        let long = Idle {
+            spin: Duration::from_secs(600),
+        };
+        assert_eq!(long.wait(Duration::from_secs(599)), Wait::Spin);
+        assert_eq!(Idle::default().spin, Idle::DEFAULT_SPIN);
+    }
 }

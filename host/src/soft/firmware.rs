@@ -30,7 +30,7 @@ use crate::memory::HostBuffer;
 use crate::queue::{Endpoint, QpState};
 use crate::soft::copier::{Copier, DeviceDma};
 use crate::soft::dma::{Dma, HostDma};
-use crate::soft::engine::Engine;
+use crate::soft::engine::{Engine, Idle};
 use crate::soft::objects::{Peer, RtrPeer, SoftCq, SoftQp, Window};
 use crate::soft::{Hca, SameHost};
 
@@ -222,10 +222,11 @@ pub(crate) struct SoftDevice {
 
 impl SoftDevice {
     /// A new soft HCA and its device, answering 8-byte atomics in `atomic_reply` order, its
-    /// same-host connections travelling as `same_host` allows, with its engine started.
-    pub fn open(atomic_reply: AtomicReplyOrder, same_host: SameHost) -> Result<SoftDevice, DeviceError> {
+    /// same-host connections travelling as `same_host` allows, with its engine started and
+    /// idling as `idle` says.
+    pub fn open(atomic_reply: AtomicReplyOrder, same_host: SameHost, idle: Idle) -> Result<SoftDevice, DeviceError> {
         let hca = Hca::new(same_host);
-        let engine = Engine::start(hca.clone()).map_err(|e| DeviceError::Call {
+        let engine = Engine::start(hca.clone(), idle).map_err(|e| DeviceError::Call {
             what: "starting the soft HCA's engine thread",
             why: e.to_string(),
         })?;
@@ -253,7 +254,9 @@ impl SoftDevice {
     /// A soft context opened on a new device, and the device (for the library's tests).
     #[cfg(test)]
     pub fn context() -> (crate::Context, Arc<SoftDevice>) {
-        let soft = Arc::new(SoftDevice::open(AtomicReplyOrder::BigEndian, SameHost::default()).expect("a soft device"));
+        let soft = Arc::new(
+            SoftDevice::open(AtomicReplyOrder::BigEndian, SameHost::default(), Idle::default()).expect("a soft device"),
+        );
         let ctx =
             crate::Context::open_on(soft.clone(), Default::default(), crate::Provider::Soft).expect("a context on it");
         (ctx, soft)
