@@ -324,16 +324,8 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
     // Somewhere else the server should never be made to connect to.
     let elsewhere = TcpListener::bind("127.0.0.2:0").unwrap();
     elsewhere.set_nonblocking(true).unwrap();
-    let at: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut ch = (0..400)
-        .find_map(|_| {
-            let ch = Channel::connect(at, Duration::from_secs(10)).ok();
-            if ch.is_none() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            ch
-        })
-        .expect("the server never listened");
+    // Everything the hello needs is made before connecting: the server waits for it only its
+    // --timeout (10 s), which a loaded machine once spent between the connect and the send.
     let ctx = gdaki::Context::open(gdaki::Provider::Soft).unwrap();
     ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let cq = ctx.create_cq(1024).unwrap();
@@ -349,13 +341,22 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
         qps: 1,
         duration_s: None,
     };
-    ch.send(&Hello {
+    let hello = Hello {
         app: serde_json::to_vec(&flags).unwrap(),
         endpoints: vec![endpoint],
         regions: vec![],
-    })
-    .unwrap();
-    let answer = ch.receive();
+    };
+    let at: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut ch = (0..400)
+        .find_map(|_| {
+            let ch = Channel::connect(at, Duration::from_secs(10)).ok();
+            if ch.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            ch
+        })
+        .expect("the server never listened");
+    let answer = ch.send(&hello).and_then(|()| ch.receive());
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     match answer {
