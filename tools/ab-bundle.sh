@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Before/after figures from one session: builds the perftests and GPU benchmarks of each given
+# revision and packs them, small enough to carry to a GPU machine without Rust, with a runner
+# that runs the revisions interleaved, round by round, so each figure has its counterpart
+# measured minutes apart on the same machine (these machines are noisy: read pairs, not runs).
+#
+#   tools/ab-bundle.sh [-o DIR] REV...          (default DIR: ab-bundle, ignored by git)
+#   then, on the GPU machine:
+#   DIR/run.sh ROUNDS PROGRAM [ARGS...]         PROGRAM: put_bw, write_lat, bench-gpu_posting,
+#                                               bench-gpu_copier
+#
+# With the device tool of this workplace (about 10 MB per revision: five fit in its carry):
+#   run(command="ab-bundle/run.sh 3 put_bw -s 65536 -n 20000", carry=["ab-bundle"])
+# Outputs go to $OUT/ab/<program>.<rev>.<round>.txt (stderr beside them, .err); run.sh prints the
+# machine, then each run's figure lines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=ab-bundle
+if [[ ${1:-} == -o ]]; then dir=$2; shift 2; fi
+(($# > 0)) || { echo "usage: tools/ab-bundle.sh [-o DIR] REV..." >&2; exit 2; }
+tools/setup.sh --check >/dev/null || tools/setup.sh
+
+root=$PWD
+# One target directory for every revision: a revision after the first rebuilds only what it
+# changed.
+export CARGO_TARGET_DIR=$root/target/ab
+work=$(mktemp -d)
+trap 'git -C "$root" worktree prune; rm -rf "$work"' EXIT
+rm -rf "$dir"; mkdir -p "$dir"
+revs=()
+for rev in "$@"; do
+  short=$(git rev-parse --short "$rev^{commit}")
+  revs+=("$short")
+  echo "ab-bundle: building $rev ($short)" >&2
+  git worktree add -q --detach "$work/$short" "$short"
+  (
+    cd "$work/$short"
+    cargo build --release --locked -q -p gdaki-examples --bin put_bw --bin write_lat
+    cp "$CARGO_TARGET_DIR/release/put_bw" "$CARGO_TARGET_DIR/release/write_lat" "$work/"
+    cargo bench --locked -q -p gdaki --bench gpu_posting --bench gpu_copier --no-run --message-format=json 2>/dev/null \
+      | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and "bench" in m["target"]["kind"] and m.get("executable"):
+        print(m["executable"], m["target"]["name"])
+' | while read -r exe name; do cp "$exe" "$work/bench-$name"; done
+  )
+  mkdir -p "$dir/$short"
+  for b in put_bw write_lat bench-gpu_posting bench-gpu_copier; do
+    [[ -f $work/$b ]] || { echo "ab-bundle: $short has no $b" >&2; continue; }
+    strip --strip-debug "$work/$b"
+    gzip -c "$work/$b" >"$dir/$short/$b.gz"
+    rm "$work/$b"
+  done
+  git worktree remove --force "$work/$short"
+done
+printf '%s\n' "${revs[@]}" >"$dir/revisions.txt"
+
+cat >"$dir/run.sh" <<'RUNNER'
+#!/usr/bin/env bash
+# ROUNDS PROGRAM [ARGS...]: runs PROGRAM of every revision in revisions.txt, interleaved, ROUNDS
+# times; outputs in ${OUT:-.}/ab/.
+set -u
+cd "$(dirname "$0")"
+rounds=$1 program=$2; shift 2
+out=${OUT:-$PWD}/ab; mkdir -p "$out"
+bin=$(mktemp -d)
+mapfile -t revs <revisions.txt
+for rev in "${revs[@]}"; do
+  [[ -f $rev/$program.gz ]] || { echo "$rev has no $program" >&2; exit 2; }
+  gunzip -c "$rev/$program.gz" >"$bin/$program.$rev" && chmod +x "$bin/$program.$rev"
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+echo "$program $* (revisions: ${revs[*]})"
+for ((r = 1; r <= rounds; r++)); do
+  for rev in "${revs[@]}"; do
+    f=$out/$program.$rev.$r
+    "$bin/$program.$rev" "$@" >"$f.txt" 2>"$f.err"; rc=$?
+    echo "== $rev round $r (exit $rc)"
+    # The figure lines: a perftest's result rows, the posting benchmark's Rust rows.
+    grep -E '^ +[0-9]+ +[0-9]|^ +rust ' "$f.txt" | head -20
+  done
+done
+RUNNER
+chmod +x "$dir/run.sh"
+du -sh "$dir" >&2
