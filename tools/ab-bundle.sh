@@ -38,14 +38,7 @@ for rev in "$@"; do
     cargo build --release --locked -q -p gdaki-examples --bin put_bw --bin write_lat
     cp "$CARGO_TARGET_DIR/release/put_bw" "$CARGO_TARGET_DIR/release/write_lat" "$work/"
     cargo bench --locked -q -p gdaki --bench gpu_posting --bench gpu_copier --no-run --message-format=json 2>/dev/null \
-      | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and "bench" in m["target"]["kind"] and m.get("executable"):
-        print(m["executable"], m["target"]["name"])
-' | while read -r exe name; do cp "$exe" "$work/bench-$name"; done
+      | "$root/tools/bench-executables.py" | while read -r exe name; do cp "$exe" "$work/bench-$name"; done
   )
   mkdir -p "$dir/$short"
   for b in put_bw write_lat bench-gpu_posting bench-gpu_copier; do

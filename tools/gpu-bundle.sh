@@ -48,14 +48,7 @@ cp target/release/libgdaki.so target/ptx/gdaki_device_c.ptx "$dir/capi/"
 strip --strip-debug "$dir/capi/libgdaki.so"
 # Host benchmarks travel too: the device machine has more cores and less noise than CI.
 cargo bench --locked -p gdaki-device -p gdaki -p gdaki-proxy --no-run --message-format=json -q 2>/dev/null \
-  | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and "bench" in m["target"]["kind"] and m.get("executable"):
-        print(m["executable"], m["target"]["name"])
-' | while read -r exe name; do
+  | tools/bench-executables.py | while read -r exe name; do
   cp "$exe" "$dir/bin/bench-$name"
 done
 strip --strip-debug "$dir"/tests/* "$dir"/bin/* 2>/dev/null || true
