@@ -205,9 +205,10 @@ impl ContextOptions {
         self
     }
 
-    /// The spin of [`engine_idle_spin`](Self::engine_idle_spin), or the default.
-    pub fn engine_idle_spin_time(&self) -> Duration {
-        self.engine_idle_spin.unwrap_or(crate::soft::engine::Idle::DEFAULT_SPIN)
+    /// The spin set with [`engine_idle_spin`](Self::engine_idle_spin); `None`: the soft HCA's
+    /// default.
+    pub fn chosen_engine_idle_spin(&self) -> Option<Duration> {
+        self.engine_idle_spin
     }
 
     /// Whether [`unordered_rdma_writes`](Self::unordered_rdma_writes) is on.
@@ -293,9 +294,7 @@ impl Context {
             shared_memory: options.uses_same_host_shared_memory(),
             cuda_ipc: options.uses_same_host_cuda_ipc(),
         };
-        let idle = crate::soft::engine::Idle {
-            spin: options.engine_idle_spin_time(),
-        };
+        let idle = crate::soft::engine::Idle::spinning_for(options.chosen_engine_idle_spin());
         let soft = SoftDevice::open(options.atomic_reply(), same_host, idle)
             .map_err(Error::device("opening the soft device"))?;
         Ok(Arc::new(soft))

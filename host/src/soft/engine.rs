@@ -94,6 +94,13 @@ impl Idle {
     /// The shortest sleep.
     const MIN_SLEEP: Duration = Duration::from_micros(10);
 
+    /// Spinning for `spin`, or for [`Idle::DEFAULT_SPIN`].
+    pub fn spinning_for(spin: Option<Duration>) -> Idle {
+        Idle {
+            spin: spin.unwrap_or(Idle::DEFAULT_SPIN),
+        }
+    }
+
     /// What a round that finds no work does, `idle_for` after the last round that found some.
     fn wait(&self, idle_for: Duration) -> Wait {
         if idle_for < self.spin {
@@ -110,9 +117,7 @@ impl Idle {
 
 impl Default for Idle {
     fn default() -> Idle {
-        Idle {
-            spin: Idle::DEFAULT_SPIN,
-        }
+        Idle::spinning_for(None)
     }
 }
 
@@ -405,6 +410,11 @@ mod tests {
             spin: Duration::from_secs(600),
         };
         assert_eq!(long.wait(Duration::from_secs(599)), Wait::Spin);
-        assert_eq!(Idle::default().spin, Idle::DEFAULT_SPIN);
+        assert_eq!(
+            Idle::default().spin,
+            Duration::from_micros(200),
+            "the documented default"
+        );
+        assert_eq!(Idle::spinning_for(Some(Duration::ZERO)), none);
     }
 }

@@ -138,9 +138,7 @@ impl PeerProcess {
         std::thread::spawn(move || for _ in lines {});
         PeerProcess { child, port }
     }
-}
 
-impl PeerProcess {
     /// Connects to the peer's handshake, says hello with `app` and `q`'s endpoint, and returns
     /// the channel and the peer's hello.
     pub fn hello(&self, app: &[u8], q: &QueuePair) -> (gdaki::handshake::Channel, gdaki::handshake::Hello) {
