@@ -191,8 +191,17 @@ mod imp {
                 }
                 #[inline(always)]
                 unsafe fn try_lock(p: *mut u32) -> bool {
-                    let o: u32;
+                    let held: u32;
+                    // Test before test-and-set: a poster that finds the lock held goes back to
+                    // watching `sq_rung` with a load, instead of sending a compare-and-swap to
+                    // L2 that must fail (failing here is what a failed CAS would have said).
                     // SAFETY: `p` is a valid, 4-byte aligned lock word (the trait's contract).
+                    unsafe { asm!(concat!("ld.relaxed.", $scope, ".u32 {o}, [{p}];"), o = out(reg32) held, p = in(reg64) p, options(nostack)) }
+                    if held != 0 {
+                        return false;
+                    }
+                    let o: u32;
+                    // SAFETY: as above.
                     unsafe { asm!(concat!("atom.acquire.", $scope, ".cas.b32 {o}, [{p}], 0, 1;"), o = out(reg32) o, p = in(reg64) p, options(nostack)) }
                     o == 0
                 }
