@@ -28,8 +28,9 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// transport secret, which a connect presents; 4: after the accept, the requester offers a
 /// shared-memory carrier, which the responder answers; 5: over shared memory, a WRITE from GPU
 /// memory may travel as a CUDA IPC reference: [`Kind::GpuOffer`], [`Kind::GpuAnswer`],
-/// [`Kind::WriteRef`]).
-pub const VERSION: u16 = 5;
+/// [`Kind::WriteRef`]; 6: a READ into GPU memory may name the requester's allocation for the
+/// responder to write: [`Kind::ReadRef`]).
+pub const VERSION: u16 = 6;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -121,12 +122,15 @@ pub enum Kind {
     /// Transport request: compare-and-swap.
     CompareSwap = 23,
     /// Transport, requester to responder between requests (no sequence number): an allocation
-    /// of GPU memory the requester will name in [`Kind::WriteRef`]s once the responder has
-    /// mapped it ([`GpuOffer`]).
+    /// of GPU memory the requester will name in [`Kind::WriteRef`]s and [`Kind::ReadRef`]s once
+    /// the responder has mapped it ([`GpuOffer`]).
     GpuOffer = 24,
     /// Transport request: RDMA WRITE whose data the responder reads itself from an offered
     /// allocation ([`Op::WriteRef`]).
     WriteRef = 25,
+    /// Transport request: RDMA READ whose data the responder writes itself into an offered
+    /// allocation ([`Op::ReadRef`]); answered as a WRITE is, by an [`Kind::Ack`].
+    ReadRef = 26,
     /// Transport response: every request up to `seq` succeeded.
     Ack = 30,
     /// Transport response: READ data.
@@ -157,6 +161,7 @@ impl Kind {
             23 => Kind::CompareSwap,
             24 => Kind::GpuOffer,
             25 => Kind::WriteRef,
+            26 => Kind::ReadRef,
             30 => Kind::Ack,
             31 => Kind::ReadResp,
             32 => Kind::AtomicResp,
@@ -185,7 +190,7 @@ impl Kind {
             Kind::FetchAdd => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8),
             Kind::CompareSwap => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::GpuOffer => (GPU_OFFER_LEN as u32, GPU_OFFER_LEN as u32),
-            Kind::WriteRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
+            Kind::WriteRef | Kind::ReadRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::Ack => (4, 4),
             Kind::ReadResp => (4, 4 + MAX_MESSAGE),
             Kind::AtomicResp => (12, 12),
@@ -840,6 +845,17 @@ pub enum Op {
         /// Bytes to read.
         len: u32,
     },
+    /// RDMA READ of `len` bytes that the responder writes itself at offset `offset` of the
+    /// requester's allocation `alloc` ([`GpuOffer::id`]), mapped with CUDA IPC; acknowledged
+    /// once they have landed.
+    ReadRef {
+        /// The allocation, as offered and accepted.
+        alloc: u32,
+        /// Where the data goes in it.
+        offset: u64,
+        /// Bytes to read.
+        len: u32,
+    },
     /// Fetch-and-add.
     FetchAdd {
         /// Addend.
@@ -872,12 +888,8 @@ impl Request {
     pub fn encode_head(&self) -> Vec<u8> {
         let (kind, extra, tail): (Kind, u32, Vec<u8>) = match self.op {
             Op::Write { len } => (Kind::Write, len, Vec::new()),
-            Op::WriteRef { alloc, offset, len } => {
-                let mut t = alloc.to_be_bytes().to_vec();
-                t.extend_from_slice(&len.to_be_bytes());
-                t.extend_from_slice(&offset.to_be_bytes());
-                (Kind::WriteRef, 0, t)
-            }
+            Op::WriteRef { alloc, offset, len } => (Kind::WriteRef, 0, encode_reference(alloc, offset, len)),
+            Op::ReadRef { alloc, offset, len } => (Kind::ReadRef, 0, encode_reference(alloc, offset, len)),
             Op::Read { len } => (Kind::Read, 0, len.to_be_bytes().to_vec()),
             Op::FetchAdd { add } => (Kind::FetchAdd, 0, add.to_be_bytes().to_vec()),
             Op::CompareSwap { compare, swap } => {
@@ -904,7 +916,7 @@ impl Request {
                 Kind::Write => 0,
                 Kind::Read => 4,
                 Kind::FetchAdd => 8,
-                Kind::CompareSwap | Kind::WriteRef => 16,
+                Kind::CompareSwap | Kind::WriteRef | Kind::ReadRef => 16,
                 k => {
                     return Err(WireError::Unexpected {
                         got: k,
@@ -935,19 +947,12 @@ impl Request {
             }
             Kind::FetchAdd => Op::FetchAdd { add: c.u64("addend")? },
             Kind::WriteRef => {
-                let alloc = c.u32("allocation")?;
-                let len = c.u32("write length")?;
-                let offset = c.u64("offset in the allocation")?;
-                if len > MAX_MESSAGE {
-                    return Err(invalid("write length", format!("{len} (at most {MAX_MESSAGE})")));
-                }
-                if offset.checked_add(len as u64).is_none() {
-                    return Err(invalid(
-                        "offset in the allocation",
-                        format!("{offset:#x} + {len} wraps"),
-                    ));
-                }
+                let (alloc, offset, len) = decode_reference(&mut c, "write length")?;
                 Op::WriteRef { alloc, offset, len }
+            }
+            Kind::ReadRef => {
+                let (alloc, offset, len) = decode_reference(&mut c, "read length")?;
+                Op::ReadRef { alloc, offset, len }
             }
             _ => Op::CompareSwap {
                 compare: c.u64("compare value")?,
@@ -957,6 +962,32 @@ impl Request {
         c.end()?;
         Ok(Request { seq, rkey, addr, op })
     }
+}
+
+/// The fixed part of a reference request after the head: allocation, length, offset.
+fn encode_reference(alloc: u32, offset: u64, len: u32) -> Vec<u8> {
+    let mut t = alloc.to_be_bytes().to_vec();
+    t.extend_from_slice(&len.to_be_bytes());
+    t.extend_from_slice(&offset.to_be_bytes());
+    t
+}
+
+/// Decodes what [`encode_reference`] wrote, checking the length (`what`) and that the range
+/// does not wrap.
+fn decode_reference(c: &mut Cursor<'_>, what: &'static str) -> Result<(u32, u64, u32), WireError> {
+    let alloc = c.u32("allocation")?;
+    let len = c.u32(what)?;
+    let offset = c.u64("offset in the allocation")?;
+    if len > MAX_MESSAGE {
+        return Err(invalid(what, format!("{len} (at most {MAX_MESSAGE})")));
+    }
+    if offset.checked_add(len as u64).is_none() {
+        return Err(invalid(
+            "offset in the allocation",
+            format!("{offset:#x} + {len} wraps"),
+        ));
+    }
+    Ok((alloc, offset, len))
 }
 
 /// A responder's answer (a READ response's data follows its head on the wire).
@@ -1083,7 +1114,7 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
         Kind::ShmAnswer => decode_shm_answer(payload).map(drop)?,
         Kind::GpuOffer => GpuOffer::decode(payload).map(drop)?,
         Kind::GpuAnswer => GpuAnswer::decode(payload).map(drop)?,
-        Kind::Write | Kind::WriteRef | Kind::Read | Kind::FetchAdd | Kind::CompareSwap => {
+        Kind::Write | Kind::WriteRef | Kind::Read | Kind::ReadRef | Kind::FetchAdd | Kind::CompareSwap => {
             let n = Request::fixed_len(h)?;
             Request::decode(h, &payload[..n])?;
         }
@@ -1291,6 +1322,11 @@ mod tests {
                 offset: 0x1234_5678_9abc,
                 len: MAX_MESSAGE,
             },
+            Op::ReadRef {
+                alloc: 4,
+                offset: 0x9abc,
+                len: 1,
+            },
         ] {
             let r = Request {
                 seq: 9,
@@ -1381,24 +1417,31 @@ mod tests {
             assert_eq!(GpuAnswer::decode(&f[HEADER_LEN..]).unwrap(), a);
         }
         assert!(GpuAnswer::decode(&[0, 0, 0, 9, 2]).is_err());
-        let reference = |offset: u64, len: u32| {
-            Request {
-                seq: 1,
-                rkey: 2,
-                addr: 3,
-                op: Op::WriteRef { alloc: 0, offset, len },
-            }
-            .encode_head()
-        };
-        assert!(check_frame(&reference(u64::MAX - 8, 8)).is_ok());
-        assert!(check_frame(&reference(u64::MAX - 8, 9)).is_err(), "the offset wraps");
-        assert!(
-            check_frame(&reference(0, MAX_MESSAGE + 1)).is_err(),
-            "longer than a message"
-        );
-        let mut short = reference(0, 8);
-        short.pop();
-        assert!(check_frame(&short).is_err());
+        for read in [false, true] {
+            let reference = |offset: u64, len: u32| {
+                let op = if read {
+                    Op::ReadRef { alloc: 0, offset, len }
+                } else {
+                    Op::WriteRef { alloc: 0, offset, len }
+                };
+                Request {
+                    seq: 1,
+                    rkey: 2,
+                    addr: 3,
+                    op,
+                }
+                .encode_head()
+            };
+            assert!(check_frame(&reference(u64::MAX - 8, 8)).is_ok());
+            assert!(check_frame(&reference(u64::MAX - 8, 9)).is_err(), "the offset wraps");
+            assert!(
+                check_frame(&reference(0, MAX_MESSAGE + 1)).is_err(),
+                "longer than a message"
+            );
+            let mut short = reference(0, 8);
+            short.pop();
+            assert!(check_frame(&short).is_err());
+        }
         // Neither is a request or a response.
         assert!(Request::fixed_len(Header::new(Kind::GpuOffer, GPU_OFFER_LEN as u32)).is_err());
         assert!(Response::fixed_len(Header::new(Kind::GpuAnswer, 5)).is_err());

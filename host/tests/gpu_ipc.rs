@@ -1,6 +1,6 @@
 //! GPU memory between two processes on one machine: WRITEs from device memory to a peer
-//! process, which maps the allocation (CUDA IPC) and moves the bytes with its own copier, or,
-//! where it refuses, receives the bytes. The peer is this test binary run a second time
+//! process, and READs back into device memory, where the peer maps the allocation (CUDA IPC)
+//! and moves the bytes with its own copier, or, where it refuses, the bytes travel. The peer is this test binary run a second time
 //! (`peer_process`, which does nothing unless `GDAKI_GPU_IPC_PEER` is set). Without a GPU
 //! the tests say they were skipped.
 mod common;
@@ -103,16 +103,25 @@ fn spawn_peer(mode: &str) -> PeerProcess {
     PeerProcess::spawn(&[("GDAKI_GPU_IPC_PEER", mode)])
 }
 
+/// Which request with a key the peer never gave ends a run (it fails the QP).
+#[derive(Clone, Copy, PartialEq)]
+enum Bad {
+    Write,
+    Read,
+}
+
 /// Runs the writes against a peer in `mode` ("on": it maps offered allocations; "off": it
-/// refuses them) from a requester with CUDA IPC `ipc`; returns how many copies the peer's
-/// copier was handed and how many descriptors this side's copier ran for the writes after the
-/// first.
-fn run(test: &str, mode: &str, ipc: bool) -> Option<(u64, u64)> {
+/// refuses them) from a requester with CUDA IPC `ipc`, then reads every written range back
+/// into another allocation of device memory here (each READ after the WRITEs it reads), and
+/// checks those bytes; returns how many copies the peer's copier was handed and how many
+/// descriptors this side's copier ran for the writes and reads after the first of each.
+fn run(test: &str, mode: &str, ipc: bool, bad: Bad) -> Option<(u64, u64)> {
     let (gpu, _one) = gpu_or_skip(test)?;
     let peer = spawn_peer(mode);
     let ctx = listening(ipc);
     let src = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
     src.write(0, &pattern(5, LEN)).unwrap();
+    let back = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
     let scratch = ctx.alloc_pinned_region(&gpu, 4096, Access::ALL).unwrap();
     let q = qp(&ctx, 64, QpConfig::default());
     let (mut ch, theirs) = peer.hello(APP, &q);
@@ -126,10 +135,16 @@ fn run(test: &str, mode: &str, ipc: bool) -> Option<(u64, u64)> {
     // also waits for the peer's answer, which comes before its acknowledgement.
     let (t, off, from, len) = w[0];
     dev.wait(dev.put(at(t, off), src.local(from), len).unwrap()).unwrap();
+    // So does the first READ into the other allocation (its bytes and its offer).
+    dev.wait(dev.get(back.local(from), at(t, off), len).unwrap()).unwrap();
     let posted = || Copier::existing(&gpu).unwrap().stats().posted;
     let before = posted();
     for &(t, off, from, len) in &w[1..] {
         dev.put(at(t, off), src.local(from), len).unwrap();
+    }
+    // Each range back where it came from in `src`, through the peer's memory.
+    for &(t, off, from, len) in &w[1..] {
+        dev.get(back.local(from), at(t, off), len).unwrap();
     }
     // A put and its signal (an atomic, which the peer executes after the put's copy).
     let signal = dev
@@ -142,43 +157,73 @@ fn run(test: &str, mode: &str, ipc: bool) -> Option<(u64, u64)> {
     let verdict = String::from_utf8(ch.receive().expect("the peer's verdict").app).unwrap();
     let (ok, copies) = verdict.split_once(' ').unwrap();
     assert_eq!(ok, "true", "the peer found other bytes than were sent");
-    // A reference to a key the peer never gave: refused like any WRITE (and the QP fails).
-    let bad = gdaki_device::Remote {
+    let want = pattern(5, LEN);
+    for &(t, off, from, len) in &w {
+        let got = back.read_vec(from, len as usize).unwrap();
+        let (from, len) = (from as usize, len as usize);
+        assert!(
+            got[..] == want[from..from + len],
+            "{len} bytes read from target {t} at {off} differ"
+        );
+    }
+    // A reference to a key the peer never gave: refused like any WRITE or READ (and the QP
+    // fails).
+    let wrong = gdaki_device::Remote {
         rkey: theirs.regions[0].rkey ^ 0x55,
         ..at(0, 0)
     };
-    match dev.wait(dev.put(bad, src.local(0), 64).unwrap()) {
+    let refused = match bad {
+        Bad::Write => dev.wait(dev.put(wrong, src.local(0), 64).unwrap()),
+        Bad::Read => dev.wait(dev.get(back.local(0), wrong, 64).unwrap()),
+    };
+    match refused {
         Err(WaitError::Cqe(e)) => assert_eq!(e.syndrome, Syndrome::RemoteAccess),
-        other => panic!("a WRITE with a bad rkey: {other:?}"),
+        other => panic!("a request with a bad rkey: {other:?}"),
     }
     Some((copies.parse().unwrap(), ran))
 }
 
-#[test]
-fn device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads() {
-    let Some((copies, ran)) = run(
-        "device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads",
-        "on",
-        true,
-    ) else {
+/// The run with references both ways, checking that they carried every byte.
+fn references(test: &str, bad: Bad) {
+    let Some((copies, ran)) = run(test, "on", true, bad) else {
         return;
     };
-    // Every WRITE after the first, and the signal's put, was one copy on the peer's GPU, but
-    // the one into plain host memory (bounced, not counted); none read this side's memory here.
+    // Every WRITE after the first, and the signal's put, was one copy on the peer's GPU, and so
+    // was every READ after the first, but the ones to and from plain host memory (bounced, not
+    // counted); none touched this side's memory here.
     let after_the_first = writes().len() as u64 - 1;
     let bounced = 1; // into plain host memory
     let signal = 1;
     assert_eq!(
         copies,
-        after_the_first - bounced + signal,
+        2 * (after_the_first - bounced) + signal,
         "copies the peer's copier was handed"
     );
-    assert_eq!(ran, 0, "this side's copier moved bytes of WRITEs sent as references");
+    assert_eq!(
+        ran, 0,
+        "this side's copier moved bytes of WRITEs or READs sent as references"
+    );
+}
+
+#[test]
+fn device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads() {
+    references(
+        "device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads",
+        Bad::Write,
+    );
+}
+
+#[test]
+fn a_read_into_device_memory_is_a_reference_the_peer_process_fills() {
+    references(
+        "a_read_into_device_memory_is_a_reference_the_peer_process_fills",
+        Bad::Read,
+    );
 }
 
 #[test]
 fn a_peer_that_refuses_the_mapping_gets_the_bytes() {
-    let Some((copies, ran)) = run("a_peer_that_refuses_the_mapping_gets_the_bytes", "off", true) else {
+    let Some((copies, ran)) = run("a_peer_that_refuses_the_mapping_gets_the_bytes", "off", true, Bad::Read) else {
         return;
     };
     assert_eq!(copies, 0, "the peer's copier was handed references it refused");
@@ -187,7 +232,7 @@ fn a_peer_that_refuses_the_mapping_gets_the_bytes() {
 
 #[test]
 fn without_cuda_ipc_the_bytes_travel() {
-    let Some((copies, ran)) = run("without_cuda_ipc_the_bytes_travel", "on", false) else {
+    let Some((copies, ran)) = run("without_cuda_ipc_the_bytes_travel", "on", false, Bad::Write) else {
         return;
     };
     assert_eq!(copies, 0);

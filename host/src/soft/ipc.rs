@@ -1,18 +1,24 @@
 //! GPU memory between two processes of one machine: a WRITE from device memory to a peer
 //! connected over shared memory (see [`shm`](super::shm)) sends a reference to the bytes, not
-//! the bytes, and the peer's copier moves them inside the GPU (CUDA IPC).
+//! the bytes, and the peer's copier moves them inside the GPU (CUDA IPC); a READ into device
+//! memory sends a reference to where its bytes go, and the peer's copier puts them there.
 //!
 //! - **Offer.** The first WRITE from an allocation goes as bytes, preceded by a
 //!   [`GpuOffer`]: the allocation's IPC handle, numbered in order on the connection. The
 //!   responder maps it when it can (a live copier on that GPU, the driver accepts the handle,
 //!   CUDA IPC on at both ends) and says so in a [`GpuAnswer`], in order with its responses.
-//!   From the answer on, WRITEs from that allocation are [`Op::WriteRef`]s; while it is
-//!   outstanding, or after a refusal, they stay bytes. Nothing waits for an answer.
+//!   From the answer on, WRITEs from that allocation are [`Op::WriteRef`]s and READs into it
+//!   [`Op::ReadRef`]s; while it is outstanding, or after a refusal, they stay bytes (a READ
+//!   into an allocation not yet offered offers it too). Nothing waits for an answer.
 //! - **The same semantics.** A reference is executed as the bytes would be: checked against
 //!   the target's rkey, bounds and rights, then copied by the responder's copier (inside the
-//!   GPU, or into host memory that GPU maps; through the bounce buffer otherwise). Every
-//!   response, and every request the CPU executes, waits for the copies before it, so
-//!   acknowledged data has landed and a put's signal lands after the put.
+//!   GPU, or into host memory that GPU maps; through the bounce buffer otherwise). A READ
+//!   reference is checked against the source's rkey, bounds and read right, and answered by
+//!   an acknowledgement once its bytes are in the requester's memory, so its completion means
+//!   what a READ's does. Every response, and every request the CPU executes, waits for the
+//!   copies before it, so acknowledged data has landed and a put's signal lands after the
+//!   put; copies of one direction run together, and one of the other direction waits for
+//!   them (a READ sees the WRITEs before it, a WRITE does not overtake the READs before it).
 //! - **Untrusted peer.** Offers are taken over shared memory only, which only a process of the
 //!   same user reaches (see [`shm`](super::shm)): an IPC handle opens any allocation of any
 //!   process that exported it, so it is no more trusted than that user. A reference names an
@@ -20,7 +26,11 @@
 //!   the offer's); anything else is a protocol violation that ends the connection. The
 //!   mappings are closed when the connection ends.
 //! - **Limits.** Legacy IPC only: memory made with `cuMemCreate`, or on a GPU the responder
-//!   has no copier for, is sent as bytes. READs still carry bytes.
+//!   has no copier for, is sent as bytes. A READ with more than one local buffer carries
+//!   bytes. The responder writes a READ's bytes into the requester's memory, so a requester
+//!   must not free a READ's buffer before it completes (as with any RDMA READ); one that
+//!   completes with a transport error may still be written by a copy the responder had
+//!   started, until the responder sees the connection end.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +40,8 @@ use crate::cuda::{IpcExport, IpcImport, IPC_HANDLE_BYTES};
 use crate::lock;
 use crate::soft::copier::{Copier, DeviceDma, Pending};
 use crate::soft::dma::DmaFault;
+#[cfg(doc)]
+use crate::wire::Op;
 use crate::wire::{GpuAnswer, GpuOffer};
 
 /// Allocations one connection may offer: a peer cannot make a responder hold more mappings.
@@ -47,7 +59,8 @@ pub(crate) struct Exports {
 /// The peer's answers to a connection's offers, by offer id: `None` while outstanding.
 pub(crate) type Answers = Mutex<Vec<Option<bool>>>;
 
-/// Where a WRITE's data is for the peer: in allocation `alloc` (accepted) at `offset`.
+/// Where a WRITE's data is (or a READ's goes) for the peer: in allocation `alloc` (accepted)
+/// at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reference {
     /// The offer id.
@@ -136,6 +149,17 @@ impl Import {
 pub(crate) struct Imports {
     maps: Vec<Option<Arc<Import>>>,
     pending: Pending,
+    /// Which way the pending copies go (`None`: none pending).
+    direction: Option<Direction>,
+}
+
+/// Which way a copy between a mapped allocation and this side's memory goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Out of the peer's allocation (a WRITE reference).
+    FromPeer,
+    /// Into the peer's allocation (a READ reference).
+    ToPeer,
 }
 
 impl Imports {
@@ -190,14 +214,26 @@ impl Imports {
         }
     }
 
-    /// The copies from mapped allocations submitted and not yet waited for.
-    pub fn pending(&mut self) -> &mut Pending {
-        &mut self.pending
+    /// Before a copy that goes `way`: waits for the pending copies if they go the other way
+    /// (copies of one direction may run together; a READ must see the WRITEs before it, and a
+    /// WRITE must not overtake the READs before it).
+    pub fn before(&mut self, way: Direction) -> Result<(), DmaFault> {
+        match self.direction {
+            Some(d) if d != way => self.settle(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Copy `seq` of `copier`, going `way`, was submitted.
+    pub fn add(&mut self, copier: &Arc<Copier>, seq: u64, way: Direction) {
+        self.pending.add(copier, seq);
+        self.direction = Some(way);
     }
 
     /// Waits until every copy submitted so far is done (before anything that must come after
     /// them: a response, a request the CPU executes).
     pub fn settle(&mut self) -> Result<(), DmaFault> {
+        self.direction = None;
         self.pending.settle()
     }
 }

@@ -34,7 +34,7 @@ use crate::memory::Access;
 use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
 use crate::soft::dma::{Dma, DmaFault};
-use crate::soft::ipc::{self, Imports};
+use crate::soft::ipc::{self, Direction, Imports};
 use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
@@ -535,7 +535,7 @@ impl Link {
         })
     }
 
-    /// Where the peer can read the `len` bytes at `addr` of GPU memory `dma` itself (CUDA IPC,
+    /// Where the peer can reach the `len` bytes at `addr` of GPU memory `dma` itself (CUDA IPC,
     /// see [`ipc`]); `None` when they must travel as bytes. The first time an allocation comes
     /// by, this sends its offer (and the bytes go, this time).
     pub(crate) fn reference(&mut self, dma: &dyn Dma, addr: u64, len: u64) -> Option<ipc::Reference> {
@@ -558,9 +558,12 @@ impl Link {
     /// Sends a request for WQE `meta` (`data`: a WRITE's payload) and queues its completion.
     pub(crate) fn post(&mut self, meta: Meta, remote: gdaki_device::Remote, op: Op, data: &[u8], sink: Sink) {
         let bytes = match op {
-            Op::Write { len } | Op::WriteRef { len, .. } | Op::Read { len } => len,
+            Op::Write { len } | Op::WriteRef { len, .. } | Op::Read { len } | Op::ReadRef { len, .. } => len,
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => 8,
         };
+        // A READ whose bytes the responder places itself completes on an acknowledgement, as
+        // a WRITE does, but a FENCE still waits for it.
+        let fetches = !matches!(op, Op::Write { .. } | Op::WriteRef { .. });
         let (rkey, addr) = (remote.rkey, remote.addr);
         let seq = self.next_seq;
         {
@@ -571,7 +574,6 @@ impl Link {
             if outcome.is_none() && !inflight.unanswered() {
                 inflight.waiting_since = Some(Instant::now());
             }
-            let fetches = !matches!(sink, Sink::Ack);
             inflight.entries.push_back(Entry {
                 meta,
                 seq: outcome.is_none().then_some(seq),
@@ -1147,9 +1149,11 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             continue;
         }
         let ready = responder::accepts(target.upgrade().as_deref());
-        if !matches!(req.op, Op::WriteRef { .. }) {
+        match req.op {
+            Op::WriteRef { .. } => imports.before(Direction::FromPeer).map_err(copy_failed)?,
+            Op::ReadRef { .. } => imports.before(Direction::ToPeer).map_err(copy_failed)?,
             // What the CPU executes, and any answer with data, comes after the GPU's copies.
-            imports.settle().map_err(copy_failed)?;
+            _ => imports.settle().map_err(copy_failed)?,
         }
         let answer = match ready {
             Err(s) => {
@@ -1221,30 +1225,12 @@ fn execute(
     } = io;
     Ok(match req.op {
         Op::WriteRef { alloc, offset, len } => {
-            let src = imports.get(alloc).map_err(Fault::Protocol)?;
-            let Some(from) = src.at(offset, len as u64) else {
-                return Err(Fault::Protocol(format!(
-                    "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
-                )));
-            };
-            match responder::write_by_gpu(hca, cache, pd, remote, &src.dma, from, len as u64) {
-                Some(Ok((copier, seq))) => {
-                    imports.pending().add(&copier, seq);
-                    crate::soft::copier::release(copier);
-                    Ok(true)
-                }
-                Some(Err(s)) => Err(s),
-                // Not one copier's step (the target is on another GPU, or host memory no GPU
-                // maps; or nothing to move): through host memory, after the copies before it.
-                None => {
-                    imports.settle().map_err(copy_failed)?;
-                    bounce.resize(len as usize, 0);
-                    if src.dma.read(from, &mut bounce[..]).is_err() {
-                        return Ok(Err(Syndrome::RemoteOp));
-                    }
-                    responder::write(hca, cache, pd, remote, &bounce[..]).map(|()| true)
-                }
-            }
+            let r = Reference { alloc, offset, len };
+            by_reference(hca, cache, pd, remote, imports, bounce, Direction::FromPeer, r)?
+        }
+        Op::ReadRef { alloc, offset, len } => {
+            let r = Reference { alloc, offset, len };
+            by_reference(hca, cache, pd, remote, imports, bounce, Direction::ToPeer, r)?
         }
         Op::Write { len } => {
             let region = match len {
@@ -1287,6 +1273,66 @@ fn execute(
             AtomicOp::CompareSwap { compare, swap },
         )?,
     })
+}
+
+/// Where a reference request's bytes are in the peer's allocation.
+struct Reference {
+    alloc: u32,
+    offset: u64,
+    len: u32,
+}
+
+/// Executes a WRITE (`FromPeer`) or READ (`ToPeer`) whose bytes are at `r` in an allocation of
+/// the peer's mapped here: one GPU copy when the region and the mapping have a copier in common
+/// (waited for before the acknowledgement), else through host memory.
+#[allow(clippy::too_many_arguments)]
+fn by_reference(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    pd: u32,
+    remote: gdaki_device::Remote,
+    imports: &mut Imports,
+    bounce: &mut Vec<u8>,
+    way: Direction,
+    r: Reference,
+) -> Result<Result<bool, Syndrome>, Fault> {
+    let Reference { alloc, offset, len } = r;
+    let mapped = imports.get(alloc).map_err(Fault::Protocol)?;
+    let Some(at) = mapped.at(offset, len as u64) else {
+        return Err(Fault::Protocol(format!(
+            "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
+        )));
+    };
+    let access = match way {
+        Direction::FromPeer => Access::REMOTE_WRITE,
+        Direction::ToPeer => Access::REMOTE_READ,
+    };
+    Ok(
+        match responder::copy_by_gpu(hca, cache, pd, remote, access, &mapped.dma, at, len as u64) {
+            Some(Ok((copier, seq))) => {
+                imports.add(&copier, seq, way);
+                crate::soft::copier::release(copier);
+                Ok(true)
+            }
+            Some(Err(s)) => Err(s),
+            // Not one copier's step (the region is on another GPU, or host memory no GPU maps;
+            // or nothing to move): through host memory, after the copies before it.
+            None => {
+                imports.settle().map_err(copy_failed)?;
+                bounce.resize(len as usize, 0);
+                match way {
+                    Direction::FromPeer => match mapped.dma.read(at, &mut bounce[..]) {
+                        Ok(()) => responder::write(hca, cache, pd, remote, &bounce[..]).map(|()| true),
+                        Err(_) => Err(Syndrome::RemoteOp),
+                    },
+                    Direction::ToPeer => match responder::read(hca, cache, pd, remote, &mut bounce[..]) {
+                        Ok(()) if mapped.dma.write(at, &bounce[..]).is_err() => Err(Syndrome::RemoteOp),
+                        r => r.map(|()| true),
+                    },
+                }
+            }
+        },
+    )
 }
 
 fn atomic(

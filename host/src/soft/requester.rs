@@ -292,6 +292,22 @@ pub(crate) fn execute(
                     Ok(Executed::Done(bytes))
                 }
                 Target::Remote(link) => {
+                    // Into GPU memory from a peer process on this machine: a reference to where
+                    // the bytes go, which the peer's copier fills (CUDA IPC), once the peer has
+                    // mapped the allocation; it acknowledges them once they have landed.
+                    if let [Some((s, region)), None, ..] = &dst.items {
+                        if bytes > 0 {
+                            if let Some(at) = link.reference(&*region.dma, s.addr, s.length as u64) {
+                                let op = Op::ReadRef {
+                                    alloc: at.alloc,
+                                    offset: at.offset,
+                                    len: bytes,
+                                };
+                                link.post(meta, remote(r), op, &[], Sink::Ack);
+                                return Ok(Executed::InFlight);
+                            }
+                        }
+                    }
                     link.post(meta, remote(r), Op::Read { len: bytes }, &[], Sink::Scatter(dst));
                     Ok(Executed::InFlight)
                 }

@@ -5,8 +5,12 @@ use gdaki_device::Remote;
 use gdaki_layout::Syndrome;
 use tracing::warn;
 
+use std::sync::Arc;
+
 use crate::memory::Access;
 use crate::queue::QpState;
+use crate::soft::copier::{shared_copier, Copier};
+use crate::soft::dma::Dma;
 use crate::soft::objects::SoftQp;
 use crate::soft::{Hca, RegionCache};
 
@@ -80,23 +84,46 @@ pub(crate) fn write_by_gpu(
     cache: &mut RegionCache,
     pd: u32,
     remote: Remote,
-    src_dma: &dyn crate::soft::dma::Dma,
+    src_dma: &dyn Dma,
     src: u64,
     len: u64,
-) -> Option<Result<(std::sync::Arc<crate::soft::copier::Copier>, u64), Syndrome>> {
+) -> Option<Result<(Arc<Copier>, u64), Syndrome>> {
+    copy_by_gpu(hca, cache, pd, remote, Access::REMOTE_WRITE, src_dma, src, len)
+}
+
+/// One GPU copy between the region at `remote` (needing `access`: a remote write copies into
+/// it, a remote read out of it) and `len` bytes at `other` in memory that `other_dma` moves,
+/// as [`write_by_gpu`] describes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_by_gpu(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    pd: u32,
+    remote: Remote,
+    access: Access,
+    other_dma: &dyn Dma,
+    other: u64,
+    len: u64,
+) -> Option<Result<(Arc<Copier>, u64), Syndrome>> {
     if len == 0 {
         return None;
     }
-    let dst = match hca.region(cache, pd, remote.rkey, remote.addr, len, Access::REMOTE_WRITE) {
+    let region = match hca.region(cache, pd, remote.rkey, remote.addr, len, access) {
         Some(r) => r.clone(),
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
-    let copier = crate::soft::copier::shared_copier(src_dma, &*dst.dma)?.clone();
-    // SAFETY: the target lies in a live registered region this copier's GPU reaches (checked
-    // above), the source in memory the caller keeps mapped until the copy is done (a live
-    // registered region, or a peer's allocation whose mapping outlives its pending copies);
-    // overlap and concurrent access are the application's, as with a NIC's DMA.
-    Some(match unsafe { copier.submit_copy(remote.addr, src, len) } {
+    let copier = shared_copier(other_dma, &*region.dma)?.clone();
+    let (dst, src) = if access == Access::REMOTE_WRITE {
+        (remote.addr, other)
+    } else {
+        (other, remote.addr)
+    };
+    // SAFETY: the region's side lies in a live registered region this copier's GPU reaches
+    // (checked above, with the right the copy needs), the other side in memory the caller
+    // keeps mapped until the copy is done (a live registered region, or a peer's allocation
+    // whose mapping outlives its pending copies); overlap and concurrent access are the
+    // application's, as with a NIC's DMA.
+    Some(match unsafe { copier.submit_copy(dst, src, len) } {
         Ok(seq) => Ok((copier, seq)),
         Err(_) => Err(Syndrome::RemoteOp),
     })
