@@ -127,7 +127,8 @@ macro_rules! kernels_for {
         /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode:
         /// thread `t` posts on `qps[(t / per_qp) % nqp]` (`per_qp` 0: a block's threads),
         /// every thread of the grid `iters` messages of `len` bytes into `slots` slots,
-        /// thread `t` numbering its messages from `first + t`.
+        /// thread `t` numbering its messages from `first + t`; READs from `dst` into `src`
+        /// where `read` is not 0.
         ///
         /// # Safety
         /// `qps` holds `nqp` (at least one) exported handles, each shared only by this launch's
@@ -147,6 +148,7 @@ macro_rules! kernels_for {
             first: u64,
             iters: u32,
             per_qp: u32,
+            read: u32,
             scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
@@ -165,7 +167,7 @@ macro_rules! kernels_for {
             let t = first + global_thread() as u64;
             unsafe {
                 run::<$mode, $scope>(qp, scratch, status, |qp| {
-                    perf::put_stream(qp, dst, src, len, slots, t, threads, iters)
+                    perf::put_stream(qp, dst, src, len, slots, t, threads, iters, read != 0)
                 })
             }
         }

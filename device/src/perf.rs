@@ -18,7 +18,9 @@ pub const STORE_LOOP_SEGMENTS: usize = 3;
 /// Member `t` of `threads` posters sharing `qp` puts `iters` messages of `len` bytes: message
 /// `m = t + k * threads` goes from slot `m % slots` of `src` to the same slot of `dst` (slots
 /// are `len` bytes apart), so every slot is written once there are at least `slots` messages.
-/// Then it waits for its last message (in group scope, the group's).
+/// With `read`, each message is an RDMA READ the other way: from the slot of `dst` into the
+/// same slot of `src` (`put_bw --read`, perftest's `ib_read_bw`). Then it waits for its last
+/// message (in group scope, the group's).
 #[allow(clippy::too_many_arguments)] // the perftest's parameters, each a scalar
 #[inline(always)]
 pub fn put_stream<M: Sharing, S: Scope>(
@@ -30,13 +32,19 @@ pub fn put_stream<M: Sharing, S: Scope>(
     t: u64,
     threads: u64,
     iters: u32,
+    read: bool,
 ) -> Result<(), PostError> {
     let slots = slots.max(1);
     let mut last = None;
     let mut m = t;
     for _ in 0..iters {
         let off = (m % slots) * len;
-        last = Some(qp.put(dst.offset(off), src.offset(off), len)?);
+        let (remote, local) = (dst.offset(off), src.offset(off));
+        last = Some(if read {
+            qp.get(local, remote, len)?
+        } else {
+            qp.put(remote, local, len)?
+        });
         m += threads;
     }
     if let Some(ticket) = last {

@@ -247,6 +247,53 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
 }
 
+/// `--read` streams RDMA READs (perftest's `ib_read_bw`): the data comes from the target into
+/// the poster's buffer, which the poster validates, in loopback and from a server that fills
+/// its buffer; a server without `--read` refuses such a client.
+#[test]
+fn put_bw_reads_in_loopback_and_from_a_server() {
+    let out = ok(
+        "put_bw",
+        &["--read", "--mode", "cpu", "-s", "4096", "-n", "200", "-q", "2"],
+    );
+    assert!(out.contains("RDMA_Read BW Test (gdaki put_bw --read)"), "{out}");
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    assert!(out.contains("Validation: every size's data arrived intact"), "{out}");
+    let json = ok("put_bw", &["--read", "--mode", "cpu", "-s", "64", "-n", "20", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["params"]["op"], "read", "{json}");
+
+    let flags = ["--read", "-s", "1000", "-n", "50", "-q", "2"];
+    let (s, c) = server_client("put_bw", &flags, &[&["--mode", "cpu"][..], &flags].concat());
+    let (so, co) = (String::from_utf8_lossy(&s.stdout), String::from_utf8_lossy(&c.stdout));
+    assert!(
+        c.status.success(),
+        "client: {co}\n{}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(
+        s.status.success(),
+        "server: {so}\n{}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+    assert!(so.contains("read by the client intact"), "{so}");
+    assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
+
+    let (s, c) = server_client(
+        "put_bw",
+        &["-s", "1000", "-n", "50"],
+        &["--read", "--mode", "cpu", "-s", "1000", "-n", "50"],
+    );
+    assert!(!s.status.success() && !c.status.success());
+    for out in [&s, &c] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("the client runs put_bw --read, this server put_bw"),
+            "{err}"
+        );
+    }
+}
+
 /// `-D SECONDS` runs each size for that long, in rounds of `-n`, as perftest's duration mode:
 /// in loopback, and across processes (write_lat's server runs the rounds its client decides).
 #[test]
@@ -633,6 +680,14 @@ fn perftests_on_the_gpu_in_every_scope() {
     );
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("GPU device memory"), "{out}");
+    let out = ok(
+        "put_bw",
+        &[
+            "--mode", "gpu", "--mem", "device", "-s", "65536", "-n", "500", "--scope", "warp", "--read",
+        ],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    assert!(out.contains("RDMA_Read BW Test"), "{out}");
     let out = ok(
         "write_lat",
         &["--mode", "gpu", "--mem", "device", "-s", "64", "-n", "100"],

@@ -56,6 +56,7 @@ fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
         first: 0,
         iters: 1,
         threads_per_qp: 0,
+        read: false,
     }
 }
 use gdaki::{Access, Context, ContextOptions, Provider, QpConfig, QueuePair};
@@ -103,9 +104,11 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
     let ctx = Context::open(Provider::Soft).unwrap();
     const LEN: u64 = 64;
     const ITERS: u32 = 16;
+    // Each shape streams WRITEs, then READs (`put_bw --read`): the data goes the other way.
     let failures: Vec<String> = shapes()
         .into_iter()
-        .filter_map(|launch| {
+        .flat_map(|launch| [(launch, false), (launch, true)])
+        .filter_map(|(launch, read)| {
             // A small ring, so every launch wraps it many times.
             let qp = loopback_qp(&ctx, 256, QpConfig::default());
             let gq = qp.export_gpu(&gpu).unwrap();
@@ -113,8 +116,10 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
             let src = ctx.alloc_region(threads * LEN as usize, Access::ALL).unwrap();
             let dst = ctx.alloc_region(threads * LEN as usize, Access::ALL).unwrap();
             let data = pattern(threads as u64, threads * LEN as usize);
-            src.write(0, &data).unwrap();
-            let _ = writeln!(std::io::stderr(), "put: {launch:?}");
+            // What the stream moves from (`src` for WRITEs, `dst` for READs) and into.
+            let (from, into) = if read { (&dst, &src) } else { (&src, &dst) };
+            from.write(0, &data).unwrap();
+            let _ = writeln!(std::io::stderr(), "put: {launch:?}, read {read}");
             let status = gpu
                 .run_put(
                     &[&gq],
@@ -127,6 +132,7 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
                         first: 0,
                         iters: ITERS,
                         threads_per_qp: 0,
+                        read,
                     },
                 )
                 .unwrap()
@@ -137,14 +143,14 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
                     &status[..8.min(status.len())],
                     gq.counters()
                 ))
-            } else if dst.read_vec(0, data.len()).unwrap() != data {
+            } else if into.read_vec(0, data.len()).unwrap() != data {
                 Err("data differs".into())
             } else if qp.error().is_some() || qp.state() != gdaki::QpState::Rts {
                 Err(format!("QP {:?}, {:?}", qp.state(), qp.error()))
             } else {
                 Ok(())
             };
-            outcome.err().map(|e| format!("{launch:?}: {e}"))
+            outcome.err().map(|e| format!("{launch:?}, read {read}: {e}"))
         })
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
@@ -185,6 +191,7 @@ fn put_kernel_spreads_blocks_over_several_qps() {
         first: 7,
         iters: 10,
         threads_per_qp: 0,
+        read: false,
     };
     let run = gpu.run_put(&handles, launch, &stream).unwrap();
     assert_eq!(run.first_failure(), None);
@@ -251,6 +258,7 @@ fn lanes_of_a_warp_post_on_different_qps() {
                 first: 0,
                 iters: ITERS,
                 threads_per_qp: per,
+                read: false,
             };
             let run = gpu.run_put(&handles, launch, &stream).unwrap();
             let mut why = Vec::new();
@@ -676,6 +684,7 @@ fn gpu_kernels_put_between_device_memory_regions() {
                 first: 0,
                 iters: 4,
                 threads_per_qp: 0,
+                read: false,
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             if let Some((t, c)) = run.first_failure() {
@@ -752,6 +761,7 @@ fn an_unmappable_doorbell_falls_back_to_the_library_proxy() {
                 first: 0,
                 iters: 8,
                 threads_per_qp: 0,
+                read: false,
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             let rung = qp.fallback_proxy_counters().unwrap().doorbells;

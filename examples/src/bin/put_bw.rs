@@ -2,8 +2,9 @@
 //! CPU threads running the same device code), in perftest `ib_write_bw`'s format, next to a
 //! reference measured in the same run (a device-to-device copy on the GPU, memcpy on the CPU).
 //!
-//! `put_bw [-s SIZE | -a] [-n ITERS] [-q QPS] [--scope thread|warp|block] [--json] [--plot F.svg]`
-//! loops back in one process; `put_bw --server` and `put_bw SERVER` run across two.
+//! `put_bw [-s SIZE | -a] [-n ITERS] [-q QPS] [--scope thread|warp|block] [--read] [--json]
+//! [--plot F.svg]` loops back in one process; `put_bw --server` and `put_bw SERVER` run across
+//! two. `--read` streams RDMA READs instead, as perftest's `ib_read_bw`.
 use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -54,12 +55,38 @@ struct Cli {
     /// GPU threads per block.
     #[arg(long, default_value_t = 256)]
     threads: u32,
+    /// RDMA READs instead of WRITEs (perftest's `ib_read_bw`): the messages come from the
+    /// peer's buffer into this side's, which this side validates. Give it on both sides.
+    #[arg(long)]
+    read: bool,
+}
+
+impl Cli {
+    /// The test's name, in the handshake (both sides must run the same) and the reports.
+    fn test(&self) -> &'static str {
+        if self.read {
+            "put_bw --read"
+        } else {
+            "put_bw"
+        }
+    }
+
+    /// perftest's title for the test.
+    fn title(&self) -> &'static str {
+        if self.read {
+            "RDMA_Read BW Test"
+        } else {
+            "RDMA_Write BW Test"
+        }
+    }
 }
 
 /// The run's parameters, as `--json` reports them.
 #[derive(Debug, Serialize)]
 struct Params {
     role: &'static str,
+    /// `write` or `read` (`--read`).
+    op: &'static str,
     provider: String,
     device: String,
     mode: &'static str,
@@ -167,7 +194,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => None,
     };
     let mut session = Session::open(&cli.common, &plan)?;
-    let symmetric = Symmetric::of("put_bw", &plan, cli.qps);
+    let symmetric = Symmetric::of(cli.test(), &plan, cli.qps);
     let cfg = QpConfig {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
@@ -184,7 +211,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         qps.push((cq, qp));
     }
 
-    // The server only offers its buffer and validates what lands there.
+    // The server only offers its buffer and validates what lands there (with --read, it fills
+    // it with each size's data, which the client validates).
     if matches!(plan.role, Role::Server(_)) {
         let dst = session.alloc(len as usize)?;
         let hello = Hello {
@@ -197,7 +225,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         session.agree(1, Ok(()))?;
         if !cli.common.json {
             report::print_header(
-                "RDMA_Write BW Test (gdaki put_bw, server)",
+                &format!("{} (gdaki {}, server)", cli.title(), cli.test()),
                 &header_lines(
                     &cli,
                     &plan,
@@ -210,14 +238,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
         for (i, &size) in plan.sizes.iter().enumerate() {
-            session.agree(10 + 2 * i as u64, Ok(()))?; // the client is done with this size
             let n = slots(size, plan.iters) * size;
-            let verdict = check_bytes(
-                &dst,
-                0,
-                &pattern_bytes(size, 0, n as usize),
-                &format!("{size}-byte messages"),
-            );
+            let data = pattern_bytes(size, 0, n as usize);
+            if cli.read {
+                let filled = dst.write(0, &data).context("filling the buffer");
+                session.agree(10 + 2 * i as u64, filled)?; // the client may read this size
+                session
+                    .agree(11 + 2 * i as u64, Ok(()))
+                    .context("the client's validation")?;
+                eprintln!("put_bw: {size} B: read by the client intact");
+                continue;
+            }
+            session.agree(10 + 2 * i as u64, Ok(()))?; // the client is done with this size
+            let verdict = check_bytes(&dst, 0, &data, &format!("{size}-byte messages"));
             session.agree(11 + 2 * i as u64, verdict)?;
             eprintln!("put_bw: {size} B: data validated");
         }
@@ -227,9 +260,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             None => vec![],
         };
         if cli.common.json {
+            let op = if cli.read { "read" } else { "write" };
             gdaki_examples::outln!(
                 "{}",
-                serde_json::json!({"test": "put_bw", "role": "server", "sizes": plan.sizes, "results": rows, "validation": "ok"})
+                serde_json::json!({"test": "put_bw", "op": op, "role": "server", "sizes": plan.sizes, "results": rows, "validation": "ok"})
             );
         } else {
             gdaki_examples::outln!("{}", BwRow::header(cli.report_gbits));
@@ -237,10 +271,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gdaki_examples::outln!("{}", row.line(cli.report_gbits));
             }
             report::print_rule();
-            gdaki_examples::outln!(
-                " Validation: {} size(s), data received correctly from the client",
-                plan.sizes.len()
-            );
+            if cli.read {
+                gdaki_examples::outln!(" Validation: {} size(s), read by the client intact", plan.sizes.len());
+            } else {
+                gdaki_examples::outln!(
+                    " Validation: {} size(s), data received correctly from the client",
+                    plan.sizes.len()
+                );
+            }
         }
         return Ok(());
     }
@@ -285,7 +323,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let gbits = cli.report_gbits;
     if !cli.common.json {
         report::print_header(
-            "RDMA_Write BW Test (gdaki put_bw)",
+            &format!("{} (gdaki {})", cli.title(), cli.test()),
             &header_lines(&cli, &plan, &session, launch.as_ref(), &qps, None, peer.as_ref()),
         );
         gdaki_examples::outln!("{}", BwRow::header(gbits));
@@ -295,7 +333,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     for (i, &size) in plan.sizes.iter().enumerate() {
         report::progress("put_bw", i, plan.sizes.len(), size);
         let nslots = slots(size, plan.iters);
-        src.write(0, &pattern_bytes(size, 0, (nslots * size) as usize))?;
+        let data = pattern_bytes(size, 0, (nslots * size) as usize);
+        if cli.read {
+            // The data comes from the target (filled here in loopback, by the server
+            // otherwise) into `src`, cleared so that what was not read shows.
+            src.write(0, &vec![0; data.len()])?;
+            if let Some(dst) = &dst_local {
+                dst.write(0, &data)?;
+            }
+            session
+                .agree(10 + 2 * i as u64, Ok(()))
+                .context("the server's buffer")?;
+        } else {
+            src.write(0, &data)?;
+        }
         // One round of -n messages per QP, or rounds until -D has passed.
         let started = Instant::now();
         let (mut windows, mut per_qp) = (Vec::new(), 0);
@@ -313,8 +364,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     plan.iters,
                     cli.qps,
                     windows.is_empty(),
+                    cli.read,
                 )?,
-                _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, &|| {})?,
+                _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, cli.read, &|| {})?,
             };
             windows.extend(w);
             per_qp += n;
@@ -323,21 +375,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => break n * cli.qps as u64,
             }
         };
-        // Validation: here in loopback, by the server otherwise.
-        let written = (nslots * size) as usize;
-        let verdict = match &dst_local {
-            Some(dst) => check_bytes(
-                dst,
-                0,
-                &pattern_bytes(size, 0, written),
-                &format!("{size}-byte messages"),
-            ),
-            None => Ok(()),
-        };
-        session.agree(10 + 2 * i as u64, verdict)?;
-        session
-            .agree(11 + 2 * i as u64, Ok(()))
-            .context("the server's validation")?;
+        // Validation: of what was read, here; of what was written, here in loopback and by the
+        // server otherwise.
+        let what = format!("{size}-byte messages");
+        if cli.read {
+            session.agree(11 + 2 * i as u64, check_bytes(&src, 0, &data, &what))?;
+        } else {
+            let verdict = match &dst_local {
+                Some(dst) => check_bytes(dst, 0, &data, &what),
+                None => Ok(()),
+            };
+            session.agree(10 + 2 * i as u64, verdict)?;
+            session
+                .agree(11 + 2 * i as u64, Ok(()))
+                .context("the server's validation")?;
+        }
         let messages = per_qp * cli.qps as u64;
         let total: Duration = windows.iter().map(|w| w.0).sum();
         let bytes = (messages * size) as f64;
@@ -442,6 +494,7 @@ fn gpu_windows(
     iters: u32,
     qps: u32,
     warm_up: bool,
+    read: bool,
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
     let counts = GpuCounts::new(launch, iters, qps);
     let GpuCounts {
@@ -464,6 +517,7 @@ fn gpu_windows(
         first,
         iters,
         threads_per_qp: 0,
+        read,
     };
     if warm_up {
         // One message per thread (module load, first touches of the rings).
@@ -518,6 +572,7 @@ impl GpuCounts {
 /// is descheduled (the releasing one, or a poster before its first post) cannot shorten it.
 /// `stall` runs on the releasing thread right after each release (tests use it to model that
 /// thread being descheduled).
+#[allow(clippy::too_many_arguments)] // the run's parameters, each a scalar
 fn cpu_windows(
     qps: &[(CompletionQueue, QueuePair)],
     dst: Remote,
@@ -525,6 +580,7 @@ fn cpu_windows(
     size: u64,
     slots: u64,
     iters: u32,
+    read: bool,
     stall: &(dyn Fn() + Sync),
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
     let windows = WINDOWS.min(iters).max(1);
@@ -544,8 +600,9 @@ fn cpu_windows(
                     // mode, and the QP outlives the scope.
                     let dev = unsafe { q.cpu::<Exclusive>() }.map_err(|e| e.to_string())?;
                     // Warm-up, untimed: every slot once (first touches of the pages).
-                    let mut result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32)
-                        .map_err(|e| e.to_string());
+                    let mut result =
+                        gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32, read)
+                            .map_err(|e| e.to_string());
                     let mut stamps = Vec::new();
                     for w in 0..windows {
                         barrier.wait();
@@ -561,6 +618,7 @@ fn cpu_windows(
                                 first_of(w),
                                 1,
                                 in_window(w),
+                                read,
                             )
                             .map_err(|e| e.to_string());
                             stamps.push(Some((started, Instant::now())));
@@ -685,6 +743,7 @@ fn iterations_line(asked: u32, duration_s: Option<u64>, launch: Option<&DataPath
 fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch: Option<&DataPathLaunch>) -> Params {
     Params {
         role: plan.role.name(),
+        op: if cli.read { "read" } else { "write" },
         provider: session.ctx.provider().to_string(),
         device: session.ctx.device_name(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
@@ -849,7 +908,7 @@ mod tests {
         );
         let qps = [(cq, qp)];
         let stall = || std::thread::sleep(Duration::from_millis(300));
-        let (windows, _) = cpu_windows(&qps, dst.remote(0), src.local(0), SIZE, 2, 16, &stall).unwrap();
+        let (windows, _) = cpu_windows(&qps, dst.remote(0), src.local(0), SIZE, 2, 16, false, &stall).unwrap();
         for (t, messages) in windows {
             // No host copies 4 MiB messages at 200 GB/s on one thread.
             let gb_s = (messages * SIZE) as f64 / t.as_secs_f64().max(1e-12) / 1e9;

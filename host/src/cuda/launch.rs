@@ -79,9 +79,9 @@ impl DataPathLaunch {
 /// same slot of `dst` (slots `len` bytes apart).
 #[derive(Debug, Clone, Copy)]
 pub struct PutStream {
-    /// Target buffer.
+    /// Target buffer (the source with [`read`](Self::read)).
     pub dst: gdaki_device::Remote,
-    /// Source buffer.
+    /// Source buffer (the target with [`read`](Self::read)).
     pub src: gdaki_device::Local,
     /// Message size.
     pub len: u64,
@@ -96,6 +96,8 @@ pub struct PutStream {
     /// A warp or block that posts as a group shares one QP, so in warp scope this is a
     /// multiple of 32 and in block scope of the block size.
     pub threads_per_qp: u32,
+    /// RDMA READs from `dst` into `src` instead of WRITEs (`put_bw --read`).
+    pub read: bool,
 }
 
 /// What a data-path kernel launch returned.
@@ -178,7 +180,8 @@ impl Gpu {
             .u64(s.slots)
             .u64(s.first)
             .u32(s.iters)
-            .u32(s.threads_per_qp);
+            .u32(s.threads_per_qp)
+            .u32(s.read.into());
         self.run_data_path(&name, launch, args)
     }
 
