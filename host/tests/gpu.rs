@@ -661,9 +661,11 @@ fn gpu_kernels_put_between_device_memory_regions() {
     };
     let ctx = Context::open(Provider::Soft).unwrap();
     const LEN: u64 = 1000;
+    // WRITEs, then READs (one GPU copy each way).
     let failures: Vec<String> = shapes()
         .into_iter()
-        .filter_map(|launch| {
+        .flat_map(|launch| [(launch, false), (launch, true)])
+        .filter_map(|(launch, read)| {
             let qp = loopback_qp(&ctx, 256, QpConfig::default());
             let gq = qp.export_gpu(&gpu).unwrap();
             let threads = (launch.grid * launch.block) as u64;
@@ -674,8 +676,9 @@ fn gpu_kernels_put_between_device_memory_regions() {
                 .alloc_device_region(&gpu, (threads * LEN) as usize, Access::ALL)
                 .unwrap();
             let data = pattern(threads, (threads * LEN) as usize);
-            src.write(0, &data).unwrap();
-            let _ = writeln!(std::io::stderr(), "device-memory put: {launch:?}");
+            let (from, into) = if read { (&dst, &src) } else { (&src, &dst) };
+            from.write(0, &data).unwrap();
+            let _ = writeln!(std::io::stderr(), "device-memory put: {launch:?}, read {read}");
             let stream = PutStream {
                 dst: dst.remote(0),
                 src: src.local(0),
@@ -684,16 +687,55 @@ fn gpu_kernels_put_between_device_memory_regions() {
                 first: 0,
                 iters: 4,
                 threads_per_qp: 0,
-                read: false,
+                read,
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             if let Some((t, c)) = run.first_failure() {
-                return Some(format!("{launch:?}: thread {t}: {}", gdaki_device::status::Code(c)));
+                return Some(format!(
+                    "{launch:?}, read {read}: thread {t}: {}",
+                    gdaki_device::status::Code(c)
+                ));
             }
-            (dst.read_vec(0, data.len()).unwrap() != data).then(|| format!("{launch:?}: data differs"))
+            (into.read_vec(0, data.len()).unwrap() != data).then(|| format!("{launch:?}, read {read}: data differs"))
         })
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A READ between device memory regions of one process is one GPU copy, as a WRITE is, and
+/// the copies keep the QP's order where the GPU would not: a READ sees the WRITE before it,
+/// and a WRITE does not change what the READ before it still reads (nothing is waited for in
+/// between). Before READs were copies, their bytes went through host memory.
+#[test]
+fn reads_in_one_process_are_gpu_copies_in_order_with_the_writes() {
+    let Some((gpu, _one)) = gpu_or_skip("reads_in_one_process_are_gpu_copies_in_order_with_the_writes") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const N: usize = 2 << 20;
+    let region = || ctx.alloc_device_region(&gpu, 2 * N, Access::ALL).unwrap();
+    let (a, b, target, back) = (region(), region(), region(), region());
+    let (da, db) = (pattern(1, N), pattern(2, N));
+    a.write(0, &da).unwrap();
+    b.write(0, &db).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
+    let copies = || gdaki::soft::copier::Copier::existing(&gpu).unwrap().stats().copies;
+    let before = copies();
+    for round in 0..4u64 {
+        let (src, off) = if round % 2 == 0 { (&a, 0) } else { (&b, N as u64) };
+        dev.put(target.remote(0), src.local(0), N as u64).unwrap();
+        dev.get(back.local(off), target.remote(0), N as u64).unwrap();
+    }
+    dev.quiet().unwrap();
+    assert_eq!(copies() - before, 8, "GPU copies for 4 WRITEs and 4 READs");
+    assert!(back.read_vec(0, N).unwrap() == da, "the READ after the first WRITE");
+    assert!(
+        back.read_vec(N as u64, N).unwrap() == db,
+        "the READ after the second WRITE"
+    );
+    assert_eq!(qp.error(), None);
 }
 
 #[test]

@@ -702,21 +702,53 @@ impl crate::cuda::Resident for Copier {
 /// thread that moves data itself must wait for first, so that it never overtakes an earlier
 /// copy (a put, then its signal).
 #[derive(Default)]
-pub(crate) struct Pending(Vec<(Arc<Copier>, u64)>);
+pub(crate) struct Pending {
+    copies: Vec<(Arc<Copier>, u64)>,
+    /// What the pending copies do (`None`: none pending).
+    way: Option<Way>,
+}
+
+/// What a copy does for its request. The GPU orders a copy only after earlier ones onto the
+/// same bytes, so copies of one way may run together, but one of the other way waits for them
+/// ([`Pending::before`]): a READ must see the WRITEs before it, and a WRITE must not change what
+/// an earlier READ still reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Way {
+    /// A WRITE's copy: it writes the target.
+    Write,
+    /// A READ's copy: it reads the source.
+    Read,
+}
 
 impl Pending {
-    /// Copy `seq` of `copier` was submitted.
-    pub fn add(&mut self, copier: &Arc<Copier>, seq: u64) {
-        match self.0.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
-            Some(entry) => entry.1 = seq,
-            None => self.0.push((copier.clone(), seq)),
+    /// Before submitting a copy of `way`: waits for the pending copies if they go the other
+    /// way (see [`Way`]).
+    pub fn before(&mut self, way: Way) -> Result<(), DmaFault> {
+        match self.way {
+            Some(w) if w != way => self.settle(),
+            _ => Ok(()),
         }
+    }
+
+    /// Waits for the pending copies if they are READs' (what a FENCE waits for).
+    pub fn settle_reads(&mut self) -> Result<(), DmaFault> {
+        self.before(Way::Write)
+    }
+
+    /// Copy `seq` of `copier`, doing `way`, was submitted (after [`before`](Self::before)).
+    pub fn add(&mut self, copier: &Arc<Copier>, seq: u64, way: Way) {
+        match self.copies.iter_mut().find(|(c, _)| Arc::ptr_eq(c, copier)) {
+            Some(entry) => entry.1 = seq,
+            None => self.copies.push((copier.clone(), seq)),
+        }
+        self.way = Some(way);
     }
 
     /// Waits (bounded) until every pending copy is done, and lets go of the copiers.
     pub fn settle(&mut self) -> Result<(), DmaFault> {
         let mut result = Ok(());
-        for (copier, seq) in self.0.drain(..) {
+        self.way = None;
+        for (copier, seq) in self.copies.drain(..) {
             if result.is_ok() {
                 result = copier.settle(seq);
             }
@@ -728,7 +760,7 @@ impl Pending {
     /// Hands the small copies gathered so far to their copiers' kernels (see
     /// [`Copier::flush`]).
     pub fn flush(&self) {
-        for (copier, _) in &self.0 {
+        for (copier, _) in &self.copies {
             // A copier that cannot post is broken (the copy fails where it is waited for) or
             // paused (retried at the next flush).
             let _ = copier.flush();
@@ -739,12 +771,15 @@ impl Pending {
     /// settling).
     pub fn release_done(&mut self) {
         let mut i = 0;
-        while i < self.0.len() {
-            if matches!(self.0[i].0.done(self.0[i].1), Ok(true)) {
-                release(self.0.swap_remove(i).0);
+        while i < self.copies.len() {
+            if matches!(self.copies[i].0.done(self.copies[i].1), Ok(true)) {
+                release(self.copies.swap_remove(i).0);
             } else {
                 i += 1;
             }
+        }
+        if self.copies.is_empty() {
+            self.way = None;
         }
     }
 }

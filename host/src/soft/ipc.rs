@@ -17,8 +17,8 @@
 //!   an acknowledgement once its bytes are in the requester's memory, so its completion means
 //!   what a READ's does. Every response, and every request the CPU executes, waits for the
 //!   copies before it, so acknowledged data has landed and a put's signal lands after the
-//!   put; copies of one direction run together, and one of the other direction waits for
-//!   them (a READ sees the WRITEs before it, a WRITE does not overtake the READs before it).
+//!   put; copies of one kind run together, and one of the other kind waits for them (a READ
+//!   sees the WRITEs before it, a WRITE does not overtake the READs before it: `Way`).
 //! - **Untrusted peer.** Offers are taken over shared memory only, which only a process of the
 //!   same user reaches (see [`shm`](super::shm)): an IPC handle opens any allocation of any
 //!   process that exported it, so it is no more trusted than that user. A reference names an
@@ -149,17 +149,6 @@ impl Import {
 pub(crate) struct Imports {
     maps: Vec<Option<Arc<Import>>>,
     pending: Pending,
-    /// Which way the pending copies go (`None`: none pending).
-    direction: Option<Direction>,
-}
-
-/// Which way a copy between a mapped allocation and this side's memory goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
-    /// Out of the peer's allocation (a WRITE reference).
-    FromPeer,
-    /// Into the peer's allocation (a READ reference).
-    ToPeer,
 }
 
 impl Imports {
@@ -214,26 +203,15 @@ impl Imports {
         }
     }
 
-    /// Before a copy that goes `way`: waits for the pending copies if they go the other way
-    /// (copies of one direction may run together; a READ must see the WRITEs before it, and a
-    /// WRITE must not overtake the READs before it).
-    pub fn before(&mut self, way: Direction) -> Result<(), DmaFault> {
-        match self.direction {
-            Some(d) if d != way => self.settle(),
-            _ => Ok(()),
-        }
-    }
-
-    /// Copy `seq` of `copier`, going `way`, was submitted.
-    pub fn add(&mut self, copier: &Arc<Copier>, seq: u64, way: Direction) {
-        self.pending.add(copier, seq);
-        self.direction = Some(way);
+    /// The copies from mapped allocations submitted and not yet waited for (a copy of a WRITE
+    /// reference reads the peer's allocation, one of a READ reference writes it).
+    pub fn pending(&mut self) -> &mut Pending {
+        &mut self.pending
     }
 
     /// Waits until every copy submitted so far is done (before anything that must come after
     /// them: a response, a request the CPU executes).
     pub fn settle(&mut self) -> Result<(), DmaFault> {
-        self.direction = None;
         self.pending.settle()
     }
 }

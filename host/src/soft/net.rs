@@ -33,8 +33,9 @@ use crate::lock;
 use crate::memory::Access;
 use crate::queue::QpState;
 use crate::soft::completer::{self, Outcome};
+use crate::soft::copier::Way;
 use crate::soft::dma::{Dma, DmaFault};
-use crate::soft::ipc::{self, Direction, Imports};
+use crate::soft::ipc::{self, Imports};
 use crate::soft::objects::SoftQp;
 use crate::soft::requester::Locals;
 use crate::soft::responder::{self, AtomicOp};
@@ -1150,8 +1151,8 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         }
         let ready = responder::accepts(target.upgrade().as_deref());
         match req.op {
-            Op::WriteRef { .. } => imports.before(Direction::FromPeer).map_err(copy_failed)?,
-            Op::ReadRef { .. } => imports.before(Direction::ToPeer).map_err(copy_failed)?,
+            Op::WriteRef { .. } => imports.pending().before(Way::Write).map_err(copy_failed)?,
+            Op::ReadRef { .. } => imports.pending().before(Way::Read).map_err(copy_failed)?,
             // What the CPU executes, and any answer with data, comes after the GPU's copies.
             _ => imports.settle().map_err(copy_failed)?,
         }
@@ -1226,11 +1227,11 @@ fn execute(
     Ok(match req.op {
         Op::WriteRef { alloc, offset, len } => {
             let r = Reference { alloc, offset, len };
-            by_reference(hca, cache, pd, remote, imports, bounce, Direction::FromPeer, r)?
+            by_reference(hca, cache, pd, remote, imports, bounce, Way::Write, r)?
         }
         Op::ReadRef { alloc, offset, len } => {
             let r = Reference { alloc, offset, len };
-            by_reference(hca, cache, pd, remote, imports, bounce, Direction::ToPeer, r)?
+            by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r)?
         }
         Op::Write { len } => {
             let region = match len {
@@ -1282,7 +1283,7 @@ struct Reference {
     len: u32,
 }
 
-/// Executes a WRITE (`FromPeer`) or READ (`ToPeer`) whose bytes are at `r` in an allocation of
+/// Executes a WRITE or a READ (`way`) whose bytes are at `r` in an allocation of
 /// the peer's mapped here: one GPU copy when the region and the mapping have a copier in common
 /// (waited for before the acknowledgement), else through host memory.
 #[allow(clippy::too_many_arguments)]
@@ -1293,7 +1294,7 @@ fn by_reference(
     remote: gdaki_device::Remote,
     imports: &mut Imports,
     bounce: &mut Vec<u8>,
-    way: Direction,
+    way: Way,
     r: Reference,
 ) -> Result<Result<bool, Syndrome>, Fault> {
     let Reference { alloc, offset, len } = r;
@@ -1304,13 +1305,13 @@ fn by_reference(
         )));
     };
     let access = match way {
-        Direction::FromPeer => Access::REMOTE_WRITE,
-        Direction::ToPeer => Access::REMOTE_READ,
+        Way::Write => Access::REMOTE_WRITE,
+        Way::Read => Access::REMOTE_READ,
     };
     Ok(
         match responder::copy_by_gpu(hca, cache, pd, remote, access, &mapped.dma, at, len as u64) {
             Some(Ok((copier, seq))) => {
-                imports.add(&copier, seq, way);
+                imports.pending().add(&copier, seq, way);
                 crate::soft::copier::release(copier);
                 Ok(true)
             }
@@ -1321,11 +1322,11 @@ fn by_reference(
                 imports.settle().map_err(copy_failed)?;
                 bounce.resize(len as usize, 0);
                 match way {
-                    Direction::FromPeer => match mapped.dma.read(at, &mut bounce[..]) {
+                    Way::Write => match mapped.dma.read(at, &mut bounce[..]) {
                         Ok(()) => responder::write(hca, cache, pd, remote, &bounce[..]).map(|()| true),
                         Err(_) => Err(Syndrome::RemoteOp),
                     },
-                    Direction::ToPeer => match responder::read(hca, cache, pd, remote, &mut bounce[..]) {
+                    Way::Read => match responder::read(hca, cache, pd, remote, &mut bounce[..]) {
                         Ok(()) if mapped.dma.write(at, &bounce[..]).is_err() => Err(Syndrome::RemoteOp),
                         r => r.map(|()| true),
                     },

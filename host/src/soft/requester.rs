@@ -11,7 +11,7 @@ use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
 use gdaki_layout::Syndrome;
 
 use crate::memory::Access;
-use crate::soft::copier::{Copier, Pending};
+use crate::soft::copier::{Copier, Pending, Way};
 use crate::soft::net::{Link, Meta, Sink};
 use crate::soft::objects::{Peer, SoftQp};
 use crate::soft::responder::{self, AtomicOp};
@@ -72,23 +72,37 @@ fn settle(copies: &mut Pending) -> Result<(), Syndrome> {
     copies.settle().map_err(|_| Syndrome::LocalAccess)
 }
 
-/// The GPU copy of a WRITE from one buffer to a target in this process, when one copier moves
-/// it in one step (device memory on one side, memory that GPU reaches on the other): submitted,
-/// not waited for. `None` otherwise.
-fn gpu_write(
+/// The GPU copy of a WRITE from one local buffer to a target in this process (`Way::Write`),
+/// or of a READ from a source in this process into one local buffer (`Way::Read`), when one
+/// copier moves it in one step (device memory on one side, memory that GPU reaches on the
+/// other): submitted after the pending copies it must follow, not waited for, and added to
+/// them. `None` otherwise.
+fn gpu_copy(
     target: &mut Target<'_>,
     regions: &mut RegionCache,
+    copies: &mut Pending,
     r: DevRemote,
-    src: &Locals,
+    local: &Locals,
+    way: Way,
 ) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
-    let (Target::Local(peer, tq), [Some((s, region)), None, ..]) = (target, &src.items) else {
+    let (Target::Local(peer, tq), [Some((s, region)), None, ..]) = (target, &local.items) else {
         return Ok(None);
     };
     // Plain host memory never pairs with a copier: no target lookup for it.
     if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
         return Ok(None);
     }
-    responder::write_by_gpu(peer, regions, tq.pd, r, &*region.dma, s.addr, s.length as u64).transpose()
+    let access = match way {
+        Way::Write => Access::REMOTE_WRITE,
+        Way::Read => Access::REMOTE_READ,
+    };
+    copies.before(way).map_err(|_| Syndrome::LocalAccess)?;
+    let copy = responder::copy_by_gpu(peer, regions, tq.pd, r, access, &*region.dma, s.addr, s.length as u64);
+    let copy = copy.transpose()?;
+    if let Some((copier, seq)) = &copy {
+        copies.add(copier, *seq, way);
+    }
+    Ok(copy)
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -178,8 +192,8 @@ pub(crate) fn execute(
         copies,
     } = scratch;
     // The fence mode, exactly as a NIC honours it (see `FenceMode`): no more, or tests would
-    // pass that hardware fails. Requests to a peer in this process are executed here, READs
-    // and atomics to completion, so only GPU copies (WRITEs) and a remote link's requests can
+    // pass that hardware fails. Requests to a peer in this process are executed here, atomics
+    // to completion, so only GPU copies (of WRITEs and READs) and a remote link's requests can
     // still be outstanding.
     let fence = FenceMode::from_fm_ce_se(wr.fm_ce_se);
     if let FenceMode::Reserved(_) = fence {
@@ -189,6 +203,7 @@ pub(crate) fn execute(
         settle(copies)?;
     }
     if fence.waits_for_reads_and_atomics() {
+        copies.settle_reads().map_err(|_| Syndrome::LocalAccess)?;
         if let Target::Remote(link) = target {
             if link.outstanding(fence.waits_for_everything()) {
                 return Ok(Executed::Fenced);
@@ -219,8 +234,7 @@ pub(crate) fn execute(
                     let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
                     // GPU memory to a target in this process: the GPU copies it in one step,
                     // after the copies before it, and the engine completes the WQE once done.
-                    if let Some((copier, seq)) = gpu_write(target, regions, remote(r), &src)? {
-                        copies.add(&copier, seq);
+                    if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &src, Way::Write)? {
                         return Ok(Executed::Copying { bytes, copier, seq });
                     }
                     settle(copies)?;
@@ -274,6 +288,11 @@ pub(crate) fn execute(
         Operation::Read { remote: r, local } => {
             let bytes = check_len(local.total_len())?;
             let dst = locals(hca, regions, qp.pd, local.as_slice(), Access::LOCAL_WRITE)?;
+            // From a source in this process into GPU memory (or GPU memory into memory that GPU
+            // reaches): one GPU copy, after the WRITEs' copies before it, completed once done.
+            if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &dst, Way::Read)? {
+                return Ok(Executed::Copying { bytes, copier, seq });
+            }
             settle(copies)?;
             match target {
                 Target::Local(peer, tq) => {

@@ -74,26 +74,12 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, pd: u32, remote: Remote,
     r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
-/// RDMA WRITE of `len` bytes from `src` (memory that `src_dma` moves: a requester's region in
-/// this process, or a peer process's allocation mapped here) at `remote`, handed to a GPU
-/// copier (one step) when one side is device memory and the other is reachable by the same
-/// GPU: the copier and the copy's sequence number, not waited for. `None`: not such a pair
-/// (the caller moves the bytes through host memory).
-pub(crate) fn write_by_gpu(
-    hca: &Hca,
-    cache: &mut RegionCache,
-    pd: u32,
-    remote: Remote,
-    src_dma: &dyn Dma,
-    src: u64,
-    len: u64,
-) -> Option<Result<(Arc<Copier>, u64), Syndrome>> {
-    copy_by_gpu(hca, cache, pd, remote, Access::REMOTE_WRITE, src_dma, src, len)
-}
-
-/// One GPU copy between the region at `remote` (needing `access`: a remote write copies into
-/// it, a remote read out of it) and `len` bytes at `other` in memory that `other_dma` moves,
-/// as [`write_by_gpu`] describes.
+/// An RDMA WRITE (`access` REMOTE_WRITE) or READ (REMOTE_READ) between the region at `remote`
+/// and `len` bytes at `other` in memory that `other_dma` moves (a requester's region in this
+/// process, or a peer process's allocation mapped here), handed to a GPU copier (one step) when
+/// one side is device memory and the other is reachable by the same GPU: the copier and the
+/// copy's sequence number, not waited for. `None`: not such a pair, or nothing to move (the
+/// caller moves the bytes through host memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn copy_by_gpu(
     hca: &Hca,
