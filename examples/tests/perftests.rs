@@ -98,6 +98,25 @@ fn server_client(name: &str, server: &[&str], client: &[&str]) -> (Output, Outpu
     (s.wait_with_output().unwrap(), c)
 }
 
+/// Asserts that a server and its client both exited successfully; returns their stdouts.
+fn both_succeeded(s: &Output, c: &Output) -> (String, String) {
+    let (so, co) = (
+        String::from_utf8_lossy(&s.stdout).into_owned(),
+        String::from_utf8_lossy(&c.stdout).into_owned(),
+    );
+    assert!(
+        c.status.success(),
+        "client: {co}\n{}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(
+        s.status.success(),
+        "server: {so}\n{}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+    (so, co)
+}
+
 // ------------------------------------------------------------------------------ put_bw
 
 #[test]
@@ -203,17 +222,7 @@ fn put_bw_server_and_client_validate_across_processes() {
         &["-s", "1000", "-n", "50", "-q", "2"],
         &["--mode", "cpu", "-s", "1000", "-n", "50", "-q", "2"],
     );
-    let (so, co) = (String::from_utf8_lossy(&s.stdout), String::from_utf8_lossy(&c.stdout));
-    assert!(
-        c.status.success(),
-        "client: {co}\n{}",
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert!(
-        s.status.success(),
-        "server: {so}\n{}",
-        String::from_utf8_lossy(&s.stderr)
-    );
+    let (so, co) = both_succeeded(&s, &c);
     assert!(so.contains("data received correctly"), "{so}");
     assert_eq!(rows(&co).len(), 1, "{co}");
     // perftest's address lines, each side's remote ones the other's local ones.
@@ -265,17 +274,7 @@ fn put_bw_reads_in_loopback_and_from_a_server() {
 
     let flags = ["--read", "-s", "1000", "-n", "50", "-q", "2"];
     let (s, c) = server_client("put_bw", &flags, &[&["--mode", "cpu"][..], &flags].concat());
-    let (so, co) = (String::from_utf8_lossy(&s.stdout), String::from_utf8_lossy(&c.stdout));
-    assert!(
-        c.status.success(),
-        "client: {co}\n{}",
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert!(
-        s.status.success(),
-        "server: {so}\n{}",
-        String::from_utf8_lossy(&s.stderr)
-    );
+    let (so, co) = both_succeeded(&s, &c);
     assert!(so.contains("read by the client intact"), "{so}");
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
 
