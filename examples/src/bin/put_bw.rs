@@ -71,6 +71,15 @@ impl Cli {
         }
     }
 
+    /// The operation, as `--json` reports it.
+    fn op(&self) -> &'static str {
+        if self.read {
+            "read"
+        } else {
+            "write"
+        }
+    }
+
     /// perftest's title for the test.
     fn title(&self) -> &'static str {
         if self.read {
@@ -260,7 +269,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             None => vec![],
         };
         if cli.common.json {
-            let op = if cli.read { "read" } else { "write" };
+            let op = cli.op();
             gdaki_examples::outln!(
                 "{}",
                 serde_json::json!({"test": "put_bw", "op": op, "role": "server", "sizes": plan.sizes, "results": rows, "validation": "ok"})
@@ -743,7 +752,7 @@ fn iterations_line(asked: u32, duration_s: Option<u64>, launch: Option<&DataPath
 fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch: Option<&DataPathLaunch>) -> Params {
     Params {
         role: plan.role.name(),
-        op: if cli.read { "read" } else { "write" },
+        op: cli.op(),
         provider: session.ctx.provider().to_string(),
         device: session.ctx.device_name(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },

@@ -59,14 +59,16 @@ pub(crate) struct Exports {
 /// The peer's answers to a connection's offers, by offer id: `None` while outstanding.
 pub(crate) type Answers = Mutex<Vec<Option<bool>>>;
 
-/// Where a WRITE's data is (or a READ's goes) for the peer: in allocation `alloc` (accepted)
-/// at `offset`.
+/// Where a WRITE's data is (or a READ's goes) for the peer: `len` bytes in allocation `alloc`
+/// (accepted) at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reference {
     /// The offer id.
     pub alloc: u32,
     /// Where the data starts in the allocation.
     pub offset: u64,
+    /// Data bytes.
+    pub len: u32,
 }
 
 /// What [`Exports::reference`] decided.
@@ -82,8 +84,11 @@ pub(crate) enum Choice {
 impl Exports {
     /// How `len` bytes at `addr` in memory of allocation `export` go to the peer, given its
     /// `answers` so far.
-    pub fn reference(&mut self, answers: &Answers, export: &IpcExport, addr: u64, len: u64) -> Choice {
-        let inside = addr >= export.base && addr.checked_add(len).is_some_and(|e| e <= export.base + export.size);
+    pub fn reference(&mut self, answers: &Answers, export: &IpcExport, addr: u64, len: u32) -> Choice {
+        let inside = addr >= export.base
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|e| e <= export.base + export.size);
         if !inside {
             return Choice::Bytes;
         }
@@ -92,6 +97,7 @@ impl Exports {
                 Some(Some(true)) => Choice::Reference(Reference {
                     alloc: id,
                     offset: addr - export.base,
+                    len,
                 }),
                 _ => Choice::Bytes,
             };
@@ -262,7 +268,11 @@ mod tests {
         answered(&answers, GpuAnswer { id: 0, mapped: true }).unwrap();
         assert!(matches!(
             ex.reference(&answers, &a, 0x10_0010, 16),
-            Choice::Reference(Reference { alloc: 0, offset: 0x10 })
+            Choice::Reference(Reference {
+                alloc: 0,
+                offset: 0x10,
+                len: 16
+            })
         ));
         assert!(
             matches!(ex.reference(&answers, &a, 0x10_0ff0, 17), Choice::Bytes),

@@ -539,7 +539,7 @@ impl Link {
     /// Where the peer can reach the `len` bytes at `addr` of GPU memory `dma` itself (CUDA IPC,
     /// see [`ipc`]); `None` when they must travel as bytes. The first time an allocation comes
     /// by, this sends its offer (and the bytes go, this time).
-    pub(crate) fn reference(&mut self, dma: &dyn Dma, addr: u64, len: u64) -> Option<ipc::Reference> {
+    pub(crate) fn reference(&mut self, dma: &dyn Dma, addr: u64, len: u32) -> Option<ipc::Reference> {
         let exports = self.exports.as_mut()?;
         let export = dma.ipc_export()?;
         match exports.reference(&self.shared.gpu_answers, export, addr, len) {
@@ -1226,11 +1226,11 @@ fn execute(
     } = io;
     Ok(match req.op {
         Op::WriteRef { alloc, offset, len } => {
-            let r = Reference { alloc, offset, len };
+            let r = ipc::Reference { alloc, offset, len };
             by_reference(hca, cache, pd, remote, imports, bounce, Way::Write, r)?
         }
         Op::ReadRef { alloc, offset, len } => {
-            let r = Reference { alloc, offset, len };
+            let r = ipc::Reference { alloc, offset, len };
             by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r)?
         }
         Op::Write { len } => {
@@ -1276,13 +1276,6 @@ fn execute(
     })
 }
 
-/// Where a reference request's bytes are in the peer's allocation.
-struct Reference {
-    alloc: u32,
-    offset: u64,
-    len: u32,
-}
-
 /// Executes a WRITE or a READ (`way`) whose bytes are at `r` in an allocation of
 /// the peer's mapped here: one GPU copy when the region and the mapping have a copier in common
 /// (waited for before the acknowledgement), else through host memory.
@@ -1295,21 +1288,17 @@ fn by_reference(
     imports: &mut Imports,
     bounce: &mut Vec<u8>,
     way: Way,
-    r: Reference,
+    r: ipc::Reference,
 ) -> Result<Result<bool, Syndrome>, Fault> {
-    let Reference { alloc, offset, len } = r;
+    let ipc::Reference { alloc, offset, len } = r;
     let mapped = imports.get(alloc).map_err(Fault::Protocol)?;
     let Some(at) = mapped.at(offset, len as u64) else {
         return Err(Fault::Protocol(format!(
             "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
         )));
     };
-    let access = match way {
-        Way::Write => Access::REMOTE_WRITE,
-        Way::Read => Access::REMOTE_READ,
-    };
     Ok(
-        match responder::copy_by_gpu(hca, cache, pd, remote, access, &mapped.dma, at, len as u64) {
+        match responder::copy_by_gpu(hca, cache, pd, remote, way, &mapped.dma, at, len as u64) {
             Some(Ok((copier, seq))) => {
                 imports.pending().add(&copier, seq, way);
                 crate::soft::copier::release(copier);

@@ -92,17 +92,37 @@ fn gpu_copy(
     if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
         return Ok(None);
     }
-    let access = match way {
-        Way::Write => Access::REMOTE_WRITE,
-        Way::Read => Access::REMOTE_READ,
-    };
     copies.before(way).map_err(|_| Syndrome::LocalAccess)?;
-    let copy = responder::copy_by_gpu(peer, regions, tq.pd, r, access, &*region.dma, s.addr, s.length as u64);
+    let copy = responder::copy_by_gpu(peer, regions, tq.pd, r, way, &*region.dma, s.addr, s.length as u64);
     let copy = copy.transpose()?;
     if let Some((copier, seq)) = &copy {
         copies.add(copier, *seq, way);
     }
     Ok(copy)
+}
+
+/// A WRITE from (`Way::Write`) or READ into (`Way::Read`) one local buffer of GPU memory, to or
+/// from a peer process on this machine: posted as a CUDA IPC reference to the buffer, acknowledged
+/// once the peer's copier has moved the bytes, when the peer has mapped its allocation (see
+/// [`ipc`](crate::soft::ipc)). Whether it was posted (if not, the bytes must travel).
+fn post_reference(link: &mut Link, meta: Meta, r: DevRemote, local: &Locals, way: Way) -> bool {
+    let [Some((s, region)), None, ..] = &local.items else {
+        return false;
+    };
+    // Zero bytes touch no memory: nothing to refer to.
+    if s.length == 0 {
+        return false;
+    }
+    let Some(at) = link.reference(&*region.dma, s.addr, s.length) else {
+        return false;
+    };
+    let (alloc, offset, len) = (at.alloc, at.offset, at.len);
+    let op = match way {
+        Way::Write => Op::WriteRef { alloc, offset, len },
+        Way::Read => Op::ReadRef { alloc, offset, len },
+    };
+    link.post(meta, r, op, &[], Sink::Ack);
+    true
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -240,14 +260,8 @@ pub(crate) fn execute(
                     settle(copies)?;
                     // GPU memory to a peer process on this machine: a reference that the
                     // peer's copier reads (CUDA IPC), once the peer has mapped the allocation.
-                    if let (Target::Remote(link), [Some((s, region)), None, ..]) = (&mut *target, &src.items) {
-                        if let Some(at) = link.reference(&*region.dma, s.addr, s.length as u64) {
-                            let op = Op::WriteRef {
-                                alloc: at.alloc,
-                                offset: at.offset,
-                                len: bytes,
-                            };
-                            link.post(meta, remote(r), op, &[], Sink::Ack);
+                    if let Target::Remote(link) = &mut *target {
+                        if post_reference(link, meta, remote(r), &src, Way::Write) {
                             return Ok(Executed::InFlight);
                         }
                     }
@@ -314,18 +328,8 @@ pub(crate) fn execute(
                     // Into GPU memory from a peer process on this machine: a reference to where
                     // the bytes go, which the peer's copier fills (CUDA IPC), once the peer has
                     // mapped the allocation; it acknowledges them once they have landed.
-                    if let [Some((s, region)), None, ..] = &dst.items {
-                        if bytes > 0 {
-                            if let Some(at) = link.reference(&*region.dma, s.addr, s.length as u64) {
-                                let op = Op::ReadRef {
-                                    alloc: at.alloc,
-                                    offset: at.offset,
-                                    len: bytes,
-                                };
-                                link.post(meta, remote(r), op, &[], Sink::Ack);
-                                return Ok(Executed::InFlight);
-                            }
-                        }
+                    if post_reference(link, meta, remote(r), &dst, Way::Read) {
+                        return Ok(Executed::InFlight);
                     }
                     link.post(meta, remote(r), Op::Read { len: bytes }, &[], Sink::Scatter(dst));
                     Ok(Executed::InFlight)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::memory::Access;
 use crate::queue::QpState;
-use crate::soft::copier::{shared_copier, Copier};
+use crate::soft::copier::{shared_copier, Copier, Way};
 use crate::soft::dma::Dma;
 use crate::soft::objects::SoftQp;
 use crate::soft::{Hca, RegionCache};
@@ -74,8 +74,8 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, pd: u32, remote: Remote,
     r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
-/// An RDMA WRITE (`access` REMOTE_WRITE) or READ (REMOTE_READ) between the region at `remote`
-/// and `len` bytes at `other` in memory that `other_dma` moves (a requester's region in this
+/// An RDMA WRITE into (`Way::Write`) or READ from (`Way::Read`) the region at `remote`, of
+/// `len` bytes at `other` in memory that `other_dma` moves (a requester's region in this
 /// process, or a peer process's allocation mapped here), handed to a GPU copier (one step) when
 /// one side is device memory and the other is reachable by the same GPU: the copier and the
 /// copy's sequence number, not waited for. `None`: not such a pair, or nothing to move (the
@@ -86,7 +86,7 @@ pub(crate) fn copy_by_gpu(
     cache: &mut RegionCache,
     pd: u32,
     remote: Remote,
-    access: Access,
+    way: Way,
     other_dma: &dyn Dma,
     other: u64,
     len: u64,
@@ -94,15 +94,18 @@ pub(crate) fn copy_by_gpu(
     if len == 0 {
         return None;
     }
+    let access = match way {
+        Way::Write => Access::REMOTE_WRITE,
+        Way::Read => Access::REMOTE_READ,
+    };
     let region = match hca.region(cache, pd, remote.rkey, remote.addr, len, access) {
         Some(r) => r.clone(),
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
     let copier = shared_copier(other_dma, &*region.dma)?.clone();
-    let (dst, src) = if access == Access::REMOTE_WRITE {
-        (remote.addr, other)
-    } else {
-        (other, remote.addr)
+    let (dst, src) = match way {
+        Way::Write => (remote.addr, other),
+        Way::Read => (other, remote.addr),
     };
     // SAFETY: the region's side lies in a live registered region this copier's GPU reaches
     // (checked above, with the right the copy needs), the other side in memory the caller
