@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use gdaki::cuda::quiesced;
 use gdaki::cuda::{self, DeviceBuffer, Gpu};
-use gdaki::soft::copier::Copier;
+use gdaki_soft::copier::Copier;
 use serde::Serialize;
 
 #[derive(Serialize)]

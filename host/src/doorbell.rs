@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex, Weak};
 use gdaki_proxy::{Proxy, ProxyConfig, Target, TargetId};
 use tracing::{debug, warn};
 
-use crate::cuda::{CudaError, Gpu, HostMapping};
-use crate::devx::Uar;
 use crate::error::{Error, Result};
 use crate::lock;
+use gdaki_cuda::{CudaError, Gpu, HostMapping};
+use gdaki_devx::Uar;
 
 /// Why a doorbell page is not mapped into a GPU.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! The host library's errors: one enum, each variant saying what was wrong and with what value.
 use gdaki_layout::Syndrome;
 
-use crate::queue::QpState;
+use gdaki_devx::QpState;
 
 /// What a host-library call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -109,7 +109,7 @@ pub enum Error {
         peer: String,
         /// What was wrong.
         #[source]
-        source: crate::wire::WireError,
+        source: gdaki_devx::wire::WireError,
     },
     /// The peer refused the handshake and said why.
     #[error("peer {peer} refused: {reason}")]
@@ -135,11 +135,11 @@ pub enum Error {
         what: &'static str,
         /// The device's answer: status and syndrome, or the call that failed.
         #[source]
-        source: crate::devx::DeviceError,
+        source: gdaki_devx::DeviceError,
     },
     /// A CUDA driver call failed, or there is no usable GPU.
     #[error(transparent)]
-    Cuda(#[from] crate::cuda::CudaError),
+    Cuda(#[from] gdaki_cuda::CudaError),
     /// The CPU proxy (the doorbell fallback) could not be started.
     #[error("the fallback CPU proxy: {0}")]
     Proxy(#[source] gdaki_proxy::ProxyError),
@@ -154,9 +154,18 @@ pub enum Error {
     },
 }
 
+impl From<gdaki_devx::AllocError> for Error {
+    fn from(e: gdaki_devx::AllocError) -> Error {
+        Error::Alloc {
+            what: e.what,
+            bytes: e.bytes,
+        }
+    }
+}
+
 impl Error {
     /// Maps a device call's failure to [`Error::Device`], saying what was being done.
-    pub(crate) fn device(what: &'static str) -> impl Fn(crate::devx::DeviceError) -> Error {
+    pub(crate) fn device(what: &'static str) -> impl Fn(gdaki_devx::DeviceError) -> Error {
         move |source| Error::Device { what, source }
     }
 }

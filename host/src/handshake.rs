@@ -25,10 +25,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-pub use crate::wire::{Hello, RemoteRegion};
+pub use gdaki_devx::wire::{Hello, RemoteRegion};
 
 use crate::error::{Error, Result};
-use crate::wire::{self, Header, Kind, WireError, HEADER_LEN};
+use gdaki_devx::wire::{self, Header, Kind, WireError, HEADER_LEN};
 
 fn listener_addr(l: &TcpListener) -> String {
     l.local_addr().map_or_else(|_| "a listener".into(), |a| a.to_string())

@@ -32,59 +32,31 @@
 #![warn(missing_docs)]
 
 pub mod context;
-pub mod cuda;
-pub(crate) mod devx;
+#[cfg(test)]
+mod devx_tests;
 mod doorbell;
 pub mod error;
 pub mod handshake;
 pub mod memory;
-pub(crate) mod mlx5;
+mod options;
 pub mod provider;
-pub mod ptx;
 pub mod queue;
 mod shared_copy;
-pub mod soft;
 pub mod system;
-pub mod wire;
+
+/// The CUDA driver, gdaki's kernels and the embedded PTX (`gdaki-cuda`, re-exported).
+pub mod cuda {
+    pub use gdaki_cuda::*;
+}
+pub use gdaki_cuda::ptx;
+pub use gdaki_devx::wire;
 
 pub use context::{Context, ContextOptions};
-pub use devx::{DeviceReport, Requirement};
 pub use error::{Error, Result};
-pub use memory::{Access, MemoryRegion};
-pub use mlx5::GID_INDEX_VAR;
+pub use gdaki_devx::{Access, DeviceReport, Requirement};
+pub use gdaki_mlx5::GID_INDEX_VAR;
+pub use memory::MemoryRegion;
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
 pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair, Rings};
 
-/// Locks a mutex, taking it over if a thread panicked while holding it (the data it guards
-/// stays consistent at every unlock point).
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A non-zero 64-bit secret from the OS generator, or `None` where it fails (a secret must not
-/// fall back to something guessable as [`random_u32`] does).
-pub(crate) fn random_secret() -> Option<u64> {
-    loop {
-        let mut b = [0u8; 8];
-        getrandom::fill(&mut b).ok()?;
-        match u64::from_ne_bytes(b) {
-            0 => continue,
-            s => return Some(s),
-        }
-    }
-}
-
-/// 32 random bits from the OS.
-pub(crate) fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // The OS generator only fails on exotic platforms; fall back to a clock-derived value there
-    // rather than refusing to register memory.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0x9e37_79b9);
-        b = t.rotate_left(13).wrapping_mul(0x9e37_79b9).to_ne_bytes();
-    }
-    u32::from_ne_bytes(b)
-}
+pub(crate) use gdaki_devx::util::{lock, random_u32};

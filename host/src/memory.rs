@@ -1,118 +1,10 @@
-//! Memory: host buffers the library owns (rings, records, doorbell pages, regions) and memory
-//! regions registered with an HCA, with their access rights and keys.
-use std::alloc::{self, Layout};
-use std::ptr::NonNull;
+//! Memory regions registered with an HCA, with their access rights and keys.
 use std::sync::Arc;
 
-use crate::context::ContextInner;
-use crate::devx::{Memory, MemoryKind, Mr};
 use crate::error::{Error, Result};
-
-bitflags::bitflags! {
-    /// What a memory region allows (the verbs access flags).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct Access: u32 {
-        /// The local HCA may write it (RDMA READ destinations, atomic results).
-        const LOCAL_WRITE = 1 << 0;
-        /// Peers may write it (RDMA WRITE targets).
-        const REMOTE_WRITE = 1 << 1;
-        /// Peers may read it (RDMA READ sources).
-        const REMOTE_READ = 1 << 2;
-        /// Peers may run atomics on it.
-        const REMOTE_ATOMIC = 1 << 3;
-    }
-}
-
-impl Access {
-    /// Everything: what perftests and examples register.
-    pub const ALL: Access = Access::all();
-}
-
-/// A zeroed, page-aligned host allocation the library owns. Its memory is shared with engine
-/// threads and posters, which access it through raw pointers and atomics only.
-pub(crate) struct HostBuffer {
-    ptr: NonNull<u8>,
-    size: usize,
-    /// Kept for its drop: the heap block or the mapping behind `ptr`.
-    _backing: Backing,
-}
-
-/// Where a [`HostBuffer`]'s bytes come from (held for its drop, never read).
-#[allow(dead_code)]
-enum Backing {
-    /// A small buffer: a heap block, zeroed when allocated.
-    Heap(HeapBlock),
-    /// A large one: an anonymous mapping, whose pages the kernel zeroes on first touch (a
-    /// 10 GiB region costs nothing until it is used, and a size the kernel cannot commit is
-    /// an error, not an abort).
-    Mapped(memmap2::MmapMut),
-}
-
-/// A block of the global allocator, freed on drop.
-struct HeapBlock(NonNull<u8>, Layout);
-
-impl Drop for HeapBlock {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `HostBuffer::new`, freed only here.
-        unsafe { alloc::dealloc(self.0.as_ptr(), self.1) }
-    }
-}
-
-/// From this size on, buffers are mapped rather than allocated (rings and small regions stay
-/// on the heap: a mapping each would use up the process's mapping count).
-const MAP_FROM: usize = 1 << 20;
-
-// SAFETY: the buffer is plain memory; every access goes through raw pointers whose users
-// synchronise (atomics, doorbells), as with DMA memory.
-unsafe impl Send for HostBuffer {}
-unsafe impl Sync for HostBuffer {}
-
-impl HostBuffer {
-    /// Allocates `len` zeroed bytes (at least one), aligned to 4096 and rounded up to whole
-    /// pages, so a buffer can be mapped into a GPU (page-locked) without sharing a page with
-    /// another allocation.
-    pub(crate) fn new(what: &'static str, len: usize) -> Result<HostBuffer> {
-        let size = len
-            .max(1)
-            .checked_next_multiple_of(4096)
-            .ok_or(Error::Alloc { what, bytes: len })?;
-        if size >= MAP_FROM {
-            let mut map = memmap2::MmapOptions::new()
-                .len(size)
-                .map_anon()
-                .map_err(|_| Error::Alloc { what, bytes: len })?;
-            let ptr = NonNull::new(map.as_mut_ptr()).ok_or(Error::Alloc { what, bytes: len })?;
-            return Ok(HostBuffer {
-                ptr,
-                size,
-                _backing: Backing::Mapped(map),
-            });
-        }
-        let layout = Layout::from_size_align(size, 4096).map_err(|_| Error::Alloc { what, bytes: len })?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or(Error::Alloc { what, bytes: len })?;
-        Ok(HostBuffer {
-            ptr,
-            size,
-            _backing: Backing::Heap(HeapBlock(ptr, layout)),
-        })
-    }
-
-    /// The first byte.
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// Its address as the HCA and posters see it.
-    pub(crate) fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-
-    /// Its size in bytes (whole pages).
-    pub(crate) fn size(&self) -> usize {
-        self.size
-    }
-}
+use crate::options::ContextInner;
+pub use gdaki_devx::Access;
+use gdaki_devx::{HostBuffer, Memory, MemoryKind, Mr};
 
 /// A memory region registered with a context's device: an address range, its rights, and its
 /// keys (on mlx5 one mkey serves as both). The soft device's keys are random, not sequential, so
@@ -139,7 +31,7 @@ pub(crate) enum Owned {
     /// Host memory allocated here and mapped into GPU `0` at the same addresses.
     Pinned(usize),
     /// GPU device memory allocated here.
-    Device(Arc<crate::cuda::DeviceBuffer>),
+    Device(Arc<gdaki_cuda::DeviceBuffer>),
 }
 
 impl std::fmt::Debug for MemoryRegion {
@@ -160,7 +52,8 @@ impl MemoryRegion {
         let buf = Arc::new(HostBuffer::new("a memory region", len)?);
         let addr = buf.addr();
         let kind = MemoryKind::Host { gpu_mapped: false };
-        Self::register(ctx, addr, len as u64, access, kind, Owned::Host, Some(buf))
+        // SAFETY: the library's own buffer, which `keep` holds.
+        unsafe { Self::register(ctx, addr, len as u64, access, kind, Owned::Host, Some(buf)) }
     }
 
     /// Allocates host memory mapped into `gpu` (page-locked) and registers it: kernels and the
@@ -168,15 +61,15 @@ impl MemoryRegion {
     /// read what the HCA wrote there (READ data, fetched atomic values).
     pub(crate) fn alloc_pinned(
         ctx: &Arc<ContextInner>,
-        gpu: &crate::cuda::Gpu,
+        gpu: &gdaki_cuda::Gpu,
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
         let buf = HostBuffer::new("a GPU-mapped memory region", len)?;
         // SAFETY: a page-aligned allocation of whole pages, kept alive by `Pinned` below.
-        let map = unsafe { crate::cuda::HostMapping::new(gpu, buf.as_ptr(), buf.size()) }?;
+        let map = unsafe { gdaki_cuda::HostMapping::new(gpu, buf.as_ptr(), buf.size()) }?;
         if map.device_addr(0) != buf.addr() {
-            return Err(Error::Cuda(crate::cuda::CudaError::WrongResult {
+            return Err(Error::Cuda(gdaki_cuda::CudaError::WrongResult {
                 kernel: "cuMemHostGetDevicePointer",
                 detail: format!(
                     "GPU address {:#x} differs from the host address {:#x}: this GPU cannot use host pointers for mapped memory",
@@ -187,58 +80,73 @@ impl MemoryRegion {
         }
         // Unmapped (field order) before the buffer can be freed.
         struct Pinned {
-            _map: crate::cuda::HostMapping,
+            _map: gdaki_cuda::HostMapping,
             _buf: HostBuffer,
         }
         let addr = buf.addr();
         let keep = Arc::new(Pinned { _map: map, _buf: buf });
         let kind = MemoryKind::Host { gpu_mapped: true };
         let memory = Owned::Pinned(gpu.ordinal());
-        Self::register(ctx, addr, len as u64, access, kind, memory, Some(keep))
+        // SAFETY: the library's own buffer, which `keep` holds.
+        unsafe { Self::register(ctx, addr, len as u64, access, kind, memory, Some(keep)) }
     }
 
     /// Allocates `len` zeroed bytes of device memory on `gpu` and registers them (a NIC reaches
     /// them by dma-buf; the soft HCA moves their bytes with the GPU's copier kernel).
     pub(crate) fn alloc_device(
         ctx: &Arc<ContextInner>,
-        gpu: &crate::cuda::Gpu,
+        gpu: &gdaki_cuda::Gpu,
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
-        let buf = Arc::new(crate::cuda::DeviceBuffer::zeroed(gpu, len)?);
+        let buf = Arc::new(gdaki_cuda::DeviceBuffer::zeroed(gpu, len)?);
         let addr = buf.device_addr();
         let kind = MemoryKind::Gpu(gpu.clone());
         let keep: Arc<dyn Send + Sync> = buf.clone();
-        Self::register(ctx, addr, len as u64, access, kind, Owned::Device(buf), Some(keep))
+        // SAFETY: the library's own device buffer, which `keep` holds.
+        unsafe { Self::register(ctx, addr, len as u64, access, kind, Owned::Device(buf), Some(keep)) }
     }
 
     /// Registers caller memory at `addr`.
-    pub(crate) fn register_caller(
+    ///
+    /// # Safety
+    /// As [`Context::register_host`](crate::Context::register_host): the caller's memory stays allocated
+    /// until the region is dropped.
+    pub(crate) unsafe fn register_caller(
         ctx: &Arc<ContextInner>,
         addr: u64,
         len: u64,
         access: Access,
     ) -> Result<MemoryRegion> {
         let kind = MemoryKind::Host { gpu_mapped: false };
-        Self::register(ctx, addr, len, access, kind, Owned::Caller, None)
+        // SAFETY: the caller's contract.
+        unsafe { Self::register(ctx, addr, len, access, kind, Owned::Caller, None) }
     }
 
     /// Registers caller device memory of `gpu` at `addr` (checked by the caller).
-    pub(crate) fn register_caller_device(
+    ///
+    /// # Safety
+    /// As [`register_caller`](Self::register_caller), in device memory of `gpu`.
+    pub(crate) unsafe fn register_caller_device(
         ctx: &Arc<ContextInner>,
-        gpu: &crate::cuda::Gpu,
+        gpu: &gdaki_cuda::Gpu,
         addr: u64,
         len: u64,
         access: Access,
     ) -> Result<MemoryRegion> {
         let kind = MemoryKind::Gpu(gpu.clone());
         let memory = Owned::CallerDevice(gpu.ordinal());
-        Self::register(ctx, addr, len, access, kind, memory, None)
+        // SAFETY: the caller's contract.
+        unsafe { Self::register(ctx, addr, len, access, kind, memory, None) }
     }
 
     /// Registers `addr..addr + len` with the context's device; `keep` is what the device holds
     /// alive while it may use the memory.
-    fn register(
+    ///
+    /// # Safety
+    /// The range is memory of `kind` that stays allocated while the device may use it: `keep`
+    /// holds it, or (with `keep` `None`) it outlives the region.
+    unsafe fn register(
         ctx: &Arc<ContextInner>,
         addr: u64,
         len: u64,
@@ -256,7 +164,8 @@ impl MemoryRegion {
             });
         }
         let dev = &ctx.device;
-        let mem = Memory { addr, len, kind, keep };
+        // SAFETY: this function's contract.
+        let mem = unsafe { Memory::new(addr, len, kind, keep) };
         let mr = dev
             .device()
             .reg_mr(ctx.pd.number, &mem, access)
@@ -314,8 +223,8 @@ impl MemoryRegion {
     }
 
     /// The whole region as a peer sees it (what a handshake sends).
-    pub fn remote_region(&self) -> crate::wire::RemoteRegion {
-        crate::wire::RemoteRegion {
+    pub fn remote_region(&self) -> gdaki_devx::wire::RemoteRegion {
+        gdaki_devx::wire::RemoteRegion {
             addr: self.addr,
             len: self.len,
             rkey: self.mr.rkey,
@@ -398,14 +307,6 @@ impl MemoryRegion {
         Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p as *mut u64) }.load(std::sync::atomic::Ordering::Acquire))
     }
 
-    /// Its bytes, for the library's own tests.
-    #[cfg(test)]
-    pub(crate) fn read_vec_for_tests(&self) -> Vec<u8> {
-        let mut v = vec![0; self.len as usize];
-        let _ = self.read(0, &mut v);
-        v
-    }
-
     /// Whether the library allocated the memory (and so [`read`](Self::read) and
     /// [`write`](Self::write) work), rather than the caller registering its own.
     pub fn is_library_owned(&self) -> bool {
@@ -425,6 +326,23 @@ impl MemoryRegion {
             Owned::Pinned(g) | Owned::CallerDevice(g) => Some(*g),
             Owned::Host | Owned::Caller => None,
         }
+    }
+}
+
+// SAFETY: a region a GPU reaches is device memory of that GPU or host memory mapped into it,
+// which the region keeps allocated (library-owned) or its registration's owner does.
+unsafe impl gdaki_cuda::GpuRegion for MemoryRegion {
+    fn gpu_ordinal(&self) -> Option<usize> {
+        MemoryRegion::gpu_ordinal(self)
+    }
+    fn addr(&self) -> u64 {
+        MemoryRegion::addr(self)
+    }
+    fn len(&self) -> u64 {
+        MemoryRegion::len(self)
+    }
+    fn lkey(&self) -> u32 {
+        MemoryRegion::lkey(self)
     }
 }
 

@@ -2,121 +2,22 @@
 //! doorbell records and the doorbell word, the QP state machine, connection, and export of the
 //! device handle (`gdaki_layout::DevQp`) that `gdaki-device` posts through.
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gdaki_layout::prm::command::{self, CreateCq, CreateQp, Init2Rtr, QpcState, Rst2Init, Rtr2Rts};
+use gdaki_layout::prm::command::{self, CreateCq, CreateQp, Init2Rtr, Rst2Init, Rtr2Rts};
 use gdaki_layout::prm::layout::{cqc, qpc, query_cq_out, query_qp_out};
 use gdaki_layout::prm::{self, Bits, CmdStatus, Opcode};
 use gdaki_layout::{cqe, AtomicReplyOrder, CqeOpcode, DevCq, DevQp, DoorbellKind, Syndrome};
 use tracing::debug;
 
-use crate::context::ContextInner;
-use crate::devx::{DeviceError, Owned, OwnedUar, QueueMemory, Umem};
 use crate::error::{check_pow2, Error, Result};
 use crate::lock;
-use crate::memory::HostBuffer;
+use crate::options::ContextInner;
 use crate::provider::DoorbellHandler;
-
-/// Largest send queue in WQEs (the device tells CQE laps apart by 16-bit WQE counters).
-pub const MAX_SQ_SIZE: u32 = 1 << 15;
-/// Largest completion queue in CQEs.
-pub const MAX_CQ_SIZE: u32 = 1 << 22;
-
-/// The state of a queue pair (the verbs state machine, RC subset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum QpState {
-    /// Created; nothing is executed.
-    Reset = 0,
-    /// Initialised; not yet connected.
-    Init = 1,
-    /// Ready to receive: connected to its peer, serving its requests.
-    Rtr = 2,
-    /// Ready to send: executes its own WQEs.
-    Rts = 3,
-    /// Failed: every WQE is flushed (completes in error).
-    Error = 4,
-}
-
-impl QpState {
-    pub(crate) fn from_raw(v: u8) -> QpState {
-        match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            _ => QpState::Error,
-        }
-    }
-}
-
-impl QpState {
-    /// The state a device reports in `qpc.state` (SQ error and SQ drained do not happen to
-    /// gdaki's QPs; they and unknown values read as failed).
-    pub(crate) fn from_qpc(raw: u8) -> QpState {
-        match QpcState::from_raw(raw) {
-            Some(QpcState::Reset) => QpState::Reset,
-            Some(QpcState::Init) => QpState::Init,
-            Some(QpcState::Rtr) => QpState::Rtr,
-            Some(QpcState::Rts) => QpState::Rts,
-            _ => QpState::Error,
-        }
-    }
-
-    /// The `qpc.state` a device reports for this state.
-    pub(crate) fn to_qpc(self) -> QpcState {
-        match self {
-            QpState::Reset => QpcState::Reset,
-            QpState::Init => QpcState::Init,
-            QpState::Rtr => QpcState::Rtr,
-            QpState::Rts => QpcState::Rts,
-            QpState::Error => QpcState::Err,
-        }
-    }
-}
-
-impl fmt::Display for QpState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            QpState::Rts => "RTS",
-            QpState::Error => "ERROR",
-        })
-    }
-}
-
-/// What a peer needs to connect to a queue pair: where its port is on the fabric, the QP,
-/// and the transport address of a soft HCA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Endpoint {
-    /// The port's GID (InfiniBand: subnet prefix and port GUID; RoCE: from the interface's
-    /// address). The soft HCA's is `fe80::` and its random 64-bit identity: a peer in the
-    /// same process is found by it, any other through [`addr`](Self::addr).
-    pub gid: [u8; 16],
-    /// InfiniBand: the port's LID; 0 on Ethernet and on the soft HCA.
-    pub lid: u16,
-    /// Queue pair number (24 bits).
-    pub qpn: u32,
-    /// Initial packet sequence number (24 bits).
-    pub psn: u32,
-    /// The port's active MTU in bytes (256, 512, 1024, 2048 or 4096): the path uses the
-    /// smaller of both sides'.
-    pub mtu: u16,
-    /// The soft HCA's transport secret for this QP, random at its creation: a peer opening
-    /// the transport connection to this QP must present it, so only whoever was handed this
-    /// endpoint can (treat an endpoint like a password). 0 on a NIC, where the fabric carries
-    /// requests and nothing reads it.
-    pub secret: u64,
-    /// Where the HCA accepts transport connections from other processes or hosts (the soft
-    /// HCA's listener, see [`Context::listen`](crate::Context::listen)); `None` when it does
-    /// not listen.
-    pub addr: Option<SocketAddr>,
-}
+pub use gdaki_devx::qp::{Endpoint, QpState, MAX_CQ_SIZE, MAX_SQ_SIZE};
+use gdaki_devx::{DeviceError, HostBuffer, Owned, OwnedUar, QueueMemory, Umem};
 
 /// Where a queue's ring and doorbell record live.
 #[derive(Debug, Clone, Default)]
@@ -130,7 +31,7 @@ pub enum Rings {
     /// doorbell (as DOCA GPUNetIO and NVSHMEM's IBGDA place them). Only kernels on this GPU can
     /// post ([`QueuePair::cpu`] refuses), and the doorbell must be rung by the poster: the CPU
     /// proxy cannot write the doorbell record in GPU memory.
-    Gpu(crate::cuda::Gpu),
+    Gpu(gdaki_cuda::Gpu),
 }
 
 impl Rings {
@@ -139,7 +40,7 @@ impl Rings {
         Ok(match self {
             Rings::Host => QueueMemory::Host(Arc::new(HostBuffer::new(what, len)?)),
             Rings::Gpu(gpu) => QueueMemory::Gpu {
-                buf: Arc::new(crate::cuda::DeviceBuffer::zeroed(gpu, len)?),
+                buf: Arc::new(gdaki_cuda::DeviceBuffer::zeroed(gpu, len)?),
                 gpu: gpu.clone(),
             },
         })
@@ -380,7 +281,8 @@ impl CompletionQueue {
             entry[cqe::field::OP_OWN.start] = cqe::OP_OWN_INIT;
         }
         for offset in (0..ring_bytes).step_by(chunk.len()) {
-            mem.write(offset, &chunk)?;
+            mem.write(offset, &chunk)
+                .map_err(Error::device("initialising queue memory"))?;
         }
         let umem = dev.devx.umem(mem).map_err(Error::device("registering a CQE ring"))?;
         let obj = dev
@@ -857,9 +759,9 @@ impl QueuePair {
 /// lives in GPU memory. Kernels take
 /// [`device_handle`](Self::device_handle) as their `*mut DevQp`.
 pub struct GpuQp {
-    handle: crate::cuda::DeviceBuffer,
+    handle: gdaki_cuda::DeviceBuffer,
     // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
-    _maps: Vec<crate::cuda::HostMapping>,
+    _maps: Vec<gdaki_cuda::HostMapping>,
     qp: Arc<Qp>,
 }
 
@@ -872,8 +774,19 @@ impl fmt::Debug for GpuQp {
     }
 }
 
+// SAFETY: the handle is a `DevQp` in memory of the GPU it was exported to, and the rings,
+// records and doorbell it names are kept (`_maps`, the QP) for as long as the GpuQp lives.
+unsafe impl gdaki_cuda::ExportedQp for GpuQp {
+    fn gpu_ordinal(&self) -> usize {
+        GpuQp::gpu_ordinal(self)
+    }
+    fn device_handle(&self) -> u64 {
+        GpuQp::device_handle(self)
+    }
+}
+
 impl GpuQp {
-    /// The `DevQp` in GPU memory (what [`Args::qp`](crate::cuda::Args::qp) passes to kernels).
+    /// The `DevQp` in GPU memory (what [`Args::qp`](gdaki_cuda::Args::qp) passes to kernels).
     pub fn device_handle(&self) -> u64 {
         self.handle.device_addr()
     }
@@ -946,7 +859,7 @@ impl QueuePair {
     /// Exports this QP to `gpu` (once per QP and GPU: the memory stays mapped while the
     /// returned value lives). The GPU then posts exactly as CPU threads do through
     /// [`cpu`](Self::cpu); do not post from both at once unless the sharing mode allows it.
-    pub fn export_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<GpuQp> {
+    pub fn export_gpu(&self, gpu: &gdaki_cuda::Gpu) -> Result<GpuQp> {
         let q = &self.inner;
         let cq = &q.cq.0;
         for ring in [&q.umem.mem, &cq.umem.mem] {
@@ -964,7 +877,7 @@ impl QueuePair {
         let map = |b: &HostBuffer| {
             // SAFETY: every buffer is page-aligned whole pages, owned by the QP or its CQ,
             // which `GpuQp` keeps alive for as long as the mapping.
-            unsafe { crate::cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
+            unsafe { gdaki_cuda::HostMapping::new(gpu, b.as_ptr(), b.size()) }
         };
         let mut maps = Vec::new();
         // A ring's address in the GPU: its own in GPU memory, its mapping's for host memory.
@@ -1022,7 +935,7 @@ impl QueuePair {
             };
         dev.cq.cqe_base = cqe_base;
         dev.cq.dbrec = cqe_base + (cq.dbrec() - cq.ring());
-        let handle = crate::cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
+        let handle = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
         handle.write(0, bytemuck::bytes_of(&dev))?;
         debug!(
             qpn = format_args!("{:#x}", q.qpn),
@@ -1076,11 +989,11 @@ mod tests {
     #[test]
     fn rings_in_gpu_memory_are_registered_initialised_and_exported_in_place() {
         let Some(gpu) =
-            crate::cuda::gpu_or_skip("rings_in_gpu_memory_are_registered_initialised_and_exported_in_place")
+            crate::devx_tests::gpu_or_skip("rings_in_gpu_memory_are_registered_initialised_and_exported_in_place")
         else {
             return;
         };
-        let (ctx, rec) = crate::devx::tests::recording_context_with(true);
+        let (ctx, rec) = crate::devx_tests::recording_context_with(true);
         rec.take();
         let rings = Rings::Gpu(gpu.clone());
         let cq = ctx.create_cq_in(64, &rings).unwrap();

@@ -204,7 +204,7 @@ fn put_kernel_spreads_blocks_over_several_qps() {
         assert_eq!((c.hca_completed, c.cq_consumed), (2560, 2560), "{c:?}");
     }
     // No handles: an error, not a launch.
-    assert!(gpu.run_put(&[], launch, &stream).is_err());
+    assert!(gpu.run_put::<gdaki::GpuQp>(&[], launch, &stream).is_err());
 }
 
 /// Lanes of one warp that post on different QPs at the same moment: thread scope in the shared
@@ -721,7 +721,7 @@ fn reads_in_one_process_are_gpu_copies_in_order_with_the_writes() {
     let qp = loopback_qp(&ctx, 64, QpConfig::default());
     // SAFETY: one poster (this thread); the QP outlives it.
     let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
-    let copies = || gdaki::soft::copier::Copier::existing(&gpu).unwrap().stats().copies;
+    let copies = || gdaki_soft::copier::Copier::existing(&gpu).unwrap().stats().copies;
     let before = copies();
     for round in 0..4u64 {
         let (src, off) = if round % 2 == 0 { (&a, 0) } else { (&b, N as u64) };
@@ -831,7 +831,7 @@ fn copier_lists_copy_every_size_and_alignment_in_order() {
     let dst = ctx.alloc_device_region(&gpu, 256 << 10, Access::ALL).unwrap();
     let data = pattern(11, 64 << 10);
     src.write(0, &data).unwrap();
-    let copier = gdaki::soft::copier::Copier::of(&gpu).unwrap();
+    let copier = gdaki_soft::copier::Copier::of(&gpu).unwrap();
     let mut want = vec![0u8; 256 << 10];
     // Small copies side by side travel as lists: far fewer descriptors than copies.
     let before = copier.stats();
@@ -899,7 +899,7 @@ fn a_lone_small_copy_is_served_by_the_warp_that_fetched_it() {
     let dst = ctx.alloc_device_region(&gpu, 4 << 20, Access::ALL).unwrap();
     let data = pattern(21, 4 << 20);
     src.write(0, &data).unwrap();
-    let copier = gdaki::soft::copier::Copier::of(&gpu).unwrap();
+    let copier = gdaki_soft::copier::Copier::of(&gpu).unwrap();
     // SAFETY (every submit below): both ranges lie inside the two live device regions of this
     // GPU, which do not overlap; nothing else touches them until the copies are settled.
     let lone = |to: u64, from: u64, len: u64| {

@@ -10,10 +10,10 @@ use std::thread;
 use std::time::Duration;
 
 use gdaki::handshake::{Channel, Hello};
-use gdaki::soft::copier::Copier;
 use gdaki::{Access, Context, ContextOptions, Provider, QpConfig};
 use gdaki_device::{Exclusive, WaitError};
 use gdaki_layout::Syndrome;
+use gdaki_soft::copier::Copier;
 
 const APP: &[u8] = b"gdaki gpu ipc test v1";
 /// The requester's source and the peer's device target.

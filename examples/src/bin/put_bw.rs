@@ -457,7 +457,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             gdaki_examples::outln!(" Proxy: {} doorbells rung in {} batches", c.doorbells, c.batches);
         }
         // Device memory moves through the soft HCA's GPU copier: how it batched and waited.
-        if let Some(c) = session.gpu.as_ref().and_then(gdaki::soft::copier::Copier::existing) {
+        if let Some(c) = session.gpu.as_ref().and_then(gdaki_soft::copier::Copier::existing) {
             let s = c.stats();
             gdaki_examples::outln!(
                 " GPU copier: {} copies in {} descriptors ({:.1} per descriptor), ring full at {:.1}% of posts; \

@@ -1,0 +1,77 @@
+//! The completer: applies a request's outcome on the requester's side (READ data and fetched
+//! atomic values land in local memory) and writes the CQE, as the PRM says: signalled WQEs
+//! and every error get one, with the WQE counter, the byte count, and the owner bit of the lap,
+//! written last. A CQ with no room is an overrun, not an overwrite.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gdaki_layout::cqe::{Cqe64, ErrCqe};
+use gdaki_layout::{dbrec, ring, Syndrome};
+use tracing::error;
+
+use crate::objects::{SoftCq, SoftQp};
+
+/// Vendor syndrome the soft HCA puts in error CQEs (so its errors are recognisable).
+pub const VENDOR_SYNDROME: u8 = 0x5f;
+
+/// The outcome of one WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; bytes moved (0 for NOPs and atomics' remote side).
+    Success {
+        /// Byte count for the CQE.
+        bytes: u32,
+    },
+    /// Failed with this syndrome.
+    Error(Syndrome),
+}
+
+/// Writes the CQE of WQE `wqe_counter` (opcode `opcode`) if it is due. Returns false on
+/// overrun (the QP then goes to error).
+pub(crate) fn complete(qp: &SoftQp, wqe_counter: u16, opcode: u8, signaled: bool, outcome: Outcome) -> bool {
+    let cqe = match outcome {
+        Outcome::Success { .. } if !signaled => return true,
+        Outcome::Success { bytes } => Cqe64::success(qp.qpn, wqe_counter, bytes, 0),
+        Outcome::Error(s) => ErrCqe::new(qp.qpn, wqe_counter, opcode, s, VENDOR_SYNDROME, 0).as_cqe(),
+    };
+    if !write_cqe(&qp.cq, cqe) {
+        qp.fail(Syndrome::LocalQpOp);
+        return false;
+    }
+    true
+}
+
+/// Writes `cqe` at the CQ's producer index with the lap's owner bit, unless the CQ is full.
+fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
+    let pi = cq.pi.load(Ordering::Relaxed);
+    // Entries not yet consumed: the 24-bit distance from the consumer index to ours.
+    let outstanding = |ci: u32| ((pi as u32).wrapping_sub(ci) & dbrec::CQ_CI_MASK) as u64;
+    let size = 1u64 << cq.log_size;
+    let mut ci = cq.ci_seen.load(Ordering::Relaxed);
+    if outstanding(ci) >= size {
+        // Re-read the record only now, so its cache line is not pulled from the poller on
+        // every CQE. SAFETY: word 0 of the CQ's doorbell record, aligned, alive with the CQ.
+        let rec = unsafe { std::sync::atomic::AtomicU32::from_ptr(cq.dbrec.as_ptr() as *mut u32) };
+        ci = u32::from_be(rec.load(Ordering::Acquire)) & dbrec::CQ_CI_MASK;
+        cq.ci_seen.store(ci, Ordering::Relaxed);
+    }
+    if outstanding(ci) >= size {
+        if !cq.overrun.swap(true, Ordering::AcqRel) {
+            error!(
+                cqn = format_args!("{:#x}", cq.cqn),
+                pi, ci, "CQ overrun: no room for a CQE"
+            );
+        }
+        return false;
+    }
+    cqe.op_own = (cqe.op_own & !1) | ring::owner_parity(pi, cq.log_size);
+    let words: [u64; 8] = bytemuck::cast(cqe);
+    let slot = cq.ring.addr() + ring::cqe_offset(pi, cq.log_size);
+    for (i, w) in words.iter().enumerate() {
+        // The word holding op_own goes last, with release: the body is visible first.
+        let order = if i == 7 { Ordering::Release } else { Ordering::Relaxed };
+        // SAFETY: a 64-byte entry of the live CQ ring.
+        unsafe { AtomicU64::from_ptr((slot + 8 * i as u64) as *mut u64) }.store(*w, order);
+    }
+    cq.pi.store(pi + 1, Ordering::Release);
+    true
+}

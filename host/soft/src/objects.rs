@@ -1,0 +1,259 @@
+//! The soft device's own view of the queues it serves: a CQ's ring and counters, a QP's send
+//! queue, doorbell, progress and connected peer. The rings live in memory the host library
+//! registered (umems); a [`Window`] names such memory and keeps it alive for as long as the
+//! engine may touch it.
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use gdaki_layout::{AtomicReplyOrder, Syndrome};
+
+use crate::net::Link;
+use crate::Hca;
+use gdaki_devx::util::lock;
+use gdaki_devx::QpState;
+
+/// A range of host memory the device reads and writes (a ring, a doorbell record, a doorbell
+/// page), with what keeps it allocated.
+pub(crate) struct Window {
+    addr: u64,
+    _keep: Arc<dyn Send + Sync>,
+}
+
+impl Window {
+    /// Memory at `addr`, kept alive by `keep`.
+    ///
+    /// # Safety
+    /// The range the device will touch from `addr` (checked by whoever made the window: the
+    /// firmware against the umem's length) stays valid memory for as long as `keep` lives.
+    pub unsafe fn new(addr: u64, keep: Arc<dyn Send + Sync>) -> Window {
+        Window { addr, _keep: keep }
+    }
+
+    /// A whole buffer the library owns.
+    pub fn of(buffer: Arc<gdaki_devx::HostBuffer>) -> Window {
+        // SAFETY: the buffer is kept alive by the window itself.
+        unsafe { Window::new(buffer.addr(), buffer) }
+    }
+
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    /// Its address as the HCA and posters see it.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+/// A completion queue as the soft HCA holds it.
+pub(crate) struct SoftCq {
+    pub cqn: u32,
+    pub log_size: u32,
+    /// The CQE ring.
+    pub ring: Window,
+    /// Doorbell record: word 0 the consumer index (big-endian), word 1 arm.
+    pub dbrec: Window,
+    /// CQEs written so far (the engine's producer index).
+    pub pi: AtomicU64,
+    /// The consumer index last read from the doorbell record (re-read only when the CQ looks
+    /// full, so the record's cache line is not pulled from the poller on every CQE).
+    pub ci_seen: std::sync::atomic::AtomicU32,
+    /// Set when the engine had a CQE to write and no room.
+    pub overrun: AtomicBool,
+    /// The QP it serves, if any.
+    pub qpn: Mutex<Option<u32>>,
+}
+
+impl SoftCq {
+    /// A CQ of `2^log_size` CQEs in `ring`, with its doorbell record in `dbrec`.
+    pub fn new(cqn: u32, log_size: u32, ring: Window, dbrec: Window) -> SoftCq {
+        SoftCq {
+            cqn,
+            log_size,
+            ring,
+            dbrec,
+            pi: AtomicU64::new(0),
+            ci_seen: std::sync::atomic::AtomicU32::new(0),
+            overrun: AtomicBool::new(false),
+            qpn: Mutex::new(None),
+        }
+    }
+}
+
+/// The peer a connected QP sends to.
+pub(crate) enum Peer {
+    /// In this process: the responder runs on the requester's engine thread.
+    Local {
+        /// The peer's HCA.
+        hca: Weak<Hca>,
+        /// The peer QP.
+        qp: Weak<SoftQp>,
+    },
+    /// In another process or host, over TCP.
+    Remote(Link),
+}
+
+/// The engine's progress on a send queue, and where it sends (set at RTR).
+#[derive(Default)]
+pub(crate) struct SqProgress {
+    /// Next building block to fetch.
+    pub ci: u64,
+    /// The block the last doorbell rang up to: WQEs `ci..rung` wait to be executed (more than
+    /// none only while a fenced WQE waits for earlier requests).
+    pub rung: u64,
+    /// The doorbell value last acted on.
+    pub last_doorbell: u64,
+    /// The connected peer.
+    pub peer: Option<Peer>,
+    /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
+    pub deferred: std::collections::VecDeque<crate::engine::Deferred>,
+}
+
+/// Who may send to a QP over the transport: the QP it was moved to RTR with, starting at the
+/// PSN exchanged then, from that peer's address (RC's rule; rxe drops anything else).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RtrPeer {
+    pub qpn: u32,
+    pub psn: u32,
+    /// The peer HCA's address, where known (its endpoint's transport address).
+    pub ip: Option<IpAddr>,
+}
+
+impl RtrPeer {
+    /// Whether a connection from `from` claiming QP `qpn` with first PSN `psn` is this peer.
+    pub fn admits(&self, qpn: u32, psn: u32, from: Option<IpAddr>) -> bool {
+        let ip_ok = match (self.ip.map(|a| a.to_canonical()), from.map(|a| a.to_canonical())) {
+            (Some(want), Some(got)) if !want.is_unspecified() => want == got,
+            _ => true,
+        };
+        self.qpn == qpn && self.psn == psn & 0xff_ffff && ip_ok
+    }
+}
+
+/// A queue pair as the soft HCA holds it.
+pub(crate) struct SoftQp {
+    pub qpn: u32,
+    /// What a transport connection to this QP must present (its endpoint carries it): binds
+    /// the connection to the handshake that handed the endpoint out.
+    pub secret: u64,
+    /// The protection domain: the QP's WQEs and its peer's requests may use keys of this PD
+    /// only.
+    pub pd: u32,
+    /// Initial PSN: the first transport request's sequence number (set at creation by the
+    /// library's path, at RTR2RTS by the firmware's).
+    psn: std::sync::atomic::AtomicU32,
+    /// How long a request waits for its answer, in nanoseconds.
+    retry_timeout_ns: AtomicU64,
+    pub(crate) state: AtomicU8,
+    pub sq_log: u32,
+    pub sq: Window,
+    /// The doorbell page: the 8-byte doorbell word at offset 0.
+    pub uar: Window,
+    pub cq: Arc<SoftCq>,
+    max_msg_size: AtomicU64,
+    /// The byte order in which this QP's fetched atomic values are written back.
+    pub atomic_reply: AtomicReplyOrder,
+    pub progress: Mutex<SqProgress>,
+    pub first_error: Mutex<Option<Syndrome>>,
+    /// The peer set at INIT2RTR: the only one the transport serves.
+    pub rtr_peer: Mutex<Option<RtrPeer>>,
+    /// A transport connection from the peer is being served (RC has one peer per QP).
+    pub transport_bound: AtomicBool,
+    /// A refused connection to this QP was logged at warn (later ones at debug).
+    pub refusal_said: AtomicBool,
+}
+
+impl SoftQp {
+    /// A QP in RESET on `cq`, reading its send queue of `2^sq_log` blocks from `sq` and its
+    /// doorbell from `uar` (the model does not read the doorbell record: the doorbell carries
+    /// the same counter).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        qpn: u32,
+        secret: u64,
+        pd: u32,
+        psn: u32,
+        sq_log: u32,
+        sq: Window,
+        uar: Window,
+        cq: Arc<SoftCq>,
+        max_msg_size: u64,
+        retry_timeout: Duration,
+        atomic_reply: AtomicReplyOrder,
+    ) -> SoftQp {
+        SoftQp {
+            qpn,
+            secret,
+            pd,
+            psn: psn.into(),
+            retry_timeout_ns: AtomicU64::new(retry_timeout.as_nanos().min(u64::MAX as u128) as u64),
+            state: AtomicU8::new(QpState::Reset as u8),
+            sq_log,
+            sq,
+            uar,
+            cq,
+            max_msg_size: max_msg_size.into(),
+            atomic_reply,
+            progress: Mutex::new(SqProgress::default()),
+            first_error: Mutex::new(None),
+            rtr_peer: Mutex::new(None),
+            transport_bound: AtomicBool::new(false),
+            refusal_said: AtomicBool::new(false),
+        }
+    }
+
+    /// The first PSN this QP sends.
+    pub fn psn(&self) -> u32 {
+        self.psn.load(Ordering::Acquire)
+    }
+
+    /// How long a request waits for its answer before it fails with a transport error.
+    pub fn retry_timeout(&self) -> Duration {
+        Duration::from_nanos(self.retry_timeout_ns.load(Ordering::Acquire))
+    }
+
+    /// The largest message one WQE may carry.
+    pub fn max_msg_size(&self) -> u64 {
+        self.max_msg_size.load(Ordering::Acquire)
+    }
+
+    /// Sets what RTR2RTS carries: the first PSN and the retry timeout.
+    pub fn set_send_params(&self, psn: u32, retry_timeout: Duration) {
+        self.psn.store(psn, Ordering::Release);
+        self.retry_timeout_ns
+            .store(retry_timeout.as_nanos().min(u64::MAX as u128) as u64, Ordering::Release);
+    }
+
+    /// Sets the largest message (INIT2RTR's `log_msg_max`).
+    pub fn set_max_msg_size(&self, bytes: u64) {
+        self.max_msg_size.store(bytes, Ordering::Release);
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        QpState::from_raw(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Moves to the error state, keeping the first error's syndrome.
+    pub fn fail(&self, syndrome: Syndrome) {
+        let mut first = lock(&self.first_error);
+        if first.is_none() {
+            *first = Some(syndrome);
+            tracing::warn!(qpn = format_args!("{:#x}", self.qpn), %syndrome, "queue pair to error");
+        }
+        self.set_state(QpState::Error);
+    }
+
+    /// The doorbell word.
+    pub fn doorbell(&self) -> &AtomicU64 {
+        // SAFETY: the UAR buffer is at least 8 bytes, page-aligned, and lives as long as self.
+        unsafe { AtomicU64::from_ptr(self.uar.as_ptr() as *mut u64) }
+    }
+}

@@ -1,0 +1,402 @@
+//! The requester: turns one parsed WQE into a request. It checks the local side first (lkeys,
+//! bounds, the local-write right for READ and atomic destinations, the message size), gathers
+//! the payload, hands the request to the peer's responder and lets the completer apply the
+//! answer. Every failure is a syndrome, as a NIC reports it; nothing is written outside a
+//! registered region.
+use std::sync::Arc;
+
+use gdaki_device::Remote as DevRemote;
+use gdaki_layout::ctrl::FenceMode;
+use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
+use gdaki_layout::Syndrome;
+
+use crate::copier::{Copier, Pending, Way};
+use crate::net::{Link, Meta, Sink};
+use crate::objects::{Peer, SoftQp};
+use crate::responder::{self, AtomicOp};
+use crate::{Hca, Region, RegionCache};
+use gdaki_devx::wire::Op;
+use gdaki_devx::Access;
+
+/// Buffers the engine thread reuses between WQEs, and the GPU copies it has in flight.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    data: Vec<u8>,
+    regions: RegionCache,
+    /// The newest copy submitted to each GPU copier and not yet known done.
+    copies: Pending,
+}
+
+/// How a WQE was executed.
+pub(crate) enum Executed {
+    /// Done: this many bytes moved.
+    Done(u32),
+    /// Sent to a remote peer: its link completes it.
+    InFlight,
+    /// Handed to a GPU copier: done once copy `seq` is.
+    Copying {
+        /// Bytes moved.
+        bytes: u32,
+        /// The copier.
+        copier: Arc<Copier>,
+        /// The copy.
+        seq: u64,
+    },
+    /// Not executed: its fence mode holds it until earlier requests complete. The engine
+    /// comes back to it (and to everything after it) on a later round.
+    Fenced,
+}
+
+impl Scratch {
+    /// See [`RegionCache::release_if_stale`].
+    pub(crate) fn release_stale_regions(&mut self) {
+        self.regions.release_if_stale();
+        // A flush that failed earlier (a paused copier) is retried here.
+        self.flush_copies();
+        self.copies.release_done();
+    }
+}
+
+impl Scratch {
+    /// Hands the small copies gathered so far to their copiers' kernels (see
+    /// [`Copier::flush`]): at the end of every doorbell batch, so a batch of WQEs becomes a few
+    /// copy lists instead of a descriptor each.
+    pub(crate) fn flush_copies(&self) {
+        self.copies.flush();
+    }
+}
+
+/// Waits until every GPU copy this engine submitted is done: before the CPU moves data itself,
+/// so it never overtakes an earlier WQE's copy (a put then its signal).
+fn settle(copies: &mut Pending) -> Result<(), Syndrome> {
+    copies.settle().map_err(|_| Syndrome::LocalAccess)
+}
+
+/// The GPU copy of a WRITE from one local buffer to a target in this process (`Way::Write`),
+/// or of a READ from a source in this process into one local buffer (`Way::Read`), when one
+/// copier moves it in one step (device memory on one side, memory that GPU reaches on the
+/// other): submitted after the pending copies it must follow, not waited for, and added to
+/// them. `None` otherwise.
+fn gpu_copy(
+    target: &mut Target<'_>,
+    regions: &mut RegionCache,
+    copies: &mut Pending,
+    r: DevRemote,
+    local: &Locals,
+    way: Way,
+) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
+    let (Target::Local(peer, tq), [Some((s, region)), None, ..]) = (target, &local.items) else {
+        return Ok(None);
+    };
+    // Plain host memory never pairs with a copier: no target lookup for it.
+    if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
+        return Ok(None);
+    }
+    copies.before(way).map_err(|_| Syndrome::LocalAccess)?;
+    let copy = responder::copy_by_gpu(peer, regions, tq.pd, r, way, &*region.dma, s.addr, s.length as u64);
+    let copy = copy.transpose()?;
+    if let Some((copier, seq)) = &copy {
+        copies.add(copier, *seq, way);
+    }
+    Ok(copy)
+}
+
+/// A WRITE from (`Way::Write`) or READ into (`Way::Read`) one local buffer of GPU memory, to or
+/// from a peer process on this machine: posted as a CUDA IPC reference to the buffer, acknowledged
+/// once the peer's copier has moved the bytes, when the peer has mapped its allocation (see
+/// [`ipc`](crate::ipc)). Whether it was posted (if not, the bytes must travel).
+fn post_reference(link: &mut Link, meta: Meta, r: DevRemote, local: &Locals, way: Way) -> bool {
+    let [Some((s, region)), None, ..] = &local.items else {
+        return false;
+    };
+    // Zero bytes touch no memory: nothing to refer to.
+    if s.length == 0 {
+        return false;
+    }
+    let Some(at) = link.reference(&*region.dma, s.addr, s.length) else {
+        return false;
+    };
+    let (alloc, offset, len) = (at.alloc, at.offset, at.len);
+    let op = match way {
+        Way::Write => Op::WriteRef { alloc, offset, len },
+        Way::Read => Op::ReadRef { alloc, offset, len },
+    };
+    link.post(meta, r, op, &[], Sink::Ack);
+    true
+}
+
+fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
+    DevRemote {
+        addr: r.addr,
+        rkey: r.rkey,
+    }
+}
+
+/// Checked local buffers (at most a WQE's worth, without allocating).
+pub(crate) struct Locals {
+    items: [Option<(Sge, Arc<Region>)>; MAX_SGES],
+}
+
+impl Locals {
+    /// The buffers, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
+        self.items.iter().map_while(Option::as_ref)
+    }
+}
+
+/// The local regions of `sges` in protection domain `pd` (the posting QP's), with the rights
+/// `need`; a bad key, range, PD or right is a local protection error.
+fn locals(hca: &Hca, cache: &mut RegionCache, pd: u32, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
+    let mut out = Locals {
+        items: Default::default(),
+    };
+    for (slot, s) in out.items.iter_mut().zip(sges) {
+        let r = hca
+            .region(cache, pd, s.lkey, s.addr, s.length as u64, need)
+            .ok_or(Syndrome::LocalProt)?;
+        *slot = Some((*s, r.clone()));
+    }
+    Ok(out)
+}
+
+/// Where a QP's requests go, resolved once per doorbell batch.
+pub(crate) enum Target<'a> {
+    /// A peer HCA in this process and the target QP: its responder runs right here.
+    Local(Arc<Hca>, Arc<SoftQp>),
+    /// A peer in another process, over the QP's link.
+    Remote(&'a mut Link),
+    /// Nowhere: requests fail with this syndrome.
+    Down(Syndrome),
+}
+
+/// Resolves a QP's peer: an in-process HCA and QP must still exist and the QP must accept
+/// requests; a remote peer is its link (which reports its own failures).
+pub(crate) fn resolve(peer: Option<&mut Peer>) -> Target<'_> {
+    match peer {
+        None => Target::Down(Syndrome::LocalQpOp),
+        Some(Peer::Remote(link)) => Target::Remote(link),
+        Some(Peer::Local { hca, qp }) => {
+            let Some(hca) = hca.upgrade() else {
+                return Target::Down(Syndrome::TransportRetryExc);
+            };
+            let qp = qp.upgrade();
+            match (responder::accepts(qp.as_deref()), qp) {
+                (Ok(()), Some(qp)) => Target::Local(hca, qp),
+                (Err(s), _) => Target::Down(s),
+                (Ok(()), None) => Target::Down(Syndrome::TransportRetryExc),
+            }
+        }
+    }
+}
+
+/// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`, or says why not.
+pub(crate) fn execute(
+    hca: &Hca,
+    qp: &SoftQp,
+    target: &mut Target<'_>,
+    meta: Meta,
+    wr: &WorkRequest,
+    wqe: &[u8],
+    scratch: &mut Scratch,
+) -> Result<Executed, Syndrome> {
+    let check_len = |len: u64| {
+        if len > qp.max_msg_size() {
+            Err(Syndrome::LocalLength)
+        } else {
+            Ok(len as u32)
+        }
+    };
+    let Scratch {
+        data: buf,
+        regions,
+        copies,
+    } = scratch;
+    // The fence mode, exactly as a NIC honours it (see `FenceMode`): no more, or tests would
+    // pass that hardware fails. Requests to a peer in this process are executed here, atomics
+    // to completion, so only GPU copies (of WRITEs and READs) and a remote link's requests can
+    // still be outstanding.
+    let fence = FenceMode::from_fm_ce_se(wr.fm_ce_se);
+    if let FenceMode::Reserved(_) = fence {
+        return Err(Syndrome::LocalQpOp);
+    }
+    if fence.waits_for_everything() {
+        settle(copies)?;
+    }
+    if fence.waits_for_reads_and_atomics() {
+        copies.settle_reads().map_err(|_| Syndrome::LocalAccess)?;
+        if let Target::Remote(link) = target {
+            if link.outstanding(fence.waits_for_everything()) {
+                return Ok(Executed::Fenced);
+            }
+        }
+    }
+    // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
+    match wr.op {
+        Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
+        // The HCA reads the local bytes (checked as a NIC checks them) and completes; what
+        // makes it a consistency point is its fence, handled above.
+        Operation::Dump { local } => {
+            locals(hca, regions, qp.pd, std::slice::from_ref(&local), Access::empty())?;
+            Ok(Executed::Done(0))
+        }
+        Operation::Write { remote: r, payload } => {
+            let (bytes, data): (u32, &[u8]) = match payload {
+                Payload::Inline { offset, len } => {
+                    settle(copies)?;
+                    let bytes = check_len(len as u64)?;
+                    let data = wqe
+                        .get(offset as usize..(offset + len) as usize)
+                        .ok_or(Syndrome::LocalLength)?;
+                    (bytes, data)
+                }
+                Payload::Gather(list) => {
+                    let bytes = check_len(list.total_len())?;
+                    let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
+                    // GPU memory to a target in this process: the GPU copies it in one step,
+                    // after the copies before it, and the engine completes the WQE once done.
+                    if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &src, Way::Write)? {
+                        return Ok(Executed::Copying { bytes, copier, seq });
+                    }
+                    settle(copies)?;
+                    // GPU memory to a peer process on this machine: a reference that the
+                    // peer's copier reads (CUDA IPC), once the peer has mapped the allocation.
+                    if let Target::Remote(link) = &mut *target {
+                        if post_reference(link, meta, remote(r), &src, Way::Write) {
+                            return Ok(Executed::InFlight);
+                        }
+                    }
+                    match &src.items {
+                        // One host buffer: hand it on without a copy.
+                        [Some((s, region)), None, ..] if region.dma.host_addressable() => {
+                            // SAFETY: the range was checked against a live, host-addressable
+                            // region; like DMA, concurrent writes by the application may be torn.
+                            let d = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                            (bytes, d)
+                        }
+                        _ => {
+                            buf.clear();
+                            for (s, region) in src.iter() {
+                                let at = buf.len();
+                                buf.resize(at + s.length as usize, 0);
+                                region
+                                    .dma
+                                    .read(s.addr, &mut buf[at..])
+                                    .map_err(|_| Syndrome::LocalAccess)?;
+                            }
+                            (bytes, &buf[..])
+                        }
+                    }
+                }
+            };
+            match target {
+                Target::Local(peer, tq) => {
+                    responder::write(peer, regions, tq.pd, remote(r), data).map(|()| Executed::Done(bytes))
+                }
+                Target::Remote(link) => {
+                    link.post(meta, remote(r), Op::Write { len: bytes }, data, Sink::Ack);
+                    Ok(Executed::InFlight)
+                }
+                Target::Down(s) => Err(*s),
+            }
+        }
+        Operation::Read { remote: r, local } => {
+            let bytes = check_len(local.total_len())?;
+            let dst = locals(hca, regions, qp.pd, local.as_slice(), Access::LOCAL_WRITE)?;
+            // From a source in this process into GPU memory (or GPU memory into memory that GPU
+            // reaches): one GPU copy, after the WRITEs' copies before it, completed once done.
+            if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &dst, Way::Read)? {
+                return Ok(Executed::Copying { bytes, copier, seq });
+            }
+            settle(copies)?;
+            match target {
+                Target::Local(peer, tq) => {
+                    buf.clear();
+                    buf.resize(bytes as usize, 0);
+                    responder::read(peer, regions, tq.pd, remote(r), buf)?;
+                    // Completer side: scatter the response.
+                    let mut at = 0;
+                    for (s, region) in dst.iter() {
+                        region
+                            .dma
+                            .write(s.addr, &buf[at..at + s.length as usize])
+                            .map_err(|_| Syndrome::LocalAccess)?;
+                        at += s.length as usize;
+                    }
+                    Ok(Executed::Done(bytes))
+                }
+                Target::Remote(link) => {
+                    // Into GPU memory from a peer process on this machine: a reference to where
+                    // the bytes go, which the peer's copier fills (CUDA IPC), once the peer has
+                    // mapped the allocation; it acknowledges them once they have landed.
+                    if post_reference(link, meta, remote(r), &dst, Way::Read) {
+                        return Ok(Executed::InFlight);
+                    }
+                    link.post(meta, remote(r), Op::Read { len: bytes }, &[], Sink::Scatter(dst));
+                    Ok(Executed::InFlight)
+                }
+                Target::Down(s) => Err(*s),
+            }
+        }
+        Operation::FetchAdd { remote: r, add, result } => {
+            settle(copies)?;
+            let op = AtomicOp::FetchAdd(add);
+            atomic(hca, regions, qp, target, meta, remote(r), op, result)
+        }
+        Operation::CompareSwap {
+            remote: r,
+            compare,
+            swap,
+            result,
+        } => {
+            settle(copies)?;
+            atomic(
+                hca,
+                regions,
+                qp,
+                target,
+                meta,
+                remote(r),
+                AtomicOp::CompareSwap { compare, swap },
+                result,
+            )
+        }
+    }
+}
+
+/// An atomic posted on `qp`: the result buffer is checked first, and the fetched value lands
+/// there in the QP's reply byte order, as the NIC's atomic endianness mode writes it.
+#[allow(clippy::too_many_arguments)]
+fn atomic(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    qp: &SoftQp,
+    target: &mut Target<'_>,
+    meta: Meta,
+    r: DevRemote,
+    op: AtomicOp,
+    result: Sge,
+) -> Result<Executed, Syndrome> {
+    let order = qp.atomic_reply;
+    let dst = locals(hca, cache, qp.pd, std::slice::from_ref(&result), Access::LOCAL_WRITE)?;
+    match target {
+        Target::Local(peer, tq) => {
+            let old = responder::atomic(peer, cache, tq.pd, r, op)?;
+            if let Some((_, region)) = &dst.items[0] {
+                region
+                    .dma
+                    .write(result.addr, &order.encode(old))
+                    .map_err(|_| Syndrome::LocalAccess)?;
+            }
+            Ok(Executed::Done(8))
+        }
+        Target::Remote(link) => {
+            let wire_op = match op {
+                AtomicOp::FetchAdd(add) => Op::FetchAdd { add },
+                AtomicOp::CompareSwap { compare, swap } => Op::CompareSwap { compare, swap },
+            };
+            link.post(meta, r, wire_op, &[], Sink::Atomic(dst, order));
+            Ok(Executed::InFlight)
+        }
+        Target::Down(s) => Err(*s),
+    }
+}

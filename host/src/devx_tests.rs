@@ -1,0 +1,306 @@
+//! Tests of the library over the DevX boundary: a recording device wraps the soft device and
+//! shows the commands the library sends.
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use gdaki_devx::*;
+use gdaki_layout::prm::command::{self, AddressPath, AtomicCaps};
+use gdaki_layout::prm::{CmdError, Opcode};
+use gdaki_soft::SoftDevice;
+
+use crate::{lock, Access, Context, ContextOptions, Provider, QpConfig, QpState};
+
+/// A device that records every call and passes it on to the soft firmware: the sequence a
+/// ConnectX gets from the same generic code.
+pub(crate) struct Recording {
+    inner: Arc<SoftDevice>,
+    calls: Mutex<Vec<String>>,
+    /// A command to refuse, as firmware would (`BAD_PARAM_ERR`).
+    refuse: Mutex<Option<Opcode>>,
+    /// Accept umems in GPU memory as a NIC does (through dma-buf): the soft firmware, which
+    /// reads queues with the CPU, is given a host stand-in of the same size instead, so
+    /// queues are created and moved through their states, but nothing is served from them.
+    stand_in_for_gpu_umems: bool,
+}
+
+impl Recording {
+    fn note(&self, call: impl Into<String>) {
+        lock(&self.calls).push(call.into());
+    }
+    fn create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
+        let op = command::opcode(input);
+        self.note(op.name());
+        if *lock(&self.refuse) == Some(op) {
+            let error = CmdError {
+                opcode: op,
+                status: gdaki_layout::prm::CmdStatus::BadParam,
+                syndrome: 0x1234,
+            };
+            command::fail(out, error.status, error.syndrome);
+            return Err(DeviceError::Command {
+                error,
+                detail: Some("refused by the test".into()),
+            });
+        }
+        self.inner.obj_create(input, out)
+    }
+    pub(crate) fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.calls))
+    }
+}
+
+impl Device for Recording {
+    fn general_cmd(&self, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+        self.note(command::opcode(input).name());
+        self.inner.general_cmd(input, out)
+    }
+    fn alloc_pd(&self) -> Result<u32, DeviceError> {
+        self.note("alloc_pd");
+        self.inner.alloc_pd()
+    }
+    fn dealloc_pd(&self, pd: u32) -> Result<(), DeviceError> {
+        self.note("dealloc_pd");
+        self.inner.dealloc_pd(pd)
+    }
+    fn alloc_uar(&self) -> Result<Uar, DeviceError> {
+        self.note("alloc_uar");
+        self.inner.alloc_uar()
+    }
+    fn free_uar(&self, uar: &Uar) {
+        self.note("free_uar");
+        self.inner.free_uar(uar)
+    }
+    fn query_eqn(&self) -> Result<u32, DeviceError> {
+        self.note("query_eqn");
+        self.inner.query_eqn()
+    }
+    fn umem_reg(&self, mem: &Memory) -> Result<u32, DeviceError> {
+        match mem.kind() {
+            MemoryKind::Gpu(_) if self.stand_in_for_gpu_umems => {
+                self.note(format!("umem_reg(gpu, {} bytes)", mem.len()));
+                let stand_in = Arc::new(HostBuffer::new("a GPU umem's stand-in", mem.len() as usize).unwrap());
+                // SAFETY: the whole stand-in buffer, which `keep` holds.
+                let host = unsafe {
+                    Memory::new(
+                        stand_in.addr(),
+                        stand_in.size() as u64,
+                        MemoryKind::Host { gpu_mapped: false },
+                        Some(stand_in),
+                    )
+                };
+                self.inner.umem_reg(&host)
+            }
+            _ => {
+                self.note("umem_reg");
+                self.inner.umem_reg(mem)
+            }
+        }
+    }
+    fn umem_dereg(&self, id: u32) -> Result<(), DeviceError> {
+        self.note("umem_dereg");
+        self.inner.umem_dereg(id)
+    }
+    fn obj_create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
+        self.create(input, out)
+    }
+    fn obj_modify(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+        self.note(command::opcode(input).name());
+        self.inner.obj_modify(handle, input, out)
+    }
+    fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
+        self.note(command::opcode(input).name());
+        self.inner.obj_query(handle, input, out)
+    }
+    fn obj_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        self.note("destroy");
+        self.inner.obj_destroy(handle)
+    }
+    fn query_port(&self) -> Result<Port, DeviceError> {
+        self.note("query_port");
+        self.inner.query_port()
+    }
+    fn reg_mr(&self, pd: u32, mem: &Memory, access: Access) -> Result<Mr, DeviceError> {
+        self.note("reg_mr");
+        self.inner.reg_mr(pd, mem, access)
+    }
+    fn dereg_mr(&self, mr: &Mr) -> Result<(), DeviceError> {
+        self.note("dereg_mr");
+        self.inner.dereg_mr(mr)
+    }
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn transport_addr(&self) -> Option<SocketAddr> {
+        self.inner.transport_addr()
+    }
+    fn transport_secret(&self, qpn: u32) -> u64 {
+        self.inner.transport_secret(qpn)
+    }
+    fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
+        self.note("resolve");
+        self.inner.resolve(peer)
+    }
+}
+
+fn recording_context() -> (Context, Arc<Recording>) {
+    recording_context_with(false)
+}
+
+/// A context on a [`Recording`] device; `stand_in_for_gpu_umems`: see there.
+pub(crate) fn recording_context_with(stand_in_for_gpu_umems: bool) -> (Context, Arc<Recording>) {
+    let rec = Arc::new(Recording {
+        inner: Arc::new(SoftDevice::open(Default::default(), Default::default(), Default::default()).unwrap()),
+        calls: Mutex::new(Vec::new()),
+        refuse: Mutex::new(None),
+        stand_in_for_gpu_umems,
+    });
+    let ctx = Context::open_on(rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
+    (ctx, rec)
+}
+
+/// The generic objects send a ConnectX the sequence rdma-core's DevX RC test and NVSHMEM's
+/// IBGDA send (../shared/reference/mlx5-devx.md), and give everything back in reverse.
+#[test]
+fn queues_send_the_devx_sequence_a_connectx_expects() {
+    let (ctx, rec) = recording_context();
+    assert_eq!(
+        rec.take(),
+        [
+            "QUERY_HCA_CAP",
+            "QUERY_HCA_CAP",
+            "query_eqn",
+            "query_port",
+            "alloc_uar",
+            "alloc_pd"
+        ]
+    );
+    let cq = ctx.create_cq(64).unwrap();
+    assert_eq!(rec.take(), ["umem_reg", "CREATE_CQ"]);
+    let qp = ctx
+        .create_qp(
+            &cq,
+            QpConfig {
+                sq_size: 64,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(rec.take(), ["umem_reg", "alloc_uar", "CREATE_QP"]);
+    qp.connect(&qp.endpoint()).unwrap();
+    assert_eq!(rec.take(), ["RST2INIT_QP", "resolve", "INIT2RTR_QP", "RTR2RTS_QP"]);
+    assert_eq!(qp.state(), QpState::Rts);
+    assert_eq!(rec.take(), ["QUERY_QP"]);
+
+    // A put through the queues the commands made, on a region the device registered.
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    assert_eq!(rec.take(), ["reg_mr"]);
+    // SAFETY: one poster; the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
+    dev.wait(dev.put(mr.remote(2048), mr.local(0), 64).unwrap()).unwrap();
+    assert_eq!(cq.written().unwrap(), 1);
+    assert_eq!(rec.take(), ["QUERY_CQ"]);
+
+    qp.to_error().unwrap();
+    assert_eq!(qp.error(), Some(gdaki_layout::Syndrome::WrFlush));
+    assert_eq!(rec.take(), ["2ERR_QP", "QUERY_QP"]);
+    drop(cq); // the QP keeps its CQ until it goes
+    assert_eq!(rec.take(), Vec::<String>::new());
+    drop(qp);
+    assert_eq!(
+        rec.take(),
+        ["destroy", "free_uar", "umem_dereg", "destroy", "umem_dereg"],
+        "the QP, its UAR and umem, then its CQ and the CQ's umem"
+    );
+    drop(mr);
+    assert_eq!(rec.take(), ["dereg_mr"]);
+    // A second protection domain on the same device: its own PD, nothing else opened
+    // again, given back when it and its regions are gone.
+    let tenant = ctx.alloc_pd().unwrap();
+    assert_eq!(rec.take(), ["alloc_pd"]);
+    assert_ne!(tenant.pd(), ctx.pd());
+    let theirs = tenant.alloc_region(4096, Access::ALL).unwrap();
+    drop(tenant);
+    assert_eq!(rec.take(), ["reg_mr"], "the region holds its PD");
+    drop(theirs);
+    assert_eq!(rec.take(), ["dereg_mr", "dealloc_pd"]);
+    drop(ctx);
+    assert_eq!(
+        rec.take(),
+        ["dealloc_pd", "free_uar"],
+        "the PD, then the CQs' UAR page go with the context"
+    );
+}
+
+/// The report names what gdaki needs and judges each requirement: the soft device meets
+/// them all; a device with smaller caps is limited, one without version-1 CQEs unusable.
+#[test]
+fn the_device_report_judges_each_requirement() {
+    let (ctx, _rec) = recording_context();
+    let rep = ctx.device_report();
+    assert!(rep.usable() && rep.requirements.iter().all(|r| r.met), "{rep:#?}");
+    assert_eq!((rep.name.as_str(), rep.port, rep.link_layer), ("soft", 1, "Ethernet"));
+    assert!(rep.gid.starts_with("fe80::"), "{}", rep.gid);
+
+    let mut opened = Devx::open(Arc::new(
+        SoftDevice::open(Default::default(), Default::default(), Default::default()).unwrap(),
+    ))
+    .unwrap();
+    opened.caps.general.log_max_qp_sz = 10;
+    opened.caps.atomic.operations = AtomicCaps::FETCH_ADD;
+    let rep = opened.report();
+    let unmet: Vec<_> = rep.requirements.iter().filter(|r| !r.met).map(|r| r.what).collect();
+    assert_eq!(unmet, ["atomics on RC QPs", "send queue size"]);
+    assert!(rep.usable(), "limits, not blockers");
+    opened.caps.general.cqe_version = 0;
+    assert!(!opened.report().usable());
+}
+
+/// A device's refusal reaches the caller as `Error::Device` with the command, status and
+/// syndrome, and the half-made queue is given back: the CQ serves the next QP.
+#[test]
+fn a_refused_create_gives_back_what_it_took() {
+    let (ctx, rec) = recording_context();
+    let cq = ctx.create_cq(16).unwrap();
+    let cfg = QpConfig {
+        sq_size: 16,
+        ..Default::default()
+    };
+    rec.take();
+    *lock(&rec.refuse) = Some(Opcode::CreateQp);
+    let err = ctx.create_qp(&cq, cfg.clone()).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, crate::Error::Device { .. }), "{text}");
+    assert!(
+        text.contains("CREATE_QP") && text.contains("BAD_PARAM") && text.contains("0x00001234"),
+        "{text}"
+    );
+    assert_eq!(
+        rec.take(),
+        ["umem_reg", "alloc_uar", "CREATE_QP", "free_uar", "umem_dereg"]
+    );
+    *lock(&rec.refuse) = None;
+    let qp = ctx.create_qp(&cq, cfg.clone()).unwrap();
+    qp.connect(&qp.endpoint()).unwrap();
+    // gdaki's own limits are checked before the device is asked.
+    rec.take();
+    assert!(matches!(ctx.create_cq(3), Err(crate::Error::BadSize { .. })));
+    assert!(matches!(ctx.create_qp(&cq, cfg), Err(crate::Error::CqInUse { .. })));
+    assert!(rec.take().is_empty());
+}
+
+/// GPU 0 for a unit test, or `None` after printing a `SKIPPED` line where there is no usable
+/// GPU; with `GDAKI_REQUIRE_GPU=1` (the GPU runner sets it) a missing GPU fails the test.
+pub(crate) fn gpu_or_skip(test: &str) -> Option<gdaki_cuda::Gpu> {
+    use std::io::Write;
+    match gdaki_cuda::Gpu::open(0) {
+        Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("GDAKI_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
+        Err(e) => {
+            // The raw handle: the harness captures eprintln! of passing tests.
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no usable GPU): {test}: {e}");
+            None
+        }
+    }
+}
