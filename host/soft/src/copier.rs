@@ -1,6 +1,6 @@
 //! GPU memory for the soft HCA: the copier, a persistent kernel (`gdaki_copier`) that moves
 //! bytes to, from and within device memory and runs atomics on it, fed descriptors through a
-//! host-pinned ring; and `DeviceDma`, the `Dma` of device-memory regions.
+//! host-pinned ring (`DeviceDma`, in `dma`, reaches device-memory regions through it).
 //!
 //! Why a persistent kernel: the CPU cannot address device memory, CUDA's copy calls cost
 //! microseconds each, and work launched by the HCA's threads while an application kernel runs
@@ -15,7 +15,7 @@
 //! [`quiesced`](gdaki_cuda::quiesced) too (or drop its device-memory regions first). Free GPU memory only while no
 //! kernel waits on the soft HCA.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
@@ -26,8 +26,8 @@ use gdaki_layout::copy::{
 };
 use tracing::{debug, error};
 
-use crate::dma::{Dma, DmaFault};
-use gdaki_cuda::{CudaError, DeviceBuffer, Gpu, GpuUuid, HostMapping, IpcExport};
+use crate::error::DmaFault;
+use gdaki_cuda::{CudaError, DeviceBuffer, Gpu, GpuUuid, HostMapping};
 use gdaki_devx::util::lock;
 use gdaki_devx::HostBuffer;
 
@@ -647,6 +647,47 @@ impl Copier {
     }
 }
 
+impl Copier {
+    /// 8-byte fetch-and-add on device memory at `addr`; returns the old value.
+    pub(crate) fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault> {
+        self.run(OP_FETCH_ADD, addr, 0, 8, add, 0)
+    }
+
+    /// 8-byte compare-and-swap on device memory at `addr`; returns the old value.
+    pub(crate) fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> Result<u64, DmaFault> {
+        self.run(OP_COMPARE_SWAP, addr, 0, 8, compare, swap)
+    }
+
+    /// Moves `len` bytes between device memory at `dev` and host memory at `host`, through the
+    /// bounce buffer, a chunk at a time.
+    ///
+    /// # Safety
+    /// `host..host + len` is a buffer the caller may read (and, from the device, write), and
+    /// `dev..dev + len` device memory of this copier's GPU.
+    pub(crate) unsafe fn bounce(&self, dev: u64, host: *mut u8, len: usize, to_device: bool) -> Result<(), DmaFault> {
+        let c = self;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(BOUNCE_BYTES);
+            let at = dev + done as u64;
+            // The bounce buffer is shared: hold it for the copy and the host side of it.
+            let _bounce = lock(&c.bounce_lock);
+            // SAFETY: `host + done .. + n` is the caller's buffer; the bounce holds BOUNCE_BYTES.
+            unsafe {
+                if to_device {
+                    std::ptr::copy_nonoverlapping(host.add(done), c.bounce_host(), n);
+                    c.copy(at, c.bounce.device_addr(0), n as u64)?;
+                } else {
+                    c.copy(c.bounce.device_addr(0), at, n as u64)?;
+                    std::ptr::copy_nonoverlapping(c.bounce_host(), host.add(done), n);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Copier {
     fn drop(&mut self) {
         let mut st = lock(&self.state);
@@ -781,102 +822,5 @@ impl Pending {
         if self.copies.is_empty() {
             self.way = None;
         }
-    }
-}
-
-/// The copier that can move bytes between memory `a` and `b` in one step: one side is device
-/// memory of its GPU and the other the same GPU's, or host memory mapped into the GPUs.
-pub(crate) fn shared_copier<'a>(a: &'a dyn Dma, b: &'a dyn Dma) -> Option<&'a Arc<Copier>> {
-    match (a.gpu_copier(), b.gpu_copier()) {
-        (Some(x), Some(y)) => Arc::ptr_eq(x, y).then_some(x),
-        (Some(x), None) if b.gpu_mapped() => Some(x),
-        (None, Some(y)) if a.gpu_mapped() => Some(y),
-        _ => None,
-    }
-}
-
-/// Device memory of a region: every access goes through the copier of its GPU. Host memory is
-/// reached through the copier's pinned bounce buffer.
-pub(crate) struct DeviceDma {
-    pub copier: Arc<Copier>,
-    /// The region (`addr`, `len`), whose allocation is exported for CUDA IPC at its first
-    /// WRITE to a peer process; `None` for memory that is never exported (a peer's, mapped).
-    span: Option<(u64, u64)>,
-    export: OnceLock<Option<IpcExport>>,
-}
-
-impl DeviceDma {
-    /// The `Dma` of a region of `len` bytes at `addr`, device memory of `copier`'s GPU.
-    pub fn new(copier: Arc<Copier>, addr: u64, len: u64) -> DeviceDma {
-        DeviceDma {
-            copier,
-            span: Some((addr, len)),
-            export: OnceLock::new(),
-        }
-    }
-
-    /// The `Dma` of another process's device memory mapped into this one (CUDA IPC): never
-    /// exported again.
-    pub fn imported(copier: Arc<Copier>) -> DeviceDma {
-        DeviceDma {
-            copier,
-            span: None,
-            export: OnceLock::new(),
-        }
-    }
-
-    /// Moves `len` bytes between device memory at `dev` and host memory at `host`, through the
-    /// bounce buffer, a chunk at a time.
-    fn bounce(&self, dev: u64, host: *mut u8, len: usize, to_device: bool) -> Result<(), DmaFault> {
-        let c = &self.copier;
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(BOUNCE_BYTES);
-            let at = dev + done as u64;
-            // The bounce buffer is shared: hold it for the copy and the host side of it.
-            let _bounce = lock(&c.bounce_lock);
-            // SAFETY: `host + done .. + n` is the caller's buffer; the bounce holds BOUNCE_BYTES.
-            unsafe {
-                if to_device {
-                    std::ptr::copy_nonoverlapping(host.add(done), c.bounce_host(), n);
-                    c.copy(at, c.bounce.device_addr(0), n as u64)?;
-                } else {
-                    c.copy(c.bounce.device_addr(0), at, n as u64)?;
-                    std::ptr::copy_nonoverlapping(c.bounce_host(), host.add(done), n);
-                }
-            }
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-// SAFETY: touches only the given ranges (of device memory, through the copier's kernel, and of
-// the caller's host buffers).
-unsafe impl Dma for DeviceDma {
-    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
-        self.bounce(addr, dst.as_mut_ptr(), dst.len(), false)
-    }
-    fn write(&self, addr: u64, src: &[u8]) -> Result<(), DmaFault> {
-        self.bounce(addr, src.as_ptr() as *mut u8, src.len(), true)
-    }
-    fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault> {
-        self.copier.run(OP_FETCH_ADD, addr, 0, 8, add, 0)
-    }
-    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> Result<u64, DmaFault> {
-        self.copier.run(OP_COMPARE_SWAP, addr, 0, 8, compare, swap)
-    }
-    fn gpu_copier(&self) -> Option<&Arc<Copier>> {
-        Some(&self.copier)
-    }
-    fn ipc_export(&self) -> Option<&IpcExport> {
-        let (addr, len) = self.span?;
-        self.export
-            .get_or_init(|| {
-                IpcExport::of(self.copier.context(), addr, len)
-                    .inspect_err(|e| debug!("device memory at {addr:#x} is sent as bytes: {e}"))
-                    .ok()
-            })
-            .as_ref()
     }
 }

@@ -3,12 +3,14 @@
 //! implementation. Addresses are the ones posters use (virtual addresses); the caller has already checked them against a
 //! registered region.
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-/// A transfer that could not be made (a GPU copy failed or timed out; the cause is logged where
-/// it happened). The WQE fails as a NIC's DMA error fails it: a local access error at the
-/// requester, a remote operation error at the responder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DmaFault;
+use gdaki_cuda::IpcExport;
+use tracing::debug;
+
+use crate::copier::Copier;
+
+pub use crate::error::DmaFault;
 
 /// Memory the soft HCA reads and writes on a region's behalf.
 ///
@@ -35,12 +37,12 @@ pub unsafe trait Dma: Send + Sync {
         false
     }
     /// The copier of the GPU this memory lives on (device memory only).
-    fn gpu_copier(&self) -> Option<&std::sync::Arc<crate::copier::Copier>> {
+    fn gpu_copier(&self) -> Option<&Arc<Copier>> {
         None
     }
     /// The CUDA IPC export of this region's allocation, made at the first call (device memory
     /// that another process may map; `None` when it cannot be exported).
-    fn ipc_export(&self) -> Option<&gdaki_cuda::IpcExport> {
+    fn ipc_export(&self) -> Option<&IpcExport> {
         None
     }
 }
@@ -90,5 +92,84 @@ unsafe impl Dma for HostDma {
     }
     fn gpu_mapped(&self) -> bool {
         self.mapped
+    }
+}
+
+/// The copier that can move bytes between memory `a` and `b` in one step: one side is device
+/// memory of its GPU and the other the same GPU's, or host memory mapped into the GPUs.
+pub(crate) fn shared_copier<'a>(a: &'a dyn Dma, b: &'a dyn Dma) -> Option<&'a Arc<Copier>> {
+    match (a.gpu_copier(), b.gpu_copier()) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y).then_some(x),
+        (Some(x), None) if b.gpu_mapped() => Some(x),
+        (None, Some(y)) if a.gpu_mapped() => Some(y),
+        _ => None,
+    }
+}
+
+/// Device memory of a region: every access goes through the copier of its GPU. Host memory is
+/// reached through the copier's pinned bounce buffer.
+pub(crate) struct DeviceDma {
+    pub copier: Arc<Copier>,
+    /// The region (`addr`, `len`), whose allocation is exported for CUDA IPC at its first
+    /// WRITE to a peer process; `None` for memory that is never exported (a peer's, mapped).
+    span: Option<(u64, u64)>,
+    export: OnceLock<Option<IpcExport>>,
+}
+
+impl DeviceDma {
+    /// The `Dma` of a region of `len` bytes at `addr`, device memory of `copier`'s GPU.
+    pub fn new(copier: Arc<Copier>, addr: u64, len: u64) -> DeviceDma {
+        DeviceDma {
+            copier,
+            span: Some((addr, len)),
+            export: OnceLock::new(),
+        }
+    }
+
+    /// The `Dma` of another process's device memory mapped into this one (CUDA IPC): never
+    /// exported again.
+    pub fn imported(copier: Arc<Copier>) -> DeviceDma {
+        DeviceDma {
+            copier,
+            span: None,
+            export: OnceLock::new(),
+        }
+    }
+
+    /// Moves `len` bytes between device memory at `dev` and host memory at `host`.
+    fn bounce(&self, dev: u64, host: *mut u8, len: usize, to_device: bool) -> Result<(), DmaFault> {
+        // SAFETY: `host..host + len` is the caller's buffer (a `Dma` call's slice) and
+        // `dev..dev + len` lies in this region's device memory (the `Dma` contract).
+        unsafe { self.copier.bounce(dev, host, len, to_device) }
+    }
+}
+
+// SAFETY: touches only the given ranges (of device memory, through the copier's kernel, and of
+// the caller's host buffers).
+unsafe impl Dma for DeviceDma {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
+        self.bounce(addr, dst.as_mut_ptr(), dst.len(), false)
+    }
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), DmaFault> {
+        self.bounce(addr, src.as_ptr() as *mut u8, src.len(), true)
+    }
+    fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault> {
+        self.copier.fetch_add(addr, add)
+    }
+    fn compare_swap(&self, addr: u64, compare: u64, swap: u64) -> Result<u64, DmaFault> {
+        self.copier.compare_swap(addr, compare, swap)
+    }
+    fn gpu_copier(&self) -> Option<&Arc<Copier>> {
+        Some(&self.copier)
+    }
+    fn ipc_export(&self) -> Option<&IpcExport> {
+        let (addr, len) = self.span?;
+        self.export
+            .get_or_init(|| {
+                IpcExport::of(self.copier.context(), addr, len)
+                    .inspect_err(|e| debug!("device memory at {addr:#x} is sent as bytes: {e}"))
+                    .ok()
+            })
+            .as_ref()
     }
 }

@@ -43,3 +43,9 @@ pub enum Error {
 
 /// The soft HCA's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A transfer that could not be made (a GPU copy failed or timed out; the cause is logged where
+/// it happened). The WQE fails as a NIC's DMA error fails it: a local access error at the
+/// requester, a remote operation error at the responder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaFault;

@@ -23,7 +23,8 @@ use gdaki_layout::prm::layout::{query_cq_out, query_qp_out};
 use gdaki_layout::prm::{get, get_bytes, set, Bits, CmdError, CmdStatus, Opcode};
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
-use crate::copier::{Copier, DeviceDma};
+use crate::copier::Copier;
+use crate::dma::DeviceDma;
 use crate::dma::{Dma, HostDma};
 use crate::engine::{Engine, Idle};
 use crate::objects::{Peer, RtrPeer, SoftCq, SoftQp, Window};

@@ -36,7 +36,8 @@ use std::sync::{Arc, Mutex};
 
 use tracing::debug;
 
-use crate::copier::{Copier, DeviceDma, Pending};
+use crate::copier::{Copier, Pending};
+use crate::dma::DeviceDma;
 use crate::dma::DmaFault;
 use gdaki_cuda::{IpcExport, IpcImport, IPC_HANDLE_BYTES};
 use gdaki_devx::util::lock;

@@ -43,8 +43,7 @@ use gdaki_devx::wire::{self, Header, Kind, Op, Request, Response, WireError, HEA
 use gdaki_devx::Access;
 use gdaki_devx::QpState;
 
-/// How often blocked reads wake up to check deadlines, stop flags and dead peers.
-pub(crate) const POLL: Duration = Duration::from_millis(50);
+pub(crate) use crate::shm::POLL;
 /// Bounce buffer size for payloads.
 const CHUNK: usize = 256 << 10;
 /// How long connection set-up may take.

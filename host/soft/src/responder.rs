@@ -7,7 +7,8 @@ use tracing::warn;
 
 use std::sync::Arc;
 
-use crate::copier::{shared_copier, Copier, Way};
+use crate::copier::{Copier, Way};
+use crate::dma::shared_copier;
 use crate::dma::Dma;
 use crate::objects::SoftQp;
 use crate::{Hca, RegionCache};

@@ -35,6 +35,10 @@ use rustix::thread::futex;
 /// 64 MiB `/dev/shm` of a default container holds 31 times before offers start to fail (and
 /// connections stay on TCP).
 pub(crate) const RING_BYTES: usize = 1 << 20;
+
+/// How often blocked reads (of the socket and of the shared ring) wake up to check deadlines,
+/// stop flags and dead peers.
+pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// The segment header: magic, ring size, the two rings' control blocks.
 const HEADER: usize = 4096;
 /// The segment's size.
@@ -352,7 +356,7 @@ impl Tx {
             ctl.writer_waiting.store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
             if !moved() {
-                wait(&ctl.space_seq, seq, crate::net::POLL.min(self.timeout));
+                wait(&ctl.space_seq, seq, POLL.min(self.timeout));
             }
             ctl.writer_waiting.store(0, Ordering::Relaxed);
             if moved() {
@@ -554,7 +558,7 @@ impl Rx {
             // Flag, then look at the tail (see `Tx::publish`).
             fence(Ordering::SeqCst);
             if self.available()? == 0 && !ended() {
-                wait(&ctl.data_seq, seq, crate::net::POLL);
+                wait(&ctl.data_seq, seq, POLL);
             }
             ctl.reader_waiting.store(0, Ordering::Relaxed);
             slept = true;
