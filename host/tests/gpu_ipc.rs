@@ -55,7 +55,8 @@ fn peer_process() {
         return;
     };
     common::log_from_env();
-    let gpu = gdaki::cuda::Gpu::open(0).unwrap();
+    let ordinal = std::env::var("GDAKI_GPU_IPC_PEER_GPU").map_or(0, |g| g.parse().unwrap());
+    let gpu = gdaki::cuda::Gpu::open(ordinal).unwrap();
     let ctx = listening(mode == "on");
     let dev = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
     let pinned = ctx.alloc_pinned_region(&gpu, HOST_LEN, Access::ALL).unwrap();
@@ -99,8 +100,12 @@ fn peer_process() {
     thread::sleep(Duration::from_secs(60));
 }
 
-fn spawn_peer(mode: &str) -> PeerProcess {
-    PeerProcess::spawn(&[("GDAKI_GPU_IPC_PEER", mode)])
+/// The peer, in `mode`, with its memory on GPU `gpu`.
+fn spawn_peer(mode: &str, gpu: usize) -> PeerProcess {
+    PeerProcess::spawn(&[
+        ("GDAKI_GPU_IPC_PEER", mode),
+        ("GDAKI_GPU_IPC_PEER_GPU", &gpu.to_string()),
+    ])
 }
 
 /// Which request with a key the peer never gave ends a run (it fails the QP).
@@ -114,10 +119,14 @@ enum Bad {
 /// refuses them) from a requester with CUDA IPC `ipc`, then reads every written range back
 /// into another allocation of device memory here (each READ after the WRITEs it reads), and
 /// checks those bytes; returns how many copies the peer's copier was handed and how many
-/// descriptors this side's copier ran for the writes and reads after the first of each.
-fn run(test: &str, mode: &str, ipc: bool, bad: Bad) -> Option<(u64, u64)> {
+/// descriptors this side's copier ran for the writes and reads after the first of each. The
+/// requester's memory is on GPU 0, the peer's on GPU `peer_gpu`.
+fn run(test: &str, mode: &str, ipc: bool, bad: Bad, peer_gpu: usize) -> Option<(u64, u64)> {
     let (gpu, _one) = gpu_or_skip(test)?;
-    let peer = spawn_peer(mode);
+    if peer_gpu > 0 && !common::has_gpus(test, peer_gpu + 1) {
+        return None;
+    }
+    let peer = spawn_peer(mode, peer_gpu);
     let ctx = listening(ipc);
     let src = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
     src.write(0, &pattern(5, LEN)).unwrap();
@@ -183,9 +192,10 @@ fn run(test: &str, mode: &str, ipc: bool, bad: Bad) -> Option<(u64, u64)> {
     Some((copies.parse().unwrap(), ran))
 }
 
-/// The run with references both ways, checking that they carried every byte.
-fn references(test: &str, bad: Bad) {
-    let Some((copies, ran)) = run(test, "on", true, bad) else {
+/// The run with references both ways, checking that they carried every byte (the peer's memory
+/// on GPU `peer_gpu`).
+fn references(test: &str, bad: Bad, peer_gpu: usize) {
+    let Some((copies, ran)) = run(test, "on", true, bad, peer_gpu) else {
         return;
     };
     // Every WRITE after the first, and the signal's put, was one copy on the peer's GPU, and so
@@ -210,6 +220,7 @@ fn device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads() {
     references(
         "device_memory_goes_to_a_peer_process_as_a_reference_its_copier_reads",
         Bad::Write,
+        0,
     );
 }
 
@@ -218,12 +229,27 @@ fn a_read_into_device_memory_is_a_reference_the_peer_process_fills() {
     references(
         "a_read_into_device_memory_is_a_reference_the_peer_process_fills",
         Bad::Read,
+        0,
     );
+}
+
+/// A peer process whose memory is on another GPU of this machine maps the requester's
+/// allocations into its own GPU (P2P over NVLink or PCIe): its copier pulls every WRITE and
+/// pushes every READ GPU to GPU, and no byte goes through host memory here.
+#[test]
+fn a_peer_process_on_another_gpu_copies_gpu_to_gpu() {
+    references("a_peer_process_on_another_gpu_copies_gpu_to_gpu", Bad::Write, 1);
 }
 
 #[test]
 fn a_peer_that_refuses_the_mapping_gets_the_bytes() {
-    let Some((copies, ran)) = run("a_peer_that_refuses_the_mapping_gets_the_bytes", "off", true, Bad::Read) else {
+    let Some((copies, ran)) = run(
+        "a_peer_that_refuses_the_mapping_gets_the_bytes",
+        "off",
+        true,
+        Bad::Read,
+        0,
+    ) else {
         return;
     };
     assert_eq!(copies, 0, "the peer's copier was handed references it refused");
@@ -232,7 +258,7 @@ fn a_peer_that_refuses_the_mapping_gets_the_bytes() {
 
 #[test]
 fn without_cuda_ipc_the_bytes_travel() {
-    let Some((copies, ran)) = run("without_cuda_ipc_the_bytes_travel", "on", false, Bad::Write) else {
+    let Some((copies, ran)) = run("without_cuda_ipc_the_bytes_travel", "on", false, Bad::Write, 0) else {
         return;
     };
     assert_eq!(copies, 0);

@@ -29,6 +29,39 @@ pub fn uuid(ctx: &CudaContext) -> Result<GpuUuid, CudaError> {
     Ok(u.bytes.map(|b| b as u8))
 }
 
+/// Whether kernels on the GPU of `ctx` can read and write device memory of the GPU with UUID
+/// `peer` through a P2P mapping (NVLink or PCIe): the same GPU, or one `cuDeviceCanAccessPeer`
+/// says it reaches. `false` where that GPU is not visible to this process
+/// (`CUDA_VISIBLE_DEVICES`), or where a driver call fails.
+pub fn reaches(ctx: &CudaContext, peer: &GpuUuid) -> bool {
+    let from = ctx.cu_device();
+    let mut count = 0;
+    // SAFETY: a valid out-pointer; the driver is loaded (a context exists).
+    if unsafe { sys::cuDeviceGetCount(&mut count) }.result().is_err() {
+        return false;
+    }
+    for ordinal in 0..count {
+        let mut dev = 0;
+        let mut u = sys::CUuuid_st { bytes: [0; 16] };
+        // SAFETY: valid out-pointers, an ordinal below the count.
+        let found = unsafe { sys::cuDeviceGet(&mut dev, ordinal) }.result().is_ok()
+            && unsafe { sys::cuDeviceGetUuid_v2(&mut u, dev) }.result().is_ok();
+        if !found || u.bytes.map(|b| b as u8) != *peer {
+            continue;
+        }
+        if dev == from {
+            return true;
+        }
+        let mut can = 0;
+        // SAFETY: a valid out-pointer and two devices the driver just named.
+        return unsafe { sys::cuDeviceCanAccessPeer(&mut can, from, dev) }
+            .result()
+            .is_ok()
+            && can != 0;
+    }
+    false
+}
+
 /// One allocation of device memory, exported for other processes: what a peer needs to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcExport {

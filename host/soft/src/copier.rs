@@ -192,9 +192,14 @@ impl Copier {
             .find(|c| c.ctx.ordinal() == ordinal)
     }
 
-    /// The live copier of the GPU with this UUID, if there is one (none is started).
-    pub(crate) fn on_gpu(uuid: &GpuUuid) -> Option<Arc<Copier>> {
-        lock(&COPIERS).iter().filter_map(Weak::upgrade).find(|c| c.gpu == *uuid)
+    /// The live copiers of this process, oldest first (none is started).
+    pub(crate) fn live() -> Vec<Arc<Copier>> {
+        lock(&COPIERS).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// The UUID of its GPU.
+    pub(crate) fn gpu(&self) -> &GpuUuid {
+        &self.gpu
     }
 
     /// The context of its GPU.

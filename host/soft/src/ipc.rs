@@ -25,8 +25,10 @@
 //!   allocation the responder mapped, within the mapping's own size (the driver's record, not
 //!   the offer's); anything else is a protocol violation that ends the connection. The
 //!   mappings are closed when the connection ends.
-//! - **Limits.** Legacy IPC only: memory made with `cuMemCreate`, or on a GPU the responder
-//!   has no copier for, is sent as bytes. A READ with more than one local buffer carries
+//! - **Across GPUs.** The responder maps an allocation with a copier on its GPU, else with one
+//!   whose GPU reaches it over P2P ([`choose`]): that copier then moves the bytes GPU to GPU.
+//! - **Limits.** Legacy IPC only: memory made with `cuMemCreate`, or on a GPU none of the
+//!   responder's copiers reaches, is sent as bytes. A READ with more than one local buffer carries
 //!   bytes. The responder writes a READ's bytes into the requester's memory, so a requester
 //!   must not free a READ's buffer before it completes (as with any RDMA READ); one that
 //!   completes with a transport error may still be written by a copy the responder had
@@ -39,7 +41,7 @@ use tracing::debug;
 use crate::copier::{Copier, Pending};
 use crate::dma::DeviceDma;
 use crate::dma::DmaFault;
-use gdaki_cuda::{IpcExport, IpcImport, IPC_HANDLE_BYTES};
+use gdaki_cuda::{GpuUuid, IpcExport, IpcImport, IPC_HANDLE_BYTES};
 use gdaki_devx::util::lock;
 #[cfg(doc)]
 use gdaki_devx::wire::Op;
@@ -47,6 +49,34 @@ use gdaki_devx::wire::{GpuAnswer, GpuOffer};
 
 /// Allocations one connection may offer: a peer cannot make a responder hold more mappings.
 pub(crate) const MAX_OFFERS: u32 = 1024;
+
+/// Whether this process said that an offered allocation's GPU cannot be reached.
+static NO_PATH_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How a copier reaches an offered allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// It is on the copier's own GPU: copies stay inside that GPU.
+    SameGpu,
+    /// It is on another GPU the copier's GPU reaches through a P2P mapping (NVLink or PCIe):
+    /// the copier's kernel reads and writes it there, GPU to GPU, never through host memory.
+    Peer,
+}
+
+/// The copier that maps an allocation of GPU `offered`: one on that GPU, else the first whose
+/// GPU reaches it (`reaches`); `None` leaves the bytes path. The rule is the same for WRITE
+/// references (the copier pulls the requester's bytes) and READ references (it pushes them).
+pub(crate) fn choose<'c, C>(
+    offered: &GpuUuid,
+    copiers: &'c [C],
+    gpu: impl Fn(&C) -> GpuUuid,
+    reaches: impl Fn(&C) -> bool,
+) -> Option<(&'c C, Path)> {
+    if let Some(c) = copiers.iter().find(|c| gpu(c) == *offered) {
+        return Some((c, Path::SameGpu));
+    }
+    copiers.iter().find(|c| reaches(c)).map(|c| (c, Path::Peer))
+}
 
 /// The requester's side on one connection: what it offered. The peer's answers, by offer id
 /// (`None` while outstanding), are [`Answers`], which the receiver thread fills.
@@ -181,13 +211,23 @@ impl Imports {
     }
 
     fn open(o: &GpuOffer) -> Option<Import> {
-        let Some(copier) = Copier::on_gpu(&o.gpu) else {
-            debug!(
-                offer = o.id,
-                "no copier on the offered allocation's GPU: its WRITEs stay bytes"
-            );
+        let live = Copier::live();
+        let reaches = |c: &Arc<Copier>| gdaki_cuda::gpu_reaches(c.context(), &o.gpu);
+        let Some((copier, path)) = choose(&o.gpu, &live, |c| *c.gpu(), reaches) else {
+            if live.is_empty() {
+                debug!(offer = o.id, "no GPU copier in this process: its WRITEs stay bytes");
+            } else if !NO_PATH_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                // Said once a process: every offer from that GPU would say it again.
+                tracing::warn!(
+                    offer = o.id,
+                    "a peer's GPU memory is on a GPU this process's GPUs cannot reach (no P2P path, or \
+                     it is not visible here): data to and from it travels as bytes through host memory"
+                );
+            }
             return None;
         };
+        let copier = copier.clone();
+        debug!(offer = o.id, ?path, "GPU allocation mapped for this process's copier");
         match IpcImport::open(copier.context(), &o.handle) {
             Ok(mem) => Some(Import {
                 dma: DeviceDma::imported(copier),
@@ -318,5 +358,26 @@ mod tests {
         }
         assert!(im.offer(&offer(MAX_OFFERS), false).is_err());
         assert!(im.settle().is_ok());
+    }
+
+    /// An offered allocation goes to a copier on its own GPU first, then to one whose GPU
+    /// reaches it over P2P, and to none (the bytes path) where no GPU here reaches it.
+    #[test]
+    fn an_offer_is_mapped_by_its_own_gpu_then_a_peer_gpu_then_none() {
+        // (GPU, the GPUs it reaches)
+        let copiers = [
+            ([1u8; 16], vec![[2u8; 16]]),
+            ([2u8; 16], vec![[1u8; 16]]),
+            ([3u8; 16], vec![]),
+        ];
+        let pick = |offered: [u8; 16], among: &[([u8; 16], Vec<[u8; 16]>)]| {
+            choose(&offered, among, |c| c.0, |c| c.1.contains(&offered)).map(|(c, p)| (c.0, p))
+        };
+        assert_eq!(pick([2; 16], &copiers), Some(([2; 16], Path::SameGpu)));
+        assert_eq!(pick([2; 16], &copiers[..1]), Some(([1; 16], Path::Peer)));
+        assert_eq!(pick([1; 16], &copiers[1..]), Some(([2; 16], Path::Peer)));
+        assert_eq!(pick([4; 16], &copiers), None);
+        assert_eq!(pick([1; 16], &copiers[2..]), None);
+        assert_eq!(pick([1; 16], &[]), None);
     }
 }

@@ -105,6 +105,16 @@ pub fn gpu_or_skip(test: &str) -> Option<(Gpu, std::sync::MutexGuard<'static, ()
     }
 }
 
+/// Whether this machine has at least `n` usable GPUs; says `SKIPPED (needs N GPUs)` where not
+/// (also under `GDAKI_REQUIRE_GPU=1`, which asks for one GPU, not several).
+pub fn has_gpus(test: &str, n: usize) -> bool {
+    let found = gdaki::cuda::probe().map_or(0, |i| i.gpus.len());
+    if found < n {
+        let _ = writeln!(std::io::stderr(), "SKIPPED (needs {n} GPUs, found {found}): {test}");
+    }
+    found >= n
+}
+
 /// This test binary run a second time as the peer process of a two-process test: only its
 /// test `peer_process`, which does nothing unless the environment `env` sets says so, and
 /// which prints `PORT <n>` once it listens. Killed when dropped.
