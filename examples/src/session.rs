@@ -3,7 +3,7 @@
 use std::net::{SocketAddr, TcpListener};
 
 use anyhow::{bail, Context as _};
-use gdaki::cuda::Gpu;
+use gdaki::cuda::{Gpu, GpuUuid};
 use gdaki::handshake::{Channel, Hello};
 use gdaki::{Access, Context, ContextOptions, DoorbellHandler, MemoryRegion, Provider, Rings};
 use serde::{Deserialize, Serialize};
@@ -26,6 +26,11 @@ pub struct Symmetric {
     /// `-D` in seconds, if given.
     #[serde(default)]
     pub duration_s: Option<u64>,
+    /// Not a flag: the UUID (hex) of the GPU whose device memory holds this side's buffers, if
+    /// it is device memory, so the peer can say how bytes travel between the two and measure
+    /// the right reference. Never compared.
+    #[serde(default)]
+    pub buffers_gpu: Option<String>,
 }
 
 impl Symmetric {
@@ -37,7 +42,22 @@ impl Symmetric {
             iters: plan.iters,
             qps,
             duration_s: plan.duration.map(|d| d.as_secs()),
+            buffers_gpu: None,
         }
+    }
+
+    /// The `buffers_gpu` of the peer whose hello is `theirs`, if it sent one that reads.
+    pub fn buffers_gpu_of(theirs: &Hello) -> Option<GpuUuid> {
+        let them: Symmetric = serde_json::from_slice(&theirs.app).ok()?;
+        let hex = them.buffers_gpu?;
+        let mut uuid = [0u8; 16];
+        if hex.len() != 32 {
+            return None;
+        }
+        for (i, b) in uuid.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(uuid)
     }
 
     /// Why `theirs` (the client's) does not match `self` (the server's), flag by flag.
@@ -72,6 +92,37 @@ impl Symmetric {
             why.push(format!("client -q {} vs server -q {}", theirs.qps, self.qps));
         }
         (!why.is_empty()).then(|| format!("test flags differ: {}", why.join("; ")))
+    }
+}
+
+/// How the bytes of a two-process run travel between the two sides' buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerPath {
+    /// One side's buffers are not device memory (or this is one process): as the header's
+    /// memory line says.
+    NotBothGpu,
+    /// Both in device memory of the same GPU: a CUDA IPC mapping, copied inside that GPU.
+    SameGpu,
+    /// On another GPU, this one (ordinal here) reaches: a CUDA IPC mapping opened in the
+    /// peer's GPU, copied GPU to GPU over NVLink or PCIe.
+    Peer(usize),
+    /// On another GPU with no P2P path to this one: bytes through both hosts' memory.
+    NoP2p(usize),
+    /// On a GPU this process does not see (`CUDA_VISIBLE_DEVICES`): whether it reaches the
+    /// peer's is unknown here.
+    Hidden,
+}
+
+impl PeerPath {
+    /// The header's line.
+    pub fn describe(self) -> String {
+        match self {
+            PeerPath::NotBothGpu => "as the memory line says".into(),
+            PeerPath::SameGpu => "device memory of this GPU: CUDA IPC, copied inside the GPU".into(),
+            PeerPath::Peer(g) => format!("device memory of GPU {g}: CUDA IPC, copied GPU to GPU (P2P)"),
+            PeerPath::NoP2p(g) => format!("device memory of GPU {g}, no P2P path: bytes through host memory"),
+            PeerPath::Hidden => "device memory of a GPU this process does not see".into(),
+        }
     }
 }
 
@@ -159,6 +210,33 @@ impl Session {
             let name = g.context().name().unwrap_or_else(|_| "?".into());
             format!("{name}, GPU {ordinal}")
         })
+    }
+
+    /// The UUID of the GPU whose device memory [`alloc`](Self::alloc) uses (`--mem device` in
+    /// GPU mode), as hex; `None` for host memory.
+    pub fn buffers_gpu(&self) -> Option<String> {
+        let gpu = self.gpu.as_ref().filter(|_| self.mem == crate::cli::Mem::Device)?;
+        let uuid = gdaki::cuda::gpu_uuid(gpu.context()).ok()?;
+        Some(uuid.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// How this side's device buffers and the peer's (`theirs`: the UUID of the GPU that holds
+    /// them, from its hello) are connected.
+    pub fn peer_path(&self, theirs: Option<GpuUuid>) -> PeerPath {
+        let (Some(mine), Some(theirs)) = (
+            self.gpu.as_ref().filter(|_| self.mem == crate::cli::Mem::Device),
+            theirs,
+        ) else {
+            return PeerPath::NotBothGpu;
+        };
+        if gdaki::cuda::gpu_uuid(mine.context()).ok() == Some(theirs) {
+            return PeerPath::SameGpu;
+        }
+        match gdaki::cuda::gpu_ordinal_of(&theirs) {
+            None => PeerPath::Hidden,
+            Some(ordinal) if gdaki::cuda::gpu_reaches(mine.context(), &theirs) => PeerPath::Peer(ordinal),
+            Some(ordinal) => PeerPath::NoP2p(ordinal),
+        }
     }
 
     /// Where the rings are, as `--json` names it: `host` or `gpu`.
@@ -369,5 +447,53 @@ pub fn check_bytes(region: &MemoryRegion, offset: u64, want: &[u8], what: &str) 
             got[i],
             want[i]
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello_with(app: &[u8]) -> Hello {
+        Hello {
+            app: app.to_vec(),
+            endpoints: vec![],
+            regions: vec![],
+        }
+    }
+
+    /// The peer's buffer GPU travels in its flags as hex; anything else reads as none (an older
+    /// peer sends no such field, a hostile one may send anything).
+    #[test]
+    fn the_peer_buffers_gpu_is_read_from_its_flags_or_not_at_all() {
+        let mut flags = Symmetric {
+            test: "put_bw".into(),
+            sizes: vec![8],
+            iters: 1,
+            qps: 1,
+            duration_s: None,
+            buffers_gpu: Some("00112233445566778899aabbccddeeff".into()),
+        };
+        let uuid = Symmetric::buffers_gpu_of(&hello_with(&serde_json::to_vec(&flags).unwrap()));
+        assert_eq!(
+            uuid,
+            Some([0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff])
+        );
+        for bad in [
+            None,
+            Some("0011"),
+            Some("zz112233445566778899aabbccddeeff"),
+            Some("é0112233445566778899aabbccddeef"),
+        ] {
+            flags.buffers_gpu = bad.map(str::to_owned);
+            assert_eq!(
+                Symmetric::buffers_gpu_of(&hello_with(&serde_json::to_vec(&flags).unwrap())),
+                None,
+                "{bad:?}"
+            );
+        }
+        let older = br#"{"test":"put_bw","sizes":[8],"iters":1,"qps":1}"#;
+        assert_eq!(Symmetric::buffers_gpu_of(&hello_with(older)), None);
+        assert_eq!(Symmetric::buffers_gpu_of(&hello_with(b"not json")), None);
     }
 }

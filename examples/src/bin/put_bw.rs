@@ -19,7 +19,7 @@ use gdaki_device::{Exclusive, Local, Remote};
 use gdaki_examples::cli::{Common, Mem, Role, Scope};
 use gdaki_examples::plot::{self, Panel, PlotFile, Scale, Series};
 use gdaki_examples::report::{self, BwRow, JsonReport, MIB};
-use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
+use gdaki_examples::session::{check_bytes, pattern_bytes, PeerPath, Session, Symmetric};
 use serde::Serialize;
 
 /// Most bytes of message slots per buffer: messages cycle through `BUFFER_BYTES / size` slots
@@ -203,7 +203,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => None,
     };
     let mut session = Session::open(&cli.common, &plan)?;
-    let symmetric = Symmetric::of(cli.test(), &plan, cli.qps);
+    let mut symmetric = Symmetric::of(cli.test(), &plan, cli.qps);
+    symmetric.buffers_gpu = session.buffers_gpu();
     let cfg = QpConfig {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
@@ -724,6 +725,10 @@ fn header_lines(
                 p.sharing.unwrap_or_default()
             ),
         ));
+    }
+    let path = session.peer_path(peer.and_then(Symmetric::buffers_gpu_of));
+    if peer.is_some() && path != PeerPath::NotBothGpu {
+        v.push(("Peer buffers", path.describe()));
     }
     let mine: Vec<gdaki::Endpoint> = qps.iter().map(|(_, q)| q.endpoint()).collect();
     v.extend(gdaki_examples::session::address_lines(&mine, my_region, peer));

@@ -29,37 +29,50 @@ pub fn uuid(ctx: &CudaContext) -> Result<GpuUuid, CudaError> {
     Ok(u.bytes.map(|b| b as u8))
 }
 
+/// The ordinal (among the GPUs this process sees) and device of the GPU with UUID `uuid`;
+/// `None` where it is not visible (`CUDA_VISIBLE_DEVICES`) or a driver call fails. Call with
+/// the driver loaded (a context exists).
+fn device_of(uuid: &GpuUuid) -> Option<(usize, sys::CUdevice)> {
+    let mut count = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { sys::cuDeviceGetCount(&mut count) }.result().ok()?;
+    (0..count).find_map(|ordinal| {
+        let mut dev = 0;
+        let mut u = sys::CUuuid_st { bytes: [0; 16] };
+        // SAFETY: valid out-pointers, an ordinal below the count.
+        let named = unsafe { sys::cuDeviceGet(&mut dev, ordinal) }.result().is_ok()
+            && unsafe { sys::cuDeviceGetUuid_v2(&mut u, dev) }.result().is_ok();
+        (named && u.bytes.map(|b| b as u8) == *uuid).then_some((ordinal as usize, dev))
+    })
+}
+
+/// The ordinal of the GPU with UUID `uuid` among the GPUs this process sees, if it sees it
+/// (`None` also where there is no driver).
+pub fn ordinal_of(uuid: &GpuUuid) -> Option<usize> {
+    if !crate::driver_present() {
+        return None;
+    }
+    device_of(uuid).map(|(ordinal, _)| ordinal)
+}
+
 /// Whether kernels on the GPU of `ctx` can read and write device memory of the GPU with UUID
 /// `peer` through a P2P mapping (NVLink or PCIe): the same GPU, or one `cuDeviceCanAccessPeer`
 /// says it reaches. `false` where that GPU is not visible to this process
 /// (`CUDA_VISIBLE_DEVICES`), or where a driver call fails.
 pub fn reaches(ctx: &CudaContext, peer: &GpuUuid) -> bool {
     let from = ctx.cu_device();
-    let mut count = 0;
-    // SAFETY: a valid out-pointer; the driver is loaded (a context exists).
-    if unsafe { sys::cuDeviceGetCount(&mut count) }.result().is_err() {
+    let Some((_, dev)) = device_of(peer) else {
         return false;
+    };
+    if dev == from {
+        return true;
     }
-    for ordinal in 0..count {
-        let mut dev = 0;
-        let mut u = sys::CUuuid_st { bytes: [0; 16] };
-        // SAFETY: valid out-pointers, an ordinal below the count.
-        let found = unsafe { sys::cuDeviceGet(&mut dev, ordinal) }.result().is_ok()
-            && unsafe { sys::cuDeviceGetUuid_v2(&mut u, dev) }.result().is_ok();
-        if !found || u.bytes.map(|b| b as u8) != *peer {
-            continue;
-        }
-        if dev == from {
-            return true;
-        }
-        let mut can = 0;
-        // SAFETY: a valid out-pointer and two devices the driver just named.
-        return unsafe { sys::cuDeviceCanAccessPeer(&mut can, from, dev) }
-            .result()
-            .is_ok()
-            && can != 0;
-    }
-    false
+    let mut can = 0;
+    // SAFETY: a valid out-pointer and two devices the driver named.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, from, dev) }
+        .result()
+        .is_ok()
+        && can != 0
 }
 
 /// One allocation of device memory, exported for other processes: what a peer needs to map it.
