@@ -386,6 +386,7 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
         iters: 5,
         qps: 1,
         duration_s: None,
+        buffers_gpu: None,
     };
     let hello = Hello {
         app: serde_json::to_vec(&flags).unwrap(),
