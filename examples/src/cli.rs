@@ -143,9 +143,11 @@ pub struct Common {
     /// CPU proxy threads (with --cpu-proxy).
     #[arg(long, default_value_t = 1)]
     pub proxy_threads: usize,
-    /// Seconds to wait for the peer during setup and for each wait of the data path.
-    #[arg(long, default_value_t = 10)]
-    pub timeout: u64,
+    /// Seconds to wait for the peer during setup and for each wait of the data path (10). A
+    /// server waits for its client this long only when the flag is given; without it, for
+    /// ever, as perftest's servers do.
+    #[arg(long)]
+    pub timeout: Option<u64>,
     /// Print one JSON object on stdout instead of the header and table.
     #[arg(long)]
     pub json: bool,
@@ -263,9 +265,14 @@ pub struct Plan {
     pub fell_back: bool,
     /// Bound of every wait.
     pub timeout: Duration,
+    /// How long a server waits for its client (`None`: for ever, unless `--timeout` was given).
+    pub accept_wait: Option<Duration>,
     /// The mode and why, in one line ("CPU mode (auto: no usable GPU: ...)").
     pub mode_line: String,
 }
+
+/// Seconds each wait takes at most when `--timeout` is not given.
+const DEFAULT_TIMEOUT_S: u64 = 10;
 
 impl Common {
     /// Checks the flags; `default_size` and `default_iters` are the test's own defaults.
@@ -361,7 +368,7 @@ impl Common {
                 bail!("--rings gpu with --cpu-proxy: the proxy writes doorbell records with the CPU, which needs --rings host");
             }
         }
-        if self.timeout == 0 {
+        if self.timeout == Some(0) {
             bail!("--timeout 0: at least one second");
         }
         Ok(Plan {
@@ -375,7 +382,8 @@ impl Common {
             mem,
             proxy_threads: self.cpu_proxy.then_some(self.proxy_threads),
             fell_back: false,
-            timeout: Duration::from_secs(self.timeout),
+            timeout: Duration::from_secs(self.timeout.unwrap_or(DEFAULT_TIMEOUT_S)),
+            accept_wait: self.timeout.map(Duration::from_secs),
             mode_line,
         })
     }

@@ -172,7 +172,11 @@ impl Session {
                     // The port bound, which `-p 0` leaves to the system.
                     let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
                     eprintln!("waiting for a client on port {port} ...");
-                    let ch = Channel::accept(&listener, plan.timeout).context("accepting the client")?;
+                    let ch = match plan.accept_wait {
+                        Some(wait) => Channel::accept_within(&listener, wait, plan.timeout),
+                        None => Channel::accept(&listener, plan.timeout),
+                    }
+                    .context("accepting the client")?;
                     info!(peer = %ch.peer_addr(), "client connected");
                     Some(ch)
                 }

@@ -483,6 +483,41 @@ fn a_server_on_port_0_says_its_real_port() {
     assert!(server.wait().unwrap().success());
 }
 
+/// A server waits for its client as long as `--timeout` says, then gives up with the reason;
+/// without the flag it waits for ever, as perftest's servers do (not tested: it would not end).
+#[test]
+fn a_server_gives_up_waiting_for_a_client_after_its_timeout() {
+    for name in ["put_bw", "write_lat"] {
+        let mut server = Command::new(bin(name))
+            .args(["--server", "-p", "0", "--timeout", "2"])
+            .args(SMALL)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = server.try_wait().unwrap() {
+                break Some(s);
+            }
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = server.kill();
+                let _ = server.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut err).unwrap();
+        let status = status.unwrap_or_else(|| panic!("{name} --server --timeout 2 still waited after 60 s: {err}"));
+        assert!(!status.success(), "{err}");
+        assert!(
+            err.contains("waiting for a client") && err.contains("2s"),
+            "{name}: {err}"
+        );
+    }
+}
+
 /// What ib_write_bw / ib_write_lat users type: accepted where it means something here, a clear
 /// error where it does not, and never clap's wrong tip ("to pass '-D' as a value, use '-- -D'").
 #[test]
