@@ -271,6 +271,12 @@ pub struct Plan {
     pub mode_line: String,
 }
 
+/// A value as it is typed on the command line (`warp`, not `Warp`).
+fn flag_value(v: impl ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
 /// Seconds each wait takes at most when `--timeout` is not given.
 const DEFAULT_TIMEOUT_S: u64 = 10;
 
@@ -347,16 +353,19 @@ impl Common {
             },
         };
         if gpu.is_none() && self.scope != Scope::Thread {
-            bail!("--scope {:?}: CPU mode posts from one CPU thread per QP (thread scope); warp and block scope need --mode gpu", self.scope);
+            bail!(
+                "--scope {}: CPU mode posts from one CPU thread per QP (thread scope); warp and block scope need --mode gpu",
+                flag_value(self.scope)
+            );
         }
         let mem = match (self.mem, gpu) {
             (Mem::Auto, Some(_)) => Mem::Pinned,
             (Mem::Auto, None) => Mem::Host,
-            (m @ (Mem::Pinned | Mem::Device), None) => {
-                bail!(
-                    "--mem {m:?}: GPU memory needs --mode gpu (CPU mode uses host memory)",
-                    m = m
-                )
+            (Mem::Device, None) => {
+                bail!("--mem device: GPU memory needs --mode gpu (CPU mode uses host memory)")
+            }
+            (Mem::Pinned, None) => {
+                bail!("--mem pinned: memory mapped into a GPU needs --mode gpu (CPU mode uses plain host memory)")
             }
             (m, _) => m,
         };

@@ -580,7 +580,7 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         (&["-t", "3"], "power of two"),
         (&["-n", "2"], "at least 5"),
         (&["-a", "-s", "8"], "exclude each other"),
-        (&["--mode", "cpu", "--scope", "warp"], "need --mode gpu"),
+        (&["--mode", "cpu", "--scope", "warp"], "--scope warp: "),
         (&["--cpu-proxy", "--proxy-threads", "0"], "1 to 64"),
         (&["-d", "mlx5_0"], "the soft provider has one device"),
         (&["--plot", "x.png"], "SVG"),
@@ -588,7 +588,15 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
             &["--plot", "/no/such/dir/x.svg", "-n", "100000000"],
             "cannot be written",
         ),
-        (&["--mode", "cpu", "--mem", "device"], "GPU memory needs --mode gpu"),
+        (
+            &["--mode", "cpu", "--mem", "device"],
+            "--mem device: GPU memory needs --mode gpu",
+        ),
+        // Pinned memory is host memory the GPU maps, not GPU memory.
+        (
+            &["--mode", "cpu", "--mem", "pinned"],
+            "--mem pinned: memory mapped into a GPU needs --mode gpu",
+        ),
         (&["-q", "0"], "1 to 64"),
         (&["--mode", "cpu", "--rings", "gpu"], "need --mode gpu"),
     ] {
