@@ -8,7 +8,12 @@ use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::{dbrec, ring, Syndrome};
 use tracing::error;
 
+use std::sync::Arc;
+
+use gdaki_layout::wqe::{Sge, MAX_SGES};
+
 use crate::objects::{SoftCq, SoftQp};
+use crate::Region;
 
 /// Vendor syndrome the soft HCA puts in error CQEs (so its errors are recognisable).
 pub const VENDOR_SYNDROME: u8 = 0x5f;
@@ -74,4 +79,18 @@ fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
     }
     cq.pi.store(pi + 1, Ordering::Release);
     true
+}
+
+/// Checked local buffers (at most a WQE's worth, without allocating).
+#[derive(Default)]
+pub(crate) struct Locals {
+    /// The buffers, in order, then `None`s.
+    pub(crate) items: [Option<(Sge, Arc<Region>)>; MAX_SGES],
+}
+
+impl Locals {
+    /// The buffers, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
+        self.items.iter().map_while(Option::as_ref)
+    }
 }

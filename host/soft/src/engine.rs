@@ -4,7 +4,7 @@
 //! awake), then yields, then sleeps a little longer each round (bounded), so an idle engine
 //! leaves the cores to posters and proxies.
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gdaki_layout::wqe::{WorkRequest, WqeView, MAX_WQEBBS};
@@ -16,8 +16,8 @@ use std::collections::VecDeque;
 use crate::completer::{self, Outcome};
 use crate::copier::Copier;
 use crate::net::Meta;
-use crate::objects::{SoftQp, SqProgress};
-use crate::requester::{self, Executed, Scratch, Target};
+use crate::objects::SoftQp;
+use crate::requester::{self, Executed, Peer, Scratch, Target};
 use crate::responder;
 use crate::Hca;
 use gdaki_devx::util::lock;
@@ -123,7 +123,7 @@ impl Default for Idle {
 
 /// A QP as the engine watches it between rounds.
 struct Watched {
-    qp: Arc<SoftQp>,
+    served: Arc<Served>,
     /// The doorbell word when the QP was last serviced.
     seen: u64,
     /// Rounds since it last had work.
@@ -151,21 +151,28 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
     while !hca.stop.load(Ordering::Acquire) {
         if let Some(list) = hca.qps_if_changed(&mut version) {
             // A new list starts every QP as active: each is serviced at least once.
-            watched = list.into_iter().map(|qp| Watched { qp, seen: 0, quiet: 0 }).collect();
+            watched = list
+                .into_iter()
+                .map(|served| Watched {
+                    served,
+                    seen: 0,
+                    quiet: 0,
+                })
+                .collect();
             active = (0..watched.len()).collect();
             cursor = 0;
         }
         scratch.release_stale_regions();
         let mut busy = false;
         let mut look = |w: &mut Watched, busy: &mut bool| {
-            let db = w.qp.doorbell().load(Ordering::Acquire);
+            let db = w.served.qp.doorbell().load(Ordering::Acquire);
             if w.quiet > 0 && db == w.seen {
                 // Nothing rung since a round that found no work.
                 w.quiet = w.quiet.saturating_add(1);
                 return;
             }
             w.seen = db;
-            if service(&hca, &w.qp, &mut wqe, &mut scratch) {
+            if service(&hca, &w.served, &mut wqe, &mut scratch) {
                 *busy = true;
                 w.quiet = 0;
             } else {
@@ -203,6 +210,42 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
             Wait::Spin => std::hint::spin_loop(),
             Wait::Yield => std::thread::yield_now(),
             Wait::Sleep(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+/// The engine's progress on a send queue, and where it sends (set at RTR).
+#[derive(Default)]
+pub(crate) struct SqProgress {
+    /// Next building block to fetch.
+    pub ci: u64,
+    /// The block the last doorbell rang up to: WQEs `ci..rung` wait to be executed (more than
+    /// none only while a fenced WQE waits for earlier requests).
+    pub rung: u64,
+    /// The doorbell value last acted on.
+    pub last_doorbell: u64,
+    /// The connected peer.
+    pub peer: Option<Peer>,
+    /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
+    pub deferred: std::collections::VecDeque<Deferred>,
+}
+
+/// A queue pair the engine serves, with the engine's progress on its send queue (kept here, not
+/// in the QP: the progress holds the transport link and the completions waiting behind GPU
+/// copies, which the QP's own module sits below).
+pub(crate) struct Served {
+    /// The queue pair.
+    pub qp: Arc<SoftQp>,
+    /// How far the engine got, and where the QP sends.
+    pub progress: Mutex<SqProgress>,
+}
+
+impl Served {
+    /// `qp`, nothing fetched yet.
+    pub fn new(qp: Arc<SoftQp>) -> Served {
+        Served {
+            qp,
+            progress: Mutex::new(SqProgress::default()),
         }
     }
 }
@@ -246,9 +289,10 @@ fn drain(qp: &SoftQp, deferred: &mut VecDeque<Deferred>) {
 
 /// Executes whatever `qp`'s doorbell announces and writes the completions that are due.
 /// Returns whether there was anything (new WQEs, or completions still waiting).
-fn service(hca: &Hca, qp: &SoftQp, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scratch: &mut Scratch) -> bool {
+fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scratch: &mut Scratch) -> bool {
+    let qp = &*served.qp;
     let db = qp.doorbell().load(Ordering::Acquire);
-    let mut progress = lock(&qp.progress);
+    let mut progress = lock(&served.progress);
     drain(qp, &mut progress.deferred);
     if db != progress.last_doorbell {
         progress.last_doorbell = db;

@@ -27,7 +27,8 @@ use crate::copier::Copier;
 use crate::dma::DeviceDma;
 use crate::dma::{Dma, HostDma};
 use crate::engine::{Engine, Idle};
-use crate::objects::{Peer, RtrPeer, SoftCq, SoftQp, Window};
+use crate::objects::{RtrPeer, SoftCq, SoftQp, Window};
+use crate::requester::Peer;
 use crate::{Hca, SameHost};
 use gdaki_devx::util::lock;
 use gdaki_devx::Access;
@@ -577,13 +578,20 @@ impl SoftDevice {
                 let Some(remote) = remote else {
                     return refuse(CmdStatus::BadQpState, FwSyndrome::BadState, "no peer: INIT2RTR first");
                 };
+                let Some(served) = self.hca.served(&qp) else {
+                    return refuse(
+                        CmdStatus::BadQpState,
+                        FwSyndrome::BadState,
+                        "the engine does not serve this QP",
+                    );
+                };
                 // The transport's hello carries the PSN; a refused connect restores the old one.
                 let before = (qp.psn(), qp.retry_timeout());
                 qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
                 let peer = self
                     .connect(&qp, remote)
                     .inspect_err(|_| qp.set_send_params(before.0, before.1))?;
-                lock(&qp.progress).peer = Some(peer);
+                lock(&served.progress).peer = Some(peer);
                 qp.set_state(QpState::Rts);
             }
             other => {
@@ -674,7 +682,8 @@ impl SoftDevice {
         set(out, o(qpc::LOG_SQ_SIZE), qp.sq_log as u64);
         set(out, o(qpc::CQN_SND), qp.cq.cqn as u64);
         set(out, o(qpc::NEXT_SEND_PSN), qp.psn() as u64);
-        set(out, o(qpc::HW_SQ_WQEBB_COUNTER), lock(&qp.progress).ci & 0xffff);
+        let fetched = self.hca.served(&qp).map_or(0, |s| lock(&s.progress).ci);
+        set(out, o(qpc::HW_SQ_WQEBB_COUNTER), fetched & 0xffff);
         if let Some(remote) = lock(&self.tables).qps.get(&qp.qpn).and_then(|e| e.remote) {
             set(out, o(qpc::REMOTE_QPN), remote.qpn as u64);
         }

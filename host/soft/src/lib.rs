@@ -57,6 +57,7 @@ use gdaki_devx::util::{lock, random_u32};
 use gdaki_devx::Access;
 
 use crate::error::Result;
+use engine::Served;
 use objects::SoftQp;
 
 /// Hashes u32 keys as themselves: keys and QP numbers are random or sequential values this
@@ -198,7 +199,7 @@ pub(crate) struct Hca {
     /// Bumped on every (de)registration: engines' [`RegionCache`]s compare it.
     regions_version: AtomicU64,
     /// Queue pairs the engine serves; `qps_version` tells the engine to reload the list.
-    qps: Mutex<Vec<Arc<SoftQp>>>,
+    qps: Mutex<Vec<Arc<Served>>>,
     qps_version: AtomicU64,
     by_qpn: RwLock<KeyMap<Weak<SoftQp>>>,
     next_qpn: AtomicU32,
@@ -417,7 +418,7 @@ impl Hca {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(qp.qpn, Arc::downgrade(qp));
-        lock(&self.qps).push(qp.clone());
+        lock(&self.qps).push(Arc::new(Served::new(qp.clone())));
         self.qps_version.fetch_add(1, Ordering::Release);
     }
 
@@ -432,7 +433,7 @@ impl Hca {
                 by_qpn.remove(&qp.qpn);
             }
         }
-        lock(&self.qps).retain(|q| !Arc::ptr_eq(q, qp));
+        lock(&self.qps).retain(|s| !Arc::ptr_eq(&s.qp, qp));
         self.qps_version.fetch_add(1, Ordering::Release);
     }
 
@@ -445,8 +446,13 @@ impl Hca {
             .and_then(Weak::upgrade)
     }
 
+    /// How the engine serves `qp` (its send progress), while it is attached.
+    pub fn served(&self, qp: &Arc<SoftQp>) -> Option<Arc<Served>> {
+        lock(&self.qps).iter().find(|s| Arc::ptr_eq(&s.qp, qp)).cloned()
+    }
+
     /// The engine's list, if it changed since `version`.
-    pub fn qps_if_changed(&self, version: &mut u64) -> Option<Vec<Arc<SoftQp>>> {
+    pub fn qps_if_changed(&self, version: &mut u64) -> Option<Vec<Arc<Served>>> {
         let now = self.qps_version.load(Ordering::Acquire);
         if now == *version {
             return None;

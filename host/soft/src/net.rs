@@ -28,13 +28,12 @@ use std::time::{Duration, Instant};
 use gdaki_layout::Syndrome;
 use tracing::{debug, info, warn};
 
-use crate::completer::{self, Outcome};
+use crate::completer::{self, Locals, Outcome};
 use crate::copier::Way;
 use crate::dma::{Dma, DmaFault};
 use crate::error::{Error, Result};
 use crate::ipc::{self, Imports};
 use crate::objects::SoftQp;
-use crate::requester::Locals;
 use crate::responder::{self, AtomicOp};
 use crate::shm::{self, Segment, Side};
 use crate::{Hca, Region, RegionCache};

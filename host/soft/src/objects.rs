@@ -4,13 +4,11 @@
 //! engine may touch it.
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gdaki_layout::{AtomicReplyOrder, Syndrome};
 
-use crate::net::Link;
-use crate::Hca;
 use gdaki_devx::util::lock;
 use gdaki_devx::QpState;
 
@@ -83,35 +81,6 @@ impl SoftCq {
     }
 }
 
-/// The peer a connected QP sends to.
-pub(crate) enum Peer {
-    /// In this process: the responder runs on the requester's engine thread.
-    Local {
-        /// The peer's HCA.
-        hca: Weak<Hca>,
-        /// The peer QP.
-        qp: Weak<SoftQp>,
-    },
-    /// In another process or host, over TCP.
-    Remote(Link),
-}
-
-/// The engine's progress on a send queue, and where it sends (set at RTR).
-#[derive(Default)]
-pub(crate) struct SqProgress {
-    /// Next building block to fetch.
-    pub ci: u64,
-    /// The block the last doorbell rang up to: WQEs `ci..rung` wait to be executed (more than
-    /// none only while a fenced WQE waits for earlier requests).
-    pub rung: u64,
-    /// The doorbell value last acted on.
-    pub last_doorbell: u64,
-    /// The connected peer.
-    pub peer: Option<Peer>,
-    /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
-    pub deferred: std::collections::VecDeque<crate::engine::Deferred>,
-}
-
 /// Who may send to a QP over the transport: the QP it was moved to RTR with, starting at the
 /// PSN exchanged then, from that peer's address (RC's rule; rxe drops anything else).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,7 +125,6 @@ pub(crate) struct SoftQp {
     max_msg_size: AtomicU64,
     /// The byte order in which this QP's fetched atomic values are written back.
     pub atomic_reply: AtomicReplyOrder,
-    pub progress: Mutex<SqProgress>,
     pub first_error: Mutex<Option<Syndrome>>,
     /// The peer set at INIT2RTR: the only one the transport serves.
     pub rtr_peer: Mutex<Option<RtrPeer>>,
@@ -197,7 +165,6 @@ impl SoftQp {
             cq,
             max_msg_size: max_msg_size.into(),
             atomic_reply,
-            progress: Mutex::new(SqProgress::default()),
             first_error: Mutex::new(None),
             rtr_peer: Mutex::new(None),
             transport_bound: AtomicBool::new(false),

@@ -3,18 +3,19 @@
 //! the payload, hands the request to the peer's responder and lets the completer apply the
 //! answer. Every failure is a syndrome, as a NIC reports it; nothing is written outside a
 //! registered region.
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use gdaki_device::Remote as DevRemote;
 use gdaki_layout::ctrl::FenceMode;
-use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest, MAX_SGES};
+use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest};
 use gdaki_layout::Syndrome;
 
+use crate::completer::Locals;
 use crate::copier::{Copier, Pending, Way};
 use crate::net::{Link, Meta, Sink};
-use crate::objects::{Peer, SoftQp};
+use crate::objects::SoftQp;
 use crate::responder::{self, AtomicOp};
-use crate::{Hca, Region, RegionCache};
+use crate::{Hca, RegionCache};
 use gdaki_devx::wire::Op;
 use gdaki_devx::Access;
 
@@ -132,24 +133,10 @@ fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
     }
 }
 
-/// Checked local buffers (at most a WQE's worth, without allocating).
-pub(crate) struct Locals {
-    items: [Option<(Sge, Arc<Region>)>; MAX_SGES],
-}
-
-impl Locals {
-    /// The buffers, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
-        self.items.iter().map_while(Option::as_ref)
-    }
-}
-
 /// The local regions of `sges` in protection domain `pd` (the posting QP's), with the rights
 /// `need`; a bad key, range, PD or right is a local protection error.
 fn locals(hca: &Hca, cache: &mut RegionCache, pd: u32, sges: &[Sge], need: Access) -> Result<Locals, Syndrome> {
-    let mut out = Locals {
-        items: Default::default(),
-    };
+    let mut out = Locals::default();
     for (slot, s) in out.items.iter_mut().zip(sges) {
         let r = hca
             .region(cache, pd, s.lkey, s.addr, s.length as u64, need)
@@ -157,6 +144,19 @@ fn locals(hca: &Hca, cache: &mut RegionCache, pd: u32, sges: &[Sge], need: Acces
         *slot = Some((*s, r.clone()));
     }
     Ok(out)
+}
+
+/// The peer a connected QP sends to.
+pub(crate) enum Peer {
+    /// In this process: the responder runs on the requester's engine thread.
+    Local {
+        /// The peer's HCA.
+        hca: Weak<Hca>,
+        /// The peer QP.
+        qp: Weak<SoftQp>,
+    },
+    /// In another process or host, over TCP.
+    Remote(Link),
 }
 
 /// Where a QP's requests go, resolved once per doorbell batch.
