@@ -26,11 +26,10 @@ pub struct Symmetric {
     /// `-D` in seconds, if given.
     #[serde(default)]
     pub duration_s: Option<u64>,
-    /// Not a flag: the UUID (hex) of the GPU whose device memory holds this side's buffers, if
-    /// it is device memory, so the peer can say how bytes travel between the two and measure
-    /// the right reference. Never compared.
+    /// Not a flag: the UUID of the GPU whose device memory holds this side's buffers, if it is
+    /// device memory, so the peer can say how bytes travel between the two. Never compared.
     #[serde(default)]
-    pub buffers_gpu: Option<String>,
+    pub buffers_gpu: Option<GpuUuid>,
 }
 
 impl Symmetric {
@@ -48,16 +47,7 @@ impl Symmetric {
 
     /// The `buffers_gpu` of the peer whose hello is `theirs`, if it sent one that reads.
     pub fn buffers_gpu_of(theirs: &Hello) -> Option<GpuUuid> {
-        let them: Symmetric = serde_json::from_slice(&theirs.app).ok()?;
-        let hex = them.buffers_gpu?;
-        let mut uuid = [0u8; 16];
-        if hex.len() != 32 {
-            return None;
-        }
-        for (i, b) in uuid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
-        Some(uuid)
+        serde_json::from_slice::<Symmetric>(&theirs.app).ok()?.buffers_gpu
     }
 
     /// Why `theirs` (the client's) does not match `self` (the server's), flag by flag.
@@ -217,28 +207,24 @@ impl Session {
     }
 
     /// The UUID of the GPU whose device memory [`alloc`](Self::alloc) uses (`--mem device` in
-    /// GPU mode), as hex; `None` for host memory.
-    pub fn buffers_gpu(&self) -> Option<String> {
+    /// GPU mode); `None` for host memory.
+    pub fn buffers_gpu(&self) -> Option<GpuUuid> {
         let gpu = self.gpu.as_ref().filter(|_| self.mem == crate::cli::Mem::Device)?;
-        let uuid = gdaki::cuda::gpu_uuid(gpu.context()).ok()?;
-        Some(uuid.iter().map(|b| format!("{b:02x}")).collect())
+        gdaki::cuda::gpu_uuid(gpu.context()).ok()
     }
 
     /// How this side's device buffers and the peer's (`theirs`: the UUID of the GPU that holds
     /// them, from its hello) are connected.
     pub fn peer_path(&self, theirs: Option<GpuUuid>) -> PeerPath {
-        let (Some(mine), Some(theirs)) = (
-            self.gpu.as_ref().filter(|_| self.mem == crate::cli::Mem::Device),
-            theirs,
-        ) else {
+        let (Some(gpu), Some(mine), Some(theirs)) = (&self.gpu, self.buffers_gpu(), theirs) else {
             return PeerPath::NotBothGpu;
         };
-        if gdaki::cuda::gpu_uuid(mine.context()).ok() == Some(theirs) {
+        if mine == theirs {
             return PeerPath::SameGpu;
         }
         match gdaki::cuda::gpu_ordinal_of(&theirs) {
             None => PeerPath::Hidden,
-            Some(ordinal) if gdaki::cuda::gpu_reaches(mine.context(), &theirs) => PeerPath::Peer(ordinal),
+            Some(ordinal) if gdaki::cuda::gpu_reaches(gpu.context(), &theirs) => PeerPath::Peer(ordinal),
             Some(ordinal) => PeerPath::NoP2p(ordinal),
         }
     }
@@ -466,38 +452,37 @@ mod tests {
         }
     }
 
-    /// The peer's buffer GPU travels in its flags as hex; anything else reads as none (an older
-    /// peer sends no such field, a hostile one may send anything).
+    /// The peer's buffer GPU travels in its flags; flags without it (an older peer) or that do
+    /// not read (a malformed one) name none.
     #[test]
     fn the_peer_buffers_gpu_is_read_from_its_flags_or_not_at_all() {
-        let mut flags = Symmetric {
+        let uuid = [
+            0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff,
+        ];
+        let flags = Symmetric {
             test: "put_bw".into(),
             sizes: vec![8],
             iters: 1,
             qps: 1,
             duration_s: None,
-            buffers_gpu: Some("00112233445566778899aabbccddeeff".into()),
+            buffers_gpu: Some(uuid),
         };
-        let uuid = Symmetric::buffers_gpu_of(&hello_with(&serde_json::to_vec(&flags).unwrap()));
-        assert_eq!(
-            uuid,
-            Some([0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff])
-        );
+        let of = |app: &[u8]| Symmetric::buffers_gpu_of(&hello_with(app));
+        assert_eq!(of(&serde_json::to_vec(&flags).unwrap()), Some(uuid));
+        let none = Symmetric {
+            buffers_gpu: None,
+            ..flags
+        };
+        assert_eq!(of(&serde_json::to_vec(&none).unwrap()), None);
         for bad in [
-            None,
-            Some("0011"),
-            Some("zz112233445566778899aabbccddeeff"),
-            Some("é0112233445566778899aabbccddeef"),
+            r#"[0, 17]"#,
+            r#""00112233445566778899aabbccddeeff""#,
+            r#"[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,300]"#,
         ] {
-            flags.buffers_gpu = bad.map(str::to_owned);
-            assert_eq!(
-                Symmetric::buffers_gpu_of(&hello_with(&serde_json::to_vec(&flags).unwrap())),
-                None,
-                "{bad:?}"
-            );
+            let app = format!(r#"{{"test":"put_bw","sizes":[8],"iters":1,"qps":1,"buffers_gpu":{bad}}}"#);
+            assert_eq!(of(app.as_bytes()), None, "{bad}");
         }
-        let older = br#"{"test":"put_bw","sizes":[8],"iters":1,"qps":1}"#;
-        assert_eq!(Symmetric::buffers_gpu_of(&hello_with(older)), None);
-        assert_eq!(Symmetric::buffers_gpu_of(&hello_with(b"not json")), None);
+        assert_eq!(of(br#"{"test":"put_bw","sizes":[8],"iters":1,"qps":1}"#), None);
+        assert_eq!(of(b"not json"), None);
     }
 }
