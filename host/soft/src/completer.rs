@@ -3,14 +3,12 @@
 //! and every error get one, with the WQE counter, the byte count, and the owner bit of the lap,
 //! written last. A CQ with no room is an overrun, not an overwrite.
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use gdaki_layout::cqe::{Cqe64, ErrCqe};
-use gdaki_layout::{dbrec, ring, Syndrome};
-use tracing::error;
-
 use std::sync::Arc;
 
+use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::wqe::{Sge, MAX_SGES};
+use gdaki_layout::{dbrec, ring, Syndrome};
+use tracing::error;
 
 use crate::objects::{SoftCq, SoftQp};
 use crate::Region;

@@ -227,7 +227,7 @@ pub(crate) struct SqProgress {
     /// The connected peer.
     pub peer: Option<Peer>,
     /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
-    pub deferred: std::collections::VecDeque<Deferred>,
+    pub deferred: VecDeque<Deferred>,
 }
 
 /// A queue pair the engine serves, with the engine's progress on its send queue (kept here, not
