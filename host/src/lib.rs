@@ -39,6 +39,7 @@ pub mod error;
 pub mod handshake;
 pub mod memory;
 mod options;
+pub mod peer;
 pub mod provider;
 pub mod queue;
 mod shared_copy;
@@ -56,6 +57,7 @@ pub use error::{Error, Result};
 pub use gdaki_devx::{Access, DeviceReport, Requirement};
 pub use gdaki_mlx5::GID_INDEX_VAR;
 pub use memory::MemoryRegion;
+pub use peer::{PeerExport, PeerMapping, PEER_EXPORT_BYTES};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
 pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair, Rings};
 

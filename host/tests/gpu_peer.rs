@@ -1,0 +1,142 @@
+//! Peer mappings: a region of device memory of another process on this host, mapped into this
+//! process's GPU for loads and stores (`PeerExport`, `PeerMapping`). The peer is this test
+//! binary run a second time (`peer_process`, which does nothing unless `GDAKI_PEER_MAP_PEER` is
+//! set), on GPU 1 where there are two GPUs (the P2P path), else on GPU 0 (the same GPU). Without
+//! a GPU the tests say they were skipped.
+mod common;
+use common::{gpu_or_skip, pattern, PeerProcess};
+use std::net::TcpListener;
+use std::time::Duration;
+
+use cudarc::driver::sys;
+use gdaki::handshake::{Channel, Hello};
+use gdaki::{Access, Context, PeerExport, PeerMapping, Provider, PEER_EXPORT_BYTES};
+
+const LEN: usize = 1 << 20;
+/// Where in the region the export starts (a region inside its allocation).
+const SEED_PEER: u64 = 31;
+const SEED_HERE: u64 = 77;
+
+/// The peer process: exports a region of its device memory holding a pattern, then checks the
+/// pattern the test wrote back through its mapping.
+#[test]
+fn peer_process() {
+    let Ok(ordinal) = std::env::var("GDAKI_PEER_MAP_PEER") else {
+        return;
+    };
+    common::log_from_env();
+    let gpu = gdaki::cuda::Gpu::open(ordinal.parse().unwrap()).unwrap();
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let region = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    region.write(0, &pattern(SEED_PEER, LEN)).unwrap();
+    let export = PeerExport::of(&region, &gpu).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("PORT {}", listener.local_addr().unwrap().port());
+    let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
+    let _ = ch.receive().unwrap();
+    ch.send(&Hello {
+        app: export.to_bytes().to_vec(),
+        endpoints: vec![],
+        regions: vec![],
+    })
+    .unwrap();
+    // The test has read the pattern and written its own.
+    ch.sync(1).unwrap();
+    let mut got = vec![0u8; LEN];
+    region.read(0, &mut got).unwrap();
+    let ok = got == pattern(SEED_HERE, LEN);
+    ch.send(&Hello {
+        app: format!("{ok}").into_bytes(),
+        endpoints: vec![],
+        regions: vec![],
+    })
+    .unwrap();
+    // Keeps the region until the test has unmapped it.
+    ch.sync(2).unwrap();
+}
+
+/// Copies `len` bytes from device address `from` to host memory.
+fn read_device(gpu: &gdaki::cuda::Gpu, from: u64, len: usize) -> Vec<u8> {
+    gpu.context().bind_to_thread().unwrap();
+    let mut out = vec![0u8; len];
+    // SAFETY: `out` has `len` writable bytes; `from..from + len` is mapped in this context.
+    unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), from, len) }
+        .result()
+        .unwrap();
+    out
+}
+
+fn write_device(gpu: &gdaki::cuda::Gpu, to: u64, data: &[u8]) {
+    gpu.context().bind_to_thread().unwrap();
+    // SAFETY: `data` is readable; `to..to + data.len()` is mapped in this context.
+    unsafe { sys::cuMemcpyHtoD_v2(to, data.as_ptr().cast(), data.len()) }
+        .result()
+        .unwrap();
+}
+
+/// A process on this host maps another process's device memory into its GPU (the other GPU
+/// where there are two, over P2P) and reads and writes it there: the owner sees the writes.
+#[test]
+fn a_peer_process_region_is_read_and_written_through_a_mapping() {
+    let test = "a_peer_process_region_is_read_and_written_through_a_mapping";
+    let Some((gpu, _one)) = gpu_or_skip(test) else {
+        return;
+    };
+    let two = gdaki::cuda::probe().is_ok_and(|i| i.gpus.len() >= 2);
+    let peer = PeerProcess::spawn(&[("GDAKI_PEER_MAP_PEER", if two { "1" } else { "0" })]);
+    let mut ch = Channel::connect(
+        std::net::SocketAddr::from(([127, 0, 0, 1], peer.port)),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    ch.send(&Hello::default()).unwrap();
+    let theirs = ch.receive().unwrap();
+    assert_eq!(theirs.app.len(), PEER_EXPORT_BYTES);
+    let export = PeerExport::from_bytes(&theirs.app).unwrap();
+    assert_eq!(export.len(), LEN as u64);
+    let map = PeerMapping::open(&gpu, &export).unwrap();
+    assert_eq!(map.len(), LEN as u64);
+    assert!(
+        read_device(&gpu, map.addr(), LEN) == pattern(SEED_PEER, LEN),
+        "the mapping shows other bytes"
+    );
+    write_device(&gpu, map.addr(), &pattern(SEED_HERE, LEN));
+    ch.sync(1).unwrap();
+    let verdict = ch.receive().unwrap();
+    assert_eq!(
+        verdict.app, b"true",
+        "the owner did not see what was written through the mapping"
+    );
+    drop(map);
+    ch.sync(2).unwrap();
+    eprintln!("{test}: peer on GPU {}", if two { 1 } else { 0 });
+}
+
+/// What cannot be mapped is refused with its reason: host memory, this process's own memory,
+/// another GPU's region under the wrong GPU, an export from another host.
+#[test]
+fn what_cannot_be_mapped_is_refused_with_its_reason() {
+    let Some((gpu, _one)) = gpu_or_skip("what_cannot_be_mapped_is_refused_with_its_reason") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let host = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let e = PeerExport::of(&host, &gpu).unwrap_err().to_string();
+    assert!(e.contains("host memory"), "{e}");
+    let pinned = ctx.alloc_pinned_region(&gpu, 4096, Access::ALL).unwrap();
+    let e = PeerExport::of(&pinned, &gpu).unwrap_err().to_string();
+    assert!(e.contains("host memory"), "{e}");
+
+    let dev = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let own = PeerExport::of(&dev, &gpu).unwrap();
+    let e = PeerMapping::open(&gpu, &own).unwrap_err().to_string();
+    assert!(e.contains("this process's own"), "{e}");
+
+    // The same export said to come from another host (its boot id changed).
+    let mut bytes = own.to_bytes();
+    bytes[88] ^= 0xff;
+    let e = PeerMapping::open(&gpu, &PeerExport::from_bytes(&bytes).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another host"), "{e}");
+}
