@@ -30,6 +30,11 @@
 #define GDAKI_HELLO_MAX_ITEMS 1024
 
 /**
+ * Bytes of a `gdaki_peer_export`.
+ */
+#define GDAKI_PEER_EXPORT_BYTES 128
+
+/**
  * Size of a `gdaki_endpoint`.
  */
 #define GDAKI_ENDPOINT_BYTES 64
@@ -205,6 +210,12 @@ typedef struct gdaki_gpu gdaki_gpu;
 typedef struct gdaki_gpu_qp gdaki_gpu_qp;
 
 /**
+ * A peer process's region mapped into this process's GPU. Destroy it before the peer destroys
+ * the region.
+ */
+typedef struct gdaki_peer_map gdaki_peer_map;
+
+/**
  * CPU threads that ring doorbells for queue pairs created with `GDAKI_DOORBELL_CPU_PROXY`
  * (where a GPU cannot ring a NIC's doorbell itself).
  */
@@ -276,6 +287,19 @@ typedef struct gdaki_hello {
    */
   size_t regions_cap;
 } gdaki_hello;
+
+/**
+ * A region of device memory as a fixed-size blob a process on the same host maps with
+ * `gdaki_peer_map_open`: plain bytes, exchanged through any bootstrap. It opens the whole
+ * allocation behind the region to whoever holds it (CUDA IPC): give it only to processes of
+ * the same user.
+ */
+typedef struct gdaki_peer_export {
+  /**
+   * The encoded export (magic, version, IPC handle, GPU, host, offset, length).
+   */
+  uint8_t bytes[GDAKI_PEER_EXPORT_BYTES];
+} gdaki_peer_export;
 
 /**
  * How to create a queue pair: `gdaki_qp_config_init` fills in the defaults.
@@ -502,6 +526,15 @@ enum gdaki_status gdaki_context_listen(const struct gdaki_context *ctx,
 enum gdaki_status gdaki_gpu_open(uint32_t ordinal, struct gdaki_gpu **gpu);
 
 /**
+ * The number of GPUs this process sees (`CUDA_VISIBLE_DEVICES` applies) into `*count`: 0
+ * where there is no driver or no GPU (not an error: CPU mode works there).
+ *
+ * # Safety
+ * `count` is NULL or writable.
+ */
+enum gdaki_status gdaki_gpu_count(uint32_t *count);
+
+/**
  * Destroys a GPU handle (NULL: nothing); regions and queues on it keep what they need.
  *
  * # Safety
@@ -593,6 +626,50 @@ enum gdaki_status gdaki_channel_reject(const struct gdaki_channel *channel, cons
  * `channel` is NULL or a channel handle with no call on it in flight, not used after.
  */
 enum gdaki_status gdaki_channel_destroy(struct gdaki_channel *channel);
+
+/**
+ * Exports `region` (device memory of `gpu`) for processes on this host into `*out`. Host
+ * memory, pinned host memory included, and a `gpu` other than the region's are
+ * `GDAKI_STATUS_UNSUPPORTED`.
+ *
+ * # Safety
+ * `region`, `gpu` are NULL or handles of their types; `out` is NULL or writable.
+ */
+enum gdaki_status gdaki_region_export_peer(const struct gdaki_region *region,
+                                           const struct gdaki_gpu *gpu,
+                                           struct gdaki_peer_export *out);
+
+/**
+ * Maps a peer process's `export` into `gpu` (into `*map`). Refused with
+ * `GDAKI_STATUS_UNSUPPORTED` and the reason where kernels on `gpu` cannot reach it: memory of
+ * another host, of this process (use the region's own address), of a GPU without a P2P path
+ * from `gpu`. Bytes that are no export are `GDAKI_STATUS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `gpu` is NULL or a GPU handle; `export` is NULL or readable; `map` is NULL or writable.
+ */
+enum gdaki_status gdaki_peer_map_open(const struct gdaki_gpu *gpu,
+                                      const struct gdaki_peer_export *export_,
+                                      struct gdaki_peer_map **map);
+
+/**
+ * Where kernels on the map's GPU reach the peer's region (`*addr`, a device address) and its
+ * length (`*len`); either may be NULL.
+ *
+ * # Safety
+ * `map` is NULL or a peer map handle; `addr` and `len` are NULL or writable.
+ */
+enum gdaki_status gdaki_peer_map_addr(const struct gdaki_peer_map *map,
+                                      uint64_t *addr,
+                                      uint64_t *len);
+
+/**
+ * Unmaps a peer's region (NULL: nothing). Kernels that use its address must have finished.
+ *
+ * # Safety
+ * `map` is NULL or a peer map handle with no call on it in flight, not used after.
+ */
+enum gdaki_status gdaki_peer_map_destroy(struct gdaki_peer_map *map);
 
 /**
  * A completion queue of `size` CQEs (a power of two) into `*cq`, its ring in host memory, or

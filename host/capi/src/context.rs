@@ -257,6 +257,22 @@ pub unsafe extern "C" fn gdaki_gpu_open(ordinal: u32, gpu: *mut *mut gdaki_gpu) 
     })
 }
 
+/// The number of GPUs this process sees (`CUDA_VISIBLE_DEVICES` applies) into `*count`: 0
+/// where there is no driver or no GPU (not an error: CPU mode works there).
+///
+/// # Safety
+/// `count` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_gpu_count(count: *mut u32) -> gdaki_status {
+    call("gdaki_gpu_count", || {
+        // SAFETY: the caller's contract.
+        let out = unsafe { guard::out(count, "count") }?;
+        let n = gdaki::cuda::probe().map_or(0, |i| i.gpus.len());
+        out.write(u32::try_from(n).unwrap_or(u32::MAX));
+        Ok(())
+    })
+}
+
 /// Destroys a GPU handle (NULL: nothing); regions and queues on it keep what they need.
 ///
 /// # Safety

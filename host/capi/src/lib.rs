@@ -23,11 +23,13 @@
 mod context;
 mod guard;
 mod handshake;
+mod peer;
 mod queue;
 mod region;
 
 pub use context::*;
 pub use guard::gdaki_status;
 pub use handshake::*;
+pub use peer::*;
 pub use queue::*;
 pub use region::*;

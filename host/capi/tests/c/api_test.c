@@ -89,9 +89,32 @@ static void contexts(void) {
     gdaki_gpu *gpu = NULL;
     gdaki_status s = gdaki_gpu_open(0, &gpu);
     CHECK(s == GDAKI_STATUS_OK || s == GDAKI_STATUS_NO_DEVICE);
+    uint32_t gpus = 99;
+    OK(gdaki_gpu_count(&gpus));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_gpu_count(NULL));
+    CHECK((s == GDAKI_STATUS_OK) == (gpus > 0));
+    /* Peer maps: bytes that are no export are refused; host memory cannot be exported. */
+    gdaki_peer_export junk;
+    memset(&junk, 0x5a, sizeof junk);
+    gdaki_peer_map *map = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_peer_map_open(NULL, &junk, &map));
+    OK(gdaki_peer_map_destroy(NULL));
     if (s == GDAKI_STATUS_OK) {
         gdaki_gpu *none = NULL;
         EXPECT(GDAKI_STATUS_NO_DEVICE, gdaki_gpu_open(4096, &none));
+        EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_peer_map_open(gpu, &junk, &map));
+        LAST_ERROR_HAS("wrong magic");
+        gdaki_region *host = NULL, *dev = NULL;
+        OK(gdaki_region_alloc(ctx, 4096, GDAKI_ACCESS_ALL, &host));
+        EXPECT(GDAKI_STATUS_UNSUPPORTED, gdaki_region_export_peer(host, gpu, &junk));
+        LAST_ERROR_HAS("host memory");
+        OK(gdaki_region_alloc_device(ctx, gpu, 4096, GDAKI_ACCESS_ALL, &dev));
+        gdaki_peer_export mine;
+        OK(gdaki_region_export_peer(dev, gpu, &mine));
+        EXPECT(GDAKI_STATUS_UNSUPPORTED, gdaki_peer_map_open(gpu, &mine, &map));
+        LAST_ERROR_HAS("this process's own");
+        OK(gdaki_region_destroy(dev));
+        OK(gdaki_region_destroy(host));
         OK(gdaki_gpu_destroy(gpu));
     } else {
         printf("api_test: no usable GPU (%s): GPU calls checked for their error only\n", gdaki_last_error());
