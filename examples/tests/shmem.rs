@@ -172,7 +172,9 @@ fn gshmem_runs_on_one_two_and_three_pes_in_cpu_mode() {
 
     // The all-to-all, verified on every PE, with its JSON.
     let a2a = bin.join("alltoall");
-    let args = ["-n", "5", "-w", "1", "-s", "64,4096,65536", "--json"];
+    // Three pieces a block: pieces of whole 16-byte units and a short last one, 100 bytes
+    // included (16 + 16 + ... the last piece ends early).
+    let args = ["-n", "5", "-w", "1", "-s", "64,100,4096,65536", "-b", "3", "--json"];
     let outs = match mpirun(2, &a2a, &args) {
         Some(out) => vec![out],
         None => tcp_job(&a2a, 2, &args),
@@ -188,8 +190,11 @@ fn gshmem_runs_on_one_two_and_three_pes_in_cpu_mode() {
     assert_eq!(json["pes"], 2);
     assert_eq!(json["verified"], true);
     let rows = json["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4);
+    // CPU mode reaches every heap through queue pairs.
+    assert_eq!(json["load_store_pes"], 0);
     for r in rows {
+        assert_eq!(r["pieces"], 3);
         assert!(r["alltoall_us"].as_f64().unwrap() > 0.0 && r["copy_us"].as_f64().unwrap() > 0.0);
     }
     let _ = std::fs::remove_dir_all(&scratch);

@@ -57,7 +57,9 @@ typedef struct gshmem_options {
     size_t heap_bytes;
     gshmem_heap_kind heap_kind;
     /** GPU ordinal (GSHMEM_GPU, default 0), or -1 for CPU mode: host threads play the kernels,
-     *  through the host build of gdaki_device.h's thread scope. */
+     *  through the host build of gdaki_device.h's thread scope. GSHMEM_GPU=local picks the
+     *  process's rank on its host (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID,
+     *  else GSHMEM_LOCAL_RANK, else GSHMEM_RANK) modulo the GPUs it sees: one GPU per process. */
     int gpu;
     /** gdaki provider (GDAKI_PROVIDER_*; GSHMEM_PROVIDER "soft", "mlx5" or "auto", default
      *  soft). */
@@ -69,13 +71,16 @@ typedef struct gshmem_options {
     /** Bound of every device-side wait (completions, signals, barriers), in ms
      *  (GSHMEM_WAIT_TIMEOUT_MS, default 30000). */
     uint32_t wait_timeout_ms;
+    /** Whether kernels load and store the heaps of the PEs they can (GSHMEM_P2P, default 1):
+     *  see gshmem_pe_path. 0: every operation goes through a queue pair. */
+    int p2p;
     /** gdaki's diagnostics to stderr, filtered as RUST_LOG is ("warn", "gdaki=debug"), or NULL
      *  for none (GSHMEM_LOG). */
     const char *log;
 } gshmem_options;
 
 /** Version word of gshmem_ctx and gshmem_internal: bump on any layout change. */
-#define GSHMEM_CTX_VERSION 0x00010001u
+#define GSHMEM_CTX_VERSION 0x00010002u
 /** Slots for thread-scope fetching operations (one lock and one 8-byte result each). */
 #define GSHMEM_THREAD_SLOTS 1024u
 /** Slot groups for warp-scope fetching operations (32 results each). */
@@ -116,7 +121,19 @@ typedef struct gshmem_ctx {
     const gdaki_remote_region *heaps;
     /** The queue pair to each PE (to this PE: a loopback), indexed by PE. */
     gdaki_dev_qp *const *qps;
+    /** Where this GPU's kernels load and store each PE's heap (its first byte), indexed by PE;
+     *  0 where operations on that PE go through its queue pair. NULL in CPU mode. */
+    const uint64_t *peer_heaps;
 } gshmem_ctx;
+
+/** How operations on a PE's heap travel (gshmem_pe_path). */
+typedef enum gshmem_path {
+    /** Through the queue pair to the PE (the HCA moves the bytes). */
+    GSHMEM_PATH_QUEUE_PAIR = 0,
+    /** Loads, stores and atomics of the calling GPU threads, over NVLink or PCIe (P2P) or
+     *  inside the GPU. */
+    GSHMEM_PATH_LOAD_STORE = 1,
+} gshmem_path;
 
 /** Fills `opts` with the defaults (and the environment's overrides). */
 int gshmem_options_init(gshmem_options *opts);
@@ -146,6 +163,12 @@ int gshmem_free(void *ptr);
  *  peer, state and error syndrome: the first failed operation's cause), e.g. after a kernel
  *  got GDAKI_CODE_CQE_ERROR. Local: not collective. */
 int gshmem_check_queues(void);
+/** How operations on PE `pe`'s heap travel (a gshmem_path), or -1 (pe out of range). `why`,
+ *  unless NULL, gets the reason, valid until gshmem_finalize. Every PE takes the same path to
+ *  a given PE: load/store where every PE's GPU can map that PE's heap (device memory on GPUs
+ *  of one host with P2P between them, or one GPU), the queue pair otherwise, so that atomics
+ *  and signals on a heap are atomic with respect to one another. */
+int gshmem_pe_path(int pe, const char **why);
 /** Waits until every PE has called it (host side; kernels use gshmem::barrier_all). */
 int gshmem_barrier_all(void);
 /** The context kernels take. */

@@ -3,10 +3,16 @@
  * gdaki_device.h's extern "C" functions.
  *
  * Addresses named "symmetric" are this PE's pointers into its heap (from gshmem_malloc): the
- * same offset is used at the target PE. Every operation goes through the queue pair to its
- * target PE, the PE itself included (a loopback), so atomics from all PEs are atomic with
- * respect to one another. Queue pairs are shared by every thread of the GPU (gdaki's gpu
- * mode), so any thread may call anything.
+ * same offset is used at the target PE. Each target PE's heap is reached one way by every PE
+ * (gshmem_pe_path): through the queue pair to it, the PE itself included (a loopback), or, in
+ * GPU builds where every PE's GPU maps that heap, by the calling threads' own loads, stores
+ * and system-scope atomics (NVLink, PCIe P2P, or inside one GPU). Either way atomics from all
+ * PEs on a heap are atomic with respect to one another. Queue pairs are shared by every thread
+ * of the GPU (gdaki's gpu mode), so any thread may call anything.
+ *
+ * On the load/store path every operation has completed when it returns (the caller's stores
+ * are fenced at system scope before it returns, and before any signal), so quiet has nothing
+ * left to wait for there.
  *
  * Each call returns GDAKI_OK or a GDAKI_CODE_* (gdaki_device.h): a PE out of range, a range
  * outside the heap or a misaligned atomic is GDAKI_CODE_BAD_ARGUMENT / _MISALIGNED before
@@ -90,9 +96,52 @@ GSHMEM_FN uint64_t remote_addr(const gshmem_ctx &c, const void *addr, int pe) {
     return c.heaps[pe].addr + ((uint64_t)addr - c.heap_base);
 }
 GSHMEM_FN uint32_t rkey(const gshmem_ctx &c, int pe) { return c.heaps[pe].rkey; }
+
+#if defined(GDAKI_CUDA)
+/* Where this GPU loads and stores symmetric `addr` of `pe`'s heap, or nullptr where `pe` is
+ * reached through its queue pair. */
+template <class T>
+GSHMEM_FN T *direct(const gshmem_ctx &c, const T *addr, int pe) {
+    uint64_t base = c.peer_heaps != nullptr ? c.peer_heaps[pe] : 0;
+    return base == 0 ? nullptr : (T *)(base + ((uint64_t)addr - c.heap_base));
+}
+/* Copies `bytes` from `src` to `dst` (global memory both), lane `lane` of `lanes` threads
+ * doing every lanes-th piece: 16-byte pieces where both ends allow, bytes for the rest. Loads
+ * bypass L1 (`src` may be memory another GPU writes). */
+GSHMEM_FN void copy(void *dst, const void *src, uint64_t bytes, uint32_t lane, uint32_t lanes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    uint64_t head = 0;
+    if (((uint64_t)d | (uint64_t)s) % 16 == 0) {
+        head = bytes / 16 * 16;
+        for (uint64_t i = (uint64_t)lane * 16; i < head; i += (uint64_t)lanes * 16)
+            *(int4 *)(d + i) = __ldcv((const int4 *)(s + i));
+    }
+    for (uint64_t i = head + lane; i < bytes; i += lanes) d[i] = __ldcv(s + i);
+}
+/* Adds `value` to the u64 at `p` (another GPU's memory, or this one's) at system scope. */
+GSHMEM_FN uint64_t add_system(uint64_t *p, uint64_t value) {
+    return atomicAdd_system((unsigned long long *)p, (unsigned long long)value);
+}
+#else
+/* CPU mode reaches every heap through queue pairs. */
+template <class T>
+GSHMEM_FN T *direct(const gshmem_ctx &, const T *, int) {
+    return nullptr;
+}
+#endif
+/* Whether `pe`'s heap is reached by loads and stores (else through its queue pair). */
+GSHMEM_FN bool loads_stores(const gshmem_ctx &c, int pe) { return direct(c, (const char *)c.heap_base, pe) != nullptr; }
 /* Announces this PE's arrival at a barrier to `pe` (an add to its counter) and waits until
  * the add is done. */
 GSHMEM_FN uint32_t arrive(const gshmem_ctx &c, uint32_t pe) {
+#if defined(GDAKI_CUDA)
+    if (uint64_t *word = direct(c, &internal(c)->barrier_arrivals, (int)pe)) {
+        __threadfence_system();
+        add_system(word, 1);
+        return GDAKI_OK;
+    }
+#endif
     uint64_t ticket = 0;
     uint32_t s = gdaki_signal_thread_gpu(c.qps[pe], c.heaps[pe].addr + offsetof(gshmem_internal, barrier_arrivals),
                                          c.heaps[pe].rkey, 1, (uint64_t)&internal(c)->discard, c.lkey, 0u, &ticket);
@@ -126,10 +175,19 @@ GSHMEM_FN int my_pe(const gshmem_ctx &c) { return (int)c.my_pe; }
 GSHMEM_FN int n_pes(const gshmem_ctx &c) { return (int)c.n_pes; }
 
 namespace detail {
-/* Checks and posts a put; its ticket into `*ticket` unless null. */
+/* Checks and posts a put (stores it, on the load/store path); its ticket into `*ticket`
+ * unless null. */
 GSHMEM_FN uint32_t post_put(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe,
                             uint64_t *ticket) {
     if (!pe_ok(c, pe) || !in_heap(c, dest, bytes) || !in_heap(c, src, bytes)) return GDAKI_CODE_BAD_ARGUMENT;
+#if defined(GDAKI_CUDA)
+    if (void *to = direct(c, dest, pe)) {
+        copy(to, src, bytes, 0, 1);
+        __threadfence_system();
+        if (ticket != nullptr) *ticket = 0;
+        return GDAKI_OK;
+    }
+#endif
     return gdaki_put_thread_gpu(c.qps[pe], remote_addr(c, dest, pe), rkey(c, pe), (uint64_t)src, c.lkey, bytes, 0u,
                                 ticket);
 }
@@ -145,7 +203,8 @@ GSHMEM_FN uint32_t put_nbi(const gshmem_ctx &c, void *dest, const void *src, uin
 GSHMEM_FN uint32_t put(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
     uint64_t ticket = 0;
     uint32_t s = detail::post_put(c, dest, src, bytes, pe, &ticket);
-    return s != GDAKI_OK ? s : gdaki_wait_thread_gpu(c.qps[pe], ticket);
+    if (s != GDAKI_OK || detail::loads_stores(c, pe)) return s;
+    return gdaki_wait_thread_gpu(c.qps[pe], ticket);
 }
 
 /** Copies `bytes` from symmetric `src` at `pe` to symmetric `dest` here; returns when the data
@@ -153,6 +212,12 @@ GSHMEM_FN uint32_t put(const gshmem_ctx &c, void *dest, const void *src, uint64_
 GSHMEM_FN uint32_t get(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
     if (!detail::pe_ok(c, pe) || !detail::in_heap(c, dest, bytes) || !detail::in_heap(c, src, bytes))
         return GDAKI_CODE_BAD_ARGUMENT;
+#if defined(GDAKI_CUDA)
+    if (const void *from = detail::direct(c, src, pe)) {
+        detail::copy(dest, from, bytes, 0, 1);
+        return GDAKI_OK;
+    }
+#endif
     uint64_t ticket = 0;
     uint32_t s = gdaki_get_thread_gpu(c.qps[pe], (uint64_t)dest, c.lkey, detail::remote_addr(c, src, pe),
                                       detail::rkey(c, pe), bytes, 0u, &ticket);
@@ -165,6 +230,13 @@ template <class T>
 GSHMEM_FN uint32_t p(const gshmem_ctx &c, T *dest, T value, int pe) {
     static_assert(sizeof(T) <= 8, "p carries at most 8 bytes");
     if (!detail::pe_ok(c, pe) || !detail::in_heap(c, dest, sizeof(T))) return GDAKI_CODE_BAD_ARGUMENT;
+#if defined(GDAKI_CUDA)
+    if (T *to = detail::direct(c, dest, pe)) {
+        *to = value;
+        __threadfence_system();
+        return GDAKI_OK;
+    }
+#endif
     return gdaki_put_inline_thread_gpu(c.qps[pe], detail::remote_addr(c, dest, pe), detail::rkey(c, pe), &value,
                                        (uint32_t)sizeof(T), 0u, nullptr);
 }
@@ -175,6 +247,13 @@ GSHMEM_FN uint32_t atomic_fetch_add(const gshmem_ctx &c, uint64_t *dest, uint64_
                                     uint64_t *fetched) {
     if (!detail::pe_ok(c, pe) || !detail::in_heap(c, dest, 8)) return GDAKI_CODE_BAD_ARGUMENT;
     if ((uint64_t)dest % 8 != 0) return GDAKI_CODE_MISALIGNED;
+#if defined(GDAKI_CUDA)
+    if (uint64_t *at = detail::direct(c, dest, pe)) {
+        uint64_t old = detail::add_system(at, value);
+        if (fetched != nullptr) *fetched = old;
+        return GDAKI_OK;
+    }
+#endif
     /* The fetched value lands in a registered slot of this PE's heap, held under its lock
      * until the call has read it. */
     gshmem_internal *in = detail::internal(c);
@@ -195,6 +274,14 @@ GSHMEM_FN uint32_t put_signal_nbi(const gshmem_ctx &c, void *dest, const void *s
         !detail::in_heap(c, signal, 8))
         return GDAKI_CODE_BAD_ARGUMENT;
     if ((uint64_t)signal % 8 != 0) return GDAKI_CODE_MISALIGNED;
+#if defined(GDAKI_CUDA)
+    if (void *to = detail::direct(c, dest, pe)) {
+        detail::copy(to, src, bytes, 0, 1);
+        __threadfence_system();
+        detail::add_system(detail::direct(c, signal, pe), add);
+        return GDAKI_OK;
+    }
+#endif
     return gdaki_put_signal_thread_gpu(c.qps[pe], detail::remote_addr(c, dest, pe), detail::rkey(c, pe),
                                        (uint64_t)src, c.lkey, bytes, detail::remote_addr(c, signal, pe),
                                        detail::rkey(c, pe), add, (uint64_t)&detail::internal(c)->discard, c.lkey,
@@ -215,9 +302,13 @@ GSHMEM_FN uint32_t quiet(const gshmem_ctx &c) {
     if (c.version != GSHMEM_CTX_VERSION) return GDAKI_CODE_BAD_ARGUMENT;
     uint32_t first = GDAKI_OK;
     for (uint32_t pe = 0; pe < c.n_pes; pe++) {
+        if (detail::loads_stores(c, (int)pe)) continue;
         uint32_t s = gdaki_quiet_thread_gpu(c.qps[pe]);
         if (first == GDAKI_OK) first = s;
     }
+#if defined(GDAKI_CUDA)
+    __threadfence_system();
+#endif
     return first;
 }
 
@@ -243,6 +334,12 @@ GSHMEM_FN uint32_t barrier_all(const gshmem_ctx &c) {
 __device__ inline uint32_t put_nbi_warp(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
     bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes);
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
+    if (void *to = detail::direct(c, dest, pe)) {
+        detail::copy(to, src, bytes, detail::lane_id(), 32);
+        __threadfence_system();
+        __syncwarp();
+        return GDAKI_OK;
+    }
     uint32_t s = GDAKI_OK;
     if (bytes < WARP_SPLIT_BYTES) {
         if (detail::lane_id() == 0) s = put_nbi(c, dest, src, bytes, pe);
@@ -258,7 +355,7 @@ __device__ inline uint32_t put_nbi_warp(const gshmem_ctx &c, void *dest, const v
 /** put_nbi_warp, then waits until it has completed. */
 __device__ inline uint32_t put_warp(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
     uint32_t s = put_nbi_warp(c, dest, src, bytes, pe);
-    if (s != GDAKI_OK) return s;
+    if (s != GDAKI_OK || detail::loads_stores(c, pe)) return s;
     return detail::warp_status(gdaki_quiet_warp_gpu(c.qps[pe]));
 }
 
@@ -266,6 +363,11 @@ __device__ inline uint32_t put_warp(const gshmem_ctx &c, void *dest, const void 
 __device__ inline uint32_t get_warp(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
     bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes);
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
+    if (const void *from = detail::direct(c, src, pe)) {
+        detail::copy(dest, from, bytes, detail::lane_id(), 32);
+        __syncwarp();
+        return GDAKI_OK;
+    }
     uint32_t s = GDAKI_OK;
     if (bytes < WARP_SPLIT_BYTES) {
         if (detail::lane_id() == 0) s = get(c, dest, src, bytes, pe);
@@ -285,6 +387,12 @@ __device__ inline uint32_t p_warp(const gshmem_ctx &c, T *dest, T value, int pe)
     static_assert(sizeof(T) <= 8, "p carries at most 8 bytes");
     bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, sizeof(T));
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
+    if (T *to = detail::direct(c, dest, pe)) {
+        *to = value;
+        __threadfence_system();
+        __syncwarp();
+        return GDAKI_OK;
+    }
     uint32_t s = gdaki_put_inline_warp_gpu(c.qps[pe], detail::remote_addr(c, dest, pe), detail::rkey(c, pe), &value,
                                            (uint32_t)sizeof(T), 0u, nullptr);
     return detail::warp_status(s);
@@ -298,6 +406,12 @@ __device__ inline uint32_t atomic_fetch_add_warp(const gshmem_ctx &c, uint64_t *
     if (!detail::warp_agree(ok, pe)) {
         bool aligned = __all_sync(0xffffffffu, (uint64_t)dest % 8 == 0);
         return aligned ? GDAKI_CODE_BAD_ARGUMENT : GDAKI_CODE_MISALIGNED;
+    }
+    if (uint64_t *at = detail::direct(c, dest, pe)) {
+        uint64_t old = detail::add_system(at, value);
+        if (fetched != nullptr) *fetched = old;
+        __syncwarp();
+        return GDAKI_OK;
     }
     /* One group of 32 result slots per warp, held by lane 0 for the whole warp. */
     gshmem_internal *in = detail::internal(c);
@@ -319,6 +433,14 @@ __device__ inline uint32_t put_signal_nbi_warp(const gshmem_ctx &c, void *dest, 
     bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes) &&
               detail::in_heap(c, signal, 8) && (uint64_t)signal % 8 == 0;
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
+    if (void *to = detail::direct(c, dest, pe)) {
+        detail::copy(to, src, bytes, detail::lane_id(), 32);
+        __threadfence_system();
+        __syncwarp();
+        if (detail::lane_id() == 0) detail::add_system(detail::direct(c, signal, pe), add);
+        __syncwarp();
+        return GDAKI_OK;
+    }
     uint32_t s = GDAKI_OK;
     if (bytes < WARP_SPLIT_BYTES) {
         if (detail::lane_id() == 0) s = put_signal_nbi(c, dest, src, bytes, signal, add, pe);
@@ -342,10 +464,61 @@ __device__ inline uint32_t quiet_warp(const gshmem_ctx &c) {
     uint32_t first = GDAKI_OK;
     if (c.version != GSHMEM_CTX_VERSION) return GDAKI_CODE_BAD_ARGUMENT;
     for (uint32_t pe = detail::lane_id(); pe < c.n_pes; pe += 32) {
+        if (detail::loads_stores(c, (int)pe)) continue;
         uint32_t s = gdaki_quiet_thread_gpu(c.qps[pe]);
         if (first == GDAKI_OK) first = s;
     }
+    __threadfence_system();
     return detail::warp_status(first);
+}
+
+/** put_signal_nbi by a whole thread block (every thread the same arguments; a 1-D block of
+ *  whole warps): on the load/store path every thread copies a share and one signal follows
+ *  all of it; through a queue pair the first warp posts it (put_signal_nbi_warp). Returns the
+ *  same status on every thread. */
+__device__ inline uint32_t put_signal_nbi_block(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes,
+                                                uint64_t *signal, uint64_t add, int pe) {
+    __shared__ uint32_t status;
+    bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes) &&
+              detail::in_heap(c, signal, 8) && (uint64_t)signal % 8 == 0;
+    if (!__syncthreads_and(ok)) return GDAKI_CODE_BAD_ARGUMENT;
+    if (void *to = detail::direct(c, dest, pe)) {
+        detail::copy(to, src, bytes, threadIdx.x, blockDim.x);
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) detail::add_system(detail::direct(c, signal, pe), add);
+        __syncthreads();
+        return GDAKI_OK;
+    }
+    if (threadIdx.x < 32) {
+        uint32_t s = put_signal_nbi_warp(c, dest, src, bytes, signal, add, pe);
+        if (threadIdx.x == 0) status = s;
+    }
+    __syncthreads();
+    uint32_t s = status;
+    __syncthreads();
+    return s;
+}
+
+/** put_nbi by a whole thread block (as put_signal_nbi_block, without the signal). */
+__device__ inline uint32_t put_nbi_block(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
+    __shared__ uint32_t status;
+    bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes);
+    if (!__syncthreads_and(ok)) return GDAKI_CODE_BAD_ARGUMENT;
+    if (void *to = detail::direct(c, dest, pe)) {
+        detail::copy(to, src, bytes, threadIdx.x, blockDim.x);
+        __threadfence_system();
+        __syncthreads();
+        return GDAKI_OK;
+    }
+    if (threadIdx.x < 32) {
+        uint32_t s = put_nbi_warp(c, dest, src, bytes, pe);
+        if (threadIdx.x == 0) status = s;
+    }
+    __syncthreads();
+    uint32_t s = status;
+    __syncthreads();
+    return s;
 }
 
 /** barrier_all by one whole warp of the PE: the lanes signal the PEs in parallel. */

@@ -3,7 +3,12 @@
 // and verified on every PE. Next to it, in the same run: a plain copy of the same bytes on this
 // PE (cudaMemcpyAsync device to device in GPU mode, memcpy in CPU mode).
 //
-//   alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [--json]
+// On the GPU each block goes out as -b pieces (default: one per 32 KiB, at most 128 / PEs),
+// each sent by a thread block of 256 threads with put_signal_nbi_block: on the load/store path
+// (gshmem_pe_path) those threads copy it themselves, through a queue pair one warp posts it.
+// In CPU mode one host thread sends each piece (one piece unless -b says).
+//
+//   alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [-b PIECES] [--json]
 //
 // Progress goes to stderr, the table (or JSON) to stdout from PE 0, on PE 0's clock. Exit 0 when
 // every PE received every block intact.
@@ -23,32 +28,42 @@ LAUNCH_HD uint8_t pattern(uint32_t from, uint32_t to, uint64_t i) {
     return (uint8_t)(from * 37u + to * 101u + (uint32_t)(i >> 3) * 7u + (uint32_t)i + 3u);
 }
 
-/** Sender q (a warp on the GPU, a thread in CPU mode) sends block q to PE q, then waits until
- *  all PEs' blocks of this round are here. */
+/** Threads of a sending block on the GPU. */
+constexpr uint32_t BLOCK_THREADS = 256;
+
+/** Sender (q, k) (a thread block on the GPU, a host thread in CPU mode) sends piece k of
+ *  block q to PE q, then waits until all pieces of this round are here. */
 struct AllToAll {
     uint8_t *send, *recv;
     uint64_t *signal;
     uint64_t bytes, base;
-    uint32_t iters;
+    uint32_t iters, pieces;
     Failures *f;
     GSHMEM_FN void operator()(const gshmem_ctx &c, uint32_t t, uint32_t) const {
         const int me = gshmem::my_pe(c), np = gshmem::n_pes(c);
 #if defined(GDAKI_CUDA)
-        const int q = (int)(t / 32);
+        const uint32_t sender = t / BLOCK_THREADS;
 #else
-        const int q = (int)t;
+        const uint32_t sender = t;
 #endif
-        uint8_t *dst = recv + (uint64_t)me * bytes, *src = send + (uint64_t)q * bytes;
+        const int q = (int)(sender / pieces);
+        // Pieces of whole 16-byte units (the last one shorter); std::min is host-only.
+        const uint64_t piece = ((bytes + pieces - 1) / pieces + 15) / 16 * 16;
+        const uint64_t start = (sender % pieces) * piece;
+        const uint64_t from = start < bytes ? start : bytes;
+        const uint64_t len = bytes - from < piece ? bytes - from : piece;
+        uint8_t *dst = recv + (uint64_t)me * bytes + from, *src = send + (uint64_t)q * bytes + from;
+        const uint64_t per_round = (uint64_t)np * pieces;
         for (uint32_t i = 0; i < iters; i++) {
 #if defined(GDAKI_CUDA)
-            EXPECT_OK(f, gshmem::put_signal_nbi_warp(c, dst, src, bytes, signal, 1, q), i);
+            EXPECT_OK(f, gshmem::put_signal_nbi_block(c, dst, src, len, signal, 1, q), i);
 #else
-            EXPECT_OK(f, gshmem::put_signal_nbi(c, dst, src, bytes, signal, 1, q), i);
+            EXPECT_OK(f, gshmem::put_signal_nbi(c, dst, src, len, signal, 1, q), i);
 #endif
-            EXPECT_OK(f, gshmem::signal_wait_until_ge(c, signal, base + (uint64_t)(i + 1) * np), i);
+            EXPECT_OK(f, gshmem::signal_wait_until_ge(c, signal, base + (uint64_t)(i + 1) * per_round), i);
         }
 #if defined(GDAKI_CUDA)
-        EXPECT_OK(f, gshmem::quiet_warp(c), t);
+        if (threadIdx.x < 32) EXPECT_OK(f, gshmem::quiet_warp(c), t);
 #else
         EXPECT_OK(f, gshmem::quiet(c), t);
 #endif
@@ -84,7 +99,9 @@ double copy_reference(void *dst, const void *src, uint64_t bytes, uint32_t iters
 
 [[noreturn]] void usage(const std::string &why) {
     if (gshmem_my_pe() <= 0)
-        std::fprintf(stderr, "alltoall: %s\nusage: alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [--json]\n",
+        std::fprintf(stderr,
+                     "alltoall: %s\nusage: alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [-b PIECES] "
+                     "[--json]\n",
                      why.c_str());
     std::exit(2);
 }
@@ -100,6 +117,7 @@ uint64_t number(const char *text, const char *what) {
 
 struct Row {
     uint64_t bytes;
+    uint32_t pieces;
     double alltoall_us, copy_us;
 };
 
@@ -107,14 +125,15 @@ struct Row {
 
 int main(int argc, char **argv) {
     std::vector<uint64_t> sizes;
-    uint32_t iters = 50, warmup = 5;
+    uint32_t iters = 50, warmup = 5, pieces_asked = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (a == "--json") json = true;
-        else if ((a == "-s" || a == "-n" || a == "-w") && i + 1 < argc) {
+        else if ((a == "-s" || a == "-n" || a == "-w" || a == "-b") && i + 1 < argc) {
             std::string v = argv[++i];
-            if (a == "-n") iters = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-n"), 1u << 20);
+            if (a == "-b") pieces_asked = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-b"), 1024);
+            else if (a == "-n") iters = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-n"), 1u << 20);
             else if (a == "-w") warmup = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-w"), 1u << 20);
             else
                 for (size_t at = 0; at <= v.size();) {
@@ -145,15 +164,14 @@ int main(int argc, char **argv) {
     if (largest > o.heap_bytes / (2 * (uint64_t)np + 1))
         usage("blocks of " + std::to_string(largest) + " bytes for " + std::to_string(np) +
               " PEs do not fit in the heap: raise GSHMEM_HEAP_BYTES");
-#if defined(GDAKI_CUDA)
-    if (np > 32) usage("the GPU build sends with one warp per PE in one block: at most 32 PEs");
-#endif
     uint8_t *send = launch::alloc<uint8_t>(np * largest), *recv = launch::alloc<uint8_t>(np * largest);
     uint8_t *copy_dst = launch::alloc<uint8_t>(np * largest);
     uint64_t *signal = launch::alloc<uint64_t>(1);
     Failures *f = launch::alloc<Failures>(1);
     std::vector<uint8_t> block(largest);
 
+    uint32_t direct = 0;
+    for (uint32_t pe = 0; pe < np; pe++) direct += gshmem_pe_path((int)pe, nullptr) == GSHMEM_PATH_LOAD_STORE;
     uint64_t signalled = 0;
     std::vector<Row> rows;
     bool intact = true;
@@ -166,12 +184,21 @@ int main(int argc, char **argv) {
         launch::check(gshmem_heap_write(recv, zero.data(), zero.size()), "gshmem_heap_write");
         launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
         if (me == 0) std::fprintf(stderr, "alltoall: %u PEs, blocks of %" PRIu64 " bytes ...\n", np, bytes);
-        const uint32_t senders = mode[0] == 'G' ? 32 * np : np;
-        launch::run(AllToAll{send, recv, signal, bytes, signalled, warmup, f}, senders, senders);
-        signalled += (uint64_t)warmup * np;
+#if defined(GDAKI_CUDA)
+        // Every piece's block must be resident at once (each waits for all the others').
+        uint32_t pieces = pieces_asked != 0 ? pieces_asked
+                                            : (uint32_t)std::min<uint64_t>(std::max<uint64_t>(bytes / 32768, 1),
+                                                                           std::max<uint32_t>(128 / np, 1));
+        const uint32_t threads = np * pieces * BLOCK_THREADS, group = BLOCK_THREADS;
+#else
+        uint32_t pieces = pieces_asked != 0 ? pieces_asked : 1;
+        const uint32_t threads = np * pieces, group = threads;
+#endif
+        launch::run(AllToAll{send, recv, signal, bytes, signalled, warmup, pieces, f}, threads, group);
+        signalled += (uint64_t)warmup * np * pieces;
         launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
-        double ms = launch::run(AllToAll{send, recv, signal, bytes, signalled, iters, f}, senders, senders);
-        signalled += (uint64_t)iters * np;
+        double ms = launch::run(AllToAll{send, recv, signal, bytes, signalled, iters, pieces, f}, threads, group);
+        signalled += (uint64_t)iters * np * pieces;
         double copy_ms = copy_reference(copy_dst, send, np * bytes, iters);
         launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
 
@@ -198,29 +225,30 @@ int main(int argc, char **argv) {
             std::fprintf(stderr, "PE %u: the signal is %" PRIu64 ", expected %" PRIu64 "\n", me, sig, signalled);
             intact = false;
         }
-        rows.push_back({bytes, 1000.0 * ms / iters, 1000.0 * copy_ms / iters});
+        rows.push_back({bytes, pieces, 1000.0 * ms / iters, 1000.0 * copy_ms / iters});
     }
     if (me == 0) {
         if (json) {
             std::printf("{\"program\": \"gshmem-alltoall\", \"pes\": %u, \"mode\": \"%s\", \"bootstrap\": \"%s\", "
-                        "\"iterations\": %u, \"clock\": \"PE 0\", \"rows\": [",
-                        np, mode, gshmem_bootstrap_name(), iters);
+                        "\"iterations\": %u, \"load_store_pes\": %u, \"clock\": \"PE 0\", \"rows\": [",
+                        np, mode, gshmem_bootstrap_name(), iters, direct);
             for (size_t i = 0; i < rows.size(); i++) {
                 const Row &r = rows[i];
                 double moved = (double)r.bytes * np;
-                std::printf("%s{\"block_bytes\": %" PRIu64 ", \"bytes_per_pe\": %.0f, \"alltoall_us\": %.3f, "
-                            "\"copy_us\": %.3f, \"alltoall_gb_s\": %.3f, \"copy_gb_s\": %.3f}",
-                            i ? ", " : "", r.bytes, moved, r.alltoall_us, r.copy_us, moved / r.alltoall_us / 1e3,
-                            moved / r.copy_us / 1e3);
+                std::printf("%s{\"block_bytes\": %" PRIu64 ", \"pieces\": %u, \"bytes_per_pe\": %.0f, "
+                            "\"alltoall_us\": %.3f, \"copy_us\": %.3f, \"alltoall_gb_s\": %.3f, \"copy_gb_s\": %.3f}",
+                            i ? ", " : "", r.bytes, r.pieces, moved, r.alltoall_us, r.copy_us,
+                            moved / r.alltoall_us / 1e3, moved / r.copy_us / 1e3);
             }
             std::printf("], \"verified\": %s}\n", intact ? "true" : "false");
         } else {
-            std::printf("gshmem all-to-all: %u PEs, %s mode, %s bootstrap, %u iterations (PE 0's clock)\n", np, mode,
-                        gshmem_bootstrap_name(), iters);
-            std::printf(" %12s %14s %18s %18s %12s\n", "block [B]", "bytes per PE", "all-to-all [us]",
+            std::printf("gshmem all-to-all: %u PEs, %s mode, %s bootstrap, %u iterations (PE 0's clock), PE 0 loads "
+                        "and stores %u of %u heaps\n",
+                        np, mode, gshmem_bootstrap_name(), iters, direct, np);
+            std::printf(" %12s %7s %14s %18s %18s %12s\n", "block [B]", "pieces", "bytes per PE", "all-to-all [us]",
                         "plain copy [us]", "a2a / copy");
             for (const Row &r : rows)
-                std::printf(" %12" PRIu64 " %14" PRIu64 " %18.2f %18.2f %11.1fx\n", r.bytes, r.bytes * np,
+                std::printf(" %12" PRIu64 " %7u %14" PRIu64 " %18.2f %18.2f %11.1fx\n", r.bytes, r.pieces, r.bytes * np,
                             r.alltoall_us, r.copy_us, r.alltoall_us / r.copy_us);
             std::printf(" data on PE 0: %s\n", intact ? "verified" : "WRONG");
         }

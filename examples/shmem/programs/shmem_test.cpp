@@ -309,6 +309,23 @@ void host_api(int np) {
     launch::check(gshmem_free(c), "gshmem_free");
     launch::check(gshmem_free(b), "gshmem_free");
     CHECK(gshmem_n_pes() == np, "n_pes %d", gshmem_n_pes());
+    // Paths: one per PE, with a reason; GSHMEM_EXPECT_PATH (load_store or queue_pair) says
+    // which every PE must take.
+    const char *why = nullptr;
+    CHECK(gshmem_pe_path(np, &why) == -1 && std::strstr(gshmem_error(), "is not in") != nullptr, "%s", gshmem_error());
+    const char *expect = std::getenv("GSHMEM_EXPECT_PATH");
+    for (int pe = 0; pe < np; pe++) {
+        int path = gshmem_pe_path(pe, &why);
+        CHECK(path >= 0 && why != nullptr && *why != '\0', "PE %d: %s", pe, gshmem_error());
+        if (gshmem_my_pe() == 0) std::printf("gshmem_test: path to PE %d: %s\n", pe, why != nullptr ? why : "?");
+        if (expect != nullptr) {
+            int want = std::strcmp(expect, "load_store") == 0 ? GSHMEM_PATH_LOAD_STORE : GSHMEM_PATH_QUEUE_PAIR;
+            CHECK(path == want, "PE %d: path %d, GSHMEM_EXPECT_PATH=%s: %s", pe, path, expect, why);
+        }
+    }
+#if !defined(GDAKI_CUDA)
+    CHECK(gshmem_pe_path(0, &why) == GSHMEM_PATH_QUEUE_PAIR && std::strstr(why, "CPU mode") != nullptr, "%s", why);
+#endif
 }
 
 } // namespace

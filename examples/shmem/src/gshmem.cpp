@@ -108,7 +108,8 @@ class Allocator {
     std::map<uint64_t, uint64_t> free_, used_;
 };
 
-/** What one PE exchanges with the others: its heap and its endpoint for each PE. */
+/** What one PE exchanges with the others: its heap (as a remote region, and for peer maps
+ *  where it is device memory) and its endpoint for each PE. */
 struct Card {
     uint32_t magic;
     uint32_t version;
@@ -116,6 +117,10 @@ struct Card {
     uint32_t heap_kind;
     uint64_t heap_bytes;
     gdaki_remote_region heap;
+    /** 1 when heap_export holds the heap's peer export. */
+    uint32_t exported;
+    uint32_t pad;
+    gdaki_peer_export heap_export;
 };
 constexpr uint32_t CARD_MAGIC = 0x47534331; // "GSC1"
 
@@ -137,10 +142,16 @@ struct State {
     std::vector<Peer> peers;
     std::vector<gdaki_remote_region> heaps;
     std::vector<gdaki_dev_qp *> handles;
+    /** Peer maps of the heaps kernels load and store (NULL elsewhere), indexed by PE. */
+    std::vector<gdaki_peer_map *> maps;
+    /** What the kernels' peer_heaps table holds, and why each PE's path was chosen. */
+    std::vector<uint64_t> peer_heaps;
+    std::vector<std::string> path_why;
     gshmem_ctx dev{};
     Allocator alloc;
 
     ~State() {
+        for (gdaki_peer_map *m : maps) gdaki_peer_map_destroy(m);
         // Exports before their queue pairs, queue pairs before their CQs; every destroy takes NULL.
         for (Peer &p : peers) {
             gdaki_gpu_qp_destroy(p.exported);
@@ -175,6 +186,23 @@ int guard(const char *name, F body) {
     return -1;
 }
 
+/** GSHMEM_GPU=local: this process's rank on its host, as its launcher tells it, modulo the
+ *  GPUs it sees. */
+int local_gpu() {
+    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "GSHMEM_LOCAL_RANK",
+                           "GSHMEM_RANK"};
+    uint64_t rank = 0;
+    for (const char *name : names)
+        if (env(name) != nullptr) {
+            rank = env_number(name, 0);
+            break;
+        }
+    uint32_t count = 0;
+    ok(gdaki_gpu_count(&count), "gdaki_gpu_count");
+    if (count == 0) throw Error("GSHMEM_GPU=local, but this process sees no GPU");
+    return (int)(rank % count);
+}
+
 void options_init(gshmem_options *o) {
     *o = gshmem_options{};
     const char *boot = env("GSHMEM_BOOTSTRAP");
@@ -193,7 +221,10 @@ void options_init(gshmem_options *o) {
     else if (std::strcmp(kind, "pinned") == 0) o->heap_kind = GSHMEM_HEAP_PINNED;
     else throw Error(std::string("GSHMEM_HEAP=\"") + kind + "\": use device or pinned");
     const char *gpu = env("GSHMEM_GPU");
-    o->gpu = gpu != nullptr && std::strcmp(gpu, "cpu") == 0 ? -1 : (int)std::min<uint64_t>(env_number("GSHMEM_GPU", 0), INT32_MAX);
+    if (gpu != nullptr && std::strcmp(gpu, "cpu") == 0) o->gpu = -1;
+    else if (gpu != nullptr && std::strcmp(gpu, "local") == 0) o->gpu = local_gpu();
+    else o->gpu = (int)std::min<uint64_t>(env_number("GSHMEM_GPU", 0), INT32_MAX);
+    o->p2p = env_number("GSHMEM_P2P", 1) != 0;
     const char *provider = env("GSHMEM_PROVIDER");
     if (provider == nullptr || std::strcmp(provider, "soft") == 0) o->provider = GDAKI_PROVIDER_SOFT;
     else if (std::strcmp(provider, "mlx5") == 0) o->provider = GDAKI_PROVIDER_MLX5;
@@ -237,6 +268,37 @@ std::unique_ptr<Bootstrap> make_bootstrap(const gshmem_options &o) {
     }
     if (o.tcp_addr == nullptr) throw Error("the TCP bootstrap needs tcp_addr");
     return tcp_bootstrap(o.tcp_addr, o.tcp_rank, o.tcp_nranks, o.timeout_ms);
+}
+
+/** Picks each PE's path, the same on every PE: load/store where every PE could map that PE's
+ *  heap (so all atomics on a heap are of one kind), the queue pair otherwise. Closes the maps
+ *  not taken. Collective. */
+void choose_paths(State &s, uint32_t me, uint32_t n, const std::string &no_p2p) {
+    s.maps.resize(n, nullptr);
+    s.path_why.resize(n);
+    std::vector<unsigned char> can(n, 0), all((size_t)n * n);
+    for (uint32_t pe = 0; pe < n; pe++) can[pe] = no_p2p.empty() && (pe == me || s.maps[pe] != nullptr);
+    s.boot->allgather(can.data(), all.data(), n);
+    s.peer_heaps.assign(n, 0);
+    for (uint32_t pe = 0; pe < n; pe++) {
+        uint32_t blocker = n;
+        for (uint32_t i = 0; i < n && blocker == n; i++)
+            if (!all[(size_t)i * n + pe]) blocker = i;
+        if (blocker == n) {
+            uint64_t addr = s.heap_info.addr;
+            if (pe != me) ok(gdaki_peer_map_addr(s.maps[pe], &addr, nullptr), "gdaki_peer_map_addr");
+            s.peer_heaps[pe] = addr;
+            s.path_why[pe] = pe == me ? "load/store: this PE's own heap, and every other PE maps it"
+                                      : "load/store: every PE maps its heap (P2P, or the same GPU)";
+            continue;
+        }
+        gdaki_peer_map_destroy(s.maps[pe]);
+        s.maps[pe] = nullptr;
+        std::string reason = !no_p2p.empty()          ? no_p2p
+                             : !s.path_why[pe].empty() ? s.path_why[pe]
+                                                       : "PE " + std::to_string(blocker) + " cannot map its heap";
+        s.path_why[pe] = "queue pair: " + reason;
+    }
 }
 
 void init(const gshmem_options *given) {
@@ -291,8 +353,17 @@ void init(const gshmem_options *given) {
     config.rings_gpu = rings;
     s->peers.resize(n);
     std::vector<unsigned char> mine(sizeof(Card) + n * sizeof(gdaki_endpoint));
-    Card card{CARD_MAGIC, GSHMEM_CTX_VERSION, n, (uint32_t)kind, (uint64_t)o.heap_bytes, {}};
+    Card card{CARD_MAGIC, GSHMEM_CTX_VERSION, n, (uint32_t)kind, (uint64_t)o.heap_bytes, {}, 0, 0, {}};
     ok(gdaki_region_remote(s->heap, &card.heap), "gdaki_region_remote");
+    // Why this PE cannot load and store the heaps (empty: it may try).
+    std::string no_p2p = !o.p2p                      ? "GSHMEM_P2P=0 on PE " + std::to_string(me)
+                         : s->gpu == nullptr          ? std::string("CPU mode")
+                         : kind != GSHMEM_HEAP_DEVICE ? std::string("the heaps are in pinned host memory")
+                                                      : std::string();
+    if (no_p2p.empty()) {
+        if (gdaki_region_export_peer(s->heap, s->gpu, &card.heap_export) == GDAKI_STATUS_OK) card.exported = 1;
+        else no_p2p = std::string("PE ") + std::to_string(me) + " cannot export its heap: " + gdaki_last_error();
+    }
     std::memcpy(mine.data(), &card, sizeof card);
     for (uint32_t pe = 0; pe < n; pe++) {
         Peer &p = s->peers[pe];
@@ -320,9 +391,21 @@ void init(const gshmem_options *given) {
         gdaki_endpoint ep;
         std::memcpy(&ep, theirs + sizeof(Card) + me * sizeof ep, sizeof ep);
         ok(gdaki_qp_connect(s->peers[pe].qp, &ep), "gdaki_qp_connect");
+        // Map its heap where it exported it (this PE's own: its address).
+        if (!no_p2p.empty() || !c.exported) continue;
+        if (pe == me) continue;
+        gdaki_peer_map *m = nullptr;
+        if (gdaki_peer_map_open(s->gpu, &c.heap_export, &m) == GDAKI_STATUS_OK) {
+            s->maps.resize(n, nullptr);
+            s->maps[pe] = m;
+        } else {
+            s->path_why.resize(n);
+            s->path_why[pe] = std::string("PE ") + std::to_string(me) + " cannot map it: " + gdaki_last_error();
+        }
     }
+    choose_paths(*s, me, n, no_p2p);
 
-    // The tables kernels read: a handle per PE, then every PE's heap.
+    // The tables kernels read: a handle per PE, every PE's heap, where kernels load and store it.
     s->handles.resize(n);
     for (uint32_t pe = 0; pe < n; pe++) {
         Peer &p = s->peers[pe];
@@ -342,7 +425,8 @@ void init(const gshmem_options *given) {
     s->dev.heap_bytes = total;
     if (s->gpu != nullptr) {
         const uint64_t handles_bytes = (n * sizeof(gdaki_dev_qp *) + 63) / 64 * 64;
-        const uint64_t bytes = handles_bytes + n * sizeof(gdaki_remote_region);
+        const uint64_t heaps_bytes = (n * sizeof(gdaki_remote_region) + 63) / 64 * 64;
+        const uint64_t bytes = handles_bytes + heaps_bytes + n * sizeof(uint64_t);
         ok(gdaki_region_alloc_device(s->ctx, s->gpu, bytes, GDAKI_ACCESS_LOCAL_WRITE, &s->tables),
            "tables: gdaki_region_alloc_device");
         gdaki_region_info t;
@@ -351,10 +435,14 @@ void init(const gshmem_options *given) {
         ok(gdaki_region_write(s->tables, handles_bytes, s->heaps.data(), n * sizeof(gdaki_remote_region)),
            "gdaki_region_write");
         s->dev.qps = reinterpret_cast<gdaki_dev_qp *const *>(t.addr);
+        ok(gdaki_region_write(s->tables, handles_bytes + heaps_bytes, s->peer_heaps.data(), n * sizeof(uint64_t)),
+           "gdaki_region_write");
         s->dev.heaps = reinterpret_cast<const gdaki_remote_region *>(t.addr + handles_bytes);
+        s->dev.peer_heaps = reinterpret_cast<const uint64_t *>(t.addr + handles_bytes + heaps_bytes);
     } else {
         s->dev.qps = s->handles.data();
         s->dev.heaps = s->heaps.data();
+        s->dev.peer_heaps = nullptr;
     }
     s->alloc.reset(GSHMEM_RESERVED_BYTES, total);
     // Nobody posts before every PE is connected.
@@ -404,7 +492,13 @@ int gshmem_init(const gshmem_options *opts) { return guard("gshmem_init", [&] { 
 int gshmem_finalize(void) {
     return guard("gshmem_finalize", [&] {
         State &s = state();
-        // Nobody may still be writing into this PE's heap.
+        // Nobody may still be writing into this PE's heap, and nobody still maps it when it is
+        // freed.
+        s.boot->barrier();
+        for (gdaki_peer_map *&m : s.maps) {
+            gdaki_peer_map_destroy(m);
+            m = nullptr;
+        }
         s.boot->barrier();
         g_state.reset();
     });
@@ -476,6 +570,18 @@ int gshmem_check_queues(void) {
         }
         if (!bad.empty()) throw Error(bad);
     });
+}
+
+int gshmem_pe_path(int pe, const char **why) {
+    int path = -1;
+    guard("gshmem_pe_path", [&] {
+        State &s = state();
+        if (pe < 0 || (uint32_t)pe >= s.dev.n_pes)
+            throw Error("PE " + std::to_string(pe) + " is not in 0.." + std::to_string(s.dev.n_pes - 1));
+        if (why != nullptr) *why = s.path_why[pe].c_str();
+        path = s.peer_heaps[pe] != 0 ? GSHMEM_PATH_LOAD_STORE : GSHMEM_PATH_QUEUE_PAIR;
+    });
+    return path;
 }
 
 int gshmem_barrier_all(void) { return guard("gshmem_barrier_all", [&] { state().boot->barrier(); }); }
