@@ -140,3 +140,39 @@ fn what_cannot_be_mapped_is_refused_with_its_reason() {
         .to_string();
     assert!(e.contains("another host"), "{e}");
 }
+
+/// A region write has landed when it returns: a read on a stream of its own (what a kernel on
+/// another stream, or a peer process, would see) finds every byte. Fails where the write
+/// returned with its last DMA still in flight (pageable `cuMemcpyHtoD`): the zeroing of a
+/// gshmem block then landed over what peers stored into it.
+#[test]
+fn a_region_write_has_landed_when_it_returns() {
+    let Some((gpu, _one)) = gpu_or_skip("a_region_write_has_landed_when_it_returns") else {
+        return;
+    };
+    const BIG: usize = 64 << 20;
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let region = ctx.alloc_device_region(&gpu, BIG, Access::ALL).unwrap();
+    gpu.context().bind_to_thread().unwrap();
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }
+        .result()
+        .unwrap();
+    let mut host = vec![0u8; BIG];
+    for round in 0..4u64 {
+        let want = pattern(round + 1, BIG);
+        region.write(0, &want).unwrap();
+        // SAFETY: `host` has BIG writable bytes, the region BIG readable ones; the stream is live.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), region.addr(), BIG, stream)
+                .result()
+                .unwrap();
+            sys::cuStreamSynchronize(stream).result().unwrap();
+        }
+        let first_wrong = host.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(first_wrong, None, "round {round}: the write had not landed");
+    }
+    // SAFETY: created above, destroyed once.
+    unsafe { sys::cuStreamDestroy_v2(stream) }.result().unwrap();
+}

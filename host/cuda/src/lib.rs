@@ -587,13 +587,20 @@ impl DeviceBuffer {
         Ok(())
     }
 
-    /// Copies `src` to `offset` (synchronous).
+    /// Copies `src` to `offset`; the bytes are in device memory when it returns, for every
+    /// reader (other streams, other processes, peers over P2P).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
         self.check(offset, src.len())?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the destination range lies inside this allocation (checked); `src` is a
         // valid host slice.
         unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len()) }.result()?;
+        // From pageable memory the copy returns once its bytes are staged, before the last DMA
+        // lands: a kernel on another stream, or a peer storing into this memory, could see it
+        // land later (and overwrite what they wrote). The copy ran on the legacy stream: wait
+        // for it there.
+        // SAFETY: the null stream is the context's legacy stream, always valid.
+        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }.result()?;
         Ok(())
     }
 
