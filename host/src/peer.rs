@@ -225,6 +225,9 @@ impl PeerMapping {
         if let Some(why) = export.refusal(host_id(), std::process::id(), gpu.ordinal(), reaches) {
             return Err(unsupported(why));
         }
+        // Kernels are to load and store it: peer access on now, not lazily at a later launch
+        // (which would wait for the soft HCA's resident copier).
+        gdaki_cuda::enable_peer_access(gpu.context(), &export.gpu)?;
         let import = IpcImport::open(gpu.context(), &export.handle)?;
         if export.offset.saturating_add(export.len) > import.size() {
             return Err(malformed(&format!(

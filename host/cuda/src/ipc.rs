@@ -75,6 +75,35 @@ pub fn reaches(ctx: &CudaContext, peer: &GpuUuid) -> bool {
         && can != 0
 }
 
+/// Lets kernels in `ctx` load and store memory of the GPU with UUID `peer` (`cuCtxEnablePeerAccess`
+/// to that GPU's primary context, retained for the life of the process), now rather than lazily
+/// at some later launch, with the resident kernels stopped: enabling waits for the context's
+/// kernels. Nothing to do for `ctx`'s own GPU or where access is enabled already.
+pub fn enable_peer_access(ctx: &CudaContext, peer: &GpuUuid) -> Result<(), CudaError> {
+    let Some((_, dev)) = device_of(peer) else {
+        return Err(CudaError::BadArgument {
+            what: "cuCtxEnablePeerAccess",
+            why: "the peer GPU is not visible to this process".into(),
+        });
+    };
+    if dev == ctx.cu_device() {
+        return Ok(());
+    }
+    ctx.bind_to_thread()?;
+    let mut peer_ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and a device the driver named. Retained for good: access
+    // lasts as long as the peer context does.
+    unsafe { sys::cuDevicePrimaryCtxRetain(&mut peer_ctx, dev) }.result()?;
+    quiesced(|| {
+        // SAFETY: the current context is `ctx`; `peer_ctx` is live (retained above).
+        match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            e => e.result(),
+        }
+    })?;
+    Ok(())
+}
+
 /// One allocation of device memory, exported for other processes: what a peer needs to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcExport {
@@ -163,15 +192,19 @@ impl IpcImport {
             reserved: handle.map(|b| b as _),
         };
         let mut ptr = 0u64;
-        // SAFETY: a valid out-pointer; the driver validates the handle's bytes.
-        unsafe {
-            sys::cuIpcOpenMemHandle_v2(
-                &mut ptr,
-                h,
-                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint,
-            )
-        }
-        .result()?;
+        // Mapping (and the peer access it may enable) can wait for every kernel of the
+        // context: the resident ones are stopped meanwhile.
+        quiesced(|| {
+            // SAFETY: a valid out-pointer; the driver validates the handle's bytes.
+            unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut ptr,
+                    h,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint,
+                )
+            }
+            .result()
+        })?;
         // Closed on drop from here on, also if the size cannot be read.
         let mut import = IpcImport {
             ctx: ctx.clone(),
