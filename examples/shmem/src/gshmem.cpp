@@ -121,6 +121,8 @@ struct Card {
     uint32_t exported;
     uint32_t pad;
     gdaki_peer_export heap_export;
+    /** The UUID of the PE's GPU (zero in CPU mode). */
+    uint8_t gpu_uuid[16];
 };
 constexpr uint32_t CARD_MAGIC = 0x47534331; // "GSC1"
 
@@ -224,7 +226,7 @@ void options_init(gshmem_options *o) {
     if (gpu != nullptr && std::strcmp(gpu, "cpu") == 0) o->gpu = -1;
     else if (gpu != nullptr && std::strcmp(gpu, "local") == 0) o->gpu = local_gpu();
     else o->gpu = (int)std::min<uint64_t>(env_number("GSHMEM_GPU", 0), INT32_MAX);
-    o->p2p = env_number("GSHMEM_P2P", 1) != 0;
+    o->p2p = (int)std::min<uint64_t>(env_number("GSHMEM_P2P", 1), 2);
     const char *provider = env("GSHMEM_PROVIDER");
     if (provider == nullptr || std::strcmp(provider, "soft") == 0) o->provider = GDAKI_PROVIDER_SOFT;
     else if (std::strcmp(provider, "mlx5") == 0) o->provider = GDAKI_PROVIDER_MLX5;
@@ -353,7 +355,8 @@ void init(const gshmem_options *given) {
     config.rings_gpu = rings;
     s->peers.resize(n);
     std::vector<unsigned char> mine(sizeof(Card) + n * sizeof(gdaki_endpoint));
-    Card card{CARD_MAGIC, GSHMEM_CTX_VERSION, n, (uint32_t)kind, (uint64_t)o.heap_bytes, {}, 0, 0, {}};
+    Card card{CARD_MAGIC, GSHMEM_CTX_VERSION, n, (uint32_t)kind, (uint64_t)o.heap_bytes, {}, 0, 0, {}, {}};
+    if (s->gpu != nullptr) ok(gdaki_gpu_uuid(s->gpu, card.gpu_uuid), "gdaki_gpu_uuid");
     ok(gdaki_region_remote(s->heap, &card.heap), "gdaki_region_remote");
     // Why this PE cannot load and store the heaps (empty: it may try).
     std::string no_p2p = !o.p2p                      ? "GSHMEM_P2P=0 on PE " + std::to_string(me)
@@ -394,6 +397,12 @@ void init(const gshmem_options *given) {
         // Map its heap where it exported it (this PE's own: its address).
         if (!no_p2p.empty() || !c.exported) continue;
         if (pe == me) continue;
+        if (o.p2p < 2 && std::memcmp(c.gpu_uuid, card.gpu_uuid, sizeof card.gpu_uuid) != 0) {
+            s->path_why.resize(n);
+            s->path_why[pe] = "PE " + std::to_string(pe) +
+                              " is on another GPU: load/store across GPUs is GSHMEM_P2P=2, not yet verified on hardware";
+            continue;
+        }
         gdaki_peer_map *m = nullptr;
         if (gdaki_peer_map_open(s->gpu, &c.heap_export, &m) == GDAKI_STATUS_OK) {
             s->maps.resize(n, nullptr);

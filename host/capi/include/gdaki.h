@@ -535,6 +535,15 @@ enum gdaki_status gdaki_gpu_open(uint32_t ordinal, struct gdaki_gpu **gpu);
 enum gdaki_status gdaki_gpu_count(uint32_t *count);
 
 /**
+ * The GPU's UUID (`cuDeviceGetUuid`, 16 bytes) into `uuid`: the same GPU has the same UUID in every
+ * process, whatever its ordinal there (`CUDA_VISIBLE_DEVICES`).
+ *
+ * # Safety
+ * `gpu` is NULL or a GPU handle; `uuid` is NULL or valid for writes of 16 bytes.
+ */
+enum gdaki_status gdaki_gpu_uuid(const struct gdaki_gpu *gpu, uint8_t *uuid);
+
+/**
  * Destroys a GPU handle (NULL: nothing); regions and queues on it keep what they need.
  *
  * # Safety

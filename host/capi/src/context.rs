@@ -273,6 +273,21 @@ pub unsafe extern "C" fn gdaki_gpu_count(count: *mut u32) -> gdaki_status {
     })
 }
 
+/// The GPU's UUID (`cuDeviceGetUuid`, 16 bytes) into `uuid`: the same GPU has the same UUID in every
+/// process, whatever its ordinal there (`CUDA_VISIBLE_DEVICES`).
+///
+/// # Safety
+/// `gpu` is NULL or a GPU handle; `uuid` is NULL or valid for writes of 16 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_gpu_uuid(gpu: *const gdaki_gpu, uuid: *mut u8) -> gdaki_status {
+    call("gdaki_gpu_uuid", || {
+        // SAFETY: the caller's contract.
+        let (g, out) = unsafe { (guard::borrow(gpu, "gpu")?, guard::slice_mut(uuid, 16, "uuid")?) };
+        out.copy_from_slice(&gdaki::cuda::gpu_uuid(g.context())?);
+        Ok(())
+    })
+}
+
 /// Destroys a GPU handle (NULL: nothing); regions and queues on it keep what they need.
 ///
 /// # Safety

@@ -28,8 +28,8 @@ mod reference;
 mod stream;
 pub use host_buffer::{AllocError, HostBuffer};
 pub use ipc::{
-    enable_peer_access, ordinal_of as gpu_ordinal_of, reaches as gpu_reaches, uuid as gpu_uuid, GpuUuid, IpcExport, IpcImport,
-    HANDLE_BYTES as IPC_HANDLE_BYTES,
+    enable_peer_access, ordinal_of as gpu_ordinal_of, reaches as gpu_reaches, uuid as gpu_uuid, GpuUuid, IpcExport,
+    IpcImport, HANDLE_BYTES as IPC_HANDLE_BYTES,
 };
 pub use kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel, LinkInput, Module};
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};

@@ -102,6 +102,10 @@ static void contexts(void) {
     if (s == GDAKI_STATUS_OK) {
         gdaki_gpu *none = NULL;
         EXPECT(GDAKI_STATUS_NO_DEVICE, gdaki_gpu_open(4096, &none));
+        uint8_t uuid[16] = {0}, zero[16] = {0};
+        OK(gdaki_gpu_uuid(gpu, uuid));
+        CHECK(memcmp(uuid, zero, 16) != 0);
+        EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_gpu_uuid(gpu, NULL));
         EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_peer_map_open(gpu, &junk, &map));
         LAST_ERROR_HAS("wrong magic");
         gdaki_region *host = NULL, *dev = NULL;
