@@ -472,26 +472,25 @@ __device__ inline uint32_t quiet_warp(const gshmem_ctx &c) {
     return detail::warp_status(first);
 }
 
-/** put_signal_nbi by a whole thread block (every thread the same arguments; a 1-D block of
- *  whole warps): on the load/store path every thread copies a share and one signal follows
- *  all of it; through a queue pair the first warp posts it (put_signal_nbi_warp). Returns the
- *  same status on every thread. */
-__device__ inline uint32_t put_signal_nbi_block(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes,
-                                                uint64_t *signal, uint64_t add, int pe) {
+namespace detail {
+/* put_nbi (signal null) or put_signal_nbi by a whole thread block: see put_signal_nbi_block. */
+__device__ inline uint32_t put_block(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes,
+                                     uint64_t *signal, uint64_t add, int pe) {
     __shared__ uint32_t status;
-    bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes) &&
-              detail::in_heap(c, signal, 8) && (uint64_t)signal % 8 == 0;
+    bool ok = pe_ok(c, pe) && in_heap(c, dest, bytes) && in_heap(c, src, bytes) &&
+              (signal == nullptr || (in_heap(c, signal, 8) && (uint64_t)signal % 8 == 0));
     if (!__syncthreads_and(ok)) return GDAKI_CODE_BAD_ARGUMENT;
-    if (void *to = detail::direct(c, dest, pe)) {
-        detail::copy(to, src, bytes, threadIdx.x, blockDim.x);
+    if (void *to = direct(c, dest, pe)) {
+        copy(to, src, bytes, threadIdx.x, blockDim.x);
         __threadfence_system();
         __syncthreads();
-        if (threadIdx.x == 0) detail::add_system(detail::direct(c, signal, pe), add);
+        if (signal != nullptr && threadIdx.x == 0) add_system(direct(c, signal, pe), add);
         __syncthreads();
         return GDAKI_OK;
     }
     if (threadIdx.x < 32) {
-        uint32_t s = put_signal_nbi_warp(c, dest, src, bytes, signal, add, pe);
+        uint32_t s = signal != nullptr ? put_signal_nbi_warp(c, dest, src, bytes, signal, add, pe)
+                                       : put_nbi_warp(c, dest, src, bytes, pe);
         if (threadIdx.x == 0) status = s;
     }
     __syncthreads();
@@ -499,26 +498,20 @@ __device__ inline uint32_t put_signal_nbi_block(const gshmem_ctx &c, void *dest,
     __syncthreads();
     return s;
 }
+} // namespace detail
+
+/** put_signal_nbi by a whole thread block (every thread the same arguments; a 1-D block of
+ *  whole warps): on the load/store path every thread copies a share and one signal follows
+ *  all of it; through a queue pair the first warp posts it (put_signal_nbi_warp). Returns the
+ *  same status on every thread. */
+__device__ inline uint32_t put_signal_nbi_block(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes,
+                                                uint64_t *signal, uint64_t add, int pe) {
+    return detail::put_block(c, dest, src, bytes, signal, add, pe);
+}
 
 /** put_nbi by a whole thread block (as put_signal_nbi_block, without the signal). */
 __device__ inline uint32_t put_nbi_block(const gshmem_ctx &c, void *dest, const void *src, uint64_t bytes, int pe) {
-    __shared__ uint32_t status;
-    bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes);
-    if (!__syncthreads_and(ok)) return GDAKI_CODE_BAD_ARGUMENT;
-    if (void *to = detail::direct(c, dest, pe)) {
-        detail::copy(to, src, bytes, threadIdx.x, blockDim.x);
-        __threadfence_system();
-        __syncthreads();
-        return GDAKI_OK;
-    }
-    if (threadIdx.x < 32) {
-        uint32_t s = put_nbi_warp(c, dest, src, bytes, pe);
-        if (threadIdx.x == 0) status = s;
-    }
-    __syncthreads();
-    uint32_t s = status;
-    __syncthreads();
-    return s;
+    return detail::put_block(c, dest, src, bytes, nullptr, 0, pe);
 }
 
 /** barrier_all by one whole warp of the PE: the lanes signal the PEs in parallel. */

@@ -273,11 +273,10 @@ std::unique_ptr<Bootstrap> make_bootstrap(const gshmem_options &o) {
 }
 
 /** Picks each PE's path, the same on every PE: load/store where every PE could map that PE's
- *  heap (so all atomics on a heap are of one kind), the queue pair otherwise. Closes the maps
+ *  heap (so all atomics on a heap are of one kind), the queue pair otherwise. `s.maps` and
+ *  `s.path_why` hold, per PE, this PE's map of its heap and why there is none. Closes the maps
  *  not taken. Collective. */
 void choose_paths(State &s, uint32_t me, uint32_t n, const std::string &no_p2p) {
-    s.maps.resize(n, nullptr);
-    s.path_why.resize(n);
     std::vector<unsigned char> can(n, 0), all((size_t)n * n);
     for (uint32_t pe = 0; pe < n; pe++) can[pe] = no_p2p.empty() && (pe == me || s.maps[pe] != nullptr);
     s.boot->allgather(can.data(), all.data(), n);
@@ -380,6 +379,8 @@ void init(const gshmem_options *given) {
     std::vector<unsigned char> all(mine.size() * n);
     s->boot->allgather(mine.data(), all.data(), mine.size());
     s->heaps.resize(n);
+    s->maps.assign(n, nullptr);
+    s->path_why.assign(n, std::string());
     for (uint32_t pe = 0; pe < n; pe++) {
         const unsigned char *theirs = all.data() + pe * mine.size();
         Card c;
@@ -398,17 +399,14 @@ void init(const gshmem_options *given) {
         if (!no_p2p.empty() || !c.exported) continue;
         if (pe == me) continue;
         if (o.p2p < 2 && std::memcmp(c.gpu_uuid, card.gpu_uuid, sizeof card.gpu_uuid) != 0) {
-            s->path_why.resize(n);
             s->path_why[pe] = "PE " + std::to_string(pe) +
                               " is on another GPU: load/store across GPUs is GSHMEM_P2P=2, not yet verified on hardware";
             continue;
         }
         gdaki_peer_map *m = nullptr;
         if (gdaki_peer_map_open(s->gpu, &c.heap_export, &m) == GDAKI_STATUS_OK) {
-            s->maps.resize(n, nullptr);
             s->maps[pe] = m;
         } else {
-            s->path_why.resize(n);
             s->path_why[pe] = std::string("PE ") + std::to_string(me) + " cannot map it: " + gdaki_last_error();
         }
     }

@@ -279,15 +279,13 @@ impl Copier {
         unsafe { AtomicU64::from_ptr((self.dones_buf.as_ptr() as *mut CopyDone).add(slot) as *mut u64) }
     }
 
-    /// Launches the kernel (state zeroed first, in stream order).
+    /// Launches the kernel (its state zeroed first).
     fn start(&self, st: &mut State) -> Result<(), CudaError> {
         self.ctx.bind_to_thread()?;
         self.stop_word().store(0, Ordering::Release);
-        // Zeroed by a copy, not a memset (a memset is a kernel: it could wait behind others).
-        let zeros = [0u8; WORK_BYTES];
-        // SAFETY: the whole work allocation from a host array of its size; synchronous (the
-        // source is pageable), so `zeros` outlives it.
-        unsafe { sys::cuMemcpyHtoD_v2(self.work.device_addr(), zeros.as_ptr().cast(), WORK_BYTES) }.result()?;
+        // Zeroed by a copy, not a memset (a memset is a kernel: it could wait behind others);
+        // landed before the kernel starts on its own stream (DeviceBuffer::write waits for it).
+        self.work.write(0, &[0u8; WORK_BYTES])?;
         let (descs, dones, ctl, work) = (
             self.descs.device_addr(0),
             self.dones.device_addr(0),
