@@ -216,8 +216,8 @@ impl PtxBuild {
     /// string at run time and say [`FIX`]). A crate that fails to compile, or PTX with
     /// unresolved functions, fails the build.
     pub fn build_script(&self, name: &str) -> Option<Ptx> {
-        for watched in ["src", "Cargo.toml", "Cargo.lock"] {
-            println!("cargo:rerun-if-changed={}", self.dir.join(watched).display());
+        for watched in self.watched() {
+            println!("cargo:rerun-if-changed={}", watched.display());
         }
         for var in KNOBS {
             println!("cargo:rerun-if-env-changed={var}");
@@ -233,6 +233,21 @@ impl PtxBuild {
             }
             Err(e) => panic!("{name}: {e}"),
         }
+    }
+}
+
+impl PtxBuild {
+    /// What a change to rebuilds the PTX: the crate's sources and manifest, and the lock file
+    /// cargo uses for it, the nearest `Cargo.lock` at or above the crate (a workspace member has
+    /// none of its own). Only paths that exist: cargo reruns a script that watches a missing one
+    /// on every build.
+    fn watched(&self) -> Vec<PathBuf> {
+        let lock = self.dir.ancestors().map(|d| d.join("Cargo.lock")).find(|l| l.is_file());
+        [self.dir.join("src"), self.dir.join("Cargo.toml")]
+            .into_iter()
+            .chain(lock)
+            .filter(|p| p.exists())
+            .collect()
     }
 }
 
@@ -316,6 +331,26 @@ mod tests {
             ["vprintf", "_RNvNtCs1_4core9panicking18panic_bounds_check"]
         );
         assert!(unresolved(".visible .entry k(\n").is_empty());
+    }
+
+    /// A workspace member has no lock file of its own: watching `<crate>/Cargo.lock` made
+    /// cargo rerun the build script (and rebuild the PTX) on every command.
+    #[test]
+    fn a_workspace_member_watches_the_workspace_lock_and_nothing_missing() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .canonicalize()
+            .unwrap();
+        let kernels = workspace.join("examples/own-kernel/kernels");
+        let watched = PtxBuild::new(&kernels).watched();
+        assert_eq!(
+            watched,
+            [
+                kernels.join("src"),
+                kernels.join("Cargo.toml"),
+                workspace.join("Cargo.lock")
+            ]
+        );
     }
 
     #[test]
