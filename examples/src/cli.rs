@@ -170,6 +170,51 @@ pub struct Common {
     /// iterations, instead of -n iterations once.
     #[arg(short = 'D', long = "duration", allow_negative_numbers = true)]
     pub duration: Option<i64>,
+    /// perftest's -i PORT: the IB port; 1 only (each gdaki device has one port).
+    #[arg(short = 'i', long = "ib-port")]
+    pub ib_port: Option<u32>,
+    /// perftest flags gdaki does not support, taken only to refuse them with the reason (else
+    /// clap would suggest passing them as values): -b, -e, -l, -m, --run_infinitely.
+    #[command(flatten)]
+    pub unsupported: Unsupported,
+}
+
+/// perftest flags gdaki refuses, each with its reason ([`Unsupported::refusal`]).
+#[derive(Debug, Clone, Default, Args)]
+pub struct Unsupported {
+    #[arg(short = 'b', long = "bidirectional", hide = true)]
+    bidirectional: bool,
+    #[arg(short = 'e', long = "events", hide = true)]
+    events: bool,
+    #[arg(short = 'l', long = "post_list", hide = true)]
+    post_list: Option<String>,
+    #[arg(short = 'm', long = "mtu", hide = true)]
+    mtu: Option<String>,
+    #[arg(long = "run_infinitely", hide = true)]
+    run_infinitely: bool,
+}
+
+impl Unsupported {
+    /// Why the first flag given cannot be served, or `None` when none was given.
+    pub fn refusal(&self) -> Option<String> {
+        let why = if self.bidirectional {
+            "-b / --bidirectional is not supported: run a second pair in the other direction, on another -p port"
+                .to_string()
+        } else if self.events {
+            "-e / --events is not supported: completions are polled (by GPU or CPU threads); there is no \
+             completion channel to sleep on"
+                .to_string()
+        } else if let Some(n) = &self.post_list {
+            format!("-l {n} / --post_list is not supported: threads post their own WQEs, not ibv_post_send lists")
+        } else if let Some(m) = &self.mtu {
+            format!("-m {m} / --mtu is not supported: queue pairs use the port's active MTU")
+        } else if self.run_infinitely {
+            format!("--run_infinitely is not supported: use -D SECONDS (at most {MAX_DURATION_S})")
+        } else {
+            return None;
+        };
+        Some(why)
+    }
 }
 
 /// Where the peer is.
@@ -300,14 +345,26 @@ impl Common {
         if self.rdma_cm {
             bail!("-R / --rdma_cm is not supported: gdaki connects queue pairs through its own setup connection (-p)");
         }
+        if let Some(why) = self.unsupported.refusal() {
+            bail!("{why}");
+        }
+        if let Some(port) = self.ib_port.filter(|&p| p != 1) {
+            bail!("-i {port}: port {port}: gdaki's devices have one port, 1");
+        }
         let duration = match self.duration {
             None => None,
             Some(d) if (1..=MAX_DURATION_S).contains(&d) => Some(Duration::from_secs(d as u64)),
             Some(d) => bail!("-D {d}: a duration from 1 to {MAX_DURATION_S} seconds"),
         };
         if let Some(x) = self.gid_index.filter(|&x| x != 0) {
+            // The variable serves a ConnectX only: on the soft device -x must be 0 whatever it says.
+            let soft = match self.provider {
+                Provider::Soft => true,
+                Provider::Mlx5 => false,
+                Provider::Auto => !gdaki::system::rdma_devices().iter().any(|d| d.mlx5),
+            };
             let env = std::env::var(gdaki::GID_INDEX_VAR).ok();
-            if env.as_deref().map(str::trim) != Some(x.to_string().as_str()) {
+            if soft || env.as_deref().map(str::trim) != Some(x.to_string().as_str()) {
                 bail!(
                     "-x {x}: GID index {x}: the soft device has one GID (index 0); on a ConnectX set {}={x}, \
                      which the mlx5 provider reads when it opens the device",
