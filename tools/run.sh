@@ -4,9 +4,12 @@
 # is there, else by CPU threads. Arguments go to put_bw (e.g. -a, --json, --scope warp);
 # `cargo run --release -p gdaki-tools --bin doctor` says what this machine can do.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-tools/setup.sh
-# Not quiet: a first build takes minutes, and cargo's progress says what it is doing. put_bw
-# then says on stderr which mode `auto` chose and why, before the run.
-echo "run: building put_bw (release; minutes the first time) ..." >&2
-exec cargo run --release --locked -p gdaki-examples --bin put_bw -- "$@"
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/tools/setup.sh"
+# Not quiet: a first build takes minutes, and cargo's progress says what it is doing. write_lat
+# is built too (the README's next command). put_bw then says on stderr which mode `auto` chose
+# and why, before the run. It runs where the user is, so a relative --plot path lands there.
+echo "run: building put_bw and write_lat (release; minutes the first time) ..." >&2
+manifest=(--manifest-path "$root/Cargo.toml")
+cargo build --release --locked "${manifest[@]}" -p gdaki-examples --bin put_bw --bin write_lat
+exec cargo run --release --locked "${manifest[@]}" -p gdaki-examples --bin put_bw -- "$@"
