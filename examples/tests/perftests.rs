@@ -226,20 +226,6 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert!(so.contains("data received correctly"), "{so}");
     assert_eq!(rows(&co).len(), 1, "{co}");
     // perftest's address lines, each side's remote ones the other's local ones.
-    let addresses = |out: &str, which: &str| -> Vec<String> {
-        out.lines()
-            .filter(|l| l.trim_start().starts_with(which))
-            .map(|l| {
-                l.split(": ")
-                    .nth(1)
-                    .unwrap_or("")
-                    .split(" RKey")
-                    .next()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect()
-    };
     assert_eq!(addresses(&co, "remote address").len(), 2, "{co}");
     assert_eq!(
         addresses(&co, "remote address"),
@@ -254,6 +240,48 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert!(co.contains("RKey 0x") && so.contains("VAddr 0x"), "{co}\n{so}");
     // The server prints the client's result table too, as perftest's server does.
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
+}
+
+/// perftest's address lines of `which` ("local address", "remote address"): QPN and PSN each.
+fn addresses(out: &str, which: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.trim_start().starts_with(which))
+        .map(|l| {
+            l.split(": ")
+                .nth(1)
+                .unwrap_or("")
+                .split(" RKey")
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+/// write_lat's header names both ends as perftest's does: one local and one remote address in
+/// loopback (it printed two local ones), and across processes each side's remote address is
+/// the other's local one (only the local one was printed).
+#[test]
+fn write_lat_names_the_local_and_the_remote_queue_pair() {
+    let out = ok("write_lat", &["--mode", "cpu", "-s", "8", "-n", "20"]);
+    let (local, remote) = (addresses(&out, "local address"), addresses(&out, "remote address"));
+    assert!(local.len() == 1 && remote.len() == 1 && local != remote, "{out}");
+    assert!(out.contains("RKey 0x"), "{out}");
+
+    let flags = ["--mode", "cpu", "-s", "8", "-n", "20"];
+    let (s, c) = server_client("write_lat", &flags, &flags);
+    let (so, co) = both_succeeded(&s, &c);
+    assert_eq!(addresses(&so, "local address").len(), 1, "{so}");
+    assert_eq!(
+        addresses(&co, "remote address"),
+        addresses(&so, "local address"),
+        "{co}\n{so}"
+    );
+    assert_eq!(
+        addresses(&so, "remote address"),
+        addresses(&co, "local address"),
+        "{co}\n{so}"
+    );
 }
 
 /// `--read` streams RDMA READs (perftest's `ib_read_bw`): the data comes from the target into

@@ -220,14 +220,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     // Each side: its own buffers and where its messages go (the peer's poll buffer).
     let mut sides: Vec<(Side, gdaki_device::Remote)> = Vec::new();
-    match plan.role {
+    // perftest's address lines: this side's QP and the one it writes to.
+    let addresses = |me: &Side, peer: &Hello| {
+        gdaki_examples::session::address_lines(&[me.qp.endpoint()], Some(me.poll.remote_region()), Some(peer))
+    };
+    let address_lines = match plan.role {
         Role::Loopback => {
             let (a, b) = (side(&session, true)?, side(&session, false)?);
             a.qp.connect(&b.qp.endpoint())?;
             b.qp.connect(&a.qp.endpoint())?;
+            let b_hello = Hello {
+                app: vec![],
+                endpoints: vec![b.qp.endpoint()],
+                regions: vec![b.poll.remote_region()],
+            };
+            let lines = addresses(&a, &b_hello);
             let (to_b, to_a) = (b.poll.remote(0), a.poll.remote(0));
             sides.push((a, to_b));
             sides.push((b, to_a));
+            lines
         }
         Role::Server(_) | Role::Client(_) => {
             let me = side(&session, matches!(plan.role, Role::Client(_)))?;
@@ -244,6 +255,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 bail!("the peer's buffer is {} bytes, {max} needed", r.len);
             }
             me.qp.connect(e)?;
+            let lines = addresses(&me, &theirs);
             sides.push((
                 me,
                 gdaki_device::Remote {
@@ -252,8 +264,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             ));
             session.agree(1, Ok(()))?;
+            lines
         }
-    }
+    };
     if let Some(gpu) = &session.gpu {
         // The kernels poll the last byte of the peer's put: only sound where the GPU orders
         // NIC writes for its own reads (docs/connectx-conformance.md).
@@ -288,7 +301,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sizes: plan.sizes.clone(),
     };
     if !cli.common.json {
-        print_header(&session, &plan, &params, &sides);
+        print_header(&session, &plan, &params, &sides, address_lines);
         gdaki_examples::outln!("{}", LatRow::header());
     }
     let mut rows = Vec::new();
@@ -542,7 +555,13 @@ fn thread_round_trip(iters: u32) -> Vec<u64> {
     })
 }
 
-fn print_header(session: &Session, plan: &Plan, p: &Params, sides: &[(Side, gdaki_device::Remote)]) {
+fn print_header(
+    session: &Session,
+    plan: &Plan,
+    p: &Params,
+    sides: &[(Side, gdaki_device::Remote)],
+    addresses: Vec<(&'static str, String)>,
+) {
     let mut lines = session.header_lines(plan);
     lines.extend([
         ("Number of qps", "1".into()),
@@ -564,8 +583,7 @@ fn print_header(session: &Session, plan: &Plan, p: &Params, sides: &[(Side, gdak
             .into(),
         ),
     ]);
-    let mine: Vec<gdaki::Endpoint> = sides.iter().map(|(s, _)| s.qp.endpoint()).collect();
-    lines.extend(gdaki_examples::session::address_lines(&mine, None, None));
+    lines.extend(addresses);
     if p.gpu.is_none() {
         // CPU mode: each side's poster and the engine spin; a peer process may share the host.
         let peer = if matches!(plan.role, Role::Loopback) { 0 } else { 2 };
