@@ -95,7 +95,36 @@ fn the_c_test_program_passes_linked_dynamically_and_statically() {
         "the static build links libgdaki.so:\n{needed}"
     );
 
-    for program in [dynamic, fixed] {
+    // docs/c-api.md's link lines, as written there (its prefix, /opt/gdaki, replaced by this
+    // one's; app.c by the test program).
+    let doc = std::fs::read_to_string(workspace().join("docs/c-api.md")).unwrap();
+    let lines: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| *l != "## Install and link")
+        .take_while(|l| !l.starts_with("## Conventions"))
+        .filter(|l| l.starts_with("cc app.c"))
+        .collect();
+    assert_eq!(lines.len(), 2, "docs/c-api.md's link lines:\n{doc}");
+    let mut from_doc = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let program = prefix.join(format!("doc_app_{i}"));
+        let command = line
+            .replace("/opt/gdaki", &prefix.display().to_string())
+            .replace("app.c", &src.display().to_string())
+            .replace("-o app", &format!("-o {}", program.display()));
+        run(Command::new("bash")
+            .arg("-c")
+            .arg(&command)
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+        from_doc.push(program);
+    }
+    let needed = run(Command::new("readelf").arg("-d").arg(&from_doc[1]));
+    assert!(
+        !needed.contains("libgdaki.so"),
+        "the doc's static line links libgdaki.so:\n{needed}"
+    );
+
+    for program in [dynamic, fixed].into_iter().chain(from_doc) {
         let out = run(Command::new(&program).env("RUST_LOG", "off"));
         eprint!("{out}");
         assert!(out.contains(", 0 failed"), "{}: {out}", program.display());
