@@ -403,7 +403,13 @@ impl Common {
         };
         let (gpu, mode_line) = match self.mode {
             Mode::Cpu => (None, "CPU mode (--mode cpu)".to_string()),
-            Mode::Gpu => (Some(self.gpu), format!("GPU mode on GPU {} (--mode gpu)", self.gpu)),
+            Mode::Gpu => match why_gpu_unusable() {
+                None => (Some(self.gpu), format!("GPU mode on GPU {} (--mode gpu)", self.gpu)),
+                Some(why) => bail!(
+                    "--mode gpu: GPU {} is not usable (--mode cpu runs without one): {why}",
+                    self.gpu
+                ),
+            },
             Mode::Auto => match why_gpu_unusable() {
                 None => (Some(self.gpu), format!("GPU mode (auto: GPU {} is usable)", self.gpu)),
                 Some(why) => (None, format!("CPU mode (auto: no usable GPU: {why})")),

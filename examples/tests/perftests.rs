@@ -622,6 +622,17 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("cannot connect to the server"), "{err}");
+        // The cause once, after what failed (it read "...: Connection refused (os error 111) is
+        // not reachable").
+        assert!(err.contains("is not reachable: Connection refused"), "{err}");
+        // --mode gpu where no GPU is usable fails before it announces GPU mode.
+        if gdaki::cuda::why_unusable(0).is_some() {
+            let out = run(name, &["--mode", "gpu", "-n", "5"]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{err}");
+            assert!(!err.contains("GPU mode on GPU"), "{err}");
+            assert!(err.contains("--mode gpu: GPU 0 is not usable"), "{err}");
+        }
     }
     for (args, says) in [
         (&["-s", "0"][..], "at least 1 byte"),

@@ -75,10 +75,12 @@ pub enum Error {
         to: QpState,
     },
     /// The peer named in a connection is not reachable (in-process: its context is gone).
-    #[error("peer {what} is not reachable")]
+    #[error("peer {what} is not reachable: {why}")]
     PeerUnreachable {
         /// Which peer.
         what: String,
+        /// Why (the connection's error).
+        why: String,
     },
     /// A combination the library or its device cannot serve.
     #[error("{what} is not supported: {why}")]

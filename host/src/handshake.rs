@@ -51,7 +51,8 @@ impl Channel {
     /// once; every later read waits at most `timeout`.
     pub fn connect(addr: SocketAddr, timeout: Duration) -> Result<Channel> {
         let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::PeerUnreachable {
-            what: format!("{addr}: {e}"),
+            what: addr.to_string(),
+            why: e.to_string(),
         })?;
         Channel::new(stream, timeout)
     }
@@ -153,7 +154,8 @@ impl Channel {
             match self.stream.read(&mut buf[done..]) {
                 Ok(0) => {
                     return Err(Error::PeerUnreachable {
-                        what: format!("{} (closed the handshake connection)", self.peer),
+                        what: self.peer.to_string(),
+                        why: "it closed the handshake connection".into(),
                     })
                 }
                 Ok(n) => done += n,

@@ -19,10 +19,12 @@ pub enum Error {
         max: u64,
     },
     /// The peer's transport cannot be reached, or refused the connection.
-    #[error("peer {what} is not reachable")]
+    #[error("peer {what} is not reachable: {why}")]
     PeerUnreachable {
-        /// Which peer, and why.
+        /// Which peer.
         what: String,
+        /// Why.
+        why: String,
     },
     /// Host memory for the HCA's own buffers could not be allocated.
     #[error(transparent)]

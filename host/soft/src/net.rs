@@ -456,7 +456,8 @@ impl Link {
     pub(crate) fn connect(hca: &Hca, qp: &Arc<SoftQp>, peer_qpn: u32, secret: u64, addr: SocketAddr) -> Result<Link> {
         let io = |what: &'static str| move |source| Error::Io { what, source };
         let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| Error::PeerUnreachable {
-            what: format!("QP {:#x} at {addr}: {e}", peer_qpn),
+            what: format!("QP {peer_qpn:#x} at {addr}"),
+            why: e.to_string(),
         })?;
         stream.set_nodelay(true).map_err(io("setting TCP_NODELAY"))?;
         stream
@@ -478,7 +479,8 @@ impl Link {
         // The reader's deadline bounds the set-up; nothing else to check while waiting.
         let mut idle = || Ok(());
         let refused = |why: String| Error::PeerUnreachable {
-            what: format!("QP {:#x} at {addr}: {why}", peer_qpn),
+            what: format!("QP {peer_qpn:#x} at {addr}"),
+            why,
         };
         let h = reader.header(&mut idle).map_err(|f| match f {
             Fault::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => refused(
