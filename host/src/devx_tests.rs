@@ -250,6 +250,12 @@ fn the_device_report_judges_each_requirement() {
     let rep = opened.report();
     let unmet: Vec<_> = rep.requirements.iter().filter(|r| !r.met).map(|r| r.what).collect();
     assert_eq!(unmet, ["atomics on RC QPs", "send queue size"]);
+    // Each limit says what it costs: a smaller send queue limits -t, not the message size.
+    let sq = rep.requirements.iter().find(|r| r.what == "send queue size").unwrap();
+    assert!(
+        sq.without.contains("send queue") && !sq.without.contains("split"),
+        "{sq:?}"
+    );
     assert!(rep.usable(), "limits, not blockers");
     opened.caps.general.cqe_version = 0;
     assert!(!opened.report().usable());

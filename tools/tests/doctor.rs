@@ -92,17 +92,42 @@ fn text_report_names_the_mode() {
     }
 }
 
-#[test]
-fn unmet_requirement_fails_and_says_so() {
-    if std::path::Path::new(gdaki::system::SYSFS_INFINIBAND)
+/// Whether this machine has RDMA devices (which may meet an mlx5 requirement).
+fn has_rdma_devices() -> bool {
+    std::path::Path::new(gdaki::system::SYSFS_INFINIBAND)
         .read_dir()
         .is_ok_and(|mut d| d.next().is_some())
-    {
-        return; // a machine with RDMA devices may meet the requirement
+}
+
+#[test]
+fn unmet_requirement_fails_and_says_so() {
+    if has_rdma_devices() {
+        return;
     }
     let out = doctor(&["--require", "mlx5", "--no-selftest"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("required but unavailable: mlx5"));
+}
+
+/// The JSON verdict is the exit status, and says why: an mlx5 requirement or the mlx5 provider
+/// where there is no mlx5 device gives `can_run: false` (`--require mlx5` said true and exited
+/// 1) with `mlx5` among the failed requirements (`--provider mlx5` named none), and the text
+/// verdict says that no mlx5 device exists.
+#[test]
+fn an_unmet_verdict_is_the_exit_status_and_names_its_cause() {
+    if has_rdma_devices() {
+        return;
+    }
+    for args in [&["--require", "mlx5"][..], &["--provider", "mlx5"]] {
+        let out = doctor(&[args, &["--no-selftest", "--json"]].concat());
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(json["can_run"], false, "{args:?}: {json}");
+        assert_eq!(json["failed_requirements"], serde_json::json!(["mlx5"]), "{args:?}");
+    }
+    let out = doctor(&["--provider", "mlx5", "--no-selftest"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("no mlx5 RDMA device"), "{text}");
 }
 
 #[test]

@@ -183,15 +183,16 @@ impl Opened {
             .join(", ")
         };
         let atomics_needed = AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD;
-        // A size gdaki uses up to `ours` of, where the device offers 2^log.
-        let size = |what, unit, ours: u64, log: u8| {
+        // A size gdaki uses up to `ours` of, where the device offers 2^log; `without` says
+        // what a smaller limit costs.
+        let size = |what, unit, ours: u64, log: u8, without| {
             let theirs = 1u64 << log.min(63);
             Requirement {
                 what,
                 needed: format!("up to {ours} {unit}"),
                 found: format!("up to {theirs}"),
                 met: theirs >= ours,
-                without: "gdaki uses the device's smaller limit (larger puts split into more WQEs)",
+                without,
             }
         };
         let requirements = vec![
@@ -244,14 +245,22 @@ impl Opened {
                 "WQEs",
                 crate::qp::MAX_SQ_SIZE as u64,
                 g.log_max_qp_sz,
+                "larger send queues (-t, sq_size) are refused; the device's limit is the largest",
             ),
             size(
                 "completion queue size",
                 "CQEs",
                 crate::qp::MAX_CQ_SIZE as u64,
                 g.log_max_cq_sz,
+                "larger completion queues are refused; the device's limit is the largest",
             ),
-            size("message size", "bytes per WQE", 1 << 30, g.log_max_msg),
+            size(
+                "message size",
+                "bytes per WQE",
+                1 << 30,
+                g.log_max_msg,
+                "gdaki uses the device's smaller limit (larger puts split into more WQEs)",
+            ),
         ];
         DeviceReport {
             name: self.device().name(),

@@ -75,7 +75,9 @@ struct Report {
     devices: Vec<DeviceCheck>,
     nvidia_peermem: bool,
     selection: Selection,
+    /// The verdict, and the exit status: no requirement failed.
     can_run: bool,
+    /// `--require`d items, and `mlx5` where the mlx5 provider was asked for, that are missing.
     failed_requirements: Vec<String>,
 }
 
@@ -130,7 +132,7 @@ fn main() -> ExitCode {
     } else {
         print_report(&report);
     }
-    if report.can_run && report.failed_requirements.is_empty() {
+    if report.can_run {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -164,19 +166,24 @@ fn examine(args: &Args) -> Report {
         .collect();
     devices.push(DeviceCheck::open(Provider::Soft, "soft"));
     let selection = Selection::resolve(args.provider, &rdma_devices, gpu_usable);
+    let mlx5 = rdma_devices.iter().any(|d| d.mlx5);
+    // The soft provider in CPU mode needs nothing beyond this binary; the mlx5 provider, asked
+    // for by name, needs a device as `--require mlx5` does. The verdict is the exit status.
+    let mut needed: Vec<String> = args.require.clone();
+    if selection.provider == Provider::Mlx5 {
+        needed.push("mlx5".into());
+    }
     let mut failed_requirements = Vec::new();
-    for req in &args.require {
+    for req in needed {
         let ok = match req.as_str() {
             "gpu" => gpu_usable,
-            _ => rdma_devices.iter().any(|d| d.mlx5),
+            _ => mlx5,
         };
-        if !ok {
-            failed_requirements.push(req.clone());
+        if !ok && !failed_requirements.contains(&req) {
+            failed_requirements.push(req);
         }
     }
-    // The soft provider in CPU mode needs nothing beyond this binary; mlx5 requested explicitly
-    // needs a device.
-    let can_run = selection.provider != Provider::Mlx5 || rdma_devices.iter().any(|d| d.mlx5);
+    let can_run = failed_requirements.is_empty();
     let dma_buf = cuda.as_ref().is_ok_and(|i| i.gpus.iter().any(|g| g.dma_buf));
     Report {
         gdaki_version: env!("CARGO_PKG_VERSION"),
@@ -376,9 +383,13 @@ fn print_report(r: &Report) {
             r.selection.provider
         );
     } else {
-        println!("verdict: gdaki cannot run with the requested provider here.");
+        println!("verdict: gdaki cannot run as asked here.");
     }
     for req in &r.failed_requirements {
-        println!("required but unavailable: {req}");
+        let why = match req.as_str() {
+            "gpu" => "no usable GPU (see GPU above)",
+            _ => "no mlx5 RDMA device in /sys/class/infiniband (--provider soft runs without one)",
+        };
+        println!("required but unavailable: {req}: {why}");
     }
 }
