@@ -109,10 +109,10 @@ fn unmet_requirement_fails_and_says_so() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("required but unavailable: mlx5"));
 }
 
-/// The JSON verdict is the exit status, and says why: an mlx5 requirement or the mlx5 provider
-/// where there is no mlx5 device gives `can_run: false` (`--require mlx5` said true and exited
-/// 1) with `mlx5` among the failed requirements (`--provider mlx5` named none), and the text
-/// verdict says that no mlx5 device exists.
+/// The JSON verdict is the exit status, and says why. Where there is no mlx5 device, an mlx5
+/// requirement or the mlx5 provider gives `can_run: false` (`--require mlx5` said true and
+/// exited with 1) with `mlx5` among the failed requirements (`--provider mlx5` named none), and
+/// the text verdict says that no mlx5 device exists.
 #[test]
 fn an_unmet_verdict_is_the_exit_status_and_names_its_cause() {
     if has_rdma_devices() {
