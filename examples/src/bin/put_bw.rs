@@ -52,9 +52,9 @@ struct Cli {
     /// GPU blocks (default: 2, or the number of QPs if more); block b posts on QP b mod q.
     #[arg(long)]
     blocks: Option<u32>,
-    /// GPU threads per block.
-    #[arg(long, default_value_t = 256)]
-    threads: u32,
+    /// GPU threads per block (default: 256).
+    #[arg(long)]
+    threads: Option<u32>,
     /// RDMA READs instead of WRITEs (perftest's `ib_read_bw`): the messages come from the
     /// peer's buffer into this side's, which this side validates. Give it on both sides.
     #[arg(long)]
@@ -153,11 +153,9 @@ fn gpu_launch(cli: &Cli, scope: Scope) -> anyhow::Result<DataPathLaunch> {
             cli.qps
         );
     }
-    if !(1..=1024).contains(&cli.threads) || (scope == Scope::Warp && cli.threads % 32 != 0) {
-        bail!(
-            "--threads {}: 1 to 1024 per block, a multiple of 32 in warp scope",
-            cli.threads
-        );
+    let threads = cli.threads.unwrap_or(256);
+    if !(1..=1024).contains(&threads) || (scope == Scope::Warp && threads % 32 != 0) {
+        bail!("--threads {threads}: 1 to 1024 per block, a multiple of 32 in warp scope");
     }
     // One block per QP: the block owns it (block scope) or shares it within itself.
     let mode = match (blocks == cli.qps, scope) {
@@ -169,7 +167,7 @@ fn gpu_launch(cli: &Cli, scope: Scope) -> anyhow::Result<DataPathLaunch> {
         scope: scope.kernel(),
         mode,
         grid: blocks,
-        block: cli.threads,
+        block: threads,
     })
 }
 
@@ -200,7 +198,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     eprintln!("put_bw: {}", plan.mode_line);
     let launch = match plan.gpu {
         Some(_) => Some(gpu_launch(&cli, plan.scope)?),
-        None => None,
+        None => {
+            let shape = [("--blocks", cli.blocks), ("--threads", cli.threads)];
+            if let Some((flag, Some(n))) = shape.into_iter().find(|(_, v)| v.is_some()) {
+                bail!("{flag} {n}: CPU mode posts from one CPU thread per QP (-q); {flag} shapes the GPU launch");
+            }
+            None
+        }
     };
     let mut session = Session::open(&cli.common, &plan)?;
     let mut symmetric = Symmetric::of(cli.test(), &plan, cli.qps);
