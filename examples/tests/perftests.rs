@@ -75,8 +75,10 @@ fn small_client(port: u16) -> Output {
 /// Runs `name --server` and `name 127.0.0.1` with their own flags; returns both outputs.
 fn server_client(name: &str, server: &[&str], client: &[&str]) -> (Output, Output) {
     let port = free_port().to_string();
+    // Bounded: a client that never arrives (another test's server took the port first, say)
+    // fails this test instead of hanging the suite.
     let mut s = Command::new(bin(name))
-        .args(["--server", "-p", &port])
+        .args(["--server", "-p", &port, "--timeout", "60"])
         .args(server)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -389,7 +391,7 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
     use std::time::Duration;
     let port = free_port();
     let server = Command::new(bin("put_bw"))
-        .args(["--server", "-p", &port.to_string()])
+        .args(["--server", "-p", &port.to_string(), "--timeout", "60"])
         .args(SMALL)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -665,6 +667,9 @@ fn refused_connections_and_bad_flags_are_clear_errors() {
         (&["-m", "1024"], "-m 1024 / --mtu is not supported"),
         (&["--run_infinitely"], "use -D SECONDS"),
         (&["-i", "2"], "-i 2: port 2"),
+        // The GPU launch's shape means nothing in CPU mode (it was silently ignored).
+        (&["--mode", "cpu", "--blocks", "4"], "--blocks 4: CPU mode"),
+        (&["--mode", "cpu", "--threads", "64"], "--threads 64: CPU mode"),
     ] {
         let out = run("put_bw", args);
         assert!(!out.status.success(), "{args:?} succeeded");
