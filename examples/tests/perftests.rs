@@ -244,6 +244,15 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
 }
 
+/// Diagnostics piped to a file or another program come without terminal colour codes.
+#[test]
+fn logs_piped_elsewhere_carry_no_colour_codes() {
+    let out = run_env("put_bw", &SMALL, &[("RUST_LOG", "gdaki=debug")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("DEBUG"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err}");
+}
+
 /// perftest's address lines of `which` ("local address", "remote address"): QPN and PSN each.
 fn addresses(out: &str, which: &str) -> Vec<String> {
     out.lines()

@@ -104,6 +104,8 @@ pub unsafe extern "C" fn gdaki_log_init(filter: *const c_char) -> gdaki_status {
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            // Colour only for a terminal: piped logs stay plain text.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init()
             .map_err(|e| Failure::new(gdaki_status::InvalidState, format!("logging is set up already: {e}")))
     })
