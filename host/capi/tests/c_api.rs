@@ -118,6 +118,14 @@ fn the_c_test_program_passes_linked_dynamically_and_statically() {
             .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
         from_doc.push(program);
     }
+    // Every header the install puts in include/ is named in the doc.
+    for header in std::fs::read_dir(prefix.join("include")).unwrap().flatten() {
+        let name = header.file_name().to_string_lossy().into_owned();
+        assert!(
+            doc.contains(&format!("`{name}`")),
+            "docs/c-api.md does not name the installed {name}"
+        );
+    }
     let needed = run(Command::new("readelf").arg("-d").arg(&from_doc[1]));
     assert!(
         !needed.contains("libgdaki.so"),
