@@ -244,6 +244,17 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
 }
 
+/// Where cores are fewer than the spinning threads, write_lat's header says so and names the
+/// knob that gives the soft HCA's core back (it named none).
+#[test]
+fn write_lat_on_few_cores_names_the_engine_spin() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = ok("write_lat", &["--mode", "cpu", "-s", "8", "-n", "20"]);
+    if cores < 3 {
+        assert!(out.contains("GDAKI_SOFT_IDLE_SPIN_US=0"), "{out}");
+    }
+}
+
 /// Diagnostics piped to a file or another program come without terminal colour codes.
 #[test]
 fn logs_piped_elsewhere_carry_no_colour_codes() {

@@ -189,7 +189,8 @@ impl ContextOptions {
     /// Soft HCA: how long its engine thread keeps spinning once it has nothing to do, before
     /// it yields its core (for 2 ms) and then sleeps between looks at the doorbells (up to
     /// 200 us, longer the longer it has been idle). Any work starts the spin again. The default,
-    /// 200 us, keeps it awake between the doorbells of a latency test; a longer spin keeps it
+    /// 200 us (0 on a machine of 2 cores or fewer, where the spin would hold a core the posters
+    /// need), keeps it awake between the doorbells of a latency test; a longer spin keeps it
     /// awake across pauses in an application (a doorbell that finds it asleep waits up to
     /// 200 us more), a shorter one gives its core back sooner on a machine with few cores.
     pub fn engine_idle_spin(mut self, spin: Duration) -> ContextOptions {

@@ -177,7 +177,9 @@ fn cores_note(spinning: usize) -> Option<String> {
     (cores < spinning).then(|| {
         format!(
             "{cores} cores for {spinning} spinning threads (engine, posters, reference): latencies here \
-             include waits for a core; measure on a machine with more cores"
+             include waits for a core; measure on a machine with more cores ({}=0 makes the soft HCA's \
+             engine give its core back at once, the default on 2 cores or fewer)",
+            gdaki::ContextOptions::ENGINE_IDLE_SPIN_VAR
         )
     })
 }
