@@ -485,9 +485,12 @@ mod tests {
             spin: Duration::from_secs(600),
         };
         assert_eq!(long.wait(Duration::from_secs(599)), Wait::Spin);
+        // The documented default: 200 us, none on a machine of 2 cores or fewer.
+        assert_eq!(Idle::DEFAULT_SPIN, Duration::from_micros(200));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(
             Idle::default().spin,
-            Duration::from_micros(200),
+            Idle::default_spin(cores),
             "the documented default"
         );
         assert_eq!(Idle::spinning_for(Some(Duration::ZERO)), none);
