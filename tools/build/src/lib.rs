@@ -16,7 +16,8 @@
 //! an `.extern .func` is refused with the names. Knobs (environment): `GDAKI_PTX=off` skips the
 //! build; `GDAKI_PTX_CARGO` / `GDAKI_PTX_RUSTC` name another compiler pair (default
 //! `/usr/bin/cargo`, `/usr/bin/rustc`); `GDAKI_PTX_ARCH` (default `sm_90`) and
-//! `GDAKI_PTX_VERSION` (default `ptx84`: PTX ISA 8.4, CUDA 12.4 or newer) select the target.
+//! `GDAKI_PTX_VERSION` (default `ptx84`: PTX ISA 8.4, which CUDA 12.4 drivers and newer load;
+//! gdaki's own host library needs a CUDA 13.0 driver for its bindings) select the target.
 use std::env;
 use std::ffi::OsString;
 use std::fmt;
