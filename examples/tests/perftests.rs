@@ -240,8 +240,12 @@ fn put_bw_server_and_client_validate_across_processes() {
         "{co}\n{so}"
     );
     assert!(co.contains("RKey 0x") && so.contains("VAddr 0x"), "{co}\n{so}");
-    // The server prints the client's result table too, as perftest's server does.
+    // The server prints the client's result table too, as perftest's server does, with the
+    // reference its last column is measured against (it printed no Ref line).
     assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
+    let reference = |out: &str| out.lines().find(|l| l.starts_with(" Ref: ")).map(str::to_string);
+    let theirs = reference(&co).map(|r| format!("{r} (the client's)"));
+    assert!(theirs.is_some() && reference(&so) == theirs, "{co}\n{so}");
 }
 
 /// Where cores are fewer than the spinning threads, write_lat's header says so and names the

@@ -121,9 +121,16 @@ struct Params {
     bw_unit: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 struct Reference {
     what: String,
+}
+
+/// What a client sends its server at the end: its rows and the reference of their last column.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct ClientResults {
+    rows: Vec<BwRow>,
+    reference: Reference,
 }
 
 /// Slots per buffer for `size`-byte messages, `iters` per QP: never more than the messages,
@@ -269,15 +276,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("put_bw: {size} B: data validated");
         }
         // The client's measurements, which the server prints too.
-        let rows: Vec<BwRow> = match session.from_client(&[])? {
-            Some(json) => serde_json::from_slice(&json).context("the client's results are unreadable")?,
-            None => vec![],
+        let (rows, reference) = match session.from_client(&[])? {
+            Some(json) => {
+                let r: ClientResults = serde_json::from_slice(&json).context("the client's results are unreadable")?;
+                (r.rows, Some(r.reference))
+            }
+            None => (vec![], None),
         };
         if cli.common.json {
             let op = cli.op();
             gdaki_examples::outln!(
                 "{}",
-                serde_json::json!({"test": "put_bw", "op": op, "role": "server", "sizes": plan.sizes, "results": rows, "validation": "ok"})
+                serde_json::json!({"test": "put_bw", "op": op, "role": "server", "sizes": plan.sizes, "results": rows, "reference": reference, "validation": "ok"})
             );
         } else {
             gdaki_examples::outln!("{}", BwRow::header(cli.report_gbits));
@@ -285,6 +295,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gdaki_examples::outln!("{}", row.line(cli.report_gbits));
             }
             report::print_rule();
+            if let Some(r) = &reference {
+                gdaki_examples::outln!(" Ref: {} (the client's)", r.what);
+            }
             if cli.read {
                 gdaki_examples::outln!(" Validation: {} size(s), read by the client intact", plan.sizes.len());
             } else {
@@ -429,7 +442,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         rows.push(row);
     }
-    session.from_client(&serde_json::to_vec(&rows)?)?;
     let count = match plan.duration {
         Some(_) => "one round's message count",
         None => "message count",
@@ -441,6 +453,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             format!("memcpy by one CPU thread, same size, {count} and buffer slots")
         },
     };
+    let results = ClientResults { rows, reference };
+    session.from_client(&serde_json::to_vec(&results)?)?;
+    let ClientResults { rows, reference } = results;
     if cli.common.json {
         let params = params(&cli, &plan, &session, launch.as_ref());
         let out = JsonReport {
