@@ -138,7 +138,8 @@ typedef enum gshmem_path {
     GSHMEM_PATH_LOAD_STORE = 1,
 } gshmem_path;
 
-/** Fills `opts` with the defaults (and the environment's overrides). */
+/** Fills `opts` with the defaults (and the environment's overrides). GSHMEM_GPU=local
+ *  initialises CUDA (to count the GPUs): set CUDA_MODULE_LOADING=EAGER before calling it. */
 int gshmem_options_init(gshmem_options *opts);
 /** Joins the job: bootstraps, opens gdaki, allocates the heap, connects a queue pair to every
  *  PE. Collective. `opts` NULL: the defaults. */

@@ -3,7 +3,8 @@
 // and verified on every PE. Next to it, in the same run: a plain copy of the same bytes on this
 // PE (cudaMemcpyAsync device to device in GPU mode, memcpy in CPU mode).
 //
-// On the GPU each block goes out as -b pieces (default: one per 32 KiB, at most 128 / PEs),
+// On the GPU each block goes out as -b pieces (default: one per 32 KiB, at most 128 / PEs and
+// no more than the GPU holds at once beside gdaki's copy kernel; a -b that does not fit is refused),
 // each sent by a thread block of 256 threads with put_signal_nbi_block: on the load/store path
 // (gshmem_pe_path) those threads copy it themselves, through a queue pair one warp posts it.
 // In CPU mode one host thread sends each piece (one piece unless -b says).
@@ -148,8 +149,7 @@ int main(int argc, char **argv) {
     }
     if (sizes.empty()) sizes = {4096, 65536, 1 << 20};
 
-    gshmem_options o;
-    launch::check(gshmem_options_init(&o), "gshmem_options_init");
+    gshmem_options o = launch::options();
 #if defined(GDAKI_CUDA)
     launch::prepare_gpu(o.gpu < 0 ? 0 : o.gpu);
     const char *mode = "GPU";
@@ -186,9 +186,14 @@ int main(int argc, char **argv) {
         if (me == 0) std::fprintf(stderr, "alltoall: %u PEs, blocks of %" PRIu64 " bytes ...\n", np, bytes);
 #if defined(GDAKI_CUDA)
         // Every piece's block must be resident at once (each waits for all the others').
+        const uint32_t fit = launch::resident_blocks<AllToAll>(BLOCK_THREADS);
         uint32_t pieces = pieces_asked != 0 ? pieces_asked
                                             : (uint32_t)std::min<uint64_t>(std::max<uint64_t>(bytes / 32768, 1),
-                                                                           std::max<uint32_t>(128 / np, 1));
+                                                                           std::max<uint32_t>(std::min(128u, fit) / np, 1));
+        if ((uint64_t)np * pieces > fit)
+            launch::die("alltoall: " + std::to_string(np) + " PEs x " + std::to_string(pieces) + " pieces need " +
+                        std::to_string(np * pieces) + " blocks resident at once, and this GPU holds " +
+                        std::to_string(fit) + " beside gdaki's copy kernel: use a smaller -b");
         const uint32_t threads = np * pieces * BLOCK_THREADS, group = BLOCK_THREADS;
 #else
         uint32_t pieces = pieces_asked != 0 ? pieces_asked : 1;

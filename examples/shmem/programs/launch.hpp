@@ -71,11 +71,10 @@ inline cudaStream_t &stream() {
     return s;
 }
 
-/** Call before gshmem_init: the CUDA runtime loads every kernel of this program now. gdaki's
- *  soft HCA keeps a copy kernel resident on the GPU, and a module loaded later (CUDA loads
- *  lazily by default, at a kernel's first launch) would wait for it forever. */
+/** Call before gshmem_init (after options()): the CUDA runtime loads every kernel of this
+ *  program now. gdaki's soft HCA keeps a copy kernel resident on the GPU, and a module loaded
+ *  later (CUDA loads lazily by default, at a kernel's first launch) would wait for it forever. */
 inline void prepare_gpu(int ordinal) {
-    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     cuda(cudaSetDevice(ordinal), "cudaSetDevice");
     cuda(cudaFree(nullptr), "initialising the CUDA runtime");
     // Never the legacy stream: it would wait for the resident copy kernel's stream.
@@ -86,6 +85,20 @@ template <class F>
 __global__ void kernel(F f, gshmem_ctx c, uint32_t n) {
     uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n) f(c, t, n);
+}
+
+/** How many blocks of `block` threads of kernel<F> the GPU holds at once beside gdaki's copy
+ *  kernel (a grid of a quarter of the SMs, at least 2: counted as a whole SM each). A kernel
+ *  whose blocks wait for each other must not launch more: the rest would never start. */
+template <class F>
+uint32_t resident_blocks(uint32_t block) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel<F>, (int)block, 0),
+         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int copier = (sms > 8 ? sms : 8) / 4;
+    return sms > copier ? (uint32_t)(per_sm * (sms - copier)) : 0;
 }
 
 /** Waits for the stream by polling, so the waiting thread never holds the driver. */
@@ -133,16 +146,26 @@ double run(F f, uint32_t n, uint32_t = 0) {
 
 #endif
 
+inline void check(int rc, const char *what) {
+    if (rc != 0) die(std::string(what) + ": " + gshmem_error());
+}
+
+/** gshmem's options, defaults and environment. Module loading is made eager first: CUDA reads
+ *  CUDA_MODULE_LOADING once, when it initialises, and gshmem_options_init may initialise it
+ *  (GSHMEM_GPU=local counts the GPUs). */
+inline gshmem_options options() {
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+    gshmem_options o;
+    check(gshmem_options_init(&o), "gshmem_options_init");
+    return o;
+}
+
 /** gshmem_malloc or die. */
 template <class T>
 T *alloc(size_t count) {
     void *p = gshmem_malloc(count * sizeof(T));
     if (p == nullptr) die(std::string("gshmem_malloc: ") + gshmem_error());
     return static_cast<T *>(p);
-}
-
-inline void check(int rc, const char *what) {
-    if (rc != 0) die(std::string(what) + ": " + gshmem_error());
 }
 
 } // namespace launch

@@ -331,8 +331,7 @@ void host_api(int np) {
 } // namespace
 
 int main() {
-    gshmem_options o;
-    launch::check(gshmem_options_init(&o), "gshmem_options_init");
+    gshmem_options o = launch::options();
 #if defined(GDAKI_CUDA)
     launch::prepare_gpu(o.gpu < 0 ? 0 : o.gpu);
     uint32_t T = 256;

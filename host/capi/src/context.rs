@@ -254,7 +254,20 @@ pub unsafe extern "C" fn gdaki_gpu_open(ordinal: u32, gpu: *mut *mut gdaki_gpu) 
     call("gdaki_gpu_open", || {
         // SAFETY: the caller's contract.
         let out = unsafe { guard::out(gpu, "gpu") }?;
-        out.write(guard::into_handle(Gpu::open(ordinal as usize)?));
+        let opened = Gpu::open(ordinal as usize)?;
+        // C and C++ programs launch with the CUDA runtime, whose modules load at a kernel's first
+        // launch by default; seen on H200s: a first launch while the soft HCA's copy kernel was
+        // resident never ran.
+        if gdaki::cuda::lazy_module_loading().unwrap_or(false) {
+            tracing::warn!(
+                gpu = ordinal,
+                "CUDA loads modules lazily (CUDA_MODULE_LOADING is not EAGER): a kernel first launched \
+                 while the soft HCA's resident copy kernel runs may never start; set \
+                 CUDA_MODULE_LOADING=EAGER before the process first calls CUDA, or launch every kernel \
+                 once before registering device memory"
+            );
+        }
+        out.write(guard::into_handle(opened));
         Ok(())
     })
 }

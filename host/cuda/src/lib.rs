@@ -120,6 +120,22 @@ pub fn driver_version() -> Result<i32, CudaError> {
     Ok(version)
 }
 
+/// Whether CUDA loads modules lazily, at a kernel's first launch (`CUDA_MODULE_LOADING=LAZY`,
+/// the default since CUDA 12.2). False before the driver is initialised (it reads the
+/// variable then).
+pub fn lazy_module_loading() -> Result<bool, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: the library is present (checked above); the out-pointer is a valid local.
+    match unsafe { sys::cuModuleGetLoadingMode(&mut mode) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(mode == sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING),
+        sys::CUresult::CUDA_ERROR_NOT_INITIALIZED => Ok(false),
+        other => other.result().map(|_| false).map_err(CudaError::from),
+    }
+}
+
 /// One GPU as a newcomer wants to see it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GpuInfo {
