@@ -57,14 +57,13 @@ run "alltoall-device-qp-mpi2" mpirun --oversubscribe -np 2 "$bin/alltoall" "${a2
 unset GSHMEM_P2P
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ ${gpus:-0} -ge 2 ]]; then
-  # One process per GPU, then two per GPU: every heap loaded and stored over P2P
-  # (GSHMEM_P2P=2: across GPUs too).
-  export GSHMEM_GPU=local GSHMEM_EXPECT_PATH=load_store GSHMEM_P2P=2
+  # One process per GPU, then two per GPU: every heap loaded and stored over P2P.
+  export GSHMEM_GPU=local GSHMEM_EXPECT_PATH=load_store
   for n in "$gpus" $((2 * gpus)); do
     run "test-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/shmem_test"
     run "alltoall-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}"
   done
-  unset GSHMEM_EXPECT_PATH GSHMEM_P2P
+  unset GSHMEM_EXPECT_PATH
   run "vs-nccl-$gpus" "$root/examples/shmem/vs-nccl.sh" "$bin" "$gpus"
   unset GSHMEM_GPU
 else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gshmem's all-to-all next to NCCL's (PyTorch's all_to_all_single) on the same GPUs in the same
 # session: one process per GPU under mpirun, every block size timed by both, then one table (or
-# JSON lines with --json). gshmem runs twice: with load/store between the GPUs (GSHMEM_P2P=2)
+# JSON lines with --json). gshmem runs twice: with load/store between the GPUs (GSHMEM_P2P=1)
 # and with every byte through the soft HCA's queue pairs (GSHMEM_P2P=0).
 #
 #   examples/shmem/vs-nccl.sh BIN_DIR [NP] [--json]
@@ -27,7 +27,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 args=(-s "$sizes" -n "$iters" -w "$warmup" --json)
 echo "vs-nccl: gshmem load/store ..." >&2
-GSHMEM_P2P=2 mpirun --oversubscribe -x GSHMEM_P2P -np "$np" "$bin/alltoall" "${args[@]}" >"$out/p2p.json"
+GSHMEM_P2P=1 mpirun --oversubscribe -x GSHMEM_P2P -np "$np" "$bin/alltoall" "${args[@]}" >"$out/p2p.json"
 echo "vs-nccl: gshmem through queue pairs (GSHMEM_P2P=0) ..." >&2
 GSHMEM_P2P=0 mpirun --oversubscribe -x GSHMEM_P2P -np "$np" "$bin/alltoall" "${args[@]}" >"$out/qp.json"
 echo "vs-nccl: NCCL ..." >&2

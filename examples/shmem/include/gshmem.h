@@ -72,10 +72,9 @@ typedef struct gshmem_options {
      *  (GSHMEM_WAIT_TIMEOUT_MS, default 30000). */
     uint32_t wait_timeout_ms;
     /** Whether kernels load and store the heaps of the PEs they can (GSHMEM_P2P): see
-     *  gshmem_pe_path. 1 (default): heaps on this PE's own GPU (other processes on it); 2: also
-     *  heaps on other GPUs of this host that this GPU reaches over P2P (NVLink, PCIe) — built,
-     *  but it has not yet run to completion on the two-GPU machine; 0: every operation goes
-     *  through a queue pair. */
+     *  gshmem_pe_path. 1 (default): heaps on this PE's own GPU (other processes on it) and on
+     *  the other GPUs of this host that this GPU reaches over P2P (NVLink, PCIe); 0: every
+     *  operation goes through a queue pair. */
     int p2p;
     /** gdaki's diagnostics to stderr, filtered as RUST_LOG is ("warn", "gdaki=debug"), or NULL
      *  for none (GSHMEM_LOG). */

@@ -226,7 +226,7 @@ void options_init(gshmem_options *o) {
     if (gpu != nullptr && std::strcmp(gpu, "cpu") == 0) o->gpu = -1;
     else if (gpu != nullptr && std::strcmp(gpu, "local") == 0) o->gpu = local_gpu();
     else o->gpu = (int)std::min<uint64_t>(env_number("GSHMEM_GPU", 0), INT32_MAX);
-    o->p2p = (int)std::min<uint64_t>(env_number("GSHMEM_P2P", 1), 2);
+    o->p2p = env_number("GSHMEM_P2P", 1) != 0;
     const char *provider = env("GSHMEM_PROVIDER");
     if (provider == nullptr || std::strcmp(provider, "soft") == 0) o->provider = GDAKI_PROVIDER_SOFT;
     else if (std::strcmp(provider, "mlx5") == 0) o->provider = GDAKI_PROVIDER_MLX5;
@@ -398,11 +398,6 @@ void init(const gshmem_options *given) {
         // Map its heap where it exported it (this PE's own: its address).
         if (!no_p2p.empty() || !c.exported) continue;
         if (pe == me) continue;
-        if (o.p2p < 2 && std::memcmp(c.gpu_uuid, card.gpu_uuid, sizeof card.gpu_uuid) != 0) {
-            s->path_why[pe] = "PE " + std::to_string(pe) +
-                              " is on another GPU: load/store across GPUs is GSHMEM_P2P=2, not yet verified on hardware";
-            continue;
-        }
         gdaki_peer_map *m = nullptr;
         if (gdaki_peer_map_open(s->gpu, &c.heap_export, &m) == GDAKI_STATUS_OK) {
             s->maps[pe] = m;
