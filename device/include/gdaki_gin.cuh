@@ -10,11 +10,17 @@
  * gdaki::Block{scratch} (every thread of the block). Members of a warp or block call with the
  * same peer and action, and their own offsets and sizes; an argument one member gets wrong, or
  * members naming different peers, is refused for all of them (GDAKI_CODE_BAD_ARGUMENT) before
- * anything is posted, so a collective never deadlocks. */
+ * anything is posted, so a collective never deadlocks.
+ *
+ * Peers whose windows this GPU maps (Window::mapped, from gdaki_peer_map_addr: another process
+ * on this GPU, or another GPU of the host over NVLink or PCIe) are reached by the calling
+ * threads' own stores and system-scope atomics (gdaki_p2p.cuh), as NCCL's LSA and NVSHMEM's P2P
+ * transport do; every other peer through its queue pair. */
 #ifndef GDAKI_GIN_CUH
 #define GDAKI_GIN_CUH
 
 #include "gdaki_device.h"
+#include "gdaki_p2p.cuh"
 
 #ifndef GDAKI_CUDA
 #error "gdaki_gin.cuh is CUDA C++: compile it with nvcc or clang -x cuda"
@@ -50,6 +56,12 @@ struct Window {
     uint32_t lkey;
     uint32_t npeers;
     const gdaki_remote_region *peers;
+    /** Where this GPU loads and stores each peer's part (a device array indexed by peer: the
+     *  address gdaki_peer_map_addr gives for that peer's export, 0 for a peer reached through
+     *  its queue pair), or NULL: every peer through queue pairs. For the signal window, map a
+     *  peer's part only where every PE maps it: its words then see one kind of atomic (a
+     *  system-scope atomic is not atomic against an HCA's). */
+    const uint64_t *mapped = nullptr;
 };
 
 /** Remote actions of put, put_value and signal: none, or an atomic add to signal word `id` of
@@ -79,6 +91,11 @@ __device__ inline bool agree(bool ok, uint32_t peer, Block b) {
     __syncthreads();
     bool same = b.scratch != nullptr && b.scratch->words[0] == peer;
     return __syncthreads_and(ok && same) != 0;
+}
+
+/* Where this GPU loads and stores `w`'s part at `peer`, or 0. */
+__device__ inline uint64_t mapped(const Window &w, uint32_t peer) {
+    return w.mapped != nullptr && peer < w.npeers ? w.mapped[peer] : 0;
 }
 
 template <class Coop, class Mode>
@@ -161,7 +178,20 @@ class Gin {
         bool ok = peer_ok(peer, dst) && fits(dst.peers[peer].len, dst_offset, bytes) &&
                   fits(src.size, src_offset, bytes) && action_ok(peer, action);
         if (!detail::agree(ok, peer, coop)) return GDAKI_CODE_BAD_ARGUMENT;
+        if (uint64_t to = detail::mapped(dst, peer)) {
+            /* Each member copies its own bytes; the fence puts them before the signal. */
+            gdaki::p2p::copy((void *)(to + dst_offset), (const void *)(src.local + src_offset), bytes, 0, 1);
+            gdaki::p2p::fence();
+            return is_signal(action) ? signal_now(coop, peer, detail::action(action), 0u) : GDAKI_OK;
+        }
         const gdaki_remote_region &to = dst.peers[peer];
+        if (is_signal(action) && detail::mapped(signals_, peer) != 0) {
+            /* The signal by a store must wait for the data's completion. */
+            uint32_t s = detail::Ops<Coop, Mode>::put(coop, qps_[peer], to.addr + dst_offset, to.rkey,
+                                                      src.local + src_offset, src.lkey, bytes, 0u);
+            if (s == GDAKI_OK) s = detail::Ops<Coop, Mode>::quiet(coop, qps_[peer]);
+            return s != GDAKI_OK ? s : signal_now(coop, peer, detail::action(action), 0u);
+        }
         return put_action(coop, qps_[peer], to.addr + dst_offset, to.rkey, src.local + src_offset, src.lkey, bytes,
                           peer, action);
     }
@@ -174,7 +204,18 @@ class Gin {
         static_assert(sizeof(T) <= 8, "put_value carries at most 8 bytes");
         bool ok = peer_ok(peer, dst) && fits(dst.peers[peer].len, dst_offset, sizeof(T)) && action_ok(peer, action);
         if (!detail::agree(ok, peer, coop)) return GDAKI_CODE_BAD_ARGUMENT;
+        if (uint64_t to = detail::mapped(dst, peer)) {
+            *(volatile T *)(to + dst_offset) = value;
+            gdaki::p2p::fence();
+            return is_signal(action) ? signal_now(coop, peer, detail::action(action), 0u) : GDAKI_OK;
+        }
         const gdaki_remote_region &to = dst.peers[peer];
+        if (is_signal(action) && detail::mapped(signals_, peer) != 0) {
+            uint32_t s = detail::Ops<Coop, Mode>::put_inline(coop, qps_[peer], to.addr + dst_offset, to.rkey, &value,
+                                                             (uint32_t)sizeof(T), 0u);
+            if (s == GDAKI_OK) s = detail::Ops<Coop, Mode>::quiet(coop, qps_[peer]);
+            return s != GDAKI_OK ? s : signal_now(coop, peer, detail::action(action), 0u);
+        }
         uint32_t flags = is_signal(action) ? GDAKI_POST_DEFER : 0u;
         uint32_t s = detail::Ops<Coop, Mode>::put_inline(coop, qps_[peer], to.addr + dst_offset, to.rkey, &value,
                                                          (uint32_t)sizeof(T), flags);
@@ -185,15 +226,17 @@ class Gin {
     /** The remote action alone (after everything posted to `peer` before it). */
     template <class Action, class Coop = Thread>
     __device__ uint32_t signal(uint32_t peer, Action action, Coop coop = Coop{}) const {
-        bool ok = peer < npeers_ && qps_[peer] != nullptr && is_signal(action) && action_ok(peer, action);
+        bool ok = peer < npeers_ && is_signal(action) && action_ok(peer, action);
         if (!detail::agree(ok, peer, coop)) return GDAKI_CODE_BAD_ARGUMENT;
         return signal_now(coop, peer, detail::action(action), 0u);
     }
 
     /** Waits until everything this coop posted on every peer's queue pair has completed: its
-     *  sources may be reused and its data is at the peers. */
+     *  sources may be reused and its data is at the peers (stores to mapped peers are there
+     *  once the put returns; the fence here orders them for every observer again). */
     template <class Coop = Thread>
     __device__ uint32_t flush(Coop coop = Coop{}) const {
+        gdaki::p2p::fence();
         uint32_t first = GDAKI_OK;
         for (uint32_t p = 0; p < npeers_; p++) {
             if (qps_[p] == nullptr) continue;
@@ -236,8 +279,9 @@ class Gin {
             if (qps_[p] != nullptr) return qps_[p];
         return nullptr;
     }
+    /* `w`'s part at `peer` is reachable: mapped, or through the peer's queue pair. */
     __device__ bool peer_ok(uint32_t peer, const Window &w) const {
-        return peer < npeers_ && peer < w.npeers && qps_[peer] != nullptr;
+        return peer < npeers_ && peer < w.npeers && (detail::mapped(w, peer) != 0 || qps_[peer] != nullptr);
     }
     __device__ static bool fits(uint64_t size, uint64_t offset, uint64_t bytes) {
         return offset <= size && bytes <= size - offset;
@@ -248,10 +292,13 @@ class Gin {
     __device__ bool action_ok(uint32_t, None) const { return true; }
     __device__ bool action_ok(uint32_t peer, SignalAdd a) const { return signal_ok(peer, a.id); }
     __device__ bool action_ok(uint32_t peer, SignalInc a) const { return signal_ok(peer, a.id); }
-    /* Signal word `id` exists at `peer` (and here), and there is scratch for the fetched value. */
+    /* Signal word `id` exists at `peer` (and here), and `peer` is reached: its signal window
+     * mapped, or its queue pair with scratch for the fetched value. */
     __device__ bool signal_ok(uint32_t peer, uint32_t id) const {
-        return peer < signals_.npeers && (uint64_t)id * 8 + 8 <= signals_.peers[peer].len &&
-               (uint64_t)id * 8 + 8 <= signals_.size && scratch_.size >= 8;
+        if (peer >= signals_.npeers || peer >= npeers_ || (uint64_t)id * 8 + 8 > signals_.peers[peer].len ||
+            (uint64_t)id * 8 + 8 > signals_.size)
+            return false;
+        return detail::mapped(signals_, peer) != 0 || (qps_[peer] != nullptr && scratch_.size >= 8);
     }
 
     template <class Coop>
@@ -269,6 +316,12 @@ class Gin {
     }
     template <class Coop>
     __device__ uint32_t signal_now(const Coop &coop, uint32_t peer, SignalAdd a, uint32_t flags) const {
+        if (uint64_t word = detail::mapped(signals_, peer)) {
+            /* Each member adds its own, as through a queue pair; after its earlier stores. */
+            gdaki::p2p::fence();
+            gdaki::p2p::add((uint64_t *)(word + (uint64_t)a.id * 8), a.value);
+            return GDAKI_OK;
+        }
         const gdaki_remote_region &sig = signals_.peers[peer];
         return detail::Ops<Coop, Mode>::signal(coop, qps_[peer], sig.addr + (uint64_t)a.id * 8, sig.rkey, a.value,
                                                scratch_.local, scratch_.lkey, flags);

@@ -16,13 +16,14 @@ use gdaki::{Access, Context, Provider, QpConfig};
 
 const KERNELS: &str = include_str!("cuda/c_abi.cu");
 const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
-const HEADERS: [(&str, &str); 3] = [
+const HEADERS: [(&str, &str); 4] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
     (
         "gdaki_layout_check.h",
         include_str!("../../device/include/gdaki_layout_check.h"),
     ),
     ("gdaki_gin.cuh", include_str!("../../device/include/gdaki_gin.cuh")),
+    ("gdaki_p2p.cuh", include_str!("../../device/include/gdaki_p2p.cuh")),
 ];
 const BUILD_LIB: &str = include_str!("../../tools/cuda/build-device-lib.sh");
 
@@ -244,7 +245,7 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
     let data = pattern(17, 4096);
     mr.write(0, &data).unwrap();
     let status = DeviceBuffer::zeroed(&gpu, 4 * 256).unwrap();
-    let launch = |kernel: &str, threads: u32| {
+    let launch = |kernel: &str, threads: u32, map: bool| {
         status.write(0, &[0xff; 4 * 256]).unwrap();
         let args = Args::new()
             .qps(&[&e0, &e0])
@@ -252,7 +253,8 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
             .region(&mr)
             .u32(mr.rkey())
             .u32(mr.lkey())
-            .buffer(&status);
+            .buffer(&status)
+            .u32(map.into());
         // SAFETY: the kernel's parameters are what `args` pushes; the QPs are used by this
         // launch alone; the region and the status buffer hold what the kernel touches.
         unsafe { module.kernel(kernel).unwrap().run(Dims::linear(1, threads), args) }.unwrap();
@@ -265,7 +267,7 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
         assert_eq!(
             codes,
             vec![0; threads as usize],
-            "{kernel}: status is line << 16 | code"
+            "{kernel} (map {map}): status is line << 16 | code"
         );
     };
     let read = |at: u64, len: usize| {
@@ -276,32 +278,55 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
     let signal = |pe: u64, id: u64| mr.load_u64(131072 + 512 * pe + 8 * id).unwrap();
     const PE1: u64 = 65536;
 
-    launch("gin_thread", 1);
-    assert_eq!(read(PE1, 4096), data, "put to PE 1");
-    assert_eq!(
-        read(PE1 + 8192, 8),
-        0x1122334455667788u64.to_le_bytes(),
-        "put_value u64"
-    );
-    assert_eq!(read(PE1 + 8200, 4), 0xa5a5a5a5u32.to_le_bytes(), "put_value u32");
-    assert_eq!(read(16384, 256), data[..256], "PE 1 put back to PE 0");
-    assert_eq!([signal(1, 0), signal(1, 1), signal(1, 2)], [1, 5, 9], "signals at PE 1");
-    assert_eq!(signal(0, 0), 0, "nothing signalled PE 0");
-
-    launch("gin_warp", 32);
-    for t in 0..32u64 {
+    // Through queue pairs, then again with every peer's windows mapped (load/store only: the
+    // kernels drop the queue pairs between the PEs), from a clean slate.
+    for map in [false, true] {
+        mr.write(4096, &vec![0; (1 << 18) - 4096]).unwrap();
+        launch("gin_thread", 1, map);
+        assert_eq!(read(PE1, 4096), data, "put to PE 1 (map {map})");
         assert_eq!(
-            read(PE1 + 32768 + 64 * t, 64),
-            data[64 * t as usize..][..64],
-            "warp lane {t}"
+            read(PE1 + 8192, 8),
+            0x1122334455667788u64.to_le_bytes(),
+            "put_value u64 (map {map})"
         );
-    }
-    assert_eq!(signal(1, 3), 32, "one add per lane");
+        assert_eq!(read(PE1 + 8200, 4), 0xa5a5a5a5u32.to_le_bytes(), "put_value u32");
+        assert_eq!(read(16384, 256), data[..256], "PE 1 put back to PE 0 (map {map})");
+        assert_eq!([signal(1, 0), signal(1, 1), signal(1, 2)], [1, 5, 9], "signals at PE 1");
+        assert_eq!(signal(0, 0), 0, "nothing signalled PE 0");
 
-    launch("gin_block", 256);
-    for t in 0..256u64 {
-        let src = 64 * (t % 64) as usize;
-        assert_eq!(read(PE1 + 40960 + 64 * t, 64), data[src..src + 64], "block thread {t}");
+        launch("gin_warp", 32, map);
+        for t in 0..32u64 {
+            assert_eq!(
+                read(PE1 + 32768 + 64 * t, 64),
+                data[64 * t as usize..][..64],
+                "warp lane {t} (map {map})"
+            );
+        }
+        assert_eq!(signal(1, 3), 32, "one add per lane (map {map})");
+
+        launch("gin_block", 256, map);
+        for t in 0..256u64 {
+            let src = 64 * (t % 64) as usize;
+            assert_eq!(
+                read(PE1 + 40960 + 64 * t, 64),
+                data[src..src + 64],
+                "block thread {t} (map {map})"
+            );
+        }
+        assert_eq!(signal(1, 4), 256, "one add per thread (map {map})");
     }
-    assert_eq!(signal(1, 4), 256, "one add per thread");
+
+    launch("gin_mixed", 1, false);
+    assert_eq!(
+        read(PE1 + 57344, 1000),
+        data[..1000],
+        "stores, then a signal through the QP"
+    );
+    assert_eq!(
+        read(PE1 + 58368, 1000),
+        data[1000..2000],
+        "a put, then a signal by an atomic"
+    );
+    assert_eq!(read(PE1 + 59392, 8), 0x0102030405060708u64.to_le_bytes(), "put_value");
+    assert_eq!([signal(1, 5), signal(1, 6)], [1, 4], "mixed signals");
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs gdaki's C API for C and C++ programs: libgdaki.so (SONAME libgdaki.so.<ABI>) and
-# libgdaki.a, gdaki.h with gdaki_device.h and gdaki_layout_check.h, the C data path's PTX (for
+# libgdaki.a, gdaki.h with the device headers (gdaki_device.h, gdaki_layout_check.h and the
+# CUDA C++ ones, gdaki_gin.cuh and gdaki_p2p.cuh), the C data path's PTX (for
 # run-time linking with NVRTC), libgdaki_device.a where nvcc exists (for nvcc -rdc), and
 # lib/pkgconfig/gdaki.pc.
 #

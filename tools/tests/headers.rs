@@ -210,7 +210,10 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
          #define __host__ __attribute__((host))\n#define __shared__ __attribute__((shared))\n\
          struct gdaki_dim { unsigned x, y, z; };\nextern const __device__ gdaki_dim threadIdx;\n\
          __device__ int __all_sync(unsigned, int);\n__device__ unsigned __shfl_sync(unsigned, unsigned, int);\n\
-         __device__ void __syncthreads();\n__device__ int __syncthreads_and(int);\n",
+         __device__ void __syncthreads();\n__device__ int __syncthreads_and(int);\n\
+         struct int4 { int x, y, z, w; };\n__device__ int4 __ldcv(const int4 *);\n__device__ char __ldcv(const char *);\n\
+         __device__ void __threadfence_system();\n\
+         __device__ unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);\n",
     )
     .unwrap();
     for kernels in ["host/tests/cuda/c_abi.cu", "host/tests/cuda/gin.cu"] {

@@ -28,6 +28,9 @@
 #define GSHMEM_DEVICE_H
 
 #include "gdaki_device.h"
+#if defined(GDAKI_CUDA)
+#include "gdaki_p2p.cuh"
+#endif
 #include "gshmem.h"
 
 #ifndef __cplusplus
@@ -105,24 +108,6 @@ GSHMEM_FN T *direct(const gshmem_ctx &c, const T *addr, int pe) {
     uint64_t base = c.peer_heaps != nullptr ? c.peer_heaps[pe] : 0;
     return base == 0 ? nullptr : (T *)(base + ((uint64_t)addr - c.heap_base));
 }
-/* Copies `bytes` from `src` to `dst` (global memory both), lane `lane` of `lanes` threads
- * doing every lanes-th piece: 16-byte pieces where both ends allow, bytes for the rest. Loads
- * bypass L1 (`src` may be memory another GPU writes). */
-GSHMEM_FN void copy(void *dst, const void *src, uint64_t bytes, uint32_t lane, uint32_t lanes) {
-    char *d = (char *)dst;
-    const char *s = (const char *)src;
-    uint64_t head = 0;
-    if (((uint64_t)d | (uint64_t)s) % 16 == 0) {
-        head = bytes / 16 * 16;
-        for (uint64_t i = (uint64_t)lane * 16; i < head; i += (uint64_t)lanes * 16)
-            *(int4 *)(d + i) = __ldcv((const int4 *)(s + i));
-    }
-    for (uint64_t i = head + lane; i < bytes; i += lanes) d[i] = __ldcv(s + i);
-}
-/* Adds `value` to the u64 at `p` (another GPU's memory, or this one's) at system scope. */
-GSHMEM_FN uint64_t add_system(uint64_t *p, uint64_t value) {
-    return atomicAdd_system((unsigned long long *)p, (unsigned long long)value);
-}
 #else
 /* CPU mode reaches every heap through queue pairs. */
 template <class T>
@@ -137,8 +122,8 @@ GSHMEM_FN bool loads_stores(const gshmem_ctx &c, int pe) { return direct(c, (con
 GSHMEM_FN uint32_t arrive(const gshmem_ctx &c, uint32_t pe) {
 #if defined(GDAKI_CUDA)
     if (uint64_t *word = direct(c, &internal(c)->barrier_arrivals, (int)pe)) {
-        __threadfence_system();
-        add_system(word, 1);
+        gdaki::p2p::fence();
+        gdaki::p2p::add(word, 1);
         return GDAKI_OK;
     }
 #endif
@@ -182,8 +167,8 @@ GSHMEM_FN uint32_t post_put(const gshmem_ctx &c, void *dest, const void *src, ui
     if (!pe_ok(c, pe) || !in_heap(c, dest, bytes) || !in_heap(c, src, bytes)) return GDAKI_CODE_BAD_ARGUMENT;
 #if defined(GDAKI_CUDA)
     if (void *to = direct(c, dest, pe)) {
-        copy(to, src, bytes, 0, 1);
-        __threadfence_system();
+        gdaki::p2p::copy(to, src, bytes, 0, 1);
+        gdaki::p2p::fence();
         if (ticket != nullptr) *ticket = 0;
         return GDAKI_OK;
     }
@@ -214,7 +199,7 @@ GSHMEM_FN uint32_t get(const gshmem_ctx &c, void *dest, const void *src, uint64_
         return GDAKI_CODE_BAD_ARGUMENT;
 #if defined(GDAKI_CUDA)
     if (const void *from = detail::direct(c, src, pe)) {
-        detail::copy(dest, from, bytes, 0, 1);
+        gdaki::p2p::copy(dest, from, bytes, 0, 1);
         return GDAKI_OK;
     }
 #endif
@@ -233,7 +218,7 @@ GSHMEM_FN uint32_t p(const gshmem_ctx &c, T *dest, T value, int pe) {
 #if defined(GDAKI_CUDA)
     if (T *to = detail::direct(c, dest, pe)) {
         *to = value;
-        __threadfence_system();
+        gdaki::p2p::fence();
         return GDAKI_OK;
     }
 #endif
@@ -249,7 +234,7 @@ GSHMEM_FN uint32_t atomic_fetch_add(const gshmem_ctx &c, uint64_t *dest, uint64_
     if ((uint64_t)dest % 8 != 0) return GDAKI_CODE_MISALIGNED;
 #if defined(GDAKI_CUDA)
     if (uint64_t *at = detail::direct(c, dest, pe)) {
-        uint64_t old = detail::add_system(at, value);
+        uint64_t old = gdaki::p2p::add(at, value);
         if (fetched != nullptr) *fetched = old;
         return GDAKI_OK;
     }
@@ -276,9 +261,9 @@ GSHMEM_FN uint32_t put_signal_nbi(const gshmem_ctx &c, void *dest, const void *s
     if ((uint64_t)signal % 8 != 0) return GDAKI_CODE_MISALIGNED;
 #if defined(GDAKI_CUDA)
     if (void *to = detail::direct(c, dest, pe)) {
-        detail::copy(to, src, bytes, 0, 1);
-        __threadfence_system();
-        detail::add_system(detail::direct(c, signal, pe), add);
+        gdaki::p2p::copy(to, src, bytes, 0, 1);
+        gdaki::p2p::fence();
+        gdaki::p2p::add(detail::direct(c, signal, pe), add);
         return GDAKI_OK;
     }
 #endif
@@ -307,7 +292,7 @@ GSHMEM_FN uint32_t quiet(const gshmem_ctx &c) {
         if (first == GDAKI_OK) first = s;
     }
 #if defined(GDAKI_CUDA)
-    __threadfence_system();
+    gdaki::p2p::fence();
 #endif
     return first;
 }
@@ -335,8 +320,8 @@ __device__ inline uint32_t put_nbi_warp(const gshmem_ctx &c, void *dest, const v
     bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes);
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
     if (void *to = detail::direct(c, dest, pe)) {
-        detail::copy(to, src, bytes, detail::lane_id(), 32);
-        __threadfence_system();
+        gdaki::p2p::copy(to, src, bytes, detail::lane_id(), 32);
+        gdaki::p2p::fence();
         __syncwarp();
         return GDAKI_OK;
     }
@@ -364,7 +349,7 @@ __device__ inline uint32_t get_warp(const gshmem_ctx &c, void *dest, const void 
     bool ok = detail::pe_ok(c, pe) && detail::in_heap(c, dest, bytes) && detail::in_heap(c, src, bytes);
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
     if (const void *from = detail::direct(c, src, pe)) {
-        detail::copy(dest, from, bytes, detail::lane_id(), 32);
+        gdaki::p2p::copy(dest, from, bytes, detail::lane_id(), 32);
         __syncwarp();
         return GDAKI_OK;
     }
@@ -389,7 +374,7 @@ __device__ inline uint32_t p_warp(const gshmem_ctx &c, T *dest, T value, int pe)
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
     if (T *to = detail::direct(c, dest, pe)) {
         *to = value;
-        __threadfence_system();
+        gdaki::p2p::fence();
         __syncwarp();
         return GDAKI_OK;
     }
@@ -408,7 +393,7 @@ __device__ inline uint32_t atomic_fetch_add_warp(const gshmem_ctx &c, uint64_t *
         return aligned ? GDAKI_CODE_BAD_ARGUMENT : GDAKI_CODE_MISALIGNED;
     }
     if (uint64_t *at = detail::direct(c, dest, pe)) {
-        uint64_t old = detail::add_system(at, value);
+        uint64_t old = gdaki::p2p::add(at, value);
         if (fetched != nullptr) *fetched = old;
         __syncwarp();
         return GDAKI_OK;
@@ -434,10 +419,10 @@ __device__ inline uint32_t put_signal_nbi_warp(const gshmem_ctx &c, void *dest, 
               detail::in_heap(c, signal, 8) && (uint64_t)signal % 8 == 0;
     if (!detail::warp_agree(ok, pe)) return GDAKI_CODE_BAD_ARGUMENT;
     if (void *to = detail::direct(c, dest, pe)) {
-        detail::copy(to, src, bytes, detail::lane_id(), 32);
-        __threadfence_system();
+        gdaki::p2p::copy(to, src, bytes, detail::lane_id(), 32);
+        gdaki::p2p::fence();
         __syncwarp();
-        if (detail::lane_id() == 0) detail::add_system(detail::direct(c, signal, pe), add);
+        if (detail::lane_id() == 0) gdaki::p2p::add(detail::direct(c, signal, pe), add);
         __syncwarp();
         return GDAKI_OK;
     }
@@ -468,7 +453,7 @@ __device__ inline uint32_t quiet_warp(const gshmem_ctx &c) {
         uint32_t s = gdaki_quiet_thread_gpu(c.qps[pe]);
         if (first == GDAKI_OK) first = s;
     }
-    __threadfence_system();
+    gdaki::p2p::fence();
     return detail::warp_status(first);
 }
 
@@ -481,10 +466,10 @@ __device__ inline uint32_t put_block(const gshmem_ctx &c, void *dest, const void
               (signal == nullptr || (in_heap(c, signal, 8) && (uint64_t)signal % 8 == 0));
     if (!__syncthreads_and(ok)) return GDAKI_CODE_BAD_ARGUMENT;
     if (void *to = direct(c, dest, pe)) {
-        copy(to, src, bytes, threadIdx.x, blockDim.x);
-        __threadfence_system();
+        gdaki::p2p::copy(to, src, bytes, threadIdx.x, blockDim.x);
+        gdaki::p2p::fence();
         __syncthreads();
-        if (signal != nullptr && threadIdx.x == 0) add_system(direct(c, signal, pe), add);
+        if (signal != nullptr && threadIdx.x == 0) gdaki::p2p::add(direct(c, signal, pe), add);
         __syncthreads();
         return GDAKI_OK;
     }

@@ -1,6 +1,8 @@
 // Kernels written against gdaki_gin.cuh, the NCCL GIN-shaped handle: two PEs in one kernel,
 // each with a queue pair to the other, a data window, a signal window and scratch, all in one
-// GPU-mapped region the test checks afterwards.
+// GPU-mapped region the test checks afterwards. With `map` set, each PE maps the other's
+// windows (Window::mapped) and has no queue pair to it: every put, value and signal must take
+// the load/store path (through a queue pair they would be refused).
 #include "gdaki_gin.cuh"
 
 // Region layout (bytes): PE p's data window at 65536 p (64 KiB; the host fills PE 0's first
@@ -16,32 +18,42 @@
 
 struct Pes {
   gdaki_remote_region data[2], sig[2];
+  uint64_t data_at[2], sig_at[2];
+  gdaki_dev_qp *qps[2][2];
   gdaki::Window data_of[2], sig_of[2], scratch_of[2];
 
-  __device__ Pes(uint64_t base, uint32_t rkey, uint32_t lkey) {
+  __device__ Pes(uint64_t base, uint32_t rkey, uint32_t lkey, gdaki_dev_qp *const *qps0, gdaki_dev_qp *const *qps1,
+                 uint32_t map) {
     for (int p = 0; p < 2; p++) {
       data[p] = gdaki_remote_region{base + 65536ull * p, 65536, rkey, 0};
       sig[p] = gdaki_remote_region{base + 131072 + 512ull * p, 512, rkey, 0};
+      data_at[p] = data[p].addr;
+      sig_at[p] = sig[p].addr;
     }
     for (int p = 0; p < 2; p++) {
-      data_of[p] = gdaki::Window{data[p].addr, 65536, lkey, 2, data};
-      sig_of[p] = gdaki::Window{sig[p].addr, 512, lkey, 2, sig};
+      data_of[p] = gdaki::Window{data[p].addr, 65536, lkey, 2, data, map ? data_at : nullptr};
+      sig_of[p] = gdaki::Window{sig[p].addr, 512, lkey, 2, sig, map ? sig_at : nullptr};
       scratch_of[p] = gdaki::Window{base + 135168 + 64ull * p, 64, lkey, 0, nullptr};
     }
+    // PE p's queue pair to itself stays (wait_signal bounds its wait by a queue pair's timeout).
+    qps[0][0] = qps0[0];
+    qps[0][1] = map ? nullptr : qps0[1];
+    qps[1][0] = map ? nullptr : qps1[0];
+    qps[1][1] = qps1[1];
   }
   template <class Mode>
-  __device__ gdaki::Gin<Mode> pe(int p, gdaki_dev_qp *const *qps) const {
-    return gdaki::Gin<Mode>(qps, 2, sig_of[p], scratch_of[p]);
+  __device__ gdaki::Gin<Mode> pe(int p) const {
+    return gdaki::Gin<Mode>(qps[p], 2, sig_of[p], scratch_of[p]);
   }
 };
 
 // One thread: every method, both directions, and the refusals.
 extern "C" __global__ void gin_thread(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
-                                      uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status) {
+                                      uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status, uint32_t map) {
   const unsigned t = 0;
-  Pes w(base, rkey, lkey);
-  auto pe0 = w.pe<gdaki::Exclusive>(0, qps0);
-  auto pe1 = w.pe<gdaki::Exclusive>(1, qps1);
+  Pes w(base, rkey, lkey, qps0, qps1, map);
+  auto pe0 = w.pe<gdaki::Exclusive>(0);
+  auto pe1 = w.pe<gdaki::Exclusive>(1);
   const gdaki::Window &data = w.data_of[0];
   GIN_CHECK(pe0.put(1, data, 0, data, 0, 4096, gdaki::SignalInc{0}), GDAKI_OK);
   GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 0, 1), GDAKI_OK);
@@ -68,11 +80,11 @@ extern "C" __global__ void gin_thread(gdaki_dev_qp *const *qps0, uint32_t, gdaki
 // A warp: 32 lanes put 64 bytes each with one signal add per lane; lanes that name different
 // peers are refused together (no deadlock).
 extern "C" __global__ void gin_warp(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
-                                    uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status) {
+                                    uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status, uint32_t map) {
   const unsigned t = threadIdx.x;
-  Pes w(base, rkey, lkey);
-  auto pe0 = w.pe<gdaki::Cta>(0, qps0);
-  auto pe1 = w.pe<gdaki::Cta>(1, qps1);
+  Pes w(base, rkey, lkey, qps0, qps1, map);
+  auto pe0 = w.pe<gdaki::Cta>(0);
+  auto pe1 = w.pe<gdaki::Cta>(1);
   const gdaki::Window &data = w.data_of[0];
   GIN_CHECK(pe0.put(t & 1, data, 0, data, 0, 8, gdaki::None{}, gdaki::Warp{}), GDAKI_CODE_BAD_ARGUMENT);
   GIN_CHECK(pe0.put(1, data, 32768 + 64 * t, data, 64 * t, 64, gdaki::SignalInc{3}, gdaki::Warp{}), GDAKI_OK);
@@ -83,16 +95,39 @@ extern "C" __global__ void gin_warp(gdaki_dev_qp *const *qps0, uint32_t, gdaki_d
 
 // A block of 256: each thread puts 64 bytes; one signal add per thread.
 extern "C" __global__ void gin_block(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
-                                     uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status) {
+                                     uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status, uint32_t map) {
   __shared__ gdaki_block_scratch scratch;
   const unsigned t = threadIdx.x;
-  Pes w(base, rkey, lkey);
-  auto pe0 = w.pe<gdaki::Gpu>(0, qps0);
-  auto pe1 = w.pe<gdaki::Gpu>(1, qps1);
+  Pes w(base, rkey, lkey, qps0, qps1, map);
+  auto pe0 = w.pe<gdaki::Gpu>(0);
+  auto pe1 = w.pe<gdaki::Gpu>(1);
   gdaki::Block block{&scratch};
   const gdaki::Window &data = w.data_of[0];
   GIN_CHECK(pe0.put(1, data, 40960 + 64 * t, data, 64 * (t % 64), 64, gdaki::SignalInc{4}, block), GDAKI_OK);
   GIN_CHECK(pe1.wait_signal(block, 4, 256), GDAKI_OK);
   GIN_CHECK(pe0.flush(block), GDAKI_OK);
+  status[t] = 0;
+}
+
+// Each path for the data with the other for the signal, one thread: stores, then the signal
+// through the queue pair; a put through the queue pair, then the signal by a system-scope
+// atomic (after the put's completion).
+extern "C" __global__ void gin_mixed(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
+                                     uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status, uint32_t) {
+  const unsigned t = 0;
+  Pes w(base, rkey, lkey, qps0, qps1, 0);
+  gdaki::Window data_mapped = w.data_of[0], sig_mapped = w.sig_of[0];
+  data_mapped.mapped = w.data_at;
+  sig_mapped.mapped = w.sig_at;
+  gdaki::Gin<gdaki::Exclusive> stores_then_qp(w.qps[0], 2, w.sig_of[0], w.scratch_of[0]);
+  gdaki::Gin<gdaki::Exclusive> qp_then_atomic(w.qps[0], 2, sig_mapped, w.scratch_of[0]);
+  GIN_CHECK(stores_then_qp.put(1, data_mapped, 57344, data_mapped, 0, 1000, gdaki::SignalInc{5}), GDAKI_OK);
+  GIN_CHECK(qp_then_atomic.put(1, w.data_of[0], 58368, w.data_of[0], 1000, 1000, gdaki::SignalAdd{6, 3}), GDAKI_OK);
+  GIN_CHECK(qp_then_atomic.put_value(1, w.data_of[0], 59392, (uint64_t)0x0102030405060708ull, gdaki::SignalInc{6}),
+            GDAKI_OK);
+  GIN_CHECK(stores_then_qp.flush(), GDAKI_OK);
+  auto pe1 = w.pe<gdaki::Exclusive>(1);
+  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 5, 1), GDAKI_OK);
+  GIN_CHECK(pe1.read_signal(6) == 4 ? GDAKI_OK : 99u, GDAKI_OK);
   status[t] = 0;
 }
