@@ -100,6 +100,30 @@ const LEFT: f64 = 80.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 50.0;
+/// One legend row, above its panel (never inside it, where lines would run through it).
+const LEGEND_ROW: f64 = 16.0;
+
+/// About how wide `text` is at the documents' 12 px sans-serif (bold a little wider): an
+/// average advance of 0.62 em, wide enough for digits and capitals, so that laid-out text does
+/// not overlap in any common font.
+fn text_width(text: &str, bold: bool) -> f64 {
+    text.chars().count() as f64 * if bold { 8.0 } else { 7.4 }
+}
+
+/// Where a panel's legend entries go: (x, row) for each, rows filling the panel's width.
+fn legend_layout(series: &[Series<'_>]) -> Vec<(f64, usize)> {
+    let (mut x, mut row, mut out) = (LEFT, 0, Vec::new());
+    for s in series {
+        let w = 36.0 + text_width(s.name, false) + 18.0;
+        if x > LEFT && x + w > W - RIGHT {
+            x = LEFT;
+            row += 1;
+        }
+        out.push((x, row));
+        x += w;
+    }
+    out
+}
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
@@ -198,11 +222,15 @@ pub fn svg(title: &str, x_label: &str, panels: &[Panel<'_>]) -> String {
     } else {
         (x0.log2().floor(), x1.log2().ceil().max(x0.log2().floor() + 1.0))
     };
-    let height = TOP + panels.len() as f64 * (PANEL_H + BOTTOM) + 10.0;
-    let mut out = header(title, height);
+    let legends: Vec<Vec<(f64, usize)>> = panels.iter().map(|p| legend_layout(&p.series)).collect();
+    let legend_h = |l: &[(f64, usize)]| l.last().map_or(0.0, |&(_, row)| (row + 1) as f64 * LEGEND_ROW + 6.0);
+    let height = TOP + legends.iter().map(|l| legend_h(l) + PANEL_H + BOTTOM).sum::<f64>() + 10.0;
+    let mut out = header(title, W, height);
     let plot_w = W - LEFT - RIGHT;
-    for (i, panel) in panels.iter().enumerate() {
-        let top = TOP + i as f64 * (PANEL_H + BOTTOM);
+    let mut block = TOP;
+    for (panel, legend) in panels.iter().zip(&legends) {
+        let top = block + legend_h(legend);
+        block = top + PANEL_H + BOTTOM;
         let axis = Axis::new(
             panel.scale,
             panel.series.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
@@ -259,7 +287,7 @@ pub fn svg(title: &str, x_label: &str, panels: &[Panel<'_>]) -> String {
             top + PANEL_H / 2.0,
             esc(&y_label)
         );
-        for (k, s) in panel.series.iter().enumerate() {
+        for (s, &(lx, row)) in panel.series.iter().zip(legend) {
             let pts: Vec<(f64, f64)> = s
                 .points
                 .iter()
@@ -277,16 +305,17 @@ pub fn svg(title: &str, x_label: &str, panels: &[Panel<'_>]) -> String {
             for (x, y) in &pts {
                 let _ = writeln!(out, r#"<circle cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{}"/>"#, s.color);
             }
-            let ly = top + 16.0 + k as f64 * 16.0;
+            // Rows from the top of the panel's block down to just above its frame.
+            let ly = top - legend_h(legend) + 2.0 + (row + 1) as f64 * LEGEND_ROW - 4.0;
             let _ = writeln!(
                 out,
-                r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-                LEFT + 10.0,
+                r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{}" stroke-width="2"{dash}/><text class="legend" x="{:.1}" y="{:.1}">{}</text>"#,
+                lx + 4.0,
                 ly - 4.0,
-                LEFT + 30.0,
+                lx + 28.0,
                 ly - 4.0,
                 s.color,
-                LEFT + 36.0,
+                lx + 34.0,
                 ly,
                 esc(s.name)
             );
@@ -296,23 +325,41 @@ pub fn svg(title: &str, x_label: &str, panels: &[Panel<'_>]) -> String {
     out
 }
 
-/// The SVG of a run with nothing to plot against (one size): its figures as a table.
+/// The SVG of a run with nothing to plot against (one size): its figures as a table, each
+/// column as wide as its widest cell (the document widens rather than letting them overlap).
 pub fn table(title: &str, head: &[&str], rows: &[Vec<String>]) -> String {
     const ROW_H: f64 = 22.0;
-    let col_w = (W - 40.0) / head.len().max(1) as f64;
+    const GAP: f64 = 18.0;
+    const MARGIN: f64 = 20.0;
+    let head: Vec<String> = head.iter().map(|h| h.to_string()).collect();
+    let all: Vec<&Vec<String>> = std::iter::once(&head).chain(rows).collect();
+    let columns = all.iter().map(|r| r.len()).max().unwrap_or(0);
+    let widths: Vec<f64> = (0..columns)
+        .map(|c| {
+            all.iter()
+                .enumerate()
+                .filter_map(|(r, cells)| cells.get(c).map(|t| text_width(t, r == 0)))
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    let content = widths.iter().map(|w| w + GAP).sum::<f64>();
+    let width = W
+        .max(content + 2.0 * MARGIN)
+        .max(text_width(title, false) * 1.25 + 2.0 * MARGIN);
+    // Centred when the columns need less than the document's width.
+    let left = (width - content) / 2.0;
     let height = TOP + ROW_H * (rows.len() as f64 + 1.0) + 20.0;
-    let mut out = header(title, height);
-    for (r, cells) in std::iter::once(head.iter().map(|h| h.to_string()).collect::<Vec<_>>())
-        .chain(rows.iter().cloned())
-        .enumerate()
-    {
+    let mut out = header(title, width, height);
+    for (r, cells) in all.iter().enumerate() {
         let y = TOP + r as f64 * ROW_H;
         let weight = if r == 0 { r#" font-weight="bold""# } else { "" };
-        for (c, cell) in cells.iter().enumerate() {
+        let mut right = left;
+        for (cell, w) in cells.iter().zip(&widths) {
+            right += w + GAP;
             let _ = writeln!(
                 out,
                 r#"<text x="{:.1}" y="{y:.1}" text-anchor="end"{weight}>{}</text>"#,
-                20.0 + (c as f64 + 1.0) * col_w - 8.0,
+                right - GAP / 2.0,
                 esc(cell)
             );
         }
@@ -321,17 +368,17 @@ pub fn table(title: &str, head: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn header(title: &str, height: f64) -> String {
+fn header(title: &str, width: f64, height: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         out,
         r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
-        W / 2.0,
+        width / 2.0,
         esc(title)
     );
     out
@@ -427,6 +474,134 @@ mod tests {
         assert!(span(&log) > 0.3 && span(&linear) < 0.02);
         assert_eq!(fmt_num(0.05), "0.05");
         assert_eq!(fmt_num(2000.0), "2000");
+    }
+
+    /// (x, y, bold, content) of every `<text>` of `doc` with a position.
+    fn texts(doc: &str) -> Vec<(f64, f64, bool, String)> {
+        let attr = |tag: &str, name: &str| {
+            let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+            tag[at..].split('"').next()?.parse::<f64>().ok()
+        };
+        doc.split("<text")
+            .skip(1)
+            .filter_map(|t| {
+                let (tag, rest) = t.split_once('>')?;
+                let content = rest.split("</text>").next()?.to_string();
+                Some((attr(tag, "x")?, attr(tag, "y")?, tag.contains("bold"), content))
+            })
+            .collect()
+    }
+
+    /// The one-size table with put_bw's columns: in every row each cell (right-aligned at its
+    /// x) ends before the next begins, and all lie inside the document.
+    #[test]
+    fn table_cells_do_not_overlap() {
+        let head = [
+            "#bytes",
+            "BW peak [MiB/s]",
+            "BW average [MiB/s]",
+            "msg rate [Mpps]",
+            "ref [MiB/s]",
+            "BW / ref",
+        ];
+        let row: Vec<String> = ["1048576", "280123.45", "279876.54", "0.266903", "1234567.89", "22.7%"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let doc = table(
+            "put_bw, 1 qp(s), warp scope, one process (device copy as reference)",
+            &head,
+            &[row],
+        );
+        let width = doc
+            .split("width=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap();
+        let cells: Vec<_> = texts(&doc).into_iter().filter(|t| t.1 >= TOP).collect();
+        assert_eq!(cells.len(), 12);
+        for y in [TOP, TOP + 22.0] {
+            let mut row: Vec<_> = cells.iter().filter(|c| c.1 == y).collect();
+            row.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut end = 0.0;
+            for (x, _, bold, text) in row {
+                let start = x - text_width(text, *bold);
+                assert!(
+                    start >= end + 4.0,
+                    "{text:?} starts at {start:.1}, the cell before ends at {end:.1}"
+                );
+                assert!(*x <= width, "{text:?} ends past the document ({width})");
+                end = *x;
+            }
+        }
+    }
+
+    /// Every legend entry sits outside every panel's frame, where no line is drawn.
+    #[test]
+    fn legends_sit_outside_the_panels() {
+        let lines = |names: [&'static str; 3]| {
+            names
+                .into_iter()
+                .map(|n| series(n, vec![(2.0, 5.0), (4096.0, 50.0), (1048576.0, 500.0)]))
+                .collect()
+        };
+        let doc = svg(
+            "put_bw, two panels",
+            "message size [bytes]",
+            &[
+                Panel {
+                    y_label: "bandwidth [MiB/s]",
+                    scale: Scale::Log,
+                    series: lines(["put_bw average", "put_bw peak", "device copy"]),
+                },
+                Panel {
+                    y_label: "message rate [Mpps]",
+                    scale: Scale::Log,
+                    series: lines(["put_bw", "device copy at the same size", "x"]),
+                },
+            ],
+        );
+        let frames: Vec<f64> = doc
+            .lines()
+            .filter(|l| l.starts_with(&format!("<rect x=\"{LEFT}\"")))
+            .map(|l| {
+                l.split("y=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(frames.len(), 2);
+        let names = [
+            "put_bw average",
+            "put_bw peak",
+            "device copy",
+            "put_bw",
+            "device copy at the same size",
+            "x",
+        ];
+        let legend: Vec<_> = texts(&doc)
+            .into_iter()
+            .filter(|t| names.contains(&t.3.as_str()))
+            .collect();
+        assert_eq!(legend.len(), names.len());
+        for (_, y, _, name) in legend {
+            for top in &frames {
+                // The text's box: 12 px above its baseline to 3 below.
+                assert!(
+                    y + 3.0 < *top || y - 12.0 > top + PANEL_H,
+                    "legend {name:?} at y {y} is inside the panel at {top}"
+                );
+            }
+        }
     }
 
     #[test]
