@@ -13,7 +13,7 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc (warnings are errors: broken or private links)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-step "cargo test"
+step "cargo test (the C API and gshmem tests build C and C++ programs: they say so)"
 cargo test --workspace --locked
 step "loom model of the posting protocol (device/tests/loom.rs)"
 # The model explores every interleaving (minutes) and depends only on the device crate, the

@@ -36,8 +36,16 @@ fn has(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// A line on the terminal while the test runs: written to stderr itself, past the harness's
+/// capture (which takes only `eprintln!`), so that a minute of building says what it is.
+fn say(what: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "    shmem: {what}");
+}
+
 /// Installs this build's C API and builds gshmem's CPU programs: their folder.
 fn build(scratch: &Path) -> PathBuf {
+    say("installing the C API and building gshmem with make (up to a minute on 2 cores)");
     let prefix = scratch.join("prefix");
     let mut install = Command::new(workspace().join("tools/capi/install.sh"));
     install.arg("--prefix").arg(&prefix);
@@ -123,6 +131,7 @@ fn gshmem_runs_on_one_two_and_three_pes_in_cpu_mode() {
     let _ = std::fs::remove_dir_all(&scratch);
     let bin = build(&scratch);
     let test = bin.join("shmem_test");
+    say("running 1 PE, 2 through the TCP rendezvous, 2 and 3 under mpirun");
 
     // One PE: every operation goes through its loopback queue pair.
     let out = must(Command::new(&test).env_remove("GSHMEM_NRANKS"));

@@ -47,8 +47,16 @@ fn pkg_config(prefix: &Path, args: &[&str]) -> Vec<String> {
     out.split_whitespace().map(str::to_string).collect()
 }
 
+/// A line on the terminal while the test runs: written to stderr itself, past the harness's
+/// capture (which takes only `eprintln!`), so that the installs and compiles say what they are.
+fn say(what: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "    c_api: {what}");
+}
+
 #[test]
 fn the_c_test_program_passes_linked_dynamically_and_statically() {
+    say("installing the C API, compiling api_test.c against libgdaki.so and libgdaki.a, running both");
     let prefix = std::env::temp_dir().join(format!("gdaki-capi-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&prefix);
     run(Command::new(workspace().join("tools/capi/install.sh"))
