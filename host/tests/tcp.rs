@@ -711,9 +711,9 @@ fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: 
         op: Op::Read { len: 8 },
         ..write
     };
-    let _ = s.write_all(&write.encode_head());
+    let _ = s.write_all(&write.encode_head().unwrap());
     let _ = s.write_all(b"PWNED!!!");
-    let _ = s.write_all(&read.encode_head());
+    let _ = s.write_all(&read.encode_head().unwrap());
     let mut got = Vec::new();
     let mut buf = [0u8; 256];
     while let Ok(n @ 1..) = s.read(&mut buf) {

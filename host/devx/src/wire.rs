@@ -885,8 +885,16 @@ pub struct Request {
 }
 
 impl Request {
-    /// The frame's header and fixed part (a WRITE's data is sent after it).
-    pub fn encode_head(&self) -> Vec<u8> {
+    /// The frame's header and fixed part (a WRITE's data is sent after it); a length a peer
+    /// would refuse (over [`MAX_MESSAGE`]) is refused here.
+    pub fn encode_head(&self) -> Result<Vec<u8>, WireError> {
+        let (what, len) = match self.op {
+            Op::Write { len } => ("write length", len),
+            Op::Read { len } => ("read length", len),
+            Op::WriteRef { len, .. } | Op::ReadRef { len, .. } => ("referenced length", len),
+            Op::FetchAdd { .. } | Op::CompareSwap { .. } => ("atomic", 8),
+        };
+        message_len(what, len)?;
         let (kind, extra, tail): (Kind, u32, Vec<u8>) = match self.op {
             Op::Write { len } => (Kind::Write, len, Vec::new()),
             Op::WriteRef { alloc, offset, len } => (Kind::WriteRef, 0, encode_reference(alloc, offset, len)),
@@ -906,7 +914,7 @@ impl Request {
         out.extend_from_slice(&self.rkey.to_be_bytes());
         out.extend_from_slice(&self.addr.to_be_bytes());
         out.extend_from_slice(&tail);
-        out
+        Ok(out)
     }
 
     /// How many payload bytes of a `header.kind` request form its fixed part (a WRITE's data
@@ -966,6 +974,14 @@ impl Request {
 }
 
 /// The fixed part of a reference request after the head: allocation, length, offset.
+/// `len` if a message may be that long (at most [`MAX_MESSAGE`]), else the error naming `what`.
+fn message_len(what: &'static str, len: u32) -> Result<u32, WireError> {
+    if len > MAX_MESSAGE {
+        return Err(invalid(what, format!("{len} (at most {MAX_MESSAGE})")));
+    }
+    Ok(len)
+}
+
 fn encode_reference(alloc: u32, offset: u64, len: u32) -> Vec<u8> {
     let mut t = alloc.to_be_bytes().to_vec();
     t.extend_from_slice(&len.to_be_bytes());
@@ -1023,11 +1039,16 @@ pub enum Response {
 }
 
 impl Response {
-    /// The frame's header and fixed part (a READ response's data follows).
-    pub fn encode_head(&self) -> Vec<u8> {
+    /// The frame's header and fixed part (a READ response's data follows); a length a peer
+    /// would refuse (over [`MAX_MESSAGE`]) is refused here.
+    pub fn encode_head(&self) -> Result<Vec<u8>, WireError> {
         let (kind, len, mut body) = match *self {
             Response::Ack { seq } => (Kind::Ack, 4, seq.to_be_bytes().to_vec()),
-            Response::ReadResp { seq, len } => (Kind::ReadResp, 4 + len, seq.to_be_bytes().to_vec()),
+            Response::ReadResp { seq, len } => (
+                Kind::ReadResp,
+                4 + message_len("read response length", len)?,
+                seq.to_be_bytes().to_vec(),
+            ),
             Response::Atomic { seq, old } => {
                 let mut b = seq.to_be_bytes().to_vec();
                 b.extend_from_slice(&old.to_be_bytes());
@@ -1041,7 +1062,7 @@ impl Response {
         };
         let mut out = Header::new(kind, len).encode().to_vec();
         out.append(&mut body);
-        out
+        Ok(out)
     }
 
     /// How many payload bytes of a `header.kind` response form its fixed part.
@@ -1130,6 +1151,53 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lengths past what a peer accepts are refused by the encoders, not wrapped into a
+    /// header whose length is wrong (nor a panic in debug builds); the largest one encodes.
+    #[test]
+    fn encoders_refuse_lengths_a_peer_would_refuse() {
+        let req = |op| Request {
+            seq: 1,
+            rkey: 2,
+            addr: 3,
+            op,
+        };
+        for op in [
+            Op::Write { len: u32::MAX },
+            Op::Write { len: MAX_MESSAGE + 1 },
+            Op::Read { len: MAX_MESSAGE + 1 },
+            Op::WriteRef {
+                alloc: 1,
+                offset: 0,
+                len: MAX_MESSAGE + 1,
+            },
+            Op::ReadRef {
+                alloc: 1,
+                offset: 0,
+                len: u32::MAX,
+            },
+        ] {
+            let err = req(op).encode_head().unwrap_err();
+            assert!(err.to_string().contains("2147483648"), "{op:?}: {err}");
+        }
+        for len in [u32::MAX, MAX_MESSAGE + 1] {
+            let err = Response::ReadResp { seq: 1, len }.encode_head().unwrap_err();
+            assert!(err.to_string().contains("2147483648"), "{err}");
+        }
+        let head = req(Op::Write { len: MAX_MESSAGE }).encode_head().unwrap();
+        let h = Header::parse(head[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.len as usize, REQ_HEAD + MAX_MESSAGE as usize);
+        let head = Response::ReadResp {
+            seq: 1,
+            len: MAX_MESSAGE,
+        }
+        .encode_head()
+        .unwrap();
+        assert_eq!(
+            Header::parse(head[..HEADER_LEN].try_into().unwrap()).unwrap().len,
+            4 + MAX_MESSAGE
+        );
+    }
 
     /// Public fields hold anything: an offset that overflows the address is outside, not a
     /// panic (it was one in debug builds).
@@ -1335,7 +1403,7 @@ mod tests {
                 addr: 0x1000,
                 op,
             };
-            let mut bytes = r.encode_head();
+            let mut bytes = r.encode_head().unwrap();
             if let Op::Write { len } = op {
                 bytes.extend(std::iter::repeat_n(0xee, len as usize));
             }
@@ -1352,7 +1420,7 @@ mod tests {
                 syndrome: Syndrome::RemoteAccess,
             },
         ] {
-            let bytes = resp.encode_head();
+            let bytes = resp.encode_head().unwrap();
             let h = check_frame(&bytes).unwrap();
             assert_eq!(Response::decode(h, &bytes[HEADER_LEN..]).unwrap(), resp);
         }
@@ -1360,7 +1428,8 @@ mod tests {
             seq: 4,
             syndrome: Syndrome::RemoteAccess,
         }
-        .encode_head();
+        .encode_head()
+        .unwrap();
         *nak.last_mut().unwrap() = 0xee;
         assert!(check_frame(&nak).is_err());
         let c = Connect {
@@ -1432,13 +1501,14 @@ mod tests {
                     op,
                 }
                 .encode_head()
+                .unwrap()
             };
             assert!(check_frame(&reference(u64::MAX - 8, 8)).is_ok());
             assert!(check_frame(&reference(u64::MAX - 8, 9)).is_err(), "the offset wraps");
-            assert!(
-                check_frame(&reference(0, MAX_MESSAGE + 1)).is_err(),
-                "longer than a message"
-            );
+            // The encoder refuses such a length; a peer may still send one.
+            let mut long = reference(0, 8);
+            long[HEADER_LEN + REQ_HEAD + 4..][..4].copy_from_slice(&(MAX_MESSAGE + 1).to_be_bytes());
+            assert!(check_frame(&long).is_err(), "longer than a message");
             let mut short = reference(0, 8);
             short.pop();
             assert!(check_frame(&short).is_err());

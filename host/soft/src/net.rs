@@ -567,11 +567,15 @@ impl Link {
         let fetches = !matches!(op, Op::Write { .. } | Op::WriteRef { .. });
         let (rkey, addr) = (remote.rkey, remote.addr);
         let seq = self.next_seq;
+        // A length no peer accepts (over the wire's MAX_MESSAGE) fails this WQE alone, as a
+        // NIC's local length error.
+        let head = Request { seq, rkey, addr, op }.encode_head();
         {
             let mut inflight = lock(&self.shared.inflight);
             let outcome = inflight
                 .dead
-                .map(|s| Outcome::Error(if inflight.unanswered() { Syndrome::WrFlush } else { s }));
+                .map(|s| Outcome::Error(if inflight.unanswered() { Syndrome::WrFlush } else { s }))
+                .or_else(|| head.is_err().then_some(Outcome::Error(Syndrome::LocalLength)));
             if outcome.is_none() && !inflight.unanswered() {
                 inflight.waiting_since = Some(Instant::now());
             }
@@ -589,8 +593,8 @@ impl Link {
                 return;
             }
         }
+        let Ok(head) = head else { return };
         self.next_seq = seq.wrapping_add(1);
-        let head = Request { seq, rkey, addr, op }.encode_head();
         let sent = self.tx.write_all(&head).and_then(|()| self.tx.write_all(data));
         if let Err(e) = sent {
             self.kill(&format!("sending to {}: {e}", self.peer));
@@ -1108,7 +1112,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             if let Some(seq) = unacked.take() {
                 // What is acknowledged has landed.
                 imports.settle().map_err(copy_failed)?;
-                w.write_all(&Response::Ack { seq }.encode_head())?;
+                w.write_all(&Response::Ack { seq }.encode_head().map_err(io::Error::other)?)?;
             }
             w.flush()?;
         }
@@ -1182,7 +1186,11 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
                 }
                 // The requests before it succeeded: their copies land first.
                 imports.settle().map_err(copy_failed)?;
-                w.write_all(&Response::Nak { seq: req.seq, syndrome }.encode_head())?;
+                w.write_all(
+                    &Response::Nak { seq: req.seq, syndrome }
+                        .encode_head()
+                        .map_err(io::Error::other)?,
+                )?;
                 unacked = None;
                 failed = true;
             }
@@ -1257,7 +1265,11 @@ fn execute(
                     None => return Ok(Err(Syndrome::RemoteAccess)),
                 },
             };
-            w.write_all(&Response::ReadResp { seq: req.seq, len }.encode_head())?;
+            w.write_all(
+                &Response::ReadResp { seq: req.seq, len }
+                    .encode_head()
+                    .map_err(io::Error::other)?,
+            )?;
             if let Some(r) = region {
                 from_region(w, &r, req.addr, len as u64, bounce)?;
             }
@@ -1336,7 +1348,7 @@ fn atomic(
 ) -> io::Result<Result<bool, Syndrome>> {
     Ok(match responder::atomic(hca, cache, pd, remote, op) {
         Ok(old) => {
-            w.write_all(&Response::Atomic { seq, old }.encode_head())?;
+            w.write_all(&Response::Atomic { seq, old }.encode_head().map_err(io::Error::other)?)?;
             Ok(false)
         }
         Err(s) => Err(s),
