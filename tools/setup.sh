@@ -26,6 +26,7 @@ packages=(
   make             # builds the SHMEM-style example (examples/shmem)
   openmpi-bin      # ... and runs it under mpirun
   libopenmpi-dev   # ... with its MPI bootstrap
+  valgrind         # the C API test runs its C program under memcheck
 )
 
 say() { printf 'setup: %s\n' "$*" >&2; }

@@ -207,10 +207,19 @@ pub(crate) trait Handle: Sized {
     fn tagged(&self) -> &Tagged<Self::Inner>;
 }
 
-/// The tag and the value of a handle.
+/// The tag and the value of a handle, the tag first (`repr(C)`: Rust's own layout put it
+/// after larger values, so a check through a pointer of the wrong kind read past a small
+/// handle's allocation).
+#[repr(C)]
 pub(crate) struct Tagged<T> {
     tag: std::sync::atomic::AtomicU64,
     value: T,
+}
+
+impl<T> Tagged<T> {
+    /// Where the tag is: a handle is checked by reading it before anything else, through a
+    /// pointer of whatever kind the caller passed, so it must be at the start of every handle.
+    pub(crate) const TAG_OFFSET: usize = std::mem::offset_of!(Tagged<T>, tag);
 }
 
 /// Gives `value` to C as a new handle.
@@ -234,12 +243,15 @@ pub(crate) unsafe fn borrow<'a, H: Handle + 'a>(p: *const H, what: &str) -> Resu
     if !p.is_aligned() {
         return Err(bad_handle::<H>(what));
     }
-    // SAFETY: non-null and aligned; readable by the caller's contract.
-    let h = unsafe { &*p };
-    if h.tagged().tag.load(std::sync::atomic::Ordering::Acquire) != H::TAG {
+    // SAFETY: non-null and aligned; by the caller's contract it points to a live handle of
+    // some kind, and every handle's first 8 bytes are its tag (asserted where each handle type
+    // is declared): only those are read until the tag says the kind is H.
+    let tag = unsafe { &*p.cast::<std::sync::atomic::AtomicU64>() };
+    if tag.load(std::sync::atomic::Ordering::Acquire) != H::TAG {
         return Err(bad_handle::<H>(what));
     }
-    Ok(&h.tagged().value)
+    // SAFETY: the tag says it is an H.
+    Ok(&unsafe { &*p }.tagged().value)
 }
 
 /// Like [`borrow`], but NULL is allowed (`None`).
@@ -283,6 +295,11 @@ pub(crate) unsafe fn destroy<H: Handle>(p: *mut H, what: &str) -> Outcome {
 /// cbindgen sees it and writes its opaque C declaration), a handle.
 macro_rules! handle {
     ($name:ident($inner:ty), $tag:literal, $what:literal) => {
+        // Every handle's first 8 bytes are its tag (see `borrow`).
+        const _: () = assert!(
+            $crate::guard::Tagged::<$inner>::TAG_OFFSET == 0 && std::mem::offset_of!($name, 0) == 0,
+            concat!("the tag of ", stringify!($name), " is not its first field")
+        );
         impl $crate::guard::Handle for $name {
             type Inner = $inner;
             const TAG: u64 = u64::from_be_bytes(*$tag);
