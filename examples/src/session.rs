@@ -54,7 +54,11 @@ impl Symmetric {
     pub fn mismatch(&self, theirs: &Symmetric) -> Option<String> {
         let mut why = Vec::new();
         if self.test != theirs.test {
-            why.push(format!("the client runs {}, this server {}", theirs.test, self.test));
+            why.push(format!(
+                "the client runs {}, this server {}",
+                gdaki::wire::printable(&theirs.test),
+                self.test
+            ));
         }
         if self.sizes != theirs.sizes {
             let show = |s: &[u64]| match s {
@@ -312,7 +316,9 @@ impl Session {
                 let theirs = ch.receive().context("the client's hello")?;
                 let flags: Symmetric = serde_json::from_slice(&theirs.app).map_err(|e| {
                     anyhow::anyhow!(
-                        "the client's test flags are unreadable ({e}): is it a gdaki perftest of this version?"
+                        "the client's test flags are unreadable ({}): is it a gdaki perftest of this version?",
+                        // serde quotes what it could not read: the client's text.
+                        gdaki::wire::printable(&e.to_string())
                     )
                 })?;
                 if let Some(why) = mine
@@ -443,6 +449,27 @@ pub fn check_bytes(region: &MemoryRegion, offset: u64, want: &[u8], what: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client's strings reach the server's terminal escaped: no control character of theirs
+    /// (a terminal escape) is printed as it came.
+    #[test]
+    fn a_mismatch_shows_the_clients_strings_escaped() {
+        let mine = Symmetric {
+            test: "put_bw".into(),
+            sizes: vec![8],
+            iters: 10,
+            qps: 1,
+            duration_s: None,
+            buffers_gpu: None,
+        };
+        let theirs = Symmetric {
+            test: "\u{1b}]0;owned\u{7}\u{1b}[2Jwrite_lat".into(),
+            ..mine.clone()
+        };
+        let why = mine.mismatch(&theirs).unwrap();
+        assert!(!why.chars().any(char::is_control), "{why:?}");
+        assert!(why.contains("write_lat") && why.contains("\\u{1b}"), "{why}");
+    }
 
     fn hello_with(app: &[u8]) -> Hello {
         Hello {

@@ -278,7 +278,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         // The client's measurements, which the server prints too.
         let (rows, reference) = match session.from_client(&[])? {
             Some(json) => {
-                let r: ClientResults = serde_json::from_slice(&json).context("the client's results are unreadable")?;
+                let r: ClientResults = serde_json::from_slice(&json).map_err(|e| {
+                    // serde quotes what it could not read: the client's text, escaped.
+                    anyhow::anyhow!(
+                        "the client's results are unreadable: {}",
+                        gdaki::wire::printable(&e.to_string())
+                    )
+                })?;
                 (r.rows, Some(r.reference))
             }
             None => (vec![], None),
@@ -296,7 +302,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             report::print_rule();
             if let Some(r) = &reference {
-                gdaki_examples::outln!(" Ref: {} (the client's)", r.what);
+                gdaki_examples::outln!(" Ref: {} (the client's)", gdaki::wire::printable(&r.what));
             }
             if cli.read {
                 gdaki_examples::outln!(" Validation: {} size(s), read by the client intact", plan.sizes.len());

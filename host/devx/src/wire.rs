@@ -610,7 +610,13 @@ pub fn decode_reject(payload: &[u8]) -> Result<String, WireError> {
     let text = c.take(n, "reason")?;
     c.end()?;
     let text = std::str::from_utf8(text).map_err(|_| invalid("reason", "not UTF-8"))?;
-    // Shown to users as is: a peer's control characters (terminal escapes) come out escaped.
+    Ok(printable(text))
+}
+
+/// `text` from a peer as it may be shown to a user: its control characters (terminal escapes,
+/// bells, new lines) come out escaped (`\u{1b}`), the rest as it is. Every string a peer sent
+/// goes through this before it reaches a terminal or a log.
+pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_control() {
@@ -619,7 +625,7 @@ pub fn decode_reject(payload: &[u8]) -> Result<String, WireError> {
             out.push(c);
         }
     }
-    Ok(out)
+    out
 }
 
 /// A [`Kind::Sync`] frame.
