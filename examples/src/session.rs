@@ -310,6 +310,12 @@ impl Session {
             Role::Client(_) => {
                 ch.send(&hello)?;
                 let theirs = ch.receive().context("the server's answer")?;
+                // The client connects its queue pairs where the answer says: only to the host
+                // it reached the server on, as the server checks the client.
+                if let Some(why) = foreign_endpoints(&theirs, ch.peer_addr(), "server") {
+                    let _ = ch.reject(&why);
+                    bail!("{why}");
+                }
                 Ok(Some(theirs))
             }
             Role::Server(_) => {
@@ -323,7 +329,7 @@ impl Session {
                 })?;
                 if let Some(why) = mine
                     .mismatch(&flags)
-                    .or_else(|| foreign_endpoints(&theirs, ch.peer_addr()))
+                    .or_else(|| foreign_endpoints(&theirs, ch.peer_addr(), "client"))
                 {
                     let _ = ch.reject(&why);
                     bail!("{why}");
@@ -399,19 +405,25 @@ pub fn address_lines(
     v
 }
 
-/// Why the client's endpoints cannot be served: the server connects its QPs to the addresses
-/// in them, so they must be the client's own host (the one the setup connection comes from),
-/// or a client could make the server open connections anywhere.
-fn foreign_endpoints(theirs: &Hello, client: SocketAddr) -> Option<String> {
+/// Why the peer's (`who`: "client" or "server") endpoints cannot be served: each side connects
+/// its QPs to the addresses in the other's, so they must be the peer's own host (the one the
+/// setup connection runs to), or a peer could make this side open connections, carrying the
+/// connection secret, anywhere.
+fn foreign_endpoints(theirs: &Hello, peer: SocketAddr, who: &str) -> Option<String> {
     theirs
         .endpoints
         .iter()
         .filter_map(|e| e.addr)
-        .find(|a| a.ip().to_canonical() != client.ip().to_canonical())
+        .find(|a| a.ip().to_canonical() != peer.ip().to_canonical())
         .map(|a| {
+            let seen = if who == "client" {
+                "it connects from"
+            } else {
+                "it answers on"
+            };
             format!(
-                "the client's queue pairs are at {a}, another host than the {} it connects from",
-                client.ip()
+                "the {who}'s queue pairs are at {a}, another host than the {} {seen}",
+                peer.ip()
             )
         })
 }

@@ -468,6 +468,58 @@ fn a_client_naming_another_host_is_refused_before_the_server_answers() {
     assert!(elsewhere.accept().is_err(), "the server connected elsewhere");
 }
 
+/// The other way round: a server whose answer names queue pairs on another host than the one
+/// the client connected to is refused by the client, which never connects there (it sent its
+/// Connect, with the secret, wherever the server pointed).
+#[test]
+fn a_server_naming_another_host_is_refused_by_the_client() {
+    use gdaki::handshake::{Channel, Hello};
+    use std::net::TcpListener;
+    use std::time::Duration;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let elsewhere = TcpListener::bind("127.0.0.2:0").unwrap();
+    elsewhere.set_nonblocking(true).unwrap();
+    let to = elsewhere.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let ctx = gdaki::Context::open(gdaki::Provider::Soft).unwrap();
+        ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let cq = ctx.create_cq(1024).unwrap();
+        let qp = ctx.create_qp(&cq, Default::default()).unwrap();
+        let region = ctx.alloc_region(1 << 20, gdaki::Access::ALL).unwrap();
+        let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
+        let theirs = ch.receive().unwrap();
+        let answer = Hello {
+            app: theirs.app.clone(),
+            endpoints: vec![gdaki::Endpoint {
+                addr: Some(to),
+                ..qp.endpoint()
+            }],
+            regions: vec![region.remote_region()],
+        };
+        ch.send(&answer).unwrap();
+        // What the client says next (a rejection, or the first sync if it went ahead).
+        let next = ch.receive();
+        drop((region, qp, cq, ctx));
+        next
+    });
+    let out = Command::new(bin("put_bw"))
+        .args(["127.0.0.1", "-p", &port.to_string(), "--timeout", "20"])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("127.0.0.2"), "{err}");
+    assert!(
+        elsewhere.accept().is_err(),
+        "the client connected where the server pointed"
+    );
+    match server.join().unwrap() {
+        Err(gdaki::Error::Rejected { reason, .. }) => assert!(reason.contains("127.0.0.2"), "{reason}"),
+        other => panic!("the client did not reject the answer: {other:?}"),
+    }
+}
+
 /// Library errors carry their cause in their text and as their source; a binary prints each
 /// cause once ("X: X" was printed for every device and socket error).
 #[test]
