@@ -711,9 +711,8 @@ fn answer_offer(
     mut w: BufWriter<TcpStream>,
     idle: &mut dyn FnMut() -> Result<(), Fault>,
 ) -> Result<Outbound, Fault> {
-    reader.deadline = Some(Instant::now() + CONNECT_TIMEOUT);
+    // Within the deadline the connection arrived with (the caller's), not a new one.
     let offered = wire::decode_shm_offer(&reader.expect(Kind::ShmOffer, "a shared-memory offer", idle)?)?;
-    reader.deadline = None;
     let seg = offered.filter(|_| hca.same_host.shared_memory).and_then(|name| {
         Segment::open(&name)
             .inspect_err(|e| {
@@ -1061,7 +1060,9 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         }
     };
     let c = wire::Connect::decode(&reader.expect(Kind::Connect, "a connect", &mut connecting)?)?;
-    reader.deadline = None;
+    // Until this connection is verified as the target QP's peer it keeps the deadline it
+    // arrived with, whatever it sends: it cannot hold one of the unverified places longer.
+    let deadline = reader.deadline.unwrap_or_else(Instant::now);
     let Some(target) = hca.qp(c.target_qpn) else {
         return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
     };
@@ -1073,6 +1074,23 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     w.write_all(&wire::encode_accept(c.target_qpn))?;
     w.flush()?;
     let mut w = answer_offer(hca, &target, &mut reader, w, &mut connecting)?;
+    // Accepted before its QP had a peer (the QP's side connects later): served only once the
+    // QP's RTR peer is this one, by the deadline. Its requests wait meanwhile.
+    while bound.is_none() {
+        connecting()?;
+        bound = verify(&target, &c, from)?;
+        if bound.is_none() {
+            if Instant::now() >= deadline {
+                return Err(Fault::Protocol(format!(
+                    "QP {:#x} got no RTR peer within {CONNECT_TIMEOUT:?} of this connection: closed",
+                    c.target_qpn
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    reader.deadline = None;
+    drop(unverified.take());
     // References to the peer's GPU memory are taken over shared memory only: a TCP peer may be
     // on another host, where a handle means nothing.
     let takes_references = matches!(w, Outbound::Shm(_)) && hca.same_host.cuda_ipc;
@@ -1117,21 +1135,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             w.flush()?;
         }
         let h = reader.header(&mut idle)?;
-        if bound.is_none() {
-            // Accepted before its QP had a peer: served once the QP's RTR peer is this one.
-            let Some(t) = target.upgrade() else {
-                return Err(Fault::Protocol(format!("QP {:#x} is gone", c.target_qpn)));
-            };
-            // Still no peer (not at RTR): refused below, as any request then.
-            bound = verify(&t, &c, from)?;
-            if bound.is_some() {
-                drop(unverified.take());
-            }
-        }
         if h.kind == Kind::GpuOffer {
-            // Only the QP's peer makes this side map memory.
+            // Only the QP's peer makes this side map memory (it is: verified above).
             let offer = wire::GpuOffer::decode(&reader.payload(h, &mut idle)?)?;
-            let take = takes_references && bound.is_some();
+            let take = takes_references;
             let answer = imports.offer(&offer, take).map_err(Fault::Protocol)?;
             w.write_all(&answer.encode())?;
             continue;
