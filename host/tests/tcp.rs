@@ -700,6 +700,8 @@ fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: 
         secret,
     };
     let _ = s.write_all(&connect.encode());
+    // What a real peer sends next: its shared-memory offer (none: stay on TCP).
+    let _ = s.write_all(&gdaki::wire::encode_shm_offer(None));
     let write = Request {
         seq: psn,
         rkey: region.rkey(),
@@ -878,6 +880,30 @@ fn silent_connections_are_capped_and_closed() {
     assert_eq!(early, 70 - 64, "closed at once");
     thread::sleep(Duration::from_secs(5));
     assert_eq!(closed(), 70, "closed at the connect deadline");
+}
+
+/// The connect a real peer sent (its QPN, first PSN and the secret), replayed after that
+/// peer's connection ended, gets nothing: a QP serves one connection per RTR peer, as RC has
+/// one, so neither a write lands nor a read answers.
+#[test]
+fn a_captured_connect_replayed_after_the_peer_left_gets_nothing() {
+    let (a, qa, b, qb) = tcp_pair(QpConfig::default());
+    let rb = b.alloc_region(4096, Access::ALL).unwrap();
+    let before = pattern(79, 64);
+    rb.write(0, &before).unwrap();
+    let (real, at, key) = (qa.endpoint(), qb.endpoint().addr.unwrap(), qb.endpoint().secret);
+    // The real peer goes: its connection to qb ends (qb itself stays as it was, as a responder
+    // that posts nothing would on a NIC).
+    drop(qa);
+    drop(a);
+    thread::sleep(Duration::from_millis(300));
+    let got = third_party(at, qb.qpn(), real.qpn, real.psn, key, &rb);
+    assert_eq!(rb.read_vec(0, 64).unwrap(), before, "the replay wrote");
+    assert!(
+        !got.windows(8).any(|w| w == &before[..8]),
+        "the replay read the region: {} bytes answered",
+        got.len()
+    );
 }
 
 /// A connection to a queue pair with no peer yet (never connected) is closed at the connect

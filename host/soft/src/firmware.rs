@@ -562,6 +562,8 @@ impl SoftDevice {
                         secret,
                     });
                 }
+                // A new peer: its one transport connection may come.
+                qp.transport_bound.store(false, std::sync::atomic::Ordering::Release);
                 *lock(&qp.rtr_peer) = Some(RtrPeer {
                     qpn: remote_qpn,
                     psn: q(qpc::NEXT_RCV_PSN) as u32,

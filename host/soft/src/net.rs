@@ -978,16 +978,10 @@ impl Drop for Unverified<'_> {
     }
 }
 
-/// A QP's one transport connection from its peer, released when the connection ends.
-struct Bound(Weak<SoftQp>);
-
-impl Drop for Bound {
-    fn drop(&mut self) {
-        if let Some(qp) = self.0.upgrade() {
-            qp.transport_bound.store(false, Ordering::Release);
-        }
-    }
-}
+/// A QP's one transport connection from its peer. Its end does not free the place: RC has one
+/// connection per peer, so the same connect replayed afterwards (its QPN, PSN and secret are
+/// static) is refused; a new RTR peer (INIT2RTR) opens it again.
+struct Bound;
 
 /// Whether connection `c` from `from` is `qp`'s RTR peer: `Some` when it is (it now holds the
 /// QP's one connection), `None` while the QP has no peer yet (not at RTR: its requests are
@@ -1013,9 +1007,13 @@ fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Result<O
             peer.ip.map_or("any address".into(), |a| a.to_string()),
         )
     } else if qp.transport_bound.swap(true, Ordering::AcqRel) {
-        format!("QP {:#x} (its peer) is already connected: one connection per QP", c.qpn)
+        format!(
+            "QP {:#x} (its peer) has connected already: one connection per QP and peer, so a second \
+             (or the first replayed) is refused",
+            c.qpn
+        )
     } else {
-        return Ok(Some(Bound(Arc::downgrade(qp))));
+        return Ok(Some(Bound));
     };
     say_refused(qp, &why);
     Err(Fault::Protocol(why))

@@ -128,7 +128,8 @@ pub(crate) struct SoftQp {
     pub first_error: Mutex<Option<Syndrome>>,
     /// The peer set at INIT2RTR: the only one the transport serves.
     pub rtr_peer: Mutex<Option<RtrPeer>>,
-    /// A transport connection from the peer is being served (RC has one peer per QP).
+    /// The RTR peer's transport connection came (it may have ended since): RC has one per
+    /// peer, so no other, nor the same replayed, is served until INIT2RTR sets a new peer.
     pub transport_bound: AtomicBool,
     /// A refused connection to this QP was logged at warn (later ones at debug).
     pub refusal_said: AtomicBool,
