@@ -906,11 +906,11 @@ fn a_captured_connect_replayed_after_the_peer_left_gets_nothing() {
     );
 }
 
-/// A connection to a queue pair with no peer yet (never connected) is closed at the connect
-/// deadline (5 s from its arrival) unless that QP's peer it turns out to be: it kept one of
-/// the 64 places for unverified connections for as long as it liked, so 64 of them locked
-/// every real peer out. (It is still accepted at once, as the QP's own side may connect later:
-/// so it learns that the QP exists; see the closing note of #47.)
+/// A connection to a queue pair with no peer yet (never connected), even one that shows the
+/// QP's secret, is closed at the connect deadline (5 s from its arrival) unless it turns out
+/// to be that QP's peer: it kept one of the 64 places for unverified connections for as long
+/// as it liked, so 64 of them locked every real peer out. (Without the secret it is closed at
+/// once: `a_connect_without_the_secret_learns_nothing_and_holds_no_place`.)
 #[test]
 fn a_connection_to_a_queue_pair_without_a_peer_is_closed_at_the_deadline() {
     use gdaki::wire::Connect;
@@ -926,7 +926,7 @@ fn a_connection_to_a_queue_pair_without_a_peer_is_closed_at_the_deadline() {
         qpn: 0x31337,
         target_qpn: q.qpn(),
         psn: 7,
-        secret: 0,
+        secret: q.endpoint().secret,
     };
     s.write_all(&connect.encode()).unwrap();
     // And the shared-memory offer that follows an accept (none: stay on TCP), after which the
@@ -947,6 +947,87 @@ fn a_connection_to_a_queue_pair_without_a_peer_is_closed_at_the_deadline() {
         took >= Duration::from_secs(4) && took < Duration::from_secs(8),
         "closed after {took:?}, not at the deadline"
     );
+}
+
+/// Silent connections holding all 64 places for unverified connections do not lock the real
+/// peer out: the newest connection takes the place of the oldest one that has not shown the
+/// QP's secret, and the real peer shows it at once.
+#[test]
+fn silent_connections_do_not_lock_the_real_peer_out() {
+    let (a, b) = (listening_context(), listening_context());
+    let cfg = QpConfig::default();
+    let (qa, qb) = (qp(&a, 64, cfg.clone()), qp(&b, 64, cfg));
+    let at = qb.endpoint().addr.unwrap();
+    let silent: Vec<std::net::TcpStream> = (0..64).map(|_| std::net::TcpStream::connect(at).unwrap()).collect();
+    thread::sleep(Duration::from_millis(300));
+    // And more keep coming, 50 a second, while the real peer connects.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                held.extend(std::net::TcpStream::connect(at).ok());
+                thread::sleep(Duration::from_millis(20));
+            }
+            held.len()
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    // qa's side connects to b's listener, where every place is taken.
+    qa.connect(&over_tcp(qb.endpoint()))
+        .expect("the real peer was locked out");
+    qb.connect(&over_tcp(qa.endpoint())).unwrap();
+    let (la, rb) = (
+        a.alloc_region(4096, Access::ALL).unwrap(),
+        b.alloc_region(4096, Access::ALL).unwrap(),
+    );
+    la.write(0, b"from qa!").unwrap();
+    let dev = unsafe { qa.cpu::<Exclusive>() }.unwrap();
+    dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
+    assert_eq!(rb.read_vec(0, 8).unwrap(), b"from qa!");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(flood.join().unwrap() > 5, "the flood ran");
+    drop(silent);
+}
+
+/// A connect without the QP's secret is closed at once, whether the QP has a peer yet, has
+/// none, or does not exist: nothing tells them apart, and it holds no place.
+#[test]
+fn a_connect_without_the_secret_learns_nothing_and_holds_no_place() {
+    use gdaki::wire::Connect;
+    use std::io::{Read, Write};
+    let ctx = listening_context();
+    let q = qp(&ctx, 8, QpConfig::default());
+    let at = q.endpoint().addr.unwrap();
+    for target_qpn in [q.qpn(), q.qpn() ^ 0x40_0000] {
+        let started = Instant::now();
+        let mut s = std::net::TcpStream::connect(at).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
+        let connect = Connect {
+            hca: 0x1234_5678,
+            qpn: 0x31337,
+            target_qpn,
+            psn: 7,
+            secret: q.endpoint().secret ^ 1,
+        };
+        s.write_all(&connect.encode()).unwrap();
+        let _ = s.write_all(&gdaki::wire::encode_shm_offer(None));
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        assert!(got.is_empty(), "QPN {target_qpn:#x}: {} bytes answered", got.len());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "QPN {target_qpn:#x}: held {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 /// A third party that has every number of the real peer (its QPN and first PSN, from the same

@@ -211,7 +211,7 @@ pub(crate) struct Hca {
     pub(crate) listening: Mutex<Option<net::Listening>>,
     /// Incoming transport connections not yet known to come from a QP's RTR peer (see
     /// [`net::MAX_UNVERIFIED`]).
-    pub(crate) unverified: std::sync::atomic::AtomicUsize,
+    pub(crate) unverified: net::Waiting,
     /// How transport connections to a peer on this machine may travel.
     pub same_host: SameHost,
 }

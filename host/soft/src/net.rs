@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::io::{self, BufWriter, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -955,26 +955,70 @@ fn accept_loop(listener: TcpListener, hca: Weak<Hca>) {
 }
 
 /// At most this many incoming connections per HCA may wait to be known as a QP's RTR peer
-/// (before their connect, or accepted for a QP not yet at RTR); more are closed at once. A
-/// known peer's connection does not count: there is one per QP.
+/// (before their connect, or accepted for a QP not yet at RTR). A known peer's connection does
+/// not count: there is one per QP. When all are taken, a new connection takes the place of the
+/// oldest one that has not shown a QP's secret (it is closed), so connections that say nothing
+/// cannot keep a real peer, which shows the secret in its first frame, out; only when every
+/// place holds a connection that showed a secret is the new one closed.
 pub(crate) const MAX_UNVERIFIED: usize = 64;
 
+/// An HCA's places for connections not yet known as a QP's peer, oldest first.
+#[derive(Default)]
+pub(crate) struct Waiting {
+    places: Mutex<(u64, std::collections::VecDeque<Place>)>,
+}
+
+/// One taken place: the connection (to close it when its place is taken) and whether it
+/// showed the secret of the QP it named.
+struct Place {
+    id: u64,
+    stream: TcpStream,
+    vouched: bool,
+}
+
 /// Holds one of an HCA's [`MAX_UNVERIFIED`] places until dropped.
-struct Unverified<'a>(&'a AtomicUsize);
+struct Unverified<'a> {
+    waiting: &'a Waiting,
+    id: u64,
+}
 
 impl<'a> Unverified<'a> {
-    fn take(count: &'a AtomicUsize) -> Option<Unverified<'a>> {
-        if count.fetch_add(1, Ordering::AcqRel) >= MAX_UNVERIFIED {
-            count.fetch_sub(1, Ordering::AcqRel);
-            return None;
+    /// A place for `stream`: a free one, or the oldest unvouched one's (that connection is shut
+    /// down); `None` when every place is vouched for.
+    fn take(waiting: &'a Waiting, stream: &TcpStream) -> Option<Unverified<'a>> {
+        let mut g = lock(&waiting.places);
+        let (next, places) = &mut *g;
+        if places.len() >= MAX_UNVERIFIED {
+            let oldest = places.iter().position(|p| !p.vouched)?;
+            if let Some(p) = places.remove(oldest) {
+                debug!(
+                    peer = ?p.stream.peer_addr().ok(),
+                    "{MAX_UNVERIFIED} connections wait to be known as a peer: the oldest silent one is closed"
+                );
+                let _ = p.stream.shutdown(Shutdown::Both);
+            }
         }
-        Some(Unverified(count))
+        let id = *next;
+        *next += 1;
+        places.push_back(Place {
+            id,
+            stream: stream.try_clone().ok()?,
+            vouched: false,
+        });
+        Some(Unverified { waiting, id })
+    }
+
+    /// The connection showed the secret of the QP it named: its place is not given away.
+    fn vouch(&self) {
+        if let Some(p) = lock(&self.waiting.places).1.iter_mut().find(|p| p.id == self.id) {
+            p.vouched = true;
+        }
     }
 }
 
 impl Drop for Unverified<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        lock(&self.waiting.places).1.retain(|p| p.id != self.id);
     }
 }
 
@@ -984,19 +1028,19 @@ impl Drop for Unverified<'_> {
 struct Bound;
 
 /// Whether connection `c` from `from` is `qp`'s RTR peer: `Some` when it is (it now holds the
-/// QP's one connection), `None` while the QP has no peer yet (not at RTR: its requests are
-/// refused until it has), a fault, logged, when it is not or the peer is already connected.
+/// QP's one connection), `None` while the QP has no peer yet (not at RTR) and `c` shows its
+/// secret, a fault, logged, when it lacks the secret, is not the peer, or the peer has
+/// connected already.
 fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Result<Option<Bound>, Fault> {
-    let Some(peer) = *lock(&qp.rtr_peer) else {
-        return Ok(None);
-    };
+    // The secret first, peer or not: without it a QP is as silent as a QPN that does not exist.
+    let peer = *lock(&qp.rtr_peer);
     let why = if c.secret != qp.secret {
         // Said without the numbers: they would help whoever is guessing.
         format!(
             "the connection claims QP {:#x} without this QP's transport secret",
             c.qpn
         )
-    } else if !peer.admits(c.qpn, c.psn, from) {
+    } else if let Some(peer) = peer.filter(|p| !p.admits(c.qpn, c.psn, from)) {
         format!(
             "the connection claims QP {:#x}, PSN {:#x}, from {}; the QP's RTR peer is QP {:#x}, PSN {:#x}, at {}",
             c.qpn,
@@ -1006,6 +1050,8 @@ fn verify(qp: &Arc<SoftQp>, c: &wire::Connect, from: Option<IpAddr>) -> Result<O
             peer.psn,
             peer.ip.map_or("any address".into(), |a| a.to_string()),
         )
+    } else if peer.is_none() {
+        return Ok(None);
     } else if qp.transport_bound.swap(true, Ordering::AcqRel) {
         format!(
             "QP {:#x} (its peer) has connected already: one connection per QP and peer, so a second \
@@ -1039,9 +1085,9 @@ fn say_refused(qp: &SoftQp, why: &str) {
 /// QP's RTR peer is served (its QPN and first PSN, from its address); anything else, an
 /// unknown QPN included, is closed without an answer, so a third party learns nothing.
 fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
-    let Some(place) = Unverified::take(&hca.unverified) else {
+    let Some(place) = Unverified::take(&hca.unverified, &stream) else {
         return Err(Fault::Protocol(format!(
-            "{MAX_UNVERIFIED} connections already wait to be known as a peer: closed"
+            "{MAX_UNVERIFIED} connections that showed a QP's secret already wait to be known as its peer: closed"
         )));
     };
     let mut unverified = Some(place);
@@ -1065,6 +1111,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         return Err(Fault::Protocol(format!("connect to unknown QP {:#x}", c.target_qpn)));
     };
     let mut bound = verify(&target, &c, from)?;
+    // It showed the secret (verify refuses otherwise).
+    if let Some(u) = &unverified {
+        u.vouch();
+    }
     if bound.is_some() {
         drop(unverified.take());
     }
