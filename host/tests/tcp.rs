@@ -991,6 +991,38 @@ fn silent_connections_do_not_lock_the_real_peer_out() {
     drop(silent);
 }
 
+/// When every place holds a connection that showed a QP's secret, a new one is refused with
+/// that reason (not "it has no queue pair connected to this one").
+#[test]
+fn a_peer_refused_for_lack_of_places_is_told_why() {
+    use gdaki::wire::Connect;
+    use std::io::Write;
+    let (a, b) = (listening_context(), listening_context());
+    let cfg = QpConfig::default();
+    let (qa, qb) = (qp(&a, 64, cfg.clone()), qp(&b, 64, cfg.clone()));
+    // 64 connections that show the secret of a QP of b's that gets no peer: they wait.
+    let lonely = qp(&b, 8, cfg);
+    let at = qb.endpoint().addr.unwrap();
+    let waiting: Vec<std::net::TcpStream> = (0..64)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(at).unwrap();
+            let connect = Connect {
+                hca: 0x1234_5678,
+                qpn: 0x31337 + i,
+                target_qpn: lonely.qpn(),
+                psn: 7,
+                secret: lonely.endpoint().secret,
+            };
+            s.write_all(&connect.encode()).unwrap();
+            s
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let err = qa.connect(&over_tcp(qb.endpoint())).unwrap_err().to_string();
+    assert!(err.contains("wait to be known as its peer"), "{err}");
+    drop(waiting);
+}
+
 /// A connect without the QP's secret is closed at once, whether the QP has a peer yet, has
 /// none, or does not exist: nothing tells them apart, and it holds no place.
 #[test]

@@ -1086,9 +1086,17 @@ fn say_refused(qp: &SoftQp, why: &str) {
 /// unknown QPN included, is closed without an answer, so a third party learns nothing.
 fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     let Some(place) = Unverified::take(&hca.unverified, &stream) else {
-        return Err(Fault::Protocol(format!(
-            "{MAX_UNVERIFIED} connections that showed a QP's secret already wait to be known as its peer: closed"
-        )));
+        let why = format!(
+            "{MAX_UNVERIFIED} connections that showed a QP's secret already wait to be known as its peer \
+             (their QPs' sides have not connected yet): try again"
+        );
+        // Said before its connect is read: it tells nothing about any QP. Its connect is read
+        // and dropped (briefly) after, so that closing does not reset the answer away.
+        let _ = (&stream).write_all(&wire::encode_reject(&why));
+        let _ = stream.shutdown(Shutdown::Write);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+        let _ = io::copy(&mut (&stream).take(4096), &mut io::sink());
+        return Err(Fault::Protocol(why));
     };
     let mut unverified = Some(place);
     let from = stream.peer_addr().ok().map(|a| a.ip());
