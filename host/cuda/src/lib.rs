@@ -293,7 +293,8 @@ impl std::fmt::Debug for Gpu {
 impl Gpu {
     /// Opens GPU `ordinal` and loads the embedded PTX into it.
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
-        let text = ptx::ptx()?;
+        // Whether the GPU is there first: on a machine without one, "no GPU" is the answer,
+        // whether or not this build has its kernels.
         checked_driver_version()?;
         let count = CudaContext::device_count()? as usize;
         if count == 0 {
@@ -302,6 +303,7 @@ impl Gpu {
         if ordinal >= count {
             return Err(CudaError::NoSuchDevice { ordinal, count });
         }
+        let text = ptx::ptx()?;
         let ctx = CudaContext::new(ordinal)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
         // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is

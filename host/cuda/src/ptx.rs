@@ -139,10 +139,18 @@ mod tests {
     }
 
     /// The test command installs the PTX compiler first, so a missing PTX here is a failure:
-    /// the GPU half of the project would otherwise ship unbuilt without anyone noticing.
+    /// the GPU half of the project would otherwise ship unbuilt without anyone noticing. Only
+    /// a build switched off on purpose (`GDAKI_PTX=off`) says SKIPPED.
     #[test]
     fn embedded_ptx_declares_every_entry_point_and_nothing_unresolved() {
-        let text = ptx().unwrap_or_else(|e| panic!("{e}"));
+        let text = match ptx() {
+            Ok(text) => text,
+            Err(e) if e.reason.contains("(GDAKI_PTX=off)") => {
+                println!("SKIPPED: embedded_ptx_declares_every_entry_point_and_nothing_unresolved: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
         let s = PtxSummary::parse(text);
         for entry in ENTRY_POINTS {
             assert!(

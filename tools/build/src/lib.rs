@@ -37,6 +37,10 @@ pub const KNOBS: [&str; 5] = [
     "GDAKI_PTX_VERSION",
 ];
 
+/// The reason given when `GDAKI_PTX=off` switched the build off (tests that need the PTX
+/// say SKIPPED on it rather than fail).
+pub const SWITCHED_OFF: &str = "GDAKI_PTX=off";
+
 /// Why no PTX came out.
 #[derive(Debug)]
 pub enum BuildError {
@@ -56,6 +60,11 @@ pub enum BuildError {
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // Switched off on purpose: the fix is to switch it back on, not to install anything.
+            BuildError::Missing(why) if why == SWITCHED_OFF => write!(
+                f,
+                "GPU kernels not built ({why}); fix: build without GDAKI_PTX=off for GPU mode"
+            ),
             BuildError::Missing(why) => write!(f, "GPU kernels not built ({why}); fix: {FIX}"),
             BuildError::Failed { output } => write!(f, "building the kernels for nvptx64 failed:\n{output}"),
             BuildError::Unresolved(names) => write!(
@@ -131,7 +140,7 @@ impl PtxBuild {
     /// Builds the PTX into `out` (a file path).
     pub fn build(&self, out: &Path) -> Result<Ptx, BuildError> {
         if env::var("GDAKI_PTX").is_ok_and(|v| v == "off" || v == "0") {
-            return Err(BuildError::Missing("GDAKI_PTX=off".into()));
+            return Err(BuildError::Missing(SWITCHED_OFF.into()));
         }
         let cargo = env::var_os("GDAKI_PTX_CARGO").unwrap_or_else(|| "/usr/bin/cargo".into());
         let rustc = env::var_os("GDAKI_PTX_RUSTC").unwrap_or_else(|| "/usr/bin/rustc".into());
@@ -361,6 +370,8 @@ mod tests {
         let err = PtxBuild::new(".").build(Path::new("/nonexistent/x.ptx")).unwrap_err();
         std::env::remove_var("GDAKI_PTX");
         assert!(matches!(err, BuildError::Missing(_)), "{err}");
-        assert!(err.to_string().contains("tools/setup.sh"), "{err}");
+        // Switched off on purpose: the fix is to switch it on, not to install anything.
+        assert!(err.to_string().contains("build without GDAKI_PTX=off"), "{err}");
+        assert!(!err.to_string().contains("tools/setup.sh"), "{err}");
     }
 }
