@@ -797,6 +797,74 @@ fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
     (r, started.elapsed())
 }
 
+/// A READ whose response trickles in, a byte every 30 ms (each sooner than the socket's 50 ms
+/// poll, so the connection never looks idle), fails with a transport error within the QP's
+/// retry timeout, as a NIC's per-packet timer does, rather than taking as long as the peer
+/// likes (here 2 s for 64 bytes; 1 MiB would take 9 hours).
+#[test]
+fn a_read_response_that_stalls_fails_within_the_retry_timeout() {
+    use gdaki::wire::{Header, Request, Response, HEADER_LEN};
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let frame = |s: &mut std::net::TcpStream| {
+            let mut h = [0u8; HEADER_LEN];
+            s.read_exact(&mut h).ok()?;
+            let h = Header::parse(&h).ok()?;
+            let mut p = vec![0u8; h.len as usize];
+            s.read_exact(&mut p).ok()?;
+            Some((h, p))
+        };
+        let (_, connect) = frame(&mut s).unwrap();
+        let _ = connect;
+        s.write_all(&gdaki::wire::encode_accept(0x42)).unwrap();
+        frame(&mut s).unwrap(); // the shared-memory offer
+        s.write_all(&gdaki::wire::encode_shm_answer(false)).unwrap();
+        let (h, fixed) = frame(&mut s).unwrap();
+        let req = Request::decode(h, &fixed).unwrap();
+        s.write_all(&Response::ReadResp { seq: req.seq, len: 64 }.encode_head().unwrap())
+            .unwrap();
+        for _ in 0..64 {
+            if s.write_all(b"x").is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(30));
+        }
+    });
+    let a = listening_context();
+    let cfg = QpConfig {
+        retry_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let q = qp(&a, 8, cfg);
+    q.connect(&Endpoint {
+        gid: [7; 16],
+        lid: 0,
+        qpn: 0x42,
+        psn: 0,
+        mtu: 4096,
+        secret: 0x5ec,
+        addr: Some(addr),
+    })
+    .unwrap();
+    let local = a.alloc_region(4096, Access::ALL).unwrap();
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
+    let started = Instant::now();
+    let t = dev
+        .get(local.local(0), gdaki_device::Remote { addr: 0x1000, rkey: 7 }, 64)
+        .unwrap();
+    assert_eq!(cqe_error(dev.wait(t)), Syndrome::TransportRetryExc);
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(q);
+    let _ = fake.join();
+}
+
 /// A connect's answer is an accept or a reject: any other kind is refused before its length
 /// is believed (a 2 GiB "read response" once made the requester allocate 2 GiB).
 #[test]

@@ -264,12 +264,17 @@ impl Reader {
     /// a peer that dies mid-payload may leave part of it, which a failed READ's buffer may
     /// hold on RC too). The stream is always consumed in full; a failed copy into the region
     /// is the inner error.
+    /// With `stall`, each [`CHUNK`] of the payload must arrive within it (a [`Fault::Timeout`]
+    /// otherwise), as a NIC's retry timer runs per packet: bytes that trickle in never look
+    /// idle, but they are no progress either.
+    #[allow(clippy::too_many_arguments)]
     fn read_to_region(
         &mut self,
         region: Option<&Region>,
         addr: u64,
         len: u64,
         bounce: &mut Vec<u8>,
+        stall: Option<Duration>,
         idle: &mut dyn FnMut() -> Result<(), Fault>,
     ) -> Result<Result<(), DmaFault>, Fault> {
         let mut copied = Ok(());
@@ -281,7 +286,18 @@ impl Reader {
             at += piece.len() as u64;
         };
         let mut left = len;
+        // Where the current piece ends (as `left` counts down), and when it must have arrived.
+        let mut piece_end = left;
         while left > 0 {
+            if let Some(t) = stall {
+                if left <= piece_end {
+                    piece_end = left.saturating_sub(CHUNK as u64);
+                    self.deadline = Some(Instant::now() + t);
+                }
+                if self.deadline.is_some_and(|d| Instant::now() > d) {
+                    return Err(Fault::Timeout);
+                }
+            }
             let max = left.min(CHUNK as u64) as usize;
             let buffered = self.buffered();
             match &mut self.s {
@@ -306,6 +322,9 @@ impl Reader {
                     left -= max as u64;
                 }
             }
+        }
+        if stall.is_some() {
+            self.deadline = None;
         }
         Ok(copied)
     }
@@ -833,7 +852,14 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
                 }
                 let mut copied = Ok(());
                 for (s, region) in dst.iter() {
-                    let r = reader.read_to_region(Some(region), s.addr, s.length as u64, &mut bounce, &mut idle)?;
+                    let r = reader.read_to_region(
+                        Some(region),
+                        s.addr,
+                        s.length as u64,
+                        &mut bounce,
+                        Some(shared.retry_timeout),
+                        &mut idle,
+                    )?;
                     copied = copied.and(r);
                 }
                 copied.err().map(|_| Outcome::Error(Syndrome::LocalAccess))
@@ -1212,7 +1238,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         if failed {
             // After a NAK nothing executes; WRITE data is read and dropped.
             if let Op::Write { len } = req.op {
-                let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
+                let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, None, &mut idle)?;
             }
             continue;
         }
@@ -1226,7 +1252,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         let answer = match ready {
             Err(s) => {
                 if let Op::Write { len } = req.op {
-                    let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, &mut idle)?;
+                    let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, None, &mut idle)?;
                 }
                 Err(s)
             }
@@ -1310,13 +1336,13 @@ fn execute(
                 _ => match hca.region(cache, pd, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
                     Some(r) => Some(r.clone()),
                     None => {
-                        let _ = reader.read_to_region(None, 0, len as u64, bounce, idle)?;
+                        let _ = reader.read_to_region(None, 0, len as u64, bounce, None, idle)?;
                         return Ok(Err(Syndrome::RemoteAccess));
                     }
                 },
             };
             reader
-                .read_to_region(region.as_deref(), req.addr, len as u64, bounce, idle)?
+                .read_to_region(region.as_deref(), req.addr, len as u64, bounce, None, idle)?
                 .map(|()| true)
                 .map_err(|_| Syndrome::RemoteOp)
         }
