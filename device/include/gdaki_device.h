@@ -240,7 +240,8 @@ typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {
 } gdaki_block_scratch;
 
 /** put: RDMA WRITE of `len` bytes from local `src` (key `lkey`) to remote `dst` (key `rkey`),
- * split into as many WQEs as the QP's largest message needs (0 bytes posts a NOP).
+ * split into as many WQEs as the QP's largest message needs, at most one send queue of
+ * them (more: `GDAKI_CODE_BAD_COUNT`, nothing posted; 0 bytes posts a NOP).
  * `flags`: `GDAKI_POST_*`. `*ticket` (unless null) gets the ticket to wait on. */
 GDAKI_DEVICE_FN uint32_t gdaki_put_thread_exclusive(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
 GDAKI_DEVICE_FN uint32_t gdaki_put_thread_cta(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);

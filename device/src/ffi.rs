@@ -288,7 +288,8 @@ impl Here for Warp {
 
 c_abi! {
     /// RDMA WRITE of `len` bytes from local `src` (key `lkey`) to remote `dst` (key `rkey`),
-    /// split into as many WQEs as the QP's largest message needs (0 bytes posts a NOP).
+    /// split into as many WQEs as the QP's largest message needs, at most one send queue of
+    /// them (more: `GDAKI_CODE_BAD_COUNT`, nothing posted; 0 bytes posts a NOP).
     /// `flags`: `GDAKI_POST_*`. `*ticket` (unless null) gets the ticket to wait on.
     fn put(qp, dst: u64, rkey: u32, src: u64, lkey: u32, len: u64, flags: u32, ticket: *mut u64) {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };

@@ -1142,7 +1142,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     fn post_split(&self, opcode: WqeOpcode, remote: Remote, local: Local, len: u64) -> Result<Ticket, PostError> {
         let (count, max) = self.split(len);
         let dump = opcode == WqeOpcode::RdmaRead && len > 0 && self.flush_after_fetch();
-        self.post(count + dump as u64, |i, k, flags| {
+        self.post_checked(self.check_split(count), count + dump as u64, |i, k, flags| {
             if k < count {
                 self.write_chunk(opcode, i, k, remote, local, len, max, flags);
             } else {
@@ -1152,7 +1152,9 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         })
     }
 
-    /// RDMA WRITE of `len` bytes from `src` to `dst` (split as needed; 0 bytes is a NOP).
+    /// RDMA WRITE of `len` bytes from `src` to `dst`, split into WQEs of at most
+    /// `max_msg_size` bytes, at most one send queue of them ([`PostError::BadCount`] beyond,
+    /// nothing posted); 0 bytes is a NOP.
     #[inline(always)]
     pub fn put(&self, dst: Remote, src: Local, len: u64) -> Result<Ticket, PostError> {
         self.post_split(WqeOpcode::RdmaWrite, dst, src, len)
@@ -1172,6 +1174,21 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         self.post_checked(checked, 1, |i, _, flags| {
             self.wqe_prepare_write_inline(i, dst, data, flags)
         })
+    }
+
+    /// A message of `count` WQEs fits one call: at most one send queue of them (one more
+    /// for a signal or a fenced DUMP is fine), so a length like `u64::MAX` (a negative size
+    /// cast) is refused at once rather than posted as billions of WQEs.
+    #[inline(always)]
+    fn check_split(&self, count: u64) -> Result<(), PostError> {
+        let ring = 1u64 << self.sq_log_size();
+        if count > ring {
+            return Err(PostError::BadCount {
+                count: count.min(u32::MAX as u64) as u32,
+                ring,
+            });
+        }
+        Ok(())
     }
 
     /// [`post`](Self::post) for a member whose own arguments were `checked`: one that failed
@@ -1203,7 +1220,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         scratch: Local,
     ) -> Result<Ticket, PostError> {
         let (chunks, max) = if len == 0 { (0, 0) } else { self.split(len) };
-        self.post_checked(Self::check_atomic_target(signal), chunks + 1, |i, k, flags| {
+        let checked = Self::check_atomic_target(signal).and(self.check_split(chunks));
+        self.post_checked(checked, chunks + 1, |i, k, flags| {
             if k < chunks {
                 self.write_chunk(WqeOpcode::RdmaWrite, i, k, dst, src, len, max, flags);
             } else {
@@ -1230,7 +1248,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         Ok(())
     }
 
-    /// RDMA READ of `len` bytes from `src` into `dst` (split as needed; 0 bytes is a NOP).
+    /// RDMA READ of `len` bytes from `src` into `dst`, split as [`put`](Self::put) is; 0
+    /// bytes is a NOP.
     #[inline(always)]
     pub fn get(&self, dst: Local, src: Remote, len: u64) -> Result<Ticket, PostError> {
         self.post_split(WqeOpcode::RdmaRead, src, dst, len)

@@ -88,7 +88,8 @@ pub enum PostError {
     },
     /// The handle's doorbell kind is not one this crate knows.
     BadHandle,
-    /// A reservation of 0 WQEs, or of more than the ring holds.
+    /// A reservation of 0 WQEs, or of more than the ring holds; or a message that would take
+    /// more WQEs than the ring holds (`count`, saturated at `u32::MAX`).
     BadCount {
         /// WQEs asked for.
         count: u32,

@@ -498,7 +498,7 @@ fn deferred_posts_wait_for_the_commit_cpu_proxy() {
 
 #[test]
 fn large_messages_are_split_and_zero_length_is_a_nop() {
-    let h = Harness::new(3, DoorbellKind::Gpu, 1000, 64 * 1024);
+    let h = Harness::new(5, DoorbellKind::Gpu, 1000, 64 * 1024);
     let qp = h.qp::<Exclusive>();
     let t = qp.put(h.remote(0), h.local(0), 20_500).unwrap();
     qp.wait(t).unwrap();

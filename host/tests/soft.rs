@@ -85,12 +85,49 @@ fn every_opcode_between_two_contexts() {
     assert_eq!(qa.error(), None);
 }
 
+/// A message is split into WQEs of `max_msg_size` bytes, at most one send queue of them in one
+/// call: beyond that (`u64::MAX`, a negative size cast, once took 2^34 WQEs and 53 minutes) the
+/// call is refused at once, before anything is posted, and the QP goes on.
 #[test]
-fn sizes_from_zero_to_64_mib_and_splits() {
+fn a_message_longer_than_one_send_queue_of_wqes_is_refused_at_once() {
     let ctx = Context::open(Provider::Soft).unwrap();
     let qp = qp(
         &ctx,
         16,
+        QpConfig {
+            max_msg_size: 1 << 20,
+            ..Default::default()
+        },
+    );
+    qp.connect(&qp.endpoint()).unwrap();
+    let src = ctx.alloc_region(16 << 20, Access::ALL).unwrap();
+    let dst = ctx.alloc_region(16 << 20, Access::ALL).unwrap();
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
+    for len in [u64::MAX, (16 << 20) + 1, 1 << 40] {
+        let started = std::time::Instant::now();
+        let err = dev.put(dst.remote(0), src.local(0), len).unwrap_err();
+        assert!(matches!(err, PostError::BadCount { ring: 16, .. }), "{len}: {err}");
+        let err = dev.get(dst.local(0), src.remote(0), len).unwrap_err();
+        assert!(matches!(err, PostError::BadCount { ring: 16, .. }), "{len}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{len}: {:?}",
+            started.elapsed()
+        );
+    }
+    // The largest that fits still goes, and the QP is fine.
+    let t = dev.put(dst.remote(0), src.local(0), 16 << 20).unwrap();
+    dev.wait(t).unwrap();
+    assert_eq!(qp.error(), None);
+}
+
+#[test]
+fn sizes_from_zero_to_64_mib_and_splits() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    // 64 MiB in 1 MiB WQEs: a send queue of 64 holds them.
+    let qp = qp(
+        &ctx,
+        64,
         QpConfig {
             max_msg_size: 1 << 20,
             ..Default::default()
