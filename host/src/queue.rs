@@ -564,14 +564,17 @@ impl QueuePair {
         }
     }
 
-    /// RESET → INIT.
+    /// RESET → INIT. Atomics are enabled in the mode the device's atomic capabilities allow
+    /// (as the kernel chooses it), and not at all on a device without them.
     pub fn to_init(&self) -> Result<()> {
+        let atomic_mode = self.inner.ctx.device.caps.atomic.qp_atomic_mode();
         let input = Rst2Init {
             qpn: self.qpn(),
             port: self.inner.ctx.device.port.number,
             remote_read: true,
             remote_write: true,
-            remote_atomic: true,
+            remote_atomic: atomic_mode.is_some(),
+            atomic_mode: atomic_mode.unwrap_or(0),
             ..Default::default()
         };
         self.modify(&input.encode(), QpState::Init)

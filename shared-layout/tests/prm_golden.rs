@@ -93,6 +93,7 @@ fn every_field_sits_where_the_kernel_header_puts_it() {
         ("MLX5_QPC_ST_RC", command::QPC_ST_RC),
         ("MLX5_QPC_PM_STATE_MIGRATED", command::QPC_PM_STATE_MIGRATED),
         ("MLX5_QPC_ATOMIC_MODE_UP_TO_8B", command::QPC_ATOMIC_MODE_UP_TO_8B),
+        ("MLX5_QPC_ATOMIC_MODE_IB_SPEC", command::QPC_ATOMIC_MODE_IB_SPEC),
         ("MLX5_QPC_STATE_RST", QpcState::Reset as u8),
         ("MLX5_QPC_STATE_INIT", QpcState::Init as u8),
         ("MLX5_QPC_STATE_RTR", QpcState::Rtr as u8),
@@ -243,16 +244,18 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             remote_read: v >> 48 & 1 == 1,
             remote_write: v >> 49 & 1 == 1,
             remote_atomic: v >> 50 & 1 == 1,
+            atomic_mode: [command::QPC_ATOMIC_MODE_IB_SPEC, command::QPC_ATOMIC_MODE_UP_TO_8B][(v >> 51 & 1) as usize],
         };
         writeln!(
             input,
-            "rst2init {} {} {} {} {} {}",
+            "rst2init {} {} {} {} {} {} {}",
             init.qpn,
             init.port,
             init.pkey_index,
             init.remote_read as u8,
             init.remote_write as u8,
-            init.remote_atomic as u8
+            init.remote_atomic as u8,
+            init.atomic_mode
         )
         .unwrap();
         expect.push(hex(&init.encode()));
@@ -382,4 +385,39 @@ fn capabilities_round_trip_through_the_output_mailbox() {
     let mut out = vec![0u8; command::QUERY_HCA_CAP_OUT_BYTES];
     atomic.encode(&mut out);
     assert_eq!(AtomicCaps::decode(&out), atomic);
+}
+
+/// `qpc.atomic_mode` as mlx5_ib's `get_atomic_mode` chooses it from the ATOMIC capabilities:
+/// extended atomics give the largest QP size (8 bytes at least), IB-spec atomics alone mode 1,
+/// no atomics none (a ConnectX without extended atomics refuses mode 3).
+#[test]
+fn the_atomic_mode_follows_the_atomic_capabilities() {
+    use command::AtomicCaps;
+    let caps = |operations, size_qp| AtomicCaps {
+        operations,
+        size_qp,
+        ..Default::default()
+    };
+    let ib = AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD;
+    let ext = AtomicCaps::EXTENDED_CMP_SWAP | AtomicCaps::EXTENDED_FETCH_ADD;
+    let b8 = AtomicCaps::SIZE_8_BYTES;
+    for (ops, sizes, want) in [
+        (ib, b8, Some(command::QPC_ATOMIC_MODE_IB_SPEC)),
+        (ib | ext, b8, Some(command::QPC_ATOMIC_MODE_UP_TO_8B)),
+        (
+            ib | AtomicCaps::EXTENDED_FETCH_ADD,
+            b8 | 1 << 2,
+            Some(command::QPC_ATOMIC_MODE_UP_TO_8B),
+        ),
+        (ib | ext, b8 | 1 << 4, Some(4)), // MLX5_QPC_ATOMIC_MODE_UP_TO_16B
+        (ib | ext, 0, Some(command::QPC_ATOMIC_MODE_IB_SPEC)),
+        (AtomicCaps::FETCH_ADD, b8, None),
+        (0, b8, None),
+    ] {
+        assert_eq!(
+            caps(ops, sizes).qp_atomic_mode(),
+            want,
+            "operations {ops:#x}, sizes {sizes:#x}"
+        );
+    }
 }

@@ -83,6 +83,8 @@ pub enum FwSyndrome {
     BadMtu = 0x5f_0014,
     /// The output mailbox is shorter than the command's answer.
     ShortOutput = 0x5f_0015,
+    /// An atomic mode above what the device's atomic capabilities report.
+    BadAtomicMode = 0x5f_0016,
 }
 
 /// A refusal: the status, the syndrome and the reason in words.
@@ -259,6 +261,17 @@ impl SoftDevice {
         Arc::new(
             SoftDevice::open(AtomicReplyOrder::BigEndian, SameHost::default(), Idle::default()).expect("a soft device"),
         )
+    }
+
+    /// What the soft device reports of its atomics (and enforces): IB-spec 8-byte
+    /// compare-and-swap and fetch-and-add, no extended atomics.
+    fn atomic_caps(&self) -> AtomicCaps {
+        AtomicCaps {
+            reply_mode: (self.atomic_reply == AtomicReplyOrder::HostOrder) as u8,
+            host_order_supported: true,
+            operations: AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD,
+            size_qp: AtomicCaps::SIZE_8_BYTES,
+        }
     }
 
     /// The HCA behind the device.
@@ -525,6 +538,17 @@ impl SoftDevice {
                         CmdStatus::BadParam,
                         FwSyndrome::BadPort,
                         "the soft device has port 1 only",
+                    );
+                }
+                // As a ConnectX without extended atomics refuses mode 3: only what the atomic
+                // capabilities report (IB-spec atomics here).
+                let mode = q(qpc::ATOMIC_MODE) as u8;
+                let most = self.atomic_caps().qp_atomic_mode().unwrap_or(0);
+                if q(qpc::RAE) == 1 && mode > most {
+                    return refuse(
+                        CmdStatus::BadParam,
+                        FwSyndrome::BadAtomicMode,
+                        format!("atomic mode {mode}: the device does IB-spec atomics (mode {most}) only"),
                     );
                 }
                 qp.set_state(QpState::Init);
@@ -827,13 +851,7 @@ impl Device for SoftDevice {
             }
             match command::cap_query(get(input, cmd_in::OP_MOD) as u16) {
                 (0, _) => general_caps().encode(out),
-                (3, _) => AtomicCaps {
-                    reply_mode: (self.atomic_reply == AtomicReplyOrder::HostOrder) as u8,
-                    host_order_supported: true,
-                    operations: AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD,
-                    size_qp: AtomicCaps::SIZE_8_BYTES,
-                }
-                .encode(out),
+                (3, _) => self.atomic_caps().encode(out),
                 (kind, _) => {
                     return refuse(
                         CmdStatus::BadParam,

@@ -355,8 +355,29 @@ impl AtomicCaps {
     pub const CMP_SWAP: u16 = 1 << 0;
     /// `atomic_operations` bit for fetch-and-add.
     pub const FETCH_ADD: u16 = 1 << 1;
+    /// `atomic_operations` bit for extended (masked) compare-and-swap (the kernel's
+    /// `MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP`, include/linux/mlx5/driver.h).
+    pub const EXTENDED_CMP_SWAP: u16 = 1 << 2;
+    /// `atomic_operations` bit for extended (masked) fetch-and-add.
+    pub const EXTENDED_FETCH_ADD: u16 = 1 << 3;
     /// `atomic_size_qp` bit for 8-byte atomics.
     pub const SIZE_8_BYTES: u16 = 1 << 3;
+
+    /// The `qpc.atomic_mode` an RC QP asks for, as the kernel chooses it (mlx5_ib's
+    /// `get_atomic_mode`): with extended atomics, the largest size the device does on a QP (up
+    /// to 256 bytes; 8 bytes at least: [`QPC_ATOMIC_MODE_UP_TO_8B`]); without them but with
+    /// IB-spec compare-and-swap and fetch-and-add, [`QPC_ATOMIC_MODE_IB_SPEC`]; `None` when the
+    /// device has no atomics (a mode it does not support makes CREATE_QP or RST2INIT fail).
+    pub fn qp_atomic_mode(&self) -> Option<u8> {
+        let extended = self.operations & (Self::EXTENDED_CMP_SWAP | Self::EXTENDED_FETCH_ADD) != 0;
+        let sizes = self.size_qp & 0x1ff;
+        if extended && sizes != 0 {
+            let log_max = 15 - sizes.leading_zeros() as u8;
+            return Some(log_max.max(QPC_ATOMIC_MODE_UP_TO_8B));
+        }
+        let ib = Self::CMP_SWAP | Self::FETCH_ADD;
+        (self.operations & ib == ib).then_some(QPC_ATOMIC_MODE_IB_SPEC)
+    }
 }
 
 /// `CREATE_CQ` with its ring and doorbell record in umems (DevX), 64-byte CQEs, no compression
@@ -410,8 +431,11 @@ pub const QPC_ST_RC: u8 = 0x0;
 pub const QPC_PM_STATE_MIGRATED: u8 = 0x3;
 /// `qpc.rq_type`: a zero-length receive queue (gdaki's QPs only send).
 pub const QPC_RQ_TYPE_ZERO_LEN: u8 = 0x3;
-/// `qpc.atomic_mode`: IB-spec atomics up to 8 bytes.
+/// `qpc.atomic_mode`: extended atomics up to 8 bytes (the device reports extended atomics).
 pub const QPC_ATOMIC_MODE_UP_TO_8B: u8 = 0x3;
+/// `qpc.atomic_mode`: IB-spec atomics only (8-byte compare-and-swap and fetch-and-add), for a
+/// device without extended atomics.
+pub const QPC_ATOMIC_MODE_IB_SPEC: u8 = 0x1;
 
 /// `cqc.status`: the CQ is fine.
 pub const CQC_STATUS_OK: u8 = 0x0;
@@ -537,6 +561,8 @@ pub struct Rst2Init {
     pub remote_write: bool,
     /// Remote atomics allowed.
     pub remote_atomic: bool,
+    /// `qpc.atomic_mode` ([`AtomicCaps::qp_atomic_mode`]; 0 without atomics).
+    pub atomic_mode: u8,
 }
 
 impl Rst2Init {
@@ -550,7 +576,7 @@ impl Rst2Init {
         set(&mut b, q(qpc::RRE), self.remote_read as u64);
         set(&mut b, q(qpc::RWE), self.remote_write as u64);
         set(&mut b, q(qpc::RAE), self.remote_atomic as u64);
-        set(&mut b, q(qpc::ATOMIC_MODE), QPC_ATOMIC_MODE_UP_TO_8B as u64);
+        set(&mut b, q(qpc::ATOMIC_MODE), self.atomic_mode as u64);
         set(&mut b, path(ads::VHCA_PORT_NUM), self.port as u64);
         set(&mut b, path(ads::PKEY_INDEX), self.pkey_index as u64);
         b

@@ -7,7 +7,7 @@
  *   create_cq  log_size uar_page eqn umem_id umem_offset dbr_umem_id dbr_offset log_page_size oi
  *   create_qp  pd uar_page cqn_snd cqn_rcv log_sq_size user_index umem_id umem_offset
  *              dbr_umem_id dbr_offset log_page_size
- *   rst2init   qpn port pkey_index rre rwe rae
+ *   rst2init   qpn port pkey_index rre rwe rae atomic_mode
  *   init2rtr   qpn mtu log_msg_max remote_qpn next_rcv_psn min_rnr_nak log_rra_max
  *              port rlid sl grh gid_index rgid_hi rgid_lo hop_limit tclass rmac udp_sport
  *   rtr2rts    qpn next_send_psn retry_count rnr_retry ack_timeout log_sra_max
@@ -97,9 +97,9 @@ int main(void) {
 			DEVX_SET64(qpc, qpc, dbr_addr, dbr_off);
 			print(b, DEVX_ST_SZ_BYTES(create_qp_in));
 		} else if (!strcmp(kind, "rst2init")) {
-			uint64_t qpn, port, pkey, rre, rwe, rae;
-			if (scanf("%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &qpn, &port,
-				  &pkey, &rre, &rwe, &rae) != 6)
+			uint64_t qpn, port, pkey, rre, rwe, rae, amode;
+			if (scanf("%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &qpn,
+				  &port, &pkey, &rre, &rwe, &rae, &amode) != 7)
 				return 2;
 			DEVX_SET(rst2init_qp_in, b, opcode, MLX5_CMD_OP_RST2INIT_QP);
 			DEVX_SET(rst2init_qp_in, b, qpn, qpn);
@@ -108,7 +108,7 @@ int main(void) {
 			DEVX_SET(qpc, qpc, rre, rre);
 			DEVX_SET(qpc, qpc, rwe, rwe);
 			DEVX_SET(qpc, qpc, rae, rae);
-			DEVX_SET(qpc, qpc, atomic_mode, 3 /* IB spec, up to 8 bytes */);
+			DEVX_SET(qpc, qpc, atomic_mode, amode);
 			DEVX_SET(qpc, qpc, primary_address_path.vhca_port_num, port);
 			DEVX_SET(qpc, qpc, primary_address_path.pkey_index, pkey);
 			print(b, DEVX_ST_SZ_BYTES(rst2init_qp_in));
