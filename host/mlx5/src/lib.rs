@@ -198,6 +198,8 @@ pub struct Mlx5Device {
     ctx: *mut sys::ibv_context,
     pd: *mut sys::ibv_pd,
     port: Port,
+    /// Ethernet: whether the port's GID is a RoCE v2 one (UDP-encapsulated); v1 otherwise.
+    roce_v2: bool,
     tables: Mutex<Tables>,
 }
 
@@ -296,12 +298,14 @@ impl Mlx5Device {
                     link = ?port.link,
                     "mlx5 device opened for DevX"
                 );
+                let roce_v2 = port.link == LinkLayer::Ethernet && is_roce_v2(&name, port.gid_index as i32);
                 Ok(Mlx5Device {
                     lib,
                     name,
                     ctx,
                     pd,
                     port,
+                    roce_v2,
                     tables: Mutex::new(Tables::default()),
                 })
             }
@@ -458,6 +462,35 @@ fn query_port(lib: &Lib, ctx: *mut sys::ibv_context, name: &str) -> Result<Port,
         // IBV_MTU_256 is 1, each next code doubles.
         mtu: 128u32 << attr.active_mtu.clamp(1, 5),
     })
+}
+
+/// The path to `peer` from `port` as the kernel fills it (mlx5_ib's `mlx5_set_path`), given
+/// the next hop's MAC `rmac` (RoCE) and a random `entropy`:
+/// - InfiniBand: the peer's LID; the GRH bit only where the peer is on another subnet.
+/// - RoCE: the MAC, no GRH bit (it is InfiniBand's; RoCE packets carry a GRH regardless, and
+///   the path's GID fields say what goes in it), and for a RoCE v2 GID a UDP source port in
+///   0xc000..=0xffff that spreads flows; 0 for a RoCE v1 GID, which has no UDP header.
+fn address_path(port: &Port, roce_v2: bool, peer: &Endpoint, rmac: [u8; 6], entropy: u16) -> AddressPath {
+    let mut path = AddressPath {
+        port: port.number,
+        gid_index: port.gid_index,
+        rgid: peer.gid,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    match port.link {
+        LinkLayer::InfiniBand => {
+            path.rlid = peer.lid;
+            path.grh = peer.gid[..8] != port.gid[..8];
+        }
+        LinkLayer::Ethernet => {
+            path.rmac = rmac;
+            if roce_v2 {
+                path.udp_sport = 0xc000 | (entropy & 0x3fff);
+            }
+        }
+    }
+    path
 }
 
 /// Whether GID `index` of port 1 of device `name` is a RoCE v2 GID (sysfs says).
@@ -766,28 +799,17 @@ impl Device for Mlx5Device {
     }
 
     fn resolve(&self, peer: &Endpoint) -> Result<AddressPath, DeviceError> {
-        let port = &self.port;
-        let mut path = AddressPath {
-            port: port.number,
-            gid_index: port.gid_index,
-            rgid: peer.gid,
-            hop_limit: 64,
-            ..Default::default()
+        let rmac = match self.port.link {
+            LinkLayer::Ethernet => self.next_hop_mac(peer.gid)?,
+            LinkLayer::InfiniBand => [0; 6],
         };
-        match port.link {
-            LinkLayer::InfiniBand => {
-                path.rlid = peer.lid;
-                // Within the subnet the LID routes; a GRH only across subnets.
-                path.grh = peer.gid[..8] != port.gid[..8];
-            }
-            LinkLayer::Ethernet => {
-                path.grh = true;
-                path.rmac = self.next_hop_mac(peer.gid)?;
-                // RoCE v2 spreads flows by UDP source port (0xc000..=0xffff).
-                path.udp_sport = 0xc000 | (gdaki_devx::util::random_u32() as u16 & 0x3fff);
-            }
-        }
-        Ok(path)
+        Ok(address_path(
+            &self.port,
+            self.roce_v2,
+            peer,
+            rmac,
+            gdaki_devx::util::random_u32() as u16,
+        ))
     }
 }
 
@@ -835,6 +857,42 @@ impl Mlx5Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The path's GRH bit, MAC and UDP source port as the kernel sets them for each link and
+    /// GID type: no GRH bit on RoCE (it was set), a UDP port only for RoCE v2 (it was set for
+    /// v1 too, where it must stay 0).
+    #[test]
+    fn paths_are_filled_as_the_kernel_fills_them() {
+        let port = |link| Port {
+            number: 1,
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+            gid_index: 3,
+            lid: 9,
+            link,
+            mtu: 4096,
+        };
+        let peer = |prefix: u8| Endpoint {
+            gid: [prefix, 0x80, 0, 0, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1],
+            lid: 17,
+            qpn: 0x42,
+            psn: 0,
+            mtu: 4096,
+            secret: 0,
+            addr: None,
+        };
+        let mac = [2, 0, 0, 0, 0, 7];
+        let v2 = address_path(&port(LinkLayer::Ethernet), true, &peer(0xfe), mac, 0x1234);
+        assert!(!v2.grh, "RoCE: no GRH bit");
+        assert_eq!((v2.rmac, v2.udp_sport, v2.rlid), (mac, 0xc000 | 0x1234, 0));
+        assert_eq!((v2.gid_index, v2.rgid), (3, peer(0xfe).gid));
+        let v1 = address_path(&port(LinkLayer::Ethernet), false, &peer(0xfe), mac, 0x1234);
+        assert!(!v1.grh);
+        assert_eq!(v1.udp_sport, 0, "RoCE v1 has no UDP header");
+        let ib = address_path(&port(LinkLayer::InfiniBand), false, &peer(0xfe), [0; 6], 0x1234);
+        assert_eq!((ib.grh, ib.rlid, ib.udp_sport), (false, 17, 0), "same subnet");
+        let far = address_path(&port(LinkLayer::InfiniBand), false, &peer(0xfd), [0; 6], 0x1234);
+        assert!(far.grh, "another subnet: a GRH");
+    }
 
     /// On a machine without an mlx5 device (CI, the GPU machine), opening one is an error that
     /// says what is there, never a crash; where rdma-core is missing, the error says to install it.
