@@ -168,6 +168,7 @@ fn queues_send_the_devx_sequence_a_connectx_expects() {
         [
             "QUERY_HCA_CAP",
             "QUERY_HCA_CAP",
+            "QUERY_HCA_CAP", // RoCE's: the soft device's port is Ethernet
             "query_eqn",
             "query_port",
             "alloc_uar",

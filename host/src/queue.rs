@@ -422,6 +422,7 @@ impl QueuePair {
             .create_owned(
                 &CreateQp {
                     pd: ctx.pd.number,
+                    ts_format: dev.caps.qp_ts_format(),
                     uar_page: uar.uar.page,
                     cqn_snd: cq.cqn(),
                     cqn_rcv: cq.cqn(),

@@ -94,6 +94,20 @@ fn every_field_sits_where_the_kernel_header_puts_it() {
         ("MLX5_QPC_PM_STATE_MIGRATED", command::QPC_PM_STATE_MIGRATED),
         ("MLX5_QPC_ATOMIC_MODE_UP_TO_8B", command::QPC_ATOMIC_MODE_UP_TO_8B),
         ("MLX5_QPC_ATOMIC_MODE_IB_SPEC", command::QPC_ATOMIC_MODE_IB_SPEC),
+        (
+            "MLX5_TIMESTAMP_FORMAT_FREE_RUNNING",
+            command::QPC_TS_FORMAT_FREE_RUNNING,
+        ),
+        ("MLX5_TIMESTAMP_FORMAT_DEFAULT", command::QPC_TS_FORMAT_DEFAULT),
+        (
+            "MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING",
+            command::TS_FORMAT_CAP_FREE_RUNNING,
+        ),
+        ("MLX5_TIMESTAMP_FORMAT_CAP_REAL_TIME", command::TS_FORMAT_CAP_REAL_TIME),
+        (
+            "MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING_AND_REAL_TIME",
+            command::TS_FORMAT_CAP_FREE_RUNNING_AND_REAL_TIME,
+        ),
         ("MLX5_QPC_STATE_RST", QpcState::Reset as u8),
         ("MLX5_QPC_STATE_INIT", QpcState::Init as u8),
         ("MLX5_QPC_STATE_RTR", QpcState::Rtr as u8),
@@ -217,10 +231,11 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             dbr_umem_id: r() as u32,
             dbr_offset: r(),
             log_page_size: (r() % 32) as u8,
+            ts_format: command::qp_ts_format((r() % 3) as u8),
         };
         writeln!(
             input,
-            "create_qp {} {} {} {} {} {} {} {} {} {} {}",
+            "create_qp {} {} {} {} {} {} {} {} {} {} {} {}",
             qp.pd,
             qp.uar_page,
             qp.cqn_snd,
@@ -231,7 +246,8 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             qp.umem_offset,
             qp.dbr_umem_id,
             qp.dbr_offset,
-            qp.log_page_size
+            qp.log_page_size,
+            qp.ts_format
         )
         .unwrap();
         expect.push(hex(&qp.encode()));
@@ -385,6 +401,24 @@ fn capabilities_round_trip_through_the_output_mailbox() {
     let mut out = vec![0u8; command::QUERY_HCA_CAP_OUT_BYTES];
     atomic.encode(&mut out);
     assert_eq!(AtomicCaps::decode(&out), atomic);
+}
+
+/// `qpc.ts_format` as the kernel's `mlx5_get_qp_default_ts` chooses it from the capability
+/// (RoCE's `qp_ts_format`, else `sq_ts_format`): the default clock wherever a real-time one
+/// exists, free-running only where nothing else does (gdaki asked for free-running always,
+/// which a device with a real-time clock only refuses).
+#[test]
+fn the_timestamp_format_follows_the_capability() {
+    for (cap, want) in [
+        (command::TS_FORMAT_CAP_FREE_RUNNING, command::QPC_TS_FORMAT_FREE_RUNNING),
+        (command::TS_FORMAT_CAP_REAL_TIME, command::QPC_TS_FORMAT_DEFAULT),
+        (
+            command::TS_FORMAT_CAP_FREE_RUNNING_AND_REAL_TIME,
+            command::QPC_TS_FORMAT_DEFAULT,
+        ),
+    ] {
+        assert_eq!(command::qp_ts_format(cap), want, "capability {cap}");
+    }
 }
 
 /// `qpc.atomic_mode` as mlx5_ib's `get_atomic_mode` chooses it from the ATOMIC capabilities:

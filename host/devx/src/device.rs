@@ -2,7 +2,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use gdaki_layout::prm::command::{AddressPath, AtomicCaps, GeneralCaps};
+use gdaki_layout::prm::command::{AddressPath, AtomicCaps, GeneralCaps, RoceCaps};
 use gdaki_layout::prm::CmdError;
 
 use crate::access::Access;
@@ -224,4 +224,14 @@ pub struct Caps {
     pub general: GeneralCaps,
     /// Atomic capabilities.
     pub atomic: AtomicCaps,
+    /// RoCE capabilities, where the port is Ethernet.
+    pub roce: Option<RoceCaps>,
+}
+
+impl Caps {
+    /// `qpc.ts_format` for a new QP, as the kernel chooses it from the RoCE capability where
+    /// the port is Ethernet, else the send queue's (`command::qp_ts_format`).
+    pub fn qp_ts_format(&self) -> u8 {
+        gdaki_layout::prm::command::qp_ts_format(self.roce.map_or(self.general.sq_ts_format, |r| r.qp_ts_format))
+    }
 }

@@ -9,7 +9,7 @@
 //! (`RUST_LOG=gdaki::devx=debug`).
 use std::sync::Arc;
 
-use gdaki_layout::prm::command::{self, AtomicCaps, CapType, GeneralCaps};
+use gdaki_layout::prm::command::{self, AtomicCaps, CapType, GeneralCaps, RoceCaps};
 use gdaki_layout::prm::Opcode;
 
 use crate::device::{Caps, Device, DeviceError, LinkLayer, Memory, MemoryKind, Object, Port, Uar};
@@ -48,20 +48,25 @@ impl Devx {
         checked
     }
 
-    /// `QUERY_HCA_CAP` of the general and atomic capabilities.
+    /// `QUERY_HCA_CAP` of the general and atomic capabilities, and the RoCE ones where the
+    /// port is Ethernet.
     pub fn query_caps(&self) -> Result<Caps, DeviceError> {
-        let mut caps = Vec::with_capacity(2);
-        for kind in [CapType::General, CapType::Atomic] {
+        let query = |kind| -> Result<Vec<u8>, DeviceError> {
             let input = command::query_hca_cap(kind);
             let mut out = vec![0u8; command::QUERY_HCA_CAP_OUT_BYTES];
             let ran = self.device.general_cmd(&input, &mut out);
             Self::checked(Opcode::QueryHcaCap, &input, &out, ran)?;
-            caps.push(out);
-        }
-        Ok(Caps {
-            general: GeneralCaps::decode(&caps[0]),
-            atomic: AtomicCaps::decode(&caps[1]),
-        })
+            Ok(out)
+        };
+        let general = GeneralCaps::decode(&query(CapType::General)?);
+        let atomic = AtomicCaps::decode(&query(CapType::Atomic)?);
+        // port_type 1: Ethernet, where the RoCE capabilities apply.
+        let roce = if general.port_type == 1 && general.roce {
+            Some(RoceCaps::decode(&query(CapType::Roce)?))
+        } else {
+            None
+        };
+        Ok(Caps { general, atomic, roce })
     }
 
     /// Creates an object from `input`.

@@ -135,6 +135,16 @@ fn general_caps() -> GeneralCaps {
         log_pg_sz: 12,
         log_max_pd: 24,
         log_max_umem: 24,
+        // A real-time clock only, as some ConnectX configurations have: a QP asking for the
+        // free-running one is refused (CREATE_QP below), as there.
+        sq_ts_format: command::TS_FORMAT_CAP_REAL_TIME,
+    }
+}
+
+/// What the soft device reports of RoCE (its port is Ethernet).
+fn roce_caps() -> command::RoceCaps {
+    command::RoceCaps {
+        qp_ts_format: command::TS_FORMAT_CAP_REAL_TIME,
     }
 }
 
@@ -397,6 +407,15 @@ impl SoftDevice {
                 CmdStatus::BadParam,
                 FwSyndrome::Unsupported,
                 "only RC QPs with a zero-length receive queue",
+            );
+        }
+        if q(qpc::TS_FORMAT) == command::QPC_TS_FORMAT_FREE_RUNNING as u64
+            && roce_caps().qp_ts_format == command::TS_FORMAT_CAP_REAL_TIME
+        {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::Unsupported,
+                "timestamp format free-running: the device's clock is real-time only",
             );
         }
         if get(input, create_qp_in::WQ_UMEM_VALID) != 1 || q(qpc::DBR_UMEM_VALID) != 1 {
@@ -852,6 +871,7 @@ impl Device for SoftDevice {
             match command::cap_query(get(input, cmd_in::OP_MOD) as u16) {
                 (0, _) => general_caps().encode(out),
                 (3, _) => self.atomic_caps().encode(out),
+                (4, _) => roce_caps().encode(out),
                 (kind, _) => {
                     return refuse(
                         CmdStatus::BadParam,
@@ -1188,6 +1208,7 @@ mod tests {
                     umem_id: sq_umem,
                     dbr_umem_id: sq_umem,
                     dbr_offset: 64 << log,
+                    ts_format: command::QPC_TS_FORMAT_DEFAULT,
                     ..Default::default()
                 }
                 .encode(),
@@ -1517,11 +1538,22 @@ mod tests {
             umem_id: sq_umem,
             dbr_umem_id: sq_umem,
             dbr_offset: 2048,
+            ts_format: command::QPC_TS_FORMAT_DEFAULT,
             ..Default::default()
         };
         assert_eq!(
             refused(dev.create(&qp.encode())),
             (CmdStatus::BadRes, sy(FwSyndrome::UnknownCq))
+        );
+        // The free-running clock, which this device (real-time only, as it reports) lacks.
+        let free_running = CreateQp {
+            cqn_snd: other.cq.number,
+            ts_format: command::QPC_TS_FORMAT_FREE_RUNNING,
+            ..qp
+        };
+        assert_eq!(
+            refused(dev.create(&free_running.encode())),
+            (CmdStatus::BadParam, sy(FwSyndrome::Unsupported))
         );
         assert!(lock(&soft.tables).qps.is_empty(), "nothing created");
         assert!(lock(&soft.tables).umems.values().all(|u| u.users == 0), "nothing held");

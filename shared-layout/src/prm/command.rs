@@ -2,7 +2,7 @@
 //! command's input from its parameters (each one field by field through [`layout`](super::layout)), plus the
 //! readers for what the device answers. The soft device's firmware decodes the same fields.
 use super::layout::{ads, atomic_caps, cmd_hca_cap, cmd_in, cmd_out, cqc, create_cq_in, create_qp_in};
-use super::layout::{modify_qp_in, object_in, qpc, query_hca_cap_out};
+use super::layout::{modify_qp_in, object_in, qpc, query_hca_cap_out, roce_cap};
 use super::{get, set, set_bytes, Bits};
 
 enum_with_unknown! {
@@ -218,6 +218,8 @@ pub enum CapType {
     General = 0,
     /// Atomic capabilities ([`atomic_caps`]).
     Atomic = 3,
+    /// RoCE capabilities ([`roce_cap`]).
+    Roce = 4,
 }
 
 /// `QUERY_HCA_CAP` of the current (not maximum) capabilities of `kind`: op_mod is
@@ -269,6 +271,8 @@ pub struct GeneralCaps {
     pub log_max_pd: u8,
     /// log2 of the number of umems.
     pub log_max_umem: u8,
+    /// The send queue's timestamp formats (`TS_FORMAT_CAP_*`).
+    pub sq_ts_format: u8,
 }
 
 /// Declares the field ↔ member mapping of a capability struct once, for both directions.
@@ -327,7 +331,43 @@ caps_fields!(GeneralCaps, cmd_hca_cap, {
     log_pg_sz: LOG_PG_SZ as u8,
     log_max_pd: LOG_MAX_PD as u8,
     log_max_umem: LOG_MAX_UMEM as u8,
+    sq_ts_format: SQ_TS_FORMAT as u8,
 });
+
+/// The RoCE capabilities gdaki reads (a device whose port is Ethernet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoceCaps {
+    /// The QP timestamp formats (`TS_FORMAT_CAP_*`).
+    pub qp_ts_format: u8,
+}
+
+caps_fields!(RoceCaps, roce_cap, {
+    qp_ts_format: QP_TS_FORMAT as u8,
+});
+
+/// A timestamp-format capability: the free-running clock only.
+pub const TS_FORMAT_CAP_FREE_RUNNING: u8 = 0x0;
+/// A timestamp-format capability: the real-time clock only.
+pub const TS_FORMAT_CAP_REAL_TIME: u8 = 0x1;
+/// A timestamp-format capability: both clocks.
+pub const TS_FORMAT_CAP_FREE_RUNNING_AND_REAL_TIME: u8 = 0x2;
+/// `qpc.ts_format`: the free-running clock.
+pub const QPC_TS_FORMAT_FREE_RUNNING: u8 = 0x0;
+/// `qpc.ts_format`: the device's default clock.
+pub const QPC_TS_FORMAT_DEFAULT: u8 = 0x1;
+
+/// `qpc.ts_format` for a device whose QPs support the formats `cap` (the RoCE capability
+/// where RoCE is on, else the send queue's), as the kernel chooses it
+/// (`mlx5_get_qp_default_ts`): the default clock where the real-time one is supported, the
+/// free-running one only where nothing else is. Always free-running was refused by a device
+/// whose clock is real-time only.
+pub fn qp_ts_format(cap: u8) -> u8 {
+    if cap == TS_FORMAT_CAP_FREE_RUNNING {
+        QPC_TS_FORMAT_FREE_RUNNING
+    } else {
+        QPC_TS_FORMAT_DEFAULT
+    }
+}
 
 /// The atomic capabilities gdaki checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -518,6 +558,8 @@ pub struct CreateQp {
     pub dbr_offset: u64,
     /// log2 of the ring's page size minus 12.
     pub log_page_size: u8,
+    /// `qpc.ts_format` ([`qp_ts_format`]).
+    pub ts_format: u8,
 }
 
 impl CreateQp {
@@ -535,6 +577,7 @@ impl CreateQp {
         set(&mut b, q(qpc::USER_INDEX), self.user_index as u64);
         set(&mut b, q(qpc::LOG_PAGE_SIZE), self.log_page_size as u64);
         set(&mut b, q(qpc::LOG_SQ_SIZE), self.log_sq_size as u64);
+        set(&mut b, q(qpc::TS_FORMAT), self.ts_format as u64);
         set(&mut b, q(qpc::RQ_TYPE), QPC_RQ_TYPE_ZERO_LEN as u64);
         set(&mut b, q(qpc::LOG_RQ_SIZE), 0);
         set(&mut b, q(qpc::CQN_SND), self.cqn_snd as u64);

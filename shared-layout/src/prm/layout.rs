@@ -99,7 +99,17 @@ prm_struct! {
         CQ_OI = (0x220, 0x1) "cq_oi";
         LOG_PG_SZ = (0x258, 0x8) "log_pg_sz";
         LOG_MAX_PD = (0x32b, 0x5) "log_max_pd";
+        /// The send queue's timestamp formats (`MLX5_TIMESTAMP_FORMAT_CAP_*`).
+        SQ_TS_FORMAT = (0x440, 0x2) "sq_ts_format";
         LOG_MAX_UMEM = (0x46b, 0x5) "log_max_umem";
+    }
+}
+
+prm_struct! {
+    /// `roce_cap` (capability type 4).
+    roce_cap, 0x800, {
+        /// The QP timestamp formats RoCE supports (`MLX5_TIMESTAMP_FORMAT_CAP_*`).
+        QP_TS_FORMAT = (0x1e, 0x2) "qp_ts_format";
     }
 }
 
@@ -195,6 +205,8 @@ prm_struct! {
         LOG_RQ_STRIDE = (0x4d, 0x3) "log_rq_stride";
         NO_SQ = (0x50, 0x1) "no_sq";
         LOG_SQ_SIZE = (0x51, 0x4) "log_sq_size";
+        /// `MLX5_TIMESTAMP_FORMAT_*`: the clock CQE timestamps come from.
+        TS_FORMAT = (0x58, 0x2) "ts_format";
         UAR_PAGE = (0x68, 0x18) "uar_page";
         USER_INDEX = (0x88, 0x18) "user_index";
         LOG_PAGE_SIZE = (0xa3, 0x5) "log_page_size";
@@ -312,6 +324,7 @@ pub const STRUCTURES: &[Checked] = &[
     ("query_hca_cap_out", query_hca_cap_out::SIZE, query_hca_cap_out::FIELDS),
     ("cmd_hca_cap", cmd_hca_cap::SIZE, cmd_hca_cap::FIELDS),
     ("atomic_caps", atomic_caps::SIZE, atomic_caps::FIELDS),
+    ("roce_cap", roce_cap::SIZE, roce_cap::FIELDS),
     ("cqc", cqc::SIZE, cqc::FIELDS),
     ("create_cq_in", create_cq_in::SIZE, create_cq_in::FIELDS),
     ("ads", ads::SIZE, ads::FIELDS),

@@ -6,7 +6,7 @@
  * Input lines (decimal numbers):
  *   create_cq  log_size uar_page eqn umem_id umem_offset dbr_umem_id dbr_offset log_page_size oi
  *   create_qp  pd uar_page cqn_snd cqn_rcv log_sq_size user_index umem_id umem_offset
- *              dbr_umem_id dbr_offset log_page_size
+ *              dbr_umem_id dbr_offset log_page_size ts_format
  *   rst2init   qpn port pkey_index rre rwe rae atomic_mode
  *   init2rtr   qpn mtu log_msg_max remote_qpn next_rcv_psn min_rnr_nak log_rra_max
  *              port rlid sl grh gid_index rgid_hi rgid_lo hop_limit tclass rmac udp_sport
@@ -71,10 +71,10 @@ int main(void) {
 			DEVX_SET(cqc, cq, log_page_size, lps);
 			print(b, DEVX_ST_SZ_BYTES(create_cq_in));
 		} else if (!strcmp(kind, "create_qp")) {
-			uint64_t pd, uar, snd, rcv, log_sq, uidx, umem, umem_off, dbr_umem, dbr_off, lps;
+			uint64_t pd, uar, snd, rcv, log_sq, uidx, umem, umem_off, dbr_umem, dbr_off, lps, ts;
 			if (scanf("%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
-				  " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
-				  &pd, &uar, &snd, &rcv, &log_sq, &uidx, &umem, &umem_off, &dbr_umem, &dbr_off, &lps) != 11)
+				  " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
+				  &pd, &uar, &snd, &rcv, &log_sq, &uidx, &umem, &umem_off, &dbr_umem, &dbr_off, &lps, &ts) != 12)
 				return 2;
 			DEVX_SET(create_qp_in, b, opcode, MLX5_CMD_OP_CREATE_QP);
 			DEVX_SET(create_qp_in, b, wq_umem_valid, 1);
@@ -88,6 +88,7 @@ int main(void) {
 			DEVX_SET(qpc, qpc, user_index, uidx);
 			DEVX_SET(qpc, qpc, log_page_size, lps);
 			DEVX_SET(qpc, qpc, log_sq_size, log_sq);
+			DEVX_SET(qpc, qpc, ts_format, ts);
 			DEVX_SET(qpc, qpc, rq_type, 3 /* MLX5_ZERO_LEN_RQ */);
 			DEVX_SET(qpc, qpc, log_rq_size, 0);
 			DEVX_SET(qpc, qpc, cqn_snd, snd);
