@@ -684,15 +684,21 @@ fn atomic_results_in_both_reply_orders() {
 
 // ------------------------------------------------------------------------------ hostile peers
 
-/// What a third party reading and writing raw frames gets from `target` (a listening soft
-/// HCA) when it claims to be QP `qpn` with first PSN `psn` and presents `secret`: every byte
-/// it receives until the connection closes (or 2 s pass).
-fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: u64, region: &MemoryRegion) -> Vec<u8> {
-    use gdaki::wire::{Connect, Op, Request};
-    use std::io::{Read, Write};
+/// A raw transport connection to `target` claiming to be QP `qpn` (first PSN `psn`) and
+/// presenting `secret` for `target_qpn`, followed by the shared-memory offer a real peer sends
+/// next (none: stay on TCP). Reads give up after `wait`.
+fn raw_connect(
+    target: SocketAddr,
+    target_qpn: u32,
+    qpn: u32,
+    psn: u32,
+    secret: u64,
+    wait: Duration,
+) -> std::net::TcpStream {
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(target).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let connect = Connect {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let connect = gdaki::wire::Connect {
         hca: 0x1234_5678,
         qpn,
         target_qpn,
@@ -700,8 +706,32 @@ fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: 
         secret,
     };
     let _ = s.write_all(&connect.encode());
-    // What a real peer sends next: its shared-memory offer (none: stay on TCP).
     let _ = s.write_all(&gdaki::wire::encode_shm_offer(None));
+    s
+}
+
+/// Every byte `s` receives, and whether the peer closed it (false: the read timed out first).
+fn read_until_closed(s: &mut std::net::TcpStream) -> (Vec<u8>, bool) {
+    use std::io::Read;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, true),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// What a third party reading and writing raw frames gets from `target` (a listening soft
+/// HCA) when it claims to be QP `qpn` with first PSN `psn` and presents `secret`: every byte
+/// it receives until the connection closes (or 2 s pass).
+fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: u64, region: &MemoryRegion) -> Vec<u8> {
+    use gdaki::wire::{Op, Request};
+    use std::io::Write;
+    let mut s = raw_connect(target, target_qpn, qpn, psn, secret, Duration::from_secs(2));
     let write = Request {
         seq: psn,
         rkey: region.rkey(),
@@ -716,12 +746,7 @@ fn third_party(target: SocketAddr, target_qpn: u32, qpn: u32, psn: u32, secret: 
     let _ = s.write_all(&write.encode_head().unwrap());
     let _ = s.write_all(b"PWNED!!!");
     let _ = s.write_all(&read.encode_head().unwrap());
-    let mut got = Vec::new();
-    let mut buf = [0u8; 256];
-    while let Ok(n @ 1..) = s.read(&mut buf) {
-        got.extend_from_slice(&buf[..n]);
-    }
-    got
+    read_until_closed(&mut s).0
 }
 
 /// RC accepts packets only from the QP a QP was moved to RTR with, in PSN order from the PSN
@@ -981,34 +1006,14 @@ fn a_captured_connect_replayed_after_the_peer_left_gets_nothing() {
 /// once: `a_connect_without_the_secret_learns_nothing_and_holds_no_place`.)
 #[test]
 fn a_connection_to_a_queue_pair_without_a_peer_is_closed_at_the_deadline() {
-    use gdaki::wire::Connect;
-    use std::io::{Read, Write};
     let ctx = listening_context();
     let q = qp(&ctx, 8, QpConfig::default());
     let at = q.endpoint().addr.unwrap();
     let started = Instant::now();
-    let mut s = std::net::TcpStream::connect(at).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
-    let connect = Connect {
-        hca: 0x1234_5678,
-        qpn: 0x31337,
-        target_qpn: q.qpn(),
-        psn: 7,
-        secret: q.endpoint().secret,
-    };
-    s.write_all(&connect.encode()).unwrap();
-    // And the shared-memory offer that follows an accept (none: stay on TCP), after which the
-    // deadline used to be cleared.
-    s.write_all(&gdaki::wire::encode_shm_offer(None)).unwrap();
-    let mut buf = [0u8; 64];
-    let closed = loop {
-        match s.read(&mut buf) {
-            Ok(0) => break true,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
-            Err(_) => break false,
-        }
-    };
+    // With the shared-memory offer that follows an accept, after which the deadline used to
+    // be cleared.
+    let mut s = raw_connect(at, q.qpn(), 0x31337, 7, q.endpoint().secret, Duration::from_secs(9));
+    let (_, closed) = read_until_closed(&mut s);
     let took = started.elapsed();
     assert!(closed, "still open after {took:?}");
     assert!(
@@ -1063,8 +1068,6 @@ fn silent_connections_do_not_lock_the_real_peer_out() {
 /// that reason (not "it has no queue pair connected to this one").
 #[test]
 fn a_peer_refused_for_lack_of_places_is_told_why() {
-    use gdaki::wire::Connect;
-    use std::io::Write;
     let (a, b) = (listening_context(), listening_context());
     let cfg = QpConfig::default();
     let (qa, qb) = (qp(&a, 64, cfg.clone()), qp(&b, 64, cfg.clone()));
@@ -1073,16 +1076,14 @@ fn a_peer_refused_for_lack_of_places_is_told_why() {
     let at = qb.endpoint().addr.unwrap();
     let waiting: Vec<std::net::TcpStream> = (0..64)
         .map(|i| {
-            let mut s = std::net::TcpStream::connect(at).unwrap();
-            let connect = Connect {
-                hca: 0x1234_5678,
-                qpn: 0x31337 + i,
-                target_qpn: lonely.qpn(),
-                psn: 7,
-                secret: lonely.endpoint().secret,
-            };
-            s.write_all(&connect.encode()).unwrap();
-            s
+            raw_connect(
+                at,
+                lonely.qpn(),
+                0x31337 + i,
+                7,
+                lonely.endpoint().secret,
+                Duration::from_secs(9),
+            )
         })
         .collect();
     thread::sleep(Duration::from_millis(300));
@@ -1095,32 +1096,20 @@ fn a_peer_refused_for_lack_of_places_is_told_why() {
 /// none, or does not exist: nothing tells them apart, and it holds no place.
 #[test]
 fn a_connect_without_the_secret_learns_nothing_and_holds_no_place() {
-    use gdaki::wire::Connect;
-    use std::io::{Read, Write};
     let ctx = listening_context();
     let q = qp(&ctx, 8, QpConfig::default());
     let at = q.endpoint().addr.unwrap();
     for target_qpn in [q.qpn(), q.qpn() ^ 0x40_0000] {
         let started = Instant::now();
-        let mut s = std::net::TcpStream::connect(at).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
-        let connect = Connect {
-            hca: 0x1234_5678,
-            qpn: 0x31337,
+        let mut s = raw_connect(
+            at,
             target_qpn,
-            psn: 7,
-            secret: q.endpoint().secret ^ 1,
-        };
-        s.write_all(&connect.encode()).unwrap();
-        let _ = s.write_all(&gdaki::wire::encode_shm_offer(None));
-        let mut got = Vec::new();
-        let mut buf = [0u8; 64];
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-        }
+            0x31337,
+            7,
+            q.endpoint().secret ^ 1,
+            Duration::from_secs(9),
+        );
+        let (got, _) = read_until_closed(&mut s);
         assert!(got.is_empty(), "QPN {target_qpn:#x}: {} bytes answered", got.len());
         assert!(
             started.elapsed() < Duration::from_secs(2),
