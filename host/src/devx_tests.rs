@@ -21,6 +21,8 @@ pub(crate) struct Recording {
     /// reads queues with the CPU, is given a host stand-in of the same size instead, so
     /// queues are created and moved through their states, but nothing is served from them.
     stand_in_for_gpu_umems: bool,
+    /// Every modify command's input mailbox, in order.
+    modifies: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Recording {
@@ -105,6 +107,7 @@ impl Device for Recording {
     }
     fn obj_modify(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
         self.note(command::opcode(input).name());
+        lock(&self.modifies).push(input.to_vec());
         self.inner.obj_modify(handle, input, out)
     }
     fn obj_query(&self, handle: u64, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
@@ -153,6 +156,7 @@ pub(crate) fn recording_context_with(stand_in_for_gpu_umems: bool) -> (Context, 
         calls: Mutex::new(Vec::new()),
         refuse: Mutex::new(None),
         stand_in_for_gpu_umems,
+        modifies: Mutex::new(Vec::new()),
     });
     let ctx = Context::open_on(rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
     (ctx, rec)
@@ -309,5 +313,43 @@ pub(crate) fn gpu_or_skip(test: &str) -> Option<gdaki_cuda::Gpu> {
             let _ = writeln!(std::io::stderr(), "SKIPPED (no usable GPU): {test}: {e}");
             None
         }
+    }
+}
+
+/// Outstanding READs and atomics: the responder side (INIT2RTR's `log_rra_max`) takes what the
+/// device allows, the endpoint says so, and the requester side (RTR2RTS's `log_sra_max`) stays
+/// within what the peer's endpoint says it accepts. Both were 0: one READ or atomic in flight
+/// per QP, where NVSHMEM runs with the device's limits.
+#[test]
+fn outstanding_reads_and_atomics_follow_the_caps_and_the_peer() {
+    use gdaki_layout::prm::get;
+    use gdaki_layout::prm::layout::{modify_qp_in, qpc};
+    let (ctx, rec) = recording_context();
+    let field = |input: &[u8], f: gdaki_layout::prm::Bits| get(input, f.within(modify_qp_in::QPC));
+    for (peer_says, want_sra) in [(7u8, 7u64), (3, 3), (0, 0)] {
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = ctx
+            .create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 64,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        // The soft device allows 2^16 each way; a QP context holds 2^7.
+        assert_eq!(qp.endpoint().rd_atomic, 7);
+        lock(&rec.modifies).clear();
+        let peer = Endpoint {
+            rd_atomic: peer_says,
+            ..qp.endpoint()
+        };
+        qp.connect(&peer).unwrap();
+        let m = lock(&rec.modifies).clone();
+        let (rtr, rts) = (&m[1], &m[2]);
+        assert_eq!(command::opcode(rtr), Opcode::Init2RtrQp);
+        assert_eq!(field(rtr, qpc::LOG_RRA_MAX), 7, "responder resources");
+        assert_eq!(command::opcode(rts), Opcode::Rtr2RtsQp);
+        assert_eq!(field(rts, qpc::LOG_SRA_MAX), want_sra, "peer accepts 2^{peer_says}");
     }
 }

@@ -188,6 +188,9 @@ pub(crate) struct Qp {
     psn: u32,
     max_msg_size: u64,
     retry_timeout: Duration,
+    /// The RTR peer's READ/atomic responder resources (its endpoint's `rd_atomic`), which
+    /// bound this QP's `log_sra_max` at RTR2RTS.
+    peer_rd_atomic: AtomicU8,
     /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
     proxy_word: Arc<HostBuffer>,
     ctx: Arc<ContextInner>,
@@ -452,6 +455,7 @@ impl QueuePair {
             psn: crate::random_u32() & 0xff_ffff,
             max_msg_size: cfg.max_msg_size,
             retry_timeout: cfg.retry_timeout,
+            peer_rd_atomic: AtomicU8::new(0),
             proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
             ctx: ctx.clone(),
         });
@@ -542,8 +546,16 @@ impl QueuePair {
             psn: self.inner.psn,
             mtu: port.mtu as u16,
             secret: self.inner.ctx.device.device().transport_secret(self.inner.qpn),
+            rd_atomic: self.log_rra_max(),
             addr: self.inner.ctx.device.device().transport_addr(),
         }
+    }
+
+    /// log2 of the RDMA READs and atomics this QP accepts outstanding as a responder: what the
+    /// device allows (`log_max_ra_res_qp`), at most what a QP context holds.
+    fn log_rra_max(&self) -> u8 {
+        let caps = &self.inner.ctx.device.caps.general;
+        caps.log_max_ra_res_qp.min(gdaki_devx::wire::MAX_RD_ATOMIC)
     }
 
     /// Runs a modify command that moves the QP to `to`; a device that refuses it because of
@@ -608,10 +620,13 @@ impl QueuePair {
             log_msg_max: (64 - (self.inner.max_msg_size - 1).leading_zeros()) as u8,
             remote_qpn: peer.qpn,
             next_rcv_psn: peer.psn,
+            log_rra_max: self.log_rra_max(),
             path,
             ..Default::default()
         };
-        self.modify(&input.encode(), QpState::Rtr)
+        self.modify(&input.encode(), QpState::Rtr)?;
+        self.inner.peer_rd_atomic.store(peer.rd_atomic, Ordering::Release);
+        Ok(())
     }
 
     /// RTR → RTS: the first PSN this QP sends and its retry policy ([`QpConfig::retry_timeout`]
@@ -619,13 +634,20 @@ impl QueuePair {
     /// it cannot reach is refused, and the QP stays in RTR.
     pub fn to_rts(&self) -> Result<()> {
         let (ack_timeout, retry_count) = ack_timeout_for(self.inner.retry_timeout);
+        // Outstanding READs and atomics as requester: what the device allows, within what the
+        // peer accepts (NVSHMEM takes both from the caps; a peer of another kind may take fewer).
+        let caps = &self.inner.ctx.device.caps.general;
+        let log_sra_max = caps
+            .log_max_ra_req_qp
+            .min(gdaki_devx::wire::MAX_RD_ATOMIC)
+            .min(self.inner.peer_rd_atomic.load(Ordering::Acquire));
         let input = Rtr2Rts {
             qpn: self.qpn(),
             next_send_psn: self.inner.psn,
             retry_count,
             rnr_retry: 7,
             ack_timeout,
-            ..Default::default()
+            log_sra_max,
         };
         self.modify(&input.encode(), QpState::Rts)
     }

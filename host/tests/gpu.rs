@@ -514,6 +514,7 @@ fn a_wait_on_a_peer_that_never_answers_times_out_in_the_kernel() {
         psn: 0,
         mtu: 4096,
         secret: 0x77,
+        rd_atomic: 0,
         addr: Some(addr),
     })
     .unwrap();

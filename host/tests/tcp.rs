@@ -329,6 +329,7 @@ fn a_peer_that_accepts_and_then_goes_silent_times_out() {
         psn: 0,
         mtu: 4096,
         secret: 0x5ec,
+        rd_atomic: 0,
         addr: Some(addr),
     })
     .unwrap();
@@ -406,6 +407,7 @@ fn handshake_exchanges_validates_and_refuses() {
         psn: 99,
         mtu: 1024,
         secret: 0x5ec2e7,
+        rd_atomic: 0,
         addr: Some("0.0.0.0:4791".parse().unwrap()),
     };
     let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
@@ -817,6 +819,7 @@ fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
         psn: 0,
         mtu: 4096,
         secret: 0x5ec,
+        rd_atomic: 0,
         addr: Some(addr),
     });
     (r, started.elapsed())
@@ -871,6 +874,7 @@ fn a_read_response_that_stalls_fails_within_the_retry_timeout() {
         psn: 0,
         mtu: 4096,
         secret: 0x5ec,
+        rd_atomic: 0,
         addr: Some(addr),
     })
     .unwrap();

@@ -234,8 +234,9 @@ typedef struct gdaki_region gdaki_region;
 
 /**
  * An endpoint as a fixed-size blob: what a peer needs to connect to a queue pair (its port's
- * GID and LID, QPN, PSN, MTU, and the soft HCA's transport address). Plain bytes, the same on
- * every host: exchange it through any bootstrap (`MPI_Allgather`, a key-value store, a file).
+ * GID and LID, QPN, PSN, MTU, the READs and atomics it accepts outstanding, and the soft HCA's
+ * transport address). Plain bytes, the same on every host: exchange it through any bootstrap
+ * (`MPI_Allgather`, a key-value store, a file).
  */
 typedef struct gdaki_endpoint {
   /**

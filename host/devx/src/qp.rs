@@ -97,6 +97,10 @@ pub struct Endpoint {
     /// endpoint can (treat an endpoint like a password). 0 on a NIC, where the fabric carries
     /// requests and nothing reads it.
     pub secret: u64,
+    /// log2 of the RDMA READs and atomics this QP accepts outstanding as a responder (its
+    /// INIT2RTR `log_rra_max`, at most [`wire::MAX_RD_ATOMIC`](crate::wire::MAX_RD_ATOMIC)): the
+    /// peer keeps its own outstanding ones (`log_sra_max`) within it, as a NIC must.
+    pub rd_atomic: u8,
     /// Where the HCA accepts transport connections from other processes or hosts (the soft
     /// HCA's listener, see `gdaki::Context::listen`); `None` when it does
     /// not listen.

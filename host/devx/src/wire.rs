@@ -31,7 +31,7 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// memory may travel as a CUDA IPC reference: [`Kind::GpuOffer`], [`Kind::GpuAnswer`],
 /// [`Kind::WriteRef`]; 6: a READ into GPU memory may name the requester's allocation for the
 /// responder to write: [`Kind::ReadRef`]).
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -361,7 +361,7 @@ pub struct Hello {
     pub regions: Vec<RemoteRegion>,
 }
 
-const ENDPOINT_MAX: usize = 16 + 2 + 4 + 4 + 2 + 8 + 1 + 16 + 2;
+const ENDPOINT_MAX: usize = 16 + 2 + 4 + 4 + 2 + 8 + 1 + 1 + 16 + 2;
 const REGION_LEN: usize = 8 + 8 + 4;
 
 impl Hello {
@@ -443,6 +443,7 @@ fn put_endpoint(p: &mut Vec<u8>, e: &Endpoint) -> Result<(), WireError> {
     p.extend_from_slice(&e.psn.to_be_bytes());
     p.extend_from_slice(&e.mtu.to_be_bytes());
     p.extend_from_slice(&e.secret.to_be_bytes());
+    p.push(e.rd_atomic);
     match e.addr {
         None => p.push(0),
         Some(SocketAddr::V4(a)) => {
@@ -467,6 +468,7 @@ fn read_endpoint(c: &mut Cursor<'_>) -> Result<Endpoint, WireError> {
     let psn = c.u32("endpoint PSN")?;
     let mtu = c.u16("endpoint MTU")?;
     let secret = c.u64("endpoint secret")?;
+    let rd_atomic = c.u8("endpoint READ/atomic responder resources")?;
     let addr = match c.u8("endpoint address family")? {
         0 => None,
         4 => {
@@ -486,11 +488,16 @@ fn read_endpoint(c: &mut Cursor<'_>) -> Result<Endpoint, WireError> {
         psn,
         mtu,
         secret,
+        rd_atomic,
         addr,
     };
     check_endpoint(&e)?;
     Ok(e)
 }
+
+/// The largest log2 of outstanding RDMA READs and atomics a QP context holds
+/// (`log_sra_max` / `log_rra_max` are 3 bits).
+pub const MAX_RD_ATOMIC: u8 = 7;
 
 /// Size of an endpoint blob ([`encode_endpoint`]): fixed, so that applications can exchange
 /// endpoints through their own bootstrap (an MPI all-gather, a key-value store) as plain bytes.
@@ -561,6 +568,15 @@ fn check_endpoint(e: &Endpoint) -> Result<(), WireError> {
         return Err(invalid(
             "endpoint MTU",
             format!("{} (expected 256, 512, 1024, 2048 or 4096)", e.mtu),
+        ));
+    }
+    if e.rd_atomic > MAX_RD_ATOMIC {
+        return Err(invalid(
+            "endpoint READ/atomic responder resources",
+            format!(
+                "log2 {} (at most {MAX_RD_ATOMIC}: qpc.log_rra_max is 3 bits)",
+                e.rd_atomic
+            ),
         ));
     }
     if let Some(a) = e.addr {
@@ -1241,6 +1257,7 @@ mod tests {
                     psn: 7,
                     mtu: 4096,
                     secret: 0x0123_4567_89ab_cdef,
+                    rd_atomic: 0,
                     addr: Some("10.0.0.2:18515".parse().unwrap()),
                 },
                 Endpoint {
@@ -1250,6 +1267,7 @@ mod tests {
                     psn: 0,
                     mtu: 256,
                     secret: u64::MAX,
+                    rd_atomic: 0,
                     addr: Some("[fe80::1]:9".parse().unwrap()),
                 },
                 Endpoint {
@@ -1259,6 +1277,7 @@ mod tests {
                     psn: 1,
                     mtu: 1024,
                     secret: 0,
+                    rd_atomic: 0,
                     addr: None,
                 },
             ],
@@ -1290,11 +1309,14 @@ mod tests {
             let mut bad = blob;
             bad[5] ^= 1;
             assert!(matches!(decode_endpoint(&bad), Err(WireError::Version { .. })));
-            let mut bad = blob;
-            bad[63] = 1;
-            assert!(decode_endpoint(&bad).is_err(), "non-zero padding accepted");
+            let used = u16::from_be_bytes([blob[6], blob[7]]);
+            if 8 + (used as usize) < ENDPOINT_BLOB_LEN {
+                let mut bad = blob;
+                bad[63] = 1;
+                assert!(decode_endpoint(&bad).is_err(), "non-zero padding accepted");
+            }
             // A length that cuts the endpoint short, or claims the padding.
-            for len in [0u16, 20, ENDPOINT_MAX as u16 + 1, 56] {
+            for len in [0u16, 20, used - 1, used + 1, ENDPOINT_MAX as u16 + 1] {
                 let mut bad = blob;
                 bad[6..8].copy_from_slice(&len.to_be_bytes());
                 assert!(decode_endpoint(&bad).is_err(), "length {len} accepted");
@@ -1354,7 +1376,7 @@ mod tests {
         assert!(h.encode().is_err());
         // A hostile family byte.
         let mut bytes = sample().encode().unwrap();
-        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 36;
+        let fam = HEADER_LEN + 2 + sample().app.len() + 2 + 37;
         assert_eq!(bytes[fam], 4);
         bytes[fam] = 5;
         assert!(matches!(

@@ -878,6 +878,7 @@ mod tests {
             psn: 0,
             mtu: 4096,
             secret: 0,
+            rd_atomic: 0,
             addr: None,
         };
         let mac = [2, 0, 0, 0, 0, 7];

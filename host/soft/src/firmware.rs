@@ -1143,6 +1143,7 @@ mod tests {
             psn: 0,
             mtu: 4096,
             secret: 0,
+            rd_atomic: 0,
             addr: None,
         }
     }
