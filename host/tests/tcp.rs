@@ -825,6 +825,71 @@ fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
     (r, started.elapsed())
 }
 
+/// A requester keeps its READs and atomics in flight within what the responder's endpoint
+/// accepts (`rd_atomic`, log2), as a NIC must: with 2^0 the second READ is sent only once the
+/// first is answered; the rest wait in the send queue and all complete, in order.
+#[test]
+fn reads_in_flight_stay_within_what_the_responder_accepts() {
+    use gdaki::wire::{Header, Request, Response, HEADER_LEN};
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind(LOOPBACK).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = thread::spawn(move || -> Vec<usize> {
+        let (mut s, _) = listener.accept().unwrap();
+        let frame = |s: &mut std::net::TcpStream| {
+            let mut h = [0u8; HEADER_LEN];
+            s.read_exact(&mut h).ok()?;
+            let h = Header::parse(&h).ok()?;
+            let mut p = vec![0u8; h.len as usize];
+            s.read_exact(&mut p).ok()?;
+            Some((h, p))
+        };
+        frame(&mut s).unwrap(); // the connect
+        s.write_all(&gdaki::wire::encode_accept(0x42)).unwrap();
+        frame(&mut s).unwrap(); // the shared-memory offer
+        s.write_all(&gdaki::wire::encode_shm_answer(false)).unwrap();
+        // How many READs arrive before each answer (within 300 ms of quiet).
+        let mut waiting = Vec::new();
+        let mut seen_per_answer = Vec::new();
+        while seen_per_answer.len() < 4 {
+            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+            while let Some((h, fixed)) = frame(&mut s) {
+                waiting.push(Request::decode(h, &fixed).unwrap().seq);
+            }
+            seen_per_answer.push(waiting.len());
+            let seq = waiting.remove(0);
+            s.set_read_timeout(None).unwrap();
+            s.write_all(&Response::ReadResp { seq, len: 8 }.encode_head().unwrap())
+                .unwrap();
+            s.write_all(&seq.to_be_bytes().repeat(2)).unwrap();
+        }
+        seen_per_answer
+    });
+    let a = listening_context();
+    let q = qp(&a, 8, QpConfig::default());
+    q.connect(&Endpoint {
+        gid: [7; 16],
+        lid: 0,
+        qpn: 0x42,
+        psn: 0,
+        mtu: 4096,
+        secret: 0x5ec,
+        rd_atomic: 0,
+        addr: Some(addr),
+    })
+    .unwrap();
+    let local = a.alloc_region(4096, Access::ALL).unwrap();
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
+    let remote = gdaki_device::Remote { addr: 0x1000, rkey: 7 };
+    let tickets: Vec<_> = (0..4u64)
+        .map(|k| dev.get(local.local(8 * k), remote, 8).unwrap())
+        .collect();
+    for t in tickets {
+        dev.wait(t).unwrap();
+    }
+    assert_eq!(fake.join().unwrap(), [1, 1, 1, 1], "READs in flight before each answer");
+}
+
 /// A READ whose response trickles in, a byte every 30 ms (each sooner than the socket's 50 ms
 /// poll, so the connection never looks idle), fails with a transport error within the QP's
 /// retry timeout, as a NIC's per-packet timer does, rather than taking as long as the peer

@@ -633,6 +633,7 @@ impl SoftDevice {
                 // The transport's hello carries the PSN; a refused connect restores the old one.
                 let before = (qp.psn(), qp.retry_timeout());
                 qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
+                qp.set_log_sra_max(q(qpc::LOG_SRA_MAX) as u8);
                 let peer = self
                     .connect(&qp, remote)
                     .inspect_err(|_| qp.set_send_params(before.0, before.1))?;

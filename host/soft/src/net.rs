@@ -629,6 +629,15 @@ impl Link {
             .any(|e| e.outcome.is_none() && (all || e.fetches))
     }
 
+    /// How many READs and atomics sent on this link are still unanswered.
+    pub(crate) fn fetches_in_flight(&self) -> usize {
+        lock(&self.shared.inflight)
+            .entries
+            .iter()
+            .filter(|e| e.outcome.is_none() && e.fetches)
+            .count()
+    }
+
     /// Queues the completion of a WQE whose outcome is known without the peer.
     pub(crate) fn complete_local(&mut self, meta: Meta, outcome: Outcome) {
         if matches!(outcome, Outcome::Error(_)) {

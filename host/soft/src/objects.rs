@@ -123,6 +123,9 @@ pub(crate) struct SoftQp {
     pub uar: Window,
     pub cq: Arc<SoftCq>,
     max_msg_size: AtomicU64,
+    /// log2 of the READs and atomics it keeps in flight as a requester (RTR2RTS's
+    /// `log_sra_max`).
+    log_sra_max: AtomicU8,
     /// The byte order in which this QP's fetched atomic values are written back.
     pub atomic_reply: AtomicReplyOrder,
     pub first_error: Mutex<Option<Syndrome>>,
@@ -165,6 +168,7 @@ impl SoftQp {
             uar,
             cq,
             max_msg_size: max_msg_size.into(),
+            log_sra_max: AtomicU8::new(0),
             atomic_reply,
             first_error: Mutex::new(None),
             rtr_peer: Mutex::new(None),
@@ -198,6 +202,16 @@ impl SoftQp {
     /// Sets the largest message (INIT2RTR's `log_msg_max`).
     pub fn set_max_msg_size(&self, bytes: u64) {
         self.max_msg_size.store(bytes, Ordering::Release);
+    }
+
+    /// Sets how many READs and atomics it keeps in flight (RTR2RTS's `log_sra_max`).
+    pub fn set_log_sra_max(&self, log: u8) {
+        self.log_sra_max.store(log, Ordering::Release);
+    }
+
+    /// How many READs and atomics it keeps in flight to a remote peer at most.
+    pub fn max_reads_in_flight(&self) -> usize {
+        1 << self.log_sra_max.load(Ordering::Acquire).min(7)
     }
 
     /// Current state.

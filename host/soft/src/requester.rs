@@ -230,6 +230,18 @@ pub(crate) fn execute(
             }
         }
     }
+    // A READ or atomic to a remote peer waits in the send queue while as many as the peer
+    // accepts are in flight (RTR2RTS's log_sra_max), as a NIC holds it.
+    if matches!(
+        wr.op,
+        Operation::Read { .. } | Operation::FetchAdd { .. } | Operation::CompareSwap { .. }
+    ) {
+        if let Target::Remote(link) = target {
+            if link.fetches_in_flight() >= qp.max_reads_in_flight() {
+                return Ok(Executed::Fenced);
+            }
+        }
+    }
     // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
     match wr.op {
         Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
