@@ -580,7 +580,7 @@ impl QueuePair {
     /// RESET → INIT. Atomics are enabled in the mode the device's atomic capabilities allow
     /// (as the kernel chooses it), and not at all on a device without them.
     pub fn to_init(&self) -> Result<()> {
-        let atomic_mode = self.inner.ctx.device.caps.atomic.qp_atomic_mode();
+        let atomic_mode = self.inner.ctx.device.caps.qp_atomic_mode();
         let input = Rst2Init {
             qpn: self.qpn(),
             port: self.inner.ctx.device.port.number,

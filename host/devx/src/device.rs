@@ -229,9 +229,42 @@ pub struct Caps {
 }
 
 impl Caps {
+    /// `qpc.atomic_mode` for a new RC QP as the kernel chooses it: none where the device has no
+    /// atomics at all (`cmd_hca_cap.atomic`), else from the atomic capabilities
+    /// ([`AtomicCaps::qp_atomic_mode`]).
+    pub fn qp_atomic_mode(&self) -> Option<u8> {
+        self.general.atomic.then(|| self.atomic.qp_atomic_mode()).flatten()
+    }
+
     /// `qpc.ts_format` for a new QP, as the kernel chooses it from the RoCE capability where
     /// the port is Ethernet, else the send queue's (`command::qp_ts_format`).
     pub fn qp_ts_format(&self) -> u8 {
         gdaki_layout::prm::command::qp_ts_format(self.roce.map_or(self.general.sq_ts_format, |r| r.qp_ts_format))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device without atomics (`cmd_hca_cap.atomic` 0) gets none, whatever its atomic
+    /// capabilities say, as the kernel decides.
+    #[test]
+    fn no_atomics_without_the_general_atomic_bit() {
+        let atomic = AtomicCaps {
+            operations: AtomicCaps::CMP_SWAP | AtomicCaps::FETCH_ADD,
+            size_qp: AtomicCaps::SIZE_8_BYTES,
+            ..Default::default()
+        };
+        let with = |on: bool| Caps {
+            general: GeneralCaps {
+                atomic: on,
+                ..Default::default()
+            },
+            atomic,
+            roce: None,
+        };
+        assert_eq!(with(true).qp_atomic_mode(), Some(1));
+        assert_eq!(with(false).qp_atomic_mode(), None);
     }
 }
