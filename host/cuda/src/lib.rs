@@ -18,6 +18,7 @@ use thiserror::Error;
 
 use crate::ptx::PtxUnavailable;
 
+pub mod gdr;
 mod host_buffer;
 mod ipc;
 mod kernel;

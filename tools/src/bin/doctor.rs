@@ -74,6 +74,9 @@ struct Report {
     /// what gdaki needs of it and a verdict per requirement.
     devices: Vec<DeviceCheck>,
     nvidia_peermem: bool,
+    /// gdrcopy (CPU mapping of GPU memory): its library's version, or why it is not there.
+    #[serde(serialize_with = "outcome")]
+    gdrcopy: Result<String, String>,
     selection: Selection,
     /// The verdict, and the exit status: no requirement failed.
     can_run: bool,
@@ -196,6 +199,9 @@ fn examine(args: &Args) -> Report {
         rdma_devices,
         devices,
         nvidia_peermem: system::nvidia_peermem_loaded(),
+        gdrcopy: cuda::gdr::Gdr::open()
+            .map(|g| format!("libgdrapi {}.{} with gdrdrv", g.version().0, g.version().1))
+            .map_err(|e| e.to_string()),
         selection,
         can_run,
         failed_requirements,
@@ -356,6 +362,10 @@ fn print_report(r: &Report) {
         yes_no(r.nvidia_peermem, "loaded", "not loaded")
     );
     println!("  soft provider:   needs neither (it copies GPU payloads itself)");
+    match &r.gdrcopy {
+        Ok(v) => println!("  gdrcopy:         {v} (CPU mappings of GPU memory)"),
+        Err(why) => println!("  gdrcopy:         not present: {why}"),
+    }
     println!("\nWhat `auto` chooses");
     println!("  provider:        {}", r.selection.provider);
     println!("  mode:            {}", r.selection.mode);

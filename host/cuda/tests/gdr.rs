@@ -1,0 +1,87 @@
+//! gdrcopy's call sequence, against a stand-in libgdrapi (`tests/gdr_standin.c`, compiled
+//! here with `cc`): no machine here has the gdrdrv kernel driver, so what runs on a real one is
+//! the same calls in the same order, which this checks, and the stand-in refuses what gdrdrv
+//! refuses (unaligned pins, maps of another size, copies outside the mapping).
+use std::path::PathBuf;
+use std::process::Command;
+
+use gdaki_cuda::gdr::{Gdr, GdrError, GdrMapping, GPU_PAGE};
+
+fn standin() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gdaki-gdr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libgdrapi_standin.so");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/gdr_standin.c");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (tools/setup.sh installs gcc)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+/// The stand-in's call log, read through `lib` (the test keeps the library loaded, so its
+/// state survives gdaki's own handle).
+fn calls(lib: &libloading::Library) -> String {
+    // SAFETY: `standin_log` returns the stand-in's NUL-terminated log.
+    unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> =
+            lib.get(b"standin_log\0").unwrap();
+        std::ffi::CStr::from_ptr(f()).to_string_lossy().trim().to_string()
+    }
+}
+
+/// One test (the knobs are process-wide environment variables): absent driver, absent library,
+/// then the whole sequence on the stand-in.
+#[test]
+fn gdrcopy_is_opened_pinned_mapped_copied_and_released_in_order() {
+    // SAFETY (each set_var): this test binary has no other test and no other thread reading them.
+    unsafe { std::env::set_var("GDAKI_GDRDRV", "/nonexistent/gdrdrv") };
+    assert!(matches!(Gdr::open().unwrap_err(), GdrError::NoDriver(_)));
+    let node = std::env::temp_dir().join(format!("gdaki-gdrdrv-{}", std::process::id()));
+    std::fs::write(&node, b"").unwrap();
+    unsafe { std::env::set_var("GDAKI_GDRDRV", &node) };
+    unsafe { std::env::set_var("GDAKI_GDRAPI", "/nonexistent/libgdrapi.so.2") };
+    let err = Gdr::open().unwrap_err();
+    assert!(matches!(err, GdrError::NoLibrary { .. }), "{err}");
+    assert!(err.to_string().contains("libgdrapi"), "{err}");
+
+    let lib = standin();
+    // SAFETY: the stand-in built above (its initialisers do nothing).
+    let kept = unsafe { libloading::Library::new(&lib) }.unwrap();
+    unsafe { std::env::set_var("GDAKI_GDRAPI", &lib) };
+    let gdr = Gdr::open().unwrap();
+    assert_eq!(gdr.version(), (2, 5));
+    // "Device memory": two GPU pages of host memory, the range straddling the boundary.
+    let layout = std::alloc::Layout::from_size_align(2 * GPU_PAGE as usize, GPU_PAGE as usize).unwrap();
+    // SAFETY: a non-zero layout; freed at the end.
+    let base = unsafe { std::alloc::alloc_zeroed(layout) };
+    let addr = base as u64 + GPU_PAGE - 100;
+    {
+        // SAFETY: the range lies in the allocation, which outlives the mapping.
+        let m = unsafe { GdrMapping::new(&gdr, addr, 200) }.unwrap();
+        let data: Vec<u8> = (0..200u8).collect();
+        m.write(0, &data).unwrap();
+        // SAFETY: inside the allocation.
+        let landed = unsafe { std::slice::from_raw_parts(base.add(GPU_PAGE as usize - 100), 200) };
+        assert_eq!(landed, &data[..], "the bytes are where the address said");
+        let mut back = [0u8; 50];
+        m.read(150, &mut back).unwrap();
+        assert_eq!(&back[..], &data[150..]);
+        // Outside the range: refused before any call.
+        assert!(matches!(m.write(150, &[0; 51]), Err(GdrError::Range(_))));
+        assert!(matches!(m.read(usize::MAX, &mut back), Err(GdrError::Range(_))));
+    }
+    // SAFETY: as above.
+    assert!(matches!(
+        unsafe { GdrMapping::new(&gdr, addr, 0) },
+        Err(GdrError::Range(_))
+    ));
+    drop(gdr);
+    assert_eq!(calls(&kept), "open pin map copy_to copy_from unmap unpin close");
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(base, layout) };
+    let _ = std::fs::remove_file(&node);
+}
