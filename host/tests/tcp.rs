@@ -808,11 +808,10 @@ fn fake_responder(answer: Vec<u8>, trickle: usize, hold: Duration) -> (SocketAdd
     (addr, h)
 }
 
-fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
-    let a = listening_context();
-    let q = qp(&a, 8, QpConfig::default());
-    let started = Instant::now();
-    let r = q.connect(&Endpoint {
+/// The endpoint of a fake responder at `addr`: QP 0x42 on an HCA of no process here, taking
+/// one READ or atomic at a time.
+fn fake_endpoint(addr: SocketAddr) -> Endpoint {
+    Endpoint {
         gid: [7; 16],
         lid: 0,
         qpn: 0x42,
@@ -821,8 +820,40 @@ fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
         secret: 0x5ec,
         rd_atomic: 0,
         addr: Some(addr),
-    });
+    }
+}
+
+fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
+    let a = listening_context();
+    let q = qp(&a, 8, QpConfig::default());
+    let started = Instant::now();
+    let r = q.connect(&fake_endpoint(addr));
     (r, started.elapsed())
+}
+
+/// One frame (header and payload) from `s`; `None` when none comes (closed, or the read
+/// timeout passed).
+fn read_frame(s: &mut std::net::TcpStream) -> Option<(gdaki::wire::Header, Vec<u8>)> {
+    use std::io::Read;
+    let mut h = [0u8; gdaki::wire::HEADER_LEN];
+    s.read_exact(&mut h).ok()?;
+    let h = gdaki::wire::Header::parse(&h).ok()?;
+    let mut p = vec![0u8; h.len as usize];
+    s.read_exact(&mut p).ok()?;
+    Some((h, p))
+}
+
+/// The fake responder's side of a connection set-up on `listener`: it reads the connect,
+/// accepts it as QP 0x42, declines shared memory, and returns the connection, ready for
+/// requests.
+fn accept_as_fake_responder(listener: &TcpListener) -> std::net::TcpStream {
+    use std::io::Write;
+    let (mut s, _) = listener.accept().unwrap();
+    read_frame(&mut s).unwrap(); // the connect
+    s.write_all(&gdaki::wire::encode_accept(0x42)).unwrap();
+    read_frame(&mut s).unwrap(); // the shared-memory offer
+    s.write_all(&gdaki::wire::encode_shm_answer(false)).unwrap();
+    s
 }
 
 /// A requester keeps its READs and atomics in flight within what the responder's endpoint
@@ -830,30 +861,18 @@ fn connect_to(addr: SocketAddr) -> (Result<(), Error>, Duration) {
 /// first is answered; the rest wait in the send queue and all complete, in order.
 #[test]
 fn reads_in_flight_stay_within_what_the_responder_accepts() {
-    use gdaki::wire::{Header, Request, Response, HEADER_LEN};
-    use std::io::{Read, Write};
+    use gdaki::wire::{Request, Response};
+    use std::io::Write;
     let listener = TcpListener::bind(LOOPBACK).unwrap();
     let addr = listener.local_addr().unwrap();
     let fake = thread::spawn(move || -> Vec<usize> {
-        let (mut s, _) = listener.accept().unwrap();
-        let frame = |s: &mut std::net::TcpStream| {
-            let mut h = [0u8; HEADER_LEN];
-            s.read_exact(&mut h).ok()?;
-            let h = Header::parse(&h).ok()?;
-            let mut p = vec![0u8; h.len as usize];
-            s.read_exact(&mut p).ok()?;
-            Some((h, p))
-        };
-        frame(&mut s).unwrap(); // the connect
-        s.write_all(&gdaki::wire::encode_accept(0x42)).unwrap();
-        frame(&mut s).unwrap(); // the shared-memory offer
-        s.write_all(&gdaki::wire::encode_shm_answer(false)).unwrap();
+        let mut s = accept_as_fake_responder(&listener);
         // How many READs arrive before each answer (within 300 ms of quiet).
         let mut waiting = Vec::new();
         let mut seen_per_answer = Vec::new();
         while seen_per_answer.len() < 4 {
             s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-            while let Some((h, fixed)) = frame(&mut s) {
+            while let Some((h, fixed)) = read_frame(&mut s) {
                 waiting.push(Request::decode(h, &fixed).unwrap().seq);
             }
             seen_per_answer.push(waiting.len());
@@ -867,17 +886,7 @@ fn reads_in_flight_stay_within_what_the_responder_accepts() {
     });
     let a = listening_context();
     let q = qp(&a, 8, QpConfig::default());
-    q.connect(&Endpoint {
-        gid: [7; 16],
-        lid: 0,
-        qpn: 0x42,
-        psn: 0,
-        mtu: 4096,
-        secret: 0x5ec,
-        rd_atomic: 0,
-        addr: Some(addr),
-    })
-    .unwrap();
+    q.connect(&fake_endpoint(addr)).unwrap();
     let local = a.alloc_region(4096, Access::ALL).unwrap();
     let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
     let remote = gdaki_device::Remote { addr: 0x1000, rkey: 7 };
@@ -896,26 +905,13 @@ fn reads_in_flight_stay_within_what_the_responder_accepts() {
 /// likes (here 2 s for 64 bytes; 1 MiB would take 9 hours).
 #[test]
 fn a_read_response_that_stalls_fails_within_the_retry_timeout() {
-    use gdaki::wire::{Header, Request, Response, HEADER_LEN};
-    use std::io::{Read, Write};
+    use gdaki::wire::{Request, Response};
+    use std::io::Write;
     let listener = TcpListener::bind(LOOPBACK).unwrap();
     let addr = listener.local_addr().unwrap();
     let fake = thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let frame = |s: &mut std::net::TcpStream| {
-            let mut h = [0u8; HEADER_LEN];
-            s.read_exact(&mut h).ok()?;
-            let h = Header::parse(&h).ok()?;
-            let mut p = vec![0u8; h.len as usize];
-            s.read_exact(&mut p).ok()?;
-            Some((h, p))
-        };
-        let (_, connect) = frame(&mut s).unwrap();
-        let _ = connect;
-        s.write_all(&gdaki::wire::encode_accept(0x42)).unwrap();
-        frame(&mut s).unwrap(); // the shared-memory offer
-        s.write_all(&gdaki::wire::encode_shm_answer(false)).unwrap();
-        let (h, fixed) = frame(&mut s).unwrap();
+        let mut s = accept_as_fake_responder(&listener);
+        let (h, fixed) = read_frame(&mut s).unwrap();
         let req = Request::decode(h, &fixed).unwrap();
         s.write_all(&Response::ReadResp { seq: req.seq, len: 64 }.encode_head().unwrap())
             .unwrap();
@@ -932,17 +928,7 @@ fn a_read_response_that_stalls_fails_within_the_retry_timeout() {
         ..Default::default()
     };
     let q = qp(&a, 8, cfg);
-    q.connect(&Endpoint {
-        gid: [7; 16],
-        lid: 0,
-        qpn: 0x42,
-        psn: 0,
-        mtu: 4096,
-        secret: 0x5ec,
-        rd_atomic: 0,
-        addr: Some(addr),
-    })
-    .unwrap();
+    q.connect(&fake_endpoint(addr)).unwrap();
     let local = a.alloc_region(4096, Access::ALL).unwrap();
     let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
     let started = Instant::now();
