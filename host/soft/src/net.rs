@@ -620,22 +620,16 @@ impl Link {
         }
     }
 
-    /// Whether requests sent on this link are still unanswered: with `all`, any; without,
-    /// RDMA READs and atomics only (what a FENCE waits for; WRITEs are not).
-    pub(crate) fn outstanding(&self, all: bool) -> bool {
+    /// Whether at least `n` (1 or more) requests sent on this link are still unanswered: with
+    /// `all`, of any kind; without, RDMA READs and atomics only (what a FENCE waits for, and
+    /// what `log_sra_max` bounds; WRITEs are not). Stops counting at `n`.
+    pub(crate) fn outstanding(&self, all: bool, n: usize) -> bool {
         lock(&self.shared.inflight)
             .entries
             .iter()
-            .any(|e| e.outcome.is_none() && (all || e.fetches))
-    }
-
-    /// How many READs and atomics sent on this link are still unanswered.
-    pub(crate) fn fetches_in_flight(&self) -> usize {
-        lock(&self.shared.inflight)
-            .entries
-            .iter()
-            .filter(|e| e.outcome.is_none() && e.fetches)
-            .count()
+            .filter(|e| e.outcome.is_none() && (all || e.fetches))
+            .nth(n.max(1) - 1)
+            .is_some()
     }
 
     /// Queues the completion of a WQE whose outcome is known without the peer.

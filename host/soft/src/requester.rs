@@ -225,7 +225,7 @@ pub(crate) fn execute(
     if fence.waits_for_reads_and_atomics() {
         copies.settle_reads().map_err(|_| Syndrome::LocalAccess)?;
         if let Target::Remote(link) = target {
-            if link.outstanding(fence.waits_for_everything()) {
+            if link.outstanding(fence.waits_for_everything(), 1) {
                 return Ok(Executed::Fenced);
             }
         }
@@ -237,7 +237,7 @@ pub(crate) fn execute(
         Operation::Read { .. } | Operation::FetchAdd { .. } | Operation::CompareSwap { .. }
     ) {
         if let Target::Remote(link) = target {
-            if link.fetches_in_flight() >= qp.max_reads_in_flight() {
+            if link.outstanding(false, qp.max_reads_in_flight()) {
                 return Ok(Executed::Fenced);
             }
         }
