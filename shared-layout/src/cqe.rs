@@ -198,6 +198,48 @@ impl Cqe64 {
         cqe
     }
 
+    /// A responder success CQE: receive `wqe_counter` of QP `qpn` took a message of
+    /// `byte_cnt` bytes from QP `src_qpn`, as `opcode` ([`CqeOpcode::RespSend`],
+    /// [`CqeOpcode::RespSendImm`] or [`CqeOpcode::RespWrImm`]) with immediate `imm` (0 without),
+    /// written in lap parity `owner`.
+    #[inline(always)]
+    pub fn responder(
+        qpn: u32,
+        wqe_counter: u16,
+        byte_cnt: u32,
+        opcode: CqeOpcode,
+        imm: u32,
+        src_qpn: u32,
+        owner: u8,
+    ) -> Self {
+        let mut cqe: Cqe64 = Zeroable::zeroed();
+        cqe.byte_cnt = Be32::new(byte_cnt);
+        cqe.imm_inval_pkey = Be32::new(imm);
+        cqe.flags_rqpn = Be32::new(src_qpn & QPN_MASK);
+        cqe.sop_drop_qpn = Be32::new(qpn & QPN_MASK);
+        cqe.wqe_counter = Be16::new(wqe_counter);
+        cqe.op_own = op_own(opcode, owner);
+        cqe
+    }
+
+    /// Bytes of the operation (a responder's: bytes received).
+    #[inline(always)]
+    pub const fn byte_count(&self) -> u32 {
+        self.byte_cnt.get()
+    }
+
+    /// The immediate data of a responder CQE with one.
+    #[inline(always)]
+    pub const fn imm(&self) -> u32 {
+        self.imm_inval_pkey.get()
+    }
+
+    /// The QP number the message came from (responder CQEs).
+    #[inline(always)]
+    pub const fn src_qpn(&self) -> u32 {
+        self.flags_rqpn.get() & QPN_MASK
+    }
+
     /// The opcode.
     #[inline(always)]
     pub const fn opcode(&self) -> CqeOpcode {
@@ -278,6 +320,15 @@ impl ErrCqe {
         cqe.s_wqe_opcode_qpn = Be32::new((wqe_opcode as u32) << WQE_OPCODE_SHIFT | (qpn & QPN_MASK));
         cqe.wqe_counter = Be16::new(wqe_counter);
         cqe.op_own = op_own(CqeOpcode::ReqErr, owner);
+        cqe
+    }
+
+    /// A responder error CQE for receive `wqe_counter` of QP `qpn` (a flushed receive, or one
+    /// whose message it could not take).
+    #[inline(always)]
+    pub fn responder(qpn: u32, wqe_counter: u16, syndrome: Syndrome, vendor: u8, owner: u8) -> Self {
+        let mut cqe = ErrCqe::new(qpn, wqe_counter, 0, syndrome, vendor, owner);
+        cqe.op_own = op_own(CqeOpcode::RespErr, owner);
         cqe
     }
 

@@ -225,8 +225,62 @@ pub struct DevQp {
     pub cq: DevCq,
 }
 
+/// `DevRq::version` of this layout, encoded as [`DEV_QP_VERSION`] is.
+pub const DEV_RQ_VERSION: u32 = 1 << 16 | core::mem::size_of::<DevRq>() as u32;
+
+/// A QP's receive queue with its CQ as the device sees it: the handle receive functions take.
+/// Receives are consumed in posting order, so, as on the send side, a receive's index is the
+/// index of its CQE on this CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct DevRq {
+    /// Hot: receive WQEs reserved so far.
+    pub rq_reserved: u64,
+    /// Hot: receives whose WQEs are written and announced in the doorbell record, in order.
+    pub rq_ready: u64,
+    /// Pads the hot line.
+    pub hot_pad: [u64; 6],
+    /// Address of receive WQE 0 (`1 << log_size` WQEs of `16 << log_stride` bytes).
+    pub rq_base: u64,
+    /// Address of the receive word of the QP doorbell record (record + 0).
+    pub rq_dbrec: u64,
+    /// Bound of every wait, in nanoseconds of the device's global timer.
+    pub timeout_ns: u64,
+    /// QP number.
+    pub qpn: u32,
+    /// log2 of the number of receive WQEs.
+    pub log_size: u32,
+    /// log2 of the data segments per receive WQE.
+    pub log_stride: u32,
+    /// `QP_*` flags ([`QP_RINGS_IN_GPU_MEMORY`] for the receive queue and its record).
+    pub flags: u8,
+    /// Pads `version`.
+    pub version_pad: [u8; 3],
+    /// [`DEV_RQ_VERSION`].
+    pub version: u32,
+    /// Pads the constant line.
+    pub const_pad: [u8; 20],
+    /// The receive completion queue.
+    pub cq: DevCq,
+}
+
+impl DevRq {
+    /// Whether the receive queue is in GPU memory ([`QP_RINGS_IN_GPU_MEMORY`]).
+    #[inline(always)]
+    pub const fn rings_in_gpu_memory(&self) -> bool {
+        self.flags & QP_RINGS_IN_GPU_MEMORY != 0
+    }
+}
+
 const _: () = {
     use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<DevRq>() == 256 && align_of::<DevRq>() == 64);
+    assert!(offset_of!(DevRq, rq_reserved) == 0 && offset_of!(DevRq, rq_ready) == 8);
+    assert!(offset_of!(DevRq, rq_base) == 64 && offset_of!(DevRq, rq_dbrec) == 72);
+    assert!(offset_of!(DevRq, timeout_ns) == 80 && offset_of!(DevRq, qpn) == 88);
+    assert!(offset_of!(DevRq, log_size) == 92 && offset_of!(DevRq, log_stride) == 96);
+    assert!(offset_of!(DevRq, flags) == 100 && offset_of!(DevRq, version) == 104);
+    assert!(offset_of!(DevRq, cq) == 128);
     assert!(size_of::<DevCq>() == 128 && align_of::<DevCq>() == 64);
     assert!(offset_of!(DevCq, consumed) == 0 && offset_of!(DevCq, error) == 8);
     assert!(offset_of!(DevCq, cqe_base) == 64 && offset_of!(DevCq, dbrec) == 72);

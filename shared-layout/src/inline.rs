@@ -20,6 +20,10 @@ pub const INLINE_SEG: u32 = 0x8000_0000;
 /// (64 - control - remote address - header = 28 bytes).
 pub const MAX_SINGLE_BB: usize = SEND_WQE_BB - ctrl::SIZE - raddr::SIZE - HEADER_SIZE;
 
+/// The most payload a SEND carries inline in a single WQE building block
+/// (64 - control - header = 44 bytes).
+pub const MAX_SEND_SINGLE_BB: usize = SEND_WQE_BB - ctrl::SIZE - HEADER_SIZE;
+
 /// The `byte_count` word of an inline segment of `len` bytes.
 #[inline(always)]
 pub const fn byte_count(len: u32) -> u32 {

@@ -16,7 +16,8 @@
 //! - [`opcode`]: WQE and CQE opcodes and error syndromes (never fail to parse).
 //! - [`ring`]: ring arithmetic (`const fn`), written once for device, proxy, soft HCA and tests.
 //! - [`wqe`]: a length-checked view of untrusted WQE bytes and the decoded [`wqe::WorkRequest`].
-//! - [`handle`]: [`DevQp`] and [`DevCq`], the handles exported to the GPU.
+//! - [`recv`]: receive WQEs (scatter lists) and the receive queue's ring.
+//! - [`handle`]: [`DevQp`], [`DevRq`] and [`DevCq`], the handles exported to the GPU.
 //! - [`perf`]: what the perftest kernels take ([`perf::PingPongSide`]).
 //! - [`copy`]: the soft HCA's GPU copy service (descriptors, completions, kernel state).
 //! - [`prm`]: the command mailboxes (CREATE_CQ, CREATE_QP, the QP transitions, capability
@@ -56,11 +57,12 @@ pub mod opcode;
 pub mod perf;
 pub mod prm;
 pub mod raddr;
+pub mod recv;
 pub mod ring;
 pub mod wqe;
 
 pub use endian::{Be16, Be32, Be64};
-pub use handle::{AtomicReplyOrder, DevCq, DevQp, DoorbellKind};
+pub use handle::{AtomicReplyOrder, DevCq, DevQp, DevRq, DoorbellKind};
 pub use opcode::{CqeOpcode, Syndrome, WqeOpcode};
 
 /// A byte range of a field inside a format.

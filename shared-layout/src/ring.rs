@@ -54,6 +54,16 @@ pub const DS_ATOMIC: u8 = ((ctrl::SIZE + raddr::SIZE + atomic::SIZE + data::SIZE
 /// `ds` of a DUMP: control and one data segment (the local byte the HCA reads).
 pub const DS_DUMP: u8 = ((ctrl::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
 
+/// `ds` of a SEND with one data segment.
+pub const DS_SEND: u8 = ((ctrl::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
+
+/// `ds` of a SEND with `len` bytes inline (none: the control segment alone).
+#[inline(always)]
+pub const fn ds_send_inline(len: usize) -> u8 {
+    let inl = if len == 0 { 0 } else { inline::ds(len) };
+    (ctrl::SIZE / WQE_DS_UNIT + inl) as u8
+}
+
 /// `ds` of an RDMA WRITE with `len` bytes inline. With no bytes there is no inline segment at
 /// all (a zero-length WRITE of control and remote address), as rdma-core's `set_data_inl_seg`
 /// emits it: a header of byte count 0 is a form no reference posts.

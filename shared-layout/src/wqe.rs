@@ -190,7 +190,7 @@ impl SgeList {
         self.as_slice().iter().map(|s| s.length as u64).sum()
     }
 
-    fn push(&mut self, sge: Sge) -> Result<(), WqeError> {
+    pub(crate) fn push(&mut self, sge: Sge) -> Result<(), WqeError> {
         let slot = self
             .sges
             .get_mut(self.count as usize)
@@ -201,7 +201,7 @@ impl SgeList {
     }
 }
 
-/// Where an RDMA WRITE's payload comes from.
+/// Where an RDMA WRITE's or a SEND's payload comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Payload {
     /// Gathered from local buffers.
@@ -224,6 +224,12 @@ pub enum Operation {
     Write {
         /// Destination.
         remote: Remote,
+        /// Source.
+        payload: Payload,
+    },
+    /// SEND (with immediate when the opcode says so): the payload lands in the buffers of the
+    /// responder's next receive.
+    Send {
         /// Source.
         payload: Payload,
     },
@@ -352,6 +358,24 @@ impl WorkRequest {
                     remote: remote()?,
                     payload,
                 }
+            }
+            WqeOpcode::Send | WqeOpcode::SendImm => {
+                let payload = match view.segment(1) {
+                    Some(s) if u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & inline::INLINE_SEG != 0 => {
+                        let len = u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & !inline::INLINE_SEG;
+                        let offset = ctrl::SIZE + inline::HEADER_SIZE;
+                        let room = ds as usize * WQE_DS_UNIT - offset;
+                        if len as usize > room || inline::ds(len as usize) != ds as usize - 1 {
+                            return Err(WqeError::BadInline { len, room });
+                        }
+                        Payload::Inline {
+                            offset: offset as u16,
+                            len: len as u16,
+                        }
+                    }
+                    _ => Payload::Gather(gather(1)?),
+                };
+                Operation::Send { payload }
             }
             WqeOpcode::Dump if ds != crate::ring::DS_DUMP => return Err(bad_ds),
             WqeOpcode::Dump => {
@@ -537,6 +561,58 @@ mod tests {
     }
 
     #[test]
+    fn parses_sends_gathered_and_inline_with_their_immediate() {
+        let c = CtrlSeg::new(WqeOpcode::SendImm, 0, 5, 3, 2, CE_CQ_UPDATE, 0xdead_beef);
+        let d = DataSeg::new(64, 0x55, 0x2000);
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&d)]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        let sge = Sge {
+            addr: 0x2000,
+            length: 64,
+            lkey: 0x55,
+        };
+        assert_eq!(
+            wr.op,
+            Operation::Send {
+                payload: Payload::Gather(SgeList::one(sge))
+            }
+        );
+        assert_eq!((wr.opcode, wr.imm), (WqeOpcode::SendImm, 0xdead_beef));
+        // 40 bytes inline: header and payload take 3 units after the control segment.
+        let c = CtrlSeg::new(WqeOpcode::Send, 0, 6, 3, crate::ring::ds_send_inline(40), 0, 0);
+        let mut inl = [0u8; 48];
+        inl[..4].copy_from_slice(&inline::byte_count(40).to_be_bytes());
+        inl[4..44].copy_from_slice(&[9u8; 40]);
+        let buf = wqe(&[bytemuck::bytes_of(&c), &inl]);
+        let view = WqeView::new_checked(&buf[..]).unwrap();
+        let wr = WorkRequest::parse(&view).unwrap();
+        assert_eq!(
+            wr.op,
+            Operation::Send {
+                payload: Payload::Inline { offset: 20, len: 40 }
+            }
+        );
+        assert_eq!(&view.bytes()[20..60], &[9u8; 40]);
+        // A SEND of nothing: the control segment alone.
+        let c = CtrlSeg::new(WqeOpcode::Send, 0, 7, 3, crate::ring::ds_send_inline(0), 0, 0);
+        let buf = wqe(&[bytemuck::bytes_of(&c)]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        assert_eq!(
+            wr.op,
+            Operation::Send {
+                payload: Payload::Gather(SgeList::default())
+            }
+        );
+        // An inline length the units do not hold.
+        let c = CtrlSeg::new(WqeOpcode::Send, 0, 6, 3, 2, 0, 0);
+        let buf = wqe(&[bytemuck::bytes_of(&c), &inl]);
+        assert!(matches!(
+            WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()),
+            Err(WqeError::BadInline { len: 40, .. })
+        ));
+    }
+
+    #[test]
     fn rejects_malformed_wqes_with_the_right_syndrome() {
         let short = [0u8; 8];
         assert_eq!(
@@ -568,12 +644,12 @@ mod tests {
             WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()),
             Err(WqeError::BadDs { .. })
         ));
-        let c = CtrlSeg::new(WqeOpcode::Send, 0, 0, 1, 1, 0, 0);
+        let c = CtrlSeg::new(WqeOpcode::Tso, 0, 0, 1, 1, 0, 0);
         let buf = wqe(&[bytemuck::bytes_of(&c)]);
         let err = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap_err();
         assert_eq!(
             (err, err.syndrome()),
-            (WqeError::UnsupportedOpcode(WqeOpcode::Send), Syndrome::LocalQpOp)
+            (WqeError::UnsupportedOpcode(WqeOpcode::Tso), Syndrome::LocalQpOp)
         );
         let c = CtrlSeg::new(WqeOpcode::RdmaWrite, 0, 0, 1, 3, 0, 0);
         let mut inl = [0u8; 16];

@@ -9,7 +9,7 @@ use gdaki_layout::cqe::{self, Cqe64, ErrCqe};
 use gdaki_layout::ctrl::{self, CtrlSeg};
 use gdaki_layout::data::DataSeg;
 use gdaki_layout::raddr::RaddrSeg;
-use gdaki_layout::{dbrec, inline, Segment, Syndrome, WqeOpcode, SEND_WQE_BB};
+use gdaki_layout::{dbrec, inline, CqeOpcode, Segment, Syndrome, WqeOpcode, SEND_WQE_BB};
 
 #[path = "support/c_golden.rs"]
 mod c_golden;
@@ -91,8 +91,25 @@ fn cqes_decode_as_rdma_core_reads_them() {
     for i in 0..CASES {
         let r = [rng.next(), rng.next(), rng.next()];
         let owner = (r[0] & 1) as u8;
-        let cqe = match i % 3 {
+        let cqe = match i % 4 {
             0 => Cqe64::success(r[0] as u32, (r[0] >> 32) as u16, r[1] as u32, owner),
+            3 => Cqe64::responder(
+                r[0] as u32,
+                (r[0] >> 32) as u16,
+                r[1] as u32,
+                [CqeOpcode::RespSend, CqeOpcode::RespSendImm, CqeOpcode::RespWrImm][(r[2] % 3) as usize],
+                (r[1] >> 32) as u32,
+                (r[2] >> 8) as u32,
+                owner,
+            ),
+            2 if i % 8 == 2 => ErrCqe::responder(
+                r[0] as u32,
+                (r[0] >> 32) as u16,
+                Syndrome::from_raw(r[1] as u8),
+                (r[1] >> 16) as u8,
+                owner,
+            )
+            .as_cqe(),
             1 => ErrCqe::new(
                 r[0] as u32,
                 (r[0] >> 32) as u16,
@@ -128,6 +145,8 @@ fn cqes_decode_as_rdma_core_reads_them() {
             err.syndrome().raw() as u64,
             err.vendor_err_synd as u64,
             err.wqe_opcode() as u64,
+            cqe.imm() as u64,
+            cqe.src_qpn() as u64,
         ];
         assert_eq!(f, ours, "CQE {i} {}", hex(bytemuck::bytes_of(cqe)));
     }
@@ -166,8 +185,21 @@ fn struct_layouts_and_constants_match_the_header() {
         dbrec::RCV_DBR as i64,
         cqe::OWNER_MASK as i64,
         gdaki_layout::CqeOpcode::Invalid.raw() as i64,
+        gdaki_layout::recv::INVALID_LKEY as i64,
+        CqeOpcode::RespWrImm.raw() as i64,
+        CqeOpcode::RespSend.raw() as i64,
+        CqeOpcode::RespSendImm.raw() as i64,
+        CqeOpcode::RespErr.raw() as i64,
+        WqeOpcode::Send.raw() as i64,
+        WqeOpcode::SendImm.raw() as i64,
+        WqeOpcode::RdmaWriteImm.raw() as i64,
     ];
     assert_eq!(consts, ours);
+    let offsets: Vec<usize> = lines[2].split(' ').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(
+        offsets,
+        [cqe::field::IMM_INVAL_PKEY.start, cqe::field::FLAGS_RQPN.start]
+    );
 }
 
 /// The patterns a CQ ring may start with (0xf0 / 0xf1 from a byte-wise fill of INVALID with
@@ -215,8 +247,8 @@ fn initial_patterns_error_cqes_and_formats_decode_as_rdma_core_reads_them() {
     );
     let c: Cqe64 = bytemuck::cast(err);
     assert!(c.opcode().is_error() && c.owner() == 1 && c.qpn() == 0xab_cdef && c.format() == 0);
-    // opcode owner se format counter byte_cnt qpn syndrome vendor wqe_opcode
-    assert_eq!(lines[3], "13 1 0 0 4660 0 11259375 19 136 16");
+    // opcode owner se format counter byte_cnt qpn syndrome vendor wqe_opcode imm src_qp
+    assert_eq!(lines[3], "13 1 0 0 4660 0 11259375 19 136 16 0 0");
     let z: Cqe64 = bytemuck::cast(zipped);
     assert_eq!((z.format(), z.opcode().raw()), (3, 0));
     assert!(lines[4].starts_with("0 0 0 3 "), "{}", lines[4]);

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use gdaki_layout::prm::command::{
-    self, AddressPath, CapType, CreateCq, CreateQp, Init2Rtr, Opcode, QpcState, Rst2Init, Rtr2Rts,
+    self, AddressPath, CapType, CreateCq, CreateQp, Init2Rtr, Opcode, QpcState, RqShape, Rst2Init, Rtr2Rts,
 };
 use gdaki_layout::prm::layout::STRUCTURES;
 use gdaki_layout::prm::CmdStatus;
@@ -190,7 +190,7 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
     let mut rng = Rng(0x51f1_5eed_0bad_cafe);
     let mut input = String::new();
     let mut expect = Vec::new();
-    for _ in 0..CASES {
+    for i in 0..CASES {
         let mut r = || rng.next();
         let cq = CreateCq {
             log_size: (r() % 32) as u8,
@@ -232,10 +232,16 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             dbr_offset: r(),
             log_page_size: (r() % 32) as u8,
             ts_format: command::qp_ts_format((r() % 3) as u8),
+            // Half send-only, half with a receive queue of any shape the fields hold.
+            receive: (i % 2 == 1).then(|| RqShape {
+                log_size: (r() % 16) as u8,
+                log_stride: (r() % 8) as u8,
+            }),
         };
+        let rq = qp.receive.unwrap_or_default();
         writeln!(
             input,
-            "create_qp {} {} {} {} {} {} {} {} {} {} {} {}",
+            "create_qp {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             qp.pd,
             qp.uar_page,
             qp.cqn_snd,
@@ -247,7 +253,10 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             qp.dbr_umem_id,
             qp.dbr_offset,
             qp.log_page_size,
-            qp.ts_format
+            qp.ts_format,
+            qp.receive.is_some() as u8,
+            rq.log_size,
+            rq.log_stride
         )
         .unwrap();
         expect.push(hex(&qp.encode()));

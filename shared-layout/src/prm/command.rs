@@ -560,6 +560,19 @@ pub struct CreateQp {
     pub log_page_size: u8,
     /// `qpc.ts_format` ([`qp_ts_format`]).
     pub ts_format: u8,
+    /// The receive queue: `None` for a send-only QP (a zero-length RQ, `rq_type` 3); else a
+    /// regular RQ at offset 0 of the work-queue umem, the send queue after it
+    /// ([`crate::recv`]).
+    pub receive: Option<RqShape>,
+}
+
+/// The shape of a QP's receive queue (`qpc.log_rq_size`, `qpc.log_rq_stride`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RqShape {
+    /// log2 of the number of receive WQEs.
+    pub log_size: u8,
+    /// log2 of the data segments per receive WQE (the WQE is 16 bytes times that).
+    pub log_stride: u8,
 }
 
 impl CreateQp {
@@ -578,8 +591,17 @@ impl CreateQp {
         set(&mut b, q(qpc::LOG_PAGE_SIZE), self.log_page_size as u64);
         set(&mut b, q(qpc::LOG_SQ_SIZE), self.log_sq_size as u64);
         set(&mut b, q(qpc::TS_FORMAT), self.ts_format as u64);
-        set(&mut b, q(qpc::RQ_TYPE), QPC_RQ_TYPE_ZERO_LEN as u64);
-        set(&mut b, q(qpc::LOG_RQ_SIZE), 0);
+        match self.receive {
+            None => {
+                set(&mut b, q(qpc::RQ_TYPE), QPC_RQ_TYPE_ZERO_LEN as u64);
+                set(&mut b, q(qpc::LOG_RQ_SIZE), 0);
+            }
+            Some(rq) => {
+                set(&mut b, q(qpc::RQ_TYPE), crate::recv::RQ_TYPE_REGULAR as u64);
+                set(&mut b, q(qpc::LOG_RQ_SIZE), rq.log_size as u64);
+                set(&mut b, q(qpc::LOG_RQ_STRIDE), rq.log_stride as u64);
+            }
+        }
         set(&mut b, q(qpc::CQN_SND), self.cqn_snd as u64);
         set(&mut b, q(qpc::CQN_RCV), self.cqn_rcv as u64);
         set(&mut b, q(qpc::DBR_UMEM_VALID), 1);

@@ -49,10 +49,13 @@ int main(void) {
 			for (int i = 0; i < 64; i++) sscanf(text + 2 * i, "%2hhx", &raw[i]);
 			struct mlx5_cqe64 *cqe = (struct mlx5_cqe64 *)raw;
 			struct mlx5_err_cqe *err = (struct mlx5_err_cqe *)raw;
-			printf("%u %u %u %u %u %u %u %u %u %u\n", mlx5dv_get_cqe_opcode(cqe), mlx5dv_get_cqe_owner(cqe),
+			/* The immediate as verbs hands it over (ibv_wc.imm_data, network order) and the
+			 * source QP as mlx5's poll reads it. */
+			printf("%u %u %u %u %u %u %u %u %u %u %u %u\n", mlx5dv_get_cqe_opcode(cqe), mlx5dv_get_cqe_owner(cqe),
 			       mlx5dv_get_cqe_se(cqe), mlx5dv_get_cqe_format(cqe), be16toh(cqe->wqe_counter),
 			       be32toh(cqe->byte_cnt), be32toh(cqe->sop_drop_qpn) & 0xffffff, err->syndrome,
-			       err->vendor_err_synd, be32toh(err->s_wqe_opcode_qpn) >> 24);
+			       err->vendor_err_synd, be32toh(err->s_wqe_opcode_qpn) >> 24, be32toh(cqe->imm_inval_pkey),
+			       be32toh(cqe->flags_rqpn) & 0xffffff);
 		} else if (!strcmp(kind, "layout")) {
 			printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n",
 			       sizeof(struct mlx5_wqe_ctrl_seg), offsetof(struct mlx5_wqe_ctrl_seg, qpn_ds),
@@ -63,9 +66,12 @@ int main(void) {
 			       offsetof(struct mlx5_cqe64, op_own), offsetof(struct mlx5_err_cqe, syndrome),
 			       offsetof(struct mlx5_err_cqe, vendor_err_synd), offsetof(struct mlx5_err_cqe, s_wqe_opcode_qpn),
 			       (size_t)MLX5_SEND_WQE_BB, (size_t)MLX5_INLINE_SEG);
-			printf("%d %d %d %d %d %d %d %d\n", MLX5_WQE_CTRL_CQ_UPDATE, MLX5_WQE_CTRL_SOLICITED,
-			       MLX5_WQE_CTRL_FENCE, MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE, MLX5_SND_DBR, MLX5_RCV_DBR,
-			       MLX5_CQE_OWNER_MASK, MLX5_CQE_INVALID);
+			printf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", MLX5_WQE_CTRL_CQ_UPDATE,
+			       MLX5_WQE_CTRL_SOLICITED, MLX5_WQE_CTRL_FENCE, MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE,
+			       MLX5_SND_DBR, MLX5_RCV_DBR, MLX5_CQE_OWNER_MASK, MLX5_CQE_INVALID, MLX5_INVALID_LKEY,
+			       MLX5_CQE_RESP_WR_IMM, MLX5_CQE_RESP_SEND, MLX5_CQE_RESP_SEND_IMM, MLX5_CQE_RESP_ERR,
+			       MLX5_OPCODE_SEND, MLX5_OPCODE_SEND_IMM, MLX5_OPCODE_RDMA_WRITE_IMM);
+			printf("%zu %zu\n", offsetof(struct mlx5_cqe64, imm_inval_pkey), offsetof(struct mlx5_cqe64, flags_rqpn));
 		} else {
 			return 3;
 		}

@@ -6,7 +6,8 @@
  * Input lines (decimal numbers):
  *   create_cq  log_size uar_page eqn umem_id umem_offset dbr_umem_id dbr_offset log_page_size oi
  *   create_qp  pd uar_page cqn_snd cqn_rcv log_sq_size user_index umem_id umem_offset
- *              dbr_umem_id dbr_offset log_page_size ts_format
+ *              dbr_umem_id dbr_offset log_page_size ts_format rq log_rq_size log_rq_stride
+ *              (rq 0: send-only, a zero-length RQ; 1: a regular RQ of that shape)
  *   rst2init   qpn port pkey_index rre rwe rae atomic_mode
  *   init2rtr   qpn mtu log_msg_max remote_qpn next_rcv_psn min_rnr_nak log_rra_max
  *              port rlid sl grh gid_index rgid_hi rgid_lo hop_limit tclass rmac udp_sport
@@ -71,10 +72,13 @@ int main(void) {
 			DEVX_SET(cqc, cq, log_page_size, lps);
 			print(b, DEVX_ST_SZ_BYTES(create_cq_in));
 		} else if (!strcmp(kind, "create_qp")) {
-			uint64_t pd, uar, snd, rcv, log_sq, uidx, umem, umem_off, dbr_umem, dbr_off, lps, ts;
+			uint64_t pd, uar, snd, rcv, log_sq, uidx, umem, umem_off, dbr_umem, dbr_off, lps, ts, rq, log_rq,
+				rq_stride;
 			if (scanf("%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
-				  " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
-				  &pd, &uar, &snd, &rcv, &log_sq, &uidx, &umem, &umem_off, &dbr_umem, &dbr_off, &lps, &ts) != 12)
+				  " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+				  " %" SCNu64,
+				  &pd, &uar, &snd, &rcv, &log_sq, &uidx, &umem, &umem_off, &dbr_umem, &dbr_off, &lps, &ts,
+				  &rq, &log_rq, &rq_stride) != 15)
 				return 2;
 			DEVX_SET(create_qp_in, b, opcode, MLX5_CMD_OP_CREATE_QP);
 			DEVX_SET(create_qp_in, b, wq_umem_valid, 1);
@@ -89,8 +93,14 @@ int main(void) {
 			DEVX_SET(qpc, qpc, log_page_size, lps);
 			DEVX_SET(qpc, qpc, log_sq_size, log_sq);
 			DEVX_SET(qpc, qpc, ts_format, ts);
-			DEVX_SET(qpc, qpc, rq_type, 3 /* MLX5_ZERO_LEN_RQ */);
-			DEVX_SET(qpc, qpc, log_rq_size, 0);
+			if (rq) {
+				DEVX_SET(qpc, qpc, rq_type, 0 /* MLX5_NON_ZERO_RQ */);
+				DEVX_SET(qpc, qpc, log_rq_size, log_rq);
+				DEVX_SET(qpc, qpc, log_rq_stride, rq_stride);
+			} else {
+				DEVX_SET(qpc, qpc, rq_type, 3 /* MLX5_ZERO_LEN_RQ */);
+				DEVX_SET(qpc, qpc, log_rq_size, 0);
+			}
 			DEVX_SET(qpc, qpc, cqn_snd, snd);
 			DEVX_SET(qpc, qpc, cqn_rcv, rcv);
 			DEVX_SET(qpc, qpc, dbr_umem_valid, 1);
