@@ -44,6 +44,7 @@
 
 pub mod arch;
 pub mod copier;
+pub(crate) mod cq;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "c-abi"))]
 pub mod ffi;
 #[cfg(all(target_arch = "nvptx64", feature = "kernels"))]

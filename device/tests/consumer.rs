@@ -253,6 +253,9 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                 let bad = |r: &Remote, n: u64| r.rkey != RKEY || !check(p.remote, r.addr, n);
                 match wr.op {
                     Operation::Nop => {}
+                    // This consumer has no receive queue (two-sided verbs are tested against
+                    // the soft HCA): a SEND fails as a NIC fails one that no receive takes.
+                    Operation::Send { .. } => syndrome = Some(Syndrome::RnrRetryExc),
                     Operation::Dump { local } => {
                         if local.lkey != LKEY || !check(p.local, local.addr, local.length as u64) {
                             syndrome = Some(Syndrome::LocalProt);

@@ -245,6 +245,7 @@ pub(crate) fn execute(
     // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
     match wr.op {
         Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
+        Operation::Send { .. } => Err(Syndrome::LocalQpOp),
         // The HCA reads the local bytes (checked as a NIC checks them) and completes; what
         // makes it a consistency point is its fence, handled above.
         Operation::Dump { local } => {
