@@ -8,6 +8,8 @@
 //!   `atomic_fetch_add`, `atomic_compare_swap`, `wait`, `quiet`; `fenced` and `deferred`
 //!   handles) and the low-level protocol under them (`reserve`, `wqe_prepare_*`, `mark_ready`,
 //!   `submit`, `ring`, `poll_one`, `poll_at`).
+//! - [`rq::Rq`]: a queue pair's receive queue (`post_recv`, `poll`): the two-sided half, with
+//!   `Qp::send`, `send_imm`, `send_inline` and `write_imm` on the sending side.
 //! - [`scope`]: execution scopes ([`Thread`], [`Warp`], [`Block`]): who posts together.
 //! - [`status`]: tickets and the bounded outcome of every wait.
 //! - [`arch`]: one module per target, barriers named by purpose.
@@ -51,11 +53,13 @@ pub mod ffi;
 pub mod kernels;
 pub mod perf;
 pub mod qp;
+pub mod rq;
 pub mod scope;
 pub mod sharing;
 pub mod status;
 
-pub use qp::{AtomicOp, Local, Qp, Remote, MAX_INLINE};
+pub use qp::{AtomicOp, Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};
+pub use rq::{Recv, RecvBuf, RecvKind, Rq};
 pub use scope::{Block, Scope, Thread, Warp};
 pub use sharing::{Cta, Exclusive, Gpu, Sharing};
 pub use status::{CqeError, PostError, Ticket, WaitError};

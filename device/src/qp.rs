@@ -87,6 +87,9 @@ pub enum AtomicOp {
 /// The most bytes [`Qp::put_inline`] carries (one building block).
 pub const MAX_INLINE: usize = inline::MAX_SINGLE_BB;
 
+/// The most bytes [`Qp::send_inline`] carries (one building block).
+pub const MAX_SEND_INLINE: usize = inline::MAX_SEND_SINGLE_BB;
+
 /// Flags every WQE carries: a CQE for each, so tickets are CQE indices.
 const SIGNALED: u8 = ctrl::CE_CQ_UPDATE;
 
@@ -161,15 +164,25 @@ impl<M: Sharing, S: Scope> Copy for Qp<M, S> {}
 
 /// A bounded wait: backs off between rounds and reports expiry of the handle's timeout. The
 /// clock starts at the first unsuccessful round, so a wait that is not needed reads no timer.
-struct Deadline {
+pub(crate) struct Deadline {
     start: Option<u64>,
     limit: u64,
     round: u32,
 }
 
 impl Deadline {
+    /// A wait bounded by `limit` nanoseconds.
     #[inline(always)]
-    fn expired(&mut self) -> bool {
+    pub(crate) const fn new(limit: u64) -> Deadline {
+        Deadline {
+            start: None,
+            limit,
+            round: 0,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn expired(&mut self) -> bool {
         let now = arch::global_timer_ns();
         let start = *self.start.get_or_insert(now);
         self.round = self.round.wrapping_add(1);
@@ -417,7 +430,13 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
 
     #[inline(always)]
     fn ctrl(&self, opcode: WqeOpcode, index: u64, ds: u8, flags: u8) -> [u64; 2] {
-        CtrlSeg::new(opcode, 0, index as u16, self.qpn(), ds, SIGNALED | flags, 0).to_words()
+        self.ctrl_imm(opcode, index, ds, flags, 0)
+    }
+
+    /// A control segment carrying immediate data `imm` (SEND_IMM, RDMA_WRITE_IMM).
+    #[inline(always)]
+    fn ctrl_imm(&self, opcode: WqeOpcode, index: u64, ds: u8, flags: u8, imm: u32) -> [u64; 2] {
+        CtrlSeg::new(opcode, 0, index as u16, self.qpn(), ds, SIGNALED | flags, imm).to_words()
     }
 
     /// Writes a NOP at reserved slot `index` (`flags`: extra `fm_ce_se` bits, e.g. a fence).
@@ -432,13 +451,101 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         self.prepare_rdma(WqeOpcode::RdmaWrite, index, dst, src, len, flags);
     }
 
-    /// An RDMA WRITE or READ: control, remote address, one data segment (the local buffer).
+    /// Writes an RDMA WRITE with immediate data at reserved slot `index`: `len` bytes from
+    /// `src` land at `dst`, then the peer's next receive completes with `imm` and the count.
     #[inline(always)]
-    fn prepare_rdma(&self, opcode: WqeOpcode, index: u64, remote: Remote, local: Local, len: u32, flags: u8) {
+    pub fn wqe_prepare_write_imm(&self, index: u64, dst: Remote, src: Local, len: u32, imm: u32, flags: u8) {
+        self.prepare_rdma_imm(WqeOpcode::RdmaWriteImm, index, dst, src, len, flags, imm);
+    }
+
+    /// Writes a SEND of `len` bytes from `src` at reserved slot `index` (with `imm`: a SEND
+    /// with immediate data): they land in the buffers of the peer's next receive. 0 bytes
+    /// take no data segment.
+    #[inline(always)]
+    pub fn wqe_prepare_send(&self, index: u64, src: Local, len: u32, imm: Option<u32>, flags: u8) {
+        let opcode = if imm.is_some() {
+            WqeOpcode::SendImm
+        } else {
+            WqeOpcode::Send
+        };
+        let imm = imm.unwrap_or(0);
+        if len == 0 {
+            let ds = ring::ds_send_inline(0);
+            return self.write_wqe(index, &[self.ctrl_imm(opcode, index, ds, flags, imm)]);
+        }
         self.write_wqe(
             index,
             &[
-                self.ctrl(opcode, index, ring::DS_RDMA, flags),
+                self.ctrl_imm(opcode, index, ring::DS_SEND, flags, imm),
+                DataSeg::new(len, src.lkey, src.addr).to_words(),
+            ],
+        );
+    }
+
+    /// Writes a SEND carrying `data` inline (at most [`MAX_SEND_INLINE`] bytes) at `index`,
+    /// with immediate data when `imm` is given.
+    #[inline(always)]
+    pub fn wqe_prepare_send_inline(
+        &self,
+        index: u64,
+        data: &[u8],
+        imm: Option<u32>,
+        flags: u8,
+    ) -> Result<(), PostError> {
+        if data.len() > MAX_SEND_INLINE {
+            return Err(PostError::InlineTooLong {
+                len: data.len(),
+                max: MAX_SEND_INLINE,
+            });
+        }
+        let opcode = if imm.is_some() {
+            WqeOpcode::SendImm
+        } else {
+            WqeOpcode::Send
+        };
+        // Segments 1..=3 hold the inline header and up to 44 payload bytes.
+        let mut tail = [0u8; 48];
+        tail[..4].copy_from_slice(&inline::byte_count(data.len() as u32).to_be_bytes());
+        tail[4..4 + data.len()].copy_from_slice(data);
+        let w = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&tail[8 * i..8 * i + 8]);
+            u64::from_ne_bytes(b)
+        };
+        let ds = ring::ds_send_inline(data.len());
+        let segs = [
+            self.ctrl_imm(opcode, index, ds, flags, imm.unwrap_or(0)),
+            [w(0), w(1)],
+            [w(2), w(3)],
+            [w(4), w(5)],
+        ];
+        self.write_wqe(index, &segs[..ds as usize]);
+        Ok(())
+    }
+
+    /// An RDMA WRITE or READ: control, remote address, one data segment (the local buffer).
+    #[inline(always)]
+    fn prepare_rdma(&self, opcode: WqeOpcode, index: u64, remote: Remote, local: Local, len: u32, flags: u8) {
+        self.prepare_rdma_imm(opcode, index, remote, local, len, flags, 0)
+    }
+
+    /// [`prepare_rdma`](Self::prepare_rdma) with immediate data in the control segment.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_rdma_imm(
+        &self,
+        opcode: WqeOpcode,
+        index: u64,
+        remote: Remote,
+        local: Local,
+        len: u32,
+        flags: u8,
+        imm: u32,
+    ) {
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl_imm(opcode, index, ring::DS_RDMA, flags, imm),
                 RaddrSeg::new(remote.addr, remote.rkey).to_words(),
                 DataSeg::new(len, local.lkey, local.addr).to_words(),
             ],
@@ -1088,6 +1195,74 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             return Err(PostError::Misaligned { addr: target.addr });
         }
         Ok(())
+    }
+
+    /// A SEND of `len` bytes from `src`: they land in the buffers of the peer's next receive,
+    /// which completes with the count ([`Rq::poll`](crate::Rq::poll) on the peer). One message
+    /// is one WQE, so `len` is at most `max_msg_size` ([`PostError::TooLong`] beyond, nothing
+    /// posted). A peer with no receive posted answers "receiver not ready" and the HCA retries
+    /// as the QP's `rnr_retry` says; a receive too small for the message fails both sides.
+    #[inline(always)]
+    pub fn send(&self, src: Local, len: u64) -> Result<Ticket, PostError> {
+        self.post_send(src, len, None)
+    }
+
+    /// [`send`](Self::send) with 32 bits of immediate data, which the peer's receive
+    /// completion carries ([`Recv::imm`](crate::Recv::imm)).
+    #[inline(always)]
+    pub fn send_imm(&self, src: Local, len: u64, imm: u32) -> Result<Ticket, PostError> {
+        self.post_send(src, len, Some(imm))
+    }
+
+    /// A SEND of `data` carried in the WQE (at most [`MAX_SEND_INLINE`] bytes): no local key
+    /// needed.
+    #[inline(always)]
+    pub fn send_inline(&self, data: &[u8]) -> Result<Ticket, PostError> {
+        let checked = if data.len() > MAX_SEND_INLINE {
+            Err(PostError::InlineTooLong {
+                len: data.len(),
+                max: MAX_SEND_INLINE,
+            })
+        } else {
+            Ok(())
+        };
+        self.post_checked(checked, 1, |i, _, flags| {
+            self.wqe_prepare_send_inline(i, data, None, flags)
+        })
+    }
+
+    /// One SEND WQE, if the message fits one.
+    #[inline(always)]
+    fn post_send(&self, src: Local, len: u64, imm: Option<u32>) -> Result<Ticket, PostError> {
+        let max = self.max_msg_size().min(gdaki_layout::data::MAX_BYTE_COUNT as u64);
+        let checked = if len > max {
+            Err(PostError::TooLong { len, max })
+        } else {
+            Ok(())
+        };
+        self.post_checked(checked, 1, |i, _, flags| {
+            self.wqe_prepare_send(i, src, len as u32, imm, flags);
+            Ok(())
+        })
+    }
+
+    /// An RDMA WRITE of `len` bytes from `src` to `dst` whose last WQE carries immediate data
+    /// `imm`: the bytes land at `dst`, then the peer's next receive completes with `imm` and
+    /// the last WQE's byte count (its buffers stay untouched). Split as [`put`](Self::put) is;
+    /// only the last WQE takes a receive, and RC ordering puts every byte in place before it.
+    #[inline(always)]
+    pub fn write_imm(&self, dst: Remote, src: Local, len: u64, imm: u32) -> Result<Ticket, PostError> {
+        let (count, max) = self.split(len);
+        self.post_checked(self.check_split(count), count, |i, k, flags| {
+            let off = k * max;
+            let n = (len - off.min(len)).min(max) as u32;
+            if k + 1 < count {
+                self.prepare_rdma(WqeOpcode::RdmaWrite, i, dst.offset(off), src.offset(off), n, flags);
+            } else {
+                self.wqe_prepare_write_imm(i, dst.offset(off), src.offset(off), n, imm, flags);
+            }
+            Ok(())
+        })
     }
 
     /// RDMA READ of `len` bytes from `src` into `dst`, split as [`put`](Self::put) is; 0

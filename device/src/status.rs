@@ -102,6 +102,21 @@ pub enum PostError {
         /// The target address.
         addr: u64,
     },
+    /// A message that must be one WQE (a SEND) is longer than the QP's `max_msg_size`, or a
+    /// receive buffer longer than a data segment holds.
+    TooLong {
+        /// Bytes asked for.
+        len: u64,
+        /// Most allowed.
+        max: u64,
+    },
+    /// A receive of more buffers than the receive queue's stride holds.
+    TooManyBufs {
+        /// Buffers given.
+        count: usize,
+        /// Most allowed.
+        max: usize,
+    },
 }
 
 impl From<WaitError> for PostError {
@@ -145,6 +160,10 @@ impl core::fmt::Display for PostError {
             PostError::BadHandle => f.write_str("unknown doorbell kind in the QP handle"),
             PostError::BadCount { count, ring } => write!(f, "cannot reserve {count} WQEs in a ring of {ring}"),
             PostError::Misaligned { addr } => write!(f, "atomic target {addr:#x} is not 8-byte aligned"),
+            PostError::TooLong { len, max } => write!(f, "a message of {len} bytes exceeds the {max} one WQE takes"),
+            PostError::TooManyBufs { count, max } => {
+                write!(f, "a receive of {count} buffers exceeds the queue's {max}")
+            }
         }
     }
 }
@@ -165,7 +184,8 @@ impl core::error::Error for PostError {
 
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
 /// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`],
-/// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], [`CODE_BAD_ARGUMENT`], or [`CODE_CQE_ERROR`] |
+/// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], [`CODE_BAD_ARGUMENT`], [`CODE_TOO_LONG`],
+/// [`CODE_TOO_MANY_BUFS`], or [`CODE_CQE_ERROR`] |
 /// syndrome.
 pub const CODE_OK: u32 = 0;
 /// A wait timed out.
@@ -191,6 +211,11 @@ pub const CODE_BAD_SCOPE: u32 = 5;
 /// An error CQE; the low byte is the syndrome.
 pub const CODE_CQE_ERROR: u32 = 0x100;
 
+/// A message longer than one WQE takes (a SEND over `max_msg_size`).
+pub const CODE_TOO_LONG: u32 = 10;
+/// A receive of more buffers than the receive queue's stride.
+pub const CODE_TOO_MANY_BUFS: u32 = 11;
+
 /// A status code as kernels report it ([`CODE_OK`], ...), for messages: `Code(c).to_string()`.
 #[cfg(not(target_arch = "nvptx64"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +235,8 @@ impl core::fmt::Display for Code {
             CODE_MISALIGNED => f.write_str("atomic target not 8-byte aligned"),
             CODE_CQE_FORMAT => f.write_str("a CQE of a format gdaki does not read (compressed CQ?)"),
             CODE_BAD_ARGUMENT => f.write_str("invalid argument (unknown post flags or a null scratch area)"),
+            CODE_TOO_LONG => f.write_str("message longer than one WQE takes"),
+            CODE_TOO_MANY_BUFS => f.write_str("more receive buffers than the receive queue's stride"),
             u32::MAX => f.write_str("no status written (the thread did not finish)"),
             c if c & CODE_CQE_ERROR != 0 => write!(f, "error CQE: {}", Syndrome::from_raw(c as u8)),
             c => write!(f, "unknown status {c:#x}"),
@@ -240,6 +267,8 @@ impl PostError {
             PostError::BadHandle => CODE_BAD_HANDLE,
             PostError::BadCount { .. } => CODE_BAD_COUNT,
             PostError::Misaligned { .. } => CODE_MISALIGNED,
+            PostError::TooLong { .. } => CODE_TOO_LONG,
+            PostError::TooManyBufs { .. } => CODE_TOO_MANY_BUFS,
         }
     }
 }
@@ -258,6 +287,9 @@ pub(crate) fn encode(r: Result<u64, PostError>) -> [u64; 2] {
         Err(PostError::BadCount { count, ring }) => (count as u64) << 32 | ring,
         Err(PostError::Wait(WaitError::CqeFormat { index, format })) => index << 2 | (format & 3) as u64,
         Err(PostError::Misaligned { addr }) => addr,
+        // Lengths above 2^32 are refused before they get here (saturated if ever).
+        Err(PostError::TooLong { len, max }) => len.min(u32::MAX as u64) << 32 | max.min(u32::MAX as u64),
+        Err(PostError::TooManyBufs { count, max }) => (count as u64) << 32 | max as u64,
     };
     [r.err().map_or(CODE_OK, |e| e.code()) as u64, payload]
 }
@@ -288,6 +320,14 @@ pub(crate) fn decode(w: [u64; 2]) -> Result<u64, PostError> {
         }
         .into(),
         CODE_MISALIGNED => PostError::Misaligned { addr: payload },
+        CODE_TOO_LONG => PostError::TooLong {
+            len: payload >> 32,
+            max: payload & 0xffff_ffff,
+        },
+        CODE_TOO_MANY_BUFS => PostError::TooManyBufs {
+            count: (payload >> 32) as usize,
+            max: payload as u32 as usize,
+        },
         c if c & CODE_CQE_ERROR != 0 => WaitError::Cqe(CqeError::from_word(payload)).into(),
         _ => PostError::BadHandle,
     })
@@ -327,6 +367,11 @@ mod tests {
             }
             .into()),
             Err(PostError::Misaligned { addr: 0x1003 }),
+            Err(PostError::TooLong {
+                len: 1 << 31,
+                max: 1 << 30,
+            }),
+            Err(PostError::TooManyBufs { count: 5, max: 4 }),
         ];
         for c in cases {
             assert_eq!(decode(encode(c)), c);

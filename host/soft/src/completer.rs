@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::wqe::{Sge, MAX_SGES};
-use gdaki_layout::{dbrec, ring, Syndrome};
+use gdaki_layout::{dbrec, ring, CqeOpcode, Syndrome};
 use tracing::error;
 
-use crate::objects::{SoftCq, SoftQp};
+use crate::objects::{SoftCq, SoftQp, SoftRq};
 use crate::Region;
 
 /// Vendor syndrome the soft HCA puts in error CQEs (so its errors are recognisable).
@@ -41,6 +41,59 @@ pub(crate) fn complete(qp: &SoftQp, wqe_counter: u16, opcode: u8, signaled: bool
         return false;
     }
     true
+}
+
+/// The outcome of one receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvOutcome {
+    /// A message landed.
+    Success {
+        /// Its bytes.
+        bytes: u32,
+        /// `RESP_SEND`, `RESP_SEND_IMM` or `RESP_WR_IMM`.
+        opcode: CqeOpcode,
+        /// The immediate data (0 without).
+        imm: u32,
+        /// The QP it came from.
+        src_qpn: u32,
+    },
+    /// The receive failed (or was flushed) with this syndrome.
+    Error(Syndrome),
+}
+
+/// Writes the responder CQE of receive `index` on the receive CQ of `rq` (`qp`'s). The caller
+/// holds the RQ's lock (`SoftRq::taken`): receive CQEs go in receive order. Returns false on
+/// overrun (the QP then goes to error).
+pub(crate) fn complete_receive(qp: &SoftQp, rq: &SoftRq, index: u64, outcome: RecvOutcome) -> bool {
+    let cqe = match outcome {
+        RecvOutcome::Success {
+            bytes,
+            opcode,
+            imm,
+            src_qpn,
+        } => Cqe64::responder(qp.qpn, index as u16, bytes, opcode, imm, src_qpn, 0),
+        RecvOutcome::Error(s) => ErrCqe::responder(qp.qpn, index as u16, s, VENDOR_SYNDROME, 0).as_cqe(),
+    };
+    if !write_cqe(&rq.cq, cqe) {
+        qp.fail(Syndrome::LocalQpOp);
+        return false;
+    }
+    true
+}
+
+/// Flushes the receives posted to `qp` and not taken, once it is in error: each completes with
+/// a work-request-flushed error CQE, as a NIC's do.
+pub(crate) fn flush_receives(qp: &SoftQp) {
+    let Some(rq) = &qp.rq else { return };
+    let mut taken = gdaki_devx::util::lock(&rq.taken);
+    // A record more than a ring ahead flushes a ring's worth: all there can be.
+    let waiting = rq.waiting(*taken).unwrap_or(1 << rq.log_size);
+    for _ in 0..waiting {
+        if !complete_receive(qp, rq, *taken, RecvOutcome::Error(Syndrome::WrFlush)) {
+            return;
+        }
+        *taken += 1;
+    }
 }
 
 /// Writes `cqe` at the CQ's producer index with the lap's owner bit, unless the CQ is full.

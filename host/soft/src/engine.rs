@@ -141,8 +141,9 @@ impl Default for Idle {
 /// A QP as the engine watches it between rounds.
 struct Watched {
     served: Arc<Served>,
-    /// The doorbell word when the QP was last serviced.
-    seen: u64,
+    /// The doorbell word when the QP was last serviced, with what else makes it due: its
+    /// receive counter and its state (receives posted to a QP in error are flushed).
+    seen: (u64, u16, u8),
     /// Rounds since it last had work.
     quiet: u32,
 }
@@ -172,7 +173,7 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
                 .into_iter()
                 .map(|served| Watched {
                     served,
-                    seen: 0,
+                    seen: (0, 0, 0),
                     quiet: 0,
                 })
                 .collect();
@@ -182,7 +183,12 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
         scratch.release_stale_regions();
         let mut busy = false;
         let mut look = |w: &mut Watched, busy: &mut bool| {
-            let db = w.served.qp.doorbell().load(Ordering::Acquire);
+            let qp = &w.served.qp;
+            let db = (
+                qp.doorbell().load(Ordering::Acquire),
+                qp.rq.as_ref().map_or(0, |rq| rq.posted()),
+                qp.state() as u8,
+            );
             if w.quiet > 0 && db == w.seen {
                 // Nothing rung since a round that found no work.
                 w.quiet = w.quiet.saturating_add(1);
@@ -245,6 +251,10 @@ pub(crate) struct SqProgress {
     pub peer: Option<Peer>,
     /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
     pub deferred: VecDeque<Deferred>,
+    /// The WQE at `ci` was answered "receiver not ready": it is tried again from then on.
+    pub rnr_until: Option<Instant>,
+    /// How often in a row the WQE at `ci` was answered "receiver not ready".
+    pub rnr_naks: u32,
 }
 
 /// A queue pair the engine serves, with the engine's progress on its send queue (kept here, not
@@ -311,6 +321,9 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
     let db = qp.doorbell().load(Ordering::Acquire);
     let mut progress = lock(&served.progress);
     drain(qp, &mut progress.deferred);
+    if qp.state() == QpState::Error {
+        completer::flush_receives(qp);
+    }
     if db != progress.last_doorbell {
         progress.last_doorbell = db;
         let (qpn, pi) = doorbell::decode(db.to_ne_bytes());
@@ -335,8 +348,23 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
     if progress.ci >= progress.rung {
         return !progress.deferred.is_empty();
     }
+    // A WQE the responder had no receive for waits out the RNR timer (a QP in error flushes
+    // at once).
+    if let Some(until) = progress.rnr_until {
+        if Instant::now() < until && qp.state() != QpState::Error {
+            return true;
+        }
+        progress.rnr_until = None;
+    }
     let target_bb = progress.rung;
-    let SqProgress { ci, peer, deferred, .. } = &mut *progress;
+    let SqProgress {
+        ci,
+        peer,
+        deferred,
+        rnr_until,
+        rnr_naks,
+        ..
+    } = &mut *progress;
     let mut target = requester::resolve(peer.as_mut());
     while *ci < target_bb {
         let index = *ci;
@@ -370,6 +398,16 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
                         fenced = true;
                         None
                     }
+                    Ok(Executed::NotReady(delay)) => {
+                        *rnr_naks += 1;
+                        if qp.rnr_retries().is_some_and(|n| *rnr_naks > n) {
+                            Some((Outcome::Error(Syndrome::RnrRetryExc), None))
+                        } else {
+                            *rnr_until = Some(Instant::now() + delay);
+                            fenced = true;
+                            None
+                        }
+                    }
                     Ok(Executed::Copying { bytes, copier, seq }) => {
                         Some((Outcome::Success { bytes }, Some((copier, seq))))
                     }
@@ -389,10 +427,12 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
             _ => Some((Outcome::Error(Syndrome::LocalQpOp), None)),
         };
         if fenced {
-            // Held by its fence until earlier requests complete: this WQE and every later one
-            // wait for a later round (a NIC's send queue stalls the same way).
+            // Held by its fence until earlier requests complete, or by the responder's RNR
+            // timer: this WQE and every later one wait for a later round (a NIC's send queue
+            // stalls the same way).
             break;
         }
+        *rnr_naks = 0;
         match (outcome, &mut target) {
             (None, _) => {}
             // Behind requests in flight, completions wait their turn.

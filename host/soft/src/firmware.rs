@@ -21,13 +21,13 @@ use gdaki_layout::prm::command::{
 use gdaki_layout::prm::layout::{ads, cmd_in, cqc, create_cq_in, create_qp_in, modify_qp_in, object_in, qpc};
 use gdaki_layout::prm::layout::{query_cq_out, query_qp_out};
 use gdaki_layout::prm::{get, get_bytes, set, Bits, CmdError, CmdStatus, Opcode};
-use gdaki_layout::{AtomicReplyOrder, Syndrome};
+use gdaki_layout::{recv, AtomicReplyOrder, Syndrome, SEND_WQE_BB};
 
 use crate::copier::Copier;
 use crate::dma::DeviceDma;
 use crate::dma::{Dma, HostDma};
 use crate::engine::{Engine, Idle};
-use crate::objects::{RtrPeer, SoftCq, SoftQp, Window};
+use crate::objects::{RtrPeer, SoftCq, SoftQp, SoftRq, Window};
 use crate::requester::Peer;
 use crate::{Hca, SameHost};
 use gdaki_devx::util::lock;
@@ -402,11 +402,12 @@ impl SoftDevice {
     fn create_qp(&self, input: &[u8], out: &mut [u8]) -> Answer<u64> {
         Self::need(input, create_qp_in::BYTES)?;
         let q = |f: Bits| get(input, f.within(create_qp_in::QPC));
-        if q(qpc::ST) != QPC_ST_RC as u64 || q(qpc::RQ_TYPE) != QPC_RQ_TYPE_ZERO_LEN as u64 {
+        let rq_type = q(qpc::RQ_TYPE) as u8;
+        if q(qpc::ST) != QPC_ST_RC as u64 || ![QPC_RQ_TYPE_ZERO_LEN, recv::RQ_TYPE_REGULAR].contains(&rq_type) {
             return refuse(
                 CmdStatus::BadParam,
                 FwSyndrome::Unsupported,
-                "only RC QPs with a zero-length receive queue",
+                "only RC QPs, with a regular or a zero-length receive queue",
             );
         }
         if q(qpc::TS_FORMAT) == command::QPC_TS_FORMAT_FREE_RUNNING as u64
@@ -426,6 +427,33 @@ impl SoftDevice {
             );
         }
         let sq_log = within_cap("log_sq_size", q(qpc::LOG_SQ_SIZE), general_caps().log_max_qp_sz)?;
+        // The receive queue's shape: at offset 0 of the work-queue buffer, the send queue after
+        // it, so it must end on a send WQE's boundary.
+        let rq_shape = if rq_type == recv::RQ_TYPE_REGULAR {
+            let log_size = within_cap("log_rq_size", q(qpc::LOG_RQ_SIZE), general_caps().log_max_qp_sz)?;
+            let log_stride = q(qpc::LOG_RQ_STRIDE) as u32;
+            if 1usize << log_stride > recv::MAX_RECV_SGES {
+                return refuse(
+                    CmdStatus::BadParam,
+                    FwSyndrome::AboveCap,
+                    format!(
+                        "log_rq_stride {log_stride}: receive WQEs of at most {} segments",
+                        recv::MAX_RECV_SGES
+                    ),
+                );
+            }
+            if recv::queue_bytes(log_size, log_stride) % SEND_WQE_BB != 0 {
+                return refuse(
+                    CmdStatus::BadParam,
+                    FwSyndrome::Misaligned,
+                    "a receive queue smaller than a send WQE building block",
+                );
+            }
+            Some((log_size, log_stride))
+        } else {
+            None
+        };
+        let rq_bytes = rq_shape.map_or(0, |(l, s)| recv::queue_bytes(l, s)) as u64;
         let mut t = lock(&self.tables);
         if !t.pds.contains(&(q(qpc::PD) as u32)) {
             return refuse(
@@ -450,8 +478,19 @@ impl SoftDevice {
         let Some(cq) = t.cqs.get(&snd).map(|e| e.cq.clone()) else {
             return refuse(CmdStatus::BadRes, FwSyndrome::UnknownCq, format!("no CQ {snd:#x} here"));
         };
-        if !t.cqs.contains_key(&rcv) {
+        let Some(rcv_cq) = t.cqs.get(&rcv).map(|e| e.cq.clone()) else {
             return refuse(CmdStatus::BadRes, FwSyndrome::UnknownCq, format!("no CQ {rcv:#x} here"));
+        };
+        // A receive CQ of its own: its CQEs are written in receive order, under the RQ's lock.
+        if rq_shape.is_some() {
+            let busy = match *lock(&rcv_cq.qpn) {
+                Some(other) => Some(format!("CQ {rcv:#x} serves QP {other:#x}")),
+                None if rcv == snd => Some(format!("CQ {rcv:#x} is also the send CQ")),
+                None => None,
+            };
+            if let Some(why) = busy {
+                return refuse(CmdStatus::ResBusy, FwSyndrome::CqInUse, why);
+            }
         }
         if let Some(other) = *lock(&cq.qpn) {
             return refuse(
@@ -461,10 +500,30 @@ impl SoftDevice {
             );
         }
         let sq_umem = get(input, create_qp_in::WQ_UMEM_ID) as u32;
-        let sq = t.window(sq_umem, get(input, create_qp_in::WQ_UMEM_OFFSET), 64 << sq_log, 64)?;
+        let wq_offset = get(input, create_qp_in::WQ_UMEM_OFFSET);
+        let Some(sq_offset) = wq_offset.checked_add(rq_bytes) else {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::UmemTooSmall,
+                "work-queue offset overflows",
+            );
+        };
+        let sq = t.window(sq_umem, sq_offset, 64 << sq_log, 64)?;
         let dbr_umem = q(qpc::DBR_UMEM_ID) as u32;
-        // Checked, though the model reads the doorbell itself rather than the record.
-        t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
+        // The send word is not read (the doorbell carries the same counter); the receive word
+        // is how posters announce receives.
+        let dbrec = t.window(dbr_umem, q(qpc::DBR_ADDR), 8, 8)?;
+        let rq = match rq_shape {
+            None => None,
+            Some((log_size, log_stride)) => Some(SoftRq {
+                log_size,
+                log_stride,
+                ring: t.window(sq_umem, wq_offset, rq_bytes as usize, 16)?,
+                dbrec,
+                cq: rcv_cq.clone(),
+                taken: std::sync::Mutex::new(0),
+            }),
+        };
         let qpn = self.alloc_number(&t)?;
         let Some(secret) = gdaki_devx::util::random_secret() else {
             return refuse(
@@ -486,8 +545,12 @@ impl SoftDevice {
             1 << caps.log_max_msg,
             Duration::from_secs(4),
             self.atomic_reply,
+            rq,
         ));
         *lock(&cq.qpn) = Some(qpn);
+        if rq_shape.is_some() {
+            *lock(&rcv_cq.qpn) = Some(qpn);
+        }
         t.hold(&[sq_umem, dbr_umem]);
         if let Some(u) = t.uars.get_mut(&uar) {
             u.1 = Some(qpn);
@@ -587,6 +650,7 @@ impl SoftDevice {
                     );
                 }
                 qp.set_max_msg_size(1 << log_msg);
+                qp.set_min_rnr_nak(q(qpc::MIN_RNR_NAK) as u8);
                 let gid = get_bytes::<16>(
                     input,
                     ads::RGID_RIP
@@ -634,6 +698,7 @@ impl SoftDevice {
                 let before = (qp.psn(), qp.retry_timeout());
                 qp.set_send_params(q(qpc::NEXT_SEND_PSN) as u32, retry);
                 qp.set_log_sra_max(q(qpc::LOG_SRA_MAX) as u8);
+                qp.set_rnr_retry(q(qpc::RNR_RETRY) as u8);
                 let peer = self
                     .connect(&qp, remote)
                     .inspect_err(|_| qp.set_send_params(before.0, before.1))?;
@@ -805,6 +870,9 @@ impl SoftDevice {
                 };
                 self.hca.detach(&e.qp);
                 *lock(&e.qp.cq.qpn) = None;
+                if let Some(rq) = &e.qp.rq {
+                    *lock(&rq.cq.qpn) = None;
+                }
                 if let Some(u) = t.uars.get_mut(&e.uar) {
                     u.1 = None;
                 }

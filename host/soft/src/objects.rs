@@ -81,6 +81,49 @@ impl SoftCq {
     }
 }
 
+/// A QP's receive queue as the soft HCA holds it: the ring of receive WQEs, the receive word of
+/// the QP's doorbell record (posters raise it), and the receive CQ.
+pub(crate) struct SoftRq {
+    pub log_size: u32,
+    pub log_stride: u32,
+    /// The receive WQEs.
+    pub ring: Window,
+    /// The QP's doorbell record: word 0 is the receive counter.
+    pub dbrec: Window,
+    pub cq: Arc<SoftCq>,
+    /// Receives taken so far (by messages, or flushed): every writer of the receive CQ holds
+    /// this lock (the responder, on a requester's engine or a transport thread, and the
+    /// engine that flushes), so its CQEs go in receive order.
+    pub taken: Mutex<u64>,
+}
+
+impl SoftRq {
+    /// The receive counter posters last wrote (16 bits, big-endian in the record).
+    pub fn posted(&self) -> u16 {
+        // SAFETY: word 0 of the QP's doorbell record, aligned, alive with the window.
+        let rec = unsafe { std::sync::atomic::AtomicU32::from_ptr(self.dbrec.as_ptr() as *mut u32) };
+        u32::from_be(rec.load(Ordering::Acquire)) as u16
+    }
+
+    /// Receives posted and not taken, given `taken` so far; more than the ring holds (a record
+    /// that cannot be) is `None`.
+    pub fn waiting(&self, taken: u64) -> Option<u64> {
+        let n = self.posted().wrapping_sub(taken as u16) as u64;
+        (n <= 1 << self.log_size).then_some(n)
+    }
+
+    /// The bytes of receive WQE `index`.
+    pub fn wqe(&self, index: u64) -> Vec<u8> {
+        let size = gdaki_layout::recv::wqe_size(self.log_stride);
+        let at = self.ring.addr() + gdaki_layout::recv::wqe_offset(index, self.log_size, self.log_stride);
+        let mut out = vec![0u8; size];
+        // SAFETY: a WQE of the live ring (checked against the umem at creation), written by
+        // the poster before the record that announced it, which the caller read.
+        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, out.as_mut_ptr(), size) };
+        out
+    }
+}
+
 /// Who may send to a QP over the transport: the QP it was moved to RTR with, starting at the
 /// PSN exchanged then, from that peer's address (RC's rule; rxe drops anything else).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +171,13 @@ pub(crate) struct SoftQp {
     log_sra_max: AtomicU8,
     /// The byte order in which this QP's fetched atomic values are written back.
     pub atomic_reply: AtomicReplyOrder,
+    /// The receive queue, if it was created with one.
+    pub rq: Option<SoftRq>,
+    /// INIT2RTR's `min_rnr_nak`: the timer code this QP's RNR NAKs carry.
+    min_rnr_nak: AtomicU8,
+    /// RTR2RTS's `rnr_retry`: how often a request answered "receiver not ready" is tried again
+    /// (7: forever).
+    rnr_retry: AtomicU8,
     pub first_error: Mutex<Option<Syndrome>>,
     /// The peer set at INIT2RTR: the only one the transport serves.
     pub rtr_peer: Mutex<Option<RtrPeer>>,
@@ -155,6 +205,7 @@ impl SoftQp {
         max_msg_size: u64,
         retry_timeout: Duration,
         atomic_reply: AtomicReplyOrder,
+        rq: Option<SoftRq>,
     ) -> SoftQp {
         SoftQp {
             qpn,
@@ -170,6 +221,9 @@ impl SoftQp {
             max_msg_size: max_msg_size.into(),
             log_sra_max: AtomicU8::new(0),
             atomic_reply,
+            rq,
+            min_rnr_nak: AtomicU8::new(0),
+            rnr_retry: AtomicU8::new(7),
             first_error: Mutex::new(None),
             rtr_peer: Mutex::new(None),
             transport_bound: AtomicBool::new(false),
@@ -214,6 +268,30 @@ impl SoftQp {
         1 << self.log_sra_max.load(Ordering::Acquire).min(7)
     }
 
+    /// Sets INIT2RTR's RNR NAK timer code.
+    pub fn set_min_rnr_nak(&self, code: u8) {
+        self.min_rnr_nak.store(code & 0x1f, Ordering::Release);
+    }
+
+    /// How long a requester waits before it tries again after this QP answered "receiver not
+    /// ready" (IB's RNR NAK timer, from INIT2RTR's `min_rnr_nak`).
+    pub fn rnr_delay(&self) -> Duration {
+        rnr_timer(self.min_rnr_nak.load(Ordering::Acquire))
+    }
+
+    /// Sets RTR2RTS's RNR retry count.
+    pub fn set_rnr_retry(&self, n: u8) {
+        self.rnr_retry.store(n & 7, Ordering::Release);
+    }
+
+    /// How often a request answered "receiver not ready" is tried again; `None`: forever.
+    pub fn rnr_retries(&self) -> Option<u32> {
+        match self.rnr_retry.load(Ordering::Acquire) {
+            7 => None,
+            n => Some(n as u32),
+        }
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         QpState::from_raw(self.state.load(Ordering::Acquire))
@@ -237,5 +315,29 @@ impl SoftQp {
     pub fn doorbell(&self) -> &AtomicU64 {
         // SAFETY: the UAR buffer is at least 8 bytes, page-aligned, and lives as long as self.
         unsafe { AtomicU64::from_ptr(self.uar.as_ptr() as *mut u64) }
+    }
+}
+
+/// IB's RNR NAK timer (InfiniBand Architecture 1.2, table 45): code 0 is 655.36 ms, codes 1
+/// to 31 run from 0.01 ms to 491.52 ms, roughly doubling every two codes.
+pub(crate) fn rnr_timer(code: u8) -> Duration {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120, 7680, 10_240,
+        15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+    ];
+    Duration::from_micros(US[(code & 0x1f) as usize] as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rnr_timer_codes_follow_the_ib_table() {
+        assert_eq!(rnr_timer(0), Duration::from_micros(655_360));
+        assert_eq!(rnr_timer(1), Duration::from_micros(10));
+        assert_eq!(rnr_timer(12), Duration::from_micros(640));
+        assert_eq!(rnr_timer(31), Duration::from_micros(491_520));
+        assert_eq!(rnr_timer(32 + 12), rnr_timer(12), "5 bits");
     }
 }

@@ -8,13 +8,13 @@ use std::sync::{Arc, Weak};
 use gdaki_device::Remote as DevRemote;
 use gdaki_layout::ctrl::FenceMode;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest};
-use gdaki_layout::Syndrome;
+use gdaki_layout::{Syndrome, WqeOpcode};
 
 use crate::completer::Locals;
 use crate::copier::{Copier, Pending, Way};
 use crate::net::{Link, Meta, Sink};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp};
+use crate::responder::{self, AtomicOp, Message};
 use crate::{Hca, RegionCache};
 use gdaki_devx::wire::Op;
 use gdaki_devx::Access;
@@ -46,6 +46,10 @@ pub(crate) enum Executed {
     /// Not executed: its fence mode holds it until earlier requests complete. The engine
     /// comes back to it (and to everything after it) on a later round.
     Fenced,
+    /// Not executed: the responder has no receive posted for it ("receiver not ready"). The
+    /// engine tries it again after this delay (the responder's RNR timer), as often as the
+    /// QP's `rnr_retry` allows.
+    NotReady(std::time::Duration),
 }
 
 impl Scratch {
@@ -245,7 +249,42 @@ pub(crate) fn execute(
     // Data the CPU moves waits for the GPU copies submitted before it (`settle`).
     match wr.op {
         Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
-        Operation::Send { .. } => Err(Syndrome::LocalQpOp),
+        Operation::Send { payload } => {
+            settle(copies)?;
+            let (bytes, data) = gather(hca, regions, qp, payload, wqe, buf, check_len)?;
+            let imm = (wr.opcode == WqeOpcode::SendImm).then_some(wr.imm);
+            match target {
+                Target::Local(peer, tq) => match responder::take_receive(tq)? {
+                    None => Ok(Executed::NotReady(tq.rnr_delay())),
+                    Some(taken) => {
+                        let msg = Message::Send { data, imm };
+                        responder::deliver(peer, regions, tq, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
+                    }
+                },
+                // Not carried by the transport yet.
+                Target::Remote(_) => Err(Syndrome::LocalQpOp),
+                Target::Down(s) => Err(*s),
+            }
+        }
+        // A WRITE that completes a receive: the receive is checked first (no receive, no
+        // bytes written: the requester retries the whole message), the bytes written, then the
+        // receive completed. Moved by the CPU, in order with everything before it.
+        Operation::Write { remote: r, payload } if wr.opcode == WqeOpcode::RdmaWriteImm => {
+            settle(copies)?;
+            let (bytes, data) = gather(hca, regions, qp, payload, wqe, buf, check_len)?;
+            match target {
+                Target::Local(peer, tq) => match responder::take_receive(tq)? {
+                    None => Ok(Executed::NotReady(tq.rnr_delay())),
+                    Some(taken) => {
+                        responder::write(peer, regions, tq.pd, remote(r), data)?;
+                        let msg = Message::WriteImm { bytes, imm: wr.imm };
+                        responder::deliver(peer, regions, tq, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
+                    }
+                },
+                Target::Remote(_) => Err(Syndrome::LocalQpOp),
+                Target::Down(s) => Err(*s),
+            }
+        }
         // The HCA reads the local bytes (checked as a NIC checks them) and completes; what
         // makes it a consistency point is its fence, handled above.
         Operation::Dump { local } => {
@@ -253,54 +292,25 @@ pub(crate) fn execute(
             Ok(Executed::Done(0))
         }
         Operation::Write { remote: r, payload } => {
-            let (bytes, data): (u32, &[u8]) = match payload {
-                Payload::Inline { offset, len } => {
-                    settle(copies)?;
-                    let bytes = check_len(len as u64)?;
-                    let data = wqe
-                        .get(offset as usize..(offset + len) as usize)
-                        .ok_or(Syndrome::LocalLength)?;
-                    (bytes, data)
+            if let Payload::Gather(list) = payload {
+                let bytes = check_len(list.total_len())?;
+                let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
+                // GPU memory to a target in this process: the GPU copies it in one step, after
+                // the copies before it, and the engine completes the WQE once done.
+                if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &src, Way::Write)? {
+                    return Ok(Executed::Copying { bytes, copier, seq });
                 }
-                Payload::Gather(list) => {
-                    let bytes = check_len(list.total_len())?;
-                    let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
-                    // GPU memory to a target in this process: the GPU copies it in one step,
-                    // after the copies before it, and the engine completes the WQE once done.
-                    if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &src, Way::Write)? {
-                        return Ok(Executed::Copying { bytes, copier, seq });
-                    }
-                    settle(copies)?;
-                    // GPU memory to a peer process on this machine: a reference that the
-                    // peer's copier reads (CUDA IPC), once the peer has mapped the allocation.
-                    if let Target::Remote(link) = &mut *target {
-                        if post_reference(link, meta, remote(r), &src, Way::Write) {
-                            return Ok(Executed::InFlight);
-                        }
-                    }
-                    match &src.items {
-                        // One host buffer: hand it on without a copy.
-                        [Some((s, region)), None, ..] if region.dma.host_addressable() => {
-                            // SAFETY: the range was checked against a live, host-addressable
-                            // region; like DMA, concurrent writes by the application may be torn.
-                            let d = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-                            (bytes, d)
-                        }
-                        _ => {
-                            buf.clear();
-                            for (s, region) in src.iter() {
-                                let at = buf.len();
-                                buf.resize(at + s.length as usize, 0);
-                                region
-                                    .dma
-                                    .read(s.addr, &mut buf[at..])
-                                    .map_err(|_| Syndrome::LocalAccess)?;
-                            }
-                            (bytes, &buf[..])
-                        }
+                settle(copies)?;
+                // GPU memory to a peer process on this machine: a reference that the peer's
+                // copier reads (CUDA IPC), once the peer has mapped the allocation.
+                if let Target::Remote(link) = &mut *target {
+                    if post_reference(link, meta, remote(r), &src, Way::Write) {
+                        return Ok(Executed::InFlight);
                     }
                 }
-            };
+            }
+            settle(copies)?;
+            let (bytes, data) = gather(hca, regions, qp, payload, wqe, buf, check_len)?;
             match target {
                 Target::Local(peer, tq) => {
                     responder::write(peer, regions, tq.pd, remote(r), data).map(|()| Executed::Done(bytes))
@@ -372,6 +382,51 @@ pub(crate) fn execute(
                 AtomicOp::CompareSwap { compare, swap },
                 result,
             )
+        }
+    }
+}
+
+/// A message's payload as bytes: carried inline in `wqe`, or gathered from local buffers
+/// (checked: keys, PD, bounds) into `buf`, or, one host buffer, read in place.
+fn gather<'a>(
+    hca: &Hca,
+    regions: &mut RegionCache,
+    qp: &SoftQp,
+    payload: Payload,
+    wqe: &'a [u8],
+    buf: &'a mut Vec<u8>,
+    check_len: impl Fn(u64) -> Result<u32, Syndrome>,
+) -> Result<(u32, &'a [u8]), Syndrome> {
+    match payload {
+        Payload::Inline { offset, len } => {
+            let bytes = check_len(len as u64)?;
+            let data = wqe
+                .get(offset as usize..(offset + len) as usize)
+                .ok_or(Syndrome::LocalLength)?;
+            Ok((bytes, data))
+        }
+        Payload::Gather(list) => {
+            let bytes = check_len(list.total_len())?;
+            let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
+            if let [Some((s, region)), None, ..] = &src.items {
+                if region.dma.host_addressable() {
+                    // SAFETY: the range was checked against a live, host-addressable region;
+                    // like DMA, concurrent writes by the application may be torn.
+                    return Ok((bytes, unsafe {
+                        std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
+                    }));
+                }
+            }
+            buf.clear();
+            for (s, region) in src.iter() {
+                let at = buf.len();
+                buf.resize(at + s.length as usize, 0);
+                region
+                    .dma
+                    .read(s.addr, &mut buf[at..])
+                    .map_err(|_| Syndrome::LocalAccess)?;
+            }
+            Ok((bytes, &buf[..]))
         }
     }
 }

@@ -2,15 +2,16 @@
 //! NIC checks (the target QP's state, the rkey, bounds, access rights, atomic alignment) and
 //! answering with a NAK syndrome instead of touching memory when a check fails.
 use gdaki_device::Remote;
-use gdaki_layout::Syndrome;
+use gdaki_layout::{CqeOpcode, Syndrome};
 use tracing::warn;
 
 use std::sync::Arc;
 
+use crate::completer::{self, RecvOutcome};
 use crate::copier::{Copier, Way};
 use crate::dma::shared_copier;
 use crate::dma::Dma;
-use crate::objects::SoftQp;
+use crate::objects::{SoftQp, SoftRq};
 use crate::{Hca, RegionCache};
 use gdaki_devx::Access;
 use gdaki_devx::QpState;
@@ -164,4 +165,137 @@ pub(crate) fn atomic(
         AtomicOp::CompareSwap { compare, swap } => r.dma.compare_swap(remote.addr, compare, swap),
     }
     .map_err(|_| Syndrome::RemoteOp)
+}
+
+/// A message that consumes a receive at the responder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Message<'a> {
+    /// A SEND (with immediate data when `imm` is given): `data` is scattered into the receive.
+    Send {
+        /// The payload.
+        data: &'a [u8],
+        /// The immediate data.
+        imm: Option<u32>,
+    },
+    /// An RDMA WRITE with immediate data whose `bytes` have been written already: the receive
+    /// only completes.
+    WriteImm {
+        /// Bytes the WRITE carried.
+        bytes: u32,
+        /// The immediate data.
+        imm: u32,
+    },
+}
+
+/// The receive a message takes, held: its lock keeps the receive CQ's writers in order.
+pub(crate) struct Taken<'q> {
+    taken: std::sync::MutexGuard<'q, u64>,
+    rq: &'q SoftRq,
+}
+
+/// Whether the responder QP `qp` has a receive for a message: `Ok(None)` is "receiver not
+/// ready" (the requester retries after the QP's RNR timer, as its `rnr_retry` allows). A QP
+/// without a receive queue, or whose receive record claims more than its ring holds, cannot
+/// take one: the requester gets the syndrome of its NAK.
+pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Taken<'_>>, Syndrome> {
+    let Some(rq) = &qp.rq else {
+        return Err(Syndrome::RemoteInvalReq);
+    };
+    let taken = gdaki_devx::util::lock(&rq.taken);
+    match rq.waiting(*taken) {
+        Some(0) => Ok(None),
+        Some(_) => Ok(Some(Taken { taken, rq })),
+        None => {
+            warn!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                "the receive counter is more than a ring ahead of the receives taken"
+            );
+            qp.fail(Syndrome::LocalQpOp);
+            Err(Syndrome::RemoteOp)
+        }
+    }
+}
+
+/// Delivers `msg` from QP `src_qpn` into the receive `taken` of responder QP `qp` (of HCA
+/// `hca`): scatters a SEND's payload into its buffers (each checked: key, PD, bounds, local
+/// write), then writes its responder CQE. A receive that cannot take the message completes in
+/// error and the responder QP goes to error (its later receives are flushed), as RC does:
+/// too small a receive is a local length error here and an invalid request for the requester;
+/// a malformed receive or a buffer it may not write is a local QP or protection error here and
+/// a remote operation error there. Returns the requester's syndrome.
+pub(crate) fn deliver(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    qp: &SoftQp,
+    mut taken: Taken<'_>,
+    msg: Message<'_>,
+    src_qpn: u32,
+) -> Result<(), Syndrome> {
+    let index = *taken.taken;
+    let rq = taken.rq;
+    let outcome = scatter(hca, cache, qp, rq, index, msg);
+    let result = match outcome {
+        Ok(bytes) => {
+            let (opcode, imm) = match msg {
+                Message::Send { imm: None, .. } => (CqeOpcode::RespSend, 0),
+                Message::Send { imm: Some(v), .. } => (CqeOpcode::RespSendImm, v),
+                Message::WriteImm { imm, .. } => (CqeOpcode::RespWrImm, imm),
+            };
+            completer::complete_receive(
+                qp,
+                rq,
+                index,
+                RecvOutcome::Success {
+                    bytes,
+                    opcode,
+                    imm,
+                    src_qpn,
+                },
+            );
+            Ok(())
+        }
+        Err((here, there)) => {
+            qp.fail(here);
+            completer::complete_receive(qp, rq, index, RecvOutcome::Error(here));
+            Err(there)
+        }
+    };
+    *taken.taken += 1;
+    result
+}
+
+/// Moves a message into receive `index`: its byte count, or the syndromes of the failure
+/// (this side's, the requester's).
+fn scatter(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    qp: &SoftQp,
+    rq: &SoftRq,
+    index: u64,
+    msg: Message<'_>,
+) -> Result<u32, (Syndrome, Syndrome)> {
+    let list = gdaki_layout::recv::parse(&rq.wqe(index)).map_err(|_| (Syndrome::LocalQpOp, Syndrome::RemoteOp))?;
+    let data = match msg {
+        Message::WriteImm { bytes, .. } => return Ok(bytes),
+        Message::Send { data, .. } => data,
+    };
+    if list.total_len() < data.len() as u64 {
+        return Err((Syndrome::LocalLength, Syndrome::RemoteInvalReq));
+    }
+    let mut at = 0usize;
+    for s in list.as_slice() {
+        if at == data.len() {
+            break;
+        }
+        let n = (s.length as usize).min(data.len() - at);
+        let region = hca
+            .region(cache, qp.pd, s.lkey, s.addr, n as u64, Access::LOCAL_WRITE)
+            .ok_or((Syndrome::LocalProt, Syndrome::RemoteOp))?;
+        region
+            .dma
+            .write(s.addr, &data[at..at + n])
+            .map_err(|_| (Syndrome::LocalAccess, Syndrome::RemoteOp))?;
+        at += n;
+    }
+    Ok(data.len() as u32)
 }

@@ -1,0 +1,315 @@
+//! A receive queue as the device drives it: posting receives (scatter lists of local buffers)
+//! and polling their completions. The two-sided half of a queue pair; the sending half is
+//! [`Qp::send`](crate::Qp::send) and friends.
+//!
+//! # Protocol
+//! 1. [`Rq::post_recv`]: an atomic add on `rq_reserved` claims a receive slot; on a ring wrap
+//!    the caller first waits (bounded) until the slot's previous receive has completed (its
+//!    CQE is written: consumed or not).
+//! 2. The receive WQE is written: one data segment per buffer, ended by an
+//!    [`INVALID_LKEY`](gdaki_layout::recv::INVALID_LKEY) segment when shorter than the stride.
+//! 3. In reservation order, the receive counter of the doorbell record advances past it (the
+//!    HCA reads it there; receives have no doorbell), then `rq_ready`.
+//! 4. [`Rq::poll`]: the HCA consumes receives in posting order, one per SEND, SEND with
+//!    immediate or RDMA WRITE with immediate that reaches the QP, and writes one CQE each on
+//!    the receive CQ: so a receive's ticket is its CQE's index, as on the send side. The CQE
+//!    says how many bytes landed, the opcode and the immediate.
+//!
+//! Receives are per thread in every scope (each thread posts and polls its own); a receive
+//! posted by one thread may be polled by another (its ticket is all it takes).
+use core::marker::PhantomData;
+use core::ptr::addr_of_mut;
+
+use gdaki_layout::cqe::Cqe64;
+use gdaki_layout::data::{DataSeg, MAX_BYTE_COUNT};
+use gdaki_layout::{dbrec, recv, CqeOpcode, DevRq, Segment};
+
+use crate::arch;
+use crate::cq::Cq;
+use crate::qp::Local;
+use crate::sharing::Sharing;
+use crate::status::{PostError, Ticket, WaitError};
+
+/// One buffer of a receive's scatter list: where the bytes land and how many it takes.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct RecvBuf {
+    /// The buffer (address and local key; the key needs local write access).
+    pub local: Local,
+    /// Its length in bytes.
+    pub len: u32,
+}
+
+/// How a message reached a receive.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub enum RecvKind {
+    /// A SEND: the bytes are in the receive's buffers.
+    Send,
+    /// A SEND with immediate data.
+    SendImm(u32),
+    /// An RDMA WRITE with immediate data: the bytes went where the writer put them (the count
+    /// says how many); only the immediate is here.
+    WriteImm(u32),
+}
+
+/// A completed receive.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct Recv {
+    /// The receive's ticket.
+    pub index: Ticket,
+    /// Bytes of the message.
+    pub bytes: u32,
+    /// What it was, with its immediate data.
+    pub kind: RecvKind,
+    /// The QP number it came from.
+    pub src_qpn: u32,
+}
+
+impl Recv {
+    /// The immediate data, if the message carried one.
+    #[inline(always)]
+    pub const fn imm(&self) -> Option<u32> {
+        match self.kind {
+            RecvKind::Send => None,
+            RecvKind::SendImm(v) | RecvKind::WriteImm(v) => Some(v),
+        }
+    }
+}
+
+/// The constant fields of a handle, read once (as `qp::Consts`).
+#[derive(Clone, Copy)]
+struct Consts {
+    rq_base: u64,
+    rq_dbrec: u64,
+    timeout_ns: u64,
+    cqe_base: u64,
+    cq_dbrec: u64,
+    log_size: u32,
+    log_stride: u32,
+    cq_log_size: u32,
+    gpu: bool,
+}
+
+/// A receive queue handle used in sharing mode `M`.
+pub struct Rq<M: Sharing> {
+    ptr: *mut DevRq,
+    k: Consts,
+    _mode: PhantomData<M>,
+}
+
+impl<M: Sharing> Clone for Rq<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M: Sharing> Copy for Rq<M> {}
+
+impl<M: Sharing> Rq<M> {
+    /// Wraps an exported receive-queue handle.
+    ///
+    /// # Safety
+    /// `ptr` points to a `DevRq` exported by the host (ring, record and CQ addresses valid for
+    /// this device or thread), alive for as long as this value is used, and accessed
+    /// concurrently only through this crate in the same sharing mode.
+    #[inline(always)]
+    pub const unsafe fn from_raw(ptr: *mut DevRq) -> Self {
+        // SAFETY: `ptr` is valid (this function's contract); constant fields, read by value.
+        let k = unsafe {
+            Consts {
+                rq_base: (*ptr).rq_base,
+                rq_dbrec: (*ptr).rq_dbrec,
+                timeout_ns: (*ptr).timeout_ns,
+                cqe_base: (*ptr).cq.cqe_base,
+                cq_dbrec: (*ptr).cq.dbrec,
+                log_size: (*ptr).log_size,
+                log_stride: (*ptr).log_stride,
+                cq_log_size: (*ptr).cq.log_size,
+                gpu: (*ptr).rings_in_gpu_memory(),
+            }
+        };
+        Rq {
+            ptr,
+            k,
+            _mode: PhantomData,
+        }
+    }
+
+    /// The raw handle.
+    #[inline(always)]
+    pub const fn as_ptr(&self) -> *mut DevRq {
+        self.ptr
+    }
+
+    /// The most buffers one receive scatters into (the queue's stride).
+    #[inline(always)]
+    pub const fn max_bufs(&self) -> usize {
+        1 << self.k.log_stride
+    }
+
+    #[inline(always)]
+    fn reserved(&self) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken.
+        unsafe { addr_of_mut!((*self.ptr).rq_reserved) }
+    }
+
+    #[inline(always)]
+    fn ready(&self) -> *mut u64 {
+        // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken.
+        unsafe { addr_of_mut!((*self.ptr).rq_ready) }
+    }
+
+    /// The receive CQ.
+    #[inline(always)]
+    fn cq(&self) -> Cq<M> {
+        // SAFETY: `ptr` is valid per `from_raw`; the CQ's addresses come from its constants.
+        unsafe {
+            Cq::new(
+                addr_of_mut!((*self.ptr).cq),
+                self.k.cqe_base,
+                self.k.cq_dbrec,
+                self.k.cq_log_size,
+            )
+        }
+    }
+
+    /// Starts a bounded wait.
+    #[inline(always)]
+    fn deadline(&self) -> crate::qp::Deadline {
+        crate::qp::Deadline::new(self.k.timeout_ns)
+    }
+
+    /// Posts a receive scattering into `bufs` (1 to [`max_bufs`](Self::max_bufs) buffers;
+    /// none posts a receive that takes only zero-byte messages). Returns its ticket.
+    pub fn post_recv(&self, bufs: &[RecvBuf]) -> Result<Ticket, PostError> {
+        let max = self.max_bufs();
+        if bufs.len() > max {
+            return Err(PostError::TooManyBufs { count: bufs.len(), max });
+        }
+        if let Some(b) = bufs.iter().find(|b| b.len > MAX_BYTE_COUNT) {
+            return Err(PostError::TooLong {
+                len: b.len as u64,
+                max: MAX_BYTE_COUNT as u64,
+            });
+        }
+        let size = 1u64 << self.k.log_size;
+        // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+        let index = unsafe { M::fetch_add(self.reserved(), 1) };
+        if index >= size {
+            self.reclaim(index - size)?;
+        }
+        let wqe = self.k.rq_base + recv::wqe_offset(index, self.k.log_size, self.k.log_stride);
+        for i in 0..max.min(bufs.len() + 1) {
+            let seg = match bufs.get(i) {
+                Some(b) => DataSeg::new(b.len, b.local.lkey, b.local.addr),
+                None => recv::terminator(),
+            };
+            // SAFETY: slot `index` was reserved above and its previous receive has completed;
+            // segment `i` lies inside the slot's `16 << log_stride` bytes.
+            unsafe { arch::store_seg((wqe as *mut u64).add(2 * i), seg.to_words()) };
+        }
+        self.mark_ready(index)?;
+        Ok(index)
+    }
+
+    /// [`post_recv`](Self::post_recv) of one buffer.
+    #[inline(always)]
+    pub fn post_recv_one(&self, local: Local, len: u32) -> Result<Ticket, PostError> {
+        self.post_recv(&[RecvBuf { local, len }])
+    }
+
+    /// Waits (bounded) until receive `index`'s slot is free: its CQE is written (consumed by
+    /// someone or not: the slot is the HCA's no longer).
+    fn reclaim(&self, index: u64) -> Result<(), WaitError> {
+        let cq = self.cq();
+        let mut deadline = self.deadline();
+        loop {
+            // SAFETY: a counter of the live handle.
+            if unsafe { M::load_acquire(cq.consumed()) } > index || cq.written(index) {
+                return Ok(());
+            }
+            if deadline.expired() {
+                return Err(WaitError::Timeout { index });
+            }
+        }
+    }
+
+    /// In reservation order: announces receive `index` in the doorbell record, then in
+    /// `rq_ready`. The record only moves forwards: each poster writes it after the one before
+    /// has (`rq_ready` says so).
+    fn mark_ready(&self, index: u64) -> Result<(), WaitError> {
+        if M::SHARED {
+            let mut deadline = self.deadline();
+            // SAFETY: a counter of the live handle.
+            while unsafe { M::load_acquire(self.ready()) } != index {
+                if deadline.expired() {
+                    return Err(WaitError::Timeout { index });
+                }
+            }
+        }
+        let next = index + 1;
+        // The WQE before the record: the HCA may take the receive as soon as it sees the count.
+        if self.k.gpu {
+            arch::to_device_barrier_gpu();
+        } else {
+            arch::to_device_barrier();
+        }
+        // SAFETY: the receive word of the live QP's doorbell record, 4-byte aligned.
+        unsafe {
+            arch::store_dbrec(self.k.rq_dbrec as *mut u32, dbrec::wq_counter(next).to_be(), self.k.gpu);
+            M::store_release(self.ready(), next);
+        }
+        Ok(())
+    }
+
+    /// Looks at receive `index`'s CQE once: `None` if not written yet, else the receive or its
+    /// error (consumed).
+    #[inline(always)]
+    pub fn try_poll(&self, index: Ticket) -> Option<Result<Recv, WaitError>> {
+        let cq = self.cq();
+        cq.complete_with(index, cq.peek(index), |slot| Cq::<M>::read_cqe(slot))
+            .map(|r| r.and_then(|cqe| Self::decode(index, &cqe)))
+    }
+
+    /// Waits (bounded) for receive `index` (its ticket): the message it took, or its error
+    /// (a flushed receive: the QP failed; a local length error: the message was larger than
+    /// its buffers).
+    pub fn poll(&self, index: Ticket) -> Result<Recv, WaitError> {
+        let mut deadline = self.deadline();
+        loop {
+            if let Some(r) = self.try_poll(index) {
+                return r;
+            }
+            if deadline.expired() {
+                return Err(WaitError::Timeout { index });
+            }
+        }
+    }
+
+    /// The oldest receive not consumed yet, if its CQE is there.
+    #[inline(always)]
+    pub fn poll_next(&self) -> Option<Result<Recv, WaitError>> {
+        // SAFETY: a counter of the live handle.
+        let index = unsafe { M::load_acquire(self.cq().consumed()) };
+        self.try_poll(index)
+    }
+
+    /// A successful responder CQE as a [`Recv`]; an opcode a receive cannot have is a CQE of a
+    /// kind this crate does not read.
+    #[inline(always)]
+    fn decode(index: u64, cqe: &Cqe64) -> Result<Recv, WaitError> {
+        let kind = match cqe.opcode() {
+            CqeOpcode::RespSend => RecvKind::Send,
+            CqeOpcode::RespSendImm => RecvKind::SendImm(cqe.imm()),
+            CqeOpcode::RespWrImm => RecvKind::WriteImm(cqe.imm()),
+            _ => return Err(WaitError::CqeFormat { index, format: 0 }),
+        };
+        Ok(Recv {
+            index,
+            bytes: cqe.byte_count(),
+            kind,
+            src_qpn: cqe.src_qpn(),
+        })
+    }
+}
