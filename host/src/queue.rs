@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gdaki_layout::prm::command::RqShape;
 use gdaki_layout::prm::command::{self, CreateCq, CreateQp, Init2Rtr, Rst2Init, Rtr2Rts};
 use gdaki_layout::prm::layout::{cqc, qpc, query_cq_out, query_qp_out};
 use gdaki_layout::prm::{self, Bits, CmdStatus, Opcode};
-use gdaki_layout::{cqe, AtomicReplyOrder, CqeOpcode, DevCq, DevQp, DoorbellKind, Syndrome};
+use gdaki_layout::{cqe, AtomicReplyOrder, CqeOpcode, DevCq, DevQp, DevRq, DoorbellKind, Syndrome};
 use tracing::debug;
 
 use crate::error::{check_pow2, Error, Result};
@@ -73,8 +74,40 @@ pub struct QpConfig {
     /// producer index; hand [`QueuePair::proxy_target`] to a `gdaki_proxy::Proxy`).
     pub handler: DoorbellHandler,
     /// Where the send queue and its doorbell record live (its CQ's placement is chosen with
-    /// [`Context::create_cq_in`](crate::Context::create_cq_in)).
+    /// [`Context::create_cq_in`](crate::Context::create_cq_in)); a receive queue and its CQ
+    /// live there too.
     pub rings: Rings,
+    /// A receive queue, for two-sided verbs (SEND, SEND with immediate, WRITE with immediate
+    /// at the peer): `None` (the default) for a QP that only sends and does one-sided verbs.
+    pub receive: Option<ReceiveConfig>,
+    /// How often a message the peer had no receive for is tried again, 0 to 7 (7: for ever,
+    /// bounded by `timeout` on the waiter's side), as IB's `rnr_retry`. Default 7.
+    pub rnr_retry: u8,
+    /// The RNR NAK timer code this QP answers with when a message finds no receive: how long
+    /// the peer waits before trying again (IB's table: 1 is 0.01 ms, 12 is 0.64 ms, 14 is
+    /// 1.28 ms, 0 is 655 ms). Default 12, as rdma-core's tests and perftest set it.
+    pub min_rnr_timer: u8,
+}
+
+/// The receive queue of a queue pair ([`QpConfig::receive`]). Its completions go to a CQ of its
+/// own that the QP creates (as large as the queue), in the QP's [`Rings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveConfig {
+    /// Receives it holds: a power of two, at most [`MAX_SQ_SIZE`]. A queue smaller than 64
+    /// bytes of receive WQEs is rounded up to that (the send queue follows it in memory).
+    pub size: u32,
+    /// The most buffers one receive scatters into: 1 to 4
+    /// ([`gdaki_layout::recv::MAX_RECV_SGES`]).
+    pub max_bufs: u32,
+}
+
+impl Default for ReceiveConfig {
+    fn default() -> Self {
+        ReceiveConfig {
+            size: 1024,
+            max_bufs: 1,
+        }
+    }
 }
 
 impl Default for QpConfig {
@@ -86,6 +119,9 @@ impl Default for QpConfig {
             retry_timeout: Duration::from_secs(4),
             handler: DoorbellHandler::Gpu,
             rings: Rings::Host,
+            receive: None,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
         }
     }
 }
@@ -182,12 +218,16 @@ pub(crate) struct Qp {
     /// The send queue, then the doorbell record (`[receive, send]` counters) after it.
     umem: Umem,
     cq: CqClaim,
+    /// The receive queue (at the start of `umem`, the send queue after it) and its CQ.
+    rq: Option<RqPart>,
     qpn: u32,
     sq_log: u32,
     /// The first PSN this QP sends, chosen here.
     psn: u32,
     max_msg_size: u64,
     retry_timeout: Duration,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
     /// The RTR peer's READ/atomic responder resources (its endpoint's `rd_atomic`), which
     /// bound this QP's `log_sra_max` at RTR2RTS.
     peer_rd_atomic: AtomicU8,
@@ -196,9 +236,57 @@ pub(crate) struct Qp {
     ctx: Arc<ContextInner>,
 }
 
+/// A QP's receive queue as the library holds it.
+struct RqPart {
+    /// Its CQ, which serves it alone.
+    cq: CqClaim,
+    log_size: u32,
+    log_stride: u32,
+}
+
+impl RqPart {
+    fn bytes(&self) -> u64 {
+        gdaki_layout::recv::queue_bytes(self.log_size, self.log_stride) as u64
+    }
+}
+
 impl Qp {
+    /// Bytes of receive WQEs before the send queue in `umem`.
+    fn rq_bytes(&self) -> u64 {
+        self.rq.as_ref().map_or(0, RqPart::bytes)
+    }
+
     fn sq(&self) -> u64 {
-        self.umem.mem.addr()
+        self.umem.mem.addr() + self.rq_bytes()
+    }
+
+    /// The `DevRq` of receive queue `r` whose work-queue buffer starts at `wq` and whose CQE
+    /// ring at `cqe_base`, as the poster reaches them (the CPU's addresses, or a GPU's).
+    fn dev_rq(&self, r: &RqPart, wq: u64, cqe_base: u64, timeout: Duration) -> DevRq {
+        let rcq = &r.cq.0;
+        DevRq {
+            rq_base: wq,
+            // The receive word is word 0 of the record after the send queue.
+            rq_dbrec: wq + r.bytes() + (64u64 << self.sq_log),
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            qpn: self.qpn,
+            log_size: r.log_size,
+            log_stride: r.log_stride,
+            flags: if self.umem.mem.gpu().is_some() {
+                gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY
+            } else {
+                0
+            },
+            version: gdaki_layout::handle::DEV_RQ_VERSION,
+            cq: DevCq {
+                cqe_base,
+                dbrec: cqe_base + (rcq.dbrec() - rcq.ring()),
+                cqn: rcq.cqn,
+                log_size: rcq.log_size,
+                ..bytemuck::Zeroable::zeroed()
+            },
+            ..bytemuck::Zeroable::zeroed()
+        }
     }
 
     /// The send counter of the doorbell record.
@@ -352,6 +440,8 @@ pub struct QueuePair {
     inner: Arc<Qp>,
     /// The exported `DevQp`, in memory posters can reach.
     handle: HostBuffer,
+    /// The exported `DevRq`, for a QP with a receive queue.
+    recv_handle: Option<HostBuffer>,
     /// Who rings the doorbell (a [`DoorbellHandler`] as `u8`): set at creation, and switched to
     /// the CPU proxy once if a GPU export cannot map the doorbell page.
     handler: AtomicU8,
@@ -406,6 +496,39 @@ impl QueuePair {
                 max: max_msg,
             });
         }
+        if cfg.rnr_retry > 7 || cfg.min_rnr_timer > 31 {
+            return Err(Error::OutOfRange {
+                what: if cfg.rnr_retry > 7 {
+                    "rnr_retry"
+                } else {
+                    "min_rnr_timer"
+                },
+                got: cfg.rnr_retry.max(cfg.min_rnr_timer) as u64,
+                min: 0,
+                max: if cfg.rnr_retry > 7 { 7 } else { 31 },
+            });
+        }
+        let rq_shape = match cfg.receive {
+            None => None,
+            Some(r) => {
+                let max_bufs = gdaki_layout::recv::MAX_RECV_SGES as u64;
+                if r.max_bufs == 0 || r.max_bufs as u64 > max_bufs {
+                    return Err(Error::OutOfRange {
+                        what: "receive max_bufs",
+                        got: r.max_bufs as u64,
+                        min: 1,
+                        max: max_bufs,
+                    });
+                }
+                let mut log_size = check_pow2("receive queue size", r.size as u64, 1, max_sq)?;
+                let log_stride = gdaki_layout::recv::log_stride(r.max_bufs);
+                // The send queue follows the receive queue: at least one building block of it.
+                while gdaki_layout::recv::queue_bytes(log_size, log_stride) < 64 {
+                    log_size += 1;
+                }
+                Some((log_size, log_stride))
+            }
+        };
         if let (Rings::Gpu(_), DoorbellHandler::CpuProxy) = (&cfg.rings, cfg.handler) {
             return Err(Error::Unsupported {
                 what: "a CPU proxy for a queue pair whose rings are in GPU memory",
@@ -416,8 +539,24 @@ impl QueuePair {
         }
         // The QPN is not known before CREATE_QP: claim the CQ with 0 and name it after.
         let claim = CqClaim::new(&cq.inner, 0)?;
+        // The receive queue's own CQ, as large as the queue: it can never overrun.
+        let rq = match rq_shape {
+            None => None,
+            Some((log_size, log_stride)) => {
+                let rcq = CompletionQueue::create(ctx, 1 << log_size, &cfg.rings)?;
+                Some(RqPart {
+                    cq: CqClaim::new(&rcq.inner, 0)?,
+                    log_size,
+                    log_stride,
+                })
+            }
+        };
+        let rq_bytes = rq.as_ref().map_or(0, RqPart::bytes) as usize;
         let sq_bytes = 64usize << sq_log;
-        let mem = cfg.rings.alloc("a send queue and its doorbell record", sq_bytes + 64)?;
+        let mem = cfg.rings.alloc(
+            "a receive and send queue and their doorbell record",
+            rq_bytes + sq_bytes + 64,
+        )?;
         let umem = dev.devx.umem(mem).map_err(Error::device("registering a send queue"))?;
         let uar = dev.devx.uar().map_err(Error::device("allocating a UAR page"))?;
         let obj = dev
@@ -428,11 +567,15 @@ impl QueuePair {
                     ts_format: dev.caps.qp_ts_format(),
                     uar_page: uar.uar.page,
                     cqn_snd: cq.cqn(),
-                    cqn_rcv: cq.cqn(),
+                    cqn_rcv: rq.as_ref().map_or(cq.cqn(), |r| r.cq.0.cqn),
                     log_sq_size: sq_log as u8,
                     umem_id: umem.id,
                     dbr_umem_id: umem.id,
-                    dbr_offset: sq_bytes as u64,
+                    dbr_offset: (rq_bytes + sq_bytes) as u64,
+                    receive: rq.as_ref().map(|r| RqShape {
+                        log_size: r.log_size as u8,
+                        log_stride: r.log_stride as u8,
+                    }),
                     ..Default::default()
                 }
                 .encode(),
@@ -440,6 +583,9 @@ impl QueuePair {
             .map_err(Error::device("creating a queue pair"))?;
         let qpn = obj.obj.number;
         *lock(&cq.inner.serves) = Some(qpn);
+        if let Some(r) = &rq {
+            *lock(&r.cq.0.serves) = Some(qpn);
+        }
         let reply = if dev.caps.atomic.reply_mode == 1 {
             AtomicReplyOrder::HostOrder
         } else {
@@ -450,11 +596,14 @@ impl QueuePair {
             uar,
             umem,
             cq: claim,
+            rq,
             qpn,
             sq_log,
             psn: crate::random_u32() & 0xff_ffff,
             max_msg_size: cfg.max_msg_size,
             retry_timeout: cfg.retry_timeout,
+            rnr_retry: cfg.rnr_retry,
+            min_rnr_timer: cfg.min_rnr_timer,
             peer_rd_atomic: AtomicU8::new(0),
             proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
             ctx: ctx.clone(),
@@ -488,6 +637,16 @@ impl QueuePair {
         };
         // SAFETY: the buffer is DevQp-sized and page-aligned; nobody else sees it yet.
         unsafe { (handle.as_ptr() as *mut DevQp).write(dev_qp) };
+        let recv_handle = match &qp.rq {
+            None => None,
+            Some(r) => {
+                let h = HostBuffer::new("a device receive-queue handle", std::mem::size_of::<DevRq>())?;
+                let dev_rq = qp.dev_rq(r, qp.umem.mem.addr(), r.cq.0.ring(), cfg.timeout);
+                // SAFETY: the buffer is DevRq-sized and page-aligned; nobody else sees it yet.
+                unsafe { (h.as_ptr() as *mut DevRq).write(dev_rq) };
+                Some(h)
+            }
+        };
         debug!(
             qpn = format_args!("{qpn:#x}"),
             cqn = format_args!("{:#x}", cq.cqn()),
@@ -498,6 +657,7 @@ impl QueuePair {
         Ok(QueuePair {
             inner: qp,
             handle,
+            recv_handle,
             handler: AtomicU8::new(cfg.handler as u8),
             fallback: Mutex::new(None),
         })
@@ -620,9 +780,9 @@ impl QueuePair {
             log_msg_max: (64 - (self.inner.max_msg_size - 1).leading_zeros()) as u8,
             remote_qpn: peer.qpn,
             next_rcv_psn: peer.psn,
+            min_rnr_nak: self.inner.min_rnr_timer,
             log_rra_max: self.log_rra_max(),
             path,
-            ..Default::default()
         };
         self.modify(&input.encode(), QpState::Rtr)?;
         self.inner.peer_rd_atomic.store(peer.rd_atomic, Ordering::Release);
@@ -645,7 +805,7 @@ impl QueuePair {
             qpn: self.qpn(),
             next_send_psn: self.inner.psn,
             retry_count,
-            rnr_retry: 7,
+            rnr_retry: self.inner.rnr_retry,
             ack_timeout,
             log_sra_max,
         };
@@ -756,7 +916,35 @@ impl QueuePair {
 
     /// Whether the send queue or the CQE ring is in GPU memory ([`Rings::Gpu`]).
     pub fn rings_in_gpu_memory(&self) -> bool {
-        self.inner.umem.mem.gpu().is_some() || self.inner.cq.0.umem.mem.gpu().is_some()
+        self.inner.umem.mem.gpu().is_some()
+            || self.inner.cq.0.umem.mem.gpu().is_some()
+            || self.inner.rq.as_ref().is_some_and(|r| r.cq.0.umem.mem.gpu().is_some())
+    }
+
+    /// The exported receive-queue handle, for a QP created with a receive queue
+    /// ([`QpConfig::receive`]): what `gdaki_device::Rq::from_raw` takes in CPU mode. Valid
+    /// while this QP lives.
+    pub fn receive_handle(&self) -> Option<*mut DevRq> {
+        self.recv_handle.as_ref().map(|h| h.as_ptr() as *mut DevRq)
+    }
+
+    /// A CPU-mode view of this QP's receive queue in sharing mode `M`: refused for a QP
+    /// without one, or whose rings are in GPU memory.
+    ///
+    /// # Safety
+    /// As [`cpu`](Self::cpu): the value must not outlive this `QueuePair`, and concurrent
+    /// users share one sharing mode.
+    pub unsafe fn cpu_receive<M: gdaki_device::Sharing>(&self) -> Result<gdaki_device::Rq<M>> {
+        let Some(h) = self.receive_handle() else {
+            return Err(Error::Unsupported {
+                what: "receiving on a queue pair without a receive queue",
+                why: "create it with QpConfig::receive".into(),
+            });
+        };
+        // SAFETY: the same placement check and contract as `cpu`.
+        unsafe { self.cpu::<M>()? };
+        // SAFETY: the handle was filled in `create` and lives as long as self (caller's contract).
+        Ok(unsafe { gdaki_device::Rq::from_raw(h) })
     }
 
     /// A CPU-mode poster's view of this QP in sharing mode `M`. Refused when a ring is in GPU
@@ -786,6 +974,8 @@ impl QueuePair {
 /// [`device_handle`](Self::device_handle) as their `*mut DevQp`.
 pub struct GpuQp {
     handle: gdaki_cuda::DeviceBuffer,
+    /// The `DevRq` in GPU memory, for a QP with a receive queue.
+    recv_handle: Option<gdaki_cuda::DeviceBuffer>,
     // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
     _maps: Vec<gdaki_cuda::HostMapping>,
     qp: Arc<Qp>,
@@ -815,6 +1005,12 @@ impl GpuQp {
     /// The `DevQp` in GPU memory (what [`Args::qp`](gdaki_cuda::Args::qp) passes to kernels).
     pub fn device_handle(&self) -> u64 {
         self.handle.device_addr()
+    }
+
+    /// The `DevRq` in GPU memory, for a QP with a receive queue: kernels take it as their
+    /// `*mut DevRq` (`gdaki_device::Rq::from_raw`).
+    pub fn receive_handle(&self) -> Option<u64> {
+        self.recv_handle.as_ref().map(|h| h.device_addr())
     }
 
     /// The GPU it is exported to.
@@ -888,7 +1084,11 @@ impl QueuePair {
     pub fn export_gpu(&self, gpu: &gdaki_cuda::Gpu) -> Result<GpuQp> {
         let q = &self.inner;
         let cq = &q.cq.0;
-        for ring in [&q.umem.mem, &cq.umem.mem] {
+        let rcq = q.rq.as_ref().map(|r| &r.cq.0);
+        for ring in [Some(&q.umem.mem), Some(&cq.umem.mem), rcq.map(|c| &c.umem.mem)]
+            .into_iter()
+            .flatten()
+        {
             if let Some(theirs) = ring.gpu().filter(|g| g.ordinal() != gpu.ordinal()) {
                 return Err(Error::Unsupported {
                     what: "exporting a queue pair to another GPU than the one its rings are in",
@@ -918,8 +1118,10 @@ impl QueuePair {
                 }
             })
         };
-        let sq = place(&q.umem.mem)?;
+        let wq = place(&q.umem.mem)?;
+        let sq = wq + q.rq_bytes();
         let cqe_base = place(&cq.umem.mem)?;
+        let rcqe_base = rcq.map(|c| place(&c.umem.mem)).transpose()?;
         let unmappable = q.ctx.options.models_unmappable_doorbell();
         let doorbell = match self.handler() {
             DoorbellHandler::Gpu => {
@@ -963,6 +1165,16 @@ impl QueuePair {
         dev.cq.dbrec = cqe_base + (cq.dbrec() - cq.ring());
         let handle = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
         handle.write(0, bytemuck::bytes_of(&dev))?;
+        let recv_handle = match (&q.rq, rcqe_base) {
+            (Some(r), Some(base)) => {
+                let timeout = Duration::from_nanos(dev.timeout_ns);
+                let dev_rq = q.dev_rq(r, wq, base, timeout);
+                let h = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevRq>())?;
+                h.write(0, bytemuck::bytes_of(&dev_rq))?;
+                Some(h)
+            }
+            _ => None,
+        };
         debug!(
             qpn = format_args!("{:#x}", q.qpn),
             handle = format_args!("{:#x}", handle.device_addr()),
@@ -970,6 +1182,7 @@ impl QueuePair {
         );
         Ok(GpuQp {
             handle,
+            recv_handle,
             _maps: maps,
             qp: q.clone(),
         })

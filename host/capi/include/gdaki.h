@@ -335,6 +335,25 @@ typedef struct gdaki_qp_config {
    * memory (default). Only kernels on that GPU can then post.
    */
   const struct gdaki_gpu *rings_gpu;
+  /**
+   * Receives the QP's receive queue holds, a power of two, for two-sided verbs; 0 (default)
+   * for a QP without one. Its CQ is the QP's own.
+   */
+  uint32_t rq_size;
+  /**
+   * The most buffers one receive scatters into, 1 to 4 (default 1).
+   */
+  uint32_t rq_max_bufs;
+  /**
+   * How often a message the peer had no receive for is tried again, 0 to 7 (default 7:
+   * for ever, bounded by the waiter's timeout).
+   */
+  uint8_t rnr_retry;
+  /**
+   * The RNR NAK timer code this QP answers with (IB's table: 1 is 0.01 ms, 12 is 0.64 ms;
+   * default 12).
+   */
+  uint8_t min_rnr_timer;
 } gdaki_qp_config;
 
 /**

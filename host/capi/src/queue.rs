@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use gdaki::{CompletionQueue, DoorbellHandler, GpuQp, QpConfig, QpState, QueuePair, Rings};
+use gdaki::{CompletionQueue, DoorbellHandler, GpuQp, QpConfig, QpState, QueuePair, ReceiveConfig, Rings};
 use gdaki_layout::handle::{DevQp, DoorbellKind};
 
 use crate::context::{gdaki_context, gdaki_gpu};
@@ -105,6 +105,17 @@ pub struct gdaki_qp_config {
     /// The GPU whose memory holds the send queue and its doorbell record, or NULL for host
     /// memory (default). Only kernels on that GPU can then post.
     pub rings_gpu: *const gdaki_gpu,
+    /// Receives the QP's receive queue holds, a power of two, for two-sided verbs; 0 (default)
+    /// for a QP without one. Its CQ is the QP's own.
+    pub rq_size: u32,
+    /// The most buffers one receive scatters into, 1 to 4 (default 1).
+    pub rq_max_bufs: u32,
+    /// How often a message the peer had no receive for is tried again, 0 to 7 (default 7:
+    /// for ever, bounded by the waiter's timeout).
+    pub rnr_retry: u8,
+    /// The RNR NAK timer code this QP answers with (IB's table: 1 is 0.01 ms, 12 is 0.64 ms;
+    /// default 12).
+    pub min_rnr_timer: u8,
 }
 
 impl gdaki_qp_config {
@@ -117,6 +128,10 @@ impl gdaki_qp_config {
             timeout_ms: d.timeout.as_millis() as u32,
             retry_timeout_ms: d.retry_timeout.as_millis() as u32,
             rings_gpu: std::ptr::null(),
+            rq_size: 0,
+            rq_max_bufs: ReceiveConfig::default().max_bufs,
+            rnr_retry: d.rnr_retry,
+            min_rnr_timer: d.min_rnr_timer,
         }
     }
 
@@ -138,6 +153,12 @@ impl gdaki_qp_config {
             retry_timeout: Duration::from_millis(self.retry_timeout_ms as u64),
             handler,
             rings,
+            receive: (self.rq_size != 0).then_some(ReceiveConfig {
+                size: self.rq_size,
+                max_bufs: self.rq_max_bufs,
+            }),
+            rnr_retry: self.rnr_retry,
+            min_rnr_timer: self.min_rnr_timer,
         })
     }
 }
