@@ -90,7 +90,37 @@ pub struct QpConfig {
 }
 
 /// The receive queue of a queue pair ([`QpConfig::receive`]). Its completions go to a CQ of its
-/// own that the QP creates (as large as the queue), in the QP's [`Rings`].
+/// own that the QP creates (as large as the queue), in the QP's [`Rings`]. `docs/two-sided.md`
+/// has the whole story; a SEND with immediate data between two soft HCAs, in CPU mode:
+///
+/// ```
+/// use gdaki::{Access, Context, Provider, QpConfig, ReceiveConfig};
+/// use gdaki_device::{Exclusive, RecvKind};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let cfg = QpConfig {
+///     receive: Some(ReceiveConfig { size: 64, max_bufs: 1 }),
+///     min_rnr_timer: 1, // a message that finds no receive is tried again after 10 us
+///     ..Default::default()
+/// };
+/// let (a, b) = (Context::open(Provider::Soft)?, Context::open(Provider::Soft)?);
+/// let (qa, qb) = (a.create_qp(&a.create_cq(1024)?, cfg.clone())?, b.create_qp(&b.create_cq(1024)?, cfg)?);
+/// qa.connect(&qb.endpoint())?;
+/// qb.connect(&qa.endpoint())?;
+/// let (src, dst) = (a.alloc_region(4096, Access::ALL)?, b.alloc_region(4096, Access::ALL)?);
+/// src.write(0, b"hello")?;
+/// // SAFETY: the views do not outlive their QPs; one thread uses each.
+/// let (send, recv) = unsafe { (qa.cpu::<Exclusive>()?, qb.cpu_receive::<Exclusive>()?) };
+/// let r = recv.post_recv_one(dst.local(0), 4096)?;
+/// send.wait(send.send_imm(src.local(0), 5, 42)?)?;
+/// let got = recv.poll(r)?;
+/// assert_eq!((got.bytes, got.kind), (5, RecvKind::SendImm(42)));
+/// let mut bytes = [0; 5];
+/// dst.read(0, &mut bytes)?;
+/// assert_eq!(&bytes, b"hello");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiveConfig {
     /// Receives it holds: a power of two, at most [`MAX_SQ_SIZE`]. A queue smaller than 64

@@ -1288,3 +1288,133 @@ fn a_side_without_shared_memory_keeps_tcp() {
     dev.wait(dev.put(rb.remote(0), la.local(0), 8).unwrap()).unwrap();
     assert_eq!(rb.read_vec(0, 8).unwrap(), b"over tcp");
 }
+
+/// [`pair_over`] with receive queues of `rq` receives on both sides.
+fn two_sided_pair(rq: u32, cfg: QpConfig, carrier: Carrier) -> (Context, QueuePair, Context, QueuePair) {
+    let receive = Some(gdaki::ReceiveConfig { size: rq, max_bufs: 2 });
+    pair_over(QpConfig { receive, ..cfg }, carrier)
+}
+
+over_each_carrier!(two_sided_verbs);
+fn two_sided_verbs(carrier: Carrier) {
+    let (a, qa, b, qb) = two_sided_pair(64, QpConfig::default(), carrier);
+    let la = a.alloc_region(1 << 20, Access::ALL).unwrap();
+    let lb = b.alloc_region(1 << 20, Access::ALL).unwrap();
+    let data = pattern(3, 1 << 16);
+    la.write(0, &data).unwrap();
+    let (sa, rb) = unsafe { (qa.cpu::<Exclusive>().unwrap(), qb.cpu_receive::<Exclusive>().unwrap()) };
+    // 32 receives outstanding, 32 messages in flight at once: SENDs of every kind and WRITEs
+    // with immediate, interleaved with plain WRITEs that take no receive.
+    let recvs: Vec<u64> = (0..32u64)
+        .map(|i| rb.post_recv_one(lb.local(i * 4096), 4096).unwrap())
+        .collect();
+    let mut last = 0;
+    for i in 0..32u64 {
+        let src = la.local(i * 1000);
+        last = match i % 4 {
+            0 => sa.send(src, 1000 + i).unwrap(),
+            1 => sa.send_imm(src, 7, i as u32).unwrap(),
+            2 => sa.send_inline(&data[..i as usize]).unwrap(),
+            _ => {
+                sa.put(lb.remote(600_000 + i * 8), src, 8).unwrap();
+                sa.write_imm(lb.remote(800_000 + i * 100), src, 100, !(i as u32))
+                    .unwrap()
+            }
+        };
+    }
+    sa.wait(last).unwrap();
+    for (i, r) in recvs.into_iter().enumerate() {
+        let i = i as u64;
+        let got = rb.poll(r).unwrap();
+        assert_eq!(got.src_qpn, qa.qpn());
+        let (len, kind, at) = match i % 4 {
+            0 => (1000 + i, gdaki_device::RecvKind::Send, i * 4096),
+            1 => (7, gdaki_device::RecvKind::SendImm(i as u32), i * 4096),
+            2 => (i, gdaki_device::RecvKind::Send, i * 4096),
+            _ => (100, gdaki_device::RecvKind::WriteImm(!(i as u32)), 800_000 + i * 100),
+        };
+        assert_eq!((got.bytes as u64, got.kind), (len, kind), "message {i}");
+        let mut back = vec![0; len as usize];
+        lb.read(at, &mut back).unwrap();
+        let from = if i % 4 == 2 { 0 } else { (i * 1000) as usize };
+        assert_eq!(back, data[from..from + len as usize], "message {i}");
+    }
+    assert!(rb.poll_next().is_none());
+    assert_eq!((qa.error(), qb.error()), (None, None));
+}
+
+over_each_carrier!(receiver_not_ready_over_the_transport);
+/// Over the transport a message that finds no receive is answered "receiver not ready" and
+/// dropped with everything sent after it; the requester sends them all again, in order, once
+/// the timer has run out, until receives come.
+fn receiver_not_ready_over_the_transport(carrier: Carrier) {
+    let cfg = QpConfig {
+        min_rnr_timer: 4, // 40 us
+        ..Default::default()
+    };
+    let (a, qa, b, qb) = two_sided_pair(8, cfg, carrier);
+    let la = a.alloc_region(1 << 16, Access::ALL).unwrap();
+    let lb = b.alloc_region(1 << 16, Access::ALL).unwrap();
+    let data = pattern(4, 4096);
+    la.write(0, &data).unwrap();
+    let sa = unsafe { qa.cpu::<Exclusive>().unwrap() };
+    // A WRITE, two SENDs and a WRITE behind them, before any receive.
+    sa.put(lb.remote(10_000), la.local(0), 100).unwrap();
+    sa.send(la.local(100), 200).unwrap();
+    sa.send_inline(b"second").unwrap();
+    let t = sa.put(lb.remote(20_000), la.local(300), 300).unwrap();
+    let (handle, bufs) = (qb.receive_handle().unwrap() as usize, [lb.local(0), lb.local(1024)]);
+    let poster = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(30));
+        // SAFETY: the QP outlives the thread (joined below); only this thread posts.
+        let rq = unsafe { gdaki_device::Rq::<Exclusive>::from_raw(handle as *mut gdaki_layout::DevRq) };
+        bufs.map(|b| rq.post_recv_one(b, 1024).unwrap())
+    });
+    sa.wait(t).unwrap();
+    let recvs = poster.join().unwrap();
+    let rb = unsafe { qb.cpu_receive::<Exclusive>().unwrap() };
+    assert_eq!(rb.poll(recvs[0]).unwrap().bytes, 200);
+    assert_eq!(rb.poll(recvs[1]).unwrap().bytes, 6);
+    for (at, from, len) in [(10_000, 0, 100), (0, 100, 200), (20_000, 300, 300)] {
+        let mut back = vec![0; len];
+        lb.read(at, &mut back).unwrap();
+        assert_eq!(back, data[from..from + len], "at {at}");
+    }
+    let mut second = [0; 6];
+    lb.read(1024, &mut second).unwrap();
+    assert_eq!(&second, b"second");
+    assert!(rb.poll_next().is_none(), "each message landed once");
+    // With retries limited, a receive that never comes fails the sender alone.
+    let cfg = QpConfig {
+        min_rnr_timer: 1,
+        rnr_retry: 2,
+        ..Default::default()
+    };
+    let (_a, qa, _b, qb) = two_sided_pair(8, cfg, carrier);
+    let sa = unsafe { qa.cpu::<Exclusive>().unwrap() };
+    let first = sa.send_inline(b"nobody").unwrap();
+    let after = sa.send_inline(b"behind").unwrap();
+    assert_eq!(cqe_error(sa.wait(first)), Syndrome::RnrRetryExc);
+    assert_eq!(cqe_error(sa.wait(after)), Syndrome::WrFlush);
+    assert_eq!(qb.state(), QpState::Rts);
+}
+
+over_each_carrier!(a_receive_too_small_over_the_transport);
+fn a_receive_too_small_over_the_transport(carrier: Carrier) {
+    let (a, qa, b, qb) = two_sided_pair(8, QpConfig::default(), carrier);
+    let la = a.alloc_region(1 << 16, Access::ALL).unwrap();
+    let lb = b.alloc_region(1 << 16, Access::ALL).unwrap();
+    let (sa, rb) = unsafe { (qa.cpu::<Exclusive>().unwrap(), qb.cpu_receive::<Exclusive>().unwrap()) };
+    let r = rb.post_recv_one(lb.local(0), 10).unwrap();
+    let later = rb.post_recv_one(lb.local(100), 10).unwrap();
+    assert_eq!(
+        cqe_error(sa.wait(sa.send(la.local(0), 11).unwrap())),
+        Syndrome::RemoteInvalReq
+    );
+    let err = |r: Result<gdaki_device::Recv, WaitError>| match r {
+        Err(WaitError::Cqe(e)) => e.syndrome,
+        other => panic!("expected an error CQE, got {other:?}"),
+    };
+    assert_eq!(err(rb.poll(r)), Syndrome::LocalLength);
+    assert_eq!(err(rb.poll(later)), Syndrome::WrFlush);
+}

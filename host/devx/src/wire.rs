@@ -30,8 +30,10 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// shared-memory carrier, which the responder answers; 5: over shared memory, a WRITE from GPU
 /// memory may travel as a CUDA IPC reference: [`Kind::GpuOffer`], [`Kind::GpuAnswer`],
 /// [`Kind::WriteRef`]; 6: a READ into GPU memory may name the requester's allocation for the
-/// responder to write: [`Kind::ReadRef`]).
-pub const VERSION: u16 = 7;
+/// responder to write: [`Kind::ReadRef`]; 7: endpoints carry `rd_atomic`; 8: two-sided
+/// requests, [`Kind::Send`] and [`Kind::WriteImm`], and the "receiver not ready" answer,
+/// [`Kind::RnrNak`]).
+pub const VERSION: u16 = 8;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -132,6 +134,12 @@ pub enum Kind {
     /// Transport request: RDMA READ whose data the responder writes itself into an offered
     /// allocation ([`Op::ReadRef`]); answered as a WRITE is, by an [`Kind::Ack`].
     ReadRef = 26,
+    /// Transport request: SEND, with or without immediate data (head, then the data); it
+    /// takes the responder's next receive.
+    Send = 27,
+    /// Transport request: RDMA WRITE with immediate data (head, then the data); it takes the
+    /// responder's next receive once the data is written.
+    WriteImm = 28,
     /// Transport response: every request up to `seq` succeeded.
     Ack = 30,
     /// Transport response: READ data.
@@ -143,6 +151,10 @@ pub enum Kind {
     /// Transport, responder to requester between responses: whether an offered allocation
     /// was mapped ([`GpuAnswer`]).
     GpuAnswer = 34,
+    /// Transport response: request `seq` found no receive ("receiver not ready"); neither it
+    /// nor anything after it executes until the requester sends `seq` again, after the timer
+    /// the answer names.
+    RnrNak = 35,
 }
 
 impl Kind {
@@ -163,11 +175,14 @@ impl Kind {
             24 => Kind::GpuOffer,
             25 => Kind::WriteRef,
             26 => Kind::ReadRef,
+            27 => Kind::Send,
+            28 => Kind::WriteImm,
             30 => Kind::Ack,
             31 => Kind::ReadResp,
             32 => Kind::AtomicResp,
             33 => Kind::Nak,
             34 => Kind::GpuAnswer,
+            35 => Kind::RnrNak,
             _ => return Err(WireError::UnknownKind(v)),
         })
     }
@@ -192,10 +207,12 @@ impl Kind {
             Kind::CompareSwap => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::GpuOffer => (GPU_OFFER_LEN as u32, GPU_OFFER_LEN as u32),
             Kind::WriteRef | Kind::ReadRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
+            Kind::Send => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8 + MAX_MESSAGE),
+            Kind::WriteImm => (REQ_HEAD as u32 + 4, REQ_HEAD as u32 + 4 + MAX_MESSAGE),
             Kind::Ack => (4, 4),
             Kind::ReadResp => (4, 4 + MAX_MESSAGE),
             Kind::AtomicResp => (12, 12),
-            Kind::Nak => (5, 5),
+            Kind::Nak | Kind::RnrNak => (5, 5),
             Kind::GpuAnswer => (5, 5),
         }
     }
@@ -891,6 +908,21 @@ pub enum Op {
         /// New value.
         swap: u64,
     },
+    /// SEND of `len` bytes (they follow the head), with immediate data when `imm` is set;
+    /// the request's address and key are 0.
+    Send {
+        /// Data bytes after the head.
+        len: u32,
+        /// The immediate data.
+        imm: Option<u32>,
+    },
+    /// RDMA WRITE of `len` bytes with immediate data `imm`.
+    WriteImm {
+        /// Data bytes after the head.
+        len: u32,
+        /// The immediate data.
+        imm: u32,
+    },
 }
 
 /// A request without its WRITE data.
@@ -915,6 +947,8 @@ impl Request {
             Op::Read { len } => ("read length", len),
             Op::WriteRef { len, .. } | Op::ReadRef { len, .. } => ("referenced length", len),
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => ("atomic", 8),
+            Op::Send { len, .. } => ("send length", len),
+            Op::WriteImm { len, .. } => ("write length", len),
         };
         message_len(what, len)?;
         let (kind, extra, tail): (Kind, u32, Vec<u8>) = match self.op {
@@ -928,6 +962,12 @@ impl Request {
                 t.extend_from_slice(&swap.to_be_bytes());
                 (Kind::CompareSwap, 0, t)
             }
+            Op::Send { len, imm } => {
+                let mut t = (imm.is_some() as u32).to_be_bytes().to_vec();
+                t.extend_from_slice(&imm.unwrap_or(0).to_be_bytes());
+                (Kind::Send, len, t)
+            }
+            Op::WriteImm { len, imm } => (Kind::WriteImm, len, imm.to_be_bytes().to_vec()),
         };
         let len = (REQ_HEAD + tail.len()) as u32 + extra;
         let mut out = Vec::with_capacity(HEADER_LEN + REQ_HEAD + tail.len());
@@ -945,7 +985,8 @@ impl Request {
         Ok(REQ_HEAD
             + match header.kind {
                 Kind::Write => 0,
-                Kind::Read => 4,
+                Kind::Read | Kind::WriteImm => 4,
+                Kind::Send => 8,
                 Kind::FetchAdd => 8,
                 Kind::CompareSwap | Kind::WriteRef | Kind::ReadRef => 16,
                 k => {
@@ -985,6 +1026,24 @@ impl Request {
                 let (alloc, offset, len) = decode_reference(&mut c, "read length")?;
                 Op::ReadRef { alloc, offset, len }
             }
+            Kind::Send => {
+                let imm = match c.u32("immediate flag")? {
+                    0 => None,
+                    1 => Some(c.u32("immediate data")?),
+                    _ => return Err(invalid("immediate flag", "neither 0 nor 1")),
+                };
+                if imm.is_none() {
+                    c.u32("immediate data")?;
+                }
+                Op::Send {
+                    len: header.len - n as u32,
+                    imm,
+                }
+            }
+            Kind::WriteImm => Op::WriteImm {
+                imm: c.u32("immediate data")?,
+                len: header.len - n as u32,
+            },
             _ => Op::CompareSwap {
                 compare: c.u64("compare value")?,
                 swap: c.u64("swap value")?,
@@ -1058,6 +1117,14 @@ pub enum Response {
         /// Why.
         syndrome: Syndrome,
     },
+    /// Request `seq` found no receive: it and everything after it were dropped; send them
+    /// again from `seq` after the RNR timer `timer` (IB's code, 0 to 31).
+    RnrNak {
+        /// The request that found no receive.
+        seq: u32,
+        /// The responder's RNR NAK timer code.
+        timer: u8,
+    },
 }
 
 impl Response {
@@ -1081,6 +1148,11 @@ impl Response {
                 b.push(syndrome.raw());
                 (Kind::Nak, 5, b)
             }
+            Response::RnrNak { seq, timer } => {
+                let mut b = seq.to_be_bytes().to_vec();
+                b.push(timer & 0x1f);
+                (Kind::RnrNak, 5, b)
+            }
         };
         let mut out = Header::new(kind, len).encode().to_vec();
         out.append(&mut body);
@@ -1092,7 +1164,7 @@ impl Response {
         Ok(match header.kind {
             Kind::Ack | Kind::ReadResp => 4,
             Kind::AtomicResp => 12,
-            Kind::Nak => 5,
+            Kind::Nak | Kind::RnrNak => 5,
             k => {
                 return Err(WireError::Unexpected {
                     got: k,
@@ -1117,6 +1189,13 @@ impl Response {
                 seq,
                 old: c.u64("old value")?,
             },
+            Kind::RnrNak => {
+                let timer = c.u8("RNR timer")?;
+                if timer > 31 {
+                    return Err(invalid("RNR timer", format!("{timer} (at most 31)")));
+                }
+                Response::RnrNak { seq, timer }
+            }
             _ => {
                 let syndrome = Syndrome::from_raw(c.u8("syndrome")?);
                 if matches!(syndrome, Syndrome::Unknown(_)) {
@@ -1158,11 +1237,18 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
         Kind::ShmAnswer => decode_shm_answer(payload).map(drop)?,
         Kind::GpuOffer => GpuOffer::decode(payload).map(drop)?,
         Kind::GpuAnswer => GpuAnswer::decode(payload).map(drop)?,
-        Kind::Write | Kind::WriteRef | Kind::Read | Kind::ReadRef | Kind::FetchAdd | Kind::CompareSwap => {
+        Kind::Write
+        | Kind::WriteRef
+        | Kind::Read
+        | Kind::ReadRef
+        | Kind::FetchAdd
+        | Kind::CompareSwap
+        | Kind::Send
+        | Kind::WriteImm => {
             let n = Request::fixed_len(h)?;
             Request::decode(h, &payload[..n])?;
         }
-        Kind::Ack | Kind::ReadResp | Kind::AtomicResp | Kind::Nak => {
+        Kind::Ack | Kind::ReadResp | Kind::AtomicResp | Kind::Nak | Kind::RnrNak => {
             let n = Response::fixed_len(h)?;
             Response::decode(h, &payload[..n])?;
         }
@@ -1424,6 +1510,12 @@ mod tests {
                 offset: 0x9abc,
                 len: 1,
             },
+            Op::Send { len: 44, imm: None },
+            Op::Send {
+                len: 0,
+                imm: Some(0xdead_beef),
+            },
+            Op::WriteImm { len: 7, imm: 0 },
         ] {
             let r = Request {
                 seq: 9,
@@ -1432,7 +1524,7 @@ mod tests {
                 op,
             };
             let mut bytes = r.encode_head().unwrap();
-            if let Op::Write { len } = op {
+            if let Op::Write { len } | Op::Send { len, .. } | Op::WriteImm { len, .. } = op {
                 bytes.extend(std::iter::repeat_n(0xee, len as usize));
             }
             let h = check_frame(&bytes).unwrap();
@@ -1447,6 +1539,7 @@ mod tests {
                 seq: 4,
                 syndrome: Syndrome::RemoteAccess,
             },
+            Response::RnrNak { seq: 5, timer: 31 },
         ] {
             let bytes = resp.encode_head().unwrap();
             let h = check_frame(&bytes).unwrap();
@@ -1460,6 +1553,20 @@ mod tests {
         .unwrap();
         *nak.last_mut().unwrap() = 0xee;
         assert!(check_frame(&nak).is_err());
+        // An RNR timer past the table, a SEND's immediate flag neither 0 nor 1.
+        let mut rnr = Response::RnrNak { seq: 5, timer: 1 }.encode_head().unwrap();
+        *rnr.last_mut().unwrap() = 32;
+        assert!(check_frame(&rnr).is_err());
+        let mut send = Request {
+            seq: 1,
+            rkey: 0,
+            addr: 0,
+            op: Op::Send { len: 0, imm: None },
+        }
+        .encode_head()
+        .unwrap();
+        send[HEADER_LEN + REQ_HEAD + 3] = 2;
+        assert!(check_frame(&send).is_err());
         let c = Connect {
             hca: 1,
             qpn: 2,

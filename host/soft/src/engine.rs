@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 
 use crate::completer::{self, Outcome};
 use crate::copier::Copier;
-use crate::net::Meta;
+use crate::net::{Meta, Rnr};
 use crate::objects::SoftQp;
 use crate::requester::{self, Executed, Peer, Scratch, Target};
 use crate::responder;
@@ -142,8 +142,9 @@ impl Default for Idle {
 struct Watched {
     served: Arc<Served>,
     /// The doorbell word when the QP was last serviced, with what else makes it due: its
-    /// receive counter and its state (receives posted to a QP in error are flushed).
-    seen: (u64, u16, u8),
+    /// receive counter and its state (receives posted to a QP in error are flushed), and the
+    /// peer's "receiver not ready" answers (a retry is due).
+    seen: (u64, u16, u8, u32),
     /// Rounds since it last had work.
     quiet: u32,
 }
@@ -173,7 +174,7 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
                 .into_iter()
                 .map(|served| Watched {
                     served,
-                    seen: (0, 0, 0),
+                    seen: (0, 0, 0, 0),
                     quiet: 0,
                 })
                 .collect();
@@ -188,6 +189,7 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
                 qp.doorbell().load(Ordering::Acquire),
                 qp.rq.as_ref().map_or(0, |rq| rq.posted()),
                 qp.state() as u8,
+                qp.rnr_events.load(Ordering::Acquire),
             );
             if w.quiet > 0 && db == w.seen {
                 // Nothing rung since a round that found no work.
@@ -255,6 +257,8 @@ pub(crate) struct SqProgress {
     pub rnr_until: Option<Instant>,
     /// How often in a row the WQE at `ci` was answered "receiver not ready".
     pub rnr_naks: u32,
+    /// The WQE a remote peer last answered "receiver not ready", and how often in a row.
+    pub remote_rnr: Option<(u64, u32)>,
 }
 
 /// A queue pair the engine serves, with the engine's progress on its send queue (kept here, not
@@ -323,6 +327,9 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
     drain(qp, &mut progress.deferred);
     if qp.state() == QpState::Error {
         completer::flush_receives(qp);
+    }
+    if let Some(busy) = rewind_after_rnr(qp, &mut progress) {
+        return busy;
     }
     if db != progress.last_doorbell {
         progress.last_doorbell = db;
@@ -457,6 +464,47 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
     }
     drain(qp, deferred);
     true
+}
+
+/// Acts on a remote peer's "receiver not ready" answer: `Some(true)` while its timer runs
+/// (nothing executes meanwhile); then the send queue goes back to the WQE that found no
+/// receive, which executes again with everything after it (the responder dropped them), or,
+/// once the QP's `rnr_retry` is spent, that WQE fails. `None`: nothing to do.
+fn rewind_after_rnr(qp: &SoftQp, progress: &mut SqProgress) -> Option<bool> {
+    let SqProgress {
+        ci, peer, remote_rnr, ..
+    } = progress;
+    let Some(Peer::Remote(link)) = peer else { return None };
+    match link.rnr()? {
+        Rnr::Wait if qp.state() != QpState::Error => Some(true),
+        Rnr::Wait | Rnr::Lost => {
+            link.give_up_rnr();
+            None
+        }
+        Rnr::Retry { index, seq } => {
+            // The full counter of that WQE: at most a ring behind the next one to fetch.
+            let wqe = *ci - (*ci as u16).wrapping_sub(index) as u64;
+            let naks = match *remote_rnr {
+                Some((w, n)) if w == wqe => n + 1,
+                _ => 1,
+            };
+            if qp.state() == QpState::Error || qp.rnr_retries().is_some_and(|max| naks > max) {
+                link.give_up_rnr();
+                *remote_rnr = None;
+            } else {
+                trace!(
+                    qpn = format_args!("{:#x}", qp.qpn),
+                    wqe,
+                    naks,
+                    "receiver not ready: again"
+                );
+                link.rewind(seq);
+                *ci = wqe;
+                *remote_rnr = Some((wqe, naks));
+            }
+            None
+        }
+    }
 }
 
 /// Copies the WQE at building block `index` (all its blocks, across the ring's wrap) into

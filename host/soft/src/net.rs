@@ -34,7 +34,7 @@ use crate::dma::{Dma, DmaFault};
 use crate::error::{Error, Result};
 use crate::ipc::{self, Imports};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp};
+use crate::responder::{self, AtomicOp, Message};
 use crate::shm::{self, Segment, Side};
 use crate::{Hca, Region, RegionCache};
 use gdaki_devx::util::lock;
@@ -403,6 +403,9 @@ struct Inflight {
     dead: Option<Syndrome>,
     /// When the oldest unanswered request was sent (or the last answer came).
     waiting_since: Option<Instant>,
+    /// The responder answered request `seq` "receiver not ready": it and everything after it
+    /// go again from `until` on (see [`Link::rnr`]).
+    rnr: Option<(u32, Instant)>,
 }
 
 impl Inflight {
@@ -438,6 +441,21 @@ impl Inflight {
             completer::complete(qp, e.meta.index, e.meta.opcode, e.meta.signaled, outcome);
         }
     }
+}
+
+/// A "receiver not ready" answer as the engine sees it ([`Link::rnr`]).
+pub(crate) enum Rnr {
+    /// The responder's RNR timer is still running: execute nothing yet.
+    Wait,
+    /// The answer named no outstanding request: the QP fails.
+    Lost,
+    /// Execute again from the WQE with counter `index`, whose request was `seq`.
+    Retry {
+        /// The WQE counter.
+        index: u16,
+        /// Its request's sequence number.
+        seq: u32,
+    },
 }
 
 /// What the engine and a link's receiver thread share.
@@ -578,12 +596,20 @@ impl Link {
     /// Sends a request for WQE `meta` (`data`: a WRITE's payload) and queues its completion.
     pub(crate) fn post(&mut self, meta: Meta, remote: gdaki_device::Remote, op: Op, data: &[u8], sink: Sink) {
         let bytes = match op {
-            Op::Write { len } | Op::WriteRef { len, .. } | Op::Read { len } | Op::ReadRef { len, .. } => len,
+            Op::Write { len }
+            | Op::WriteRef { len, .. }
+            | Op::Read { len }
+            | Op::ReadRef { len, .. }
+            | Op::Send { len, .. }
+            | Op::WriteImm { len, .. } => len,
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => 8,
         };
         // A READ whose bytes the responder places itself completes on an acknowledgement, as
         // a WRITE does, but a FENCE still waits for it.
-        let fetches = !matches!(op, Op::Write { .. } | Op::WriteRef { .. });
+        let fetches = !matches!(
+            op,
+            Op::Write { .. } | Op::WriteRef { .. } | Op::Send { .. } | Op::WriteImm { .. }
+        );
         let (rkey, addr) = (remote.rkey, remote.addr);
         let seq = self.next_seq;
         // A length no peer accepts (over the wire's MAX_MESSAGE) fails this WQE alone, as a
@@ -630,6 +656,47 @@ impl Link {
             .filter(|e| e.outcome.is_none() && (all || e.fetches))
             .nth(n.max(1) - 1)
             .is_some()
+    }
+
+    /// Whether the responder answered a request "receiver not ready": `Rnr::Wait` until its
+    /// timer ran out, then `Rnr::Retry` with the request's WQE, from which the engine executes
+    /// again ([`rewind`](Self::rewind)) or gives up ([`give_up_rnr`](Self::give_up_rnr)).
+    pub(crate) fn rnr(&self) -> Option<Rnr> {
+        let inflight = lock(&self.shared.inflight);
+        let (seq, until) = inflight.rnr?;
+        if Instant::now() < until {
+            return Some(Rnr::Wait);
+        }
+        Some(match inflight.entries.iter().find(|e| e.seq == Some(seq)) {
+            Some(e) => Rnr::Retry {
+                index: e.meta.index,
+                seq,
+            },
+            // Answered for a request that is not outstanding: nothing to send again.
+            None => Rnr::Lost,
+        })
+    }
+
+    /// Forgets request `seq` and everything posted after it (the responder dropped them), to
+    /// be posted again from `seq`, in the same order and with the same sequence numbers.
+    pub(crate) fn rewind(&mut self, seq: u32) {
+        let mut inflight = lock(&self.shared.inflight);
+        if let Some(at) = inflight.entries.iter().position(|e| e.seq == Some(seq)) {
+            inflight.entries.truncate(at);
+        }
+        inflight.rnr = None;
+        self.next_seq = seq;
+    }
+
+    /// The RNR retries ran out: the request fails with `RNR_RETRY_EXC_ERR`, everything after it
+    /// is flushed.
+    pub(crate) fn give_up_rnr(&mut self) {
+        self.halted = true;
+        let mut inflight = lock(&self.shared.inflight);
+        inflight.rnr = None;
+        inflight.fail_unanswered(Syndrome::RnrRetryExc);
+        let qp = self.shared.qp.upgrade();
+        inflight.drain(qp.as_deref());
     }
 
     /// Queues the completion of a WQE whose outcome is known without the peer.
@@ -809,7 +876,8 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
             Response::Ack { seq }
             | Response::ReadResp { seq, .. }
             | Response::Atomic { seq, .. }
-            | Response::Nak { seq, .. } => seq,
+            | Response::Nak { seq, .. }
+            | Response::RnrNak { seq, .. } => seq,
         };
         // Everything before `seq` succeeded (responses come in order); `seq` itself is answered
         // below. Take the target's sink out to fill it without holding the lock.
@@ -841,6 +909,18 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
                 )));
             };
             inflight.waiting_since = Some(Instant::now());
+            if let Response::RnrNak { timer, .. } = resp {
+                // Not executed, nor anything after it: the engine posts them again once the
+                // timer has run out (no transport timeout meanwhile).
+                inflight.rnr = Some((seq, Instant::now() + crate::objects::rnr_timer(timer)));
+                inflight.waiting_since = None;
+                let qp = shared.qp.upgrade();
+                inflight.drain(qp.as_deref());
+                if let Some(qp) = qp {
+                    qp.rnr_events.fetch_add(1, Ordering::Release);
+                }
+                continue;
+            }
             std::mem::replace(&mut inflight.entries[i].sink, Sink::Ack)
         };
         let outcome = match (resp, sink) {
@@ -1206,6 +1286,8 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
     let mut expect = c.psn;
     let mut unacked: Option<u32> = None;
     let mut failed = false;
+    // A request found no receive: everything is dropped until it comes again (RC's RNR NAK).
+    let mut rnr_wait: Option<u32> = None;
     loop {
         if reader.buffered() == 0 {
             // About to wait for more requests: hold no region while idle (a dropped region's
@@ -1234,15 +1316,22 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             // Its context is gone: a dead HCA answers nothing.
             return Err(Fault::Stopped);
         }
+        if let Some(k) = rnr_wait {
+            if req.seq != k {
+                // Sent before the requester heard the RNR NAK: dropped, it sends them again.
+                skip_data(&mut reader, req.op, &mut bounce, &mut idle)?;
+                continue;
+            }
+            rnr_wait = None;
+            expect = k;
+        }
         if req.seq != expect {
             return Err(Fault::Protocol(format!("request {} where {expect} was due", req.seq)));
         }
         expect = expect.wrapping_add(1);
         if failed {
             // After a NAK nothing executes; WRITE data is read and dropped.
-            if let Op::Write { len } = req.op {
-                let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, None, &mut idle)?;
-            }
+            skip_data(&mut reader, req.op, &mut bounce, &mut idle)?;
             continue;
         }
         let ready = responder::accepts(target.upgrade().as_deref());
@@ -1252,14 +1341,29 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             // What the CPU executes, and any answer with data, comes after the GPU's copies.
             _ => imports.settle().map_err(copy_failed)?,
         }
-        let answer = match ready {
-            Err(s) => {
-                if let Op::Write { len } = req.op {
-                    let _ = reader.read_to_region(None, 0, len as u64, &mut bounce, None, &mut idle)?;
-                }
+        let answer = match (ready, target.upgrade()) {
+            (Err(s), _) => {
+                skip_data(&mut reader, req.op, &mut bounce, &mut idle)?;
                 Err(s)
             }
-            Ok(()) => {
+            (Ok(()), Some(t)) if matches!(req.op, Op::Send { .. } | Op::WriteImm { .. }) => {
+                match two_sided(hca, &mut cache, &t, &mut reader, &mut bounce, req, c.qpn, &mut idle)? {
+                    TwoSided::Done => Ok(true),
+                    TwoSided::Nak(s) => Err(s),
+                    TwoSided::NotReady(timer) => {
+                        // What came before it succeeded: said first, then the RNR NAK.
+                        imports.settle().map_err(copy_failed)?;
+                        if let Some(seq) = unacked.take() {
+                            w.write_all(&Response::Ack { seq }.encode_head().map_err(io::Error::other)?)?;
+                        }
+                        let nak = Response::RnrNak { seq: req.seq, timer };
+                        w.write_all(&nak.encode_head().map_err(io::Error::other)?)?;
+                        rnr_wait = Some(req.seq);
+                        continue;
+                    }
+                }
+            }
+            (Ok(()), _) => {
                 let mut io = Io {
                     reader: &mut reader,
                     w: &mut w,
@@ -1288,6 +1392,87 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             }
         }
     }
+}
+
+/// Reads and drops the data that follows a request's head (WRITEs and SENDs carry some).
+fn skip_data(
+    reader: &mut Reader,
+    op: Op,
+    bounce: &mut Vec<u8>,
+    idle: &mut dyn FnMut() -> Result<(), Fault>,
+) -> Result<(), Fault> {
+    if let Op::Write { len } | Op::Send { len, .. } | Op::WriteImm { len, .. } = op {
+        let _ = reader.read_to_region(None, 0, len as u64, bounce, None, idle)?;
+    }
+    Ok(())
+}
+
+/// How a SEND or a WRITE with immediate ended at the responder.
+enum TwoSided {
+    /// Delivered: acknowledged with what follows.
+    Done,
+    /// Failed: NAKed with this syndrome.
+    Nak(Syndrome),
+    /// No receive posted: RNR NAKed with the QP's timer code.
+    NotReady(u8),
+}
+
+/// Executes a SEND or a WRITE with immediate from QP `src_qpn` against responder QP `qp`: the
+/// receive is taken first (none: the request and its data are dropped, "receiver not ready"),
+/// then a SEND's data is scattered into it, or a WRITE's written where it says and the receive
+/// completed.
+#[allow(clippy::too_many_arguments)]
+fn two_sided(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    qp: &SoftQp,
+    reader: &mut Reader,
+    bounce: &mut Vec<u8>,
+    req: Request,
+    src_qpn: u32,
+    idle: &mut dyn FnMut() -> Result<(), Fault>,
+) -> Result<TwoSided, Fault> {
+    let taken = match responder::take_receive(qp) {
+        Ok(Some(t)) => t,
+        other => {
+            skip_data(reader, req.op, bounce, idle)?;
+            return Ok(match other {
+                Err(s) => TwoSided::Nak(s),
+                _ => TwoSided::NotReady(qp.min_rnr_nak()),
+            });
+        }
+    };
+    let msg = match req.op {
+        Op::Send { len, imm } => {
+            bounce.resize(len as usize, 0);
+            reader.read_exact(&mut bounce[..], idle)?;
+            Message::Send { data: &bounce[..], imm }
+        }
+        Op::WriteImm { len, imm } => {
+            let region = match len {
+                0 => None,
+                _ => match hca.region(cache, qp.pd, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
+                    Some(r) => Some(r.clone()),
+                    None => {
+                        skip_data(reader, req.op, bounce, idle)?;
+                        return Ok(TwoSided::Nak(Syndrome::RemoteAccess));
+                    }
+                },
+            };
+            if reader
+                .read_to_region(region.as_deref(), req.addr, len as u64, bounce, None, idle)?
+                .is_err()
+            {
+                return Ok(TwoSided::Nak(Syndrome::RemoteOp));
+            }
+            Message::WriteImm { bytes: len, imm }
+        }
+        _ => return Ok(TwoSided::Nak(Syndrome::RemoteInvalReq)),
+    };
+    Ok(match responder::deliver(hca, cache, qp, taken, msg, src_qpn) {
+        Ok(()) => TwoSided::Done,
+        Err(s) => TwoSided::Nak(s),
+    })
 }
 
 /// A GPU copy from a mapped allocation failed (the copier broke): the connection ends, and the
@@ -1368,6 +1553,11 @@ fn execute(
             Ok(false)
         }
         Op::FetchAdd { add } => atomic(hca, cache, pd, w, req.seq, remote, AtomicOp::FetchAdd(add))?,
+        // Served by `two_sided` while its QP lives; gone, it takes nothing.
+        Op::Send { .. } | Op::WriteImm { .. } => {
+            skip_data(reader, req.op, bounce, idle)?;
+            Err(Syndrome::RemoteInvalReq)
+        }
         Op::CompareSwap { compare, swap } => atomic(
             hca,
             cache,

@@ -178,6 +178,9 @@ pub(crate) struct SoftQp {
     /// RTR2RTS's `rnr_retry`: how often a request answered "receiver not ready" is tried again
     /// (7: forever).
     rnr_retry: AtomicU8,
+    /// Raised each time the peer answers "receiver not ready" over the transport: the engine
+    /// watches it, so a quiet QP is serviced for the retry.
+    pub rnr_events: std::sync::atomic::AtomicU32,
     pub first_error: Mutex<Option<Syndrome>>,
     /// The peer set at INIT2RTR: the only one the transport serves.
     pub rtr_peer: Mutex<Option<RtrPeer>>,
@@ -224,6 +227,7 @@ impl SoftQp {
             rq,
             min_rnr_nak: AtomicU8::new(0),
             rnr_retry: AtomicU8::new(7),
+            rnr_events: std::sync::atomic::AtomicU32::new(0),
             first_error: Mutex::new(None),
             rtr_peer: Mutex::new(None),
             transport_bound: AtomicBool::new(false),
@@ -271,6 +275,11 @@ impl SoftQp {
     /// Sets INIT2RTR's RNR NAK timer code.
     pub fn set_min_rnr_nak(&self, code: u8) {
         self.min_rnr_nak.store(code & 0x1f, Ordering::Release);
+    }
+
+    /// INIT2RTR's RNR NAK timer code.
+    pub fn min_rnr_nak(&self) -> u8 {
+        self.min_rnr_nak.load(Ordering::Acquire)
     }
 
     /// How long a requester waits before it tries again after this QP answered "receiver not

@@ -261,8 +261,11 @@ pub(crate) fn execute(
                         responder::deliver(peer, regions, tq, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
                     }
                 },
-                // Not carried by the transport yet.
-                Target::Remote(_) => Err(Syndrome::LocalQpOp),
+                Target::Remote(link) => {
+                    let none = DevRemote { addr: 0, rkey: 0 };
+                    link.post(meta, none, Op::Send { len: bytes, imm }, data, Sink::Ack);
+                    Ok(Executed::InFlight)
+                }
                 Target::Down(s) => Err(*s),
             }
         }
@@ -281,7 +284,14 @@ pub(crate) fn execute(
                         responder::deliver(peer, regions, tq, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
                     }
                 },
-                Target::Remote(_) => Err(Syndrome::LocalQpOp),
+                Target::Remote(link) => {
+                    let op = Op::WriteImm {
+                        len: bytes,
+                        imm: wr.imm,
+                    };
+                    link.post(meta, remote(r), op, data, Sink::Ack);
+                    Ok(Executed::InFlight)
+                }
                 Target::Down(s) => Err(*s),
             }
         }
