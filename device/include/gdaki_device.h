@@ -61,6 +61,16 @@ extern "C" {
 #define GDAKI_DOORBELL_CPU_PROXY 1u
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
+/** gdaki_dev_rq.version of this layout */
+#define GDAKI_DEV_RQ_VERSION 65792u
+/** most bytes a send_inline carries */
+#define GDAKI_MAX_SEND_INLINE 44u
+/** poll_recv kind: a SEND */
+#define GDAKI_RECV_SEND 0u
+/** poll_recv kind: a SEND with immediate data */
+#define GDAKI_RECV_SEND_IMM 1u
+/** poll_recv kind: an RDMA WRITE with immediate data */
+#define GDAKI_RECV_WRITE_IMM 2u
 /** success */
 #define GDAKI_OK 0u
 /** a completion wait timed out */
@@ -81,6 +91,10 @@ extern "C" {
 #define GDAKI_CODE_CQE_FORMAT 8u
 /** unknown flags, null scratch or data */
 #define GDAKI_CODE_BAD_ARGUMENT 9u
+/** a message longer than one WQE takes */
+#define GDAKI_CODE_TOO_LONG 10u
+/** more receive buffers than the stride */
+#define GDAKI_CODE_TOO_MANY_BUFS 11u
 /** an error CQE; the low byte is the syndrome */
 #define GDAKI_CODE_CQE_ERROR 256u
 
@@ -209,6 +223,70 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_qp {
    */
   struct gdaki_dev_cq cq;
 } gdaki_dev_qp;
+
+/**
+ * A QP's receive queue with its CQ as the device sees it: the handle receive functions take.
+ * Receives are consumed in posting order, so, as on the send side, a receive's index is the
+ * index of its CQE on this CQ.
+ */
+typedef struct GDAKI_ALIGNED(64) gdaki_dev_rq {
+  /**
+   * Hot: receive WQEs reserved so far.
+   */
+  uint64_t rq_reserved;
+  /**
+   * Hot: receives whose WQEs are written and announced in the doorbell record, in order.
+   */
+  uint64_t rq_ready;
+  /**
+   * Pads the hot line.
+   */
+  uint64_t hot_pad[6];
+  /**
+   * Address of receive WQE 0 (`1 << log_size` WQEs of `16 << log_stride` bytes).
+   */
+  uint64_t rq_base;
+  /**
+   * Address of the receive word of the QP doorbell record (record + 0).
+   */
+  uint64_t rq_dbrec;
+  /**
+   * Bound of every wait, in nanoseconds of the device's global timer.
+   */
+  uint64_t timeout_ns;
+  /**
+   * QP number.
+   */
+  uint32_t qpn;
+  /**
+   * log2 of the number of receive WQEs.
+   */
+  uint32_t log_size;
+  /**
+   * log2 of the data segments per receive WQE.
+   */
+  uint32_t log_stride;
+  /**
+   * `QP_*` flags ([`QP_RINGS_IN_GPU_MEMORY`] for the receive queue and its record).
+   */
+  uint8_t flags;
+  /**
+   * Pads `version`.
+   */
+  uint8_t version_pad[3];
+  /**
+   * [`DEV_RQ_VERSION`].
+   */
+  uint32_t version;
+  /**
+   * Pads the constant line.
+   */
+  uint8_t const_pad[20];
+  /**
+   * The receive completion queue.
+   */
+  struct gdaki_dev_cq cq;
+} gdaki_dev_rq;
 
 /**
  * A peer's registered region as device code names it: where it starts, how long it is, and its
@@ -358,6 +436,71 @@ GDAKI_DEVICE_FN uint32_t gdaki_atomic_compare_swap_block_cta(gdaki_dev_qp *qp, g
 GDAKI_DEVICE_FN uint32_t gdaki_atomic_compare_swap_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t target, uint32_t rkey, uint64_t compare, uint64_t swap, uint64_t result, uint32_t lkey, uint32_t flags, uint64_t *fetched);
 #endif
 
+/** send: SEND of `len` bytes from local `src` (key `lkey`): they land in the buffers of the
+ * peer's next receive. One WQE: longer than the QP's largest message is
+ * `GDAKI_CODE_TOO_LONG`, nothing posted. */
+GDAKI_DEVICE_FN uint32_t gdaki_send_thread_exclusive(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_thread_cta(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_thread_gpu(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_send_warp_exclusive(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_warp_cta(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_warp_gpu(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_send_block_exclusive(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t src, uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket);
+#endif
+
+/** send_imm: `send` with 32 bits of immediate data, which the peer's receive completion carries. */
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_thread_exclusive(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_thread_cta(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_thread_gpu(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_warp_exclusive(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_warp_cta(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_warp_gpu(gdaki_dev_qp *qp, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_block_exclusive(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_imm_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+#endif
+
+/** send_inline: SEND of the `len` bytes at `data`, carried in the WQE (at most `GDAKI_MAX_SEND_INLINE`;
+ * no local key needed, and `data` may be reused at once). */
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_thread_exclusive(gdaki_dev_qp *qp, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_thread_cta(gdaki_dev_qp *qp, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_thread_gpu(gdaki_dev_qp *qp, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_warp_exclusive(gdaki_dev_qp *qp, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_warp_cta(gdaki_dev_qp *qp, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_warp_gpu(gdaki_dev_qp *qp, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_block_exclusive(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_send_inline_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const void *data, uint32_t len, uint32_t flags, uint64_t *ticket);
+#endif
+
+/** write_imm: RDMA WRITE of `len` bytes from local `src` (key `lkey`) to remote `dst` (key `rkey`)
+ * whose last WQE carries immediate data `imm`: once every byte is in place, the peer's
+ * next receive completes with `imm`. Split as `put` is. */
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_thread_exclusive(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_thread_cta(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_thread_gpu(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_warp_exclusive(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_warp_cta(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_warp_gpu(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_block_exclusive(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_write_imm_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t dst, uint32_t rkey, uint64_t src, uint32_t lkey, uint64_t len, uint32_t imm, uint32_t flags, uint64_t *ticket);
+#endif
+
 /** wait: Waits (bounded by the QP's timeout) until the operation that returned `ticket` has
  * completed, ringing first for anything deferred. */
 GDAKI_DEVICE_FN uint32_t gdaki_wait_thread_exclusive(gdaki_dev_qp *qp, uint64_t ticket);
@@ -420,6 +563,23 @@ GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_block_exclusive(gdaki_dev_qp *qp, gda
 GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const uint64_t *signal, uint64_t value);
 GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const uint64_t *signal, uint64_t value);
 #endif
+
+/* The receive queue (gdaki_dev_rq, from gdaki_qp_host_receive_handle or
+ * gdaki_gpu_qp_receive_handle): each thread posts and polls its own receives, in every
+ * scope; functions are named gdaki_<operation>_<mode>. See docs/two-sided.md. */
+
+/** post_recv: Posts a receive of one buffer: local `addr` (key `lkey`, local write), `len` bytes.
+ * `*ticket` (unless null) gets the receive's ticket for `gdaki_poll_recv`. */
+GDAKI_DEVICE_FN uint32_t gdaki_post_recv_exclusive(gdaki_dev_rq *rq, uint64_t addr, uint32_t lkey, uint32_t len, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_post_recv_cta(gdaki_dev_rq *rq, uint64_t addr, uint32_t lkey, uint32_t len, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_post_recv_gpu(gdaki_dev_rq *rq, uint64_t addr, uint32_t lkey, uint32_t len, uint64_t *ticket);
+
+/** poll_recv: Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the
+ * message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);
+ * each unless null. An error CQE (a flushed receive, one too small) is its code. */
+GDAKI_DEVICE_FN uint32_t gdaki_poll_recv_exclusive(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *bytes, uint32_t *kind, uint32_t *imm);
+GDAKI_DEVICE_FN uint32_t gdaki_poll_recv_cta(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *bytes, uint32_t *kind, uint32_t *imm);
+GDAKI_DEVICE_FN uint32_t gdaki_poll_recv_gpu(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *bytes, uint32_t *kind, uint32_t *imm);
 
 #ifdef __cplusplus
 }

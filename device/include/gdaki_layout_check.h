@@ -51,6 +51,22 @@ GDAKI_OFFSET_CHECK(gdaki_dev_qp, version_pad, 114)
 GDAKI_OFFSET_CHECK(gdaki_dev_qp, version, 116)
 GDAKI_OFFSET_CHECK(gdaki_dev_qp, const_pad, 120)
 GDAKI_OFFSET_CHECK(gdaki_dev_qp, cq, 128)
+GDAKI_ASSERT(sizeof(gdaki_dev_rq) == 256, "size of gdaki_dev_rq");
+GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_dev_rq) == 64, "alignment of gdaki_dev_rq");
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_reserved, 0)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_ready, 8)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, hot_pad, 16)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_base, 64)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_dbrec, 72)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, timeout_ns, 80)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, qpn, 88)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, log_size, 92)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, log_stride, 96)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, flags, 100)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, version_pad, 101)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, version, 104)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, const_pad, 108)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, cq, 128)
 GDAKI_ASSERT(sizeof(gdaki_remote_region) == 24, "size of gdaki_remote_region");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_remote_region) == 8, "alignment of gdaki_remote_region");
 GDAKI_OFFSET_CHECK(gdaki_remote_region, addr, 0)

@@ -25,10 +25,11 @@
 //! header from it, so the functions and their declarations come from the one table below.
 use core::ptr::addr_of;
 
-use gdaki_layout::handle::DEV_QP_VERSION;
-use gdaki_layout::DevQp;
+use gdaki_layout::handle::{DEV_QP_VERSION, DEV_RQ_VERSION};
+use gdaki_layout::{DevQp, DevRq};
 
-use crate::qp::{Local, Qp, Remote, MAX_INLINE};
+use crate::qp::{Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};
+use crate::rq::{RecvKind, Rq};
 #[cfg(target_arch = "nvptx64")]
 use crate::scope::{Block, BlockScratch, Warp};
 use crate::scope::{Scope, Thread};
@@ -99,21 +100,23 @@ unsafe fn enter<M: Sharing, S: Scope>(qp: *mut DevQp, scope: Result<S, u32>, f: 
     }
 }
 
-/// What inline data a member passes on: its bytes, or, for a null pointer with a length, more
-/// bytes than a WQE holds, so the member still takes part in the group's post and is refused.
+/// What inline data a member passes on, for an operation that carries at most `max` bytes
+/// ([`MAX_INLINE`] or [`MAX_SEND_INLINE`]): its bytes, or, for a null pointer with a length,
+/// more bytes than a WQE holds, so the member still takes part in the group's post and is
+/// refused.
 ///
 /// # Safety
 /// `data` is null or valid for reads of `len` bytes.
 #[inline(always)]
-unsafe fn inline_bytes<'a>(data: *const u8, len: u32) -> (&'a [u8], bool) {
-    static TOO_LONG: [u8; MAX_INLINE + 1] = [0; MAX_INLINE + 1];
+unsafe fn inline_bytes<'a>(data: *const u8, len: u32, max: usize) -> (&'a [u8], bool) {
+    static TOO_LONG: [u8; MAX_SEND_INLINE + 1] = [0; MAX_SEND_INLINE + 1];
     match (data.is_null(), len) {
         (_, 0) => (&[], true),
-        (true, _) => (&TOO_LONG, false),
-        // More than MAX_INLINE + 1 bytes is refused all the same; never read past `len`.
+        (true, _) => (&TOO_LONG[..max + 1], false),
+        // More than `max + 1` bytes is refused all the same; never read past `len`.
         // SAFETY: valid for `len` bytes per the contract, and this is at most `len`.
         (false, n) => (
-            unsafe { core::slice::from_raw_parts(data, (n as usize).min(MAX_INLINE + 1)) },
+            unsafe { core::slice::from_raw_parts(data, (n as usize).min(max + 1)) },
             true,
         ),
     }
@@ -302,7 +305,7 @@ c_abi! {
     fn put_inline(qp, dst: u64, rkey: u32, data: *const u8, len: u32, flags: u32, ticket: *mut u64) {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
         // SAFETY: `data` is null or holds `len` readable bytes (this function's contract).
-        let (bytes, valid) = unsafe { inline_bytes(data, len) };
+        let (bytes, valid) = unsafe { inline_bytes(data, len, MAX_INLINE) };
         match unsafe { posted(qp.put_inline(Remote { addr: dst, rkey }, bytes), ticket) } {
             _ if !valid => CODE_BAD_ARGUMENT,
             code => code,
@@ -375,6 +378,44 @@ c_abi! {
         }
     }
 
+    /// SEND of `len` bytes from local `src` (key `lkey`): they land in the buffers of the
+    /// peer's next receive. One WQE: longer than the QP's largest message is
+    /// `GDAKI_CODE_TOO_LONG`, nothing posted.
+    fn send(qp, src: u64, lkey: u32, len: u64, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY: `ticket` is null or writable (this function's contract).
+        unsafe { posted(qp.send(Local { addr: src, lkey }, len), ticket) }
+    }
+
+    /// `send` with 32 bits of immediate data, which the peer's receive completion carries.
+    fn send_imm(qp, src: u64, lkey: u32, len: u64, imm: u32, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY: `ticket` is null or writable (this function's contract).
+        unsafe { posted(qp.send_imm(Local { addr: src, lkey }, len, imm), ticket) }
+    }
+
+    /// SEND of the `len` bytes at `data`, carried in the WQE (at most `GDAKI_MAX_SEND_INLINE`;
+    /// no local key needed, and `data` may be reused at once).
+    fn send_inline(qp, data: *const u8, len: u32, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY: `data` is null or holds `len` readable bytes (this function's contract).
+        let (bytes, valid) = unsafe { inline_bytes(data, len, MAX_SEND_INLINE) };
+        match unsafe { posted(qp.send_inline(bytes), ticket) } {
+            _ if !valid => CODE_BAD_ARGUMENT,
+            code => code,
+        }
+    }
+
+    /// RDMA WRITE of `len` bytes from local `src` (key `lkey`) to remote `dst` (key `rkey`)
+    /// whose last WQE carries immediate data `imm`: once every byte is in place, the peer's
+    /// next receive completes with `imm`. Split as `put` is.
+    fn write_imm(qp, dst: u64, rkey: u32, src: u64, lkey: u32, len: u64, imm: u32, flags: u32, ticket: *mut u64) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
+        // SAFETY: `ticket` is null or writable (this function's contract).
+        unsafe { posted(qp.write_imm(dst, src, len, imm), ticket) }
+    }
+
     /// Waits (bounded by the QP's timeout) until the operation that returned `ticket` has
     /// completed, ringing first for anything deferred.
     fn wait(qp, ticket: u64) {
@@ -402,3 +443,139 @@ c_abi! {
         unsafe { qp.wait_signal(signal, value) }.map_or_else(|e| e.code(), |()| CODE_OK)
     }
 }
+
+/// One receive-queue operation of the C ABI: `gdaki_<name>_<mode>(gdaki_dev_rq *rq, params...)`,
+/// per thread in every scope, returning a status code.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const RECV_OPERATIONS: &[Operation] = &[
+    Operation {
+        name: "post_recv",
+        doc: "Posts a receive of one buffer: local `addr` (key `lkey`, local write), `len` bytes.\n\
+              `*ticket` (unless null) gets the receive's ticket for `gdaki_poll_recv`.",
+        params: &[
+            Param {
+                name: "addr",
+                c_type: "uint64_t",
+            },
+            Param {
+                name: "lkey",
+                c_type: "uint32_t",
+            },
+            Param {
+                name: "len",
+                c_type: "uint32_t",
+            },
+            Param {
+                name: "ticket",
+                c_type: "uint64_t *",
+            },
+        ],
+    },
+    Operation {
+        name: "poll_recv",
+        doc: "Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the\n\
+              message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);\n\
+              each unless null. An error CQE (a flushed receive, one too small) is its code.",
+        params: &[
+            Param {
+                name: "ticket",
+                c_type: "uint64_t",
+            },
+            Param {
+                name: "bytes",
+                c_type: "uint32_t *",
+            },
+            Param {
+                name: "kind",
+                c_type: "uint32_t *",
+            },
+            Param {
+                name: "imm",
+                c_type: "uint32_t *",
+            },
+        ],
+    },
+];
+
+/// Checks a receive-queue handle, then runs `f` with it.
+///
+/// # Safety
+/// `rq` is null or points to readable memory of a `DevRq`'s size; if its version word
+/// matches, it is an exported handle as [`Rq::from_raw`] requires, used in mode `M`.
+#[inline(always)]
+unsafe fn enter_rq<M: Sharing>(rq: *mut DevRq, f: impl FnOnce(Rq<M>) -> u32) -> u32 {
+    // SAFETY: readable per the contract; the constant line is written once, before any use.
+    if rq.is_null() || unsafe { addr_of!((*rq).version).read() } != DEV_RQ_VERSION {
+        return CODE_BAD_HANDLE;
+    }
+    // SAFETY: a handle of this layout, per the contract.
+    f(unsafe { Rq::<M>::from_raw(rq) })
+}
+
+/// The receive-queue functions of one sharing mode, in a module named after it.
+macro_rules! recv_entry_points {
+    ($module:ident, $suffix:literal, $mode:ty) => {
+        #[doc = concat!("The receive-queue C ABI in mode ", $suffix, " (`gdaki_<operation>_", $suffix, "`).")]
+        pub mod $module {
+            use super::*;
+
+            #[doc = concat!("`gdaki_post_recv_", $suffix, "`, as `gdaki_device.h` documents it.")]
+            ///
+            /// # Safety
+            /// `rq` is null or an exported receive-queue handle used in this mode; `ticket` is
+            /// null or writable.
+            #[export_name = concat!("gdaki_post_recv_", $suffix)]
+            pub unsafe extern "C" fn post_recv(
+                rq: *mut DevRq,
+                addr: u64,
+                lkey: u32,
+                len: u32,
+                ticket: *mut u64,
+            ) -> u32 {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    enter_rq::<$mode>(rq, |rq| {
+                        posted(rq.post_recv_one(Local { addr, lkey }, len), ticket)
+                    })
+                }
+            }
+
+            #[doc = concat!("`gdaki_poll_recv_", $suffix, "`, as `gdaki_device.h` documents it.")]
+            ///
+            /// # Safety
+            /// `rq` is null or an exported receive-queue handle used in this mode; `bytes`,
+            /// `kind` and `imm` are each null or writable.
+            #[export_name = concat!("gdaki_poll_recv_", $suffix)]
+            pub unsafe extern "C" fn poll_recv(
+                rq: *mut DevRq,
+                ticket: u64,
+                bytes: *mut u32,
+                kind: *mut u32,
+                imm: *mut u32,
+            ) -> u32 {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    enter_rq::<$mode>(rq, |rq| match rq.poll(ticket) {
+                        Ok(r) => {
+                            give(bytes, r.bytes);
+                            give(kind, r.kind.code());
+                            give(imm, r.imm().unwrap_or(0));
+                            CODE_OK
+                        }
+                        Err(e) => e.code(),
+                    })
+                }
+            }
+        }
+    };
+}
+
+recv_entry_points!(recv_exclusive, "exclusive", Exclusive);
+recv_entry_points!(recv_cta, "cta", Cta);
+recv_entry_points!(recv_gpu, "gpu", Gpu);
+
+/// `RecvKind` codes are what `poll_recv` writes to `*kind`.
+const _: () = {
+    assert!(RecvKind::Send.code() == 0);
+    assert!(RecvKind::SendImm(0).code() == 1 && RecvKind::WriteImm(0).code() == 2);
+};

@@ -53,6 +53,19 @@ pub enum RecvKind {
     WriteImm(u32),
 }
 
+impl RecvKind {
+    /// The kind as the C ABI reports it: 0 SEND, 1 SEND with immediate, 2 WRITE with
+    /// immediate (`GDAKI_RECV_*`).
+    #[inline(always)]
+    pub const fn code(&self) -> u32 {
+        match self {
+            RecvKind::Send => 0,
+            RecvKind::SendImm(_) => 1,
+            RecvKind::WriteImm(_) => 2,
+        }
+    }
+}
+
 /// A completed receive.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]

@@ -968,7 +968,7 @@ impl QueuePair {
         let Some(h) = self.receive_handle() else {
             return Err(Error::Unsupported {
                 what: "receiving on a queue pair without a receive queue",
-                why: "create it with QpConfig::receive".into(),
+                why: "create it with QpConfig::receive (in C, gdaki_qp_config.rq_size)".into(),
             });
         };
         // SAFETY: the same placement check and contract as `cpu`.

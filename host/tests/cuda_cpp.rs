@@ -3,7 +3,8 @@
 //! [`Gpu::link_module`]) and ahead of time (`tools/cuda/build-device-lib.sh` makes
 //! `libgdaki_device.a`, `nvcc -rdc` links the kernels against it, [`Gpu::load_image`] loads
 //! the result). The kernels are in `tests/cuda/c_abi.cu`; what they wrote is checked here. The
-//! NCCL GIN-shaped C++ handle (`gdaki_gin.cuh`) is run the first way, from `tests/cuda/gin.cu`.
+//! NCCL GIN-shaped C++ handle (`gdaki_gin.cuh`) is run the first way, from `tests/cuda/gin.cu`,
+//! and so are two-sided verbs (receives, SENDs, immediates) from `tests/cuda/two_sided.cu`.
 //! Needs a GPU (prints SKIPPED without one); the nvcc way also needs nvcc.
 mod common;
 
@@ -16,6 +17,7 @@ use gdaki::{Access, Context, Provider, QpConfig};
 
 const KERNELS: &str = include_str!("cuda/c_abi.cu");
 const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
+const TWO_SIDED_KERNELS: &str = include_str!("cuda/two_sided.cu");
 const HEADERS: [(&str, &str); 4] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
     (
@@ -329,4 +331,152 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
     );
     assert_eq!(read(PE1 + 59392, 8), 0x0102030405060708u64.to_le_bytes(), "put_value");
     assert_eq!([signal(1, 5), signal(1, 6)], [1, 4], "mixed signals");
+}
+
+#[test]
+fn two_sided_verbs_in_thread_warp_and_block_scope() {
+    let Some((gpu, _one)) = gpu_or_skip("two_sided_verbs_in_thread_warp_and_block_scope") else {
+        return;
+    };
+    let dir = workdir("two-sided");
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(Box::leak(arch(&gpu).into_boxed_str())),
+        include_paths: vec![dir.display().to_string()],
+        options: vec!["-rdc=true".into(), "-std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(TWO_SIDED_KERNELS, opts).unwrap_or_else(|e| panic!("NVRTC: {e:?}"));
+    let module = gpu
+        .link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])
+        .unwrap();
+    // A queue pair connected to itself, with 128 receives: what it sends, it receives.
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cfg = QpConfig {
+        receive: Some(gdaki::ReceiveConfig { size: 128, max_bufs: 1 }),
+        ..Default::default()
+    };
+    let qp = loopback_qp(&ctx, 256, cfg);
+    let exported = qp.export_gpu(&gpu).unwrap();
+    let rq = exported.receive_handle().expect("a receive queue");
+    let mr = ctx.alloc_pinned_region(&gpu, 1 << 18, Access::ALL).unwrap();
+    let data = pattern(23, 8192);
+    mr.write(0, &data).unwrap();
+    let posters = 128usize;
+    let status = DeviceBuffer::zeroed(&gpu, 4 * posters).unwrap();
+    let tickets = DeviceBuffer::zeroed(&gpu, 8 * posters).unwrap();
+    let got = DeviceBuffer::zeroed(&gpu, 12 * posters).unwrap();
+    let words = |b: &DeviceBuffer, n: usize| {
+        let mut raw = vec![0u8; 4 * n];
+        b.read(0, &mut raw).unwrap();
+        raw.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let run = |kernel: &str, blocks: u32, threads: u32, args: Args| {
+        status.write(0, &vec![0xff; 4 * posters]).unwrap();
+        // SAFETY: the kernel's parameters are what `args` pushes; the QP is used by this launch
+        // alone; the region and buffers hold what the kernel touches.
+        unsafe { module.kernel(kernel).unwrap().run(Dims::linear(blocks, threads), args) }.unwrap();
+        let n = (blocks * threads) as usize;
+        assert_eq!(words(&status, n), vec![0; n], "{kernel}: status is line << 16 | code");
+    };
+    run(
+        "cpp_post_recvs",
+        2,
+        64,
+        Args::new()
+            .u64(rq)
+            .region(&mr)
+            .u32(mr.lkey())
+            .buffer(&status)
+            .buffer(&tickets),
+    );
+    run(
+        "cpp_send_thread",
+        1,
+        1,
+        Args::new()
+            .qp(&exported)
+            .region(&mr)
+            .u32(mr.rkey())
+            .u32(mr.lkey())
+            .buffer(&status),
+    );
+    run(
+        "cpp_send_warp",
+        1,
+        32,
+        Args::new().qp(&exported).region(&mr).u32(mr.lkey()).buffer(&status),
+    );
+    run(
+        "cpp_send_block",
+        1,
+        64,
+        Args::new().qp(&exported).region(&mr).u32(mr.lkey()).buffer(&status),
+    );
+    // 4 messages from the thread, 32 from the warp, 64 from the block: 100 receives taken.
+    let messages = 100usize;
+    run(
+        "cpp_poll_recvs",
+        2,
+        64,
+        Args::new()
+            .u64(rq)
+            .buffer(&tickets)
+            .u64(messages as u64)
+            .buffer(&status)
+            .buffer(&got),
+    );
+    let mut raw = vec![0u8; 8 * posters];
+    tickets.read(0, &mut raw).unwrap();
+    let tickets: Vec<u64> = raw
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let mut sorted = tickets.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..posters as u64).collect::<Vec<_>>(), "one ticket each");
+    let got = words(&got, 3 * messages);
+    let (send, send_imm, write_imm) = (0, 1, 2);
+    for m in 0..messages {
+        // The poster whose receive took message m, and so where its bytes are.
+        let poster = tickets.iter().position(|&t| t == m as u64).unwrap() as u64;
+        let buf = |len: usize| {
+            let mut v = vec![0u8; len];
+            mr.read(131072 + 256 * poster, &mut v).unwrap();
+            v
+        };
+        let (bytes, kind, imm) = (got[3 * m], got[3 * m + 1], got[3 * m + 2]);
+        match m {
+            0 => {
+                assert_eq!((bytes, kind), (100, send), "message 0");
+                assert_eq!(buf(100), data[..100]);
+            }
+            1 => {
+                assert_eq!((bytes, kind, imm), (7, send_imm, 0xabc), "message 1");
+                assert_eq!(buf(7), data[100..107]);
+            }
+            2 => {
+                assert_eq!((bytes, kind), (16, send), "message 2");
+                assert_eq!(&buf(16), b"inline c++ send\0");
+            }
+            3 => {
+                assert_eq!((bytes, kind, imm), (64, write_imm, 99), "message 3");
+                let mut written = vec![0u8; 64];
+                mr.read(200000, &mut written).unwrap();
+                assert_eq!(written, data[200..264]);
+            }
+            4..36 => {
+                let lane = m - 4;
+                assert_eq!((bytes, kind, imm), (64, send_imm, lane as u32), "warp lane {lane}");
+                assert_eq!(buf(64), data[64 * lane..64 * lane + 64], "warp lane {lane}");
+            }
+            _ => {
+                let thread = m - 36;
+                assert_eq!((bytes, kind), (32, send), "block thread {thread}");
+                assert_eq!(buf(32), data[32 * thread..32 * thread + 32], "block thread {thread}");
+            }
+        }
+    }
+    assert_eq!(qp.error(), None);
 }

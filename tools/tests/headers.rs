@@ -167,6 +167,13 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
             }
         }
     }
+    for op in gdaki_device::ffi::RECV_OPERATIONS {
+        for mode in gdaki_device::ffi::MODES {
+            let mut args = vec!["rq"];
+            args.extend(vec!["0"; op.params.len()]);
+            calls.push_str(&format!("  r += gdaki_{}_{mode}({});\n", op.name, args.join(", ")));
+        }
+    }
     let dir = scratch("clang");
     let src = dir.join("all.cu");
     std::fs::write(
@@ -174,7 +181,7 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
         format!(
             "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
              #include \"gdaki_layout_check.h\"\n\
-             __global__ void all(gdaki_dev_qp *qp, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
+             __global__ void all(gdaki_dev_qp *qp, gdaki_dev_rq *rq, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
         ),
     )
     .unwrap();

@@ -789,6 +789,17 @@ enum gdaki_status gdaki_qp_query(const struct gdaki_qp *qp, struct gdaki_qp_info
 enum gdaki_status gdaki_qp_host_handle(const struct gdaki_qp *qp, gdaki_dev_qp **handle);
 
 /**
+ * The queue pair's receive-queue handle in host memory, for CPU threads posting and polling
+ * receives with `gdaki_device.h`'s `gdaki_post_recv_*` and `gdaki_poll_recv_*` (CPU mode).
+ * Valid while the queue pair lives. A queue pair created without a receive queue
+ * (`rq_size` 0), or whose rings are in GPU memory, is `GDAKI_STATUS_UNSUPPORTED`.
+ *
+ * # Safety
+ * `qp` is NULL or a QP handle; `handle` is NULL or writable.
+ */
+enum gdaki_status gdaki_qp_host_receive_handle(const struct gdaki_qp *qp, gdaki_dev_rq **handle);
+
+/**
  * Exports the queue pair to `gpu` into `*gpu_qp` (once per queue pair and GPU): its rings,
  * records and doorbell are mapped into the GPU and its device handle copied to GPU memory.
  *
@@ -807,6 +818,17 @@ enum gdaki_status gdaki_qp_export_gpu(const struct gdaki_qp *qp,
  * `gpu_qp` is NULL or an exported-QP handle; `handle` is NULL or writable.
  */
 enum gdaki_status gdaki_gpu_qp_handle(const struct gdaki_gpu_qp *gpu_qp, gdaki_dev_qp **handle);
+
+/**
+ * The exported queue pair's receive-queue handle: a GPU address, the `gdaki_dev_rq *`
+ * kernels pass to `gdaki_post_recv_*` and `gdaki_poll_recv_*`. Valid while the export lives.
+ * A queue pair without a receive queue is `GDAKI_STATUS_UNSUPPORTED`.
+ *
+ * # Safety
+ * `gpu_qp` is NULL or an exported-QP handle; `handle` is NULL or writable.
+ */
+enum gdaki_status gdaki_gpu_qp_receive_handle(const struct gdaki_gpu_qp *gpu_qp,
+                                              gdaki_dev_rq **handle);
 
 /**
  * Destroys an export (NULL: nothing): unmaps it from the GPU. No kernel may use its handle

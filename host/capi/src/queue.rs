@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use gdaki::{CompletionQueue, DoorbellHandler, GpuQp, QpConfig, QpState, QueuePair, ReceiveConfig, Rings};
-use gdaki_layout::handle::{DevQp, DoorbellKind};
+use gdaki_layout::handle::{DevQp, DevRq, DoorbellKind};
 
 use crate::context::{gdaki_context, gdaki_gpu};
 use crate::guard::{self, call, gdaki_status, handle, Failure};
@@ -352,6 +352,26 @@ pub unsafe extern "C" fn gdaki_qp_host_handle(qp: *const gdaki_qp, handle: *mut 
     })
 }
 
+/// The queue pair's receive-queue handle in host memory, for CPU threads posting and polling
+/// receives with `gdaki_device.h`'s `gdaki_post_recv_*` and `gdaki_poll_recv_*` (CPU mode).
+/// Valid while the queue pair lives. A queue pair created without a receive queue
+/// (`rq_size` 0), or whose rings are in GPU memory, is `GDAKI_STATUS_UNSUPPORTED`.
+///
+/// # Safety
+/// `qp` is NULL or a QP handle; `handle` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_qp_host_receive_handle(qp: *const gdaki_qp, handle: *mut *mut DevRq) -> gdaki_status {
+    call("gdaki_qp_host_receive_handle", || {
+        // SAFETY: the caller's contract.
+        let (q, out) = unsafe { (guard::borrow(qp, "qp")?, guard::out(handle, "handle")?) };
+        // SAFETY: the view is dropped at once; only the handle's address leaves, with the
+        // documented lifetime (the queue pair's).
+        let rq = unsafe { q.cpu_receive::<gdaki_device::Exclusive>() }?;
+        out.write(rq.as_ptr());
+        Ok(())
+    })
+}
+
 /// Exports the queue pair to `gpu` into `*gpu_qp` (once per queue pair and GPU): its rings,
 /// records and doorbell are mapped into the GPU and its device handle copied to GPU memory.
 ///
@@ -388,6 +408,32 @@ pub unsafe extern "C" fn gdaki_gpu_qp_handle(gpu_qp: *const gdaki_gpu_qp, handle
         // SAFETY: the caller's contract.
         let (g, out) = unsafe { (guard::borrow(gpu_qp, "gpu_qp")?, guard::out(handle, "handle")?) };
         out.write(g.device_handle() as *mut DevQp);
+        Ok(())
+    })
+}
+
+/// The exported queue pair's receive-queue handle: a GPU address, the `gdaki_dev_rq *`
+/// kernels pass to `gdaki_post_recv_*` and `gdaki_poll_recv_*`. Valid while the export lives.
+/// A queue pair without a receive queue is `GDAKI_STATUS_UNSUPPORTED`.
+///
+/// # Safety
+/// `gpu_qp` is NULL or an exported-QP handle; `handle` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_gpu_qp_receive_handle(
+    gpu_qp: *const gdaki_gpu_qp,
+    handle: *mut *mut DevRq,
+) -> gdaki_status {
+    call("gdaki_gpu_qp_receive_handle", || {
+        // SAFETY: the caller's contract.
+        let (g, out) = unsafe { (guard::borrow(gpu_qp, "gpu_qp")?, guard::out(handle, "handle")?) };
+        let Some(h) = g.receive_handle() else {
+            return Err(gdaki::Error::Unsupported {
+                what: "a receive-queue handle of a queue pair without a receive queue",
+                why: "create it with gdaki_qp_config.rq_size".into(),
+            }
+            .into());
+        };
+        out.write(h as *mut DevRq);
         Ok(())
     })
 }

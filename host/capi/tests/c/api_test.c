@@ -339,6 +339,78 @@ static void data_path(void) {
     OK(gdaki_cq_destroy(cq));
 }
 
+/* Two-sided verbs from C on the host: a loopback QP with a receive queue, receives posted and
+ * polled through gdaki_device.h's receive functions, SENDs through the thread-scope ones. */
+static void two_sided(void) {
+    gdaki_qp_config cfg;
+    OK(gdaki_qp_config_init(&cfg));
+    CHECK(cfg.rq_size == 0 && cfg.rq_max_bufs == 1 && cfg.rnr_retry == 7 && cfg.min_rnr_timer == 12);
+    cfg.sq_size = 64;
+    cfg.timeout_ms = 5000;
+    cfg.retry_timeout_ms = 1000;
+    gdaki_cq *cq = NULL;
+    gdaki_qp *qp = NULL;
+    OK(gdaki_cq_create(ctx, 64, NULL, &cq));
+    cfg.rq_max_bufs = 5;
+    cfg.rq_size = 16;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_create(ctx, cq, &cfg, &qp));
+    LAST_ERROR_HAS("max_bufs");
+    cfg.rq_max_bufs = 1;
+    OK(gdaki_qp_create(ctx, cq, &cfg, &qp));
+    gdaki_endpoint self;
+    OK(gdaki_qp_endpoint(qp, &self));
+    OK(gdaki_qp_connect(qp, &self));
+    gdaki_dev_qp *h = NULL;
+    gdaki_dev_rq *rq = NULL;
+    OK(gdaki_qp_host_handle(qp, &h));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_qp_host_receive_handle(qp, NULL));
+    OK(gdaki_qp_host_receive_handle(qp, &rq));
+    CHECK(rq != NULL && rq->version == GDAKI_DEV_RQ_VERSION && rq->qpn == h->qpn);
+
+    gdaki_region *mr = NULL;
+    OK(gdaki_region_alloc(ctx, 65536, GDAKI_ACCESS_ALL, &mr));
+    gdaki_region_info m;
+    OK(gdaki_region_query(mr, &m));
+    const char hello[] = "hello, receiver";
+    OK(gdaki_region_write(mr, 0, hello, sizeof hello));
+    uint64_t r0 = 9, r1 = 9, ticket = 0;
+    CHECK(gdaki_post_recv_exclusive(rq, m.addr + 4096, m.lkey, 256, &r0) == GDAKI_OK && r0 == 0);
+    CHECK(gdaki_post_recv_exclusive(rq, m.addr + 8192, m.lkey, 256, &r1) == GDAKI_OK && r1 == 1);
+    CHECK(gdaki_send_imm_thread_exclusive(h, m.addr, m.lkey, sizeof hello, 0x1234, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_send_inline_thread_exclusive(h, "tiny", 4, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    uint32_t bytes = 0, kind = 9, imm = 0;
+    CHECK(gdaki_poll_recv_exclusive(rq, r0, &bytes, &kind, &imm) == GDAKI_OK);
+    CHECK(bytes == sizeof hello && kind == GDAKI_RECV_SEND_IMM && imm == 0x1234);
+    CHECK(gdaki_poll_recv_exclusive(rq, r1, &bytes, &kind, NULL) == GDAKI_OK);
+    CHECK(bytes == 4 && kind == GDAKI_RECV_SEND);
+    char got[sizeof hello];
+    OK(gdaki_region_read(mr, 4096, got, sizeof got));
+    CHECK(memcmp(got, hello, sizeof hello) == 0);
+    OK(gdaki_region_read(mr, 8192, got, 4));
+    CHECK(memcmp(got, "tiny", 4) == 0);
+    /* Refusals are codes: no handle, inline data too long. */
+    CHECK(gdaki_post_recv_exclusive(NULL, m.addr, m.lkey, 8, NULL) == GDAKI_CODE_BAD_HANDLE);
+    char big[GDAKI_MAX_SEND_INLINE + 1] = {0};
+    CHECK(gdaki_send_inline_thread_exclusive(h, big, sizeof big, 0, NULL) == GDAKI_CODE_INLINE_TOO_LONG);
+    /* A receive too small: the SEND completes in error, so does the receive. */
+    uint64_t small = 0;
+    CHECK(gdaki_post_recv_exclusive(rq, m.addr + 12288, m.lkey, 2, &small) == GDAKI_OK);
+    CHECK(gdaki_send_inline_thread_exclusive(h, "toolong", 7, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == (GDAKI_CODE_CQE_ERROR | 0x12)); /* remote invalid request */
+    CHECK(gdaki_poll_recv_exclusive(rq, small, NULL, NULL, NULL) == (GDAKI_CODE_CQE_ERROR | 0x01)); /* local length */
+    OK(gdaki_region_destroy(mr));
+    OK(gdaki_qp_destroy(qp));
+    OK(gdaki_cq_destroy(cq));
+
+    /* A QP without a receive queue has no receive handle. */
+    qp = loopback(&cq, GDAKI_DOORBELL_GPU);
+    EXPECT(GDAKI_STATUS_UNSUPPORTED, gdaki_qp_host_receive_handle(qp, &rq));
+    LAST_ERROR_HAS("rq_size");
+    OK(gdaki_qp_destroy(qp));
+    OK(gdaki_cq_destroy(cq));
+}
+
 static void proxy(void) {
     gdaki_proxy *p = NULL;
     EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_proxy_start(0, &p));
@@ -542,6 +614,7 @@ int main(void) {
     regions();
     queues();
     data_path();
+    two_sided();
     proxy();
     handshake();
     OK(gdaki_context_destroy(ctx));
