@@ -8,12 +8,16 @@
 # With the device tool of this workplace: build here, then (the packed copy stays well under
 # the tool's 64 MiB carry limit; every binary embeds the PTX)
 #   run(command="tar xzf gpu-bundle.tgz && gpu-bundle/run.sh", carry=["gpu-bundle.tgz"])
+# GDAKI_BUNDLE_SKIP, an extended regular expression, leaves out the test executables and
+# binaries whose bundle names match it (say 'bench-' when only the tests are to run and the
+# packed bundle and the working tree would pass the carry limit together).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-gpu-bundle}
 tools/setup.sh --check >/dev/null || tools/setup.sh
 
 rm -rf "$dir"; mkdir -p "$dir/tests" "$dir/bin"
+skipped() { [[ -n ${GDAKI_BUNDLE_SKIP:-} && $1 =~ $GDAKI_BUNDLE_SKIP ]]; }
 echo "gpu-bundle: building release test executables and binaries" >&2
 cargo build --release --locked --workspace --bins -q
 cargo test --release --locked --workspace --no-run --message-format=json -q 2>/dev/null \
@@ -39,11 +43,12 @@ for line in sys.stdin:
             continue
         print(m["executable"], crate_dir + "-" + t["kind"][0] + "-" + t["name"])
 ' | while read -r exe name; do
-  cp "$exe" "$dir/tests/$name"
+  skipped "$name" || cp "$exe" "$dir/tests/$name"
 done
 for bin in target/release/*; do
   # gen-headers writes the source tree's headers: nothing to do on a GPU machine.
-  [[ -f $bin && -x $bin && ! $bin == *.d && ! $bin == *.so && ${bin##*/} != gen-headers ]] && cp "$bin" "$dir/bin/"
+  [[ -f $bin && -x $bin && ! $bin == *.d && ! $bin == *.so && ${bin##*/} != gen-headers ]] && ! skipped "${bin##*/}" &&
+    cp "$bin" "$dir/bin/"
 done
 cp target/ptx/gdaki_device.ptx "$dir/"
 # The C API's shared library and the C PTX, for the CUDA C++ programs built on the GPU machine
@@ -55,7 +60,7 @@ strip --strip-debug "$dir/capi/libgdaki.so"
 # Host benchmarks travel too: the device machine has more cores and less noise than CI.
 cargo bench --locked -p gdaki-device -p gdaki -p gdaki-proxy --no-run --message-format=json -q 2>/dev/null \
   | tools/bench-executables.py | while read -r exe name; do
-  cp "$exe" "$dir/bin/bench-$name"
+  skipped "bench-$name" || cp "$exe" "$dir/bin/bench-$name"
 done
 strip --strip-debug "$dir"/tests/* "$dir"/bin/* 2>/dev/null || true
 
