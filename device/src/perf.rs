@@ -5,6 +5,7 @@ use gdaki_layout::perf::PingPongSide;
 
 use crate::arch;
 use crate::qp::{Local, Qp, Remote};
+use crate::rq::Rq;
 use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
 use crate::status::PostError;
@@ -95,10 +96,17 @@ pub fn post_only<M: Sharing, S: Scope>(
 /// A message is only rewritten after the peer's answer arrived, which the peer sent after
 /// receiving it, so the HCA never reads a post buffer being changed.
 ///
+/// With `side.rq` set (`write_lat --send`, perftest's `ib_send_lat`) the messages are SENDs and
+/// each side waits for the completion of its next receive instead of a flag. It keeps
+/// [`RECEIVES_AHEAD`] receives into its poll buffer posted, reposting one as each completes,
+/// before it answers: the peer's next message always finds one.
+///
 /// # Safety
 /// `qp` is `side.qp`; `side.post` and `side.poll` are valid for `size` bytes (reads and writes
-/// by this device); `side.times` and `side.posted` are each 0 or valid for `iters` u64 writes; both poll buffers
-/// start with a flag byte that is not 1 (zeroed).
+/// by this device), and `side.poll` for `side.recv_len` bytes in two-sided mode, whose `side.rq`
+/// is the QP's exported receive queue used by this side alone; `side.times` and `side.posted`
+/// are each 0 or valid for `iters` u64 writes; both poll buffers start with a flag byte that is
+/// not 1 (zeroed).
 #[inline(always)]
 pub unsafe fn ping_pong<M: Sharing>(
     qp: Qp<M, Thread>,
@@ -119,11 +127,35 @@ pub unsafe fn ping_pong<M: Sharing>(
     };
     let times = side.times as *mut u64;
     let posted = side.posted as *mut u64;
+    // SAFETY: the side's own exported receive queue (caller's contract).
+    let rq = (side.rq != 0).then(|| unsafe { Rq::<M>::from_raw(side.rq as *mut gdaki_layout::DevRq) });
+    let poll = Local {
+        addr: side.poll,
+        lkey: side.poll_lkey,
+    };
+    let recv_len = side.recv_len.max(size).min(u32::MAX as u64) as u32;
+    // The next message: its flag in the poll buffer, or the completion of the next receive
+    // (reposted at once, before this side answers).
+    let arrived = |flag: u8| -> Result<(), PostError> {
+        match rq {
+            // SAFETY: the poll buffer is valid (caller's contract).
+            None => unsafe { qp.wait_until_u8(poll_flag, flag) }?,
+            Some(rq) => {
+                rq.poll(rq.next_to_complete())?;
+                rq.post_recv_one(poll, recv_len)?;
+            }
+        }
+        Ok(())
+    };
+    if let Some(rq) = rq {
+        while rq.outstanding() < RECEIVES_AHEAD {
+            rq.post_recv_one(poll, recv_len)?;
+        }
+    }
     for i in 0..iters {
         let flag = (i as u8).wrapping_add(1);
         if side.initiator == 0 {
-            // SAFETY: the poll buffer is valid (caller's contract).
-            unsafe { qp.wait_until_u8(poll_flag, flag) }?;
+            arrived(flag)?;
         }
         if !times.is_null() {
             // SAFETY: `times` holds `iters` entries (caller's contract).
@@ -132,16 +164,22 @@ pub unsafe fn ping_pong<M: Sharing>(
         // SAFETY: the post buffer is valid; the put's barrier makes the byte visible to the
         // HCA before its doorbell.
         unsafe { post_flag.write_volatile(flag) };
-        qp.put(dst, src, size)?;
+        if rq.is_some() {
+            qp.send(src, size)?;
+        } else {
+            qp.put(dst, src, size)?;
+        }
         if !posted.is_null() {
             // SAFETY: `posted` holds `iters` entries (caller's contract).
             unsafe { posted.add(i as usize).write_volatile(arch::global_timer_ns()) };
         }
         if side.initiator != 0 {
-            // SAFETY: as above.
-            unsafe { qp.wait_until_u8(poll_flag, flag) }?;
+            arrived(flag)?;
         }
     }
     qp.quiet()?;
     Ok(())
 }
+
+/// Receives a two-sided ping-pong side keeps posted ahead of the peer's messages.
+pub const RECEIVES_AHEAD: u64 = 2;

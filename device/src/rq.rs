@@ -300,6 +300,21 @@ impl<M: Sharing> Rq<M> {
         }
     }
 
+    /// The ticket of the oldest receive not consumed yet: the receive the next message takes
+    /// when every receive posted before it has completed and been consumed.
+    #[inline(always)]
+    pub fn next_to_complete(&self) -> Ticket {
+        // SAFETY: a counter of the live handle.
+        unsafe { M::load_acquire(self.cq().consumed()) }
+    }
+
+    /// Receives posted (reserved) and not consumed yet.
+    #[inline(always)]
+    pub fn outstanding(&self) -> u64 {
+        // SAFETY: counters of the live handle.
+        unsafe { M::load_acquire(self.reserved()) }.saturating_sub(self.next_to_complete())
+    }
+
     /// The oldest receive not consumed yet, if its CQE is there.
     #[inline(always)]
     pub fn poll_next(&self) -> Option<Result<Recv, WaitError>> {

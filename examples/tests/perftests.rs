@@ -829,6 +829,39 @@ fn write_lat_json_and_server_client() {
     }
 }
 
+/// `write_lat --send` (perftest's `ib_send_lat`): SENDs taken by receives, in loopback (every
+/// size, so receives posted for one size take the next), as JSON, and across processes;
+/// a client and a server that disagree on the verb are refused.
+#[test]
+fn write_lat_send_ping_pongs_sends_through_receives() {
+    let out = ok("write_lat", &["--mode", "cpu", "--send", "-a", "-n", "10"]);
+    assert!(out.contains("Send Latency Test"), "{out}");
+    assert!(rows(&out).len() > 10, "{out}");
+    assert!(out.contains("Validation: every size's messages arrived intact"));
+    let out = ok(
+        "write_lat",
+        &["--mode", "cpu", "--send", "-s", "64", "-n", "50", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["test"].as_str(), v["params"]["op"].as_str()),
+        (Some("write_lat"), Some("send"))
+    );
+    let flags = ["--mode", "cpu", "--send", "-s", "300", "-n", "60"];
+    let (s, c) = server_client("write_lat", &flags, &flags);
+    let (s, c) = both_succeeded(&s, &c);
+    for out in [&s, &c] {
+        assert_eq!(rows(out).len(), 1, "{out}");
+    }
+    let (s, c) = server_client("write_lat", &["--mode", "cpu", "-s", "8", "-n", "10"], &flags);
+    assert!(!s.status.success() && !c.status.success());
+    assert!(
+        String::from_utf8_lossy(&c.stderr).contains("write_lat --send"),
+        "{}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+}
+
 // ------------------------------------------------------------------------------ on a GPU
 
 /// Whether a GPU test may run here; prints the skip otherwise (fails under GDAKI_REQUIRE_GPU=1).
@@ -861,6 +894,10 @@ fn perftests_on_the_gpu_in_every_scope() {
     let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("host-pinned memory"), "{out}");
+    // Two-sided: the kernels post and poll receives.
+    let out = ok("write_lat", &["--mode", "gpu", "--send", "-a", "-n", "20"]);
+    assert!(rows(&out).len() > 10, "{out}");
+    assert!(out.contains("Send Latency Test"), "{out}");
     // GPU device memory, moved by the soft HCA's GPU copier.
     let out = ok(
         "put_bw",

@@ -1029,6 +1029,9 @@ unsafe impl gdaki_cuda::ExportedQp for GpuQp {
     fn device_handle(&self) -> u64 {
         GpuQp::device_handle(self)
     }
+    fn receive_handle(&self) -> Option<u64> {
+        GpuQp::receive_handle(self)
+    }
 }
 
 impl GpuQp {

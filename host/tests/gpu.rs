@@ -338,6 +338,7 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
         poll,
         remote: peer_poll.remote(0),
         initiator,
+        send: false,
     };
     let sides = [
         side(&ga, a_post, a_poll, b_poll, true),

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 /// One side of `write_lat`'s ping-pong: its QP, the buffer it sends from, the buffer its peer
-/// writes into, and where its timestamps go. Addresses are as the side's device sees them
+/// writes into (or, with `--send`, its receives scatter into), and where its timestamps go. Addresses are as the side's device sees them
 /// (which is also how the HCA sees them for the soft provider's host-pinned memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
@@ -22,18 +22,24 @@ pub struct PingPongSide {
     pub rkey: u32,
     /// 1: this side sends first (the client); 0: it answers (the server).
     pub initiator: u32,
-    /// Pads to 8 bytes.
-    pub pad: u32,
+    /// Local key of `poll` (two-sided: the receives' buffer).
+    pub poll_lkey: u32,
     /// Where the side writes one u64 timestamp (ns) per iteration as it sends, or 0 for none.
     pub times: u64,
     /// Where the side writes one u64 timestamp (ns) per iteration once its put has returned
     /// (WQE written, doorbell rung), or 0 for none: with `times`, what the post itself cost.
     pub posted: u64,
+    /// Two-sided (`write_lat --send`, perftest's `ib_send_lat`): the address of the side's
+    /// exported [`DevRq`](crate::DevRq); messages are SENDs that the receives posted into
+    /// `poll` take. 0: RDMA WRITEs into the peer's `poll`, polled by their last byte.
+    pub rq: u64,
+    /// Bytes each receive offers (the poll buffer's length, at least every size sent).
+    pub recv_len: u64,
 }
 
 const _: () = {
     use core::mem::{offset_of, size_of};
-    assert!(size_of::<PingPongSide>() == 64);
+    assert!(size_of::<PingPongSide>() == 80);
     assert!(offset_of!(PingPongSide, lkey) == 32 && offset_of!(PingPongSide, times) == 48);
-    assert!(offset_of!(PingPongSide, posted) == 56);
+    assert!(offset_of!(PingPongSide, posted) == 56 && offset_of!(PingPongSide, rq) == 64);
 };

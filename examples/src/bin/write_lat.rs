@@ -4,8 +4,11 @@
 //! next to references measured in the same run: the GPU <-> CPU round trip through host-pinned
 //! memory and a synchronised 8-byte copy (CPU mode: a thread-to-thread round trip).
 //!
-//! `write_lat [-s SIZE | -a] [-n ITERS] [--json]` loops back in one process; `write_lat --server`
-//! and `write_lat SERVER` run across two.
+//! `write_lat [-s SIZE | -a] [-n ITERS] [--send] [--json]` loops back in one process;
+//! `write_lat --server` and `write_lat SERVER` run across two. `--send` ping-pongs SENDs taken by
+//! receives instead, as perftest's `ib_send_lat` (one tool per pattern, the verb a flag, as
+//! `put_bw --read` is `ib_read_bw`: the same sides, timers and references, so the two verbs
+//! compare like with like).
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -13,7 +16,7 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use gdaki::cuda::WriteLatSide;
 use gdaki::handshake::Hello;
-use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair};
+use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
 use gdaki_device::Exclusive;
 use gdaki_examples::cli::{Common, Plan, Role};
@@ -31,6 +34,21 @@ use serde::Serialize;
 struct Cli {
     #[command(flatten)]
     common: Common,
+    /// SENDs taken by posted receives instead of RDMA WRITEs (perftest's `ib_send_lat`): each
+    /// side waits for its next receive's completion instead of polling the message's last byte.
+    #[arg(long)]
+    send: bool,
+}
+
+impl Cli {
+    /// The test's name, in the handshake (both sides must run the same) and the progress.
+    fn test(&self) -> &'static str {
+        if self.send {
+            "write_lat --send"
+        } else {
+            "write_lat"
+        }
+    }
 }
 
 /// One participant of the ping-pong in this process.
@@ -45,6 +63,8 @@ struct Side {
 #[derive(Debug, Serialize)]
 struct Params {
     role: &'static str,
+    /// `write` or `send` (`--send`).
+    op: &'static str,
     provider: String,
     mode: &'static str,
     gpu: Option<String>,
@@ -199,13 +219,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         bail!("--mem host: in GPU mode the kernels poll their buffers, which must be pinned or device memory");
     }
     let mut session = Session::open(&cli.common, &plan)?;
-    let symmetric = Symmetric::of("write_lat", &plan, 1);
+    let symmetric = Symmetric::of(cli.test(), &plan, 1);
     let cfg = QpConfig {
         sq_size: plan.tx_depth,
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
         handler: plan.handler(),
         rings: session.rings.clone(),
+        // A few receives are ever posted (the ping-pong keeps two ahead); a message that
+        // found none would be tried again after 10 us.
+        receive: cli.send.then_some(ReceiveConfig { size: 16, max_bufs: 1 }),
+        min_rnr_timer: 1,
         ..Default::default()
     };
     let max = *plan.sizes.last().context("no sizes")? as usize;
@@ -269,7 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lines
         }
     };
-    if let Some(gpu) = &session.gpu {
+    if let Some(gpu) = session.gpu.as_ref().filter(|_| !cli.send) {
         // The kernels poll the last byte of the peer's put: only sound where the GPU orders
         // NIC writes for its own reads (docs/connectx-conformance.md).
         let ordering = gpu.rdma_writes_ordering()?;
@@ -292,6 +316,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let reference = measure_reference(&session)?;
     let params = Params {
         role: plan.role.name(),
+        op: if cli.send { "send" } else { "write" },
         provider: session.ctx.provider().to_string(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
@@ -303,7 +328,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sizes: plan.sizes.clone(),
     };
     if !cli.common.json {
-        print_header(&session, &plan, &params, &sides, address_lines);
+        print_header(&session, &plan, &params, &sides, address_lines, cli.send);
         gdaki_examples::outln!("{}", LatRow::header());
     }
     let mut rows = Vec::new();
@@ -311,7 +336,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let mut steps = 10u64..;
     let mut step = move || steps.next().unwrap_or(u64::MAX);
     for (i, &size) in plan.sizes.iter().enumerate() {
-        report::progress("write_lat", i, plan.sizes.len(), size);
+        report::progress(cli.test(), i, plan.sizes.len(), size);
         let payload = pattern_bytes(size, 0, size as usize - 1);
         let started = Instant::now();
         let (mut round_trips, mut rounds) = (Vec::new(), 0u64);
@@ -333,6 +358,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             poll: &s.poll,
                             remote: *to,
                             initiator: s.initiator,
+                            send: cli.send,
                         })
                         .collect();
                     let run = gpu.run_write_lat(&dev, size, plan.iters)?;
@@ -345,7 +371,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     run.times.into_iter().zip(run.posted).map(Stamps::from).collect()
                 }
-                None => cpu_ping_pong(&sides, size, plan.iters)?,
+                None => cpu_ping_pong(&sides, size, plan.iters, cli.send)?,
             };
             session.agree(step(), Ok(()))?; // both sides done
                                             // Every side received the other's message and the last flag.
@@ -440,7 +466,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64) -> PingPongSide {
+/// The side as the device code runs it, in CPU mode (`qp` 0: the caller passes its own view);
+/// two-sided with `send`.
+fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64, send: bool) -> PingPongSide {
     PingPongSide {
         qp,
         post: s.post.addr(),
@@ -449,15 +477,25 @@ fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64) -> PingPongSide {
         lkey: s.post.lkey(),
         rkey: to.rkey,
         initiator: s.initiator as u32,
-        pad: 0,
+        poll_lkey: s.poll.lkey(),
         times: 0,
         posted: 0,
+        rq: match s.qp.receive_handle() {
+            Some(h) if send => h as u64,
+            _ => 0,
+        },
+        recv_len: s.poll.len(),
     }
 }
 
 /// CPU mode: one thread per side runs the device crate's ping-pong; returns each side's
 /// timestamps.
-fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) -> anyhow::Result<Vec<Stamps>> {
+fn cpu_ping_pong(
+    sides: &[(Side, gdaki_device::Remote)],
+    size: u64,
+    iters: u32,
+    send: bool,
+) -> anyhow::Result<Vec<Stamps>> {
     std::thread::scope(|sc| {
         let workers: Vec<_> = sides
             .iter()
@@ -467,12 +505,12 @@ fn cpu_ping_pong(sides: &[(Side, gdaki_device::Remote)], size: u64, iters: u32) 
                         sent: vec![0u64; iters as usize],
                         posted: vec![0u64; iters as usize],
                     };
-                    let mut side = ping_pong_side(s, *to, 0);
+                    let mut side = ping_pong_side(s, *to, 0, send);
                     side.times = stamps.sent.as_mut_ptr() as u64;
                     side.posted = stamps.posted.as_mut_ptr() as u64;
-                    // SAFETY: this thread is the QP's only poster (exclusive); the buffers are
-                    // the side's regions (at least `size` bytes), and `sent` and `posted` hold
-                    // `iters` each.
+                    // SAFETY: this thread is the QP's only poster (exclusive) and, two-sided,
+                    // its receive queue's only user; the buffers are the side's regions (at
+                    // least `size` bytes), and `sent` and `posted` hold `iters` each.
                     let r = unsafe {
                         let qp = s.qp.cpu::<Exclusive>().map_err(|e| e.to_string())?;
                         gdaki_device::perf::ping_pong(qp, &side, size, iters)
@@ -563,6 +601,7 @@ fn print_header(
     p: &Params,
     sides: &[(Side, gdaki_device::Remote)],
     addresses: Vec<(&'static str, String)>,
+    send: bool,
 ) {
     let mut lines = session.header_lines(plan);
     lines.extend([
@@ -593,7 +632,14 @@ fn print_header(
             lines.push(("Note", note));
         }
     }
-    report::print_header("RDMA_Write Latency Test (gdaki write_lat)", &lines);
+    report::print_header(
+        if send {
+            "Send Latency Test (gdaki write_lat --send)"
+        } else {
+            "RDMA_Write Latency Test (gdaki write_lat)"
+        },
+        &lines,
+    );
 }
 
 #[cfg(test)]

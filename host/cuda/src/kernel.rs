@@ -32,6 +32,10 @@ pub unsafe trait ExportedQp: std::fmt::Debug {
     fn gpu_ordinal(&self) -> usize;
     /// The handle's GPU address (`*mut DevQp`).
     fn device_handle(&self) -> u64;
+    /// The GPU address of its receive queue's handle (`*mut DevRq`), if it has one.
+    fn receive_handle(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A registered region as a kernel argument names it: `gdaki::MemoryRegion`.

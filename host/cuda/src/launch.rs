@@ -144,6 +144,9 @@ pub struct WriteLatSide<'a> {
     pub remote: gdaki_device::Remote,
     /// This side sends first.
     pub initiator: bool,
+    /// Two-sided (`write_lat --send`): the messages are SENDs, taken by receives the kernel
+    /// posts into `poll` on the QP's receive queue (which it must have).
+    pub send: bool,
 }
 
 impl Gpu {
@@ -233,6 +236,12 @@ impl Gpu {
                     why: format!("a side's QP is exported to GPU {}, not {ordinal}", s.qp.gpu_ordinal()),
                 });
             }
+            if s.send && s.qp.receive_handle().is_none() {
+                return Err(CudaError::BadArgument {
+                    what: "run_write_lat",
+                    why: "a two-sided side's QP has no receive queue".into(),
+                });
+            }
         }
         let stream = self.ctx.default_stream();
         let per_side = iters.max(1) as usize;
@@ -254,9 +263,11 @@ impl Gpu {
                 lkey: s.post.lkey(),
                 rkey: s.remote.rkey,
                 initiator: s.initiator as u32,
-                pad: 0,
+                poll_lkey: s.poll.lkey(),
                 times: times_base + (i * per_side * 8) as u64,
                 posted: posted_base + (i * per_side * 8) as u64,
+                rq: if s.send { s.qp.receive_handle().unwrap_or(0) } else { 0 },
+                recv_len: s.poll.len(),
             })
             .collect();
         let sides_dev = stream.clone_htod(bytemuck::cast_slice::<PingPongSide, u8>(&dev))?;
