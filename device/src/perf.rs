@@ -98,8 +98,9 @@ pub fn post_only<M: Sharing, S: Scope>(
 ///
 /// With `side.rq` set (`write_lat --send`, perftest's `ib_send_lat`) the messages are SENDs and
 /// each side waits for the completion of its next receive instead of a flag. It keeps
-/// [`RECEIVES_AHEAD`] receives into its poll buffer posted, reposting one as each completes,
-/// before it answers: the peer's next message always finds one.
+/// [`RECEIVES_AHEAD`] receives into its poll buffer posted and reposts the one a message took
+/// right after its own next send, off the round trip's path: the peer's next message comes
+/// after that send and finds the other one.
 ///
 /// # Safety
 /// `qp` is `side.qp`; `side.post` and `side.poll` are valid for `size` bytes (reads and writes
@@ -134,24 +135,27 @@ pub unsafe fn ping_pong<M: Sharing>(
         lkey: side.poll_lkey,
     };
     let recv_len = side.recv_len.max(size).min(u32::MAX as u64) as u32;
-    // The next message: its flag in the poll buffer, or the completion of the next receive
-    // (reposted at once, before this side answers).
+    // The next message: its flag in the poll buffer, or the completion of the next receive.
     let arrived = |flag: u8| -> Result<(), PostError> {
         match rq {
             // SAFETY: the poll buffer is valid (caller's contract).
             None => unsafe { qp.wait_until_u8(poll_flag, flag) }?,
             Some(rq) => {
                 rq.poll(rq.next_to_complete())?;
+            }
+        }
+        Ok(())
+    };
+    // Receives back up to RECEIVES_AHEAD outstanding.
+    let top_up = || -> Result<(), PostError> {
+        if let Some(rq) = rq {
+            while rq.outstanding() < RECEIVES_AHEAD {
                 rq.post_recv_one(poll, recv_len)?;
             }
         }
         Ok(())
     };
-    if let Some(rq) = rq {
-        while rq.outstanding() < RECEIVES_AHEAD {
-            rq.post_recv_one(poll, recv_len)?;
-        }
-    }
+    top_up()?;
     for i in 0..iters {
         let flag = (i as u8).wrapping_add(1);
         if side.initiator == 0 {
@@ -173,10 +177,13 @@ pub unsafe fn ping_pong<M: Sharing>(
             // SAFETY: `posted` holds `iters` entries (caller's contract).
             unsafe { posted.add(i as usize).write_volatile(arch::global_timer_ns()) };
         }
+        // Off the round trip's path: the message is out.
+        top_up()?;
         if side.initiator != 0 {
             arrived(flag)?;
         }
     }
+    top_up()?;
     qp.quiet()?;
     Ok(())
 }

@@ -81,6 +81,9 @@ impl SoftCq {
     }
 }
 
+/// The largest receive WQE the soft HCA takes (`MAX_RECV_SGES` data segments).
+pub(crate) const RECV_WQE_MAX: usize = gdaki_layout::recv::MAX_RECV_SGES * gdaki_layout::data::SIZE;
+
 /// A QP's receive queue as the soft HCA holds it: the ring of receive WQEs, the receive word of
 /// the QP's doorbell record (posters raise it), and the receive CQ.
 pub(crate) struct SoftRq {
@@ -112,15 +115,16 @@ impl SoftRq {
         (n <= 1 << self.log_size).then_some(n)
     }
 
-    /// The bytes of receive WQE `index`.
-    pub fn wqe(&self, index: u64) -> Vec<u8> {
-        let size = gdaki_layout::recv::wqe_size(self.log_stride);
+    /// The bytes of receive WQE `index`: the first `wqe_size(log_stride)` of the block (at
+    /// most 64: CREATE_QP refuses larger strides).
+    pub fn wqe(&self, index: u64) -> ([u8; RECV_WQE_MAX], usize) {
+        let size = gdaki_layout::recv::wqe_size(self.log_stride).min(RECV_WQE_MAX);
         let at = self.ring.addr() + gdaki_layout::recv::wqe_offset(index, self.log_size, self.log_stride);
-        let mut out = vec![0u8; size];
+        let mut out = [0u8; RECV_WQE_MAX];
         // SAFETY: a WQE of the live ring (checked against the umem at creation), written by
         // the poster before the record that announced it, which the caller read.
         unsafe { std::ptr::copy_nonoverlapping(at as *const u8, out.as_mut_ptr(), size) };
-        out
+        (out, size)
     }
 }
 

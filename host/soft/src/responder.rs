@@ -274,7 +274,8 @@ fn scatter(
     index: u64,
     msg: Message<'_>,
 ) -> Result<u32, (Syndrome, Syndrome)> {
-    let list = gdaki_layout::recv::parse(&rq.wqe(index)).map_err(|_| (Syndrome::LocalQpOp, Syndrome::RemoteOp))?;
+    let (wqe, len) = rq.wqe(index);
+    let list = gdaki_layout::recv::parse(&wqe[..len]).map_err(|_| (Syndrome::LocalQpOp, Syndrome::RemoteOp))?;
     let data = match msg {
         Message::WriteImm { bytes, .. } => return Ok(bytes),
         Message::Send { data, .. } => data,
