@@ -140,9 +140,7 @@ pub unsafe fn ping_pong<M: Sharing>(
         match rq {
             // SAFETY: the poll buffer is valid (caller's contract).
             None => unsafe { qp.wait_until_u8(poll_flag, flag) }?,
-            Some(rq) => {
-                rq.poll(rq.next_to_complete())?;
-            }
+            Some(rq) => rq.wait(rq.next_to_complete())?,
         }
         Ok(())
     };

@@ -314,6 +314,22 @@ impl<M: Sharing> Rq<M> {
         }
     }
 
+    /// Waits (bounded) for receive `index` like [`poll`](Self::poll), without reading what it
+    /// took (the count, the immediate): one load of the CQE's last word, as a send's wait. For
+    /// a caller that knows the message (a ping-pong); an error is still its error.
+    pub fn wait(&self, index: Ticket) -> Result<(), WaitError> {
+        let cq = self.cq();
+        let mut deadline = self.deadline();
+        loop {
+            if let Some(r) = cq.complete_seen(index, cq.peek(index)) {
+                return r;
+            }
+            if deadline.expired() {
+                return Err(WaitError::Timeout { index });
+            }
+        }
+    }
+
     /// The ticket of the oldest receive not consumed yet: the receive the next message takes
     /// when every receive posted before it has completed and been consumed.
     #[inline(always)]
