@@ -14,7 +14,32 @@ use crate::arch;
 use crate::sharing::Sharing;
 use crate::status::{CqeError, WaitError};
 
-/// A CQ of a live handle, with its constant fields read once (see `qp::Consts`).
+/// The constant fields of a `DevCq`, read once with the handle that embeds it (see
+/// `qp::Consts`).
+#[derive(Clone, Copy)]
+pub(crate) struct Consts {
+    cqe_base: u64,
+    dbrec: u64,
+    log_size: u32,
+}
+
+impl Consts {
+    /// # Safety
+    /// `ptr` is valid for reads.
+    #[inline(always)]
+    pub(crate) const unsafe fn read(ptr: *const DevCq) -> Consts {
+        // SAFETY: the caller's contract; constant fields, read by value.
+        unsafe {
+            Consts {
+                cqe_base: (*ptr).cqe_base,
+                dbrec: (*ptr).dbrec,
+                log_size: (*ptr).log_size,
+            }
+        }
+    }
+}
+
+/// A CQ of a live handle, with its constant fields read once.
 pub(crate) struct Cq<M: Sharing> {
     ptr: *mut DevCq,
     cqe_base: u64,
@@ -24,18 +49,17 @@ pub(crate) struct Cq<M: Sharing> {
 }
 
 impl<M: Sharing> Cq<M> {
-    /// The CQ at `ptr`, whose ring starts at `cqe_base` (`1 << log_size` entries) and whose
-    /// doorbell record is at `dbrec`.
+    /// The CQ at `ptr`, whose constants are `k`.
     ///
     /// # Safety
-    /// `ptr` is the `DevCq` of a live exported handle, and the addresses are its own.
+    /// `ptr` is the `DevCq` of a live exported handle, and `k` was read from it.
     #[inline(always)]
-    pub(crate) const unsafe fn new(ptr: *mut DevCq, cqe_base: u64, dbrec: u64, log_size: u32) -> Self {
+    pub(crate) const unsafe fn new(ptr: *mut DevCq, k: Consts) -> Self {
         Cq {
             ptr,
-            cqe_base,
-            dbrec,
-            log_size,
+            cqe_base: k.cqe_base,
+            dbrec: k.dbrec,
+            log_size: k.log_size,
             _mode: PhantomData,
         }
     }

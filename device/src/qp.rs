@@ -90,6 +90,32 @@ pub const MAX_INLINE: usize = inline::MAX_SINGLE_BB;
 /// The most bytes [`Qp::send_inline`] carries (one building block).
 pub const MAX_SEND_INLINE: usize = inline::MAX_SEND_SINGLE_BB;
 
+/// The inline segment of `data` (at most [`MAX_SEND_INLINE`] bytes, checked by the caller): its
+/// header, then the bytes, zero-padded, as three 16-byte segments' words; a WQE takes the first
+/// `inline::ds(len)` of them.
+#[inline(always)]
+fn inline_segments(data: &[u8]) -> [[u64; 2]; 3] {
+    let mut tail = [0u8; 48];
+    let len = data.len().min(MAX_SEND_INLINE);
+    tail[..4].copy_from_slice(&inline::byte_count(len as u32).to_be_bytes());
+    tail[4..4 + len].copy_from_slice(&data[..len]);
+    let w = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&tail[8 * i..8 * i + 8]);
+        u64::from_ne_bytes(b)
+    };
+    [[w(0), w(1)], [w(2), w(3)], [w(4), w(5)]]
+}
+
+/// `data` fits a WQE that carries at most `max` bytes inline.
+#[inline(always)]
+fn check_inline(data: &[u8], max: usize) -> Result<(), PostError> {
+    if data.len() > max {
+        return Err(PostError::InlineTooLong { len: data.len(), max });
+    }
+    Ok(())
+}
+
 /// Flags every WQE carries: a CQE for each, so tickets are CQE indices.
 const SIGNALED: u8 = ctrl::CE_CQ_UPDATE;
 
@@ -118,11 +144,10 @@ struct Consts {
     doorbell: u64,
     max_msg_size: u64,
     timeout_ns: u64,
-    cqe_base: u64,
-    cq_dbrec: u64,
+    /// The CQ's constants.
+    cq: crate::cq::Consts,
     qpn: u32,
     sq_log_size: u32,
-    cq_log_size: u32,
     doorbell_kind: u8,
     flags: u8,
     /// Decoded from `flags` once: `ring` picks its fences' scope by it on every doorbell.
@@ -142,11 +167,9 @@ impl Consts {
                 doorbell: (*ptr).doorbell,
                 max_msg_size: (*ptr).max_msg_size,
                 timeout_ns: (*ptr).timeout_ns,
-                cqe_base: (*ptr).cq.cqe_base,
-                cq_dbrec: (*ptr).cq.dbrec,
+                cq: crate::cq::Consts::read(core::ptr::addr_of!((*ptr).cq)),
                 qpn: (*ptr).qpn,
                 sq_log_size: (*ptr).sq_log_size,
-                cq_log_size: (*ptr).cq.log_size,
                 doorbell_kind: (*ptr).doorbell_kind,
                 flags: (*ptr).flags,
                 rings_in_gpu_memory: (*ptr).rings_in_gpu_memory(),
@@ -317,14 +340,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     fn cq(&self) -> Cq<M> {
         // SAFETY: `ptr` is valid per `from_raw`; the CQ's addresses come from its constants.
-        unsafe {
-            Cq::new(
-                addr_of_mut!((*self.ptr).cq),
-                self.k.cqe_base,
-                self.k.cq_dbrec,
-                self.k.cq_log_size,
-            )
-        }
+        unsafe { Cq::new(addr_of_mut!((*self.ptr).cq), self.k.cq) }
     }
     #[inline(always)]
     fn sq_log_size(&self) -> u32 {
@@ -492,33 +508,16 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         imm: Option<u32>,
         flags: u8,
     ) -> Result<(), PostError> {
-        if data.len() > MAX_SEND_INLINE {
-            return Err(PostError::InlineTooLong {
-                len: data.len(),
-                max: MAX_SEND_INLINE,
-            });
-        }
+        check_inline(data, MAX_SEND_INLINE)?;
         let opcode = if imm.is_some() {
             WqeOpcode::SendImm
         } else {
             WqeOpcode::Send
         };
         // Segments 1..=3 hold the inline header and up to 44 payload bytes.
-        let mut tail = [0u8; 48];
-        tail[..4].copy_from_slice(&inline::byte_count(data.len() as u32).to_be_bytes());
-        tail[4..4 + data.len()].copy_from_slice(data);
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&tail[8 * i..8 * i + 8]);
-            u64::from_ne_bytes(b)
-        };
+        let [a, b, c] = inline_segments(data);
         let ds = ring::ds_send_inline(data.len());
-        let segs = [
-            self.ctrl_imm(opcode, index, ds, flags, imm.unwrap_or(0)),
-            [w(0), w(1)],
-            [w(2), w(3)],
-            [w(4), w(5)],
-        ];
+        let segs = [self.ctrl_imm(opcode, index, ds, flags, imm.unwrap_or(0)), a, b, c];
         self.write_wqe(index, &segs[..ds as usize]);
         Ok(())
     }
@@ -555,28 +554,16 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Writes an RDMA WRITE carrying `data` inline (at most [`MAX_INLINE`] bytes) at `index`.
     #[inline(always)]
     pub fn wqe_prepare_write_inline(&self, index: u64, dst: Remote, data: &[u8], flags: u8) -> Result<(), PostError> {
-        if data.len() > MAX_INLINE {
-            return Err(PostError::InlineTooLong {
-                len: data.len(),
-                max: MAX_INLINE,
-            });
-        }
+        check_inline(data, MAX_INLINE)?;
         // Segments 2 and 3 hold the inline header and up to 28 payload bytes; 0 bytes take no
         // inline segment at all (`ring::ds_write_inline`), as rdma-core posts them.
-        let mut tail = [0u8; 32];
-        tail[..4].copy_from_slice(&inline::byte_count(data.len() as u32).to_be_bytes());
-        tail[4..4 + data.len()].copy_from_slice(data);
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&tail[8 * i..8 * i + 8]);
-            u64::from_ne_bytes(b)
-        };
+        let [a, b, _] = inline_segments(data);
         let ds = ring::ds_write_inline(data.len());
         let segs = [
             self.ctrl(WqeOpcode::RdmaWrite, index, ds, flags),
             RaddrSeg::new(dst.addr, dst.rkey).to_words(),
-            [w(0), w(1)],
-            [w(2), w(3)],
+            a,
+            b,
         ];
         self.write_wqe(index, &segs[..ds as usize]);
         Ok(())
@@ -1112,15 +1099,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// RDMA WRITE of `data` carried in the WQE (at most [`MAX_INLINE`] bytes): no local key needed.
     #[inline(always)]
     pub fn put_inline(&self, dst: Remote, data: &[u8]) -> Result<Ticket, PostError> {
-        let checked = if data.len() > MAX_INLINE {
-            Err(PostError::InlineTooLong {
-                len: data.len(),
-                max: MAX_INLINE,
-            })
-        } else {
-            Ok(())
-        };
-        self.post_checked(checked, 1, |i, _, flags| {
+        self.post_checked(check_inline(data, MAX_INLINE), 1, |i, _, flags| {
             self.wqe_prepare_write_inline(i, dst, data, flags)
         })
     }
@@ -1218,15 +1197,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// needed.
     #[inline(always)]
     pub fn send_inline(&self, data: &[u8]) -> Result<Ticket, PostError> {
-        let checked = if data.len() > MAX_SEND_INLINE {
-            Err(PostError::InlineTooLong {
-                len: data.len(),
-                max: MAX_SEND_INLINE,
-            })
-        } else {
-            Ok(())
-        };
-        self.post_checked(checked, 1, |i, _, flags| {
+        self.post_checked(check_inline(data, MAX_SEND_INLINE), 1, |i, _, flags| {
             self.wqe_prepare_send_inline(i, data, None, flags)
         })
     }

@@ -97,11 +97,10 @@ struct Consts {
     rq_base: u64,
     rq_dbrec: u64,
     timeout_ns: u64,
-    cqe_base: u64,
-    cq_dbrec: u64,
+    /// The CQ's constants.
+    cq: crate::cq::Consts,
     log_size: u32,
     log_stride: u32,
-    cq_log_size: u32,
     gpu: bool,
 }
 
@@ -134,11 +133,9 @@ impl<M: Sharing> Rq<M> {
                 rq_base: (*ptr).rq_base,
                 rq_dbrec: (*ptr).rq_dbrec,
                 timeout_ns: (*ptr).timeout_ns,
-                cqe_base: (*ptr).cq.cqe_base,
-                cq_dbrec: (*ptr).cq.dbrec,
+                cq: crate::cq::Consts::read(core::ptr::addr_of!((*ptr).cq)),
                 log_size: (*ptr).log_size,
                 log_stride: (*ptr).log_stride,
-                cq_log_size: (*ptr).cq.log_size,
                 gpu: (*ptr).rings_in_gpu_memory(),
             }
         };
@@ -177,14 +174,7 @@ impl<M: Sharing> Rq<M> {
     #[inline(always)]
     fn cq(&self) -> Cq<M> {
         // SAFETY: `ptr` is valid per `from_raw`; the CQ's addresses come from its constants.
-        unsafe {
-            Cq::new(
-                addr_of_mut!((*self.ptr).cq),
-                self.k.cqe_base,
-                self.k.cq_dbrec,
-                self.k.cq_log_size,
-            )
-        }
+        unsafe { Cq::new(addr_of_mut!((*self.ptr).cq), self.k.cq) }
     }
 
     /// Starts a bounded wait.

@@ -18,7 +18,7 @@ use gdaki::{Access, Context, Provider, QpConfig};
 const KERNELS: &str = include_str!("cuda/c_abi.cu");
 const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
 const TWO_SIDED_KERNELS: &str = include_str!("cuda/two_sided.cu");
-const HEADERS: [(&str, &str); 4] = [
+const HEADERS: [(&str, &str); 5] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
     (
         "gdaki_layout_check.h",
@@ -26,6 +26,7 @@ const HEADERS: [(&str, &str); 4] = [
     ),
     ("gdaki_gin.cuh", include_str!("../../device/include/gdaki_gin.cuh")),
     ("gdaki_p2p.cuh", include_str!("../../device/include/gdaki_p2p.cuh")),
+    ("gdaki_test_check.h", include_str!("cuda/gdaki_test_check.h")),
 ];
 const BUILD_LIB: &str = include_str!("../../tools/cuda/build-device-lib.sh");
 
@@ -44,6 +45,21 @@ fn workdir(name: &str) -> PathBuf {
 fn arch(gpu: &Gpu) -> String {
     let (major, minor) = gpu.compute_capability().unwrap();
     format!("sm_{major}{minor}")
+}
+
+/// `source` compiled by NVRTC (`-rdc`, the headers in a scratch directory named after `name`)
+/// and linked at run time with gdaki's device code.
+fn nvrtc_linked(gpu: &Gpu, name: &str, source: &str) -> Module {
+    let dir = workdir(name);
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(Box::leak(arch(gpu).into_boxed_str())),
+        include_paths: vec![dir.display().to_string()],
+        options: vec!["-rdc=true".into(), "-std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).unwrap_or_else(|e| panic!("NVRTC: {e:?}"));
+    gpu.link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])
+        .unwrap()
 }
 
 /// Runs the three kernels of `module` against a loopback QP and checks their data.
@@ -222,17 +238,7 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
     let Some((gpu, _one)) = gpu_or_skip("gin_handle_two_pes_in_thread_warp_and_block_scope") else {
         return;
     };
-    let dir = workdir("gin");
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(Box::leak(arch(&gpu).into_boxed_str())),
-        include_paths: vec![dir.display().to_string()],
-        options: vec!["-rdc=true".into(), "-std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(GIN_KERNELS, opts).unwrap_or_else(|e| panic!("NVRTC: {e:?}"));
-    let module = gpu
-        .link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])
-        .unwrap();
+    let module = nvrtc_linked(&gpu, "gin", GIN_KERNELS);
 
     // Two PEs: QP 0 (PE 0's, to PE 1) and QP 1 (PE 1's, to PE 0), connected to each other.
     let ctx = Context::open(Provider::Soft).unwrap();
@@ -338,17 +344,7 @@ fn two_sided_verbs_in_thread_warp_and_block_scope() {
     let Some((gpu, _one)) = gpu_or_skip("two_sided_verbs_in_thread_warp_and_block_scope") else {
         return;
     };
-    let dir = workdir("two-sided");
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(Box::leak(arch(&gpu).into_boxed_str())),
-        include_paths: vec![dir.display().to_string()],
-        options: vec!["-rdc=true".into(), "-std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(TWO_SIDED_KERNELS, opts).unwrap_or_else(|e| panic!("NVRTC: {e:?}"));
-    let module = gpu
-        .link_module(&[LinkInput::Ptx(&ptx.to_src()), LinkInput::GdakiDevice])
-        .unwrap();
+    let module = nvrtc_linked(&gpu, "two-sided", TWO_SIDED_KERNELS);
     // A queue pair connected to itself, with 128 receives: what it sends, it receives.
     let ctx = Context::open(Provider::Soft).unwrap();
     let cfg = QpConfig {

@@ -335,48 +335,37 @@ impl WorkRequest {
             }
             Ok(list)
         };
+        // A payload starting at segment `first`: inline (its header's length must fill exactly
+        // the units after it) or a gather list.
+        let payload_at = |first: usize| -> Result<Payload, WqeError> {
+            match view.segment(first) {
+                Some(s) if u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & inline::INLINE_SEG != 0 => {
+                    let len = u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & !inline::INLINE_SEG;
+                    let offset = first * WQE_DS_UNIT + inline::HEADER_SIZE;
+                    let room = ds as usize * WQE_DS_UNIT - offset;
+                    if len as usize > room || inline::ds(len as usize) != ds as usize - first {
+                        return Err(WqeError::BadInline { len, room });
+                    }
+                    Ok(Payload::Inline {
+                        offset: offset as u16,
+                        len: len as u16,
+                    })
+                }
+                _ => Ok(Payload::Gather(gather(first)?)),
+            }
+        };
         let op = match opcode {
             WqeOpcode::Nop => Operation::Nop,
             WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm | WqeOpcode::RdmaRead if ds < 2 => return Err(bad_ds),
-            WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => {
-                let payload = match view.segment(2) {
-                    Some(s) if u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & inline::INLINE_SEG != 0 => {
-                        let len = u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & !inline::INLINE_SEG;
-                        let offset = ctrl::SIZE + raddr::SIZE + inline::HEADER_SIZE;
-                        let room = ds as usize * WQE_DS_UNIT - offset;
-                        if len as usize > room || inline::ds(len as usize) != ds as usize - 2 {
-                            return Err(WqeError::BadInline { len, room });
-                        }
-                        Payload::Inline {
-                            offset: offset as u16,
-                            len: len as u16,
-                        }
-                    }
-                    _ => Payload::Gather(gather(2)?),
-                };
-                Operation::Write {
-                    remote: remote()?,
-                    payload,
-                }
-            }
-            WqeOpcode::Send | WqeOpcode::SendImm => {
-                let payload = match view.segment(1) {
-                    Some(s) if u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & inline::INLINE_SEG != 0 => {
-                        let len = u32::from_be_bytes([s[0], s[1], s[2], s[3]]) & !inline::INLINE_SEG;
-                        let offset = ctrl::SIZE + inline::HEADER_SIZE;
-                        let room = ds as usize * WQE_DS_UNIT - offset;
-                        if len as usize > room || inline::ds(len as usize) != ds as usize - 1 {
-                            return Err(WqeError::BadInline { len, room });
-                        }
-                        Payload::Inline {
-                            offset: offset as u16,
-                            len: len as u16,
-                        }
-                    }
-                    _ => Payload::Gather(gather(1)?),
-                };
-                Operation::Send { payload }
-            }
+            // Control and remote address, then the payload.
+            WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => Operation::Write {
+                payload: payload_at(2)?,
+                remote: remote()?,
+            },
+            // Control, then the payload.
+            WqeOpcode::Send | WqeOpcode::SendImm => Operation::Send {
+                payload: payload_at(1)?,
+            },
             WqeOpcode::Dump if ds != crate::ring::DS_DUMP => return Err(bad_ds),
             WqeOpcode::Dump => {
                 let local = sge(1)?;

@@ -219,16 +219,19 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
          __device__ int __all_sync(unsigned, int);\n__device__ unsigned __shfl_sync(unsigned, unsigned, int);\n\
          __device__ void __syncthreads();\n__device__ int __syncthreads_and(int);\n\
          struct int4 { int x, y, z, w; };\n__device__ int4 __ldcv(const int4 *);\n__device__ char __ldcv(const char *);\n\
-         __device__ void __threadfence_system();\n\
+         __device__ void __threadfence_system();\nextern const __device__ gdaki_dim blockIdx, blockDim;\n\
          __device__ unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);\n",
     )
     .unwrap();
-    for kernels in ["host/tests/cuda/c_abi.cu", "host/tests/cuda/gin.cu"] {
+    for kernels in ["c_abi.cu", "gin.cu", "two_sided.cu"] {
+        let tests = workspace().join("host/tests/cuda");
         run(clang_cuda()
             .args(["-std=c++17", "-Wall", "-Werror", "-fsyntax-only", "-include"])
             .arg(&shim)
             .arg("-I")
             .arg(include_dir())
-            .arg(workspace().join(kernels)));
+            .arg("-I")
+            .arg(&tests)
+            .arg(tests.join(kernels)));
     }
 }

@@ -2,17 +2,10 @@
 // test links them with gdaki's device code at run time (NVRTC, then the driver's linker) and
 // ahead of time (nvcc -rdc against libgdaki_device.a), and checks what they wrote.
 #include "gdaki_layout_check.h"
+#include "gdaki_test_check.h"
 
 // Region layout (bytes, per thread t where noted): [0, 4096) source data; [4096 + 64t) puts;
 // [65536 + 64t) gets; 120000 signal word; 120008 scratch; 120016 atomic word; 120024 result.
-#define GDAKI_TEST_CHECK(call, expect)     \
-  do {                                     \
-    uint32_t c_ = (call);                  \
-    if (c_ != (expect)) {                  \
-      status[t] = (__LINE__ << 16) | c_;   \
-      return;                              \
-    }                                      \
-  } while (0)
 
 // One thread, exclusive mode: every operation once, and the refusals.
 extern "C" __global__ void cpp_thread_ops(gdaki_dev_qp *qp, uint64_t base, uint32_t rkey, uint32_t lkey,

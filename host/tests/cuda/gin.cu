@@ -4,17 +4,10 @@
 // windows (Window::mapped) and has no queue pair to it: every put, value and signal must take
 // the load/store path (through a queue pair they would be refused).
 #include "gdaki_gin.cuh"
+#include "gdaki_test_check.h"
 
 // Region layout (bytes): PE p's data window at 65536 p (64 KiB; the host fills PE 0's first
 // 4096 bytes), its signal words at 131072 + 512 p (64 words), its scratch at 135168 + 64 p.
-#define GIN_CHECK(call, expect)              \
-  do {                                       \
-    uint32_t c_ = (call);                    \
-    if (c_ != (expect)) {                    \
-      status[t] = (__LINE__ << 16) | c_;     \
-      return;                                \
-    }                                        \
-  } while (0)
 
 struct Pes {
   gdaki_remote_region data[2], sig[2];
@@ -55,25 +48,25 @@ extern "C" __global__ void gin_thread(gdaki_dev_qp *const *qps0, uint32_t, gdaki
   auto pe0 = w.pe<gdaki::Exclusive>(0);
   auto pe1 = w.pe<gdaki::Exclusive>(1);
   const gdaki::Window &data = w.data_of[0];
-  GIN_CHECK(pe0.put(1, data, 0, data, 0, 4096, gdaki::SignalInc{0}), GDAKI_OK);
-  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 0, 1), GDAKI_OK);
-  GIN_CHECK(pe0.put_value(1, data, 8192, (uint64_t)0x1122334455667788ull, gdaki::SignalAdd{1, 5}), GDAKI_OK);
-  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 1, 5), GDAKI_OK);
-  GIN_CHECK(pe0.put_value(1, data, 8200, (uint32_t)0xa5a5a5a5u), GDAKI_OK);
-  GIN_CHECK(pe0.signal(1, gdaki::SignalAdd{2, 9}), GDAKI_OK);
-  GIN_CHECK(pe0.flush(), GDAKI_OK);
-  GIN_CHECK(pe1.read_signal(2) == 9 ? GDAKI_OK : 99u, GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 0, data, 0, 4096, gdaki::SignalInc{0}), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Thread{}, 0, 1), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put_value(1, data, 8192, (uint64_t)0x1122334455667788ull, gdaki::SignalAdd{1, 5}), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Thread{}, 1, 5), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put_value(1, data, 8200, (uint32_t)0xa5a5a5a5u), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.signal(1, gdaki::SignalAdd{2, 9}), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.flush(), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.read_signal(2) == 9 ? GDAKI_OK : 99u, GDAKI_OK);
   // PE 1 back to PE 0, from the data PE 0 just sent it.
-  GIN_CHECK(pe1.put(0, w.data_of[1], 16384, w.data_of[1], 0, 256), GDAKI_OK);
-  GIN_CHECK(pe1.flush(), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.put(0, w.data_of[1], 16384, w.data_of[1], 0, 256), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.flush(), GDAKI_OK);
   // Refused before anything is posted.
-  GIN_CHECK(pe0.put(2, data, 0, data, 0, 8), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe0.put(1, data, 65536 - 8, data, 0, 16), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe0.put(1, data, 0, data, 65536 - 8, 16), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe0.signal(1, gdaki::None{}), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe0.signal(1, gdaki::SignalInc{64}), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 64, 1), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe1.read_signal(64) == 0 ? GDAKI_OK : 99u, GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(2, data, 0, data, 0, 8), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 65536 - 8, data, 0, 16), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 0, data, 65536 - 8, 16), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.signal(1, gdaki::None{}), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.signal(1, gdaki::SignalInc{64}), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Thread{}, 64, 1), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe1.read_signal(64) == 0 ? GDAKI_OK : 99u, GDAKI_OK);
   status[t] = 0;
 }
 
@@ -86,10 +79,10 @@ extern "C" __global__ void gin_warp(gdaki_dev_qp *const *qps0, uint32_t, gdaki_d
   auto pe0 = w.pe<gdaki::Cta>(0);
   auto pe1 = w.pe<gdaki::Cta>(1);
   const gdaki::Window &data = w.data_of[0];
-  GIN_CHECK(pe0.put(t & 1, data, 0, data, 0, 8, gdaki::None{}, gdaki::Warp{}), GDAKI_CODE_BAD_ARGUMENT);
-  GIN_CHECK(pe0.put(1, data, 32768 + 64 * t, data, 64 * t, 64, gdaki::SignalInc{3}, gdaki::Warp{}), GDAKI_OK);
-  GIN_CHECK(pe1.wait_signal(gdaki::Warp{}, 3, 32), GDAKI_OK);
-  GIN_CHECK(pe0.flush(gdaki::Warp{}), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(t & 1, data, 0, data, 0, 8, gdaki::None{}, gdaki::Warp{}), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 32768 + 64 * t, data, 64 * t, 64, gdaki::SignalInc{3}, gdaki::Warp{}), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Warp{}, 3, 32), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.flush(gdaki::Warp{}), GDAKI_OK);
   status[t] = 0;
 }
 
@@ -103,9 +96,9 @@ extern "C" __global__ void gin_block(gdaki_dev_qp *const *qps0, uint32_t, gdaki_
   auto pe1 = w.pe<gdaki::Gpu>(1);
   gdaki::Block block{&scratch};
   const gdaki::Window &data = w.data_of[0];
-  GIN_CHECK(pe0.put(1, data, 40960 + 64 * t, data, 64 * (t % 64), 64, gdaki::SignalInc{4}, block), GDAKI_OK);
-  GIN_CHECK(pe1.wait_signal(block, 4, 256), GDAKI_OK);
-  GIN_CHECK(pe0.flush(block), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 40960 + 64 * t, data, 64 * (t % 64), 64, gdaki::SignalInc{4}, block), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(block, 4, 256), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.flush(block), GDAKI_OK);
   status[t] = 0;
 }
 
@@ -121,13 +114,13 @@ extern "C" __global__ void gin_mixed(gdaki_dev_qp *const *qps0, uint32_t, gdaki_
   sig_mapped.mapped = w.sig_at;
   gdaki::Gin<gdaki::Exclusive> stores_then_qp(w.qps[0], 2, w.sig_of[0], w.scratch_of[0]);
   gdaki::Gin<gdaki::Exclusive> qp_then_atomic(w.qps[0], 2, sig_mapped, w.scratch_of[0]);
-  GIN_CHECK(stores_then_qp.put(1, data_mapped, 57344, data_mapped, 0, 1000, gdaki::SignalInc{5}), GDAKI_OK);
-  GIN_CHECK(qp_then_atomic.put(1, w.data_of[0], 58368, w.data_of[0], 1000, 1000, gdaki::SignalAdd{6, 3}), GDAKI_OK);
-  GIN_CHECK(qp_then_atomic.put_value(1, w.data_of[0], 59392, (uint64_t)0x0102030405060708ull, gdaki::SignalInc{6}),
+  GDAKI_TEST_CHECK(stores_then_qp.put(1, data_mapped, 57344, data_mapped, 0, 1000, gdaki::SignalInc{5}), GDAKI_OK);
+  GDAKI_TEST_CHECK(qp_then_atomic.put(1, w.data_of[0], 58368, w.data_of[0], 1000, 1000, gdaki::SignalAdd{6, 3}), GDAKI_OK);
+  GDAKI_TEST_CHECK(qp_then_atomic.put_value(1, w.data_of[0], 59392, (uint64_t)0x0102030405060708ull, gdaki::SignalInc{6}),
             GDAKI_OK);
-  GIN_CHECK(stores_then_qp.flush(), GDAKI_OK);
+  GDAKI_TEST_CHECK(stores_then_qp.flush(), GDAKI_OK);
   auto pe1 = w.pe<gdaki::Exclusive>(1);
-  GIN_CHECK(pe1.wait_signal(gdaki::Thread{}, 5, 1), GDAKI_OK);
-  GIN_CHECK(pe1.read_signal(6) == 4 ? GDAKI_OK : 99u, GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Thread{}, 5, 1), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.read_signal(6) == 4 ? GDAKI_OK : 99u, GDAKI_OK);
   status[t] = 0;
 }

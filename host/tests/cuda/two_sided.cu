@@ -3,19 +3,12 @@
 // warp and block scope, then every thread polls its own receive. The test (cuda_cpp.rs) runs
 // them on a loopback queue pair with a receive queue and checks what landed where.
 #include "gdaki_layout_check.h"
+#include "gdaki_test_check.h"
 
 // Region layout (bytes): [0, 8192) source data; receive buffers of 256 bytes from 131072, one
 // per posting thread; the WRITE with immediate lands at 200000.
 #define RECV_BASE 131072
 #define RECV_LEN 256
-#define GDAKI_TEST_CHECK(call, expect)     \
-  do {                                     \
-    uint32_t c_ = (call);                  \
-    if (c_ != (expect)) {                  \
-      status[t] = (__LINE__ << 16) | c_;   \
-      return;                              \
-    }                                      \
-  } while (0)
 
 // Every thread (any number of blocks, gpu mode) posts one receive into its own buffer and
 // records its ticket: the order messages take receives in.
