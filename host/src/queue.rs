@@ -708,20 +708,28 @@ impl QueuePair {
     }
 
     /// The first error's syndrome, once the QP is in error: read from the error CQE the HCA
-    /// wrote for the WQE that failed, or [`Syndrome::WrFlush`] when there is none (the QP was
-    /// moved to error, or that CQE was overwritten since, or a CQE ring in GPU memory could
-    /// not be copied: that is logged).
+    /// wrote for the WQE that failed (a send's, else a receive's), or [`Syndrome::WrFlush`] when
+    /// there is none (the QP was moved to error, or that CQE was overwritten since, or a CQE
+    /// ring in GPU memory could not be copied: that is logged).
     pub fn error(&self) -> Option<Syndrome> {
         if self.state() != QpState::Error {
             return None;
         }
-        let cqes = self.inner.cq.0.cqes().unwrap_or_else(|e| {
-            tracing::warn!(qpn = format_args!("{:#x}", self.inner.qpn), "reading the CQE ring: {e}");
-            Vec::new()
-        });
-        let first = cqes.iter().find_map(|entry| {
-            let err = entry.as_error();
-            (entry.opcode() == CqeOpcode::ReqErr && err.syndrome() != Syndrome::WrFlush).then(|| err.syndrome())
+        let first_in = |cq: &Cq, kind: CqeOpcode| {
+            let cqes = cq.cqes().unwrap_or_else(|e| {
+                tracing::warn!(qpn = format_args!("{:#x}", self.inner.qpn), "reading the CQE ring: {e}");
+                Vec::new()
+            });
+            cqes.iter().find_map(|entry| {
+                let err = entry.as_error();
+                (entry.opcode() == kind && err.syndrome() != Syndrome::WrFlush).then(|| err.syndrome())
+            })
+        };
+        let first = first_in(&self.inner.cq.0, CqeOpcode::ReqErr).or_else(|| {
+            self.inner
+                .rq
+                .as_ref()
+                .and_then(|r| first_in(&r.cq.0, CqeOpcode::RespErr))
         });
         Some(first.unwrap_or(Syndrome::WrFlush))
     }

@@ -180,6 +180,8 @@ fn a_receive_smaller_than_the_message_fails_both_sides_and_flushes_the_rest() {
         assert_eq!(cqe_error(rb.poll(r)), Syndrome::WrFlush);
     }
     assert_eq!(p.b.state(), QpState::Error);
+    // The QP's error is its receive's, not the flush that followed.
+    assert_eq!(p.b.error(), Some(Syndrome::LocalLength));
     let mut kept = [0; 100];
     p.lb.read(0, &mut kept).unwrap();
     assert_eq!(
@@ -299,7 +301,8 @@ fn a_receive_into_memory_it_may_not_write_fails_there_and_answers_a_remote_error
     let r = rb.post_recv_one(bad, 64).unwrap();
     assert_eq!(cqe_error(sa.wait(sa.send_inline(b"x").unwrap())), Syndrome::RemoteOp);
     assert_eq!(cqe_error(rb.poll(r)), Syndrome::LocalProt);
-    assert_eq!(p.b.state(), QpState::Error);
+    assert_eq!(p.b.error(), Some(Syndrome::LocalProt));
+    assert_eq!(p.a.error(), Some(Syndrome::RemoteOp));
 }
 
 #[test]
