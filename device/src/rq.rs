@@ -4,8 +4,10 @@
 //!
 //! # Protocol
 //! 1. [`Rq::post_recv`]: an atomic add on `rq_reserved` claims a receive slot; on a ring wrap
-//!    the caller first waits (bounded) until the slot's previous receive has completed (its
-//!    CQE is written: consumed or not).
+//!    the slot's previous receive must have completed and its completion been polled (the
+//!    receive CQ is as large as the queue: an unpolled completion still holds the CQE slot the
+//!    new receive's would take). The caller waits for that (bounded) before it claims the slot,
+//!    so a timeout claims nothing.
 //! 2. The receive WQE is written: one data segment per buffer, ended by an
 //!    [`INVALID_LKEY`](gdaki_layout::recv::INVALID_LKEY) segment when shorter than the stride.
 //! 3. In reservation order, the receive counter of the doorbell record advances past it (the
@@ -197,6 +199,13 @@ impl<M: Sharing> Rq<M> {
             });
         }
         let size = 1u64 << self.k.log_size;
+        // Wait for room before claiming: a timeout then leaves no hole in the queue (another
+        // poster may still take the freed slot first in a shared mode: checked again below).
+        // SAFETY: a counter of the live handle.
+        let next = unsafe { M::load_acquire(self.reserved()) };
+        if next >= size {
+            self.reclaim(next - size)?;
+        }
         // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
         let index = unsafe { M::fetch_add(self.reserved(), 1) };
         if index >= size {
@@ -222,14 +231,14 @@ impl<M: Sharing> Rq<M> {
         self.post_recv(&[RecvBuf { local, len }])
     }
 
-    /// Waits (bounded) until receive `index`'s slot is free: its CQE is written (consumed by
-    /// someone or not: the slot is the HCA's no longer).
+    /// Waits (bounded) until receive `index`'s slot is free: its completion was polled, so both
+    /// its WQE slot and its CQE slot may be taken again.
     fn reclaim(&self, index: u64) -> Result<(), WaitError> {
         let cq = self.cq();
         let mut deadline = self.deadline();
         loop {
             // SAFETY: a counter of the live handle.
-            if unsafe { M::load_acquire(cq.consumed()) } > index || cq.written(index) {
+            if unsafe { M::load_acquire(cq.consumed()) } > index {
                 return Ok(());
             }
             if deadline.expired() {

@@ -372,3 +372,41 @@ fn bad_receive_arguments_are_refused_before_anything_is_posted() {
         assert!(matches!(ctx.create_qp(&cq, cfg), Err(Error::OutOfRange { .. })));
     }
 }
+
+/// A receive's slot (and its CQE's) is reused only once its completion was polled: a receive
+/// posted a ring ahead of completions nobody polled waits (bounded) instead of overrunning the
+/// receive CQ, and goes once one is polled.
+#[test]
+fn a_receive_a_ring_ahead_of_unpolled_completions_waits_for_a_poll() {
+    let p = pair_with(
+        4,
+        1,
+        QpConfig {
+            timeout: Duration::from_millis(300),
+            retry_timeout: Duration::from_millis(200),
+            ..Default::default()
+        },
+    );
+    let (sa, rb) = unsafe { (p.a.cpu::<Exclusive>().unwrap(), p.b.cpu_receive::<Exclusive>().unwrap()) };
+    let first: Vec<u64> = (0..4)
+        .map(|i| rb.post_recv_one(p.lb.local(i * 64), 64).unwrap())
+        .collect();
+    for i in 0..4u8 {
+        sa.wait(sa.send_inline(&[i; 8]).unwrap()).unwrap();
+    }
+    // Four completions written, none polled: a fifth receive would reuse receive 0's CQE slot.
+    let started = Instant::now();
+    assert_eq!(
+        rb.post_recv_one(p.lb.local(512), 64),
+        Err(PostError::Wait(WaitError::Timeout { index: 0 }))
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(rb.poll(first[0]).unwrap().bytes, 8);
+    let fifth = rb.post_recv_one(p.lb.local(512), 64).unwrap();
+    sa.wait(sa.send_inline(&[9; 8]).unwrap()).unwrap();
+    assert_eq!(rb.poll(fifth).unwrap().bytes, 8);
+    for r in &first[1..] {
+        assert_eq!(rb.poll(*r).unwrap().bytes, 8);
+    }
+    assert_eq!((p.a.error(), p.b.error()), (None, None));
+}
