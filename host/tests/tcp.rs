@@ -466,6 +466,10 @@ fn a_handshake_peer_speaking_garbage_gets_an_error() {
 /// Region layout of the peer process: its first 64 KiB hold `pattern(42)`; the test writes
 /// `pattern(7)` at 64 KiB; word at 256 KiB is an atomic counter.
 const PEER_REGION: usize = 1 << 20;
+/// The echo peer: receives it keeps posted (4 KiB each, at the start of its region), and
+/// messages the test sends.
+const ECHO_DEPTH: u64 = 16;
+const ECHO_MESSAGES: u64 = 100;
 
 /// The peer process (runs only when spawned by the tests below).
 #[test]
@@ -480,7 +484,15 @@ fn peer_process() {
     let ctx = listening_over(carrier);
     let mr = ctx.alloc_region(PEER_REGION, Access::ALL).unwrap();
     mr.write(0, &pattern(42, 64 << 10)).unwrap();
-    let q = qp(&ctx, 64, QpConfig::default());
+    let echo = mode == "echo";
+    let cfg = QpConfig {
+        receive: echo.then_some(gdaki::ReceiveConfig {
+            size: ECHO_DEPTH as u32,
+            max_bufs: 1,
+        }),
+        ..Default::default()
+    };
+    let q = qp(&ctx, 64, cfg);
     let listener = TcpListener::bind(LOOPBACK).unwrap();
     println!("PORT {}", listener.local_addr().unwrap().port());
     let mut ch = Channel::accept(&listener, Duration::from_secs(20)).unwrap();
@@ -496,6 +508,25 @@ fn peer_process() {
     })
     .unwrap();
     q.connect(&theirs.endpoints[0]).unwrap();
+    if echo {
+        // Receives first, then the go: every message the test sends comes back as a SEND
+        // with immediate data (its index), its bytes unchanged.
+        let (sq, rq) = unsafe { (q.cpu::<Exclusive>().unwrap(), q.cpu_receive::<Exclusive>().unwrap()) };
+        let slot = |m: u64| mr.local((m % ECHO_DEPTH) * 4096);
+        for m in 0..ECHO_DEPTH {
+            rq.post_recv_one(slot(m), 4096).unwrap();
+        }
+        ch.sync(1).unwrap();
+        for m in 0..ECHO_MESSAGES {
+            let got = rq.poll(m).unwrap();
+            sq.wait(sq.send_imm(slot(m), got.bytes as u64, m as u32).unwrap())
+                .unwrap();
+            rq.post_recv_one(slot(m + ECHO_DEPTH), 4096).unwrap();
+        }
+        ch.sync(2).unwrap();
+        thread::sleep(Duration::from_secs(60));
+        return;
+    }
     ch.sync(1).unwrap();
     ch.sync(2).unwrap();
     // The test wrote pattern(7) at 64 KiB and added to the counter: check it here, where the
@@ -568,6 +599,52 @@ fn two_processes_then_the_peer_is_killed(carrier: Carrier) {
     assert_eq!(q.state(), QpState::Error);
     // The handshake channel is dead too.
     assert!(ch.sync(4).is_err());
+}
+
+over_each_carrier!(two_processes_echo_sends);
+/// Two-sided verbs between two processes: 100 SENDs of every size up to 4 KiB to a peer
+/// process that echoes each as a SEND with immediate data (the message's index); every byte
+/// and every immediate comes back, over TCP and over shared memory. The test sends without
+/// waiting for its receives, so some SENDs find the peer's queue empty and are tried again.
+fn two_processes_echo_sends(carrier: Carrier) {
+    let peer = spawn_peer("echo", carrier);
+    let ctx = listening_over(carrier);
+    let mr = ctx.alloc_region(PEER_REGION, Access::ALL).unwrap();
+    let data = pattern(9, 4096);
+    mr.write(0, &data).unwrap();
+    let cfg = QpConfig {
+        receive: Some(gdaki::ReceiveConfig { size: 128, max_bufs: 1 }),
+        min_rnr_timer: 1,
+        ..Default::default()
+    };
+    let q = qp(&ctx, 128, cfg);
+    let (mut ch, theirs) = peer.hello(APP, &q);
+    q.connect(&theirs.endpoints[0]).unwrap();
+    let (sq, rq) = unsafe { (q.cpu::<Exclusive>().unwrap(), q.cpu_receive::<Exclusive>().unwrap()) };
+    let len = |m: u64| 1 + (m * 41) % 4096;
+    for m in 0..ECHO_MESSAGES {
+        rq.post_recv_one(mr.local(8192 + m * 4096), 4096).unwrap();
+    }
+    ch.sync(1).unwrap();
+    let mut last = 0;
+    for m in 0..ECHO_MESSAGES {
+        last = sq.send(mr.local(0), len(m)).unwrap();
+    }
+    sq.wait(last).unwrap();
+    for m in 0..ECHO_MESSAGES {
+        let got = rq.poll(m).unwrap();
+        assert_eq!(
+            (got.bytes as u64, got.kind),
+            (len(m), gdaki_device::RecvKind::SendImm(m as u32)),
+            "echo {m}"
+        );
+        assert_eq!(
+            mr.read_vec(8192 + m * 4096, len(m) as usize).unwrap(),
+            data[..len(m) as usize]
+        );
+    }
+    ch.sync(2).expect("the peer echoed every message");
+    assert_eq!(q.error(), None);
 }
 
 #[test]
