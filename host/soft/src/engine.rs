@@ -253,12 +253,22 @@ pub(crate) struct SqProgress {
     pub peer: Option<Peer>,
     /// Completions waiting, in WQE order, behind GPU copies still running (in-process target).
     pub deferred: VecDeque<Deferred>,
-    /// The WQE at `ci` was answered "receiver not ready": it is tried again from then on.
+    /// The WQE at `ci` was answered "receiver not ready" by a peer in this process: it is
+    /// tried again from then on (a remote peer's timer runs in its link).
     pub rnr_until: Option<Instant>,
-    /// How often in a row the WQE at `ci` was answered "receiver not ready".
-    pub rnr_naks: u32,
-    /// The WQE a remote peer last answered "receiver not ready", and how often in a row.
-    pub remote_rnr: Option<(u64, u32)>,
+    /// The WQE last answered "receiver not ready", and how often in a row (see [`rnr_nak`]).
+    pub rnr: Option<(u64, u32)>,
+}
+
+/// Counts a "receiver not ready" answer to WQE `wqe` (another WQE starts again at one): whether
+/// the QP's `rnr_retry` still allows trying it again.
+fn rnr_nak(rnr: &mut Option<(u64, u32)>, wqe: u64, qp: &SoftQp) -> bool {
+    let naks = match *rnr {
+        Some((w, n)) if w == wqe => n + 1,
+        _ => 1,
+    };
+    *rnr = Some((wqe, naks));
+    qp.state() != QpState::Error && qp.rnr_retries().is_none_or(|max| naks <= max)
 }
 
 /// A queue pair the engine serves, with the engine's progress on its send queue (kept here, not
@@ -369,7 +379,7 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
         peer,
         deferred,
         rnr_until,
-        rnr_naks,
+        rnr,
         ..
     } = &mut *progress;
     let mut target = requester::resolve(peer.as_mut());
@@ -406,8 +416,7 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
                         None
                     }
                     Ok(Executed::NotReady(delay)) => {
-                        *rnr_naks += 1;
-                        if qp.rnr_retries().is_some_and(|n| *rnr_naks > n) {
+                        if !rnr_nak(rnr, index, qp) {
                             Some((Outcome::Error(Syndrome::RnrRetryExc), None))
                         } else {
                             *rnr_until = Some(Instant::now() + delay);
@@ -439,7 +448,6 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
             // stalls the same way).
             break;
         }
-        *rnr_naks = 0;
         match (outcome, &mut target) {
             (None, _) => {}
             // Behind requests in flight, completions wait their turn.
@@ -471,9 +479,7 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
 /// receive, which executes again with everything after it (the responder dropped them), or,
 /// once the QP's `rnr_retry` is spent, that WQE fails. `None`: nothing to do.
 fn rewind_after_rnr(qp: &SoftQp, progress: &mut SqProgress) -> Option<bool> {
-    let SqProgress {
-        ci, peer, remote_rnr, ..
-    } = progress;
+    let SqProgress { ci, peer, rnr, .. } = progress;
     let Some(Peer::Remote(link)) = peer else { return None };
     match link.rnr()? {
         Rnr::Wait if qp.state() != QpState::Error => Some(true),
@@ -484,23 +490,12 @@ fn rewind_after_rnr(qp: &SoftQp, progress: &mut SqProgress) -> Option<bool> {
         Rnr::Retry { index, seq } => {
             // The full counter of that WQE: at most a ring behind the next one to fetch.
             let wqe = *ci - (*ci as u16).wrapping_sub(index) as u64;
-            let naks = match *remote_rnr {
-                Some((w, n)) if w == wqe => n + 1,
-                _ => 1,
-            };
-            if qp.state() == QpState::Error || qp.rnr_retries().is_some_and(|max| naks > max) {
-                link.give_up_rnr();
-                *remote_rnr = None;
-            } else {
-                trace!(
-                    qpn = format_args!("{:#x}", qp.qpn),
-                    wqe,
-                    naks,
-                    "receiver not ready: again"
-                );
+            if rnr_nak(rnr, wqe, qp) {
+                trace!(qpn = format_args!("{:#x}", qp.qpn), wqe, "receiver not ready: again");
                 link.rewind(seq);
                 *ci = wqe;
-                *remote_rnr = Some((wqe, naks));
+            } else {
+                link.give_up_rnr();
             }
             None
         }

@@ -1407,6 +1407,35 @@ fn skip_data(
     Ok(())
 }
 
+/// Reads the `len` bytes of a WRITE (with immediate or not) off the wire into the region its
+/// request names, checked as a NIC checks it (rkey, PD, bounds, remote write); a bad one is
+/// read and dropped and answers `RemoteAccess`, a failed copy `RemoteOp`.
+#[allow(clippy::too_many_arguments)]
+fn write_from_wire(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    pd: u32,
+    reader: &mut Reader,
+    req: &Request,
+    len: u32,
+    bounce: &mut Vec<u8>,
+    idle: &mut dyn FnMut() -> Result<(), Fault>,
+) -> Result<Result<(), Syndrome>, Fault> {
+    let region = match len {
+        0 => None,
+        _ => match hca.region(cache, pd, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
+            Some(r) => Some(r.clone()),
+            None => {
+                skip_data(reader, req.op, bounce, idle)?;
+                return Ok(Err(Syndrome::RemoteAccess));
+            }
+        },
+    };
+    Ok(reader
+        .read_to_region(region.as_deref(), req.addr, len as u64, bounce, None, idle)?
+        .map_err(|_| Syndrome::RemoteOp))
+}
+
 /// How a SEND or a WRITE with immediate ended at the responder.
 enum TwoSided {
     /// Delivered: acknowledged with what follows.
@@ -1449,21 +1478,8 @@ fn two_sided(
             Message::Send { data: &bounce[..], imm }
         }
         Op::WriteImm { len, imm } => {
-            let region = match len {
-                0 => None,
-                _ => match hca.region(cache, qp.pd, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
-                    Some(r) => Some(r.clone()),
-                    None => {
-                        skip_data(reader, req.op, bounce, idle)?;
-                        return Ok(TwoSided::Nak(Syndrome::RemoteAccess));
-                    }
-                },
-            };
-            if reader
-                .read_to_region(region.as_deref(), req.addr, len as u64, bounce, None, idle)?
-                .is_err()
-            {
-                return Ok(TwoSided::Nak(Syndrome::RemoteOp));
+            if let Err(s) = write_from_wire(hca, cache, qp.pd, reader, &req, len, bounce, idle)? {
+                return Ok(TwoSided::Nak(s));
             }
             Message::WriteImm { bytes: len, imm }
         }
@@ -1518,22 +1534,7 @@ fn execute(
             let r = ipc::Reference { alloc, offset, len };
             by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r)?
         }
-        Op::Write { len } => {
-            let region = match len {
-                0 => None,
-                _ => match hca.region(cache, pd, req.rkey, req.addr, len as u64, Access::REMOTE_WRITE) {
-                    Some(r) => Some(r.clone()),
-                    None => {
-                        let _ = reader.read_to_region(None, 0, len as u64, bounce, None, idle)?;
-                        return Ok(Err(Syndrome::RemoteAccess));
-                    }
-                },
-            };
-            reader
-                .read_to_region(region.as_deref(), req.addr, len as u64, bounce, None, idle)?
-                .map(|()| true)
-                .map_err(|_| Syndrome::RemoteOp)
-        }
+        Op::Write { len } => write_from_wire(hca, cache, pd, reader, &req, len, bounce, idle)?.map(|()| true),
         Op::Read { len } => {
             let region = match len {
                 0 => None,

@@ -250,8 +250,9 @@ pub(crate) fn execute(
     match wr.op {
         Operation::Nop => Ok(Executed::Done(0)), // no data moves: nothing to settle
         Operation::Send { payload } => {
+            let (bytes, src) = source(hca, regions, qp, payload, check_len)?;
             settle(copies)?;
-            let (bytes, data) = gather(hca, regions, qp, payload, wqe, buf, check_len)?;
+            let data = payload_bytes(&src, wqe, buf)?;
             let imm = (wr.opcode == WqeOpcode::SendImm).then_some(wr.imm);
             match target {
                 Target::Local(peer, tq) => match responder::take_receive(tq)? {
@@ -273,8 +274,9 @@ pub(crate) fn execute(
         // bytes written: the requester retries the whole message), the bytes written, then the
         // receive completed. Moved by the CPU, in order with everything before it.
         Operation::Write { remote: r, payload } if wr.opcode == WqeOpcode::RdmaWriteImm => {
+            let (bytes, src) = source(hca, regions, qp, payload, check_len)?;
             settle(copies)?;
-            let (bytes, data) = gather(hca, regions, qp, payload, wqe, buf, check_len)?;
+            let data = payload_bytes(&src, wqe, buf)?;
             match target {
                 Target::Local(peer, tq) => match responder::take_receive(tq)? {
                     None => Ok(Executed::NotReady(tq.rnr_delay())),
@@ -302,25 +304,23 @@ pub(crate) fn execute(
             Ok(Executed::Done(0))
         }
         Operation::Write { remote: r, payload } => {
-            if let Payload::Gather(list) = payload {
-                let bytes = check_len(list.total_len())?;
-                let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
+            let (bytes, src) = source(hca, regions, qp, payload, check_len)?;
+            if let Source::Buffers(local) = &src {
                 // GPU memory to a target in this process: the GPU copies it in one step, after
                 // the copies before it, and the engine completes the WQE once done.
-                if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), &src, Way::Write)? {
+                if let Some((copier, seq)) = gpu_copy(target, regions, copies, remote(r), local, Way::Write)? {
                     return Ok(Executed::Copying { bytes, copier, seq });
-                }
-                settle(copies)?;
-                // GPU memory to a peer process on this machine: a reference that the peer's
-                // copier reads (CUDA IPC), once the peer has mapped the allocation.
-                if let Target::Remote(link) = &mut *target {
-                    if post_reference(link, meta, remote(r), &src, Way::Write) {
-                        return Ok(Executed::InFlight);
-                    }
                 }
             }
             settle(copies)?;
-            let (bytes, data) = gather(hca, regions, qp, payload, wqe, buf, check_len)?;
+            if let (Source::Buffers(local), Target::Remote(link)) = (&src, &mut *target) {
+                // GPU memory to a peer process on this machine: a reference that the peer's
+                // copier reads (CUDA IPC), once the peer has mapped the allocation.
+                if post_reference(link, meta, remote(r), local, Way::Write) {
+                    return Ok(Executed::InFlight);
+                }
+            }
+            let data = payload_bytes(&src, wqe, buf)?;
             match target {
                 Target::Local(peer, tq) => {
                     responder::write(peer, regions, tq.pd, remote(r), data).map(|()| Executed::Done(bytes))
@@ -396,49 +396,59 @@ pub(crate) fn execute(
     }
 }
 
-/// A message's payload as bytes: carried inline in `wqe`, or gathered from local buffers
-/// (checked: keys, PD, bounds) into `buf`, or, one host buffer, read in place.
-fn gather<'a>(
+/// Where a message's payload is: inline in the WQE, or in local buffers, checked (keys, PD,
+/// bounds) once, for the fast paths that hand them on and for [`payload_bytes`].
+enum Source {
+    /// `len` bytes at `offset` of the WQE.
+    Inline { offset: u16, len: u16 },
+    /// The gather list's buffers.
+    Buffers(Locals),
+}
+
+/// A payload's length (checked against the QP's largest message) and its [`Source`].
+fn source(
     hca: &Hca,
     regions: &mut RegionCache,
     qp: &SoftQp,
     payload: Payload,
-    wqe: &'a [u8],
-    buf: &'a mut Vec<u8>,
     check_len: impl Fn(u64) -> Result<u32, Syndrome>,
-) -> Result<(u32, &'a [u8]), Syndrome> {
-    match payload {
-        Payload::Inline { offset, len } => {
-            let bytes = check_len(len as u64)?;
-            let data = wqe
-                .get(offset as usize..(offset + len) as usize)
-                .ok_or(Syndrome::LocalLength)?;
-            Ok((bytes, data))
+) -> Result<(u32, Source), Syndrome> {
+    Ok(match payload {
+        Payload::Inline { offset, len } => (check_len(len as u64)?, Source::Inline { offset, len }),
+        Payload::Gather(list) => (
+            check_len(list.total_len())?,
+            Source::Buffers(locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?),
+        ),
+    })
+}
+
+/// A payload's bytes: in the WQE, in place (one host buffer), or gathered into `buf`.
+fn payload_bytes<'a>(src: &Source, wqe: &'a [u8], buf: &'a mut Vec<u8>) -> Result<&'a [u8], Syndrome> {
+    let list = match src {
+        Source::Inline { offset, len } => {
+            return wqe
+                .get(*offset as usize..(offset + len) as usize)
+                .ok_or(Syndrome::LocalLength)
         }
-        Payload::Gather(list) => {
-            let bytes = check_len(list.total_len())?;
-            let src = locals(hca, regions, qp.pd, list.as_slice(), Access::empty())?;
-            if let [Some((s, region)), None, ..] = &src.items {
-                if region.dma.host_addressable() {
-                    // SAFETY: the range was checked against a live, host-addressable region;
-                    // like DMA, concurrent writes by the application may be torn.
-                    return Ok((bytes, unsafe {
-                        std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
-                    }));
-                }
-            }
-            buf.clear();
-            for (s, region) in src.iter() {
-                let at = buf.len();
-                buf.resize(at + s.length as usize, 0);
-                region
-                    .dma
-                    .read(s.addr, &mut buf[at..])
-                    .map_err(|_| Syndrome::LocalAccess)?;
-            }
-            Ok((bytes, &buf[..]))
+        Source::Buffers(list) => list,
+    };
+    if let [Some((s, region)), None, ..] = &list.items {
+        if region.dma.host_addressable() {
+            // SAFETY: the range was checked against a live, host-addressable region; like
+            // DMA, concurrent writes by the application may be torn.
+            return Ok(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
         }
     }
+    buf.clear();
+    for (s, region) in list.iter() {
+        let at = buf.len();
+        buf.resize(at + s.length as usize, 0);
+        region
+            .dma
+            .read(s.addr, &mut buf[at..])
+            .map_err(|_| Syndrome::LocalAccess)?;
+    }
+    Ok(&buf[..])
 }
 
 /// An atomic posted on `qp`: the result buffer is checked first, and the fetched value lands
