@@ -42,9 +42,7 @@ impl Consts {
 /// A CQ of a live handle, with its constant fields read once.
 pub(crate) struct Cq<M: Sharing> {
     ptr: *mut DevCq,
-    cqe_base: u64,
-    dbrec: u64,
-    log_size: u32,
+    k: Consts,
     _mode: PhantomData<M>,
 }
 
@@ -57,9 +55,7 @@ impl<M: Sharing> Cq<M> {
     pub(crate) const unsafe fn new(ptr: *mut DevCq, k: Consts) -> Self {
         Cq {
             ptr,
-            cqe_base: k.cqe_base,
-            dbrec: k.dbrec,
-            log_size: k.log_size,
+            k,
             _mode: PhantomData,
         }
     }
@@ -81,7 +77,7 @@ impl<M: Sharing> Cq<M> {
     /// Address of the CQE slot of `index`.
     #[inline(always)]
     pub(crate) fn cqe_slot(&self, index: u64) -> u64 {
-        let (base, log) = (self.cqe_base, self.log_size);
+        let (base, log) = (self.k.cqe_base, self.k.log_size);
         base + ring::cqe_offset(index, log)
     }
 
@@ -118,7 +114,7 @@ impl<M: Sharing> Cq<M> {
         tail: CqeTail,
         success: impl FnOnce(u64) -> T,
     ) -> Option<Result<T, WaitError>> {
-        let log = self.log_size;
+        let log = self.k.log_size;
         let op_own = tail.op_own();
         if !ring::cqe_ready(op_own, index, log) {
             return None;
@@ -173,7 +169,7 @@ impl<M: Sharing> Cq<M> {
     #[cold]
     #[inline]
     pub(crate) fn record_earlier_errors(&self, index: u64) {
-        let (base, log) = (self.cqe_base, self.log_size);
+        let (base, log) = (self.k.cqe_base, self.k.log_size);
         let first = unsafe { M::load_acquire(self.consumed()) };
         for j in first..index {
             let slot = base + ring::cqe_offset(j, log);
@@ -218,7 +214,7 @@ impl<M: Sharing> Cq<M> {
         if unsafe { M::load_acquire(self.consumed()) } >= next {
             return; // another poller consumed past it, and moved the record first
         }
-        let rec = self.dbrec as *mut u32;
+        let rec = self.k.dbrec as *mut u32;
         let want = dbrec::cq_ci(next);
         if !M::SHARED {
             // SAFETY: as above; a release store, before the count below.

@@ -179,10 +179,18 @@ impl<M: Sharing> Rq<M> {
         unsafe { Cq::new(addr_of_mut!((*self.ptr).cq), self.k.cq) }
     }
 
-    /// Starts a bounded wait.
+    /// Runs `look` until it answers, bounded by the handle's timeout (reported for `index`).
     #[inline(always)]
-    fn deadline(&self) -> crate::qp::Deadline {
-        crate::qp::Deadline::new(self.k.timeout_ns)
+    fn until<T>(&self, index: u64, mut look: impl FnMut() -> Option<Result<T, WaitError>>) -> Result<T, WaitError> {
+        let mut deadline = crate::qp::Deadline::new(self.k.timeout_ns);
+        loop {
+            if let Some(r) = look() {
+                return r;
+            }
+            if deadline.expired() {
+                return Err(WaitError::Timeout { index });
+            }
+        }
     }
 
     /// Posts a receive scattering into `bufs` (1 to [`max_bufs`](Self::max_bufs) buffers;
@@ -199,8 +207,7 @@ impl<M: Sharing> Rq<M> {
             });
         }
         let size = 1u64 << self.k.log_size;
-        // Wait for room before claiming: a timeout then leaves no hole in the queue (another
-        // poster may still take the freed slot first in a shared mode: checked again below).
+        // Wait for room before claiming: a timeout then leaves no hole in the queue.
         // SAFETY: a counter of the live handle.
         let next = unsafe { M::load_acquire(self.reserved()) };
         if next >= size {
@@ -208,7 +215,9 @@ impl<M: Sharing> Rq<M> {
         }
         // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
         let index = unsafe { M::fetch_add(self.reserved(), 1) };
-        if index >= size {
+        // Only in a shared mode can another poster have claimed the freed slot in between (an
+        // exclusive poster's `index` is `next`): check again.
+        if M::SHARED && index >= size {
             self.reclaim(index - size)?;
         }
         let wqe = self.k.rq_base + recv::wqe_offset(index, self.k.log_size, self.k.log_stride);
@@ -235,16 +244,10 @@ impl<M: Sharing> Rq<M> {
     /// its WQE slot and its CQE slot may be taken again.
     fn reclaim(&self, index: u64) -> Result<(), WaitError> {
         let cq = self.cq();
-        let mut deadline = self.deadline();
-        loop {
-            // SAFETY: a counter of the live handle.
-            if unsafe { M::load_acquire(cq.consumed()) } > index {
-                return Ok(());
-            }
-            if deadline.expired() {
-                return Err(WaitError::Timeout { index });
-            }
-        }
+        // SAFETY: a counter of the live handle.
+        self.until(index, || {
+            (unsafe { M::load_acquire(cq.consumed()) } > index).then_some(Ok(()))
+        })
     }
 
     /// In reservation order: announces receive `index` in the doorbell record, then in
@@ -252,13 +255,10 @@ impl<M: Sharing> Rq<M> {
     /// has (`rq_ready` says so).
     fn mark_ready(&self, index: u64) -> Result<(), WaitError> {
         if M::SHARED {
-            let mut deadline = self.deadline();
             // SAFETY: a counter of the live handle.
-            while unsafe { M::load_acquire(self.ready()) } != index {
-                if deadline.expired() {
-                    return Err(WaitError::Timeout { index });
-                }
-            }
+            self.until(index, || {
+                (unsafe { M::load_acquire(self.ready()) } == index).then_some(Ok(()))
+            })?;
         }
         let next = index + 1;
         // The WQE before the record: the HCA may take the receive as soon as it sees the count.
@@ -302,15 +302,7 @@ impl<M: Sharing> Rq<M> {
     /// (a flushed receive: the QP failed; a local length error: the message was larger than
     /// its buffers).
     pub fn poll(&self, index: Ticket) -> Result<Recv, WaitError> {
-        let mut deadline = self.deadline();
-        loop {
-            if let Some(r) = self.try_poll(index) {
-                return r;
-            }
-            if deadline.expired() {
-                return Err(WaitError::Timeout { index });
-            }
-        }
+        self.until(index, || self.try_poll(index))
     }
 
     /// Waits (bounded) for receive `index` like [`poll`](Self::poll), without reading what it
@@ -318,15 +310,7 @@ impl<M: Sharing> Rq<M> {
     /// a caller that knows the message (a ping-pong); an error is still its error.
     pub fn wait(&self, index: Ticket) -> Result<(), WaitError> {
         let cq = self.cq();
-        let mut deadline = self.deadline();
-        loop {
-            if let Some(r) = cq.complete_seen(index, cq.peek(index)) {
-                return r;
-            }
-            if deadline.expired() {
-                return Err(WaitError::Timeout { index });
-            }
-        }
+        self.until(index, || cq.complete_seen(index, cq.peek(index)))
     }
 
     /// The ticket of the oldest receive not consumed yet: the receive the next message takes

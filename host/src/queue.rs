@@ -979,8 +979,7 @@ impl QueuePair {
                 why: "create it with QpConfig::receive (in C, gdaki_qp_config.rq_size)".into(),
             });
         };
-        // SAFETY: the same placement check and contract as `cpu`.
-        unsafe { self.cpu::<M>()? };
+        self.cpu_reachable()?;
         // SAFETY: the handle was filled in `create` and lives as long as self (caller's contract).
         Ok(unsafe { gdaki_device::Rq::from_raw(h) })
     }
@@ -992,6 +991,13 @@ impl QueuePair {
     /// The value must not outlive this `QueuePair`, and all concurrent posters must use the
     /// same sharing mode (exclusive: one thread at a time).
     pub unsafe fn cpu<M: gdaki_device::Sharing>(&self) -> Result<gdaki_device::Qp<M>> {
+        self.cpu_reachable()?;
+        // SAFETY: the handle was filled in `create` and lives as long as self (caller's contract).
+        Ok(unsafe { gdaki_device::Qp::from_raw(self.device_handle()) })
+    }
+
+    /// Whether CPU threads reach the rings: refused where a ring is in GPU memory.
+    fn cpu_reachable(&self) -> Result<()> {
         if self.rings_in_gpu_memory() {
             return Err(Error::Unsupported {
                 what: "posting from the CPU to a queue pair whose rings are in GPU memory",
@@ -1000,8 +1006,7 @@ impl QueuePair {
                     .into(),
             });
         }
-        // SAFETY: the handle was filled in `create` and lives as long as self (caller's contract).
-        Ok(unsafe { gdaki_device::Qp::from_raw(self.device_handle()) })
+        Ok(())
     }
 }
 

@@ -73,11 +73,7 @@ pub fn parse(bytes: &[u8]) -> Result<SgeList, WqeError> {
                 room: 0,
             });
         }
-        if list.as_slice().len() == MAX_RECV_SGES {
-            return Err(WqeError::TooManySges {
-                count: MAX_RECV_SGES + 1,
-            });
-        }
+        // A list longer than MAX_RECV_SGES (the list's capacity) is refused by the push.
         list.push(Sge {
             addr: d.addr.get(),
             length,
