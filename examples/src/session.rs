@@ -341,24 +341,53 @@ impl Session {
         }
     }
 
-    /// The client's `bytes` reach the server, which returns them (its own `bytes` are not
-    /// used); `None` on the client and in loopback. For what only the client knows: its result
-    /// rows (so the server prints the table too, as perftest's does), write_lat's `-D` rounds.
+    /// The client's `bytes` (at most [`MAX_CLIENT_MESSAGE`]) reach the server, which returns
+    /// them (its own `bytes` are not used); `None` on the client and in loopback. For what only
+    /// the client knows: its result rows (so the server prints the table too, as perftest's
+    /// does), the `-D` rounds.
+    ///
+    /// A message travels in frames of [`MAX_APP_BYTES`](gdaki::wire::MAX_APP_BYTES): every one
+    /// full but the last, which may be empty, so the server knows where a message ends.
     pub fn from_client(&mut self, bytes: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
+        use gdaki::wire::MAX_APP_BYTES;
         let role = self.role.clone();
         let Some(ch) = self.channel.as_mut() else {
             return Ok(None);
         };
+        let frame = |app: &[u8]| Hello {
+            app: app.to_vec(),
+            endpoints: vec![],
+            regions: vec![],
+        };
         match role {
             Role::Client(_) => {
-                ch.send(&Hello {
-                    app: bytes.to_vec(),
-                    endpoints: vec![],
-                    regions: vec![],
-                })?;
+                if bytes.len() > MAX_CLIENT_MESSAGE {
+                    bail!(
+                        "a message for the server of {} bytes (at most {MAX_CLIENT_MESSAGE})",
+                        bytes.len()
+                    );
+                }
+                for chunk in bytes.chunks(MAX_APP_BYTES) {
+                    ch.send(&frame(chunk))?;
+                }
+                if bytes.len() % MAX_APP_BYTES == 0 {
+                    ch.send(&frame(&[]))?; // ends a message of whole frames (or none)
+                }
                 Ok(None)
             }
-            Role::Server(_) => Ok(Some(ch.receive().context("the client's message")?.app)),
+            Role::Server(_) => {
+                let mut message = Vec::new();
+                loop {
+                    let part = ch.receive().context("the client's message")?.app;
+                    message.extend_from_slice(&part);
+                    if message.len() > MAX_CLIENT_MESSAGE {
+                        bail!("the client's message is longer than {MAX_CLIENT_MESSAGE} bytes");
+                    }
+                    if part.len() < MAX_APP_BYTES {
+                        return Ok(Some(message));
+                    }
+                }
+            }
             Role::Loopback => Ok(None),
         }
     }
@@ -437,6 +466,9 @@ pub fn pattern(size: u64, offset: u64) -> u8 {
         .wrapping_add(1)
         % 251) as u8
 }
+
+/// The longest message [`Session::from_client`] carries: a sweep's result rows take a few KiB.
+pub const MAX_CLIENT_MESSAGE: usize = 1 << 20;
 
 /// `len` bytes of [`pattern`] for `size`, starting at `offset`.
 pub fn pattern_bytes(size: u64, offset: u64, len: usize) -> Vec<u8> {

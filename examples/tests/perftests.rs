@@ -248,6 +248,16 @@ fn put_bw_server_and_client_validate_across_processes() {
     assert!(theirs.is_some() && reference(&so) == theirs, "{co}\n{so}");
 }
 
+/// A whole sweep across processes: the server prints the client's 23 rows (their JSON once
+/// outgrew one handshake frame's 4096 bytes, and both sides failed after the last size).
+#[test]
+fn put_bw_sweeps_every_size_across_processes() {
+    let (s, c) = server_client("put_bw", &["-a", "-n", "5"], &["--mode", "cpu", "-a", "-n", "5"]);
+    let (so, co) = both_succeeded(&s, &c);
+    assert_eq!(rows(&co).len(), 23, "{co}");
+    assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
+}
+
 /// Where cores are fewer than the spinning threads, write_lat's header says so and names the
 /// knob that gives the soft HCA's core back (it named none).
 #[test]
