@@ -18,7 +18,7 @@ use crate::perf;
 use crate::qp::{AtomicOp, Local, Qp, Remote};
 use crate::scope::{Block, BlockScratch, Scope, Thread, Warp};
 use crate::sharing::{Cta, Exclusive, Gpu, Sharing};
-use crate::status::{PostError, CODE_BAD_SCOPE, CODE_FLAG_TIMEOUT, CODE_OK};
+use crate::status::{PostError, CODE_BAD_ARGUMENT, CODE_BAD_SCOPE, CODE_FLAG_TIMEOUT, CODE_OK};
 
 #[inline(always)]
 fn global_thread() -> u32 {
@@ -127,8 +127,9 @@ macro_rules! kernels_for {
         /// `put_bw`'s stream (see [`perf::put_stream`]) in this scope and sharing mode:
         /// thread `t` posts on `qps[(t / per_qp) % nqp]` (`per_qp` 0: a block's threads),
         /// every thread of the grid `iters` messages of `len` bytes into `slots` slots,
-        /// thread `t` numbering its messages from `first + t`; READs from `dst` into `src`
-        /// where `read` is not 0.
+        /// thread `t` numbering its messages from `first + t`; `op` a
+        /// [`StreamOp`](gdaki_layout::perf::StreamOp) code (an unknown one is
+        /// `CODE_BAD_ARGUMENT`): WRITEs into `dst`, READs from `dst` into `src`, or SENDs.
         ///
         /// # Safety
         /// `qps` holds `nqp` (at least one) exported handles, each shared only by this launch's
@@ -148,10 +149,19 @@ macro_rules! kernels_for {
             first: u64,
             iters: u32,
             per_qp: u32,
-            read: u32,
+            op: u32,
             scratch: *mut BlockScratch,
             status: *mut u32,
         ) {
+            let Some(op) = gdaki_layout::perf::StreamOp::from_code(op) else {
+                // SAFETY: one status word per thread (contract).
+                unsafe {
+                    status
+                        .add(global_thread() as usize)
+                        .write_volatile(CODE_BAD_ARGUMENT)
+                };
+                return;
+            };
             let (dst, src) = (Remote { addr: dst, rkey }, Local { addr: src, lkey });
             // SAFETY: special registers are always readable.
             let (block, threads) = unsafe {
@@ -167,7 +177,7 @@ macro_rules! kernels_for {
             let t = first + global_thread() as u64;
             unsafe {
                 run::<$mode, $scope>(qp, scratch, status, |qp| {
-                    perf::put_stream(qp, dst, src, len, slots, t, threads, iters, read != 0)
+                    perf::put_stream(qp, dst, src, len, slots, t, threads, iters, op)
                 })
             }
         }

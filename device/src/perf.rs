@@ -1,7 +1,7 @@
 //! The perftest loops, written once: `put_bw`'s stream of puts and `write_lat`'s ping-pong.
 //! The GPU kernels (`kernels`, built for nvptx64 only) and CPU mode (`gdaki-examples`) run this very code, so
 //! a figure measured in one mode is the other's reference.
-use gdaki_layout::perf::PingPongSide;
+use gdaki_layout::perf::{PingPongSide, StreamOp};
 
 use crate::arch;
 use crate::qp::{Local, Qp, Remote};
@@ -19,9 +19,11 @@ pub const STORE_LOOP_SEGMENTS: usize = 3;
 /// Member `t` of `threads` posters sharing `qp` puts `iters` messages of `len` bytes: message
 /// `m = t + k * threads` goes from slot `m % slots` of `src` to the same slot of `dst` (slots
 /// are `len` bytes apart), so every slot is written once there are at least `slots` messages.
-/// With `read`, each message is an RDMA READ the other way: from the slot of `dst` into the
-/// same slot of `src` (`put_bw --read`, perftest's `ib_read_bw`). Then it waits for its last
-/// message (in group scope, the group's).
+/// With [`StreamOp::Read`] each message is an RDMA READ the other way: from the slot of `dst`
+/// into the same slot of `src` (`put_bw --read`, perftest's `ib_read_bw`); with
+/// [`StreamOp::Send`] a SEND from the slot of `src` that the peer's next receive takes (`dst`
+/// unused; `put_bw --send`, `ib_send_bw`; the peer runs [`recv_stream`]). Then it waits for its
+/// last message (in group scope, the group's).
 #[allow(clippy::too_many_arguments)] // the perftest's parameters, each a scalar
 #[inline(always)]
 pub fn put_stream<M: Sharing, S: Scope>(
@@ -33,7 +35,7 @@ pub fn put_stream<M: Sharing, S: Scope>(
     t: u64,
     threads: u64,
     iters: u32,
-    read: bool,
+    op: StreamOp,
 ) -> Result<(), PostError> {
     let slots = slots.max(1);
     let mut last = None;
@@ -41,10 +43,10 @@ pub fn put_stream<M: Sharing, S: Scope>(
     for _ in 0..iters {
         let off = (m % slots) * len;
         let (remote, local) = (dst.offset(off), src.offset(off));
-        last = Some(if read {
-            qp.get(local, remote, len)?
-        } else {
-            qp.put(remote, local, len)?
+        last = Some(match op {
+            StreamOp::Write => qp.put(remote, local, len)?,
+            StreamOp::Read => qp.get(local, remote, len)?,
+            StreamOp::Send => qp.send(local, len)?,
         });
         m += threads;
     }
@@ -52,6 +54,43 @@ pub fn put_stream<M: Sharing, S: Scope>(
         qp.wait(ticket)?;
     }
     Ok(())
+}
+
+/// The receiving side of a two-sided [`put_stream`], the receive queue's only poster: takes
+/// `count` messages on `rq`, receive
+/// `k` into slot `k % slots` of `buf` (slots `len` bytes apart, each receive offering `len`
+/// bytes), keeping up to `ahead` receives posted (at least one; the queue's size bounds it too)
+/// and never more than `count` in all, so none is left behind for a later stream. Returns the
+/// bytes the messages carried: `count * len` when every one was a `len`-byte message.
+///
+/// The receives are polled in order, so a completion is read as soon as its CQE is there,
+/// and the slot it freed is posted again at once.
+#[inline(always)]
+pub fn recv_stream<M: Sharing>(
+    rq: Rq<M>,
+    buf: Local,
+    len: u32,
+    slots: u64,
+    count: u64,
+    ahead: u64,
+) -> Result<u64, PostError> {
+    let slots = slots.max(1);
+    let ahead = ahead.max(1);
+    let (mut posted, mut taken, mut bytes) = (0u64, 0u64, 0u64);
+    // This poster's receives are consecutive tickets from its first one on.
+    let mut first = 0;
+    while taken < count {
+        while posted < count && posted - taken < ahead {
+            let ticket = rq.post_recv_one(buf.offset((posted % slots) * len as u64), len)?;
+            if posted == 0 {
+                first = ticket;
+            }
+            posted += 1;
+        }
+        bytes += rq.poll(first + taken)?.bytes as u64;
+        taken += 1;
+    }
+    Ok(bytes)
 }
 
 /// Member posts `iters` 8-byte puts from `src` to `dst` and waits for none: the device posting

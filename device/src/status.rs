@@ -203,7 +203,8 @@ pub const CODE_MISALIGNED: u32 = 7;
 /// A CQE of a format gdaki does not read (compressed or mini CQEs).
 pub const CODE_CQE_FORMAT: u32 = 8;
 /// An argument the C ABI checks is invalid: unknown `GDAKI_POST_*` flags, or a null block
-/// scratch area. Reported by `gdaki_device::ffi`, not by the Rust API (its types rule it out).
+/// scratch area; or a perftest kernel's unknown stream operation. Reported by
+/// `gdaki_device::ffi` and the kernels, not by the Rust API (its types rule it out).
 pub const CODE_BAD_ARGUMENT: u32 = 9;
 /// A kernel was launched in a shape its scope cannot use (for example a warp-scope kernel
 /// whose warp is partial). Reported by kernels, not by the API.
@@ -234,7 +235,9 @@ impl core::fmt::Display for Code {
             CODE_BAD_SCOPE => f.write_str("launch shape does not fit the kernel's scope"),
             CODE_MISALIGNED => f.write_str("atomic target not 8-byte aligned"),
             CODE_CQE_FORMAT => f.write_str("a CQE of a format gdaki does not read (compressed CQ?)"),
-            CODE_BAD_ARGUMENT => f.write_str("invalid argument (unknown post flags or a null scratch area)"),
+            CODE_BAD_ARGUMENT => {
+                f.write_str("invalid argument (unknown post flags or operation, or a null scratch area)")
+            }
             CODE_TOO_LONG => f.write_str("message longer than one WQE takes"),
             CODE_TOO_MANY_BUFS => f.write_str("more receive buffers than the receive queue's stride"),
             u32::MAX => f.write_str("no status written (the thread did not finish)"),

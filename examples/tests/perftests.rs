@@ -357,6 +357,63 @@ fn put_bw_reads_in_loopback_and_from_a_server() {
     }
 }
 
+/// `--send` streams SENDs that receives take (perftest's `ib_send_bw`): in loopback with one
+/// receiving thread per QP, from a server that posts the receives, for -D rounds, with a
+/// receive depth of one (so SENDs wait out RNR), and with clear refusals.
+#[test]
+fn put_bw_sends_through_receives_in_loopback_and_to_a_server() {
+    let out = ok("put_bw", &["--send", "--mode", "cpu", "-a", "-n", "40", "-q", "2"]);
+    assert!(out.contains("Send BW Test (gdaki put_bw --send)"), "{out}");
+    assert!(out.contains("RX depth"), "{out}");
+    assert_eq!(rows(&out).len(), 23, "{out}");
+    assert!(out.contains("Validation: every size's data arrived intact"), "{out}");
+    let json = ok(
+        "put_bw",
+        &["--send", "--mode", "cpu", "-s", "64", "-n", "300", "-r", "1", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        (v["params"]["op"].as_str(), v["params"]["rx_depth"].as_u64()),
+        (Some("send"), Some(1))
+    );
+    assert_eq!(v["results"][0]["iterations"], 300, "{json}");
+
+    let flags = ["--send", "-s", "3000", "-n", "100", "-q", "2", "-D", "1"];
+    let (s, c) = server_client("put_bw", &flags, &[&["--mode", "cpu"][..], &flags].concat());
+    let (so, co) = both_succeeded(&s, &c);
+    assert!(so.contains("every message received whole"), "{so}");
+    let said = String::from_utf8_lossy(&s.stderr);
+    assert!(said.contains("the server posts receives (512 per QP"), "{said}");
+    assert_eq!(rows(&so), rows(&co), "{co}\n{so}");
+    // -D ran rounds: more than one round's 100 messages (plus the warm-up's 100) per QP.
+    assert!(num(&rows(&co)[0][1]) > 200.0, "{co}");
+
+    let (s, c) = server_client(
+        "put_bw",
+        &["-s", "64", "-n", "50"],
+        &["--send", "--mode", "cpu", "-s", "64", "-n", "50"],
+    );
+    assert!(!s.status.success() && !c.status.success());
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(err.contains("put_bw --send"), "{err}");
+
+    for (args, want) in [
+        (
+            &["--mode", "cpu", "-r", "8"][..],
+            "--rx-depth 8: receives are posted only with --send",
+        ),
+        (
+            &["--mode", "cpu", "--send", "-r", "0"],
+            "--rx-depth 0: 1 to 32768 receives",
+        ),
+        (&["--mode", "cpu", "--send", "--read"], "cannot be used with"),
+    ] {
+        let out = run("put_bw", args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+}
+
 /// `-D SECONDS` runs each size for that long, in rounds of `-n`, as perftest's duration mode:
 /// in loopback, and across processes (write_lat's server runs the rounds its client decides).
 #[test]
@@ -900,7 +957,19 @@ fn perftests_on_the_gpu_in_every_scope() {
         );
         assert_eq!(rows(&out).len(), 1, "{out}");
         assert!(out.contains("gpu ("), "{out}");
+        // SENDs from every scope, into receives CPU threads keep posted; 4 blocks on 2 QPs
+        // share each QP across blocks.
+        let out = ok(
+            "put_bw",
+            &[
+                "--mode", "gpu", "--send", "--scope", scope, "-s", "4096", "-n", "2000", "-q", "2", "--blocks", "4",
+            ],
+        );
+        assert_eq!(rows(&out).len(), 1, "{out}");
+        assert!(out.contains("Send BW Test"), "{out}");
     }
+    let out = ok("put_bw", &["--mode", "gpu", "--send", "-a", "-n", "500"]);
+    assert_eq!(rows(&out).len(), 23, "{out}");
     let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("host-pinned memory"), "{out}");

@@ -59,6 +59,8 @@ pub use gdaki_mlx5::GID_INDEX_VAR;
 pub use memory::MemoryRegion;
 pub use peer::{PeerExport, PeerMapping, PEER_EXPORT_BYTES};
 pub use provider::{DoorbellHandler, ExecutionMode, Provider, Selection};
-pub use queue::{CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair, ReceiveConfig, Rings};
+pub use queue::{
+    CompletionQueue, Endpoint, GpuQp, QpConfig, QpCounters, QpState, QueuePair, ReceiveConfig, Rings, MAX_SQ_SIZE,
+};
 
 pub(crate) use gdaki_devx::util::{lock, random_u32};

@@ -44,7 +44,7 @@ fn missing_gpu_index_is_an_error_not_a_panic() {
 
 // ------------------------------------------------------------------------------ the data path on a GPU
 
-use gdaki::cuda::{DataPathLaunch, KernelMode, KernelScope, PutStream};
+use gdaki::cuda::{DataPathLaunch, KernelMode, KernelScope, PutStream, StreamOp};
 
 /// One 8-byte put per thread.
 fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
@@ -56,7 +56,7 @@ fn one_put(dst: gdaki_device::Remote, src: gdaki_device::Local) -> PutStream {
         first: 0,
         iters: 1,
         threads_per_qp: 0,
-        read: false,
+        op: StreamOp::Write,
     }
 }
 use gdaki::{Access, Context, ContextOptions, Provider, QpConfig, QueuePair};
@@ -132,7 +132,7 @@ fn put_kernels_post_through_the_soft_hca_in_every_scope_and_mode() {
                         first: 0,
                         iters: ITERS,
                         threads_per_qp: 0,
-                        read,
+                        op: if read { StreamOp::Read } else { StreamOp::Write },
                     },
                 )
                 .unwrap()
@@ -191,7 +191,7 @@ fn put_kernel_spreads_blocks_over_several_qps() {
         first: 7,
         iters: 10,
         threads_per_qp: 0,
-        read: false,
+        op: StreamOp::Write,
     };
     let run = gpu.run_put(&handles, launch, &stream).unwrap();
     assert_eq!(run.first_failure(), None);
@@ -258,7 +258,7 @@ fn lanes_of_a_warp_post_on_different_qps() {
                 first: 0,
                 iters: ITERS,
                 threads_per_qp: per,
-                read: false,
+                op: StreamOp::Write,
             };
             let run = gpu.run_put(&handles, launch, &stream).unwrap();
             let mut why = Vec::new();
@@ -689,7 +689,7 @@ fn gpu_kernels_put_between_device_memory_regions() {
                 first: 0,
                 iters: 4,
                 threads_per_qp: 0,
-                read,
+                op: if read { StreamOp::Read } else { StreamOp::Write },
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             if let Some((t, c)) = run.first_failure() {
@@ -805,7 +805,7 @@ fn an_unmappable_doorbell_falls_back_to_the_library_proxy() {
                 first: 0,
                 iters: 8,
                 threads_per_qp: 0,
-                read: false,
+                op: StreamOp::Write,
             };
             let run = gpu.run_put(&[&gq], launch, &stream).unwrap();
             let rung = qp.fallback_proxy_counters().unwrap().doorbells;

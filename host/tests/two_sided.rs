@@ -410,3 +410,48 @@ fn a_receive_a_ring_ahead_of_unpolled_completions_waits_for_a_poll() {
     }
     assert_eq!((p.a.error(), p.b.error()), (None, None));
 }
+
+/// `put_bw --send`'s receiver (`perf::recv_stream`): takes exactly its count through a queue
+/// smaller than the stream, across the ring's wrap, into slots; leaves no receive behind for a
+/// later stream; and counts the bytes, so a message of another size shows.
+#[test]
+fn the_perftest_receiver_takes_its_count_and_leaves_nothing_posted() {
+    use gdaki_device::perf::{put_stream, recv_stream};
+    use gdaki_layout::perf::StreamOp;
+    let p = pair(8, 1);
+    let sa = unsafe { p.a.cpu::<Exclusive>().unwrap() };
+    const LEN: u64 = 100;
+    let data = pattern(3, LEN as usize);
+    for slot in 0..4 {
+        p.la.write(slot * LEN, &data).unwrap();
+    }
+    // A receiving thread takes `count` messages, `ahead` receives posted, while `send` runs.
+    let receive = |count, ahead, send: &dyn Fn()| {
+        thread::scope(|s| {
+            let taker = s.spawn(|| {
+                // SAFETY: this thread is the receive queue's only user while it runs.
+                let rb = unsafe { p.b.cpu_receive::<Exclusive>() }.unwrap();
+                (
+                    recv_stream(rb, p.lb.local(0), LEN as u32, 4, count, ahead),
+                    rb.outstanding(),
+                )
+            });
+            send();
+            taker.join().unwrap()
+        })
+    };
+    let all = || put_stream(sa, p.lb.remote(0), p.la.local(0), LEN, 4, 0, 1, 50, StreamOp::Send).unwrap();
+    assert_eq!(receive(50, 6, &all), (Ok(50 * LEN), 0));
+    for slot in 0..4 {
+        let mut got = vec![0; LEN as usize];
+        p.lb.read(slot * LEN, &mut got).unwrap();
+        assert_eq!(got, data, "slot {slot}");
+    }
+    // One short message among three: the bytes say so.
+    let three = || {
+        for len in [LEN, 10, LEN] {
+            sa.wait(sa.send(p.la.local(0), len).unwrap()).unwrap();
+        }
+    };
+    assert_eq!(receive(3, 2, &three), (Ok(2 * LEN + 10), 0));
+}

@@ -43,3 +43,49 @@ const _: () = {
     assert!(offset_of!(PingPongSide, lkey) == 32 && offset_of!(PingPongSide, times) == 48);
     assert!(offset_of!(PingPongSide, posted) == 56 && offset_of!(PingPongSide, rq) == 64);
 };
+
+/// What `put_bw`'s stream posts: the kernels take it as a `u32` ([`code`](Self::code)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum StreamOp {
+    /// RDMA WRITEs into the peer's buffer (`put_bw`, perftest's `ib_write_bw`).
+    #[default]
+    Write = 0,
+    /// RDMA READs from the peer's buffer (`put_bw --read`, `ib_read_bw`).
+    Read = 1,
+    /// SENDs, each taken by a receive the peer posted (`put_bw --send`, `ib_send_bw`).
+    Send = 2,
+}
+
+impl StreamOp {
+    /// The code the kernels take.
+    #[inline(always)]
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The operation of a kernel's `code`, if it is one.
+    #[inline(always)]
+    pub const fn from_code(code: u32) -> Option<StreamOp> {
+        match code {
+            0 => Some(StreamOp::Write),
+            1 => Some(StreamOp::Read),
+            2 => Some(StreamOp::Send),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamOp;
+
+    #[test]
+    fn stream_op_codes_round_trip_and_refuse_the_rest() {
+        for op in [StreamOp::Write, StreamOp::Read, StreamOp::Send] {
+            assert_eq!(StreamOp::from_code(op.code()), Some(op));
+        }
+        assert_eq!(StreamOp::from_code(3), None);
+        assert_eq!(StreamOp::from_code(u32::MAX), None);
+    }
+}

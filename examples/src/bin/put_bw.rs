@@ -2,18 +2,22 @@
 //! CPU threads running the same device code), in perftest `ib_write_bw`'s format, next to a
 //! reference measured in the same run (a device-to-device copy on the GPU, memcpy on the CPU).
 //!
-//! `put_bw [-s SIZE | -a] [-n ITERS] [-q QPS] [--scope thread|warp|block] [--read] [--json]
-//! [--plot F.svg]` loops back in one process; `put_bw --server` and `put_bw SERVER` run across
-//! two. `--read` streams RDMA READs instead, as perftest's `ib_read_bw`.
+//! `put_bw [-s SIZE | -a] [-n ITERS] [-q QPS] [--scope thread|warp|block] [--read | --send]
+//! [--json] [--plot F.svg]` loops back in one process; `put_bw --server` and `put_bw SERVER`
+//! run across two. `--read` streams RDMA READs instead, as perftest's `ib_read_bw`; `--send`
+//! streams SENDs, which receives posted by CPU threads on the receiving side take, as
+//! `ib_send_bw` (one tool per pattern, the verb a flag: the same posters, windows and
+//! references, so the verbs compare like with like).
 use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
+use gdaki::cuda::StreamOp;
 use gdaki::cuda::{DataPathLaunch, KernelMode};
 use gdaki::handshake::{Hello, RemoteRegion};
-use gdaki::{CompletionQueue, QpConfig, QueuePair};
+use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
 use gdaki_device::{Exclusive, Local, Remote};
 use gdaki_examples::cli::{Common, Mem, Role, Scope};
@@ -57,45 +61,89 @@ struct Cli {
     threads: Option<u32>,
     /// RDMA READs instead of WRITEs (perftest's `ib_read_bw`): the messages come from the
     /// peer's buffer into this side's, which this side validates. Give it on both sides.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "send")]
     read: bool,
+    /// SENDs instead of WRITEs (perftest's `ib_send_bw`): each message is taken by a receive
+    /// that the receiving side (the server, or this process in loopback) keeps posted from one
+    /// CPU thread per QP, into its buffer, which it validates. Give it on both sides.
+    #[arg(long)]
+    send: bool,
+    /// With --send: receives each receiving QP keeps posted (perftest's -r, --rx-depth).
+    #[arg(short = 'r', long = "rx-depth", default_value_t = DEFAULT_RX_DEPTH)]
+    rx_depth: u32,
 }
 
+/// perftest's default receive depth.
+const DEFAULT_RX_DEPTH: u32 = 512;
+
 impl Cli {
+    fn stream_op(&self) -> StreamOp {
+        match (self.read, self.send) {
+            (true, _) => StreamOp::Read,
+            (_, true) => StreamOp::Send,
+            _ => StreamOp::Write,
+        }
+    }
+
     /// The test's name, in the handshake (both sides must run the same) and the reports.
     fn test(&self) -> &'static str {
-        if self.read {
-            "put_bw --read"
-        } else {
-            "put_bw"
+        match self.stream_op() {
+            StreamOp::Write => "put_bw",
+            StreamOp::Read => "put_bw --read",
+            StreamOp::Send => "put_bw --send",
         }
     }
 
     /// The operation, as `--json` reports it.
     fn op(&self) -> &'static str {
-        if self.read {
-            "read"
-        } else {
-            "write"
+        match self.stream_op() {
+            StreamOp::Write => "write",
+            StreamOp::Read => "read",
+            StreamOp::Send => "send",
         }
     }
 
     /// perftest's title for the test.
     fn title(&self) -> &'static str {
-        if self.read {
-            "RDMA_Read BW Test"
-        } else {
-            "RDMA_Write BW Test"
+        match self.stream_op() {
+            StreamOp::Write => "RDMA_Write BW Test",
+            StreamOp::Read => "RDMA_Read BW Test",
+            StreamOp::Send => "Send BW Test",
         }
     }
+
+    /// The receive queue a `--send` QP needs: `--rx-depth` receives, in a queue of the next
+    /// power of two.
+    fn receive(&self) -> anyhow::Result<Option<ReceiveConfig>> {
+        let depth = self.rx_depth;
+        if !self.send {
+            if depth != DEFAULT_RX_DEPTH {
+                bail!("--rx-depth {depth}: receives are posted only with --send");
+            }
+            return Ok(None);
+        }
+        if !(1..=MAX_RX_DEPTH).contains(&depth) {
+            bail!("--rx-depth {depth}: 1 to {MAX_RX_DEPTH} receives");
+        }
+        Ok(Some(ReceiveConfig {
+            size: depth.next_power_of_two(),
+            max_bufs: 1,
+        }))
+    }
 }
+
+/// The deepest receive queue `--rx-depth` asks for (as deep as a send queue may be).
+const MAX_RX_DEPTH: u32 = gdaki::MAX_SQ_SIZE;
 
 /// The run's parameters, as `--json` reports them.
 #[derive(Debug, Serialize)]
 struct Params {
     role: &'static str,
-    /// `write` or `read` (`--read`).
+    /// `write`, `read` (`--read`) or `send` (`--send`).
     op: &'static str,
+    /// `--send`: receives each receiving QP keeps posted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rx_depth: Option<u32>,
     provider: String,
     device: String,
     mode: &'static str,
@@ -197,10 +245,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             plan.gpu = None;
         }
         plan.proxy_threads = None;
-        plan.mode_line = format!(
-            "the server posts nothing: it offers a buffer ({}) and validates it",
-            plan.mem.describe()
-        );
+        plan.mode_line = if cli.send {
+            format!(
+                "the server posts receives ({} per QP, from one CPU thread each) into a buffer ({}) and validates it",
+                cli.rx_depth,
+                plan.mem.describe()
+            )
+        } else {
+            format!(
+                "the server posts nothing: it offers a buffer ({}) and validates it",
+                plan.mem.describe()
+            )
+        };
     }
     eprintln!("put_bw: {}", plan.mode_line);
     let launch = match plan.gpu {
@@ -222,8 +278,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         retry_timeout: plan.timeout.mul_f64(0.8),
         handler: plan.handler(),
         rings: session.rings.clone(),
+        receive: cli.receive()?,
+        // Receives are kept posted: a SEND that finds none waits 10 us and is tried again.
+        min_rnr_timer: 1,
         ..Default::default()
     };
+    let op = cli.stream_op();
     let len = buffer_len(&plan.sizes, plan.iters);
     let mut qps: Vec<(CompletionQueue, QueuePair)> = Vec::new();
     for _ in 0..cli.qps {
@@ -258,9 +318,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ),
             );
         }
+        let mut rounds = 0u64;
         for (i, &size) in plan.sizes.iter().enumerate() {
-            let n = slots(size, plan.iters) * size;
-            let data = pattern_bytes(size, 0, n as usize);
+            let nslots = slots(size, plan.iters);
+            let data = stream_data(op, size, nslots);
+            if cli.send {
+                // Cleared, so that a slot no receive filled shows.
+                dst.write(0, &vec![0; data.len()]).context("clearing the buffer")?;
+                // Rounds as the client announces them, each with the messages per QP it sends.
+                loop {
+                    let count = match session.from_client(&[])?.as_deref() {
+                        Some(b) => round_count(b)?,
+                        None => bail!("no round from the client"),
+                    };
+                    if count == 0 {
+                        break;
+                    }
+                    let step = ROUND_STEPS + 3 * rounds;
+                    rounds += 1;
+                    let (waited, received) = receive_round(&qps, &dst, size, nslots, count, cli.rx_depth, || {
+                        session.agree(step, Ok(()))?; // receivers started
+                        session.agree(step + 1, Ok(())).context("the client's sends")
+                        // sent
+                    });
+                    waited?;
+                    session.agree(step + 2, received)?;
+                }
+            }
             if cli.read {
                 let filled = dst.write(0, &data).context("filling the buffer");
                 session.agree(10 + 2 * i as u64, filled)?; // the client may read this size
@@ -306,6 +390,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             if cli.read {
                 gdaki_examples::outln!(" Validation: {} size(s), read by the client intact", plan.sizes.len());
+            } else if cli.send {
+                gdaki_examples::outln!(
+                    " Validation: {} size(s), every message received whole, every slot intact",
+                    plan.sizes.len()
+                );
             } else {
                 gdaki_examples::outln!(
                     " Validation: {} size(s), data received correctly from the client",
@@ -362,11 +451,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gdaki_examples::outln!("{}", BwRow::header(gbits));
     }
     let handles: Vec<&gdaki::GpuQp> = exported.iter().collect();
+    if cli.send && dst_local.is_some() {
+        // In loopback the receivers are CPU threads on these QPs: refused now, not after the
+        // first round's senders timed out.
+        for (_, q) in &qps {
+            // SAFETY: the view is dropped at once, unused.
+            unsafe { q.cpu_receive::<Exclusive>() }
+                .context("--send in loopback posts receives from CPU threads (--rings host)")?;
+        }
+    }
+    let mut rounds = 0u64;
+    // The posting GPU, apart from the session (whose barriers a --send round also takes).
+    let gpu = session.gpu.clone();
     let mut rows = Vec::new();
     for (i, &size) in plan.sizes.iter().enumerate() {
         report::progress("put_bw", i, plan.sizes.len(), size);
         let nslots = slots(size, plan.iters);
-        let data = pattern_bytes(size, 0, (nslots * size) as usize);
+        let data = stream_data(op, size, nslots);
         if cli.read {
             // The data comes from the target (filled here in loopback, by the server
             // otherwise) into `src`, cleared so that what was not read shows.
@@ -379,13 +480,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("the server's buffer")?;
         } else {
             src.write(0, &data)?;
+            if let Some(dst) = dst_local.as_ref().filter(|_| cli.send) {
+                // Cleared, so that a slot no receive filled shows.
+                dst.write(0, &vec![0; data.len()])?;
+            }
         }
         // One round of -n messages per QP, or rounds until -D has passed.
         let started = Instant::now();
         let (mut windows, mut per_qp) = (Vec::new(), 0);
         // Messages in a round (all QPs): every round runs the same.
         let round = loop {
-            let (w, n) = match (&session.gpu, launch) {
+            let first_round = windows.is_empty();
+            let post = || match (&gpu, launch) {
                 (Some(gpu), Some(l)) => gpu_windows(
                     gpu,
                     &handles,
@@ -396,10 +502,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     nslots,
                     plan.iters,
                     cli.qps,
-                    windows.is_empty(),
-                    cli.read,
-                )?,
-                _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, cli.read, &|| {})?,
+                    first_round,
+                    op,
+                ),
+                _ => cpu_windows(&qps, target, src.local(0), size, nslots, plan.iters, op, &|| {}),
+            };
+            let (w, n) = if cli.send {
+                // The receivers take exactly what this round sends, announced to a server first.
+                let count = round_messages(launch, cli.qps, plan.iters, nslots, first_round);
+                let step = ROUND_STEPS + 3 * rounds;
+                rounds += 1;
+                session.from_client(&count.to_le_bytes())?;
+                session.agree(step, Ok(())).context("the server's receivers")?;
+                let (sent, received) = match &dst_local {
+                    Some(dst) => receive_round(&qps, dst, size, nslots, count, cli.rx_depth, post),
+                    None => (post(), Ok(())),
+                };
+                session.agree(
+                    step + 1,
+                    sent.as_ref().map(|_| ()).map_err(|e| anyhow::anyhow!("{e:#}")),
+                )?;
+                session.agree(step + 2, received).context("the receives")?;
+                sent?
+            } else {
+                post()?
             };
             windows.extend(w);
             per_qp += n;
@@ -408,6 +534,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => break n * cli.qps as u64,
             }
         };
+        if cli.send {
+            session.from_client(&0u64.to_le_bytes())?; // no more rounds of this size
+        }
         // Validation: of what was read, here; of what was written, here in loopback and by the
         // server otherwise.
         let what = format!("{size}-byte messages");
@@ -515,6 +644,94 @@ fn connect(qps: &[(CompletionQueue, QueuePair)], peers: &[gdaki::Endpoint]) -> a
     Ok(())
 }
 
+/// The first barrier step of `--send` rounds: three per round (receivers started, sent,
+/// received), counted alike on both sides across sizes, above the sizes' own steps.
+const ROUND_STEPS: u64 = 1 << 32;
+
+/// What a size's messages carry, one slot after another. SENDs land in whichever receive is
+/// next, not in the slot they came from, so for `--send` every slot holds the same message and
+/// each slot of the receiving buffer is checked against it.
+fn stream_data(op: StreamOp, size: u64, slots: u64) -> Vec<u8> {
+    match op {
+        StreamOp::Send => pattern_bytes(size, 0, size as usize).repeat(slots as usize),
+        StreamOp::Write | StreamOp::Read => pattern_bytes(size, 0, (slots * size) as usize),
+    }
+}
+
+/// Messages each QP sends in one round of a size (`first_round`: with the warm-up): what the
+/// receivers of a `--send` round take.
+fn round_messages(launch: Option<DataPathLaunch>, qps: u32, iters: u32, slots: u64, first_round: bool) -> u64 {
+    match launch {
+        Some(l) => {
+            let c = GpuCounts::new(l, iters, qps);
+            c.per_qp() + if first_round { c.warm_up_per_qp() } else { 0 }
+        }
+        // `cpu_windows` warms every slot up in each round.
+        None => slots + iters as u64,
+    }
+}
+
+/// A round's message count as the client announces it to the server (0: no more rounds).
+fn round_count(bytes: &[u8]) -> anyhow::Result<u64> {
+    match <[u8; 8]>::try_from(bytes) {
+        Ok(b) => Ok(u64::from_le_bytes(b)),
+        Err(_) => bail!("the client's round is unreadable ({} bytes, 8 expected)", bytes.len()),
+    }
+}
+
+/// The receiving side of one `--send` round: one CPU thread per QP takes `count` messages of
+/// `size` bytes into the slots of `buf` (`gdaki_device::perf::recv_stream`, `depth` receives
+/// posted ahead) while `during` runs on this thread (the senders, or a server's wait for its
+/// client). Returns what `during` returned, and whether every QP took `count` messages of
+/// `size` bytes.
+fn receive_round<T>(
+    qps: &[(CompletionQueue, QueuePair)],
+    buf: &MemoryRegion,
+    size: u64,
+    slots: u64,
+    count: u64,
+    depth: u32,
+    during: impl FnOnce() -> anyhow::Result<T>,
+) -> (anyhow::Result<T>, anyhow::Result<()>) {
+    let Ok(len) = u32::try_from(size) else {
+        return (
+            Err(anyhow::anyhow!("{size}-byte receives: one receive takes at most 4 GiB")),
+            Ok(()),
+        );
+    };
+    std::thread::scope(|s| {
+        let takers: Vec<_> = qps
+            .iter()
+            .map(|(_, q)| {
+                s.spawn(move || -> Result<u64, String> {
+                    // SAFETY: this thread is the receive queue's only user (exclusive mode),
+                    // and the QP outlives the scope.
+                    let rq = unsafe { q.cpu_receive::<Exclusive>() }.map_err(|e| e.to_string())?;
+                    gdaki_device::perf::recv_stream(rq, buf.local(0), len, slots, count, depth as u64)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let out = during();
+        let mut verdict = Ok(());
+        for (i, t) in takers.into_iter().enumerate() {
+            let took = match t.join() {
+                Err(_) => Err(anyhow::anyhow!("QP {i}'s receiving thread panicked")),
+                Ok(Err(e)) => Err(anyhow::anyhow!("QP {i}'s receives: {e}")),
+                Ok(Ok(bytes)) if bytes != count * size => Err(anyhow::anyhow!(
+                    "QP {i}'s {count} receives took {bytes} bytes, {} expected ({size} per message)",
+                    count * size
+                )),
+                Ok(Ok(_)) => Ok(()),
+            };
+            if verdict.is_ok() {
+                verdict = took;
+            }
+        }
+        (out, verdict)
+    })
+}
+
 /// Timed GPU windows: (GPU time, messages over all QPs) each, and messages per QP in all.
 /// Message numbers continue across windows, so every slot gets written.
 #[allow(clippy::too_many_arguments)] // the run's parameters, each a scalar
@@ -529,7 +746,7 @@ fn gpu_windows(
     iters: u32,
     qps: u32,
     warm_up: bool,
-    read: bool,
+    op: StreamOp,
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
     let counts = GpuCounts::new(launch, iters, qps);
     let GpuCounts {
@@ -552,10 +769,11 @@ fn gpu_windows(
         first,
         iters,
         threads_per_qp: 0,
-        read,
+        op,
     };
     if warm_up {
-        // One message per thread (module load, first touches of the rings).
+        // One message per thread (module load, first touches of the rings): what
+        // `GpuCounts::warm_up_per_qp` counts.
         check(gpu.run_put(handles, launch, &stream(0, 1))?)?;
     }
     let mut out = Vec::new();
@@ -591,6 +809,11 @@ impl GpuCounts {
         }
     }
 
+    /// Messages per QP of the warm-up launch (one per thread).
+    fn warm_up_per_qp(&self) -> u64 {
+        self.threads / self.qps
+    }
+
     fn per_thread(&self) -> u64 {
         self.windows * self.per_window as u64
     }
@@ -615,7 +838,7 @@ fn cpu_windows(
     size: u64,
     slots: u64,
     iters: u32,
-    read: bool,
+    op: StreamOp,
     stall: &(dyn Fn() + Sync),
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
     let windows = WINDOWS.min(iters).max(1);
@@ -634,10 +857,10 @@ fn cpu_windows(
                     // SAFETY: each QP has exactly one posting thread (this one), in exclusive
                     // mode, and the QP outlives the scope.
                     let dev = unsafe { q.cpu::<Exclusive>() }.map_err(|e| e.to_string())?;
-                    // Warm-up, untimed: every slot once (first touches of the pages).
-                    let mut result =
-                        gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32, read)
-                            .map_err(|e| e.to_string());
+                    // Warm-up, untimed: every slot once (first touches of the pages; what
+                    // `round_messages` counts).
+                    let mut result = gdaki_device::perf::put_stream(dev, dst, src, size, slots, 0, 1, slots as u32, op)
+                        .map_err(|e| e.to_string());
                     let mut stamps = Vec::new();
                     for w in 0..windows {
                         barrier.wait();
@@ -653,7 +876,7 @@ fn cpu_windows(
                                 first_of(w),
                                 1,
                                 in_window(w),
-                                read,
+                                op,
                             )
                             .map_err(|e| e.to_string());
                             stamps.push(Some((started, Instant::now())));
@@ -731,6 +954,18 @@ fn header_lines(
         ("Scope", format!("{:?}", p.scope).to_lowercase()),
         ("Number of qps", p.qps.to_string()),
         ("Memory", p.memory.into()),
+    ]);
+    if let Some(depth) = p.rx_depth {
+        let who = match plan.role {
+            Role::Client(_) => "the server's",
+            _ => "this process's",
+        };
+        v.push((
+            "RX depth",
+            format!("{depth} receives per QP, posted by {who} CPU threads (one per QP)"),
+        ));
+    }
+    v.extend([
         ("Iterations", iterations_line(plan.iters, p.duration_s, launch, cli.qps)),
         (
             "Sizes",
@@ -783,6 +1018,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
     Params {
         role: plan.role.name(),
         op: cli.op(),
+        rx_depth: cli.send.then_some(cli.rx_depth),
         provider: session.ctx.provider().to_string(),
         device: session.ctx.device_name(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
@@ -947,7 +1183,8 @@ mod tests {
         );
         let qps = [(cq, qp)];
         let stall = || std::thread::sleep(Duration::from_millis(300));
-        let (windows, _) = cpu_windows(&qps, dst.remote(0), src.local(0), SIZE, 2, 16, false, &stall).unwrap();
+        let (windows, _) =
+            cpu_windows(&qps, dst.remote(0), src.local(0), SIZE, 2, 16, StreamOp::Write, &stall).unwrap();
         for (t, messages) in windows {
             // No host copies 4 MiB messages at 200 GB/s on one thread.
             let gb_s = (messages * SIZE) as f64 / t.as_secs_f64().max(1e-12) / 1e9;

@@ -2,7 +2,7 @@
 //! [`wait_idle`](crate::stream::wait_idle)) and timed with CUDA events around the kernel alone.
 use std::time::Duration;
 
-use gdaki_layout::perf::PingPongSide;
+use gdaki_layout::perf::{PingPongSide, StreamOp};
 
 use super::kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel};
 use super::{CudaError, Gpu};
@@ -75,9 +75,9 @@ impl DataPathLaunch {
 /// same slot of `dst` (slots `len` bytes apart).
 #[derive(Debug, Clone, Copy)]
 pub struct PutStream {
-    /// Target buffer (the source with [`read`](Self::read)).
+    /// Target buffer (the source of READs; unused by SENDs, which the peer's receives place).
     pub dst: gdaki_device::Remote,
-    /// Source buffer (the target with [`read`](Self::read)).
+    /// Source buffer (the target of READs).
     pub src: gdaki_device::Local,
     /// Message size.
     pub len: u64,
@@ -92,8 +92,9 @@ pub struct PutStream {
     /// A warp or block that posts as a group shares one QP, so in warp scope this is a
     /// multiple of 32 and in block scope of the block size.
     pub threads_per_qp: u32,
-    /// RDMA READs from `dst` into `src` instead of WRITEs (`put_bw --read`).
-    pub read: bool,
+    /// What each message is: an RDMA WRITE, an RDMA READ from `dst` into `src`
+    /// (`put_bw --read`), or a SEND taken by the peer's next receive (`put_bw --send`).
+    pub op: StreamOp,
 }
 
 /// What a data-path kernel launch returned.
@@ -185,7 +186,7 @@ impl Gpu {
             .u64(s.first)
             .u32(s.iters)
             .u32(s.threads_per_qp)
-            .u32(s.read.into());
+            .u32(s.op.code());
         self.run_data_path(&name, launch, args)
     }
 

@@ -27,6 +27,7 @@ mod posting;
 pub mod ptx;
 mod reference;
 mod stream;
+pub use gdaki_layout::perf::StreamOp;
 pub use host_buffer::{AllocError, HostBuffer};
 pub use ipc::{
     enable_peer_access, ordinal_of as gpu_ordinal_of, reaches as gpu_reaches, uuid as gpu_uuid, GpuUuid, IpcExport,
