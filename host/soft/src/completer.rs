@@ -85,14 +85,15 @@ pub(crate) fn complete_receive(qp: &SoftQp, rq: &SoftRq, index: u64, outcome: Re
 /// a work-request-flushed error CQE, as a NIC's do.
 pub(crate) fn flush_receives(qp: &SoftQp) {
     let Some(rq) = &qp.rq else { return };
-    let mut taken = gdaki_devx::util::lock(&rq.taken);
+    let mut cursor = gdaki_devx::util::lock(&rq.taken);
     // A record more than a ring ahead flushes a ring's worth: all there can be.
-    let waiting = rq.waiting(*taken).unwrap_or(1 << rq.log_size);
+    let waiting = rq.waiting(cursor.taken).unwrap_or(1 << rq.log_size);
+    cursor.known = 0;
     for _ in 0..waiting {
-        if !complete_receive(qp, rq, *taken, RecvOutcome::Error(Syndrome::WrFlush)) {
+        if !complete_receive(qp, rq, cursor.taken, RecvOutcome::Error(Syndrome::WrFlush)) {
             return;
         }
-        *taken += 1;
+        cursor.taken += 1;
     }
 }
 

@@ -521,7 +521,7 @@ impl SoftDevice {
                 ring: t.window(sq_umem, wq_offset, rq_bytes as usize, 16)?,
                 dbrec,
                 cq: rcv_cq.clone(),
-                taken: std::sync::Mutex::new(0),
+                taken: std::sync::Mutex::new(Default::default()),
             }),
         };
         let qpn = self.alloc_number(&t)?;

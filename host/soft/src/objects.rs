@@ -94,10 +94,21 @@ pub(crate) struct SoftRq {
     /// The QP's doorbell record: word 0 is the receive counter.
     pub dbrec: Window,
     pub cq: Arc<SoftCq>,
-    /// Receives taken so far (by messages, or flushed): every writer of the receive CQ holds
-    /// this lock (the responder, on a requester's engine or a transport thread, and the
-    /// engine that flushes), so its CQEs go in receive order.
-    pub taken: Mutex<u64>,
+    /// Where the responder is: every writer of the receive CQ holds this lock (the responder,
+    /// on a requester's engine or a transport thread, and the engine that flushes), so its
+    /// CQEs go in receive order.
+    pub taken: Mutex<RqCursor>,
+}
+
+/// The responder's place in a receive queue (under [`SoftRq::taken`]'s lock).
+#[derive(Debug, Default)]
+pub(crate) struct RqCursor {
+    /// Receives taken so far (by messages, or flushed).
+    pub taken: u64,
+    /// Receives past `taken` that the record announced when last read. They are taken without
+    /// reading it again: the record's cache line is the posters', written on every post, and
+    /// a read per message would fetch it from their core each time.
+    pub known: u64,
 }
 
 impl SoftRq {

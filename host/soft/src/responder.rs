@@ -11,7 +11,7 @@ use crate::completer::{self, RecvOutcome};
 use crate::copier::{Copier, Way};
 use crate::dma::shared_copier;
 use crate::dma::Dma;
-use crate::objects::{SoftQp, SoftRq};
+use crate::objects::{RqCursor, SoftQp, SoftRq};
 use crate::{Hca, RegionCache};
 use gdaki_devx::Access;
 use gdaki_devx::QpState;
@@ -189,7 +189,7 @@ pub(crate) enum Message<'a> {
 
 /// The receive a message takes, held: its lock keeps the receive CQ's writers in order.
 pub(crate) struct Taken<'q> {
-    taken: std::sync::MutexGuard<'q, u64>,
+    taken: std::sync::MutexGuard<'q, RqCursor>,
     rq: &'q SoftRq,
 }
 
@@ -201,10 +201,16 @@ pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Taken<'_>>, Syndrome> {
     let Some(rq) = &qp.rq else {
         return Err(Syndrome::RemoteInvalReq);
     };
-    let taken = gdaki_devx::util::lock(&rq.taken);
-    match rq.waiting(*taken) {
+    let mut taken = gdaki_devx::util::lock(&rq.taken);
+    if taken.known > 0 {
+        return Ok(Some(Taken { taken, rq }));
+    }
+    match rq.waiting(taken.taken) {
         Some(0) => Ok(None),
-        Some(_) => Ok(Some(Taken { taken, rq })),
+        Some(n) => {
+            taken.known = n;
+            Ok(Some(Taken { taken, rq }))
+        }
         None => {
             warn!(
                 qpn = format_args!("{:#x}", qp.qpn),
@@ -231,7 +237,7 @@ pub(crate) fn deliver(
     msg: Message<'_>,
     src_qpn: u32,
 ) -> Result<(), Syndrome> {
-    let index = *taken.taken;
+    let index = taken.taken.taken;
     let rq = taken.rq;
     let outcome = scatter(hca, cache, qp, rq, index, msg);
     let result = match outcome {
@@ -260,7 +266,8 @@ pub(crate) fn deliver(
             Err(there)
         }
     };
-    *taken.taken += 1;
+    taken.taken.taken += 1;
+    taken.taken.known -= 1;
     result
 }
 
