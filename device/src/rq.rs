@@ -3,7 +3,8 @@
 //! [`Qp::send`](crate::Qp::send) and friends.
 //!
 //! # Protocol
-//! 1. [`Rq::post_recv`]: an atomic add on `rq_reserved` claims a receive slot; on a ring wrap
+//! 1. [`Rq::post_recv`]: an atomic add on `rq_reserved` claims a receive slot
+//!    ([`Rq::post_recvs`]: several, behind one fence and record update); on a ring wrap
 //!    the slot's previous receive must have completed and its completion been polled (the
 //!    receive CQ is as large as the queue: an unpolled completion still holds the CQE slot the
 //!    new receive's would take). The caller waits for that (bounded) before it claims the slot,
@@ -40,6 +41,18 @@ pub struct RecvBuf {
     pub local: Local,
     /// Its length in bytes.
     pub len: u32,
+}
+
+/// Refuses a buffer longer than a data segment holds.
+#[inline(always)]
+fn check_len(mut bufs: impl Iterator<Item = RecvBuf>) -> Result<(), PostError> {
+    match bufs.find(|b| b.len > MAX_BYTE_COUNT) {
+        Some(b) => Err(PostError::TooLong {
+            len: b.len as u64,
+            max: MAX_BYTE_COUNT as u64,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// How a message reached a receive.
@@ -154,6 +167,12 @@ impl<M: Sharing> Rq<M> {
         self.ptr
     }
 
+    /// Receives the queue holds.
+    #[inline(always)]
+    pub const fn size(&self) -> u64 {
+        1 << self.k.log_size
+    }
+
     /// The most buffers one receive scatters into (the queue's stride).
     #[inline(always)]
     pub const fn max_bufs(&self) -> usize {
@@ -200,37 +219,10 @@ impl<M: Sharing> Rq<M> {
         if bufs.len() > max {
             return Err(PostError::TooManyBufs { count: bufs.len(), max });
         }
-        if let Some(b) = bufs.iter().find(|b| b.len > MAX_BYTE_COUNT) {
-            return Err(PostError::TooLong {
-                len: b.len as u64,
-                max: MAX_BYTE_COUNT as u64,
-            });
-        }
-        let size = 1u64 << self.k.log_size;
-        // Wait for room before claiming: a timeout then leaves no hole in the queue.
-        // SAFETY: a counter of the live handle.
-        let next = unsafe { M::load_acquire(self.reserved()) };
-        if next >= size {
-            self.reclaim(next - size)?;
-        }
-        // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
-        let index = unsafe { M::fetch_add(self.reserved(), 1) };
-        // Only in a shared mode can another poster have claimed the freed slot in between (an
-        // exclusive poster's `index` is `next`): check again.
-        if M::SHARED && index >= size {
-            self.reclaim(index - size)?;
-        }
-        let wqe = self.k.rq_base + recv::wqe_offset(index, self.k.log_size, self.k.log_stride);
-        for i in 0..max.min(bufs.len() + 1) {
-            let seg = match bufs.get(i) {
-                Some(b) => DataSeg::new(b.len, b.local.lkey, b.local.addr),
-                None => recv::terminator(),
-            };
-            // SAFETY: slot `index` was reserved above and its previous receive has completed;
-            // segment `i` lies inside the slot's `16 << log_stride` bytes.
-            unsafe { arch::store_seg((wqe as *mut u64).add(2 * i), seg.to_words()) };
-        }
-        self.mark_ready(index)?;
+        check_len(bufs.iter().copied())?;
+        let index = self.claim(1)?;
+        self.write_wqe(index, bufs);
+        self.mark_ready(index, 1)?;
         Ok(index)
     }
 
@@ -240,8 +232,67 @@ impl<M: Sharing> Rq<M> {
         self.post_recv(&[RecvBuf { local, len }])
     }
 
+    /// Posts `n` receives of one buffer each, `buf(i)` for the `i`-th, behind one fence and
+    /// one doorbell-record update (where [`post_recv`](Self::post_recv) pays both per
+    /// receive), as a chain of receive work requests is posted. Returns the first one's
+    /// ticket; the others follow it. `n` larger than the queue is refused; an error posts
+    /// nothing. `n` 0 posts nothing and returns the next ticket.
+    pub fn post_recvs(&self, n: u32, buf: impl Fn(u32) -> RecvBuf) -> Result<Ticket, PostError> {
+        let size = 1u64 << self.k.log_size;
+        if n as u64 > size {
+            return Err(PostError::BadCount { count: n, ring: size });
+        }
+        check_len((0..n).map(&buf))?;
+        if n == 0 {
+            // SAFETY: a counter of the live handle.
+            return Ok(unsafe { M::load_acquire(self.reserved()) });
+        }
+        let index = self.claim(n as u64)?;
+        for i in 0..n {
+            self.write_wqe(index + i as u64, &[buf(i)]);
+        }
+        self.mark_ready(index, n as u64)?;
+        Ok(index)
+    }
+
+    /// Claims `n` consecutive receive slots (at most the queue's size), first waiting
+    /// (bounded) for room: a timeout then claims nothing and leaves no hole in the queue.
+    fn claim(&self, n: u64) -> Result<u64, WaitError> {
+        let size = 1u64 << self.k.log_size;
+        // SAFETY: a counter of the live handle.
+        let next = unsafe { M::load_acquire(self.reserved()) };
+        if next + n > size {
+            self.reclaim(next + n - 1 - size)?;
+        }
+        // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+        let index = unsafe { M::fetch_add(self.reserved(), n) };
+        // Only in a shared mode can another poster have claimed the freed slots in between (an
+        // exclusive poster's `index` is `next`): check again.
+        if M::SHARED && index + n > size {
+            self.reclaim(index + n - 1 - size)?;
+        }
+        Ok(index)
+    }
+
+    /// Writes receive `index`'s WQE: one data segment per buffer, then a terminator where
+    /// the stride has room.
+    #[inline(always)]
+    fn write_wqe(&self, index: u64, bufs: &[RecvBuf]) {
+        let wqe = self.k.rq_base + recv::wqe_offset(index, self.k.log_size, self.k.log_stride);
+        for i in 0..self.max_bufs().min(bufs.len() + 1) {
+            let seg = match bufs.get(i) {
+                Some(b) => DataSeg::new(b.len, b.local.lkey, b.local.addr),
+                None => recv::terminator(),
+            };
+            // SAFETY: slot `index` was claimed and its previous receive has completed;
+            // segment `i` lies inside the slot's `16 << log_stride` bytes.
+            unsafe { arch::store_seg((wqe as *mut u64).add(2 * i), seg.to_words()) };
+        }
+    }
+
     /// Waits (bounded) until receive `index`'s slot is free: its completion was polled, so both
-    /// its WQE slot and its CQE slot may be taken again.
+    /// its WQE slot and its CQE slot may be taken again (and, completions being polled in
+    /// order, every slot before it).
     fn reclaim(&self, index: u64) -> Result<(), WaitError> {
         let cq = self.cq();
         // SAFETY: a counter of the live handle.
@@ -250,18 +301,18 @@ impl<M: Sharing> Rq<M> {
         })
     }
 
-    /// In reservation order: announces receive `index` in the doorbell record, then in
-    /// `rq_ready`. The record only moves forwards: each poster writes it after the one before
-    /// has (`rq_ready` says so).
-    fn mark_ready(&self, index: u64) -> Result<(), WaitError> {
+    /// In reservation order: announces receives `index..index + n` in the doorbell record,
+    /// then in `rq_ready`. The record only moves forwards: each poster writes it after the one
+    /// before has (`rq_ready` says so).
+    fn mark_ready(&self, index: u64, n: u64) -> Result<(), WaitError> {
         if M::SHARED {
             // SAFETY: a counter of the live handle.
             self.until(index, || {
                 (unsafe { M::load_acquire(self.ready()) } == index).then_some(Ok(()))
             })?;
         }
-        let next = index + 1;
-        // The WQE before the record: the HCA may take the receive as soon as it sees the count.
+        let next = index + n;
+        // The WQEs before the record: the HCA may take a receive as soon as it sees the count.
         if self.k.gpu {
             arch::to_device_barrier_gpu();
         } else {

@@ -411,6 +411,56 @@ fn a_receive_a_ring_ahead_of_unpolled_completions_waits_for_a_poll() {
     assert_eq!((p.a.error(), p.b.error()), (None, None));
 }
 
+/// `post_recvs` posts a batch behind one record update: consecutive tickets, each receive
+/// its own buffer; a batch larger than the queue, or with a buffer too long, posts nothing;
+/// one that needs slots whose completions nobody polled waits (bounded), posting nothing.
+#[test]
+fn a_batch_of_receives_goes_up_whole_or_not_at_all() {
+    let p = pair_with(
+        8,
+        1,
+        QpConfig {
+            timeout: Duration::from_millis(300),
+            retry_timeout: Duration::from_millis(200),
+            ..Default::default()
+        },
+    );
+    let (sa, rb) = unsafe { (p.a.cpu::<Exclusive>().unwrap(), p.b.cpu_receive::<Exclusive>().unwrap()) };
+    let at = |i: u32| RecvBuf {
+        local: p.lb.local(i as u64 * 64),
+        len: 64,
+    };
+    assert_eq!(rb.post_recvs(9, at), Err(PostError::BadCount { count: 9, ring: 8 }));
+    let huge = |i: u32| RecvBuf {
+        len: if i == 2 { u32::MAX } else { 64 },
+        ..at(i)
+    };
+    assert!(matches!(rb.post_recvs(3, huge), Err(PostError::TooLong { .. })));
+    assert_eq!((rb.post_recvs(0, at), rb.outstanding()), (Ok(0), 0));
+    assert_eq!(rb.post_recvs(6, at), Ok(0));
+    assert_eq!(rb.outstanding(), 6);
+    for i in 0..6u8 {
+        sa.wait(sa.send_inline(&[i; 8]).unwrap()).unwrap();
+    }
+    // Six completions unpolled: a batch of three needs slot 0's again.
+    assert_eq!(
+        rb.post_recvs(3, at),
+        Err(PostError::Wait(WaitError::Timeout { index: 0 }))
+    );
+    assert_eq!(rb.outstanding(), 6);
+    for r in 0..6 {
+        let got = rb.poll(r).unwrap();
+        assert_eq!(got.bytes, 8);
+        let mut bytes = [0u8; 8];
+        p.lb.read(r * 64, &mut bytes).unwrap();
+        assert_eq!(bytes, [r as u8; 8], "receive {r} landed in its own buffer");
+    }
+    assert_eq!(rb.post_recvs(3, at), Ok(6));
+    sa.wait(sa.send_inline(&[7; 8]).unwrap()).unwrap();
+    assert_eq!(rb.poll(6).unwrap().bytes, 8);
+    assert_eq!((p.a.error(), p.b.error()), (None, None));
+}
+
 /// `put_bw --send`'s receiver (`perf::recv_stream`): takes exactly its count through a queue
 /// smaller than the stream, across the ring's wrap, into slots; leaves no receive behind for a
 /// later stream; and counts the bytes, so a message of another size shows.
