@@ -185,10 +185,18 @@ pub(crate) fn run(hca: Arc<Hca>, idle_policy: Idle) {
         let mut busy = false;
         let mut look = |w: &mut Watched, busy: &mut bool| {
             let qp = &w.served.qp;
+            let state = qp.state();
+            // The receive record matters here only to a QP in error, which flushes what is
+            // posted after it failed too. Read every round otherwise, its cache line (the
+            // posters', written on every post) would come from their core each time.
+            let posted = match (&qp.rq, state) {
+                (Some(rq), QpState::Error) => rq.posted(),
+                _ => 0,
+            };
             let db = (
                 qp.doorbell().load(Ordering::Acquire),
-                qp.rq.as_ref().map_or(0, |rq| rq.posted()),
-                qp.state() as u8,
+                posted,
+                state as u8,
                 qp.rnr_events.load(Ordering::Acquire),
             );
             if w.quiet > 0 && db == w.seen {
