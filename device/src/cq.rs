@@ -91,6 +91,13 @@ impl<M: Sharing> Cq<M> {
         CqeTail(unsafe { arch::load_u64_volatile((slot + cqe::TAIL_OFFSET as u64) as *const u64) })
     }
 
+    /// Whether the CQE of `index` is written (successful or not), without consuming it.
+    #[inline(always)]
+    pub(crate) fn written(&self, index: u64) -> bool {
+        let tail = self.peek(index);
+        ring::cqe_ready(tail.op_own(), index, self.k.log_size) && tail.wqe_counter() == index as u16
+    }
+
     /// Looks at the CQE of `index` once: `None` if not written yet, else its outcome, consuming
     /// it (consumer index, doorbell record, sticky error).
     #[inline(always)]

@@ -64,8 +64,8 @@ pub fn put_stream<M: Sharing, S: Scope>(
 /// was a `len`-byte message.
 ///
 /// Receives go up in batches (a quarter of `ahead`, at most 64: one fence and one record
-/// update each), and completions are read as they come, a bounded wait only when none is
-/// there.
+/// update each). Completions are read as they come; when none is there, the receiver watches
+/// the batch's last one first.
 #[inline(always)]
 pub fn recv_stream<M: Sharing>(
     rq: Rq<M>,
@@ -98,13 +98,27 @@ pub fn recv_stream<M: Sharing>(
         let index = first + taken;
         let got = match rq.try_poll(index) {
             Some(r) => r?,
-            None => rq.poll(index)?,
+            None => {
+                // Watch a later completion, not this one: the HCA then writes the ones before
+                // it onto lines no poller is reading (a line being read costs its writer a
+                // trip to the reader's core). A bounded watch; then the usual bounded wait.
+                let later = first + (taken + batch).min(posted) - 1;
+                let mut spins = 0u32;
+                while later > index && spins < WATCH_SPINS && !rq.arrived(later) {
+                    spins += 1;
+                    core::hint::spin_loop();
+                }
+                rq.poll(index)?
+            }
         };
         bytes += got.bytes as u64;
         taken += 1;
     }
     Ok(bytes)
 }
+
+/// Looks at a later completion [`recv_stream`] watches before it waits for the next one.
+const WATCH_SPINS: u32 = 1 << 20;
 
 /// Member posts `iters` 8-byte puts from `src` to `dst` and waits for none: the device posting
 /// rate, measured on a ring no HCA consumes (it must hold every WQE posted, or the reservation

@@ -364,6 +364,14 @@ impl<M: Sharing> Rq<M> {
         self.until(index, || cq.complete_seen(index, cq.peek(index)))
     }
 
+    /// Whether receive `index` has completed (its CQE is written, successful or not), without
+    /// consuming it: one load. For a poller that watches a later receive while the earlier ones
+    /// complete (see `perf::recv_stream`); [`poll`](Self::poll) them in order afterwards.
+    #[inline(always)]
+    pub fn arrived(&self, index: Ticket) -> bool {
+        self.cq().written(index)
+    }
+
     /// The ticket of the oldest receive not consumed yet: the receive the next message takes
     /// when every receive posted before it has completed and been consumed.
     #[inline(always)]
