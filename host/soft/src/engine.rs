@@ -391,6 +391,13 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
         ..
     } = &mut *progress;
     let mut target = requester::resolve(peer.as_mut());
+    // A peer QP in this process: its receive queue, held for the batch once a message takes a
+    // receive (dropped before the QP it borrows).
+    let local_peer = match &target {
+        Target::Local(_, q) => Some(q.clone()),
+        _ => None,
+    };
+    let mut held = requester::HeldReceives::new(local_peer.as_deref());
     while *ci < target_bb {
         let index = *ci;
         let fetched = fetch(qp, index, target_bb - index, wqe);
@@ -416,7 +423,7 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
             // blocks after the index may still be in the writing.
             QpState::Rts if fetched.is_err() => Some((Outcome::Error(Syndrome::LocalQpOp), None)),
             QpState::Rts => match WqeView::new_checked(bytes).and_then(|v| WorkRequest::parse(&v)) {
-                Ok(wr) => match requester::execute(hca, qp, &mut target, meta, &wr, bytes, scratch) {
+                Ok(wr) => match requester::execute(hca, qp, &mut target, &mut held, meta, &wr, bytes, scratch) {
                     Ok(Executed::Done(bytes)) => Some((Outcome::Success { bytes }, None)),
                     Ok(Executed::InFlight) => None, // the link completes it
                     Ok(Executed::Fenced) => {

@@ -1461,7 +1461,7 @@ fn two_sided(
     src_qpn: u32,
     idle: &mut dyn FnMut() -> Result<(), Fault>,
 ) -> Result<TwoSided, Fault> {
-    let taken = match responder::take_receive(qp) {
+    let mut taken = match responder::take_receive(qp) {
         Ok(Some(t)) => t,
         other => {
             skip_data(reader, req.op, bounce, idle)?;
@@ -1485,7 +1485,7 @@ fn two_sided(
         }
         _ => return Ok(TwoSided::Nak(Syndrome::RemoteInvalReq)),
     };
-    Ok(match responder::deliver(hca, cache, qp, taken, msg, src_qpn) {
+    Ok(match responder::deliver(hca, cache, qp, &mut taken, msg, src_qpn) {
         Ok(()) => TwoSided::Done,
         Err(s) => TwoSided::Nak(s),
     })

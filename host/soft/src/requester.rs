@@ -14,7 +14,7 @@ use crate::completer::Locals;
 use crate::copier::{Copier, Pending, Way};
 use crate::net::{Link, Meta, Sink};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp, Message};
+use crate::responder::{self, AtomicOp, Message, Receiving};
 use crate::{Hca, RegionCache};
 use gdaki_devx::wire::Op;
 use gdaki_devx::Access;
@@ -193,11 +193,42 @@ pub(crate) fn resolve(peer: Option<&mut Peer>) -> Target<'_> {
     }
 }
 
-/// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`, or says why not.
+/// The receive queue of a peer QP in this process, held across one doorbell's batch: locked at
+/// the batch's first message that takes a receive, released when the batch is done. Locking it
+/// per message cost two locked instructions each, and each waited for every store before it
+/// (the last CQE's among them).
+pub(crate) struct HeldReceives<'q> {
+    qp: Option<&'q SoftQp>,
+    held: Option<Receiving<'q>>,
+}
+
+impl<'q> HeldReceives<'q> {
+    /// For a batch to `qp` (the target's QP where it is in this process; `None` otherwise).
+    pub(crate) fn new(qp: Option<&'q SoftQp>) -> Self {
+        HeldReceives { qp, held: None }
+    }
+
+    /// The held queue if a receive waits for the next message; `Ok(None)` if none does.
+    fn next(&mut self) -> Result<Option<&mut Receiving<'q>>, Syndrome> {
+        let Some(qp) = self.qp else {
+            return Err(Syndrome::RemoteInvalReq);
+        };
+        let r = match &mut self.held {
+            Some(r) => r,
+            none => none.insert(Receiving::hold(qp)?),
+        };
+        Ok(if r.ready(qp)? { Some(r) } else { None })
+    }
+}
+
+/// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`, or says why not. `held`
+/// holds the receive queue of a target in this process.
+#[allow(clippy::too_many_arguments)] // the engine's state for one WQE, each distinct
 pub(crate) fn execute(
     hca: &Hca,
     qp: &SoftQp,
     target: &mut Target<'_>,
+    held: &mut HeldReceives<'_>,
     meta: Meta,
     wr: &WorkRequest,
     wqe: &[u8],
@@ -255,7 +286,7 @@ pub(crate) fn execute(
             let data = payload_bytes(&src, wqe, buf)?;
             let imm = (wr.opcode == WqeOpcode::SendImm).then_some(wr.imm);
             match target {
-                Target::Local(peer, tq) => match responder::take_receive(tq)? {
+                Target::Local(peer, tq) => match held.next()? {
                     None => Ok(Executed::NotReady(tq.rnr_delay())),
                     Some(taken) => {
                         let msg = Message::Send { data, imm };
@@ -278,7 +309,7 @@ pub(crate) fn execute(
             settle(copies)?;
             let data = payload_bytes(&src, wqe, buf)?;
             match target {
-                Target::Local(peer, tq) => match responder::take_receive(tq)? {
+                Target::Local(peer, tq) => match held.next()? {
                     None => Ok(Executed::NotReady(tq.rnr_delay())),
                     Some(taken) => {
                         responder::write(peer, regions, tq.pd, remote(r), data)?;

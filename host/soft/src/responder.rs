@@ -187,43 +187,61 @@ pub(crate) enum Message<'a> {
     },
 }
 
-/// The receive a message takes, held: its lock keeps the receive CQ's writers in order.
-pub(crate) struct Taken<'q> {
-    taken: std::sync::MutexGuard<'q, RqCursor>,
+/// A receive queue held by a responder: the lock every writer of its receive CQ takes (so its
+/// CQEs go in receive order), taken once for as many messages as arrive together, and the
+/// responder's place in it.
+pub(crate) struct Receiving<'q> {
+    cursor: std::sync::MutexGuard<'q, RqCursor>,
     rq: &'q SoftRq,
 }
 
-/// Whether the responder QP `qp` has a receive for a message: `Ok(None)` is "receiver not
-/// ready" (the requester retries after the QP's RNR timer, as its `rnr_retry` allows). A QP
-/// without a receive queue, or whose receive record claims more than its ring holds, cannot
-/// take one: the requester gets the syndrome of its NAK.
-pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Taken<'_>>, Syndrome> {
-    let Some(rq) = &qp.rq else {
-        return Err(Syndrome::RemoteInvalReq);
-    };
-    let mut taken = gdaki_devx::util::lock(&rq.taken);
-    if taken.known > 0 {
-        return Ok(Some(Taken { taken, rq }));
+impl<'q> Receiving<'q> {
+    /// Holds `qp`'s receive queue. A QP without one cannot take a message: the requester gets
+    /// the syndrome of its NAK.
+    pub(crate) fn hold(qp: &'q SoftQp) -> Result<Self, Syndrome> {
+        let Some(rq) = &qp.rq else {
+            return Err(Syndrome::RemoteInvalReq);
+        };
+        Ok(Receiving {
+            cursor: gdaki_devx::util::lock(&rq.taken),
+            rq,
+        })
     }
-    match rq.waiting(taken.taken) {
-        Some(0) => Ok(None),
-        Some(n) => {
-            taken.known = n;
-            Ok(Some(Taken { taken, rq }))
+
+    /// Whether a receive waits for the next message of `qp` (this queue's QP): `Ok(false)` is
+    /// "receiver not ready" (the requester retries after the QP's RNR timer, as its
+    /// `rnr_retry` allows). A receive record that claims more than the ring holds fails the
+    /// QP, and the requester gets the syndrome of its NAK.
+    pub(crate) fn ready(&mut self, qp: &SoftQp) -> Result<bool, Syndrome> {
+        if self.cursor.known > 0 {
+            return Ok(true);
         }
-        None => {
-            warn!(
-                qpn = format_args!("{:#x}", qp.qpn),
-                "the receive counter is more than a ring ahead of the receives taken"
-            );
-            qp.fail(Syndrome::LocalQpOp);
-            Err(Syndrome::RemoteOp)
+        match self.rq.waiting(self.cursor.taken) {
+            Some(n) => {
+                self.cursor.known = n;
+                Ok(n > 0)
+            }
+            None => {
+                warn!(
+                    qpn = format_args!("{:#x}", qp.qpn),
+                    "the receive counter is more than a ring ahead of the receives taken"
+                );
+                qp.fail(Syndrome::LocalQpOp);
+                Err(Syndrome::RemoteOp)
+            }
         }
     }
 }
 
-/// Delivers `msg` from QP `src_qpn` into the receive `taken` of responder QP `qp` (of HCA
-/// `hca`): scatters a SEND's payload into its buffers (each checked: key, PD, bounds, local
+/// [`Receiving::hold`] and [`Receiving::ready`] for one message: the held queue if a receive
+/// waits for it, `Ok(None)` if none does.
+pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrome> {
+    let mut r = Receiving::hold(qp)?;
+    Ok(r.ready(qp)?.then_some(r))
+}
+
+/// Delivers `msg` from QP `src_qpn` into the next receive of `taken`, the held receive queue
+/// of responder QP `qp` (of HCA `hca`), which [`Receiving::ready`] said is there: scatters a SEND's payload into its buffers (each checked: key, PD, bounds, local
 /// write), then writes its responder CQE. A receive that cannot take the message completes in
 /// error and the responder QP goes to error (its later receives are flushed), as RC does:
 /// too small a receive is a local length error here and an invalid request for the requester;
@@ -233,11 +251,11 @@ pub(crate) fn deliver(
     hca: &Hca,
     cache: &mut RegionCache,
     qp: &SoftQp,
-    mut taken: Taken<'_>,
+    taken: &mut Receiving<'_>,
     msg: Message<'_>,
     src_qpn: u32,
 ) -> Result<(), Syndrome> {
-    let index = taken.taken.taken;
+    let index = taken.cursor.taken;
     let rq = taken.rq;
     let outcome = scatter(hca, cache, qp, rq, index, msg);
     let result = match outcome {
@@ -266,8 +284,8 @@ pub(crate) fn deliver(
             Err(there)
         }
     };
-    taken.taken.taken += 1;
-    taken.taken.known -= 1;
+    taken.cursor.taken += 1;
+    taken.cursor.known = taken.cursor.known.saturating_sub(1);
     result
 }
 
