@@ -52,6 +52,19 @@ fn pair(rq: u32, bufs: u32) -> Pair {
     pair_with(rq, bufs, QpConfig::default())
 }
 
+/// [`pair`] with one-buffer receives whose waits time out after 300 ms, for tests of them.
+fn pair_with_short_waits(rq: u32) -> Pair {
+    pair_with(
+        rq,
+        1,
+        QpConfig {
+            timeout: Duration::from_millis(300),
+            retry_timeout: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+}
+
 fn cqe_error<T: std::fmt::Debug>(r: Result<T, WaitError>) -> Syndrome {
     match r {
         Err(WaitError::Cqe(e)) => e.syndrome,
@@ -378,15 +391,7 @@ fn bad_receive_arguments_are_refused_before_anything_is_posted() {
 /// receive CQ, and goes once one is polled.
 #[test]
 fn a_receive_a_ring_ahead_of_unpolled_completions_waits_for_a_poll() {
-    let p = pair_with(
-        4,
-        1,
-        QpConfig {
-            timeout: Duration::from_millis(300),
-            retry_timeout: Duration::from_millis(200),
-            ..Default::default()
-        },
-    );
+    let p = pair_with_short_waits(4);
     let (sa, rb) = unsafe { (p.a.cpu::<Exclusive>().unwrap(), p.b.cpu_receive::<Exclusive>().unwrap()) };
     let first: Vec<u64> = (0..4)
         .map(|i| rb.post_recv_one(p.lb.local(i * 64), 64).unwrap())
@@ -416,15 +421,7 @@ fn a_receive_a_ring_ahead_of_unpolled_completions_waits_for_a_poll() {
 /// one that needs slots whose completions nobody polled waits (bounded), posting nothing.
 #[test]
 fn a_batch_of_receives_goes_up_whole_or_not_at_all() {
-    let p = pair_with(
-        8,
-        1,
-        QpConfig {
-            timeout: Duration::from_millis(300),
-            retry_timeout: Duration::from_millis(200),
-            ..Default::default()
-        },
-    );
+    let p = pair_with_short_waits(8);
     let (sa, rb) = unsafe { (p.a.cpu::<Exclusive>().unwrap(), p.b.cpu_receive::<Exclusive>().unwrap()) };
     let at = |i: u32| RecvBuf {
         local: p.lb.local(i as u64 * 64),
