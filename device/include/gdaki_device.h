@@ -574,6 +574,22 @@ GDAKI_DEVICE_FN uint32_t gdaki_post_recv_exclusive(gdaki_dev_rq *rq, uint64_t ad
 GDAKI_DEVICE_FN uint32_t gdaki_post_recv_cta(gdaki_dev_rq *rq, uint64_t addr, uint32_t lkey, uint32_t len, uint64_t *ticket);
 GDAKI_DEVICE_FN uint32_t gdaki_post_recv_gpu(gdaki_dev_rq *rq, uint64_t addr, uint32_t lkey, uint32_t len, uint64_t *ticket);
 
+/** post_recvs: Posts `n` receives of one buffer each, `len` bytes at `addrs[i]` (key `lkey`), behind
+ * one fence and one doorbell-record update: all of them, or none on an error (more
+ * than the queue holds is `GDAKI_CODE_BAD_COUNT`; `addrs` null with `n` above 0,
+ * `GDAKI_CODE_BAD_ARGUMENT`). `*ticket` (unless null) gets the first one's ticket; the
+ * others follow it. */
+GDAKI_DEVICE_FN uint32_t gdaki_post_recvs_exclusive(gdaki_dev_rq *rq, uint32_t n, const uint64_t *addrs, uint32_t lkey, uint32_t len, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_post_recvs_cta(gdaki_dev_rq *rq, uint32_t n, const uint64_t *addrs, uint32_t lkey, uint32_t len, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_post_recvs_gpu(gdaki_dev_rq *rq, uint32_t n, const uint64_t *addrs, uint32_t lkey, uint32_t len, uint64_t *ticket);
+
+/** recv_arrived: `*arrived` gets 1 if receive `ticket` has completed (its completion is written,
+ * successful or not), else 0, without consuming it: one load. Poll the receives in
+ * order with `gdaki_poll_recv` afterwards. */
+GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_exclusive(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *arrived);
+GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_cta(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *arrived);
+GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_gpu(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *arrived);
+
 /** poll_recv: Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the
  * message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);
  * each unless null. An error CQE (a flushed receive, one too small) is its code. */

@@ -29,7 +29,7 @@ use gdaki_layout::handle::{DEV_QP_VERSION, DEV_RQ_VERSION};
 use gdaki_layout::{DevQp, DevRq};
 
 use crate::qp::{Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};
-use crate::rq::{RecvKind, Rq};
+use crate::rq::{RecvBuf, RecvKind, Rq};
 #[cfg(target_arch = "nvptx64")]
 use crate::scope::{Block, BlockScratch, Warp};
 use crate::scope::{Scope, Thread};
@@ -472,6 +472,52 @@ pub const RECV_OPERATIONS: &[Operation] = &[
         ],
     },
     Operation {
+        name: "post_recvs",
+        doc: "Posts `n` receives of one buffer each, `len` bytes at `addrs[i]` (key `lkey`), behind\n\
+              one fence and one doorbell-record update: all of them, or none on an error (more\n\
+              than the queue holds is `GDAKI_CODE_BAD_COUNT`; `addrs` null with `n` above 0,\n\
+              `GDAKI_CODE_BAD_ARGUMENT`). `*ticket` (unless null) gets the first one's ticket; the\n\
+              others follow it.",
+        params: &[
+            Param {
+                name: "n",
+                c_type: "uint32_t",
+            },
+            Param {
+                name: "addrs",
+                c_type: "const uint64_t *",
+            },
+            Param {
+                name: "lkey",
+                c_type: "uint32_t",
+            },
+            Param {
+                name: "len",
+                c_type: "uint32_t",
+            },
+            Param {
+                name: "ticket",
+                c_type: "uint64_t *",
+            },
+        ],
+    },
+    Operation {
+        name: "recv_arrived",
+        doc: "`*arrived` gets 1 if receive `ticket` has completed (its completion is written,\n\
+              successful or not), else 0, without consuming it: one load. Poll the receives in\n\
+              order with `gdaki_poll_recv` afterwards.",
+        params: &[
+            Param {
+                name: "ticket",
+                c_type: "uint64_t",
+            },
+            Param {
+                name: "arrived",
+                c_type: "uint32_t *",
+            },
+        ],
+    },
+    Operation {
         name: "poll_recv",
         doc: "Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the\n\
               message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);\n\
@@ -536,6 +582,56 @@ macro_rules! recv_entry_points {
                 unsafe {
                     enter_rq::<$mode>(rq, |rq| {
                         posted(rq.post_recv_one(Local { addr, lkey }, len), ticket)
+                    })
+                }
+            }
+
+            #[doc = concat!("`gdaki_post_recvs_", $suffix, "`, as `gdaki_device.h` documents it.")]
+            ///
+            /// # Safety
+            /// `rq` is null or an exported receive-queue handle used in this mode; `addrs` is
+            /// null or holds `n` readable entries; `ticket` is null or writable.
+            #[export_name = concat!("gdaki_post_recvs_", $suffix)]
+            pub unsafe extern "C" fn post_recvs(
+                rq: *mut DevRq,
+                n: u32,
+                addrs: *const u64,
+                lkey: u32,
+                len: u32,
+                ticket: *mut u64,
+            ) -> u32 {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    enter_rq::<$mode>(rq, |rq| {
+                        if n > 0 && addrs.is_null() {
+                            return CODE_BAD_ARGUMENT;
+                        }
+                        // `addrs` holds `n` entries (the caller's contract), and `post_recvs` asks
+                        // only for `i < n`.
+                        let buf = |i: u32| RecvBuf {
+                            local: Local {
+                                addr: addrs.add(i as usize).read(),
+                                lkey,
+                            },
+                            len,
+                        };
+                        posted(rq.post_recvs(n, buf), ticket)
+                    })
+                }
+            }
+
+            #[doc = concat!("`gdaki_recv_arrived_", $suffix, "`, as `gdaki_device.h` documents it.")]
+            ///
+            /// # Safety
+            /// `rq` is null or an exported receive-queue handle used in this mode; `arrived` is
+            /// null or writable.
+            #[export_name = concat!("gdaki_recv_arrived_", $suffix)]
+            pub unsafe extern "C" fn recv_arrived(rq: *mut DevRq, ticket: u64, arrived: *mut u32) -> u32 {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    enter_rq::<$mode>(rq, |rq| {
+                        give(arrived, rq.arrived(ticket) as u32);
+                        CODE_OK
                     })
                 }
             }

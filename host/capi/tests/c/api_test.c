@@ -393,9 +393,31 @@ static void two_sided(void) {
     CHECK(gdaki_post_recv_exclusive(NULL, m.addr, m.lkey, 8, NULL) == GDAKI_CODE_BAD_HANDLE);
     char big[GDAKI_MAX_SEND_INLINE + 1] = {0};
     CHECK(gdaki_send_inline_thread_exclusive(h, big, sizeof big, 0, NULL) == GDAKI_CODE_INLINE_TOO_LONG);
+    /* A batch of three receives behind one record update; arrival seen without consuming. */
+    uint64_t addrs[3] = {m.addr + 16384, m.addr + 16384 + 256, m.addr + 16384 + 512};
+    uint64_t first = 0;
+    uint32_t arrived = 9;
+    CHECK(gdaki_post_recvs_exclusive(rq, 3, addrs, m.lkey, 256, &first) == GDAKI_OK && first == 2);
+    CHECK(gdaki_recv_arrived_exclusive(rq, first, &arrived) == GDAKI_OK && arrived == 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK(gdaki_send_inline_thread_exclusive(h, "abc", 3, 0, &ticket) == GDAKI_OK);
+    }
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    CHECK(gdaki_recv_arrived_exclusive(rq, first + 2, &arrived) == GDAKI_OK && arrived == 1);
+    for (uint64_t i = 0; i < 3; i++) {
+        bytes = 0;
+        CHECK(gdaki_poll_recv_exclusive(rq, first + i, &bytes, NULL, NULL) == GDAKI_OK && bytes == 3);
+    }
+    OK(gdaki_region_read(mr, 16384 + 512, got, 3));
+    CHECK(memcmp(got, "abc", 3) == 0);
+    /* Refused whole: more than the queue holds, no addresses, a buffer too long, no handle. */
+    CHECK(gdaki_post_recvs_exclusive(rq, 17, addrs, m.lkey, 256, NULL) == GDAKI_CODE_BAD_COUNT);
+    CHECK(gdaki_post_recvs_exclusive(rq, 3, NULL, m.lkey, 256, NULL) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_post_recvs_exclusive(rq, 3, addrs, m.lkey, 0x80000000u, NULL) == GDAKI_CODE_TOO_LONG);
+    CHECK(gdaki_recv_arrived_exclusive(NULL, 0, &arrived) == GDAKI_CODE_BAD_HANDLE);
     /* A receive too small: the SEND completes in error, so does the receive. */
     uint64_t small = 0;
-    CHECK(gdaki_post_recv_exclusive(rq, m.addr + 12288, m.lkey, 2, &small) == GDAKI_OK);
+    CHECK(gdaki_post_recv_exclusive(rq, m.addr + 12288, m.lkey, 2, &small) == GDAKI_OK && small == 5);
     CHECK(gdaki_send_inline_thread_exclusive(h, "toolong", 7, 0, &ticket) == GDAKI_OK);
     CHECK(gdaki_wait_thread_exclusive(h, ticket) == (GDAKI_CODE_CQE_ERROR | 0x12)); /* remote invalid request */
     CHECK(gdaki_poll_recv_exclusive(rq, small, NULL, NULL, NULL) == (GDAKI_CODE_CQE_ERROR | 0x01)); /* local length */
