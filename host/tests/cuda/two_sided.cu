@@ -23,6 +23,9 @@ extern "C" __global__ void cpp_post_recvs(gdaki_dev_rq *rq, uint64_t base, uint3
   stale.version += 1;
   GDAKI_TEST_CHECK(gdaki_post_recv_gpu(0, base, lkey, 8, 0), GDAKI_CODE_BAD_HANDLE);
   GDAKI_TEST_CHECK(gdaki_post_recv_gpu(&stale, base, lkey, 8, 0), GDAKI_CODE_BAD_HANDLE);
+  // A batch without addresses is refused, an empty one posts nothing: neither takes a ticket.
+  GDAKI_TEST_CHECK(gdaki_post_recvs_gpu(rq, 3, 0, lkey, 8, 0), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(gdaki_post_recvs_gpu(rq, 0, 0, lkey, 8, 0), GDAKI_OK);
   status[t] = GDAKI_OK;
 }
 
@@ -64,12 +67,18 @@ extern "C" __global__ void cpp_send_block(gdaki_dev_qp *qp, uint64_t base, uint3
   status[t] = GDAKI_OK;
 }
 
-// Every thread whose receive took one of the first `n` messages polls it: its byte count, kind
-// and immediate go to slot `ticket` of `got` (three words each).
+// Every thread sees whether its receive arrived; one whose receive took one of the first `n`
+// messages polls it: its byte count, kind and immediate go to slot `ticket` of `got` (three
+// words each).
 extern "C" __global__ void cpp_poll_recvs(gdaki_dev_rq *rq, const uint64_t *tickets, uint64_t n, uint32_t *status,
                                           uint32_t *got) {
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
   const uint64_t ticket = tickets[t];
+  // Every message was sent (and waited for) before: the first `n` receives have arrived, the
+  // rest have not; looking does not consume them.
+  uint32_t arrived = 2;
+  GDAKI_TEST_CHECK(gdaki_recv_arrived_gpu(rq, ticket, &arrived), GDAKI_OK);
+  GDAKI_TEST_CHECK(arrived, ticket < n ? 1u : 0u);
   if (ticket >= n) {
     status[t] = GDAKI_OK;
     return;
