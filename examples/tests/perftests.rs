@@ -830,6 +830,12 @@ fn both_perftests_run_with_the_cpu_proxy() {
     assert!(out.contains("cpu-proxy (1 proxy thread)"), "{out}");
     assert!(out.contains(" Proxy: "), "{out}");
     assert_eq!(rows(&out).len(), 1, "{out}");
+    // SENDs too: the proxy rings for them; receives need no doorbell.
+    let out = ok(
+        "put_bw",
+        &["--mode", "cpu", "--cpu-proxy", "--send", "-s", "64", "-n", "2000", "-q", "2"],
+    );
+    assert!(out.contains(" Proxy: ") && out.contains("Send BW Test"), "{out}");
     let out = ok(
         "write_lat",
         &[
