@@ -833,7 +833,18 @@ fn both_perftests_run_with_the_cpu_proxy() {
     // SENDs too: the proxy rings for them; receives need no doorbell.
     let out = ok(
         "put_bw",
-        &["--mode", "cpu", "--cpu-proxy", "--send", "-s", "64", "-n", "2000", "-q", "2"],
+        &[
+            "--mode",
+            "cpu",
+            "--cpu-proxy",
+            "--send",
+            "-s",
+            "64",
+            "-n",
+            "2000",
+            "-q",
+            "2",
+        ],
     );
     assert!(out.contains(" Proxy: ") && out.contains("Send BW Test"), "{out}");
     let out = ok(

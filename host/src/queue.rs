@@ -550,13 +550,8 @@ impl QueuePair {
                         max: max_bufs,
                     });
                 }
-                let mut log_size = check_pow2("receive queue size", r.size as u64, 1, max_sq)?;
-                let log_stride = gdaki_layout::recv::log_stride(r.max_bufs);
-                // The send queue follows the receive queue: at least one building block of it.
-                while gdaki_layout::recv::queue_bytes(log_size, log_stride) < 64 {
-                    log_size += 1;
-                }
-                Some((log_size, log_stride))
+                let log_receives = check_pow2("receive queue size", r.size as u64, 1, max_sq)?;
+                Some(gdaki_layout::recv::queue_shape(log_receives, r.max_bufs))
             }
         };
         if let (Rings::Gpu(_), DoorbellHandler::CpuProxy) = (&cfg.rings, cfg.handler) {

@@ -50,6 +50,20 @@ pub const fn queue_bytes(log_size: u32, log_stride: u32) -> usize {
     wqe_size(log_stride) << log_size
 }
 
+/// `(log_rq_size, log_rq_stride)` of a receive queue for `1 << log_receives` receives of up to
+/// `sges` buffers: the stride is the buffers' segments rounded up to a power of two, and a
+/// queue smaller than one send building block (64 bytes) holds more receives until it fills
+/// one, since the send queue follows it in the same buffer (as rdma-core sizes its queues).
+#[inline(always)]
+pub const fn queue_shape(log_receives: u32, sges: u32) -> (u32, u32) {
+    let log_stride = log_stride(sges);
+    let mut log_size = log_receives;
+    while queue_bytes(log_size, log_stride) < crate::SEND_WQE_BB {
+        log_size += 1;
+    }
+    (log_size, log_stride)
+}
+
 /// The segment that ends a scatter list shorter than the stride.
 #[inline(always)]
 pub const fn terminator() -> DataSeg {
@@ -86,6 +100,27 @@ pub fn parse(bytes: &[u8]) -> Result<SgeList, WqeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The queue shapes are those rdma-core's own DevX RC test computes for its receive queue
+    /// (tests/mlx5_base.py, `create_queue_attrs` and `create_qp`): WQE size the segments rounded
+    /// up to a power of two, at least 64 bytes of queue, `log_rq_stride` the WQE size's log
+    /// minus 4, `log_rq_size` the log of the WQEs that fit, the send queue at the queue's end.
+    #[test]
+    fn queue_shapes_are_those_rdma_cores_devx_test_computes() {
+        for sges in 1..=MAX_RECV_SGES as u32 {
+            for log_receives in 0..=15u32 {
+                let wqe_size = (16 * sges as usize).next_power_of_two();
+                let wq_size = (wqe_size << log_receives).max(crate::SEND_WQE_BB);
+                let wqe_num = wq_size.div_ceil(wqe_size);
+                let (log_size, log_stride) = queue_shape(log_receives, sges);
+                let case = (sges, log_receives);
+                assert_eq!(log_stride, wqe_size.trailing_zeros() - 4, "{case:?}");
+                assert_eq!(1usize << log_size, wqe_num.next_power_of_two(), "{case:?}");
+                // The send queue's offset in the work-queue buffer.
+                assert_eq!(queue_bytes(log_size, log_stride), wq_size, "{case:?}");
+            }
+        }
+    }
 
     fn wqe(segs: &[DataSeg]) -> [u8; 64] {
         let mut b = [0u8; 64];
