@@ -141,6 +141,7 @@ c_types!(
     u32 => "uint32_t",
     u64 => "uint64_t",
     *mut u64 => "uint64_t *",
+    *mut u32 => "uint32_t *",
     *const u64 => "const uint64_t *",
     *const u8 => "const void *",
 );
@@ -444,105 +445,6 @@ c_abi! {
     }
 }
 
-/// One receive-queue operation of the C ABI: `gdaki_<name>_<mode>(gdaki_dev_rq *rq, params...)`,
-/// per thread in every scope, returning a status code.
-#[cfg(not(target_arch = "nvptx64"))]
-pub const RECV_OPERATIONS: &[Operation] = &[
-    Operation {
-        name: "post_recv",
-        doc: "Posts a receive of one buffer: local `addr` (key `lkey`, local write), `len` bytes.\n\
-              `*ticket` (unless null) gets the receive's ticket for `gdaki_poll_recv`.",
-        params: &[
-            Param {
-                name: "addr",
-                c_type: "uint64_t",
-            },
-            Param {
-                name: "lkey",
-                c_type: "uint32_t",
-            },
-            Param {
-                name: "len",
-                c_type: "uint32_t",
-            },
-            Param {
-                name: "ticket",
-                c_type: "uint64_t *",
-            },
-        ],
-    },
-    Operation {
-        name: "post_recvs",
-        doc: "Posts `n` receives of one buffer each, `len` bytes at `addrs[i]` (key `lkey`), behind\n\
-              one fence and one doorbell-record update: all of them, or none on an error (more\n\
-              than the queue holds is `GDAKI_CODE_BAD_COUNT`; `addrs` null with `n` above 0,\n\
-              `GDAKI_CODE_BAD_ARGUMENT`). `*ticket` (unless null) gets the first one's ticket; the\n\
-              others follow it.",
-        params: &[
-            Param {
-                name: "n",
-                c_type: "uint32_t",
-            },
-            Param {
-                name: "addrs",
-                c_type: "const uint64_t *",
-            },
-            Param {
-                name: "lkey",
-                c_type: "uint32_t",
-            },
-            Param {
-                name: "len",
-                c_type: "uint32_t",
-            },
-            Param {
-                name: "ticket",
-                c_type: "uint64_t *",
-            },
-        ],
-    },
-    Operation {
-        name: "recv_arrived",
-        doc: "`*arrived` gets 1 if receive `ticket` has completed (its completion is written,\n\
-              successful or not), else 0, without consuming it: one load. Poll the receives in\n\
-              order with `gdaki_poll_recv` afterwards.",
-        params: &[
-            Param {
-                name: "ticket",
-                c_type: "uint64_t",
-            },
-            Param {
-                name: "arrived",
-                c_type: "uint32_t *",
-            },
-        ],
-    },
-    Operation {
-        name: "poll_recv",
-        doc: "Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the\n\
-              message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);\n\
-              each unless null. An error CQE (a flushed receive, one too small) is its code.",
-        params: &[
-            Param {
-                name: "ticket",
-                c_type: "uint64_t",
-            },
-            Param {
-                name: "bytes",
-                c_type: "uint32_t *",
-            },
-            Param {
-                name: "kind",
-                c_type: "uint32_t *",
-            },
-            Param {
-                name: "imm",
-                c_type: "uint32_t *",
-            },
-        ],
-    },
-];
-
 /// Checks a receive-queue handle, then runs `f` with it.
 ///
 /// # Safety
@@ -558,117 +460,119 @@ unsafe fn enter_rq<M: Sharing>(rq: *mut DevRq, f: impl FnOnce(Rq<M>) -> u32) -> 
     f(unsafe { Rq::<M>::from_raw(rq) })
 }
 
+/// Defines the receive-queue operations once, as [`c_abi!`] does the queue pair's: generic Rust
+/// bodies in `recv_ops`, their descriptors in [`RECV_OPERATIONS`], and the `extern "C"` entry
+/// points of every sharing mode, `gdaki_<name>_<mode>(gdaki_dev_rq *rq, params...)`, per
+/// thread in every scope, each returning a status code.
+macro_rules! recv_abi {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $op:ident($rq:ident $(, $arg:ident: $ty:ty)* $(,)?) $body:block
+    )*) => {
+        /// The receive operations' bodies, generic over the mode; each returns a status code.
+        mod recv_ops {
+            use super::*;
+            $(
+                $(#[doc = $doc])*
+                ///
+                /// # Safety
+                /// As the entry points require: every pointer argument is null or valid for
+                /// what the operation reads or writes through it.
+                #[inline(always)]
+                pub(super) unsafe fn $op<M: Sharing>($rq: Rq<M> $(, $arg: $ty)*) -> u32 $body
+            )*
+        }
+
+        /// Every receive-queue operation, as the header declares it.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const RECV_OPERATIONS: &[Operation] = &[$(Operation {
+            name: stringify!($op),
+            doc: concat!($($doc, "\n"),*),
+            params: &[$(Param { name: stringify!($arg), c_type: <$ty as CType>::C }),*],
+        }),*];
+
+        recv_entry_points!(recv_exclusive, "exclusive", Exclusive; $($op($($arg: $ty),*))*);
+        recv_entry_points!(recv_cta, "cta", Cta; $($op($($arg: $ty),*))*);
+        recv_entry_points!(recv_gpu, "gpu", Gpu; $($op($($arg: $ty),*))*);
+    };
+}
+
 /// The receive-queue functions of one sharing mode, in a module named after it.
 macro_rules! recv_entry_points {
-    ($module:ident, $suffix:literal, $mode:ty) => {
+    ($module:ident, $suffix:literal, $mode:ty; $($op:ident($($arg:ident: $ty:ty),*))*) => {
         #[doc = concat!("The receive-queue C ABI in mode ", $suffix, " (`gdaki_<operation>_", $suffix, "`).")]
         pub mod $module {
             use super::*;
-
-            #[doc = concat!("`gdaki_post_recv_", $suffix, "`, as `gdaki_device.h` documents it.")]
-            ///
-            /// # Safety
-            /// `rq` is null or an exported receive-queue handle used in this mode; `ticket` is
-            /// null or writable.
-            #[export_name = concat!("gdaki_post_recv_", $suffix)]
-            pub unsafe extern "C" fn post_recv(
-                rq: *mut DevRq,
-                addr: u64,
-                lkey: u32,
-                len: u32,
-                ticket: *mut u64,
-            ) -> u32 {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    enter_rq::<$mode>(rq, |rq| {
-                        posted(rq.post_recv_one(Local { addr, lkey }, len), ticket)
-                    })
+            $(
+                #[doc = concat!("`gdaki_", stringify!($op), "_", $suffix, "`, as `gdaki_device.h` documents it.")]
+                ///
+                /// # Safety
+                /// `rq` is null or an exported receive-queue handle used in this mode; pointers
+                /// are null where allowed or valid for what the header says.
+                #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
+                pub unsafe extern "C" fn $op(rq: *mut DevRq $(, $arg: $ty)*) -> u32 {
+                    // SAFETY: the caller's contract is the one `enter_rq` and the body need.
+                    unsafe { enter_rq::<$mode>(rq, |rq| recv_ops::$op(rq $(, $arg)*)) }
                 }
-            }
-
-            #[doc = concat!("`gdaki_post_recvs_", $suffix, "`, as `gdaki_device.h` documents it.")]
-            ///
-            /// # Safety
-            /// `rq` is null or an exported receive-queue handle used in this mode; `addrs` is
-            /// null or holds `n` readable entries; `ticket` is null or writable.
-            #[export_name = concat!("gdaki_post_recvs_", $suffix)]
-            pub unsafe extern "C" fn post_recvs(
-                rq: *mut DevRq,
-                n: u32,
-                addrs: *const u64,
-                lkey: u32,
-                len: u32,
-                ticket: *mut u64,
-            ) -> u32 {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    enter_rq::<$mode>(rq, |rq| {
-                        if n > 0 && addrs.is_null() {
-                            return CODE_BAD_ARGUMENT;
-                        }
-                        // `addrs` holds `n` entries (the caller's contract), and `post_recvs` asks
-                        // only for `i < n`.
-                        let buf = |i: u32| RecvBuf {
-                            local: Local {
-                                addr: addrs.add(i as usize).read(),
-                                lkey,
-                            },
-                            len,
-                        };
-                        posted(rq.post_recvs(n, buf), ticket)
-                    })
-                }
-            }
-
-            #[doc = concat!("`gdaki_recv_arrived_", $suffix, "`, as `gdaki_device.h` documents it.")]
-            ///
-            /// # Safety
-            /// `rq` is null or an exported receive-queue handle used in this mode; `arrived` is
-            /// null or writable.
-            #[export_name = concat!("gdaki_recv_arrived_", $suffix)]
-            pub unsafe extern "C" fn recv_arrived(rq: *mut DevRq, ticket: u64, arrived: *mut u32) -> u32 {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    enter_rq::<$mode>(rq, |rq| {
-                        give(arrived, rq.arrived(ticket) as u32);
-                        CODE_OK
-                    })
-                }
-            }
-
-            #[doc = concat!("`gdaki_poll_recv_", $suffix, "`, as `gdaki_device.h` documents it.")]
-            ///
-            /// # Safety
-            /// `rq` is null or an exported receive-queue handle used in this mode; `bytes`,
-            /// `kind` and `imm` are each null or writable.
-            #[export_name = concat!("gdaki_poll_recv_", $suffix)]
-            pub unsafe extern "C" fn poll_recv(
-                rq: *mut DevRq,
-                ticket: u64,
-                bytes: *mut u32,
-                kind: *mut u32,
-                imm: *mut u32,
-            ) -> u32 {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    enter_rq::<$mode>(rq, |rq| match rq.poll(ticket) {
-                        Ok(r) => {
-                            give(bytes, r.bytes);
-                            give(kind, r.kind.code());
-                            give(imm, r.imm().unwrap_or(0));
-                            CODE_OK
-                        }
-                        Err(e) => e.code(),
-                    })
-                }
-            }
+            )*
         }
     };
 }
 
-recv_entry_points!(recv_exclusive, "exclusive", Exclusive);
-recv_entry_points!(recv_cta, "cta", Cta);
-recv_entry_points!(recv_gpu, "gpu", Gpu);
+recv_abi! {
+    /// Posts a receive of one buffer: local `addr` (key `lkey`, local write), `len` bytes.
+    /// `*ticket` (unless null) gets the receive's ticket for `gdaki_poll_recv`.
+    fn post_recv(rq, addr: u64, lkey: u32, len: u32, ticket: *mut u64) {
+        // SAFETY: `ticket` is null or writable (this function's contract).
+        unsafe { posted(rq.post_recv_one(Local { addr, lkey }, len), ticket) }
+    }
+
+    /// Posts `n` receives of one buffer each, `len` bytes at `addrs[i]` (key `lkey`), behind
+    /// one fence and one doorbell-record update: all of them, or none on an error (more
+    /// than the queue holds is `GDAKI_CODE_BAD_COUNT`; `addrs` null with `n` above 0,
+    /// `GDAKI_CODE_BAD_ARGUMENT`). `*ticket` (unless null) gets the first one's ticket; the
+    /// others follow it.
+    fn post_recvs(rq, n: u32, addrs: *const u64, lkey: u32, len: u32, ticket: *mut u64) {
+        if n > 0 && addrs.is_null() {
+            return CODE_BAD_ARGUMENT;
+        }
+        let buf = |i: u32| RecvBuf {
+            // SAFETY: `addrs` holds `n` entries (this function's contract), and `post_recvs`
+            // asks only for `i < n`.
+            local: Local { addr: unsafe { addrs.add(i as usize).read() }, lkey },
+            len,
+        };
+        // SAFETY: `ticket` is null or writable (this function's contract).
+        unsafe { posted(rq.post_recvs(n, buf), ticket) }
+    }
+
+    /// `*arrived` gets 1 if receive `ticket` has completed (its completion is written,
+    /// successful or not), else 0, without consuming it: one load. Poll the receives in
+    /// order with `gdaki_poll_recv` afterwards.
+    fn recv_arrived(rq, ticket: u64, arrived: *mut u32) {
+        // SAFETY: `arrived` is null or writable (this function's contract).
+        unsafe { give(arrived, rq.arrived(ticket) as u32) };
+        CODE_OK
+    }
+
+    /// Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the
+    /// message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);
+    /// each unless null. An error CQE (a flushed receive, one too small) is its code.
+    fn poll_recv(rq, ticket: u64, bytes: *mut u32, kind: *mut u32, imm: *mut u32) {
+        match rq.poll(ticket) {
+            Ok(r) => {
+                // SAFETY: each is null or writable (this function's contract).
+                unsafe {
+                    give(bytes, r.bytes);
+                    give(kind, r.kind.code());
+                    give(imm, r.imm().unwrap_or(0));
+                }
+                CODE_OK
+            }
+            Err(e) => e.code(),
+        }
+    }
+}
 
 /// `RecvKind` codes are what `poll_recv` writes to `*kind`.
 const _: () = {
