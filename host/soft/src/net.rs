@@ -1485,7 +1485,7 @@ fn two_sided(
         }
         _ => return Ok(TwoSided::Nak(Syndrome::RemoteInvalReq)),
     };
-    Ok(match responder::deliver(hca, cache, qp, &mut taken, msg, src_qpn) {
+    Ok(match responder::deliver(hca, cache, &mut taken, msg, src_qpn) {
         Ok(()) => TwoSided::Done,
         Err(s) => TwoSided::Nak(s),
     })

@@ -217,7 +217,7 @@ impl<'q> HeldReceives<'q> {
             Some(r) => r,
             none => none.insert(Receiving::hold(qp)?),
         };
-        Ok(if r.ready(qp)? { Some(r) } else { None })
+        Ok(if r.ready()? { Some(r) } else { None })
     }
 }
 
@@ -290,7 +290,7 @@ pub(crate) fn execute(
                     None => Ok(Executed::NotReady(tq.rnr_delay())),
                     Some(taken) => {
                         let msg = Message::Send { data, imm };
-                        responder::deliver(peer, regions, tq, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
+                        responder::deliver(peer, regions, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
                     }
                 },
                 Target::Remote(link) => {
@@ -314,7 +314,7 @@ pub(crate) fn execute(
                     Some(taken) => {
                         responder::write(peer, regions, tq.pd, remote(r), data)?;
                         let msg = Message::WriteImm { bytes, imm: wr.imm };
-                        responder::deliver(peer, regions, tq, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
+                        responder::deliver(peer, regions, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
                     }
                 },
                 Target::Remote(link) => {

@@ -187,11 +187,12 @@ pub(crate) enum Message<'a> {
     },
 }
 
-/// A receive queue held by a responder: the lock every writer of its receive CQ takes (so its
-/// CQEs go in receive order), taken once for as many messages as arrive together, and the
+/// A QP's receive queue held by a responder: the lock every writer of its receive CQ takes (so
+/// its CQEs go in receive order), taken once for as many messages as arrive together, and the
 /// responder's place in it.
 pub(crate) struct Receiving<'q> {
     cursor: std::sync::MutexGuard<'q, RqCursor>,
+    qp: &'q SoftQp,
     rq: &'q SoftRq,
 }
 
@@ -204,15 +205,17 @@ impl<'q> Receiving<'q> {
         };
         Ok(Receiving {
             cursor: gdaki_devx::util::lock(&rq.taken),
+            qp,
             rq,
         })
     }
 
-    /// Whether a receive waits for the next message of `qp` (this queue's QP): `Ok(false)` is
-    /// "receiver not ready" (the requester retries after the QP's RNR timer, as its
-    /// `rnr_retry` allows). A receive record that claims more than the ring holds fails the
-    /// QP, and the requester gets the syndrome of its NAK.
-    pub(crate) fn ready(&mut self, qp: &SoftQp) -> Result<bool, Syndrome> {
+    /// Whether a receive waits for the next message: `Ok(false)` is "receiver not ready" (the
+    /// requester retries after the QP's RNR timer, as its `rnr_retry` allows). A receive
+    /// record that claims more than the ring holds fails the QP, and the requester gets the
+    /// syndrome of its NAK.
+    pub(crate) fn ready(&mut self) -> Result<bool, Syndrome> {
+        let qp = self.qp;
         if self.cursor.known > 0 {
             return Ok(true);
         }
@@ -237,12 +240,13 @@ impl<'q> Receiving<'q> {
 /// waits for it, `Ok(None)` if none does.
 pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrome> {
     let mut r = Receiving::hold(qp)?;
-    Ok(r.ready(qp)?.then_some(r))
+    Ok(r.ready()?.then_some(r))
 }
 
-/// Delivers `msg` from QP `src_qpn` into the next receive of `taken`, the held receive queue
-/// of responder QP `qp` (of HCA `hca`), which [`Receiving::ready`] said is there: scatters a SEND's payload into its buffers (each checked: key, PD, bounds, local
-/// write), then writes its responder CQE. A receive that cannot take the message completes in
+/// Delivers `msg` from QP `src_qpn` into the next receive of `taken`, a responder QP's held
+/// receive queue (of HCA `hca`), which [`Receiving::ready`] said is there: scatters a SEND's
+/// payload into its buffers (each checked: key, PD, bounds, local write), then writes its
+/// responder CQE. A receive that cannot take the message completes in
 /// error and the responder QP goes to error (its later receives are flushed), as RC does:
 /// too small a receive is a local length error here and an invalid request for the requester;
 /// a malformed receive or a buffer it may not write is a local QP or protection error here and
@@ -250,13 +254,12 @@ pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrom
 pub(crate) fn deliver(
     hca: &Hca,
     cache: &mut RegionCache,
-    qp: &SoftQp,
     taken: &mut Receiving<'_>,
     msg: Message<'_>,
     src_qpn: u32,
 ) -> Result<(), Syndrome> {
     let index = taken.cursor.taken;
-    let rq = taken.rq;
+    let (qp, rq) = (taken.qp, taken.rq);
     let outcome = scatter(hca, cache, qp, rq, index, msg);
     let result = match outcome {
         Ok(bytes) => {
