@@ -238,7 +238,7 @@ impl<M: Sharing> Rq<M> {
     /// ticket; the others follow it. `n` larger than the queue is refused; an error posts
     /// nothing. `n` 0 posts nothing and returns the next ticket.
     pub fn post_recvs(&self, n: u32, buf: impl Fn(u32) -> RecvBuf) -> Result<Ticket, PostError> {
-        let size = 1u64 << self.k.log_size;
+        let size = self.size();
         if n as u64 > size {
             return Err(PostError::BadCount { count: n, ring: size });
         }
@@ -258,7 +258,7 @@ impl<M: Sharing> Rq<M> {
     /// Claims `n` consecutive receive slots (at most the queue's size), first waiting
     /// (bounded) for room: a timeout then claims nothing and leaves no hole in the queue.
     fn claim(&self, n: u64) -> Result<u64, WaitError> {
-        let size = 1u64 << self.k.log_size;
+        let size = self.size();
         // SAFETY: a counter of the live handle.
         let next = unsafe { M::load_acquire(self.reserved()) };
         if next + n > size {
@@ -390,9 +390,7 @@ impl<M: Sharing> Rq<M> {
     /// The oldest receive not consumed yet, if its CQE is there.
     #[inline(always)]
     pub fn poll_next(&self) -> Option<Result<Recv, WaitError>> {
-        // SAFETY: a counter of the live handle.
-        let index = unsafe { M::load_acquire(self.cq().consumed()) };
-        self.try_poll(index)
+        self.try_poll(self.next_to_complete())
     }
 
     /// A successful responder CQE as a [`Recv`]; an opcode a receive cannot have is a CQE of a

@@ -3,8 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 
 /// One side of `write_lat`'s ping-pong: its QP, the buffer it sends from, the buffer its peer
-/// writes into (or, with `--send`, its receives scatter into), and where its timestamps go. Addresses are as the side's device sees them
-/// (which is also how the HCA sees them for the soft provider's host-pinned memory).
+/// writes into (or, with `--send`, its receives scatter into), and where its timestamps go.
+/// Addresses are as the side's device sees them (which is also how the HCA sees them for the
+/// soft provider's host-pinned memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct PingPongSide {

@@ -337,9 +337,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     let step = ROUND_STEPS + 3 * rounds;
                     rounds += 1;
                     let (waited, received) = receive_round(&qps, &dst, size, nslots, count, cli.rx_depth, || {
-                        session.agree(step, Ok(()))?; // receivers started
+                        // The receivers have started; then the client has sent the round.
+                        session.agree(step, Ok(()))?;
                         session.agree(step + 1, Ok(())).context("the client's sends")
-                        // sent
                     });
                     waited?;
                     session.agree(step + 2, received)?;
