@@ -1069,3 +1069,27 @@ fn perftests_on_the_gpu_through_the_cpu_proxy() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["params"]["handler"], "cpu-proxy-fallback");
 }
+
+/// Two processes whose kernels wait for each other's WRITEs into device memory (one GPU each
+/// where there are two). Each side's soft HCA maps the peer's allocation at its first WRITE
+/// and restarts its GPU copier around that: a restart that waited on the legacy stream (for
+/// the waiting kernel) held every message until the kernels' flag waits timed out.
+#[test]
+fn write_lat_across_processes_into_device_memory() {
+    let test = "write_lat_across_processes_into_device_memory";
+    if !gpu_or_skip(test) {
+        return;
+    }
+    let server_gpu = match gdaki::cuda::probe().map_or(0, |i| i.gpus.len()) {
+        2.. => "1",
+        _ => "0",
+    };
+    let flags = ["--mode", "gpu", "--mem", "device", "-s", "8", "-n", "50"];
+    let (s, c) = server_client(
+        "write_lat",
+        &[&flags[..], &["--gpu", server_gpu]].concat(),
+        &[&flags[..], &["--gpu", "0"]].concat(),
+    );
+    let (_, out) = both_succeeded(&s, &c);
+    assert_eq!(rows(&out).len(), 1, "{out}");
+}

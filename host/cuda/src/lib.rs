@@ -624,6 +624,27 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// Copies `src` to `offset` on `stream` and waits for that stream: landed when it returns,
+    /// like [`write`](Self::write), but without the legacy stream, which waits for every kernel
+    /// launched on a blocking stream first. What a resident kernel's own set-up uses: an
+    /// application kernel waiting for that resident kernel would otherwise wait for itself.
+    pub fn write_on(&self, stream: &cudarc::driver::CudaStream, offset: usize, src: &[u8]) -> Result<(), CudaError> {
+        self.check(offset, src.len())?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the destination range lies inside this allocation (checked); `src` is a
+        // valid host slice that outlives the copy (the stream is synchronised before return).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.ptr + offset as u64,
+                src.as_ptr().cast(),
+                src.len(),
+                stream.cu_stream(),
+            )
+        }
+        .result()?;
+        stream::wait_idle(stream)
+    }
+
     /// Copies from `offset` into `dst` (synchronous).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
         self.check(offset, dst.len())?;

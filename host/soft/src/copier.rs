@@ -283,9 +283,11 @@ impl Copier {
     fn start(&self, st: &mut State) -> Result<(), CudaError> {
         self.ctx.bind_to_thread()?;
         self.stop_word().store(0, Ordering::Release);
-        // Zeroed by a copy, not a memset (a memset is a kernel: it could wait behind others);
-        // landed before the kernel starts on its own stream (DeviceBuffer::write waits for it).
-        self.work.write(0, &[0u8; WORK_BYTES])?;
+        // Zeroed by a copy, not a memset (a memset is a kernel: it could wait behind others),
+        // on the copier's own stream: a copy on the legacy stream would wait for every kernel
+        // of the application's blocking streams, and a restart (after a quiesced IPC mapping,
+        // say) happens while one of them may be waiting for this copier's copies.
+        self.work.write_on(&self.stream, 0, &[0u8; WORK_BYTES])?;
         let (descs, dones, ctl, work) = (
             self.descs.device_addr(0),
             self.dones.device_addr(0),
