@@ -1070,6 +1070,43 @@ fn perftests_on_the_gpu_through_the_cpu_proxy() {
     assert_eq!(v["params"]["handler"], "cpu-proxy-fallback");
 }
 
+/// One process per GPU: put_bw's server on GPU 1 and its client on GPU 0, both with device
+/// memory, read against a P2P copy between the two GPUs in the copy's direction (needs two GPUs
+/// that reach each other; SKIPPED otherwise).
+#[test]
+fn put_bw_across_two_gpus_is_read_against_a_p2p_copy() {
+    let test = "put_bw_across_two_gpus_is_read_against_a_p2p_copy";
+    if !gpu_or_skip(test) {
+        return;
+    }
+    let found = gdaki::cuda::probe().map_or(0, |i| i.gpus.len());
+    if found < 2 {
+        let _ = writeln!(std::io::stderr(), "SKIPPED (needs 2 GPUs, found {found}): {test}");
+        return;
+    }
+    for (op, from, to) in [(None, 0, 1), (Some("--read"), 1, 0)] {
+        let mut flags = vec!["--mode", "gpu", "--mem", "device", "-s", "65536", "-n", "2000"];
+        flags.extend(op);
+        let server = [&flags[..], &["--gpu", "1"]].concat();
+        let client = [&flags[..], &["--gpu", "0", "--json"]].concat();
+        let (s, c) = server_client("put_bw", &server, &client);
+        let (_, out) = both_succeeded(&s, &c);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let what = v["reference"]["what"].as_str().unwrap_or_default();
+        assert!(
+            what.contains(&format!(
+                "P2P copy (cuMemcpyPeerAsync, peer access enabled) from GPU {from} to GPU {to}"
+            )),
+            "{what}"
+        );
+        let row = &v["results"][0];
+        assert!(row["ref_bw_mib_s"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        // The text header says how the bytes travel.
+        let text = String::from_utf8_lossy(&s.stdout);
+        assert!(text.contains("copied GPU to GPU (P2P)"), "{text}");
+    }
+}
+
 /// Two processes whose kernels wait for each other's WRITEs into device memory (one GPU each
 /// where there are two). Each side's soft HCA maps the peer's allocation at its first WRITE
 /// and restarts its GPU copier around that: a restart that waited on the legacy stream (for

@@ -5,6 +5,7 @@
 //! a GPU the tests say they were skipped.
 mod common;
 use common::{gpu_or_skip, pattern, PeerProcess};
+use std::io::Write as _;
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -175,4 +176,41 @@ fn a_region_write_has_landed_when_it_returns() {
     }
     // SAFETY: created above, destroyed once.
     unsafe { sys::cuStreamDestroy_v2(stream) }.result().unwrap();
+}
+
+/// put_bw's reference across two GPUs: a P2P copy to or from another GPU this one reaches,
+/// refused with its reason for this GPU itself and for a GPU this process does not see.
+#[test]
+fn a_p2p_reference_copy_goes_to_another_gpu_or_says_why_not() {
+    use gdaki::cuda::PeerDirection::{FromPeer, ToPeer};
+    let test = "a_p2p_reference_copy_goes_to_another_gpu_or_says_why_not";
+    let Some((gpu, _one)) = gpu_or_skip(test) else {
+        return;
+    };
+    let mine = gdaki::cuda::gpu_uuid(gpu.context()).unwrap();
+    let e = gpu.peer_copy(&mine, ToPeer, 4096, 4, 8).unwrap_err().to_string();
+    assert!(e.contains("is this GPU"), "{e}");
+    let e = gpu.peer_copy(&[0xee; 16], ToPeer, 4096, 4, 8).unwrap_err().to_string();
+    assert!(e.contains("not visible"), "{e}");
+    if !common::has_gpus(test, 2) {
+        return;
+    }
+    let other = gdaki::cuda::Gpu::open(1).unwrap();
+    let theirs = gdaki::cuda::gpu_uuid(other.context()).unwrap();
+    if !gdaki::cuda::gpu_reaches(gpu.context(), &theirs) {
+        let e = gpu.peer_copy(&theirs, ToPeer, 4096, 4, 8).unwrap_err().to_string();
+        assert!(e.contains("no P2P path"), "{e}");
+        return;
+    }
+    // A figure, not a check: back to back, each copy of this size costs the copy engines
+    // about as long as its bytes take (tens of GB/s on NVLink), so speed proves no path.
+    for direction in [ToPeer, FromPeer] {
+        let took = gpu.peer_copy(&theirs, direction, 1 << 20, 8, 64).unwrap();
+        assert!(took > std::time::Duration::ZERO, "{direction:?}");
+        let gb_s = (64u64 << 20) as f64 / took.as_secs_f64() / 1e9;
+        let _ = writeln!(
+            std::io::stderr(),
+            "P2P reference {direction:?}: 64 x 1 MiB in {took:?} ({gb_s:.1} GB/s)"
+        );
+    }
 }

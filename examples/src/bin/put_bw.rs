@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use clap::Parser;
 use gdaki::cuda::StreamOp;
-use gdaki::cuda::{DataPathLaunch, KernelMode};
+use gdaki::cuda::{DataPathLaunch, KernelMode, PeerDirection};
 use gdaki::handshake::{Hello, RemoteRegion};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
@@ -460,6 +460,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("--send in loopback posts receives from CPU threads (--rings host)")?;
         }
     }
+    let ref_copy = RefCopy::of(&session, peer.as_ref(), cli.read);
     let mut rounds = 0u64;
     // The posting GPU, apart from the session (whose barriers a --send round also takes).
     let gpu = session.gpu.clone();
@@ -562,7 +563,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .fold(0.0, f64::max);
         // The reference copies one round's worth: enough for a bandwidth, however long -D is.
         let count = round.clamp(1, u32::MAX as u64) as u32;
-        let reference = reference_bw(&session, size, nslots, count)?;
+        let reference = reference_bw(&session, ref_copy, size, nslots, count)?;
         let row = BwRow {
             bytes: size,
             iterations: per_qp,
@@ -582,11 +583,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => "message count",
     };
     let reference = Reference {
-        what: if session.gpu.is_some() {
-            format!("device-to-device copy (cuMemcpyDtoDAsync), same size, {count} and buffer slots, on the same GPU")
-        } else {
-            format!("memcpy by one CPU thread, same size, {count} and buffer slots")
-        },
+        what: format!("{}, same size, {count} and buffer slots", ref_copy.describe()),
     };
     let results = ClientResults { rows, reference };
     session.from_client(&serde_json::to_vec(&results)?)?;
@@ -917,13 +914,76 @@ fn cpu_windows(
     Ok((out, iters as u64))
 }
 
+/// What put_bw's bandwidth is read against: a copy of the same size and count through the
+/// same buffer slots, made by what would otherwise move the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefCopy {
+    /// CPU mode: memcpy by one CPU thread.
+    Memcpy,
+    /// A device-to-device copy on the posting GPU.
+    Device,
+    /// The peer's buffers are on another GPU this one reaches: a P2P copy between the two
+    /// GPUs, to the peer's for WRITEs and SENDs, from it for READs.
+    Peer {
+        uuid: gdaki::cuda::GpuUuid,
+        mine: usize,
+        theirs: usize,
+        direction: PeerDirection,
+    },
+}
+
+impl RefCopy {
+    /// The reference of a run on `session` whose peer said `peer` in its hello.
+    fn of(session: &Session, peer: Option<&Hello>, read: bool) -> RefCopy {
+        let Some(gpu) = &session.gpu else {
+            return RefCopy::Memcpy;
+        };
+        let theirs = peer.and_then(Symmetric::buffers_gpu_of);
+        match (session.peer_path(theirs), theirs) {
+            (PeerPath::Peer(ordinal), Some(uuid)) => RefCopy::Peer {
+                uuid,
+                mine: gpu.context().ordinal(),
+                theirs: ordinal,
+                direction: if read {
+                    PeerDirection::FromPeer
+                } else {
+                    PeerDirection::ToPeer
+                },
+            },
+            _ => RefCopy::Device,
+        }
+    }
+
+    /// What the reference line says it is.
+    fn describe(self) -> String {
+        match self {
+            RefCopy::Memcpy => "memcpy by one CPU thread".into(),
+            RefCopy::Device => "device-to-device copy (cuMemcpyDtoDAsync) on the same GPU".into(),
+            RefCopy::Peer {
+                mine,
+                theirs,
+                direction,
+                ..
+            } => {
+                let (from, to) = match direction {
+                    PeerDirection::ToPeer => (mine, theirs),
+                    PeerDirection::FromPeer => (theirs, mine),
+                };
+                format!("P2P copy (cuMemcpyPeerAsync, peer access enabled) from GPU {from} to GPU {to}")
+            }
+        }
+    }
+}
+
 /// The reference bandwidth (MiB/s) for `count` messages of `size` bytes through the same slots
-/// the puts cycle through (so both see the same caches): on the GPU a device copy between two
-/// buffers, on the CPU memcpy.
-fn reference_bw(session: &Session, size: u64, slots: u64, count: u32) -> anyhow::Result<f64> {
-    let elapsed = match &session.gpu {
-        Some(gpu) => gpu.device_copy(size as usize, slots as usize, count)?,
-        None => {
+/// the puts cycle through (so both see the same caches), copied as `how` says.
+fn reference_bw(session: &Session, how: RefCopy, size: u64, slots: u64, count: u32) -> anyhow::Result<f64> {
+    let elapsed = match (&session.gpu, how) {
+        (Some(gpu), RefCopy::Peer { uuid, direction, .. }) => {
+            gpu.peer_copy(&uuid, direction, size as usize, slots as usize, count)?
+        }
+        (Some(gpu), _) => gpu.device_copy(size as usize, slots as usize, count)?,
+        (None, _) => {
             let n = (size * slots) as usize;
             let (a, mut b) = (vec![1u8; n], vec![0u8; n]);
             b.copy_from_slice(&a); // first touches, untimed

@@ -36,6 +36,7 @@ pub use ipc::{
 pub use kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel, LinkInput, Module};
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
+pub use reference::PeerDirection;
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
 pub const MIN_DRIVER_VERSION: i32 = 13000;

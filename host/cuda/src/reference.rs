@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{CudaError, DeviceBuffer, Gpu, HostMapping};
+use super::{CudaError, DeviceBuffer, Gpu, GpuUuid, HostMapping};
 use crate::stream::timed;
 use crate::HostBuffer;
 
@@ -23,24 +23,71 @@ impl Gpu {
     /// through many slots do not).
     pub fn device_copy(&self, len: usize, slots: usize, count: u32) -> Result<Duration, CudaError> {
         let stream = self.ctx.default_stream();
-        let (len, slots) = (len.max(1), slots.max(1));
-        let bytes = len.checked_mul(slots).ok_or(CudaError::OutOfBounds {
-            offset: 0,
-            len,
-            size: usize::MAX,
-        })?;
+        let bytes = slot_bytes(len, slots)?;
         let src = stream.alloc_zeros::<u8>(bytes)?;
         let mut dst = stream.alloc_zeros::<u8>(bytes)?;
         let (s, _s) = src.device_ptr(&stream);
         let (d, _d) = dst.device_ptr_mut(&stream);
         timed(&stream, || {
-            for m in 0..count as u64 {
-                let at = (m % slots as u64) * len as u64;
+            copy_slots(len, slots, count, |at, len| {
                 // SAFETY: both allocations hold `slots` slots of `len` bytes and live until the
                 // stream is idle (`timed` waits for it).
-                unsafe { sys::cuMemcpyDtoDAsync_v2(d + at, s + at, len, stream.cu_stream()) }.result()?;
-            }
-            Ok(())
+                unsafe { sys::cuMemcpyDtoDAsync_v2(d + at, s + at, len, stream.cu_stream()) }.result()
+            })
+        })
+    }
+
+    /// GPU time of `count` back-to-back `cuMemcpyPeerAsync` copies of `len` bytes between a
+    /// buffer on this GPU and one on the GPU with UUID `peer`, slot by slot as
+    /// [`device_copy`](Self::device_copy) does, in `direction`: the P2P copy a two-process
+    /// `put_bw` across two GPUs is read against. Peer access to that GPU is enabled first (see
+    /// [`enable_peer_access`](crate::enable_peer_access)), so the copy engines move the bytes
+    /// over NVLink or PCIe rather than through host memory; refused where the peer GPU is not
+    /// visible to this process, is this GPU, or is not reachable over P2P.
+    pub fn peer_copy(
+        &self,
+        peer: &GpuUuid,
+        direction: PeerDirection,
+        len: usize,
+        slots: usize,
+        count: u32,
+    ) -> Result<Duration, CudaError> {
+        let refuse = |why: &str| CudaError::BadArgument {
+            what: "peer_copy",
+            why: why.into(),
+        };
+        let ordinal =
+            crate::gpu_ordinal_of(peer).ok_or_else(|| refuse("the peer GPU is not visible to this process"))?;
+        if crate::gpu_uuid(&self.ctx)? == *peer {
+            return Err(refuse("the peer GPU is this GPU (device_copy measures that)"));
+        }
+        if !crate::gpu_reaches(&self.ctx, peer) {
+            return Err(refuse("this GPU has no P2P path to the peer GPU"));
+        }
+        crate::enable_peer_access(&self.ctx, peer)?;
+        let theirs_ctx = cudarc::driver::CudaContext::new(ordinal)?;
+        let theirs_stream = theirs_ctx.default_stream();
+        let bytes = slot_bytes(len, slots)?;
+        let mut theirs = theirs_stream.alloc_zeros::<u8>(bytes)?;
+        // The zeros land before this GPU's copies touch the buffer.
+        theirs_stream.synchronize()?;
+        let stream = self.ctx.default_stream();
+        let mut mine = stream.alloc_zeros::<u8>(bytes)?;
+        let (m, _m) = mine.device_ptr_mut(&stream);
+        let (t, _t) = theirs.device_ptr_mut(&theirs_stream);
+        let (my_ctx, their_ctx) = (self.ctx.cu_ctx(), theirs_ctx.cu_ctx());
+        let ((dst, dst_ctx), (src, src_ctx)) = match direction {
+            PeerDirection::ToPeer => ((t, their_ctx), (m, my_ctx)),
+            PeerDirection::FromPeer => ((m, my_ctx), (t, their_ctx)),
+        };
+        self.ctx.bind_to_thread()?;
+        timed(&stream, || {
+            copy_slots(len, slots, count, |at, len| {
+                // SAFETY: both allocations hold `slots` slots of `len` bytes, each in the
+                // context named beside it, and live until this stream is idle (`timed` waits).
+                unsafe { sys::cuMemcpyPeerAsync(dst + at, dst_ctx, src + at, src_ctx, len, stream.cu_stream()) }
+                    .result()
+            })
         })
     }
 
@@ -141,4 +188,37 @@ impl Gpu {
             })
             .collect()
     }
+}
+
+/// Which way [`Gpu::peer_copy`] moves the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerDirection {
+    /// From this GPU's buffer to the peer GPU's (what a WRITE to the peer does).
+    ToPeer,
+    /// From the peer GPU's buffer to this GPU's (what a READ from the peer does).
+    FromPeer,
+}
+
+/// Bytes of `slots` slots of `len` bytes (each at least 1).
+fn slot_bytes(len: usize, slots: usize) -> Result<usize, CudaError> {
+    let (len, slots) = (len.max(1), slots.max(1));
+    len.checked_mul(slots).ok_or(CudaError::OutOfBounds {
+        offset: 0,
+        len,
+        size: usize::MAX,
+    })
+}
+
+/// Issues `count` copies of `len` bytes, copy `m` at slot `m % slots`, through `copy(offset, len)`.
+fn copy_slots(
+    len: usize,
+    slots: usize,
+    count: u32,
+    mut copy: impl FnMut(u64, usize) -> Result<(), cudarc::driver::DriverError>,
+) -> Result<(), cudarc::driver::DriverError> {
+    let (len, slots) = (len.max(1), slots.max(1) as u64);
+    for m in 0..u64::from(count) {
+        copy((m % slots) * len as u64, len)?;
+    }
+    Ok(())
 }
