@@ -58,7 +58,7 @@ pub mod scope;
 pub mod sharing;
 pub mod status;
 
-pub use qp::{AtomicOp, Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};
+pub use qp::{AtomicOp, DoorbellWrites, Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};
 pub use rq::{Recv, RecvBuf, RecvKind, Rq};
 pub use scope::{Block, Scope, Thread, Warp};
 pub use sharing::{Cta, Exclusive, Gpu, Sharing};

@@ -84,6 +84,42 @@ pub enum AtomicOp {
     },
 }
 
+/// What ringing for a producer index stores, for an agent that rings later on a poster's
+/// behalf ([`Qp::doorbell_writes`]): each value is what one native-endian store writes, in
+/// this order, as [`Qp::submit`] would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoorbellWrites {
+    /// The GPU doorbell: the 32-bit send doorbell record (at `DevQp::sq_dbrec`), then the
+    /// 8-byte doorbell (at `DevQp::doorbell`). The record goes first: an agent's stores are
+    /// ordered, and a HCA that recovers a lost doorbell from the record then finds it current.
+    Doorbell {
+        /// The record's word (big-endian counter, as stored).
+        record: u32,
+        /// The doorbell's 8 bytes as one word.
+        doorbell: u64,
+    },
+    /// The CPU proxy: the producer index, one 8-byte store at `DevQp::doorbell`; the proxy
+    /// writes the record and rings.
+    Proxy {
+        /// The producer index.
+        index: u64,
+    },
+}
+
+impl DoorbellWrites {
+    /// What ringing QP `qpn` for producer index `pi` stores through a doorbell of `kind`.
+    #[inline(always)]
+    pub const fn new(kind: DoorbellKind, qpn: u32, pi: u64) -> DoorbellWrites {
+        match kind {
+            DoorbellKind::Gpu => DoorbellWrites::Doorbell {
+                record: dbrec::wq_counter(pi).to_be(),
+                doorbell: doorbell::word(qpn, pi),
+            },
+            DoorbellKind::CpuProxy => DoorbellWrites::Proxy { index: pi },
+        }
+    }
+}
+
 /// The most bytes [`Qp::put_inline`] carries (one building block).
 pub const MAX_INLINE: usize = inline::MAX_SINGLE_BB;
 
@@ -727,6 +763,40 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             fence();
             arch::mmio_store(doorbell, word);
         }
+    }
+
+    // ---------------------------------------------------------------- rung by another agent
+
+    /// What ringing for producer index `pi` stores, for an agent that rings later on this
+    /// poster's behalf, in its own order (a CUDA stream's memory operations: stream-triggered
+    /// posting): see [`DoorbellWrites`].
+    #[inline(always)]
+    pub fn doorbell_writes(&self, pi: u64) -> Option<DoorbellWrites> {
+        let kind = DoorbellKind::from_raw(self.k.doorbell_kind)?;
+        Some(DoorbellWrites::new(kind, self.qpn(), pi))
+    }
+
+    /// Declares WQEs up to `pi` (marked ready) handed to an agent that rings for them
+    /// ([`doorbell_writes`](Self::doorbell_writes)): nothing here rings for them again, and a
+    /// later [`reserve`](Self::reserve) may look for their completions. Exclusive use.
+    #[inline(always)]
+    pub fn note_rung(&self, pi: u64) {
+        // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+        unsafe { M::store_release(self.sq_rung(), pi) };
+    }
+
+    /// WQEs reserved so far (the next WQE's index).
+    #[inline(always)]
+    pub fn reserved(&self) -> u64 {
+        // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+        unsafe { M::load_acquire(self.sq_reserved()) }
+    }
+
+    /// CQEs consumed so far: every WQE before this index has completed and its slot is free.
+    #[inline(always)]
+    pub fn consumed(&self) -> u64 {
+        // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+        unsafe { M::load_acquire(self.cq_consumed()) }
     }
 
     // ---------------------------------------------------------------- low level: completions

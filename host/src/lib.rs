@@ -43,6 +43,7 @@ pub mod peer;
 pub mod provider;
 pub mod queue;
 mod shared_copy;
+pub mod stream;
 pub mod system;
 
 /// The CUDA driver, gdaki's kernels and the embedded PTX (`gdaki-cuda`, re-exported).

@@ -1014,6 +1014,9 @@ pub struct GpuQp {
     handle: gdaki_cuda::DeviceBuffer,
     /// The `DevRq` in GPU memory, for a QP with a receive queue.
     recv_handle: Option<gdaki_cuda::DeviceBuffer>,
+    /// What `handle` was written with: the GPU's addresses of the rings, records and doorbell
+    /// (what a CUDA stream's memory operations store to and wait on).
+    view: DevQp,
     // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
     _maps: Vec<gdaki_cuda::HostMapping>,
     qp: Arc<Qp>,
@@ -1052,6 +1055,17 @@ impl GpuQp {
     /// `*mut DevRq` (`gdaki_device::Rq::from_raw`).
     pub fn receive_handle(&self) -> Option<u64> {
         self.recv_handle.as_ref().map(|h| h.device_addr())
+    }
+
+    /// The handle as it was written into GPU memory (its counters as of the export): the
+    /// GPU's addresses of the rings, records and doorbell.
+    pub(crate) fn view(&self) -> &DevQp {
+        &self.view
+    }
+
+    /// Whether this is an export of `qp`.
+    pub fn exports(&self, qp: &QueuePair) -> bool {
+        Arc::ptr_eq(&self.qp, &qp.inner)
     }
 
     /// The GPU it is exported to.
@@ -1224,6 +1238,7 @@ impl QueuePair {
         Ok(GpuQp {
             handle,
             recv_handle,
+            view: dev,
             _maps: maps,
             qp: q.clone(),
         })

@@ -1,10 +1,12 @@
-//! Waiting for a stream without blocking in the driver, and timing a launch with events.
+//! Waiting for a stream without blocking in the driver, timing a launch with events, and the
+//! stream memory operations stream-triggered posting enqueues (`cuStreamWriteValue*`,
+//! `cuStreamWaitValue32`).
 use std::time::Duration;
 
 use cudarc::driver::sys;
 use cudarc::driver::CudaStream;
 
-use crate::CudaError;
+use crate::{CudaError, Gpu};
 
 /// Runs `launch` between two timing events on `stream`, waits for it (polling) and returns the
 /// GPU time between the events.
@@ -40,4 +42,87 @@ pub(crate) fn wait_idle(stream: &CudaStream) -> Result<(), CudaError> {
             }
         }
     }
+}
+
+/// How a stream wait compares the 32-bit word it watches with its value (CUDA's
+/// `CU_STREAM_WAIT_VALUE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamWait {
+    /// `(int32_t)(*addr - value) >= 0`: at or after `value` in wrapping order.
+    Geq,
+    /// `*addr == value`.
+    Eq,
+    /// `(*addr & value) != 0`.
+    And,
+    /// `~(*addr | value) != 0`: some bit outside `value` is clear.
+    Nor,
+}
+
+/// Whether `gpu`'s driver takes the stream memory operations stream-triggered posting uses:
+/// 32- and 64-bit writes and 32-bit waits, the NOR wait among them. Refused with the reason.
+pub fn stream_memops_supported(gpu: &Gpu) -> Result<(), CudaError> {
+    use sys::CUdevice_attribute as Attr;
+    for (attr, what) in [
+        (
+            Attr::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+            "64-bit stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)",
+        ),
+        (
+            Attr::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
+            "NOR stream waits (CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR)",
+        ),
+    ] {
+        if gpu.context().attribute(attr)? == 0 {
+            return Err(CudaError::BadArgument {
+                what: "stream memory operations",
+                why: format!("this GPU's driver does not offer {what}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues a 32-bit store of `value` at device address `addr` on `stream`, after the
+/// stream's earlier work (whose writes it follows: the default memory barrier).
+///
+/// # Safety
+/// `addr` is a 4-byte-aligned device address of `stream`'s context, valid for that store when
+/// the stream reaches it, and nothing relies on the word holding anything else.
+pub unsafe fn stream_write_u32(stream: &CudaStream, addr: u64, value: u32) -> Result<(), CudaError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: per the caller's contract; the stream is live.
+    unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), addr, value, 0) }.result()?;
+    Ok(())
+}
+
+/// Enqueues a 64-bit store, as [`stream_write_u32`] does a 32-bit one.
+///
+/// # Safety
+/// As [`stream_write_u32`], for an 8-byte-aligned word.
+pub unsafe fn stream_write_u64(stream: &CudaStream, addr: u64, value: u64) -> Result<(), CudaError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: per the caller's contract; the stream is live.
+    unsafe { sys::cuStreamWriteValue64_v2(stream.cu_stream(), addr, value, 0) }.result()?;
+    Ok(())
+}
+
+/// Enqueues a wait on `stream` until the 32-bit word at `addr` satisfies `how` against
+/// `value`; the stream's later work starts after it. There is no time bound: the caller bounds
+/// it (a wait whose condition is never met holds the stream).
+///
+/// # Safety
+/// `addr` is a 4-byte-aligned device address of `stream`'s context, valid for reads until the
+/// wait is over.
+pub unsafe fn stream_wait_u32(stream: &CudaStream, addr: u64, how: StreamWait, value: u32) -> Result<(), CudaError> {
+    use sys::CUstreamWaitValue_flags_enum as F;
+    let flags = match how {
+        StreamWait::Geq => F::CU_STREAM_WAIT_VALUE_GEQ,
+        StreamWait::Eq => F::CU_STREAM_WAIT_VALUE_EQ,
+        StreamWait::And => F::CU_STREAM_WAIT_VALUE_AND,
+        StreamWait::Nor => F::CU_STREAM_WAIT_VALUE_NOR,
+    } as u32;
+    stream.context().bind_to_thread()?;
+    // SAFETY: per the caller's contract; the stream is live.
+    unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), addr, value, flags) }.result()?;
+    Ok(())
 }

@@ -1,0 +1,835 @@
+//! Stream-triggered posting (GPUDirect Async, libgdsync's model): the CPU writes work requests
+//! into a queue pair's send queue now, and an in-order executor of memory operations (a CUDA
+//! stream, [`CudaStreamOps`], or [`CpuStream`] where there is no GPU) rings the doorbell when
+//! it reaches that point and waits for the completion in its own order. Communication then
+//! interleaves with the kernels of a stream, with no CPU on the critical path and no
+//! persistent kernel. `docs/stream.md` has the rules and an example.
+//!
+//! - **Posting.** [`StreamQp::post`] reserves slots, writes the WQEs and marks them ready on
+//!   the calling thread, then enqueues the doorbell as the executor's stores: the doorbell
+//!   record's word, then the doorbell (through a CPU proxy: the producer index). The work
+//!   requests of one call share one doorbell (libgdsync's `gds_stream_post_descriptors`).
+//! - **Waiting.** [`StreamQp::wait`] enqueues a wait on the owner bit of a WQE's CQE: the
+//!   executor's later work starts once the HCA has completed that WQE, successfully or not (an
+//!   error completes it, and the WQEs after it complete flushed). The CPU reads the outcome
+//!   when it likes ([`StreamQp::completed`]).
+//! - **The window.** The CPU never waits for the executor: a post that needs a slot whose
+//!   previous WQE has not completed is refused ([`StreamError::WindowFull`]) rather than
+//!   blocking on work the executor may not have reached. So at most a ring of WQEs lies
+//!   between posting and completion, and the CQ (at least as large) never overflows.
+//! - **Order.** A wait may only follow its WQE's doorbell ([`StreamError::NotQueued`]
+//!   otherwise: it would wait forever), and a `StreamQp` is its queue pair's only poster.
+//!
+//! ```
+//! use std::time::Duration;
+//! use gdaki::stream::{CpuStream, StreamQp};
+//! use gdaki::{Access, Context, Provider, QpConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::open(Provider::Soft)?;
+//! let mr = ctx.alloc_region(8192, Access::ALL)?;
+//! mr.write(0, b"stream-triggered")?;
+//! let cq = ctx.create_cq(1024)?;
+//! let qp = ctx.create_qp(&cq, QpConfig::default())?;
+//! qp.connect(&qp.endpoint())?;
+//! // Where there is a GPU: CudaStreamOps::new(&gpu, stream) and StreamQp::new(&qp, Some(&export)).
+//! let mut stream = CpuStream::new(Duration::from_secs(10))?;
+//! // SAFETY: `sq` is the QP's only poster while it lives.
+//! let mut sq = unsafe { StreamQp::new(&qp, None) }?;
+//! let ticket = sq.put(&mut stream, mr.remote(4096), mr.local(0), 16)?; // written now, rung later
+//! sq.wait(&mut stream, ticket)?; // the stream's later work waits for the completion
+//! stream.synchronize()?;
+//! assert!(sq.completed(ticket)?);
+//! let mut landed = [0u8; 16];
+//! mr.read(4096, &mut landed)?;
+//! assert_eq!(&landed, b"stream-triggered");
+//! # Ok(()) }
+//! ```
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gdaki_cuda::StreamWait;
+use gdaki_device::status::{PostError, Ticket, WaitError};
+use gdaki_device::{DoorbellWrites, Exclusive, Local, Remote, MAX_INLINE, MAX_SEND_INLINE};
+use gdaki_layout::{cqe, ring, DevQp, DoorbellKind};
+use thiserror::Error;
+
+use crate::queue::{GpuQp, QueuePair};
+
+/// Where the addresses an executor stores to and waits on live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    /// This process's own addresses ([`CpuStream`]).
+    Host,
+    /// Device addresses of the GPU with this ordinal ([`CudaStreamOps`]).
+    Gpu(usize),
+}
+
+/// One store an executor makes, of the native-endian value given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// Four bytes at a 4-byte-aligned address.
+    U32 {
+        /// Where.
+        addr: u64,
+        /// What.
+        value: u32,
+    },
+    /// Eight bytes at an 8-byte-aligned address.
+    U64 {
+        /// Where.
+        addr: u64,
+        /// What.
+        value: u64,
+    },
+}
+
+/// An in-order executor of memory operations: what stream-triggered posting enqueues to. Each
+/// call adds work after everything added before; nothing runs on the calling thread.
+pub trait MemOps {
+    /// Where the addresses given to this executor live.
+    fn space(&self) -> Space;
+
+    /// Adds `stores`, made in order once the executor reaches them (each after the executor's
+    /// earlier work, whose memory effects it follows).
+    ///
+    /// # Safety
+    /// Each address is aligned for its store and valid for it, in [`space`](Self::space), until
+    /// the executor has made it, and nothing relies on that memory holding anything else.
+    unsafe fn store(&mut self, stores: &[Store]) -> Result<(), StreamError>;
+
+    /// Adds a wait until the 32-bit word at `addr` satisfies `how` against `value`: the
+    /// executor's later work starts after it.
+    ///
+    /// # Safety
+    /// `addr` is 4-byte aligned and valid for reads, in [`space`](Self::space), until the wait
+    /// is over.
+    unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError>;
+}
+
+/// Whether `word` satisfies `how` against `value`, as CUDA's stream waits define it.
+pub fn wait_holds(how: StreamWait, value: u32, word: u32) -> bool {
+    match how {
+        StreamWait::Geq => word.wrapping_sub(value) as i32 >= 0,
+        StreamWait::Eq => word == value,
+        StreamWait::And => word & value != 0,
+        StreamWait::Nor => !(word | value) != 0,
+    }
+}
+
+/// Errors of stream-triggered posting.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// Every slot of the send queue holds a WQE that has not completed: the executor has not
+    /// reached their doorbells, or the HCA not their completions.
+    #[error(
+        "the send queue is full: {outstanding} of its {ring} WQEs are posted and not completed; enqueue a wait \
+         for an earlier ticket and let the stream reach it, then post again"
+    )]
+    WindowFull {
+        /// WQEs posted and not completed.
+        outstanding: u64,
+        /// The send queue's size.
+        ring: u64,
+    },
+    /// A wait for a WQE whose doorbell is not enqueued: it would wait forever.
+    #[error("WQE {ticket} is not posted through this stream queue pair ({queued} are): a wait for it would never end")]
+    NotQueued {
+        /// The ticket waited for.
+        ticket: Ticket,
+        /// WQEs posted so far (tickets below this).
+        queued: u64,
+    },
+    /// A work request the send queue cannot take.
+    #[error("work request {index}: {why}")]
+    BadRequest {
+        /// Its place in the call.
+        index: usize,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The executor works in another address space than the queue pair was set up for.
+    #[error("this stream queue pair stores to {expected:?} addresses, the executor takes {got:?} addresses")]
+    WrongSpace {
+        /// The queue pair's.
+        expected: Space,
+        /// The executor's.
+        got: Space,
+    },
+    /// The device code refused a post.
+    #[error(transparent)]
+    Post(#[from] PostError),
+    /// A completion, or the polling of one, failed: the CQE's decoded error.
+    #[error(transparent)]
+    Completion(#[from] WaitError),
+    /// A [`CpuStream`] wait that did not end in time; the stream drops its later work.
+    #[error("a stream wait on {addr:#x} ({how:?} {value:#x}) did not end within {timeout:?} (last seen {seen:#x})")]
+    WaitTimedOut {
+        /// The word waited on.
+        addr: u64,
+        /// The comparison.
+        how: StreamWait,
+        /// Its value.
+        value: u32,
+        /// The word when the wait gave up.
+        seen: u32,
+        /// The bound.
+        timeout: Duration,
+    },
+    /// The executor refused work (a CUDA call failed), or an earlier refusal left this stream
+    /// queue pair with WQEs nobody will ring.
+    #[error("the stream executor failed: {0}")]
+    Executor(String),
+}
+
+impl From<gdaki_cuda::CudaError> for StreamError {
+    fn from(e: gdaki_cuda::CudaError) -> Self {
+        StreamError::Executor(e.to_string())
+    }
+}
+
+// ------------------------------------------------------------------------------ executors
+
+/// A CUDA stream as an executor: its stores are `cuStreamWriteValue32/64`, its waits
+/// `cuStreamWaitValue32`, in stream order with the kernels and copies around them (and
+/// capturable into a CUDA graph). Addresses are device addresses of the stream's GPU.
+pub struct CudaStreamOps {
+    stream: Arc<gdaki_cuda::CudaStream>,
+    ordinal: usize,
+}
+
+impl std::fmt::Debug for CudaStreamOps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStreamOps").field("gpu", &self.ordinal).finish()
+    }
+}
+
+impl CudaStreamOps {
+    /// Enqueues to `stream`, a stream of `gpu`: refused where the driver lacks the memory
+    /// operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`, `..._WAIT_VALUE_NOR`).
+    pub fn new(gpu: &gdaki_cuda::Gpu, stream: Arc<gdaki_cuda::CudaStream>) -> Result<Self, StreamError> {
+        gdaki_cuda::stream_memops_supported(gpu)?;
+        if stream.context().cu_device() != gpu.context().cu_device() {
+            return Err(StreamError::Executor(format!(
+                "the stream belongs to GPU {}, not GPU {}",
+                stream.context().ordinal(),
+                gpu.ordinal()
+            )));
+        }
+        Ok(CudaStreamOps {
+            stream,
+            ordinal: gpu.ordinal(),
+        })
+    }
+
+    /// The stream.
+    pub fn stream(&self) -> &Arc<gdaki_cuda::CudaStream> {
+        &self.stream
+    }
+}
+
+impl MemOps for CudaStreamOps {
+    fn space(&self) -> Space {
+        Space::Gpu(self.ordinal)
+    }
+
+    unsafe fn store(&mut self, stores: &[Store]) -> Result<(), StreamError> {
+        for s in stores {
+            // SAFETY: the caller's contract covers every store's address.
+            match *s {
+                Store::U32 { addr, value } => unsafe { gdaki_cuda::stream_write_u32(&self.stream, addr, value) }?,
+                Store::U64 { addr, value } => unsafe { gdaki_cuda::stream_write_u64(&self.stream, addr, value) }?,
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError> {
+        // SAFETY: the caller's contract.
+        unsafe { gdaki_cuda::stream_wait_u32(&self.stream, addr, how, value) }?;
+        Ok(())
+    }
+}
+
+/// What a [`CpuStream`] runs.
+#[derive(Debug, Clone, Copy)]
+enum CpuOp {
+    Store(Store),
+    Wait { addr: u64, how: StreamWait, value: u32 },
+}
+
+#[derive(Default)]
+struct CpuQueue {
+    ops: VecDeque<CpuOp>,
+    enqueued: u64,
+    done: u64,
+    failed: Option<StreamError>,
+    stop: bool,
+}
+
+struct CpuShared {
+    queue: Mutex<CpuQueue>,
+    moved: Condvar,
+}
+
+/// A CUDA stream's memory operations run by a CPU thread, in order, on this process's
+/// addresses: stream-triggered posting where there is no GPU (CPU mode, CI), with the same
+/// rules. A wait that does not end within the stream's bound fails the stream: the work
+/// after it is dropped and [`synchronize`](Self::synchronize) says why (a CUDA stream would
+/// wait forever).
+pub struct CpuStream {
+    shared: Arc<CpuShared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CpuStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let q = lock(&self.shared.queue);
+        f.debug_struct("CpuStream")
+            .field("enqueued", &q.enqueued)
+            .field("done", &q.done)
+            .finish()
+    }
+}
+
+impl CpuStream {
+    /// A stream whose waits give up after `timeout`.
+    pub fn new(timeout: Duration) -> std::io::Result<CpuStream> {
+        let shared = Arc::new(CpuShared {
+            queue: Mutex::new(CpuQueue::default()),
+            moved: Condvar::new(),
+        });
+        let worker = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("gdaki-cpu-stream".into())
+                .spawn(move || run_cpu_stream(&shared, timeout))?
+        };
+        Ok(CpuStream {
+            shared,
+            worker: Some(worker),
+        })
+    }
+
+    /// Waits until the stream has run everything enqueued so far; the error of a wait that
+    /// timed out (sticky: the stream stays failed).
+    pub fn synchronize(&self) -> Result<(), StreamError> {
+        let mut q = lock(&self.shared.queue);
+        while q.done < q.enqueued && q.failed.is_none() {
+            q = self.shared.moved.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        match &q.failed {
+            Some(StreamError::WaitTimedOut {
+                addr,
+                how,
+                value,
+                seen,
+                timeout,
+            }) => Err(StreamError::WaitTimedOut {
+                addr: *addr,
+                how: *how,
+                value: *value,
+                seen: *seen,
+                timeout: *timeout,
+            }),
+            Some(e) => Err(StreamError::Executor(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Operations run so far (stores and waits, one each).
+    pub fn done(&self) -> u64 {
+        lock(&self.shared.queue).done
+    }
+
+    fn push(&self, ops: impl IntoIterator<Item = CpuOp>) -> Result<(), StreamError> {
+        let mut q = lock(&self.shared.queue);
+        if let Some(e) = &q.failed {
+            return Err(StreamError::Executor(format!("the stream failed earlier: {e}")));
+        }
+        for op in ops {
+            q.ops.push_back(op);
+            q.enqueued += 1;
+        }
+        self.shared.moved.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for CpuStream {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).stop = true;
+        self.shared.moved.notify_all();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl MemOps for CpuStream {
+    fn space(&self) -> Space {
+        Space::Host
+    }
+
+    unsafe fn store(&mut self, stores: &[Store]) -> Result<(), StreamError> {
+        for s in stores {
+            let (addr, align) = match *s {
+                Store::U32 { addr, .. } => (addr, 4),
+                Store::U64 { addr, .. } => (addr, 8),
+            };
+            if addr == 0 || addr % align != 0 {
+                return Err(StreamError::Executor(format!(
+                    "a store to {addr:#x} is not {align}-byte aligned"
+                )));
+            }
+        }
+        self.push(stores.iter().map(|&s| CpuOp::Store(s)))
+    }
+
+    unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError> {
+        if addr == 0 || addr % 4 != 0 {
+            return Err(StreamError::Executor(format!(
+                "a wait on {addr:#x} is not 4-byte aligned"
+            )));
+        }
+        self.push([CpuOp::Wait { addr, how, value }])
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The CPU stream's thread: runs each operation in order until told to stop.
+fn run_cpu_stream(shared: &CpuShared, timeout: Duration) {
+    loop {
+        let op = {
+            let mut q = lock(&shared.queue);
+            loop {
+                if q.stop {
+                    return;
+                }
+                if let Some(op) = q.ops.pop_front() {
+                    break op;
+                }
+                q = shared.moved.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let outcome = match op {
+            // SAFETY: enqueued through `MemOps::store`, whose caller promised the address
+            // valid (and aligned, checked there) until this store is made.
+            CpuOp::Store(Store::U32 { addr, value }) => {
+                unsafe { AtomicU32::from_ptr(addr as *mut u32) }.store(value, Ordering::Release);
+                Ok(())
+            }
+            CpuOp::Store(Store::U64 { addr, value }) => {
+                // SAFETY: as above.
+                unsafe { AtomicU64::from_ptr(addr as *mut u64) }.store(value, Ordering::Release);
+                Ok(())
+            }
+            CpuOp::Wait { addr, how, value } => {
+                // SAFETY: enqueued through `MemOps::wait`, whose caller promised the word valid
+                // for reads until the wait is over.
+                let word = unsafe { AtomicU32::from_ptr(addr as *mut u32) };
+                wait_for(word, how, value, timeout, &shared.queue).map_err(|seen| StreamError::WaitTimedOut {
+                    addr,
+                    how,
+                    value,
+                    seen,
+                    timeout,
+                })
+            }
+        };
+        let mut q = lock(&shared.queue);
+        q.done += 1;
+        if let Err(e) = outcome {
+            tracing::warn!("CPU stream: {e}; the {} operations after it are dropped", q.ops.len());
+            q.done += q.ops.len() as u64;
+            q.ops.clear();
+            q.failed = Some(e);
+        }
+        shared.moved.notify_all();
+    }
+}
+
+/// Spins, then sleeps a little between looks, until `word` satisfies the wait; its last value
+/// if `timeout` passes first (or the stream is dropped).
+fn wait_for(
+    word: &AtomicU32,
+    how: StreamWait,
+    value: u32,
+    timeout: Duration,
+    queue: &Mutex<CpuQueue>,
+) -> Result<(), u32> {
+    let start = Instant::now();
+    let mut looks = 0u32;
+    loop {
+        let seen = word.load(Ordering::Acquire);
+        if wait_holds(how, value, seen) {
+            return Ok(());
+        }
+        looks += 1;
+        if looks < 1 << 12 {
+            std::hint::spin_loop();
+            continue;
+        }
+        if start.elapsed() > timeout || lock(queue).stop {
+            return Err(seen);
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+// ------------------------------------------------------------------------------ queue pairs
+
+/// One work request for [`StreamQp::post`]: the send queue's operations, one WQE each.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum WorkRequest<'a> {
+    /// RDMA WRITE of `len` bytes from `src` to `dst`.
+    Put {
+        /// Remote destination.
+        dst: Remote,
+        /// Local source.
+        src: Local,
+        /// Bytes (at most the QP's largest message).
+        len: u32,
+    },
+    /// RDMA WRITE of `data`, carried in the WQE (at most [`MAX_INLINE`] bytes).
+    PutInline {
+        /// Remote destination.
+        dst: Remote,
+        /// The bytes, copied into the WQE when posted.
+        data: &'a [u8],
+    },
+    /// RDMA READ of `len` bytes from `src` into `dst`.
+    Get {
+        /// Local destination.
+        dst: Local,
+        /// Remote source.
+        src: Remote,
+        /// Bytes.
+        len: u32,
+    },
+    /// SEND of `len` bytes from `src`, into the peer's next receive.
+    Send {
+        /// Local source.
+        src: Local,
+        /// Bytes.
+        len: u32,
+    },
+    /// SEND with 32 bits of immediate data.
+    SendImm {
+        /// Local source.
+        src: Local,
+        /// Bytes.
+        len: u32,
+        /// The immediate.
+        imm: u32,
+    },
+    /// SEND of `data` carried in the WQE (at most [`MAX_SEND_INLINE`] bytes).
+    SendInline {
+        /// The bytes, copied into the WQE when posted.
+        data: &'a [u8],
+    },
+    /// RDMA WRITE with immediate: consumes a receive of the peer, which gets `imm`.
+    WriteImm {
+        /// Remote destination.
+        dst: Remote,
+        /// Local source.
+        src: Local,
+        /// Bytes.
+        len: u32,
+        /// The immediate.
+        imm: u32,
+    },
+}
+
+impl WorkRequest<'_> {
+    /// Why the send queue cannot take it, if it cannot.
+    fn refusal(&self, max_msg: u64) -> Option<String> {
+        let too_long = |len: u32| {
+            (u64::from(len) > max_msg).then(|| format!("{len} bytes, the QP carries at most {max_msg} in one WQE"))
+        };
+        match *self {
+            WorkRequest::Put { len, .. }
+            | WorkRequest::Get { len, .. }
+            | WorkRequest::Send { len, .. }
+            | WorkRequest::SendImm { len, .. }
+            | WorkRequest::WriteImm { len, .. } => too_long(len),
+            WorkRequest::PutInline { data, .. } => (data.len() > MAX_INLINE)
+                .then(|| format!("{} bytes inline, a WRITE carries at most {MAX_INLINE}", data.len())),
+            WorkRequest::SendInline { data } => (data.len() > MAX_SEND_INLINE)
+                .then(|| format!("{} bytes inline, a SEND carries at most {MAX_SEND_INLINE}", data.len())),
+        }
+    }
+}
+
+/// A queue pair posted to through an executor of memory operations (see the module's text).
+pub struct StreamQp<'q> {
+    dev: gdaki_device::Qp<Exclusive>,
+    space: Space,
+    kind: DoorbellKind,
+    qpn: u32,
+    /// The executor's addresses of the send doorbell record, the doorbell (or proxy word) and
+    /// CQE 0.
+    record: u64,
+    doorbell: u64,
+    cqe_base: u64,
+    cq_log_size: u32,
+    ring: u64,
+    max_msg: u64,
+    /// WQEs whose doorbell is enqueued (tickets below this).
+    queued: u64,
+    /// An executor refused a doorbell: WQEs are ready that nobody will ring.
+    broken: bool,
+    _qp: std::marker::PhantomData<&'q QueuePair>,
+}
+
+impl std::fmt::Debug for StreamQp<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamQp")
+            .field("qpn", &format_args!("{:#x}", self.qpn))
+            .field("space", &self.space)
+            .field("queued", &self.queued)
+            .finish()
+    }
+}
+
+impl<'q> StreamQp<'q> {
+    /// Posting to `qp` through an executor of [`Space::Host`] addresses (a [`CpuStream`]), or,
+    /// with `gpu` (`qp`'s export), of that GPU's addresses (a [`CudaStreamOps`] on it). The
+    /// CPU writes the WQEs, so the send queue and CQ must be in host memory, and the CQ at
+    /// least as large as the send queue (the window's rule).
+    ///
+    /// # Safety
+    /// While the returned value lives it is `qp`'s only poster: no CPU view
+    /// ([`QueuePair::cpu`]) and no kernel through an export posts to it or polls its CQ.
+    pub unsafe fn new(qp: &'q QueuePair, gpu: Option<&'q GpuQp>) -> crate::Result<StreamQp<'q>> {
+        // SAFETY: the caller's contract (the only poster, outliving nothing: `'q`).
+        let dev = unsafe { qp.cpu::<Exclusive>() }.map_err(|e| match e {
+            crate::Error::Unsupported { why, .. } => crate::Error::Unsupported {
+                what: "stream-triggered posting to a queue pair whose rings are in GPU memory",
+                why: format!("the CPU writes its WQEs: {why}"),
+            },
+            e => e,
+        })?;
+        // SAFETY: the CPU handle was written at creation and lives as long as `qp`.
+        let host: DevQp = unsafe { qp.device_handle().read() };
+        let (view, space) = match gpu {
+            None => (host, Space::Host),
+            Some(g) => {
+                if !g.exports(qp) {
+                    return Err(crate::Error::Unsupported {
+                        what: "stream-triggered posting through another queue pair's export",
+                        why: format!("the export is of QP {:#x}, not of QP {:#x}", g.view().qpn, host.qpn),
+                    });
+                }
+                (*g.view(), Space::Gpu(g.gpu_ordinal()))
+            }
+        };
+        let kind = DoorbellKind::from_raw(view.doorbell_kind).ok_or(crate::Error::Unsupported {
+            what: "stream-triggered posting to a queue pair without a doorbell",
+            why: format!("its handle names doorbell kind {}", view.doorbell_kind),
+        })?;
+        if view.cq.log_size < view.sq_log_size {
+            return Err(crate::Error::Unsupported {
+                what: "stream-triggered posting with a CQ smaller than the send queue",
+                why: format!(
+                    "the CQ has {} entries, the send queue {}: a stream's wait could see the previous lap's CQE",
+                    1u64 << view.cq.log_size,
+                    1u64 << view.sq_log_size
+                ),
+            });
+        }
+        Ok(StreamQp {
+            dev,
+            space,
+            kind,
+            qpn: view.qpn,
+            record: view.sq_dbrec,
+            doorbell: view.doorbell,
+            cqe_base: view.cq.cqe_base,
+            cq_log_size: view.cq.log_size,
+            ring: 1 << view.sq_log_size,
+            max_msg: view.max_msg_size,
+            queued: dev.reserved(),
+            broken: false,
+            _qp: std::marker::PhantomData,
+        })
+    }
+
+    /// Writes `wrs` into the send queue and enqueues one doorbell for all of them on `ops`:
+    /// the HCA sees them when the executor reaches it. Whole or nothing: a request the queue
+    /// cannot take, or too little room ([`StreamError::WindowFull`]), posts none. Returns the
+    /// tickets (WQE indices) of the requests, in order.
+    pub fn post(&mut self, ops: &mut dyn MemOps, wrs: &[WorkRequest<'_>]) -> Result<Range<Ticket>, StreamError> {
+        self.usable(ops)?;
+        let n = wrs.len() as u64;
+        if n == 0 || n > self.ring {
+            return Err(StreamError::BadRequest {
+                index: 0,
+                why: format!("{n} work requests in one post: 1 to {} (the send queue)", self.ring),
+            });
+        }
+        if let Some((index, why)) = wrs
+            .iter()
+            .enumerate()
+            .find_map(|(i, wr)| wr.refusal(self.max_msg).map(|w| (i, w)))
+        {
+            return Err(StreamError::BadRequest { index, why });
+        }
+        self.make_room(n)?;
+        // Room is made: reserve finds every slot's previous WQE consumed and does not wait.
+        let first = self.dev.reserve(n as u32)?;
+        for (k, wr) in wrs.iter().enumerate() {
+            self.prepare(first + k as u64, wr)?;
+        }
+        let end = first + n;
+        self.dev.mark_ready(first, end)?;
+        let stores = match DoorbellWrites::new(self.kind, self.qpn, end) {
+            DoorbellWrites::Doorbell { record, doorbell } => vec![
+                Store::U32 {
+                    addr: self.record,
+                    value: record,
+                },
+                Store::U64 {
+                    addr: self.doorbell,
+                    value: doorbell,
+                },
+            ],
+            DoorbellWrites::Proxy { index } => vec![Store::U64 {
+                addr: self.doorbell,
+                value: index,
+            }],
+        };
+        // SAFETY: the record, the doorbell (or proxy word) of this QP in the executor's space
+        // (checked in `usable`), which live as long as the QP (`'q`); only the HCA reads them.
+        if let Err(e) = unsafe { ops.store(&stores) } {
+            self.broken = true;
+            return Err(e);
+        }
+        self.dev.note_rung(end);
+        self.queued = end;
+        Ok(first..end)
+    }
+
+    /// [`post`](Self::post) of one RDMA WRITE.
+    pub fn put(&mut self, ops: &mut dyn MemOps, dst: Remote, src: Local, len: u32) -> Result<Ticket, StreamError> {
+        self.post(ops, &[WorkRequest::Put { dst, src, len }]).map(|r| r.start)
+    }
+
+    /// Enqueues on `ops` a wait for the completion of WQE `ticket` (success or error): the
+    /// executor's later work starts once the HCA has completed it. Nothing is enqueued for a
+    /// WQE whose completion the CPU has consumed already. Refused for a WQE whose doorbell is
+    /// not enqueued yet.
+    pub fn wait(&mut self, ops: &mut dyn MemOps, ticket: Ticket) -> Result<(), StreamError> {
+        self.usable(ops)?;
+        if ticket >= self.queued {
+            return Err(StreamError::NotQueued {
+                ticket,
+                queued: self.queued,
+            });
+        }
+        if ticket < self.dev.consumed() {
+            return Ok(());
+        }
+        // The CQE's last four bytes (WQE counter, signature, op_own) as one little-endian
+        // word: op_own is its top byte. The slot holds the previous lap's CQE (the window
+        // keeps it from being older), whose owner bit is the other parity.
+        let word = self.cqe_base + ring::cqe_offset(ticket, self.cq_log_size) + (cqe::SIZE - 4) as u64;
+        let owner = u32::from(cqe::OWNER_MASK) << 24;
+        let (how, value) = match ring::owner_parity(ticket, self.cq_log_size) {
+            0 => (StreamWait::Nor, !owner),
+            _ => (StreamWait::And, owner),
+        };
+        // SAFETY: a CQE of this QP's CQ, in the executor's space (checked in `usable`), which
+        // lives as long as the QP (`'q`).
+        unsafe { ops.wait(word, how, value) }
+    }
+
+    /// Whether WQE `ticket` has completed, looked at now from the CPU (no waiting): `Ok(true)`
+    /// once it has, its error (or the queue pair's earlier one) if it failed.
+    pub fn completed(&mut self, ticket: Ticket) -> Result<bool, StreamError> {
+        if ticket >= self.queued {
+            return Err(StreamError::NotQueued {
+                ticket,
+                queued: self.queued,
+            });
+        }
+        while self.dev.consumed() <= ticket {
+            match self.dev.poll_one() {
+                None => return Ok(false),
+                Some(Err(e @ WaitError::CqeFormat { .. })) => return Err(e.into()),
+                Some(_) => {}
+            }
+        }
+        // Consumed: its own outcome, or the first error at or before it.
+        self.dev.poll_at(ticket).map(|()| true).map_err(Into::into)
+    }
+
+    /// WQEs posted so far: tickets below this have their doorbells enqueued.
+    pub fn queued(&self) -> u64 {
+        self.queued
+    }
+
+    /// The executor's address space this queue pair stores to.
+    pub fn space(&self) -> Space {
+        self.space
+    }
+
+    fn usable(&self, ops: &dyn MemOps) -> Result<(), StreamError> {
+        if self.broken {
+            return Err(StreamError::Executor(
+                "an executor refused an earlier doorbell: this stream queue pair has WQEs nobody will ring".into(),
+            ));
+        }
+        if ops.space() != self.space {
+            return Err(StreamError::WrongSpace {
+                expected: self.space,
+                got: ops.space(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Consumes the completions that are in until `n` slots are free; refuses rather than
+    /// waits when they are not.
+    fn make_room(&self, n: u64) -> Result<(), StreamError> {
+        loop {
+            let outstanding = self.dev.reserved() - self.dev.consumed();
+            if outstanding + n <= self.ring {
+                return Ok(());
+            }
+            match self.dev.poll_one() {
+                // Consumed, successful or not: either way its slot is free.
+                Some(Ok(_) | Err(WaitError::Cqe(_))) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => {
+                    return Err(StreamError::WindowFull {
+                        outstanding,
+                        ring: self.ring,
+                    })
+                }
+            }
+        }
+    }
+
+    fn prepare(&self, index: u64, wr: &WorkRequest<'_>) -> Result<(), StreamError> {
+        let d = &self.dev;
+        match *wr {
+            WorkRequest::Put { dst, src, len } => d.wqe_prepare_write(index, dst, src, len, 0),
+            WorkRequest::PutInline { dst, data } => d.wqe_prepare_write_inline(index, dst, data, 0)?,
+            WorkRequest::Get { dst, src, len } => d.wqe_prepare_read(index, dst, src, len, 0),
+            WorkRequest::Send { src, len } => d.wqe_prepare_send(index, src, len, None, 0),
+            WorkRequest::SendImm { src, len, imm } => d.wqe_prepare_send(index, src, len, Some(imm), 0),
+            WorkRequest::SendInline { data } => d.wqe_prepare_send_inline(index, data, None, 0)?,
+            WorkRequest::WriteImm { dst, src, len, imm } => d.wqe_prepare_write_imm(index, dst, src, len, imm, 0),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,436 @@
+//! Stream-triggered posting on the soft provider, with the memory operations run by a CPU
+//! thread (`CpuStream`): the doorbell leaves when the stream reaches it, waits end on the
+//! completion (an error's too), the window refuses instead of waiting, the stores and waits a
+//! post makes are the ones its queue pair needs, and data crosses the ring's wrap many times.
+mod common;
+use common::{loopback_qp, pattern, qp};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use gdaki::cuda::StreamWait;
+use gdaki::stream::{CpuStream, MemOps, Space, Store, StreamError, StreamQp, WorkRequest};
+use gdaki::{Access, Context, MemoryRegion, Provider, QpConfig, QueuePair, ReceiveConfig};
+use gdaki_device::{Exclusive, RecvBuf, RecvKind, WaitError};
+use gdaki_layout::{dbrec, doorbell, Syndrome};
+
+/// Words a test's stream waits on and writes (host memory the test owns for its whole run).
+struct Flags(Box<[AtomicU32; 16]>);
+
+impl Flags {
+    fn new() -> Flags {
+        Flags(Box::new(std::array::from_fn(|_| AtomicU32::new(0))))
+    }
+    fn addr(&self, i: usize) -> u64 {
+        self.0[i].as_ptr() as u64
+    }
+    fn get(&self, i: usize) -> u32 {
+        self.0[i].load(Ordering::Acquire)
+    }
+    fn set(&self, i: usize, v: u32) {
+        self.0[i].store(v, Ordering::Release)
+    }
+}
+
+const GATE: usize = 0;
+const DONE: usize = 1;
+
+fn stream() -> CpuStream {
+    CpuStream::new(Duration::from_secs(10)).unwrap()
+}
+
+/// A loopback queue pair of `sq` WQEs and a 1 MiB region.
+fn setup(sq: u32) -> (Context, QueuePair, MemoryRegion) {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, sq, QpConfig::default());
+    let mr = ctx.alloc_region(1 << 20, Access::ALL).unwrap();
+    (ctx, qp, mr)
+}
+
+#[test]
+fn a_put_leaves_when_the_stream_reaches_its_doorbell() {
+    let (_ctx, qp, mr) = setup(64);
+    let data = pattern(1, 4096);
+    mr.write(0, &data).unwrap();
+    let flags = Flags::new();
+    let mut s = stream();
+    // SAFETY: this test posts to `qp` only through `sq`.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    // SAFETY: the flags outlive the stream (dropped first, at the end of the test).
+    unsafe { s.wait(flags.addr(GATE), StreamWait::Geq, 1) }.unwrap();
+    let t = sq.put(&mut s, mr.remote(65536), mr.local(0), 4096).unwrap();
+    sq.wait(&mut s, t).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        s.store(&[Store::U32 {
+            addr: flags.addr(DONE),
+            value: 7,
+        }])
+    }
+    .unwrap();
+    // The stream is held at the gate: the WQE is written, but the HCA has not seen it.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut got = vec![0; 4096];
+    mr.read(65536, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "the put went before its doorbell");
+    assert_eq!(flags.get(DONE), 0);
+    assert!(!sq.completed(t).unwrap());
+    flags.set(GATE, 1);
+    s.synchronize().unwrap();
+    // The store after the wait ran after the completion, so the bytes are there.
+    assert_eq!(flags.get(DONE), 7);
+    mr.read(65536, &mut got).unwrap();
+    assert_eq!(got, data);
+    assert!(sq.completed(t).unwrap());
+}
+
+#[test]
+fn the_window_refuses_rather_than_waits() {
+    let (_ctx, qp, mr) = setup(16);
+    let flags = Flags::new();
+    let mut s = stream();
+    // SAFETY: the only poster of `qp`.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    // SAFETY: the flags outlive the stream.
+    unsafe { s.wait(flags.addr(GATE), StreamWait::Eq, 1) }.unwrap();
+    for i in 0..16 {
+        assert_eq!(sq.put(&mut s, mr.remote(8192 + i * 8), mr.local(0), 8).unwrap(), i);
+    }
+    let started = Instant::now();
+    match sq.put(&mut s, mr.remote(0), mr.local(0), 8) {
+        Err(StreamError::WindowFull {
+            outstanding: 16,
+            ring: 16,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(1), "the refusal waited");
+    let wrs = [WorkRequest::Put {
+        dst: mr.remote(0),
+        src: mr.local(0),
+        len: 8,
+    }; 17];
+    assert!(matches!(sq.post(&mut s, &wrs), Err(StreamError::BadRequest { .. })));
+    flags.set(GATE, 1);
+    sq.wait(&mut s, 15).unwrap();
+    s.synchronize().unwrap();
+    // Completed: the next post takes the slots back itself.
+    assert_eq!(sq.put(&mut s, mr.remote(0), mr.local(0), 8).unwrap(), 16);
+    sq.wait(&mut s, 16).unwrap();
+    s.synchronize().unwrap();
+    assert!(sq.completed(16).unwrap());
+}
+
+#[test]
+fn a_wait_needs_its_doorbell_first_and_a_consumed_completion_needs_none() {
+    let (_ctx, qp, mr) = setup(64);
+    let mut s = stream();
+    // SAFETY: the only poster of `qp`.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    match sq.wait(&mut s, 0) {
+        Err(StreamError::NotQueued { ticket: 0, queued: 0 }) => {}
+        other => panic!("{other:?}"),
+    }
+    let t = sq.put(&mut s, mr.remote(4096), mr.local(0), 64).unwrap();
+    assert!(matches!(sq.wait(&mut s, t + 1), Err(StreamError::NotQueued { .. })));
+    assert!(matches!(sq.completed(t + 1), Err(StreamError::NotQueued { .. })));
+    s.synchronize().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sq.completed(t).unwrap() {
+        assert!(Instant::now() < deadline, "the put never completed");
+    }
+    let before = s.done();
+    sq.wait(&mut s, t).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(s.done(), before, "a wait for a consumed completion enqueued work");
+}
+
+/// An executor that records what it is given.
+#[derive(Default)]
+struct Recorder {
+    space: Option<Space>,
+    stores: Vec<Store>,
+    waits: Vec<(u64, StreamWait, u32)>,
+}
+
+impl MemOps for Recorder {
+    fn space(&self) -> Space {
+        self.space.unwrap_or(Space::Host)
+    }
+    unsafe fn store(&mut self, stores: &[Store]) -> Result<(), StreamError> {
+        self.stores.extend_from_slice(stores);
+        Ok(())
+    }
+    unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError> {
+        self.waits.push((addr, how, value));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_post_stores_the_record_then_the_doorbell_and_a_wait_watches_the_owner_bit() {
+    let (_ctx, qp, mr) = setup(16);
+    // SAFETY: the handle lives as long as `qp`.
+    let h = unsafe { qp.device_handle().read() };
+    let mut r = Recorder::default();
+    // SAFETY: the only poster of `qp`; nothing executes what `r` records.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    let wrs = [
+        WorkRequest::Put {
+            dst: mr.remote(4096),
+            src: mr.local(0),
+            len: 64,
+        },
+        WorkRequest::PutInline {
+            dst: mr.remote(8192),
+            data: b"inline",
+        },
+        WorkRequest::Get {
+            dst: mr.local(12288),
+            src: mr.remote(0),
+            len: 64,
+        },
+    ];
+    assert_eq!(sq.post(&mut r, &wrs).unwrap(), 0..3);
+    // One doorbell for the three: the record's big-endian counter, then the doorbell word.
+    assert_eq!(
+        r.stores,
+        [
+            Store::U32 {
+                addr: h.sq_dbrec,
+                value: dbrec::wq_counter(3).to_be(),
+            },
+            Store::U64 {
+                addr: h.doorbell,
+                value: doorbell::word(h.qpn, 3),
+            },
+        ]
+    );
+    // Lap 0 waits for the owner bit to clear (NOR), on the word of the CQE that holds op_own.
+    sq.wait(&mut r, 2).unwrap();
+    let owner = 1u32 << 24;
+    assert_eq!(r.waits, [(h.cq.cqe_base + 2 * 64 + 60, StreamWait::Nor, !owner)]);
+    // Refused requests post nothing.
+    let before = r.stores.len();
+    let too_long = [WorkRequest::PutInline {
+        dst: mr.remote(0),
+        data: &[0; 1024],
+    }];
+    assert!(matches!(
+        sq.post(&mut r, &too_long),
+        Err(StreamError::BadRequest { index: 0, .. })
+    ));
+    assert!(matches!(sq.post(&mut r, &[]), Err(StreamError::BadRequest { .. })));
+    assert_eq!(r.stores.len(), before);
+    // Another address space is refused.
+    let mut gpu = Recorder {
+        space: Some(Space::Gpu(0)),
+        ..Recorder::default()
+    };
+    assert!(matches!(
+        sq.put(&mut gpu, mr.remote(0), mr.local(0), 8),
+        Err(StreamError::WrongSpace { .. })
+    ));
+    assert!(matches!(sq.wait(&mut gpu, 0), Err(StreamError::WrongSpace { .. })));
+}
+
+#[test]
+fn the_second_lap_waits_for_the_owner_bit_to_be_set() {
+    let (_ctx, qp, mr) = setup(16);
+    // SAFETY: the handle lives as long as `qp`.
+    let h = unsafe { qp.device_handle().read() };
+    let mut s = stream();
+    // SAFETY: the only poster of `qp`.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    for i in 0..16 {
+        sq.put(&mut s, mr.remote(4096 + i * 8), mr.local(0), 8).unwrap();
+    }
+    sq.wait(&mut s, 15).unwrap();
+    s.synchronize().unwrap();
+    let t = sq.put(&mut s, mr.remote(0), mr.local(0), 8).unwrap();
+    assert_eq!(t, 16);
+    let mut r = Recorder::default();
+    sq.wait(&mut r, t).unwrap();
+    assert_eq!(r.waits, [(h.cq.cqe_base + 60, StreamWait::And, 1 << 24)]);
+}
+
+#[test]
+fn a_thousand_puts_and_waits_cross_the_ring_with_every_byte_checked() {
+    let (_ctx, qp, mr) = setup(16);
+    let data = pattern(5, 1000 * 64);
+    mr.write(0, &data).unwrap();
+    let flags = Flags::new();
+    let mut s = stream();
+    // SAFETY: the only poster of `qp`.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    let mut refused = 0;
+    for i in 0..1000u64 {
+        let at = i * 64;
+        let t = loop {
+            match sq.put(&mut s, mr.remote(512 * 1024 + at), mr.local(at), 64) {
+                Ok(t) => break t,
+                // The CPU is a ring ahead of the stream: let it catch up.
+                Err(StreamError::WindowFull { .. }) => {
+                    refused += 1;
+                    s.synchronize().unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(t, i);
+        sq.wait(&mut s, t).unwrap();
+        // SAFETY: the flags outlive the stream.
+        unsafe {
+            s.store(&[Store::U32 {
+                addr: flags.addr(DONE),
+                value: i as u32 + 1,
+            }])
+        }
+        .unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(flags.get(DONE), 1000);
+    assert!(sq.completed(999).unwrap());
+    let mut got = vec![0; data.len()];
+    mr.read(512 * 1024, &mut got).unwrap();
+    assert_eq!(got, data);
+    eprintln!("1000 puts through the stream, refused for a full window {refused} times");
+}
+
+#[test]
+fn an_error_completion_ends_the_wait_and_is_decoded() {
+    let (_ctx, qp, mr) = setup(64);
+    let flags = Flags::new();
+    let mut s = stream();
+    // SAFETY: the only poster of `qp`.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    let mut bad = mr.remote(0);
+    bad.rkey ^= 0x5a5a;
+    let t = sq.put(&mut s, bad, mr.local(0), 64).unwrap();
+    let after = sq.put(&mut s, mr.remote(4096), mr.local(0), 64).unwrap();
+    sq.wait(&mut s, after).unwrap();
+    // SAFETY: the flags outlive the stream.
+    unsafe {
+        s.store(&[Store::U32 {
+            addr: flags.addr(DONE),
+            value: 1,
+        }])
+    }
+    .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(flags.get(DONE), 1, "the wait did not end");
+    match sq.completed(t) {
+        Err(StreamError::Completion(WaitError::Cqe(e))) => assert_eq!(e.syndrome, Syndrome::RemoteAccess),
+        other => panic!("{other:?}"),
+    }
+    // The WQE after it was flushed, and says the queue pair's error.
+    assert!(matches!(sq.completed(after), Err(StreamError::Completion(_))));
+}
+
+#[test]
+fn a_wait_that_never_ends_fails_the_stream_within_its_bound() {
+    let flags = Flags::new();
+    let mut s = CpuStream::new(Duration::from_millis(200)).unwrap();
+    let started = Instant::now();
+    // SAFETY: the flags outlive the stream.
+    unsafe { s.wait(flags.addr(GATE), StreamWait::Eq, 1) }.unwrap();
+    unsafe {
+        s.store(&[Store::U32 {
+            addr: flags.addr(DONE),
+            value: 1,
+        }])
+    }
+    .unwrap();
+    match s.synchronize() {
+        Err(StreamError::WaitTimedOut {
+            how: StreamWait::Eq,
+            value: 1,
+            seen: 0,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(flags.get(DONE), 0, "work after the failed wait ran");
+    // Failed for good: later work is refused, and the error stays.
+    let e = unsafe {
+        s.store(&[Store::U32 {
+            addr: flags.addr(DONE),
+            value: 1,
+        }])
+    }
+    .unwrap_err();
+    assert!(e.to_string().contains("failed earlier"), "{e}");
+    assert!(s.synchronize().is_err());
+    // Misaligned addresses are refused when enqueued.
+    let mut t = stream();
+    assert!(unsafe { t.wait(flags.addr(GATE) + 1, StreamWait::Eq, 1) }.is_err());
+    assert!(unsafe {
+        t.store(&[Store::U64 {
+            addr: flags.addr(GATE) + 4,
+            value: 1,
+        }])
+    }
+    .is_err());
+}
+
+#[test]
+fn sends_from_a_stream_land_in_the_peers_receives() {
+    let (ca, cb) = (
+        Context::open(Provider::Soft).unwrap(),
+        Context::open(Provider::Soft).unwrap(),
+    );
+    let cfg = QpConfig {
+        receive: Some(ReceiveConfig { size: 64, max_bufs: 1 }),
+        ..QpConfig::default()
+    };
+    let (a, b) = (qp(&ca, 64, cfg.clone()), qp(&cb, 64, cfg));
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let la = ca.alloc_region(1 << 16, Access::ALL).unwrap();
+    let lb = cb.alloc_region(1 << 16, Access::ALL).unwrap();
+    let data = pattern(9, 1000);
+    la.write(0, &data).unwrap();
+    // SAFETY: this thread is b's only receiver; `rb` does not outlive b.
+    let rb = unsafe { b.cpu_receive::<Exclusive>() }.unwrap();
+    let recv = |at: u64| {
+        rb.post_recv(&[RecvBuf {
+            local: lb.local(at),
+            len: 1000,
+        }])
+        .unwrap()
+    };
+    let (r0, r1, r2) = (recv(0), recv(1024), recv(2048));
+    let mut s = stream();
+    // SAFETY: the only poster of `a`.
+    let mut sq = unsafe { StreamQp::new(&a, None) }.unwrap();
+    let wrs = [
+        WorkRequest::Send {
+            src: la.local(0),
+            len: 1000,
+        },
+        WorkRequest::SendImm {
+            src: la.local(0),
+            len: 500,
+            imm: 0xfeed,
+        },
+        WorkRequest::SendInline { data: b"inline send" },
+    ];
+    let tickets = sq.post(&mut s, &wrs).unwrap();
+    sq.wait(&mut s, tickets.end - 1).unwrap();
+    s.synchronize().unwrap();
+    let got: Vec<_> = [r0, r1, r2].iter().map(|&r| rb.poll(r).unwrap()).collect();
+    assert_eq!(
+        got.iter().map(|g| (g.bytes, g.kind)).collect::<Vec<_>>(),
+        [
+            (1000, RecvKind::Send),
+            (500, RecvKind::SendImm(0xfeed)),
+            (11, RecvKind::Send)
+        ]
+    );
+    let mut back = vec![0; 1000];
+    lb.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    let mut inline = vec![0; 11];
+    lb.read(2048, &mut inline).unwrap();
+    assert_eq!(&inline, b"inline send");
+}
