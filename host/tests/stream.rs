@@ -434,3 +434,71 @@ fn sends_from_a_stream_land_in_the_peers_receives() {
     lb.read(2048, &mut inline).unwrap();
     assert_eq!(&inline, b"inline send");
 }
+
+// ------------------------------------------------------------------------------ on a GPU
+
+/// A CUDA stream rings after the stream's earlier work and its later work waits for the
+/// completion: each round a memset gives the source the round's value, the stream posts a put
+/// of it into device memory and waits, and a copy after the wait records what the destination
+/// held; 100 rounds cross the 64-slot ring's wrap. SKIPPED without a GPU.
+#[test]
+fn a_cuda_stream_rings_after_its_earlier_work_and_waits_for_the_completion() {
+    use cudarc::driver::sys;
+    use gdaki::stream::CudaStreamOps;
+    let test = "a_cuda_stream_rings_after_its_earlier_work_and_waits_for_the_completion";
+    let Some((gpu, _one)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    const LEN: usize = 65536;
+    const ROUNDS: u32 = 100;
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    let export = qp.export_gpu(&gpu).unwrap();
+    let src = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    let seen = gdaki::cuda::DeviceBuffer::zeroed(&gpu, 4 * ROUNDS as usize * 2).unwrap();
+    let cuda = gpu.context().new_stream().unwrap();
+    let mut ops = CudaStreamOps::new(&gpu, cuda.clone()).unwrap();
+    // SAFETY: the only poster of `qp` (no kernel uses the export).
+    let mut sq = unsafe { StreamQp::new(&qp, Some(&export)) }.unwrap();
+    assert_eq!(sq.space(), Space::Gpu(gpu.ordinal()));
+    // The CPU stream's addresses are refused for this queue pair.
+    assert!(matches!(
+        sq.put(&mut stream(), dst.remote(0), src.local(0), 8),
+        Err(StreamError::WrongSpace { .. })
+    ));
+    let value = |round: u32| 0x5100_0000 | round;
+    for round in 0..ROUNDS {
+        gpu.context().bind_to_thread().unwrap();
+        // SAFETY: `src` holds LEN bytes of this GPU's memory, alive until the stream is idle.
+        unsafe { sys::cuMemsetD32Async(src.addr(), value(round), LEN / 4, cuda.cu_stream()) }
+            .result()
+            .unwrap();
+        let t = loop {
+            match sq.put(&mut ops, dst.remote(0), src.local(0), LEN as u32) {
+                Ok(t) => break t,
+                Err(StreamError::WindowFull { .. }) => cuda.synchronize().unwrap(),
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        };
+        sq.wait(&mut ops, t).unwrap();
+        // The first and the last word of what landed, after the wait.
+        for (k, at) in [(0u64, 0u64), (1, LEN as u64 - 4)] {
+            let to = seen.device_addr() + u64::from(round) * 8 + k * 4;
+            // SAFETY: both ranges lie in live allocations of this GPU until the stream is idle.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(to, dst.addr() + at, 4, cuda.cu_stream()) }
+                .result()
+                .unwrap();
+        }
+    }
+    cuda.synchronize().unwrap();
+    let mut words = vec![0u8; 8 * ROUNDS as usize];
+    seen.read(0, &mut words).unwrap();
+    for round in 0..ROUNDS {
+        let at = round as usize * 8;
+        let first = u32::from_le_bytes(words[at..at + 4].try_into().unwrap());
+        let last = u32::from_le_bytes(words[at + 4..at + 8].try_into().unwrap());
+        assert_eq!((first, last), (value(round), value(round)), "round {round}");
+    }
+    assert!(sq.completed(u64::from(ROUNDS) - 1).unwrap());
+}
