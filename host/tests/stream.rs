@@ -467,11 +467,15 @@ fn a_cuda_stream_rings_after_its_earlier_work_and_waits_for_the_completion() {
         sq.put(&mut stream(), dst.remote(0), src.local(0), 8),
         Err(StreamError::WrongSpace { .. })
     ));
-    let value = |round: u32| 0x5100_0000 | round;
+    // A byte per round: the driver's byte memset is loaded when the GPU is opened; a kernel
+    // CUDA loads lazily at first use (its 32-bit memset, say) would wait behind the soft HCA's
+    // resident copier (docs/stream.md).
+    let byte = |round: u32| 0x80 | round as u8;
+    let value = |round: u32| u32::from_ne_bytes([byte(round); 4]);
     for round in 0..ROUNDS {
         gpu.context().bind_to_thread().unwrap();
         // SAFETY: `src` holds LEN bytes of this GPU's memory, alive until the stream is idle.
-        unsafe { sys::cuMemsetD32Async(src.addr(), value(round), LEN / 4, cuda.cu_stream()) }
+        unsafe { sys::cuMemsetD8Async(src.addr(), byte(round), LEN, cuda.cu_stream()) }
             .result()
             .unwrap();
         let t = loop {
