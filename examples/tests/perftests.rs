@@ -913,6 +913,43 @@ fn write_lat_json_and_server_client() {
     }
 }
 
+/// `write_lat --stream`: the ping-pong posted from streams (CPU streams here), in loopback over
+/// every size (odd ones too: the flag's word passes the message), as JSON, and across
+/// processes; a peer without --stream is refused, and so is --stream with --send.
+#[test]
+fn write_lat_stream_ping_pongs_from_streams() {
+    let out = ok("write_lat", &["--mode", "cpu", "--stream", "-a", "-n", "20"]);
+    assert!(
+        out.contains("RDMA_Write Latency Test (gdaki write_lat --stream)"),
+        "{out}"
+    );
+    assert!(out.contains("marked by each side's stream"), "{out}");
+    assert!(rows(&out).len() > 10, "{out}");
+    assert!(out.contains("Validation: every size's messages arrived intact"));
+    for size in ["1", "3", "5", "4099"] {
+        let out = ok("write_lat", &["--mode", "cpu", "--stream", "-s", size, "-n", "300"]);
+        assert_eq!(rows(&out).len(), 1, "{out}");
+    }
+    let out = ok(
+        "write_lat",
+        &["--mode", "cpu", "--stream", "-s", "8", "-n", "100", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["poster"].as_str(), Some("stream"));
+    assert!(v["results"][0]["t_typical_us"].as_f64().unwrap_or(0.0) > 0.0, "{out}");
+    let flags = ["--mode", "cpu", "--stream", "-s", "64", "-n", "100"];
+    let (s, c) = server_client("write_lat", &flags, &flags);
+    let (s, c) = both_succeeded(&s, &c);
+    for out in [&s, &c] {
+        assert_eq!(rows(out).len(), 1, "{out}");
+    }
+    let (s, c) = server_client("write_lat", &["--mode", "cpu", "-s", "64", "-n", "10"], &flags);
+    assert!(!s.status.success() && !c.status.success());
+    let out = run("write_lat", &["--mode", "cpu", "--stream", "--send"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}
+
 /// `write_lat --send` (perftest's `ib_send_lat`): SENDs taken by receives, in loopback (every
 /// size, so receives posted for one size take the next), as JSON, and across processes;
 /// a client and a server that disagree on the verb are refused.
@@ -990,6 +1027,15 @@ fn perftests_on_the_gpu_in_every_scope() {
     let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("host-pinned memory"), "{out}");
+    // No kernel: the streams store the flags, ring and wait, into pinned and device memory.
+    let out = ok("write_lat", &["--mode", "gpu", "--stream", "-a", "-n", "50"]);
+    assert!(rows(&out).len() > 10, "{out}");
+    assert!(out.contains("CUDA events"), "{out}");
+    let out = ok(
+        "write_lat",
+        &["--mode", "gpu", "--stream", "--mem", "device", "-s", "8", "-n", "200"],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
     // Two-sided: the kernels post and poll receives.
     let out = ok("write_lat", &["--mode", "gpu", "--send", "-a", "-n", "20"]);
     assert!(rows(&out).len() > 10, "{out}");

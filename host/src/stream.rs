@@ -259,7 +259,13 @@ impl MemOps for CudaStreamOps {
 #[derive(Debug, Clone, Copy)]
 enum CpuOp {
     Store(Store),
-    Wait { addr: u64, how: StreamWait, value: u32 },
+    Wait {
+        addr: u64,
+        how: StreamWait,
+        value: u32,
+    },
+    /// Note the time (a CUDA event's record).
+    Mark,
 }
 
 #[derive(Default)]
@@ -269,6 +275,8 @@ struct CpuQueue {
     done: u64,
     failed: Option<StreamError>,
     stop: bool,
+    /// When the stream reached each mark, in order.
+    marks: Vec<Instant>,
 }
 
 struct CpuShared {
@@ -341,9 +349,20 @@ impl CpuStream {
         }
     }
 
-    /// Operations run so far (stores and waits, one each).
+    /// Operations run so far (stores, waits and marks, one each).
     pub fn done(&self) -> u64 {
         lock(&self.shared.queue).done
+    }
+
+    /// Adds a mark: the stream notes the time when it reaches it (what recording a CUDA event
+    /// on a stream gives); [`take_marks`](Self::take_marks) hands the times over.
+    pub fn mark(&mut self) -> Result<(), StreamError> {
+        self.push([CpuOp::Mark])
+    }
+
+    /// The times of the marks the stream has reached since the last call, in order.
+    pub fn take_marks(&self) -> Vec<Instant> {
+        std::mem::take(&mut lock(&self.shared.queue).marks)
     }
 
     fn push(&self, ops: impl IntoIterator<Item = CpuOp>) -> Result<(), StreamError> {
@@ -420,6 +439,10 @@ fn run_cpu_stream(shared: &CpuShared, timeout: Duration) {
             }
         };
         let outcome = match op {
+            CpuOp::Mark => {
+                lock(&shared.queue).marks.push(Instant::now());
+                Ok(())
+            }
             // SAFETY: enqueued through `MemOps::store`, whose caller promised the address
             // valid (and aligned, checked there) until this store is made.
             CpuOp::Store(Store::U32 { addr, value }) => {

@@ -16,6 +16,7 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use gdaki::cuda::WriteLatSide;
 use gdaki::handshake::Hello;
+use gdaki::stream::{CpuStream, CudaStreamOps, MemOps, Store, StreamError, StreamQp};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
 use gdaki_device::Exclusive;
@@ -38,6 +39,12 @@ struct Cli {
     /// side waits for its next receive's completion instead of polling the message's last byte.
     #[arg(long)]
     send: bool,
+    /// Post from a stream instead of a kernel (GPUDirect Async): the CPU writes the WQEs ahead,
+    /// and each side's stream (a CUDA stream in GPU mode, a CPU thread's stream in CPU mode)
+    /// stores the message's flag, rings the doorbell and waits for the peer's flag in order,
+    /// timed by events on the streams (docs/stream.md).
+    #[arg(long, conflicts_with = "send")]
+    stream: bool,
 }
 
 impl Cli {
@@ -45,6 +52,8 @@ impl Cli {
     fn test(&self) -> &'static str {
         if self.send {
             "write_lat --send"
+        } else if self.stream {
+            "write_lat --stream"
         } else {
             "write_lat"
         }
@@ -65,6 +74,8 @@ struct Params {
     role: &'static str,
     /// `write` or `send` (`--send`).
     op: &'static str,
+    /// `kernel` (or CPU threads in CPU mode) or `stream` (`--stream`).
+    poster: &'static str,
     provider: String,
     mode: &'static str,
     gpu: Option<String>,
@@ -232,7 +243,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         min_rnr_timer: 1,
         ..Default::default()
     };
-    let max = *plan.sizes.last().context("no sizes")? as usize;
+    // A stream stores and waits on whole 32-bit words: the flag's word may pass the message.
+    let max = match *plan.sizes.last().context("no sizes")? as usize {
+        m if cli.stream => m.next_multiple_of(4),
+        m => m,
+    };
     let side = |session: &Session, initiator| -> anyhow::Result<Side> {
         let cq = session.ctx.create_cq_in(plan.tx_depth, &session.rings)?;
         let qp = session.ctx.create_qp(&cq, cfg.clone())?;
@@ -312,11 +327,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => vec![],
     };
     let _proxy = session.proxy(&mut plan, sides.iter().map(|(s, _)| &s.qp))?;
+    let mut streams = match cli.stream {
+        true => Some(StreamSides::new(&session, &sides, &exported)?),
+        false => None,
+    };
 
     let reference = measure_reference(&session)?;
     let params = Params {
         role: plan.role.name(),
         op: if cli.send { "send" } else { "write" },
+        poster: if cli.stream { "stream" } else { "kernel" },
         provider: session.ctx.provider().to_string(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
@@ -343,12 +363,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         let mut split = Split::default();
         loop {
             for (s, _) in &sides {
-                s.poll.write(0, &vec![0u8; size as usize])?;
+                let clear = match cli.stream {
+                    true => (size as usize).next_multiple_of(4),
+                    false => size as usize,
+                };
+                s.poll.write(0, &vec![0u8; clear])?;
                 s.post.write(0, &payload)?;
             }
             session.agree(step(), Ok(()))?; // both sides ready
-            let stamps = match &session.gpu {
-                Some(gpu) => {
+            let stamps = match (&mut streams, &session.gpu) {
+                (Some(st), _) => st.ping_pong(&sides, size, plan.iters, plan.timeout)?,
+                (None, Some(gpu)) => {
                     let dev: Vec<WriteLatSide> = sides
                         .iter()
                         .zip(&exported)
@@ -371,7 +396,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     run.times.into_iter().zip(run.posted).map(Stamps::from).collect()
                 }
-                None => cpu_ping_pong(&sides, size, plan.iters, cli.send)?,
+                (None, None) => cpu_ping_pong(&sides, size, plan.iters, cli.send)?,
             };
             session.agree(step(), Ok(()))?; // both sides done
                                             // Every side received the other's message and the last flag.
@@ -536,6 +561,167 @@ fn cpu_ping_pong(
     })
 }
 
+/// `--stream`: each side's executor of memory operations and its stream queue pair.
+struct StreamSides<'a> {
+    sides: Vec<(StreamQp<'a>, Executor)>,
+}
+
+/// Where a side's stream work runs, and the marks it leaves after each arrival.
+enum Executor {
+    Cuda {
+        ops: CudaStreamOps,
+        marks: Vec<gdaki::cuda::CudaEvent>,
+    },
+    Cpu(CpuStream),
+}
+
+impl Executor {
+    fn ops(&mut self) -> &mut dyn MemOps {
+        match self {
+            Executor::Cuda { ops, .. } => ops,
+            Executor::Cpu(s) => s,
+        }
+    }
+
+    fn mark(&mut self) -> anyhow::Result<()> {
+        match self {
+            Executor::Cuda { ops, marks } => marks.push(gdaki::cuda::record_event(ops.stream())?),
+            Executor::Cpu(s) => s.mark()?,
+        }
+        Ok(())
+    }
+
+    /// Waits (at most `timeout`) for the stream's work; the times of its marks (ns, the first 0).
+    fn finish(&mut self, timeout: std::time::Duration) -> anyhow::Result<Vec<u64>> {
+        match self {
+            Executor::Cuda { ops, marks } => {
+                if !gdaki::cuda::stream_idle_within(ops.stream(), timeout)? {
+                    bail!("the stream did not finish within {timeout:?} (a message never came)");
+                }
+                let mut times = vec![0u64];
+                for w in marks.windows(2) {
+                    let ms = w[0].elapsed_ms(&w[1])?;
+                    times.push(times[times.len() - 1] + (f64::from(ms) * 1e6) as u64);
+                }
+                marks.clear();
+                Ok(times)
+            }
+            Executor::Cpu(s) => {
+                s.synchronize()?;
+                let marks = s.take_marks();
+                let first = marks.first().copied();
+                Ok(marks
+                    .into_iter()
+                    .map(|t| first.map_or(0, |f| t.duration_since(f).as_nanos() as u64))
+                    .collect())
+            }
+        }
+    }
+}
+
+impl<'a> StreamSides<'a> {
+    fn new(
+        session: &Session,
+        sides: &'a [(Side, gdaki_device::Remote)],
+        exported: &'a [gdaki::GpuQp],
+    ) -> anyhow::Result<Self> {
+        let mut out = Vec::new();
+        for (k, (s, _)) in sides.iter().enumerate() {
+            let (executor, export) = match &session.gpu {
+                Some(gpu) => {
+                    let stream = gpu.context().new_stream()?;
+                    let ops = CudaStreamOps::new(gpu, stream)?;
+                    (Executor::Cuda { ops, marks: Vec::new() }, exported.get(k))
+                }
+                None => (Executor::Cpu(CpuStream::new(std::time::Duration::from_secs(30))?), None),
+            };
+            // SAFETY: the stream queue pair is the QP's only poster: no kernel runs with
+            // --stream, and no CPU view is made; it lives no longer than `sides`.
+            let sq = unsafe { StreamQp::new(&s.qp, export) }?;
+            out.push((sq, executor));
+        }
+        Ok(StreamSides { sides: out })
+    }
+
+    /// One round of `iters` round trips of `size`-byte messages, every side's work enqueued
+    /// ahead (as far as the send queues allow), then waited for; each side's arrival times.
+    fn ping_pong(
+        &mut self,
+        sides: &[(Side, gdaki_device::Remote)],
+        size: u64,
+        iters: u32,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<Vec<Stamps>> {
+        let payload = pattern_bytes(size, 0, size as usize - 1);
+        let bound = timeout.max(std::time::Duration::from_secs(1)) * 4;
+        for i in 0..iters {
+            let (at, word) = flag_word(&payload, (i + 1) as u8);
+            for ((sq, ex), (s, to)) in self.sides.iter_mut().zip(sides) {
+                if !s.initiator {
+                    wait_flag(ex, &s.poll, at, word)?;
+                    ex.mark()?;
+                }
+                // SAFETY: the flag's word lies in the side's post buffer (allocated in whole
+                // words), which outlives the stream's work (waited for below, or the process
+                // ends with it).
+                unsafe {
+                    ex.ops().store(&[Store::U32 {
+                        addr: s.post.addr() + at,
+                        value: word,
+                    }])
+                }?;
+                let started = Instant::now();
+                loop {
+                    match sq.put(ex.ops(), *to, s.post.local(0), size as u32) {
+                        Ok(_) => break,
+                        // The stream is a send queue behind: let it catch up.
+                        Err(StreamError::WindowFull { .. }) if started.elapsed() < bound => {
+                            std::thread::sleep(std::time::Duration::from_micros(20))
+                        }
+                        Err(e) => bail!("round trip {i}: {e}"),
+                    }
+                }
+                if s.initiator {
+                    wait_flag(ex, &s.poll, at, word)?;
+                    ex.mark()?;
+                }
+            }
+        }
+        self.sides
+            .iter_mut()
+            .map(|(_, ex)| {
+                let sent = ex.finish(bound)?;
+                Ok(Stamps { sent, posted: vec![] })
+            })
+            .collect()
+    }
+}
+
+/// Where the 32-bit word holding a message's last byte starts, and what it holds once the
+/// message with `flag` has landed: the payload's bytes before the flag, zeros after it (the
+/// poll buffer is cleared in whole words).
+fn flag_word(payload: &[u8], flag: u8) -> (u64, u32) {
+    let last = payload.len();
+    let at = last & !3;
+    let mut b = [0u8; 4];
+    for (j, byte) in b.iter_mut().enumerate() {
+        *byte = match at + j {
+            k if k < last => payload[k],
+            k if k == last => flag,
+            _ => 0,
+        };
+    }
+    (at as u64, u32::from_ne_bytes(b))
+}
+
+/// Enqueues a wait until the flag's word of `poll` holds `word`.
+fn wait_flag(ex: &mut Executor, poll: &MemoryRegion, at: u64, word: u32) -> anyhow::Result<()> {
+    // SAFETY: the word lies in the side's poll buffer (allocated in whole words), which
+    // outlives the stream's work.
+    unsafe { ex.ops().wait(poll.addr() + at, gdaki::cuda::StreamWait::Eq, word) }?;
+    Ok(())
+}
+
 fn median_us(mut ns: Vec<u64>) -> f64 {
     ns.sort_unstable();
     ns.get(ns.len() / 2).copied().unwrap_or(0) as f64 / 1e3
@@ -616,14 +802,23 @@ fn print_header(
         ),
         (
             "Timer",
-            if p.gpu.is_some() {
-                "GPU %globaltimer, one thread per side polls"
-            } else {
-                "CPU monotonic clock"
+            match (p.poster, p.gpu.is_some()) {
+                ("stream", true) => "CUDA events on each side's stream, one after each arrival",
+                ("stream", false) => "CPU monotonic clock, marked by each side's stream after each arrival",
+                (_, true) => "GPU %globaltimer, one thread per side polls",
+                (_, false) => "CPU monotonic clock",
             }
             .into(),
         ),
     ]);
+    if p.poster == "stream" {
+        lines.push((
+            "Poster",
+            "each side's stream, no kernel: the CPU writes the WQEs ahead, the stream stores the flag, rings and \
+             waits"
+                .into(),
+        ));
+    }
     lines.extend(addresses);
     if p.gpu.is_none() {
         // CPU mode: each side's poster and the engine spin; a peer process may share the host.
@@ -633,10 +828,10 @@ fn print_header(
         }
     }
     report::print_header(
-        if send {
-            "Send Latency Test (gdaki write_lat --send)"
-        } else {
-            "RDMA_Write Latency Test (gdaki write_lat)"
+        match (send, p.poster) {
+            (true, _) => "Send Latency Test (gdaki write_lat --send)",
+            (false, "stream") => "RDMA_Write Latency Test (gdaki write_lat --stream)",
+            _ => "RDMA_Write Latency Test (gdaki write_lat)",
         },
         &lines,
     );

@@ -27,7 +27,7 @@ mod posting;
 pub mod ptx;
 mod reference;
 mod stream;
-pub use cudarc::driver::CudaStream;
+pub use cudarc::driver::{CudaEvent, CudaStream};
 pub use gdaki_layout::perf::StreamOp;
 pub use host_buffer::{AllocError, HostBuffer};
 pub use ipc::{
@@ -38,7 +38,10 @@ pub use kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel, LinkInput, Module};
 pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
 pub use reference::PeerDirection;
-pub use stream::{stream_memops_supported, stream_wait_u32, stream_write_u32, stream_write_u64, StreamWait};
+pub use stream::{
+    record_event, stream_idle_within, stream_memops_supported, stream_wait_u32, stream_write_u32, stream_write_u64,
+    StreamWait,
+};
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).
 pub const MIN_DRIVER_VERSION: i32 = 13000;

@@ -126,3 +126,31 @@ pub unsafe fn stream_wait_u32(stream: &CudaStream, addr: u64, how: StreamWait, v
     unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), addr, value, flags) }.result()?;
     Ok(())
 }
+
+/// Records a timing event on `stream` now: where the stream is when it gets there
+/// (`cuEventElapsedTime` between two of them), as `write_lat --stream` marks arrivals.
+pub fn record_event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent, CudaError> {
+    Ok(stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?)
+}
+
+/// Waits for `stream`'s work as [`wait_idle`] does, for at most `timeout`: whether it finished
+/// (a stream waiting on a word nobody writes never does).
+pub fn stream_idle_within(stream: &CudaStream, timeout: Duration) -> Result<bool, CudaError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut pause = Duration::from_micros(5);
+    loop {
+        // SAFETY: a query of a live stream.
+        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => return Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_micros(200));
+            }
+            sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+            other => {
+                other.result()?;
+                return Ok(true);
+            }
+        }
+    }
+}
