@@ -691,6 +691,22 @@ impl<'q> StreamQp<'q> {
     /// cannot take, or too little room ([`StreamError::WindowFull`]), posts none. Returns the
     /// tickets (WQE indices) of the requests, in order.
     pub fn post(&mut self, ops: &mut dyn MemOps, wrs: &[WorkRequest<'_>]) -> Result<Range<Ticket>, StreamError> {
+        // SAFETY: no stores of the caller's.
+        unsafe { self.post_after(ops, &[], wrs) }
+    }
+
+    /// [`post`](Self::post), with `before` made by the executor just ahead of the doorbell,
+    /// in the same call (and so never without it): a flag or the message's last word set in
+    /// stream order right before the HCA reads it.
+    ///
+    /// # Safety
+    /// As [`MemOps::store`] for every store of `before`.
+    pub unsafe fn post_after(
+        &mut self,
+        ops: &mut dyn MemOps,
+        before: &[Store],
+        wrs: &[WorkRequest<'_>],
+    ) -> Result<Range<Ticket>, StreamError> {
         self.usable(ops)?;
         let n = wrs.len() as u64;
         if n == 0 || n > self.ring {
@@ -714,8 +730,9 @@ impl<'q> StreamQp<'q> {
         }
         let end = first + n;
         self.dev.mark_ready(first, end)?;
-        let stores = match DoorbellWrites::new(self.kind, self.qpn, end) {
-            DoorbellWrites::Doorbell { record, doorbell } => vec![
+        let mut stores = before.to_vec();
+        match DoorbellWrites::new(self.kind, self.qpn, end) {
+            DoorbellWrites::Doorbell { record, doorbell } => stores.extend([
                 Store::U32 {
                     addr: self.record,
                     value: record,
@@ -724,14 +741,15 @@ impl<'q> StreamQp<'q> {
                     addr: self.doorbell,
                     value: doorbell,
                 },
-            ],
-            DoorbellWrites::Proxy { index } => vec![Store::U64 {
+            ]),
+            DoorbellWrites::Proxy { index } => stores.push(Store::U64 {
                 addr: self.doorbell,
                 value: index,
-            }],
-        };
-        // SAFETY: the record, the doorbell (or proxy word) of this QP in the executor's space
-        // (checked in `usable`), which live as long as the QP (`'q`); only the HCA reads them.
+            }),
+        }
+        // SAFETY: `before` is the caller's (their contract); then the record, the doorbell (or
+        // proxy word) of this QP in the executor's space (checked in `usable`), which live as
+        // long as the QP (`'q`), and which only the HCA reads.
         if let Err(e) = unsafe { ops.store(&stores) } {
             self.broken = true;
             return Err(e);

@@ -209,8 +209,29 @@ fn a_post_stores_the_record_then_the_doorbell_and_a_wait_watches_the_owner_bit()
     sq.wait(&mut r, 2).unwrap();
     let owner = 1u32 << 24;
     assert_eq!(r.waits, [(h.cq.cqe_base + 2 * 64 + 60, StreamWait::Nor, !owner)]);
-    // Refused requests post nothing.
+    // Stores of the caller's go just ahead of the doorbell, in the same call.
+    let flag = Store::U32 { addr: 0x1000, value: 9 };
+    // SAFETY: nothing executes what `r` records.
+    let t = unsafe { sq.post_after(&mut r, &[flag], &wrs[..1]) }.unwrap();
+    assert_eq!(t, 3..4);
+    assert_eq!(
+        r.stores[2..],
+        [
+            flag,
+            Store::U32 {
+                addr: h.sq_dbrec,
+                value: dbrec::wq_counter(4).to_be(),
+            },
+            Store::U64 {
+                addr: h.doorbell,
+                value: doorbell::word(h.qpn, 4),
+            },
+        ]
+    );
+    // Refused requests post nothing, the caller's stores included.
     let before = r.stores.len();
+    // SAFETY: as above.
+    assert!(unsafe { sq.post_after(&mut r, &[flag], &[]) }.is_err());
     let too_long = [WorkRequest::PutInline {
         dst: mr.remote(0),
         data: &[0; 1024],

@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use gdaki::cuda::WriteLatSide;
 use gdaki::handshake::Hello;
-use gdaki::stream::{CpuStream, CudaStreamOps, MemOps, Store, StreamError, StreamQp};
+use gdaki::stream::{CpuStream, CudaStreamOps, MemOps, Store, StreamError, StreamQp, WorkRequest};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
 use gdaki_device::Exclusive;
@@ -661,18 +661,22 @@ impl<'a> StreamSides<'a> {
                     wait_flag(ex, &s.poll, at, word)?;
                     ex.mark()?;
                 }
-                // SAFETY: the flag's word lies in the side's post buffer (allocated in whole
-                // words), which outlives the stream's work (waited for below, or the process
-                // ends with it).
-                unsafe {
-                    ex.ops().store(&[Store::U32 {
-                        addr: s.post.addr() + at,
-                        value: word,
-                    }])
-                }?;
+                // The flag goes into the source's last word in the doorbell's submission.
+                let flag = [Store::U32 {
+                    addr: s.post.addr() + at,
+                    value: word,
+                }];
+                let put = [WorkRequest::Put {
+                    dst: *to,
+                    src: s.post.local(0),
+                    len: size as u32,
+                }];
                 let started = Instant::now();
                 loop {
-                    match sq.put(ex.ops(), *to, s.post.local(0), size as u32) {
+                    // SAFETY: the flag's word lies in the side's post buffer (allocated in
+                    // whole words), which outlives the stream's work (waited for below, or the
+                    // process ends with it).
+                    match unsafe { sq.post_after(ex.ops(), &flag, &put) } {
                         Ok(_) => break,
                         // The stream is a send queue behind: let it catch up.
                         Err(StreamError::WindowFull { .. }) if started.elapsed() < bound => {
