@@ -527,3 +527,52 @@ fn a_cuda_stream_rings_after_its_earlier_work_and_waits_for_the_completion() {
     }
     assert!(sq.completed(u64::from(ROUNDS) - 1).unwrap());
 }
+
+/// Through a CPU proxy the stream stores the producer index into the proxy's word (one store),
+/// and the proxy rings: the data lands and the wait ends.
+#[test]
+fn through_a_cpu_proxy_the_stream_publishes_the_producer_index() {
+    use gdaki::DoorbellHandler;
+    use gdaki_proxy::{Proxy, ProxyConfig};
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cfg = QpConfig {
+        handler: DoorbellHandler::CpuProxy,
+        ..QpConfig::default()
+    };
+    let (recorded, live) = (loopback_qp(&ctx, 64, cfg.clone()), loopback_qp(&ctx, 64, cfg));
+    let mr = ctx.alloc_region(1 << 20, Access::ALL).unwrap();
+    // SAFETY: the handle lives as long as the QP.
+    let h = unsafe { recorded.device_handle().read() };
+    let mut r = Recorder::default();
+    // SAFETY: the only poster of `recorded`; nothing executes what `r` records.
+    let mut sq = unsafe { StreamQp::new(&recorded, None) }.unwrap();
+    sq.put(&mut r, mr.remote(4096), mr.local(0), 8).unwrap();
+    sq.put(&mut r, mr.remote(4096), mr.local(0), 8).unwrap();
+    assert_eq!(
+        r.stores,
+        [
+            Store::U64 {
+                addr: h.doorbell,
+                value: 1
+            },
+            Store::U64 {
+                addr: h.doorbell,
+                value: 2
+            }
+        ]
+    );
+    let proxy = Proxy::start(ProxyConfig::default()).unwrap();
+    proxy.add(live.proxy_target().unwrap());
+    let data = pattern(11, 4096);
+    mr.write(0, &data).unwrap();
+    let mut s = stream();
+    // SAFETY: the only poster of `live`.
+    let mut sq = unsafe { StreamQp::new(&live, None) }.unwrap();
+    let t = sq.put(&mut s, mr.remote(65536), mr.local(0), 4096).unwrap();
+    sq.wait(&mut s, t).unwrap();
+    s.synchronize().unwrap();
+    assert!(sq.completed(t).unwrap());
+    let mut got = vec![0; 4096];
+    mr.read(65536, &mut got).unwrap();
+    assert_eq!(got, data);
+}
