@@ -913,6 +913,35 @@ fn write_lat_json_and_server_client() {
     }
 }
 
+/// `put_bw --stream`: messages posted from one CPU stream per QP, every verb, several QPs, a
+/// sweep, JSON, server and client; shaping a kernel launch is refused.
+#[test]
+fn put_bw_stream_posts_from_streams() {
+    for extra in [&[][..], &["--read"], &["--send"], &["-q", "3"]] {
+        let mut args = vec!["--mode", "cpu", "--stream", "-s", "4096", "-n", "2000"];
+        args.extend(extra);
+        let out = ok("put_bw", &args);
+        assert_eq!(rows(&out).len(), 1, "{out}");
+        assert!(out.contains("one stream per QP, no kernel"), "{out}");
+        assert!(out.contains("Validation"), "{out}");
+    }
+    let out = ok("put_bw", &["--mode", "cpu", "--stream", "-a", "-n", "100"]);
+    assert_eq!(rows(&out).len(), 23, "{out}");
+    let out = ok(
+        "put_bw",
+        &["--mode", "cpu", "--stream", "-s", "64", "-n", "500", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["poster"].as_str(), Some("stream"));
+    let flags = ["--mode", "cpu", "--stream", "-s", "65536", "-n", "500"];
+    let (s, c) = server_client("put_bw", &["--mode", "cpu", "-s", "65536", "-n", "500"], &flags);
+    let (_, c) = both_succeeded(&s, &c);
+    assert_eq!(rows(&c).len(), 1, "{c}");
+    let out = run("put_bw", &["--mode", "cpu", "--stream", "--blocks", "4"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("one stream per QP"));
+}
+
 /// `write_lat --stream`: the ping-pong posted from streams (CPU streams here), in loopback over
 /// every size (odd ones too: the flag's word passes the message), as JSON, and across
 /// processes; a peer without --stream is refused, and so is --stream with --send.
@@ -1027,6 +1056,16 @@ fn perftests_on_the_gpu_in_every_scope() {
     let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("host-pinned memory"), "{out}");
+    // No kernel: one stream per QP rings what the CPU wrote, into pinned and device memory.
+    for mem in ["pinned", "device"] {
+        let out = ok(
+            "put_bw",
+            &[
+                "--mode", "gpu", "--stream", "--mem", mem, "-s", "65536", "-n", "2000", "-q", "2",
+            ],
+        );
+        assert_eq!(rows(&out).len(), 1, "{out}");
+    }
     // No kernel: the streams store the flags, ring and wait, into pinned and device memory.
     let out = ok("write_lat", &["--mode", "gpu", "--stream", "-a", "-n", "50"]);
     assert!(rows(&out).len() > 10, "{out}");

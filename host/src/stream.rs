@@ -813,6 +813,11 @@ impl<'q> StreamQp<'q> {
         self.dev.poll_at(ticket).map(|()| true).map_err(Into::into)
     }
 
+    /// The send queue's size in WQEs: the most that can be posted and not completed.
+    pub fn ring(&self) -> u64 {
+        self.ring
+    }
+
     /// WQEs posted so far: tickets below this have their doorbells enqueued.
     pub fn queued(&self) -> u64 {
         self.queued

@@ -17,6 +17,7 @@ use clap::Parser;
 use gdaki::cuda::StreamOp;
 use gdaki::cuda::{DataPathLaunch, KernelMode, PeerDirection};
 use gdaki::handshake::{Hello, RemoteRegion};
+use gdaki::stream::{StreamError, StreamQp, WorkRequest};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
 use gdaki_device::{Exclusive, Local, Remote};
@@ -68,6 +69,12 @@ struct Cli {
     /// CPU thread per QP, into its buffer, which it validates. Give it on both sides.
     #[arg(long)]
     send: bool,
+    /// Post from streams instead of kernels (GPUDirect Async, docs/stream.md): one stream per
+    /// QP (a CUDA stream in GPU mode, a CPU thread's stream in CPU mode) rings each batch of
+    /// WQEs the CPU wrote ahead, and waits for each window's last completion; windows are timed
+    /// on the streams.
+    #[arg(long)]
+    stream: bool,
     /// With --send: receives each receiving QP keeps posted (perftest's -r, --rx-depth).
     #[arg(short = 'r', long = "rx-depth", default_value_t = DEFAULT_RX_DEPTH)]
     rx_depth: u32,
@@ -144,6 +151,8 @@ struct Params {
     /// `--send`: receives each receiving QP keeps posted.
     #[serde(skip_serializing_if = "Option::is_none")]
     rx_depth: Option<u32>,
+    /// Who posts: `kernel` (CPU threads in CPU mode) or `stream` (`--stream`).
+    poster: &'static str,
     provider: String,
     device: String,
     mode: &'static str,
@@ -260,11 +269,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     eprintln!("put_bw: {}", plan.mode_line);
     let launch = match plan.gpu {
-        Some(_) => Some(gpu_launch(&cli, plan.scope)?),
-        None => {
+        Some(_) if !cli.stream => Some(gpu_launch(&cli, plan.scope)?),
+        _ => {
             let shape = [("--blocks", cli.blocks), ("--threads", cli.threads)];
             if let Some((flag, Some(n))) = shape.into_iter().find(|(_, v)| v.is_some()) {
-                bail!("{flag} {n}: CPU mode posts from one CPU thread per QP (-q); {flag} shapes the GPU launch");
+                match cli.stream {
+                    true => bail!("{flag} {n}: --stream posts from one stream per QP (-q), no kernel"),
+                    false => bail!(
+                        "{flag} {n}: CPU mode posts from one CPU thread per QP (-q); {flag} shapes the GPU launch"
+                    ),
+                }
             }
             None
         }
@@ -493,6 +507,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         let round = loop {
             let first_round = windows.is_empty();
             let post = || match (&gpu, launch) {
+                _ if cli.stream => stream_windows(
+                    gpu.as_ref(),
+                    &qps,
+                    &exported,
+                    target,
+                    src.local(0),
+                    size,
+                    nslots,
+                    plan.iters,
+                    op,
+                    plan.timeout,
+                ),
                 (Some(gpu), Some(l)) => gpu_windows(
                     gpu,
                     &handles,
@@ -975,6 +1001,138 @@ impl RefCopy {
     }
 }
 
+/// Work requests a stream's doorbell covers (at most a quarter of the send queue, so the CPU
+/// writes the next batches while the HCA works on the first).
+const STREAM_BATCH: u64 = 16;
+
+/// `--stream`: one stream per QP (CUDA, or a CPU thread's), as [`cpu_windows`] posts: every
+/// slot once untimed, then `iters` messages per QP in [`WINDOWS`] windows. The CPU writes the
+/// WQEs ahead in batches of [`STREAM_BATCH`], one doorbell each, as far as the send queues
+/// allow; each stream waits for its window's last completion and marks the time. A window's
+/// time is its slowest QP's.
+#[allow(clippy::too_many_arguments)]
+fn stream_windows(
+    gpu: Option<&gdaki::cuda::Gpu>,
+    qps: &[(CompletionQueue, QueuePair)],
+    exported: &[gdaki::GpuQp],
+    dst: Remote,
+    src: Local,
+    size: u64,
+    slots: u64,
+    iters: u32,
+    op: StreamOp,
+    timeout: Duration,
+) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
+    let windows = WINDOWS.min(iters).max(1);
+    let in_window = |w: u32| iters / windows + u32::from(w < iters % windows);
+    let bound = timeout.max(Duration::from_secs(1)) * 4;
+    let mut sides = Vec::new();
+    for (k, (_, q)) in qps.iter().enumerate() {
+        let ex = gdaki_examples::stream::Executor::new(gpu, bound)?;
+        // SAFETY: no kernel posts with --stream and no CPU view is made: the stream queue pair
+        // is the QP's only poster, and it lives only in this call.
+        let sq = unsafe { StreamQp::new(q, gpu.and(exported.get(k))) }?;
+        sides.push((sq, ex));
+    }
+    let len = u32::try_from(size).context("one WQE carries at most 4 GiB")?;
+    let request = |m: u64| {
+        let at = (m % slots) * size;
+        match op {
+            StreamOp::Write => WorkRequest::Put {
+                dst: Remote {
+                    addr: dst.addr + at,
+                    ..dst
+                },
+                src: Local {
+                    addr: src.addr + at,
+                    ..src
+                },
+                len,
+            },
+            StreamOp::Read => WorkRequest::Get {
+                dst: Local {
+                    addr: src.addr + at,
+                    ..src
+                },
+                src: Remote {
+                    addr: dst.addr + at,
+                    ..dst
+                },
+                len,
+            },
+            StreamOp::Send => WorkRequest::Send {
+                src: Local {
+                    addr: src.addr + at,
+                    ..src
+                },
+                len,
+            },
+        }
+    };
+    // Messages `from..to` of every QP, batch by batch across the QPs, then each stream waits
+    // for its last and marks.
+    let step = sides
+        .iter()
+        .map(|(sq, _)| (sq.ring() / 4).max(1))
+        .min()
+        .unwrap_or(1)
+        .min(STREAM_BATCH);
+    let post = |sides: &mut Vec<(StreamQp<'_>, gdaki_examples::stream::Executor)>, from: u64, to: u64| {
+        let mut last = vec![None; sides.len()];
+        let mut m = from;
+        while m < to {
+            let batch = step.min(to - m);
+            for (k, (sq, ex)) in sides.iter_mut().enumerate() {
+                let wrs: Vec<_> = (m..m + batch).map(request).collect();
+                let started = Instant::now();
+                let tickets = loop {
+                    match sq.post(ex.ops(), &wrs) {
+                        Ok(t) => break t,
+                        // The stream is a send queue behind: let it catch up.
+                        Err(StreamError::WindowFull { .. }) if started.elapsed() < bound => {
+                            std::thread::sleep(Duration::from_micros(20))
+                        }
+                        Err(e) => bail!("QP {k}, message {m}: {e}"),
+                    }
+                };
+                last[k] = Some(tickets.end - 1);
+            }
+            m += batch;
+        }
+        for ((sq, ex), t) in sides.iter_mut().zip(last) {
+            if let Some(t) = t {
+                sq.wait(ex.ops(), t)?;
+            }
+            ex.mark()?;
+        }
+        anyhow::Ok(())
+    };
+    // Warm-up, untimed: every slot once; its end is the first mark.
+    post(&mut sides, 0, slots)?;
+    let mut first = slots;
+    for w in 0..windows {
+        let n = u64::from(in_window(w));
+        post(&mut sides, first, first + n)?;
+        first += n;
+    }
+    let mut took = vec![Duration::ZERO; windows as usize];
+    for (k, (_, ex)) in sides.iter_mut().enumerate() {
+        let marks = ex.finish(bound).with_context(|| format!("QP {k}'s stream"))?;
+        if marks.len() != windows as usize + 1 {
+            bail!("QP {k}'s stream left {} marks, {} expected", marks.len(), windows + 1);
+        }
+        for (w, t) in marks.windows(2).enumerate() {
+            took[w] = took[w].max(Duration::from_nanos(t[1].saturating_sub(t[0])));
+        }
+    }
+    let out = took
+        .into_iter()
+        .enumerate()
+        .map(|(w, t)| (t, u64::from(in_window(w as u32)) * qps.len() as u64))
+        .collect();
+    Ok((out, iters as u64))
+}
+
 /// The reference bandwidth (MiB/s) for `count` messages of `size` bytes through the same slots
 /// the puts cycle through (so both see the same caches), copied as `how` says.
 fn reference_bw(session: &Session, how: RefCopy, size: u64, slots: u64, count: u32) -> anyhow::Result<f64> {
@@ -1010,6 +1168,15 @@ fn header_lines(
 ) -> Vec<(&'static str, String)> {
     let p = params(cli, plan, session, launch);
     let mut v = session.header_lines(plan);
+    if cli.stream {
+        v.push((
+            "Poster",
+            format!(
+                "one stream per QP, no kernel: the CPU writes WQEs ahead, the stream rings each batch of up to \
+                 {STREAM_BATCH} and waits for each window's last completion"
+            ),
+        ));
+    }
     v.extend([
         ("Scope", format!("{:?}", p.scope).to_lowercase()),
         ("Number of qps", p.qps.to_string()),
@@ -1079,6 +1246,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         role: plan.role.name(),
         op: cli.op(),
         rx_depth: cli.send.then_some(cli.rx_depth),
+        poster: if cli.stream { "stream" } else { "kernel" },
         provider: session.ctx.provider().to_string(),
         device: session.ctx.device_name(),
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },

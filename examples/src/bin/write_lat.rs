@@ -16,13 +16,14 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use gdaki::cuda::WriteLatSide;
 use gdaki::handshake::Hello;
-use gdaki::stream::{CpuStream, CudaStreamOps, MemOps, Store, StreamError, StreamQp, WorkRequest};
+use gdaki::stream::{Store, StreamError, StreamQp, WorkRequest};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
 use gdaki_device::Exclusive;
 use gdaki_examples::cli::{Common, Plan, Role};
 use gdaki_examples::report::{self, JsonReport, LatRow};
 use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
+use gdaki_examples::stream::Executor;
 use gdaki_layout::perf::PingPongSide;
 use serde::Serialize;
 
@@ -566,59 +567,6 @@ struct StreamSides<'a> {
     sides: Vec<(StreamQp<'a>, Executor)>,
 }
 
-/// Where a side's stream work runs, and the marks it leaves after each arrival.
-enum Executor {
-    Cuda {
-        ops: CudaStreamOps,
-        marks: Vec<gdaki::cuda::CudaEvent>,
-    },
-    Cpu(CpuStream),
-}
-
-impl Executor {
-    fn ops(&mut self) -> &mut dyn MemOps {
-        match self {
-            Executor::Cuda { ops, .. } => ops,
-            Executor::Cpu(s) => s,
-        }
-    }
-
-    fn mark(&mut self) -> anyhow::Result<()> {
-        match self {
-            Executor::Cuda { ops, marks } => marks.push(gdaki::cuda::record_event(ops.stream())?),
-            Executor::Cpu(s) => s.mark()?,
-        }
-        Ok(())
-    }
-
-    /// Waits (at most `timeout`) for the stream's work; the times of its marks (ns, the first 0).
-    fn finish(&mut self, timeout: std::time::Duration) -> anyhow::Result<Vec<u64>> {
-        match self {
-            Executor::Cuda { ops, marks } => {
-                if !gdaki::cuda::stream_idle_within(ops.stream(), timeout)? {
-                    bail!("the stream did not finish within {timeout:?} (a message never came)");
-                }
-                let mut times = vec![0u64];
-                for w in marks.windows(2) {
-                    let ms = w[0].elapsed_ms(&w[1])?;
-                    times.push(times[times.len() - 1] + (f64::from(ms) * 1e6) as u64);
-                }
-                marks.clear();
-                Ok(times)
-            }
-            Executor::Cpu(s) => {
-                s.synchronize()?;
-                let marks = s.take_marks();
-                let first = marks.first().copied();
-                Ok(marks
-                    .into_iter()
-                    .map(|t| first.map_or(0, |f| t.duration_since(f).as_nanos() as u64))
-                    .collect())
-            }
-        }
-    }
-}
-
 impl<'a> StreamSides<'a> {
     fn new(
         session: &Session,
@@ -627,14 +575,8 @@ impl<'a> StreamSides<'a> {
     ) -> anyhow::Result<Self> {
         let mut out = Vec::new();
         for (k, (s, _)) in sides.iter().enumerate() {
-            let (executor, export) = match &session.gpu {
-                Some(gpu) => {
-                    let stream = gpu.context().new_stream()?;
-                    let ops = CudaStreamOps::new(gpu, stream)?;
-                    (Executor::Cuda { ops, marks: Vec::new() }, exported.get(k))
-                }
-                None => (Executor::Cpu(CpuStream::new(std::time::Duration::from_secs(30))?), None),
-            };
+            let executor = Executor::new(session.gpu.as_ref(), std::time::Duration::from_secs(30))?;
+            let export = session.gpu.as_ref().and(exported.get(k));
             // SAFETY: the stream queue pair is the QP's only poster: no kernel runs with
             // --stream, and no CPU view is made; it lives no longer than `sides`.
             let sq = unsafe { StreamQp::new(&s.qp, export) }?;
