@@ -1037,36 +1037,28 @@ fn stream_windows(
     let len = u32::try_from(size).context("one WQE carries at most 4 GiB")?;
     let request = |m: u64| {
         let at = (m % slots) * size;
+        let (remote, local) = (
+            Remote {
+                addr: dst.addr + at,
+                ..dst
+            },
+            Local {
+                addr: src.addr + at,
+                ..src
+            },
+        );
         match op {
             StreamOp::Write => WorkRequest::Put {
-                dst: Remote {
-                    addr: dst.addr + at,
-                    ..dst
-                },
-                src: Local {
-                    addr: src.addr + at,
-                    ..src
-                },
+                dst: remote,
+                src: local,
                 len,
             },
             StreamOp::Read => WorkRequest::Get {
-                dst: Local {
-                    addr: src.addr + at,
-                    ..src
-                },
-                src: Remote {
-                    addr: dst.addr + at,
-                    ..dst
-                },
+                dst: local,
+                src: remote,
                 len,
             },
-            StreamOp::Send => WorkRequest::Send {
-                src: Local {
-                    addr: src.addr + at,
-                    ..src
-                },
-                len,
-            },
+            StreamOp::Send => WorkRequest::Send { src: local, len },
         }
     };
     // Messages `from..to` of every QP, batch by batch across the QPs, then each stream waits

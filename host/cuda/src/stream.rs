@@ -133,8 +133,8 @@ pub fn record_event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent, Cu
     Ok(stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?)
 }
 
-/// Waits for `stream`'s work as [`wait_idle`] does, for at most `timeout`: whether it finished
-/// (a stream waiting on a word nobody writes never does).
+/// Waits for `stream`'s work, polling it rather than blocking in the driver, for at most
+/// `timeout`: whether it finished (a stream waiting on a word nobody writes never does).
 pub fn stream_idle_within(stream: &CudaStream, timeout: Duration) -> Result<bool, CudaError> {
     let deadline = std::time::Instant::now() + timeout;
     let mut pause = Duration::from_micros(5);
