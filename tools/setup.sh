@@ -27,6 +27,7 @@ packages=(
   openmpi-bin      # ... and runs it under mpirun
   libopenmpi-dev   # ... with its MPI bootstrap
   valgrind         # the C API test runs its C program under memcheck
+  python3-pip      # fetches NVIDIA's ptxas and nvlink (PyPI) for the register test
 )
 
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -111,6 +112,30 @@ for tool in fmt clippy; do
   fi
 done
 say "host toolchain: $(cargo --version), $(cargo clippy --version), rustfmt $(cargo fmt --version | awk '{print $2}')"
+
+# NVIDIA's ptxas and nvlink from PyPI's nvidia-cuda-nvcc (CUDA 13.0, as on the device machine),
+# unpacked into ~/.cache/gdaki (nothing installed system-wide): the register test
+# (tools/tests/registers.rs) assembles the CUDA C++ data path with them. Optional: where PyPI is
+# unreachable that test says SKIPPED.
+nvcc_version=13.0.88
+nvcc_dir="$HOME/.cache/gdaki/cuda-nvcc-$nvcc_version"
+if [[ ! -x $nvcc_dir/nvidia/cu13/bin/ptxas || ! -x $nvcc_dir/nvidia/cu13/bin/nvlink ]]; then
+  if (( check_only )); then
+    say "ptxas/nvlink missing (optional: the register test will say SKIPPED)"
+  else
+    say "unpacking ptxas and nvlink of nvidia-cuda-nvcc $nvcc_version (PyPI) into $nvcc_dir"
+    tmp=$(mktemp -d)
+    if python3 -m pip download -q --no-deps "nvidia-cuda-nvcc==$nvcc_version" -d "$tmp" >/dev/null 2>&1 &&
+      python3 -m zipfile -e "$tmp"/nvidia_cuda_nvcc-*.whl "$tmp/x" >/dev/null 2>&1; then
+      mkdir -p "$nvcc_dir/nvidia/cu13/bin"
+      install -m 0755 "$tmp/x/nvidia/cu13/bin/ptxas" "$tmp/x/nvidia/cu13/bin/nvlink" "$nvcc_dir/nvidia/cu13/bin/"
+    else
+      say "could not fetch nvidia-cuda-nvcc from PyPI: the register test will be skipped"
+    fi
+    rm -rf "$tmp"
+  fi
+fi
+[[ -x $nvcc_dir/nvidia/cu13/bin/ptxas ]] && say "ptxas: $("$nvcc_dir/nvidia/cu13/bin/ptxas" --version | tail -1)"
 
 # Miri (nightly), which checks the copies that may race the HCA for undefined behaviour. Optional:
 # where rustup cannot fetch it, tools/test.sh says that step was skipped.

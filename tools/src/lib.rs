@@ -1,10 +1,12 @@
 //! `gdaki-tools`: the project's tools. Binaries: `doctor` (can this machine run gdaki, and
-//! how), `gen-headers` (the C and CUDA C++ headers, from the Rust sources: [`headers`]). The scripts beside this crate (`setup.sh`, `test.sh`, `run.sh`, `gpu-bundle.sh`) set up
+//! how), `gen-headers` (the C and CUDA C++ headers, from the Rust sources: [`headers`]); what the
+//! CUDA C++ data path costs a kernel in registers ([`registers`], measured by a test). The scripts beside this crate (`setup.sh`, `test.sh`, `run.sh`, `gpu-bundle.sh`) set up
 //! a machine, run the test suite, run the main job, and package the GPU tests for a GPU machine
 //! without Rust.
 #![warn(missing_docs)]
 
 pub mod headers;
+pub mod registers;
 
 /// Installs a `tracing` subscriber writing to stderr, filtered by `RUST_LOG` (default `warn`,
 /// or `info` with `verbose`). Shared by the tools so they all log alike.

@@ -1,0 +1,150 @@
+//! What calling each `extern "C"` device function costs a kernel in registers (issue: C++
+//! kernels of 512 threads), measured with NVIDIA's `ptxas` and `nvlink` (`gdaki_tools::registers`)
+//! for every function of the C ABI PTX, linked as `libgdaki_device.a` is (`-rdc`) and in one
+//! module with the kernel. `tools/setup.sh` unpacks both tools from PyPI's `nvidia-cuda-nvcc`
+//! (13.0.88, CUDA 13.0 as on the device machine); without them, or without the PTX toolchain,
+//! the test says SKIPPED. `GDAKI_CUDA_BIN` names another directory holding both.
+//!
+//! The ceilings below are the figures of 2026-11-26 (ptxas 13.0.88, sm_90): a change that needs
+//! more registers fails here; one that needs fewer is said, so the ceilings follow it down.
+//! `docs/cuda-cpp.md` has the table and the gap to the aim (<= 128 a thread, 512-thread blocks).
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use gdaki_tools::registers::{Assembler, Mode};
+
+/// The PyPI toolchain `tools/setup.sh` unpacks.
+const PYPI_VERSION: &str = "13.0.88";
+
+/// Linked (`-rdc`): the most registers a kernel calling any function of a family may use.
+const LINKED_CEILINGS: &[(&str, u32)] = &[
+    ("gdaki_atomic_compare_swap", 244),
+    ("gdaki_atomic_fetch_add", 237),
+    ("gdaki_commit", 60),
+    ("gdaki_get", 235),
+    ("gdaki_poll_recv", 116),
+    ("gdaki_post_recv", 70),
+    ("gdaki_post_recvs", 99),
+    ("gdaki_put", 235),
+    ("gdaki_put_inline", 213),
+    ("gdaki_put_signal", 245),
+    ("gdaki_quiet", 157),
+    ("gdaki_recv_arrived", 24),
+    ("gdaki_send", 220),
+    ("gdaki_send_imm", 213),
+    ("gdaki_send_inline", 212),
+    ("gdaki_signal", 228),
+    ("gdaki_wait", 118),
+    ("gdaki_wait_signal", 36),
+    ("gdaki_write_imm", 214),
+];
+
+/// In one module with the kernel every function fits 512-thread blocks today.
+const ONE_MODULE_CEILING: u32 = 128;
+
+/// A function's family: its name without the scope and sharing mode.
+fn family(name: &str) -> &str {
+    let mut base = name;
+    for suffix in ["_gpu", "_cta", "_exclusive"] {
+        base = base.strip_suffix(suffix).unwrap_or(base);
+    }
+    for suffix in ["_thread", "_warp", "_block"] {
+        base = base.strip_suffix(suffix).unwrap_or(base);
+    }
+    base
+}
+
+fn assembler() -> Option<Assembler> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("GDAKI_CUDA_BIN")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(home).join(format!(".cache/gdaki/cuda-nvcc-{PYPI_VERSION}/nvidia/cu13/bin")));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs.push("/usr/local/cuda/bin".into());
+    Assembler::find(&dirs)
+}
+
+#[test]
+fn every_device_function_stays_within_its_register_ceiling() {
+    let test = "every_device_function_stays_within_its_register_ceiling";
+    let skip = |why: String| {
+        let _ = writeln!(std::io::stderr(), "SKIPPED ({why}): {test}");
+    };
+    let Some(asm) = assembler() else {
+        return skip("no ptxas and nvlink: tools/setup.sh unpacks them, or set GDAKI_CUDA_BIN".into());
+    };
+    let ptx = match gdaki::cuda::ptx::c_abi_ptx() {
+        Ok(p) if !p.is_empty() => p,
+        Ok(_) => return skip("the C ABI PTX is empty".into()),
+        Err(e) => return skip(format!("no C ABI PTX: {e}")),
+    };
+    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("registers");
+    std::fs::create_dir_all(&work).unwrap();
+    let version = asm.version().unwrap_or_default();
+    let linked = asm.measure(ptx, "sm_90", Mode::Linked, &work).unwrap();
+    let whole = asm.measure(ptx, "sm_90", Mode::OneModule, &work).unwrap();
+    let mut report = format!("registers a thread, sm_90, {version} (linked with -rdc / in one module):\n");
+    let mut failures = Vec::new();
+    let mut lower = Vec::new();
+    let mut best = std::collections::BTreeMap::<&str, u32>::new();
+    for (name, l) in &linked {
+        let w = whole[name];
+        report.push_str(&format!(
+            "  {name:<40} {:>4} / {:>4}{}\n",
+            l.registers,
+            w.registers,
+            if l.registers > 128 { "   above 128 linked" } else { "" }
+        ));
+        let fam = family(name);
+        let Some(&(_, ceiling)) = LINKED_CEILINGS.iter().find(|(f, _)| *f == fam) else {
+            failures.push(format!("{name}: a family with no ceiling ({fam}): add it"));
+            continue;
+        };
+        if l.registers > ceiling {
+            failures.push(format!(
+                "{name}: {} registers linked, the ceiling is {ceiling}",
+                l.registers
+            ));
+        }
+        let e = best.entry(fam).or_default();
+        *e = (*e).max(l.registers);
+        if l.spill_bytes > 0 || w.spill_bytes > 0 {
+            failures.push(format!(
+                "{name}: spills {} bytes linked, {} in one module",
+                l.spill_bytes, w.spill_bytes
+            ));
+        }
+        if w.registers > ONE_MODULE_CEILING {
+            failures.push(format!(
+                "{name}: {} registers in one module, above {ONE_MODULE_CEILING}",
+                w.registers
+            ));
+        }
+    }
+    for (fam, ceiling) in LINKED_CEILINGS {
+        match best.get(fam) {
+            Some(&now) if now < *ceiling => lower.push(format!("{fam}: {now} (ceiling {ceiling})")),
+            Some(_) => {}
+            None => failures.push(format!("{fam}: a ceiling for a family the PTX no longer has")),
+        }
+    }
+    let above = linked.values().filter(|u| u.registers > 128).count();
+    report.push_str(&format!(
+        "{above} of {} functions need more than 128 registers linked; in one module the most is {}\n",
+        linked.len(),
+        whole.values().map(|u| u.registers).max().unwrap_or(0)
+    ));
+    if !lower.is_empty() {
+        report.push_str(&format!(
+            "fewer registers than the ceilings, lower them: {}\n",
+            lower.join(", ")
+        ));
+    }
+    let _ = std::io::stderr().write_all(report.as_bytes());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
