@@ -30,7 +30,7 @@ pub enum Mode {
 pub struct Usage {
     /// Registers per thread.
     pub registers: u32,
-    /// Bytes spilled to local memory (stores; `lmem` when linked).
+    /// Bytes spilled to local memory (spill stores; linked, the function's own or `lmem`).
     pub spill_bytes: u32,
     /// Bytes of stack frame.
     pub stack_bytes: u32,
@@ -97,12 +97,16 @@ impl Assembler {
                 let (lib, kernels) = (work.join("library.ptx"), work.join("probes.ptx"));
                 write(&lib, c_ptx)?;
                 write(&kernels, &format!("{}{}\n{probes}", header(c_ptx), externs(&functions)))?;
+                let mut library_log = String::new();
                 for (ptx, obj) in [(&lib, "library.o"), (&kernels, "probes.o")] {
-                    run(Command::new(self.bin.join("ptxas"))
-                        .args([arch_flag.as_str(), "-c"])
+                    let log = run(Command::new(self.bin.join("ptxas"))
+                        .args([arch_flag.as_str(), "-c", "-v"])
                         .arg(ptx)
                         .arg("-o")
                         .arg(work.join(obj)))?;
+                    if obj == "library.o" {
+                        library_log = log;
+                    }
                 }
                 let log = run(Command::new(self.bin.join("nvlink"))
                     .args(["-v", arch_flag.as_str()])
@@ -110,7 +114,14 @@ impl Assembler {
                     .arg(work.join("library.o"))
                     .arg("-o")
                     .arg(work.join("linked.cubin")))?;
-                parse_nvlink(&log)
+                // nvlink's lmem leaves out what a function spills into its own stack frame:
+                // that is in the library's assembly report.
+                let spills = parse_function_spills(&library_log);
+                let mut usages = parse_nvlink(&log);
+                for (name, u) in usages.iter_mut() {
+                    u.spill_bytes = u.spill_bytes.max(spills.get(name).copied().unwrap_or(0));
+                }
+                usages
             }
         };
         let missing: Vec<_> = functions.iter().filter(|f| !usages.contains_key(&f.name)).collect();
@@ -274,6 +285,21 @@ fn parse_ptxas(log: &str) -> BTreeMap<String, Usage> {
     out
 }
 
+/// Spill stores (bytes) of each `gdaki_*` function from `ptxas -c -v` of the library:
+/// "Function properties for X" then "F bytes stack frame, S bytes spill stores, ...".
+fn parse_function_spills(log: &str) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    let mut name: Option<&str> = None;
+    for line in log.lines() {
+        if let Some(n) = line.split("Function properties for ").nth(1) {
+            name = Some(n.trim()).filter(|n| n.starts_with("gdaki_"));
+        } else if let Some(n) = name.take().filter(|_| line.contains("bytes spill stores")) {
+            out.insert(n.to_string(), numbers(line).get(1).copied().unwrap_or(0));
+        }
+    }
+    out
+}
+
 /// Usages from `nvlink -v`: "Function properties for 'probe_X':" then "used N registers, ...,
 /// S stack, ..., L bytes lmem".
 fn parse_nvlink(log: &str) -> BTreeMap<String, Usage> {
@@ -365,6 +391,9 @@ mod tests {
         let nvlink = "nvlink info    : Function properties for 'probe_gdaki_b':\n\
             nvlink info    : used 245 registers, used 1 barriers, 40 stack, 0 bytes smem, 536 bytes cmem[0], \
             1036 bytes cmem[2], 8 bytes lmem\n";
+        let lib = "ptxas info    : Function properties for gdaki_b\n\
+            \x20   240 bytes stack frame, 236 bytes spill stores, 236 bytes spill loads\n";
+        assert_eq!(parse_function_spills(lib)["gdaki_b"], 236);
         assert_eq!(
             parse_nvlink(nvlink)["gdaki_b"],
             Usage {
