@@ -111,9 +111,77 @@ pub const QP_FLUSH_AFTER_FETCH: u8 = 1 << 1;
 /// writes itself first (`gdaki_device::publish_host_writes`).
 pub const QP_RINGS_IN_GPU_MEMORY: u8 = 1 << 2;
 
-/// `DevQp::version` of this layout: the major version in the high 16 bits, the size in the low
-/// (the convention NVSHMEM's device structs use), so a change of either is a mismatch.
-pub const DEV_QP_VERSION: u32 = 1 << 16 | core::mem::size_of::<DevQp>() as u32;
+/// A layout's fingerprint: FNV-1a over `words` (each as 8 little-endian bytes), folded to 16
+/// bits. The handles' version words carry it over their fields' offsets and sizes.
+pub const fn layout_fingerprint(words: &[usize]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let mut i = 0;
+    while i < words.len() {
+        let mut w = words[i] as u64;
+        let mut b = 0;
+        while b < 8 {
+            h ^= (w & 0xff) as u32;
+            h = h.wrapping_mul(0x0100_0193);
+            w >>= 8;
+            b += 1;
+        }
+        i += 1;
+    }
+    (h >> 16) ^ (h & 0xffff)
+}
+
+/// Offsets and sizes of [`DevCq`]'s fields, at `base` in its handle.
+macro_rules! cq_words {
+    ($outer:ty, $field:ident) => {
+        [
+            core::mem::offset_of!($outer, $field.consumed),
+            core::mem::offset_of!($outer, $field.error),
+            core::mem::offset_of!($outer, $field.cqe_base),
+            core::mem::offset_of!($outer, $field.dbrec),
+            core::mem::offset_of!($outer, $field.cqn),
+            core::mem::offset_of!($outer, $field.log_size),
+            core::mem::size_of::<DevCq>(),
+        ]
+    };
+}
+
+/// The words [`DEV_QP_VERSION`]'s fingerprint covers: every field's offset, and the sizes.
+const DEV_QP_LAYOUT: [usize; 24] = {
+    use core::mem::{offset_of, size_of};
+    let cq = cq_words!(DevQp, cq);
+    [
+        size_of::<DevQp>(),
+        offset_of!(DevQp, sq_reserved),
+        offset_of!(DevQp, sq_ready),
+        offset_of!(DevQp, sq_rung),
+        offset_of!(DevQp, db_lock),
+        offset_of!(DevQp, sq_base),
+        offset_of!(DevQp, sq_dbrec),
+        offset_of!(DevQp, doorbell),
+        offset_of!(DevQp, max_msg_size),
+        offset_of!(DevQp, timeout_ns),
+        offset_of!(DevQp, qpn),
+        offset_of!(DevQp, sq_log_size),
+        offset_of!(DevQp, doorbell_kind),
+        offset_of!(DevQp, flags),
+        offset_of!(DevQp, version),
+        offset_of!(DevQp, cq),
+        cq[0],
+        cq[1],
+        cq[2],
+        cq[3],
+        cq[4],
+        cq[5],
+        cq[6],
+        1, // the fingerprint's own version: raise it when the meaning of a field changes
+    ]
+};
+
+/// `DevQp::version` of this layout: a fingerprint of every field's offset and the sizes in the
+/// high 16 bits ([`layout_fingerprint`]), the size in the low (NVSHMEM's device structs carry
+/// the size the same way), so code built against a handle whose fields moved, grew or were
+/// reordered, even at the same size, sees a mismatch.
+pub const DEV_QP_VERSION: u32 = layout_fingerprint(&DEV_QP_LAYOUT) << 16 | core::mem::size_of::<DevQp>() as u32;
 
 /// `DevCq::error` when no error CQE has been seen.
 pub const NO_ERROR: u64 = 0;
@@ -225,8 +293,36 @@ pub struct DevQp {
     pub cq: DevCq,
 }
 
-/// `DevRq::version` of this layout, encoded as [`DEV_QP_VERSION`] is.
-pub const DEV_RQ_VERSION: u32 = 1 << 16 | core::mem::size_of::<DevRq>() as u32;
+/// The words [`DEV_RQ_VERSION`]'s fingerprint covers.
+const DEV_RQ_LAYOUT: [usize; 20] = {
+    use core::mem::{offset_of, size_of};
+    let cq = cq_words!(DevRq, cq);
+    [
+        size_of::<DevRq>(),
+        offset_of!(DevRq, rq_reserved),
+        offset_of!(DevRq, rq_ready),
+        offset_of!(DevRq, rq_base),
+        offset_of!(DevRq, rq_dbrec),
+        offset_of!(DevRq, timeout_ns),
+        offset_of!(DevRq, qpn),
+        offset_of!(DevRq, log_size),
+        offset_of!(DevRq, log_stride),
+        offset_of!(DevRq, flags),
+        offset_of!(DevRq, version),
+        offset_of!(DevRq, cq),
+        cq[0],
+        cq[1],
+        cq[2],
+        cq[3],
+        cq[4],
+        cq[5],
+        cq[6],
+        1, // the fingerprint's own version
+    ]
+};
+
+/// `DevRq::version` of this layout, made as [`DEV_QP_VERSION`] is.
+pub const DEV_RQ_VERSION: u32 = layout_fingerprint(&DEV_RQ_LAYOUT) << 16 | core::mem::size_of::<DevRq>() as u32;
 
 /// A QP's receive queue with its CQ as the device sees it: the handle receive functions take.
 /// Receives are consumed in posting order, so, as on the send side, a receive's index is the
@@ -295,3 +391,34 @@ const _: () = {
     assert!(offset_of!(DevQp, flags) == 113 && offset_of!(DevQp, version) == 116);
     assert!(offset_of!(DevQp, cq) == 128);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version words carry the size in the low half and a fingerprint of the fields'
+    /// offsets in the high half, which moves when a field moves, even at the same size.
+    #[test]
+    fn the_version_words_fingerprint_every_field() {
+        assert_eq!(DEV_QP_VERSION & 0xffff, 256);
+        assert_eq!(DEV_RQ_VERSION & 0xffff, 256);
+        assert_eq!(DEV_QP_VERSION >> 16, layout_fingerprint(&DEV_QP_LAYOUT));
+        assert_eq!(DEV_RQ_VERSION >> 16, layout_fingerprint(&DEV_RQ_LAYOUT));
+        assert_ne!(DEV_QP_VERSION, DEV_RQ_VERSION);
+        // Two fields swapped, one moved, a word more: each is another fingerprint.
+        let mut swapped = DEV_QP_LAYOUT;
+        swapped.swap(10, 11);
+        let mut moved = DEV_QP_LAYOUT;
+        moved[7] += 8;
+        let mut longer = [0usize; 25];
+        longer[..24].copy_from_slice(&DEV_QP_LAYOUT);
+        let base = layout_fingerprint(&DEV_QP_LAYOUT);
+        for other in [
+            layout_fingerprint(&swapped),
+            layout_fingerprint(&moved),
+            layout_fingerprint(&longer),
+        ] {
+            assert_ne!(other, base);
+        }
+    }
+}
