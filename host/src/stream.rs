@@ -627,7 +627,8 @@ impl<'q> StreamQp<'q> {
     /// Posting to `qp` through an executor of [`Space::Host`] addresses (a [`CpuStream`]), or,
     /// with `gpu` (`qp`'s export), of that GPU's addresses (a [`CudaStreamOps`] on it). The
     /// CPU writes the WQEs, so the send queue and CQ must be in host memory, and the CQ at
-    /// least as large as the send queue (the window's rule).
+    /// least as large as the send queue (the window's rule); the queue pair must be connected
+    /// (ready to send, or failed: a failed one completes its WQEs flushed).
     ///
     /// # Safety
     /// While the returned value lives it is `qp`'s only poster: no CPU view
@@ -641,6 +642,18 @@ impl<'q> StreamQp<'q> {
             },
             e => e,
         })?;
+        // A queue pair that has not started executing its WQEs would leave a stream's waits
+        // waiting; a failed one still completes them (flushed). Asked once: a connected queue
+        // pair never goes back.
+        match qp.state() {
+            crate::QpState::Rts | crate::QpState::Error => {}
+            state => {
+                return Err(crate::Error::Unsupported {
+                    what: "stream-triggered posting to a queue pair that is not connected",
+                    why: format!("it is in {state:?}: connect it first, or a stream's waits would never end"),
+                })
+            }
+        }
         // SAFETY: the CPU handle was written at creation and lives as long as `qp`.
         let host: DevQp = unsafe { qp.device_handle().read() };
         let (view, space) = match gpu {

@@ -576,3 +576,17 @@ fn through_a_cpu_proxy_the_stream_publishes_the_producer_index() {
     mr.read(65536, &mut got).unwrap();
     assert_eq!(got, data);
 }
+
+/// A queue pair that is not connected yet is refused: its WQEs would not run, and a stream
+/// waiting for them would wait forever. Connected, it is taken.
+#[test]
+fn a_queue_pair_that_is_not_connected_is_refused() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let q = qp(&ctx, 64, QpConfig::default());
+    // SAFETY: no other poster; the value is dropped at once.
+    let e = unsafe { StreamQp::new(&q, None) }.unwrap_err().to_string();
+    assert!(e.contains("not connected") && e.contains("Reset"), "{e}");
+    q.connect(&q.endpoint()).unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { StreamQp::new(&q, None) }.is_ok());
+}
