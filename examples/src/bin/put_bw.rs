@@ -864,9 +864,7 @@ fn cpu_windows(
     op: StreamOp,
     stall: &(dyn Fn() + Sync),
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
-    let windows = WINDOWS.min(iters).max(1);
-    // Exactly `iters` messages per QP: the windows differ by at most one message.
-    let in_window = |w: u32| iters / windows + u32::from(w < iters % windows);
+    let (windows, in_window) = split_windows(iters);
     let first_of = |w: u32| (0..w).map(in_window).map(u64::from).sum::<u64>();
     let barrier = Barrier::new(qps.len() + 1);
     type Stamps = Vec<Option<(Instant, Instant)>>;
@@ -1001,6 +999,14 @@ impl RefCopy {
     }
 }
 
+/// `iters` messages per QP in [`WINDOWS`] timed windows (fewer for fewer messages): how many
+/// windows, and the messages of window `w`. Exactly `iters` in all: the windows differ by at
+/// most one message.
+fn split_windows(iters: u32) -> (u32, impl Fn(u32) -> u32 + Copy) {
+    let windows = WINDOWS.min(iters).max(1);
+    (windows, move |w: u32| iters / windows + u32::from(w < iters % windows))
+}
+
 /// Work requests a stream's doorbell covers (at most a quarter of the send queue, so the CPU
 /// writes the next batches while the HCA works on the first).
 const STREAM_BATCH: u64 = 16;
@@ -1023,8 +1029,7 @@ fn stream_windows(
     op: StreamOp,
     timeout: Duration,
 ) -> anyhow::Result<(Vec<(Duration, u64)>, u64)> {
-    let windows = WINDOWS.min(iters).max(1);
-    let in_window = |w: u32| iters / windows + u32::from(w < iters % windows);
+    let (windows, in_window) = split_windows(iters);
     let bound = timeout.max(Duration::from_secs(1)) * 4;
     let mut sides = Vec::new();
     for (k, (_, q)) in qps.iter().enumerate() {
