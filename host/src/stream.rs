@@ -632,7 +632,10 @@ impl<'q> StreamQp<'q> {
     ///
     /// # Safety
     /// While the returned value lives it is `qp`'s only poster: no CPU view
-    /// ([`QueuePair::cpu`]) and no kernel through an export posts to it or polls its CQ.
+    /// ([`QueuePair::cpu`]) and no kernel through an export posts to it or polls its CQ. And
+    /// every executor it enqueues to has run that work (`CpuStream::synchronize`, the CUDA
+    /// stream idle) before `qp` or `gpu` is dropped: the executor's stores and waits name the
+    /// queue pair's doorbell record, doorbell and CQ, which go with them.
     pub unsafe fn new(qp: &'q QueuePair, gpu: Option<&'q GpuQp>) -> crate::Result<StreamQp<'q>> {
         // SAFETY: the caller's contract (the only poster, outliving nothing: `'q`).
         let dev = unsafe { qp.cpu::<Exclusive>() }.map_err(|e| match e {
