@@ -1035,7 +1035,9 @@ fn stream_windows(
     for (k, (_, q)) in qps.iter().enumerate() {
         let ex = gdaki_examples::stream::Executor::new(gpu, bound)?;
         // SAFETY: no kernel posts with --stream and no CPU view is made: the stream queue pair
-        // is the QP's only poster, and it lives only in this call.
+        // is the QP's only poster, and it lives only in this call, which waits for every
+        // stream's work (`finish`) before it returns; the QPs outlive the call. (An error
+        // return leaves a stream's work behind: the program then exits.)
         let sq = unsafe { StreamQp::new(q, gpu.and(exported.get(k))) }?;
         sides.push((sq, ex));
     }

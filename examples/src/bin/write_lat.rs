@@ -578,7 +578,9 @@ impl<'a> StreamSides<'a> {
             let executor = Executor::new(session.gpu.as_ref(), std::time::Duration::from_secs(30))?;
             let export = session.gpu.as_ref().and(exported.get(k));
             // SAFETY: the stream queue pair is the QP's only poster: no kernel runs with
-            // --stream, and no CPU view is made; it lives no longer than `sides`.
+            // --stream, and no CPU view is made. Each round waits for the streams' work
+            // (`finish`), and the QPs outlive these values (an error return leaves a stream's
+            // work behind: the program then exits).
             let sq = unsafe { StreamQp::new(&s.qp, export) }?;
             out.push((sq, executor));
         }
