@@ -18,7 +18,9 @@
 //!   blocking on work the executor may not have reached. So at most a ring of WQEs lies
 //!   between posting and completion, and the CQ (at least as large) never overflows.
 //! - **Order.** A wait may only follow its WQE's doorbell ([`StreamError::NotQueued`]
-//!   otherwise: it would wait forever), and a `StreamQp` is its queue pair's only poster.
+//!   otherwise: it would wait forever). A `StreamQp` is its queue pair's only poster, and the
+//!   executors' work must have run before the queue pair goes (the `unsafe` of
+//!   [`StreamQp::new`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -33,7 +35,8 @@
 //! qp.connect(&qp.endpoint())?;
 //! // Where there is a GPU: CudaStreamOps::new(&gpu, stream) and StreamQp::new(&qp, Some(&export)).
 //! let mut stream = CpuStream::new(Duration::from_secs(10))?;
-//! // SAFETY: `sq` is the QP's only poster while it lives.
+//! // SAFETY: `sq` is the QP's only poster while it lives, and the stream runs its work
+//! // (synchronize, below) before the QP goes.
 //! let mut sq = unsafe { StreamQp::new(&qp, None) }?;
 //! let ticket = sq.put(&mut stream, mr.remote(4096), mr.local(0), 16)?; // written now, rung later
 //! sq.wait(&mut stream, ticket)?; // the stream's later work waits for the completion
