@@ -166,6 +166,9 @@ pub struct GpuInfo {
     /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`: 0 none, 100 owner, 200 all
     /// devices (see [`RdmaWritesOrdering`]).
     pub rdma_writes_ordering: RdmaWritesOrdering,
+    /// Whether its streams take the memory operations stream-triggered posting needs (64-bit
+    /// writes, NOR waits): `None` where they do, else the one missing.
+    pub stream_memops_missing: Option<&'static str>,
 }
 
 /// How a GPU orders writes that a NIC makes into its memory (CUDA's GPUDirect RDMA writes
@@ -244,6 +247,7 @@ pub fn probe() -> Result<CudaInfo, CudaError> {
             rdma_writes_ordering: RdmaWritesOrdering::from_raw(attr(
                 Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
             )?),
+            stream_memops_missing: stream::stream_memops_missing(&ctx)?,
         });
     }
     Ok(CudaInfo { driver_version, gpus })

@@ -61,6 +61,17 @@ pub enum StreamWait {
 /// Whether `gpu`'s driver takes the stream memory operations stream-triggered posting uses:
 /// 32- and 64-bit writes and 32-bit waits, the NOR wait among them. Refused with the reason.
 pub fn stream_memops_supported(gpu: &Gpu) -> Result<(), CudaError> {
+    match stream_memops_missing(gpu.context())? {
+        None => Ok(()),
+        Some(what) => Err(CudaError::BadArgument {
+            what: "stream memory operations",
+            why: format!("this GPU's driver does not offer {what}"),
+        }),
+    }
+}
+
+/// The stream memory operation `ctx`'s GPU lacks that stream-triggered posting needs, if any.
+pub(crate) fn stream_memops_missing(ctx: &cudarc::driver::CudaContext) -> Result<Option<&'static str>, CudaError> {
     use sys::CUdevice_attribute as Attr;
     for (attr, what) in [
         (
@@ -72,14 +83,11 @@ pub fn stream_memops_supported(gpu: &Gpu) -> Result<(), CudaError> {
             "NOR stream waits (CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR)",
         ),
     ] {
-        if gpu.context().attribute(attr)? == 0 {
-            return Err(CudaError::BadArgument {
-                what: "stream memory operations",
-                why: format!("this GPU's driver does not offer {what}"),
-            });
+        if ctx.attribute(attr)? == 0 {
+            return Ok(Some(what));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Enqueues a 32-bit store of `value` at device address `addr` on `stream`, after the

@@ -276,6 +276,13 @@ fn print_report(r: &Report) {
                     yes_no(g.dma_buf, "supported", "not supported")
                 );
                 println!(
+                    "                   stream memory operations (--stream, gdaki::stream): {}",
+                    match g.stream_memops_missing {
+                        None => "supported".to_string(),
+                        Some(what) => format!("not supported: no {what}"),
+                    }
+                );
+                println!(
                     "                   GPUDirect RDMA writes ordering: {}{}",
                     g.rdma_writes_ordering,
                     if g.rdma_writes_ordering.owner_sees_writes_in_order() {
