@@ -1017,6 +1017,8 @@ pub struct GpuQp {
     /// What `handle` was written with: the GPU's addresses of the rings, records and doorbell
     /// (what a CUDA stream's memory operations store to and wait on).
     view: DevQp,
+    /// What `recv_handle` was written with.
+    recv_view: Option<DevRq>,
     // Unmapped before the QP's memory can go: the QP is kept alive by `qp`.
     _maps: Vec<gdaki_cuda::HostMapping>,
     qp: Arc<Qp>,
@@ -1061,6 +1063,11 @@ impl GpuQp {
     /// GPU's addresses of the rings, records and doorbell.
     pub(crate) fn view(&self) -> &DevQp {
         &self.view
+    }
+
+    /// The receive handle as it was written into GPU memory (the receive CQ's GPU address).
+    pub(crate) fn recv_view(&self) -> Option<&DevRq> {
+        self.recv_view.as_ref()
     }
 
     /// Whether this is an export of `qp`.
@@ -1220,15 +1227,15 @@ impl QueuePair {
         dev.cq.dbrec = cqe_base + (cq.dbrec() - cq.ring());
         let handle = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
         handle.write(0, bytemuck::bytes_of(&dev))?;
-        let recv_handle = match (&q.rq, rcqe_base) {
+        let (recv_handle, recv_view) = match (&q.rq, rcqe_base) {
             (Some(r), Some(base)) => {
                 let timeout = Duration::from_nanos(dev.timeout_ns);
                 let dev_rq = q.dev_rq(r, wq, base, timeout);
                 let h = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevRq>())?;
                 h.write(0, bytemuck::bytes_of(&dev_rq))?;
-                Some(h)
+                (Some(h), Some(dev_rq))
             }
-            _ => None,
+            _ => (None, None),
         };
         debug!(
             qpn = format_args!("{:#x}", q.qpn),
@@ -1239,6 +1246,7 @@ impl QueuePair {
             handle,
             recv_handle,
             view: dev,
+            recv_view,
             _maps: maps,
             qp: q.clone(),
         })

@@ -512,6 +512,25 @@ fn wait_for(
 
 // ------------------------------------------------------------------------------ queue pairs
 
+/// Enqueues on `ops` a wait until CQE `index` of the CQ at `cqe_base` (`1 << log` entries) is
+/// written: its last four bytes (WQE counter, signature, `op_own`) read as one little-endian
+/// word, `op_own` its top byte, whose owner bit turns to the lap's parity when the HCA writes
+/// the entry (a fresh ring holds owner 1, so lap 0 waits for 0).
+///
+/// # Safety
+/// The CQ lives in `ops`' space until the wait is over, and the slot holds the previous lap's
+/// entry or a fresh one, never an older one.
+unsafe fn owner_wait(ops: &mut dyn MemOps, cqe_base: u64, log: u32, index: u64) -> Result<(), StreamError> {
+    let word = cqe_base + ring::cqe_offset(index, log) + (cqe::SIZE - 4) as u64;
+    let owner = u32::from(cqe::OWNER_MASK) << 24;
+    let (how, value) = match ring::owner_parity(index, log) {
+        0 => (StreamWait::Nor, !owner),
+        _ => (StreamWait::And, owner),
+    };
+    // SAFETY: the caller's contract.
+    unsafe { ops.wait(word, how, value) }
+}
+
 /// One work request for [`StreamQp::post`]: the send queue's operations, one WQE each.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -611,6 +630,9 @@ pub struct StreamQp<'q> {
     max_msg: u64,
     /// WQEs whose doorbell is enqueued (tickets below this).
     queued: u64,
+    /// The receive side, for a QP with a receive queue: a view of it (its consumed count) and
+    /// the executor's address and log size of its CQ.
+    recv: Option<(gdaki_device::Rq<Exclusive>, u64, u32)>,
     /// An executor refused a doorbell: WQEs are ready that nobody will ring.
     broken: bool,
     _qp: std::marker::PhantomData<&'q QueuePair>,
@@ -662,6 +684,22 @@ impl<'q> StreamQp<'q> {
         }
         // SAFETY: the CPU handle was written at creation and lives as long as `qp`.
         let host: DevQp = unsafe { qp.device_handle().read() };
+        // The receive CQ in the executor's space. Only its consumed count is read through the
+        // view, which the receiving thread's own view also keeps.
+        let recv = match qp.receive_handle() {
+            Some(h) => {
+                // SAFETY: the view lives no longer than `qp` (`'q`) and only reads the consumed
+                // count, which the receiving thread's view raises atomically.
+                let rq = unsafe { qp.cpu_receive::<Exclusive>() }?;
+                let cq = match gpu.and_then(|g| g.recv_view()) {
+                    Some(v) => v.cq,
+                    // SAFETY: the receive handle of the live `qp`, written at its creation.
+                    None => unsafe { h.read() }.cq,
+                };
+                Some((rq, cq.cqe_base, cq.log_size))
+            }
+            None => None,
+        };
         let (view, space) = match gpu {
             None => (host, Space::Host),
             Some(g) => {
@@ -700,6 +738,7 @@ impl<'q> StreamQp<'q> {
             ring: 1 << view.sq_log_size,
             max_msg: view.max_msg_size,
             queued: dev.reserved(),
+            recv,
             broken: false,
             _qp: std::marker::PhantomData,
         })
@@ -798,18 +837,40 @@ impl<'q> StreamQp<'q> {
         if ticket < self.dev.consumed() {
             return Ok(());
         }
-        // The CQE's last four bytes (WQE counter, signature, op_own) as one little-endian
-        // word: op_own is its top byte. The slot holds the previous lap's CQE (the window
-        // keeps it from being older), whose owner bit is the other parity.
-        let word = self.cqe_base + ring::cqe_offset(ticket, self.cq_log_size) + (cqe::SIZE - 4) as u64;
-        let owner = u32::from(cqe::OWNER_MASK) << 24;
-        let (how, value) = match ring::owner_parity(ticket, self.cq_log_size) {
-            0 => (StreamWait::Nor, !owner),
-            _ => (StreamWait::And, owner),
-        };
+        // The slot holds the previous lap's CQE (the window keeps it from being older).
         // SAFETY: a CQE of this QP's CQ, in the executor's space (checked in `usable`), which
         // lives as long as the QP (`'q`).
-        unsafe { ops.wait(word, how, value) }
+        unsafe { owner_wait(ops, self.cqe_base, self.cq_log_size, ticket) }
+    }
+
+    /// Enqueues on `ops` a wait for the completion of receive `ticket` (the ticket the CPU's
+    /// `post_recv` gave; receives complete in posting order, so it is also the message's place
+    /// in the stream of arrivals): the executor's later work starts once a message has landed
+    /// in it (or it completed in error, flushed). Nothing is enqueued for a receive whose
+    /// completion is consumed already; refused for a queue pair without a receive queue and for
+    /// a receive more than a receive CQ ahead of the consumed ones (its CQE slot still holds an
+    /// older lap's entry).
+    pub fn wait_recv(&mut self, ops: &mut dyn MemOps, ticket: Ticket) -> Result<(), StreamError> {
+        self.usable(ops)?;
+        let Some((rq, cqe_base, log)) = self.recv else {
+            return Err(StreamError::BadRequest {
+                index: 0,
+                why: "a wait for a receive on a queue pair without a receive queue".into(),
+            });
+        };
+        let consumed = rq.next_to_complete();
+        if ticket < consumed {
+            return Ok(());
+        }
+        if ticket - consumed >= 1 << log {
+            return Err(StreamError::NotQueued {
+                ticket,
+                queued: consumed + (1 << log),
+            });
+        }
+        // SAFETY: a CQE of this QP's receive CQ, in the executor's space (checked in `usable`),
+        // which lives as long as the QP (`'q`).
+        unsafe { owner_wait(ops, cqe_base, log, ticket) }
     }
 
     /// Whether WQE `ticket` has completed, looked at now from the CPU (no waiting): `Ok(true)`

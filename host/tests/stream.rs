@@ -590,3 +590,73 @@ fn a_queue_pair_that_is_not_connected_is_refused() {
     // SAFETY: as above.
     assert!(unsafe { StreamQp::new(&q, None) }.is_ok());
 }
+
+/// A stream can wait for a message to arrive in a receive: its later work runs only once the
+/// peer's SEND has landed. A receive more than a CQ ahead, and a queue pair without a receive
+/// queue, are refused.
+#[test]
+fn a_stream_waits_for_a_message_in_a_receive() {
+    let (ca, cb) = (
+        Context::open(Provider::Soft).unwrap(),
+        Context::open(Provider::Soft).unwrap(),
+    );
+    let cfg = QpConfig {
+        receive: Some(ReceiveConfig { size: 16, max_bufs: 1 }),
+        ..QpConfig::default()
+    };
+    let (a, b) = (qp(&ca, 64, cfg.clone()), qp(&cb, 64, cfg));
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let la = ca.alloc_region(1 << 16, Access::ALL).unwrap();
+    let lb = cb.alloc_region(1 << 16, Access::ALL).unwrap();
+    let data = pattern(21, 512);
+    la.write(0, &data).unwrap();
+    // SAFETY: this thread is b's only receiver; `rb` does not outlive b.
+    let rb = unsafe { b.cpu_receive::<Exclusive>() }.unwrap();
+    let r0 = rb
+        .post_recv(&[RecvBuf {
+            local: lb.local(0),
+            len: 512,
+        }])
+        .unwrap();
+    let flags = Flags::new();
+    let mut s = stream();
+    // SAFETY: the stream queue pair only waits here (b posts nothing), and the stream is
+    // synchronised before b goes.
+    let mut sq = unsafe { StreamQp::new(&b, None) }.unwrap();
+    sq.wait_recv(&mut s, r0).unwrap();
+    // SAFETY: the flags outlive the stream.
+    unsafe {
+        s.store(&[Store::U32 {
+            addr: flags.addr(DONE),
+            value: 1,
+        }])
+    }
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(flags.get(DONE), 0, "the stream went on before the message came");
+    // SAFETY: this thread is a's only poster; the view does not outlive a.
+    let sa = unsafe { a.cpu::<Exclusive>() }.unwrap();
+    sa.wait(sa.send(la.local(0), 512).unwrap()).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(flags.get(DONE), 1);
+    let got = rb.poll(r0).unwrap();
+    assert_eq!((got.bytes, got.kind), (512, RecvKind::Send));
+    let mut back = vec![0; 512];
+    lb.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    // Consumed: nothing to wait for. A CQ (16 entries) ahead of the consumed ones: refused.
+    let before = s.done();
+    sq.wait_recv(&mut s, r0).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(s.done(), before);
+    assert!(matches!(
+        sq.wait_recv(&mut s, r0 + 1 + 16),
+        Err(StreamError::NotQueued { .. })
+    ));
+    // No receive queue.
+    let (_ctx, plain, _mr) = setup(64);
+    // SAFETY: the only poster of `plain`.
+    let mut sp = unsafe { StreamQp::new(&plain, None) }.unwrap();
+    assert!(matches!(sp.wait_recv(&mut s, 0), Err(StreamError::BadRequest { .. })));
+}
