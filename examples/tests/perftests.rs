@@ -944,7 +944,7 @@ fn put_bw_stream_posts_from_streams() {
 
 /// `write_lat --stream`: the ping-pong posted from streams (CPU streams here), in loopback over
 /// every size (odd ones too: the flag's word passes the message), as JSON, and across
-/// processes; a peer without --stream is refused, and so is --stream with --send.
+/// processes, with WRITEs and with SENDs; a peer without --stream is refused.
 #[test]
 fn write_lat_stream_ping_pongs_from_streams() {
     let out = ok("write_lat", &["--mode", "cpu", "--stream", "-a", "-n", "20"]);
@@ -974,9 +974,24 @@ fn write_lat_stream_ping_pongs_from_streams() {
     }
     let (s, c) = server_client("write_lat", &["--mode", "cpu", "-s", "64", "-n", "10"], &flags);
     assert!(!s.status.success() && !c.status.success());
-    let out = run("write_lat", &["--mode", "cpu", "--stream", "--send"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+    // SENDs from the streams, each arrival a receive's completion the stream waits for; the
+    // receives outnumber the receive queue, so the CPU takes completions back as it goes.
+    let out = ok("write_lat", &["--mode", "cpu", "--stream", "--send", "-a", "-n", "40"]);
+    assert!(
+        out.contains("Send Latency Test (gdaki write_lat --stream --send)"),
+        "{out}"
+    );
+    assert!(rows(&out).len() > 10, "{out}");
+    let flags = ["--mode", "cpu", "--stream", "--send", "-s", "64", "-n", "100"];
+    let (s, c) = server_client("write_lat", &flags, &flags);
+    let (s, c) = both_succeeded(&s, &c);
+    for out in [&s, &c] {
+        assert_eq!(rows(out).len(), 1, "{out}");
+    }
+    // A peer posting from kernels is another test: refused.
+    let plain = ["--mode", "cpu", "--send", "-s", "64", "-n", "10"];
+    let (s, c) = server_client("write_lat", &plain, &flags);
+    assert!(!s.status.success() && !c.status.success());
 }
 
 /// `write_lat --send` (perftest's `ib_send_lat`): SENDs taken by receives, in loopback (every
@@ -1073,6 +1088,11 @@ fn perftests_on_the_gpu_in_every_scope() {
     let out = ok(
         "write_lat",
         &["--mode", "gpu", "--stream", "--mem", "device", "-s", "8", "-n", "200"],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let out = ok(
+        "write_lat",
+        &["--mode", "gpu", "--stream", "--send", "-s", "8", "-n", "200"],
     );
     assert_eq!(rows(&out).len(), 1, "{out}");
     // Two-sided: the kernels post and poll receives.

@@ -19,7 +19,7 @@ use gdaki::handshake::Hello;
 use gdaki::stream::{Store, StreamError, StreamQp, WorkRequest};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
 use gdaki_device::status::Code;
-use gdaki_device::Exclusive;
+use gdaki_device::{Exclusive, RecvBuf};
 use gdaki_examples::cli::{Common, Plan, Role};
 use gdaki_examples::report::{self, JsonReport, LatRow};
 use gdaki_examples::session::{check_bytes, pattern_bytes, Session, Symmetric};
@@ -44,19 +44,18 @@ struct Cli {
     /// and each side's stream (a CUDA stream in GPU mode, a CPU thread's stream in CPU mode)
     /// stores the message's flag, rings the doorbell and waits for the peer's flag in order,
     /// timed by events on the streams (docs/stream.md).
-    #[arg(long, conflicts_with = "send")]
+    #[arg(long)]
     stream: bool,
 }
 
 impl Cli {
     /// The test's name, in the handshake (both sides must run the same) and the progress.
     fn test(&self) -> &'static str {
-        if self.send {
-            "write_lat --send"
-        } else if self.stream {
-            "write_lat --stream"
-        } else {
-            "write_lat"
+        match (self.send, self.stream) {
+            (true, true) => "write_lat --stream --send",
+            (true, false) => "write_lat --send",
+            (false, true) => "write_lat --stream",
+            (false, false) => "write_lat",
         }
     }
 }
@@ -329,7 +328,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let _proxy = session.proxy(&mut plan, sides.iter().map(|(s, _)| &s.qp))?;
     let mut streams = match cli.stream {
-        true => Some(StreamSides::new(&session, &sides, &exported)?),
+        true => Some(StreamSides::new(&session, &sides, &exported, cli.send)?),
         false => None,
     };
 
@@ -565,6 +564,8 @@ fn cpu_ping_pong(
 /// `--stream`: each side's executor of memory operations and its stream queue pair.
 struct StreamSides<'a> {
     sides: Vec<(StreamQp<'a>, Executor)>,
+    /// With --send, each side's receive queue as the CPU posts to it.
+    receives: Vec<Option<gdaki_device::Rq<Exclusive>>>,
 }
 
 impl<'a> StreamSides<'a> {
@@ -572,8 +573,10 @@ impl<'a> StreamSides<'a> {
         session: &Session,
         sides: &'a [(Side, gdaki_device::Remote)],
         exported: &'a [gdaki::GpuQp],
+        send: bool,
     ) -> anyhow::Result<Self> {
         let mut out = Vec::new();
+        let mut receives = Vec::new();
         for (k, (s, _)) in sides.iter().enumerate() {
             let executor = Executor::new(session.gpu.as_ref(), std::time::Duration::from_secs(30))?;
             let export = session.gpu.as_ref().and(exported.get(k));
@@ -583,8 +586,14 @@ impl<'a> StreamSides<'a> {
             // work behind: the program then exits).
             let sq = unsafe { StreamQp::new(&s.qp, export) }?;
             out.push((sq, executor));
+            receives.push(match send {
+                // SAFETY: this thread is the QP's only receiver (no kernel runs with --stream);
+                // the view lives no longer than `sides`.
+                true => Some(unsafe { s.qp.cpu_receive::<Exclusive>() }?),
+                false => None,
+            });
         }
-        Ok(StreamSides { sides: out })
+        Ok(StreamSides { sides: out, receives })
     }
 
     /// One round of `iters` round trips of `size`-byte messages, every side's work enqueued
@@ -600,20 +609,35 @@ impl<'a> StreamSides<'a> {
         let bound = timeout.max(std::time::Duration::from_secs(1)) * 4;
         for i in 0..iters {
             let (at, word) = flag_word(&payload, (i + 1) as u8);
-            for ((sq, ex), (s, to)) in self.sides.iter_mut().zip(sides) {
+            for (((sq, ex), rq), (s, to)) in self.sides.iter_mut().zip(&self.receives).zip(sides) {
+                // With --send, the message arrives in a receive posted for it now.
+                let receive = match rq {
+                    Some(rq) => Some(post_receive(rq, &s.poll, bound)?),
+                    None => None,
+                };
+                let arrival = |sq: &mut StreamQp<'_>, ex: &mut Executor| -> anyhow::Result<()> {
+                    match receive {
+                        Some(r) => sq.wait_recv(ex.ops(), r)?,
+                        None => wait_flag(ex, &s.poll, at, word)?,
+                    }
+                    ex.mark()
+                };
                 if !s.initiator {
-                    wait_flag(ex, &s.poll, at, word)?;
-                    ex.mark()?;
+                    arrival(sq, ex)?;
                 }
                 // The flag goes into the source's last word in the doorbell's submission.
                 let flag = [Store::U32 {
                     addr: s.post.addr() + at,
                     value: word,
                 }];
-                let put = [WorkRequest::Put {
-                    dst: *to,
-                    src: s.post.local(0),
-                    len: size as u32,
+                let src = s.post.local(0);
+                let put = [match receive {
+                    Some(_) => WorkRequest::Send { src, len: size as u32 },
+                    None => WorkRequest::Put {
+                        dst: *to,
+                        src,
+                        len: size as u32,
+                    },
                 }];
                 let started = Instant::now();
                 loop {
@@ -630,18 +654,57 @@ impl<'a> StreamSides<'a> {
                     }
                 }
                 if s.initiator {
-                    wait_flag(ex, &s.poll, at, word)?;
-                    ex.mark()?;
+                    arrival(sq, ex)?;
                 }
             }
         }
-        self.sides
+        let stamps = self
+            .sides
             .iter_mut()
             .map(|(_, ex)| {
                 let sent = ex.finish(bound)?;
                 Ok(Stamps { sent, posted: vec![] })
             })
-            .collect()
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // Every receive has its message now: take their completions, so the next round's
+        // receives find the queue empty.
+        for rq in self.receives.iter().flatten() {
+            while rq.outstanding() > 0 {
+                match rq.poll_next() {
+                    Some(r) => {
+                        r?;
+                    }
+                    None => bail!("a receive did not complete after its stream's wait"),
+                }
+            }
+        }
+        Ok(stamps)
+    }
+}
+
+/// Posts a receive into `poll` for the next message, taking the completions that are in when
+/// the receive queue is full (the stream is behind: waits for it, within `bound`); its ticket.
+fn post_receive(
+    rq: &gdaki_device::Rq<Exclusive>,
+    poll: &MemoryRegion,
+    bound: std::time::Duration,
+) -> anyhow::Result<u64> {
+    let started = Instant::now();
+    loop {
+        while let Some(r) = rq.poll_next() {
+            r?;
+        }
+        if rq.outstanding() < rq.size() {
+            let len = u32::try_from(poll.len()).context("a receive takes at most 4 GiB")?;
+            return Ok(rq.post_recv(&[RecvBuf {
+                local: poll.local(0),
+                len,
+            }])?);
+        }
+        if started.elapsed() > bound {
+            bail!("the receive queue stayed full for {bound:?}: the peer's messages stopped");
+        }
+        std::thread::sleep(std::time::Duration::from_micros(20));
     }
 }
 
@@ -777,6 +840,7 @@ fn print_header(
     }
     report::print_header(
         match (send, p.poster) {
+            (true, "stream") => "Send Latency Test (gdaki write_lat --stream --send)",
             (true, _) => "Send Latency Test (gdaki write_lat --send)",
             (false, "stream") => "RDMA_Write Latency Test (gdaki write_lat --stream)",
             _ => "RDMA_Write Latency Test (gdaki write_lat)",
