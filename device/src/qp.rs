@@ -85,8 +85,9 @@ pub enum AtomicOp {
 }
 
 /// What ringing for a producer index stores, for an agent that rings later on a poster's
-/// behalf ([`Qp::doorbell_writes`]): each value is what one native-endian store writes, in
-/// this order, as [`Qp::submit`] would.
+/// behalf (a CUDA stream's memory operations: stream-triggered posting, after
+/// [`Qp::note_rung`]): each value is what one native-endian store writes, in this order, as
+/// [`Qp::submit`] would.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DoorbellWrites {
     /// The GPU doorbell: the 32-bit send doorbell record (at `DevQp::sq_dbrec`), then the
@@ -448,10 +449,10 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// ring instead of once a post on its way to the doorbell.
     #[inline(always)]
     fn reclaim(&self, index: u64) -> Result<(), WaitError> {
-        // SAFETY: counters of the live handle.
-        if unsafe { M::load_acquire(self.cq_consumed()) } > index {
+        if self.consumed() > index {
             return Ok(());
         }
+        // SAFETY: a counter of the live handle.
         let rung = unsafe { M::load_acquire(self.sq_rung()) };
         if rung > index + 1 {
             let newest = rung - 1;
@@ -767,17 +768,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
 
     // ---------------------------------------------------------------- rung by another agent
 
-    /// What ringing for producer index `pi` stores, for an agent that rings later on this
-    /// poster's behalf, in its own order (a CUDA stream's memory operations: stream-triggered
-    /// posting): see [`DoorbellWrites`].
-    #[inline(always)]
-    pub fn doorbell_writes(&self, pi: u64) -> Option<DoorbellWrites> {
-        let kind = DoorbellKind::from_raw(self.k.doorbell_kind)?;
-        Some(DoorbellWrites::new(kind, self.qpn(), pi))
-    }
-
     /// Declares WQEs up to `pi` (marked ready) handed to an agent that rings for them
-    /// ([`doorbell_writes`](Self::doorbell_writes)): nothing here rings for them again, and a
+    /// (with the stores of [`DoorbellWrites`]): nothing here rings for them again, and a
     /// later [`reserve`](Self::reserve) may look for their completions. Exclusive use.
     #[inline(always)]
     pub fn note_rung(&self, pi: u64) {
@@ -806,8 +798,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// if the HCA has not written it.
     #[inline(always)]
     pub fn poll_one(&self) -> Option<Result<u64, WaitError>> {
-        // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
-        let index = unsafe { M::load_acquire(self.cq_consumed()) };
+        let index = self.consumed();
         self.cq().try_complete(index).map(|r| r.map(|()| index))
     }
 
@@ -827,8 +818,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         let mut rang = false;
         loop {
             // Already consumed (by anyone): done, unless the QP failed at or before it.
-            // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
-            if unsafe { M::load_acquire(self.cq_consumed()) } > index {
+            if self.consumed() > index {
                 if !report_errors {
                     return Ok(());
                 }
@@ -1403,9 +1393,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         // Other posters' WQEs may be more than a lap ahead of the consumer; wait a lap at a
         // time so every polled slot holds at worst the previous lap's entry.
         loop {
-            // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
-            let consumed = unsafe { M::load_acquire(self.cq_consumed()) };
-            let step = target.min(consumed + size - 1);
+            let step = target.min(self.consumed() + size - 1);
             self.wait_until(step, true)?;
             if step == target {
                 return Ok(());
