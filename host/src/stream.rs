@@ -113,18 +113,8 @@ pub trait MemOps {
     unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError>;
 }
 
-/// Whether `word` satisfies `how` against `value`, as CUDA's stream waits define it.
-pub fn wait_holds(how: StreamWait, value: u32, word: u32) -> bool {
-    match how {
-        StreamWait::Geq => word.wrapping_sub(value) as i32 >= 0,
-        StreamWait::Eq => word == value,
-        StreamWait::And => word & value != 0,
-        StreamWait::Nor => !(word | value) != 0,
-    }
-}
-
 /// Errors of stream-triggered posting.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum StreamError {
     /// Every slot of the send queue holds a WQE that has not completed: the executor has not
@@ -333,23 +323,7 @@ impl CpuStream {
         while q.done < q.enqueued && q.failed.is_none() {
             q = self.shared.moved.wait(q).unwrap_or_else(|e| e.into_inner());
         }
-        match &q.failed {
-            Some(StreamError::WaitTimedOut {
-                addr,
-                how,
-                value,
-                seen,
-                timeout,
-            }) => Err(StreamError::WaitTimedOut {
-                addr: *addr,
-                how: *how,
-                value: *value,
-                seen: *seen,
-                timeout: *timeout,
-            }),
-            Some(e) => Err(StreamError::Executor(e.to_string())),
-            None => Ok(()),
-        }
+        q.failed.clone().map_or(Ok(()), Err)
     }
 
     /// Operations run so far (stores, waits and marks, one each).
@@ -495,7 +469,7 @@ fn wait_for(
     let mut looks = 0u32;
     loop {
         let seen = word.load(Ordering::Acquire);
-        if wait_holds(how, value, seen) {
+        if how.holds(value, seen) {
             return Ok(());
         }
         looks += 1;

@@ -27,18 +27,27 @@ pub(crate) fn timed(
 /// blocked in a synchronous copy behind a running kernel can stall other threads' driver calls
 /// (seen on the H100 with driver 580), and the kernel may be waiting for one of them.
 pub(crate) fn wait_idle(stream: &CudaStream) -> Result<(), CudaError> {
+    poll_idle(stream, None).map(|_| ())
+}
+
+/// Polls `stream` until its work is done (`true`) or `deadline` passes (`false`), pausing a
+/// little longer each time, up to 200 us.
+fn poll_idle(stream: &CudaStream, deadline: Option<std::time::Instant>) -> Result<bool, CudaError> {
     let mut pause = Duration::from_micros(5);
     loop {
         // SAFETY: a query of a live stream of the bound context.
         match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
-            sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            sys::CUresult::CUDA_SUCCESS => return Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => {
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Ok(false);
+                }
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_micros(200));
             }
             other => {
                 other.result()?; // an error: returned here
-                return Ok(());
+                return Ok(true);
             }
         }
     }
@@ -56,6 +65,19 @@ pub enum StreamWait {
     And,
     /// `~(*addr | value) != 0`: some bit outside `value` is clear.
     Nor,
+}
+
+impl StreamWait {
+    /// Whether `word` satisfies this comparison against `value`, as CUDA's stream waits
+    /// define it.
+    pub fn holds(self, value: u32, word: u32) -> bool {
+        match self {
+            StreamWait::Geq => word.wrapping_sub(value) as i32 >= 0,
+            StreamWait::Eq => word == value,
+            StreamWait::And => word & value != 0,
+            StreamWait::Nor => !(word | value) != 0,
+        }
+    }
 }
 
 /// Whether `gpu`'s driver takes the stream memory operations stream-triggered posting uses:
@@ -144,21 +166,5 @@ pub fn record_event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent, Cu
 /// Waits for `stream`'s work, polling it rather than blocking in the driver, for at most
 /// `timeout`: whether it finished (a stream waiting on a word nobody writes never does).
 pub fn stream_idle_within(stream: &CudaStream, timeout: Duration) -> Result<bool, CudaError> {
-    let deadline = std::time::Instant::now() + timeout;
-    let mut pause = Duration::from_micros(5);
-    loop {
-        // SAFETY: a query of a live stream.
-        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
-            sys::CUresult::CUDA_SUCCESS => return Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_micros(200));
-            }
-            sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
-            other => {
-                other.result()?;
-                return Ok(true);
-            }
-        }
-    }
+    poll_idle(stream, std::time::Instant::now().checked_add(timeout))
 }
