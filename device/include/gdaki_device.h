@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 /** version word of gdaki_dev_qp */
-#define GDAKI_DEV_QP_VERSION 2164130048u
+#define GDAKI_DEV_QP_VERSION 322306304u
 /** most bytes put_inline carries */
 #define GDAKI_MAX_INLINE 28u
 /** size of gdaki_block_scratch */
@@ -62,7 +62,7 @@ extern "C" {
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
 /** gdaki_dev_rq.version of this layout */
-#define GDAKI_DEV_RQ_VERSION 1307640064u
+#define GDAKI_DEV_RQ_VERSION 264503552u
 /** most bytes a send_inline carries */
 #define GDAKI_MAX_SEND_INLINE 44u
 /** poll_recv kind: a SEND */

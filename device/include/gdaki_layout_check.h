@@ -75,6 +75,6 @@ GDAKI_OFFSET_CHECK(gdaki_remote_region, rkey, 16)
 GDAKI_OFFSET_CHECK(gdaki_remote_region, reserved, 20)
 GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
-GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 2164130048u, "handle version");
+GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 322306304u, "handle version");
 
 #endif /* GDAKI_LAYOUT_CHECK_H */

@@ -111,44 +111,51 @@ pub const QP_FLUSH_AFTER_FETCH: u8 = 1 << 1;
 /// writes itself first (`gdaki_device::publish_host_writes`).
 pub const QP_RINGS_IN_GPU_MEMORY: u8 = 1 << 2;
 
-/// A layout's fingerprint: FNV-1a over `words` (each as 8 little-endian bytes), folded to 16
-/// bits. The handles' version words carry it over their fields' offsets and sizes.
-pub const fn layout_fingerprint(words: &[usize]) -> u32 {
+/// A layout's fingerprint: FNV-1a over the words of `parts` (each as 8 little-endian bytes),
+/// folded to 16 bits. The handles' version words carry it over their fields' offsets and sizes.
+pub const fn layout_fingerprint(parts: &[&[usize]]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    let mut i = 0;
-    while i < words.len() {
-        let mut w = words[i] as u64;
-        let mut b = 0;
-        while b < 8 {
-            h ^= (w & 0xff) as u32;
-            h = h.wrapping_mul(0x0100_0193);
-            w >>= 8;
-            b += 1;
+    let mut p = 0;
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            let mut w = parts[p][i] as u64;
+            let mut b = 0;
+            while b < 8 {
+                h ^= (w & 0xff) as u32;
+                h = h.wrapping_mul(0x0100_0193);
+                w >>= 8;
+                b += 1;
+            }
+            i += 1;
         }
-        i += 1;
+        p += 1;
     }
     (h >> 16) ^ (h & 0xffff)
 }
 
-/// Offsets and sizes of [`DevCq`]'s fields, at `base` in its handle.
-macro_rules! cq_words {
-    ($outer:ty, $field:ident) => {
-        [
-            core::mem::offset_of!($outer, $field.consumed),
-            core::mem::offset_of!($outer, $field.error),
-            core::mem::offset_of!($outer, $field.cqe_base),
-            core::mem::offset_of!($outer, $field.dbrec),
-            core::mem::offset_of!($outer, $field.cqn),
-            core::mem::offset_of!($outer, $field.log_size),
-            core::mem::size_of::<DevCq>(),
-        ]
-    };
-}
+/// The fingerprints' own revision: raise it when the meaning of a field changes but nothing
+/// moves.
+const LAYOUT_REVISION: usize = 1;
 
-/// The words [`DEV_QP_VERSION`]'s fingerprint covers: every field's offset, and the sizes.
-const DEV_QP_LAYOUT: [usize; 24] = {
+/// [`DevCq`]'s size and its fields' offsets, in both handles' fingerprints (each handle's words
+/// have the CQ's offset).
+const DEV_CQ_LAYOUT: [usize; 7] = {
     use core::mem::{offset_of, size_of};
-    let cq = cq_words!(DevQp, cq);
+    [
+        size_of::<DevCq>(),
+        offset_of!(DevCq, consumed),
+        offset_of!(DevCq, error),
+        offset_of!(DevCq, cqe_base),
+        offset_of!(DevCq, dbrec),
+        offset_of!(DevCq, cqn),
+        offset_of!(DevCq, log_size),
+    ]
+};
+
+/// [`DevQp`]'s size and its fields' offsets.
+const DEV_QP_LAYOUT: [usize; 16] = {
+    use core::mem::{offset_of, size_of};
     [
         size_of::<DevQp>(),
         offset_of!(DevQp, sq_reserved),
@@ -166,22 +173,20 @@ const DEV_QP_LAYOUT: [usize; 24] = {
         offset_of!(DevQp, flags),
         offset_of!(DevQp, version),
         offset_of!(DevQp, cq),
-        cq[0],
-        cq[1],
-        cq[2],
-        cq[3],
-        cq[4],
-        cq[5],
-        cq[6],
-        1, // the fingerprint's own version: raise it when the meaning of a field changes
     ]
 };
+
+/// A version word: the fingerprint of `layout`, the CQ's and the revision in the high 16 bits,
+/// `size` in the low.
+const fn version_word(layout: &[usize], size: usize) -> u32 {
+    layout_fingerprint(&[layout, &DEV_CQ_LAYOUT, &[LAYOUT_REVISION]]) << 16 | size as u32
+}
 
 /// `DevQp::version` of this layout: a fingerprint of every field's offset and the sizes in the
 /// high 16 bits ([`layout_fingerprint`]), the size in the low (NVSHMEM's device structs carry
 /// the size the same way), so code built against a handle whose fields moved, grew or were
 /// reordered, even at the same size, sees a mismatch.
-pub const DEV_QP_VERSION: u32 = layout_fingerprint(&DEV_QP_LAYOUT) << 16 | core::mem::size_of::<DevQp>() as u32;
+pub const DEV_QP_VERSION: u32 = version_word(&DEV_QP_LAYOUT, core::mem::size_of::<DevQp>());
 
 /// `DevCq::error` when no error CQE has been seen.
 pub const NO_ERROR: u64 = 0;
@@ -293,10 +298,9 @@ pub struct DevQp {
     pub cq: DevCq,
 }
 
-/// The words [`DEV_RQ_VERSION`]'s fingerprint covers.
-const DEV_RQ_LAYOUT: [usize; 20] = {
+/// [`DevRq`]'s size and its fields' offsets.
+const DEV_RQ_LAYOUT: [usize; 12] = {
     use core::mem::{offset_of, size_of};
-    let cq = cq_words!(DevRq, cq);
     [
         size_of::<DevRq>(),
         offset_of!(DevRq, rq_reserved),
@@ -310,19 +314,11 @@ const DEV_RQ_LAYOUT: [usize; 20] = {
         offset_of!(DevRq, flags),
         offset_of!(DevRq, version),
         offset_of!(DevRq, cq),
-        cq[0],
-        cq[1],
-        cq[2],
-        cq[3],
-        cq[4],
-        cq[5],
-        cq[6],
-        1, // the fingerprint's own version
     ]
 };
 
 /// `DevRq::version` of this layout, made as [`DEV_QP_VERSION`] is.
-pub const DEV_RQ_VERSION: u32 = layout_fingerprint(&DEV_RQ_LAYOUT) << 16 | core::mem::size_of::<DevRq>() as u32;
+pub const DEV_RQ_VERSION: u32 = version_word(&DEV_RQ_LAYOUT, core::mem::size_of::<DevRq>());
 
 /// A QP's receive queue with its CQ as the device sees it: the handle receive functions take.
 /// Receives are consumed in posting order, so, as on the send side, a receive's index is the
@@ -402,21 +398,25 @@ mod tests {
     fn the_version_words_fingerprint_every_field() {
         assert_eq!(DEV_QP_VERSION & 0xffff, 256);
         assert_eq!(DEV_RQ_VERSION & 0xffff, 256);
-        assert_eq!(DEV_QP_VERSION >> 16, layout_fingerprint(&DEV_QP_LAYOUT));
-        assert_eq!(DEV_RQ_VERSION >> 16, layout_fingerprint(&DEV_RQ_LAYOUT));
+        let fingerprint = |layout: &[usize]| layout_fingerprint(&[layout, &DEV_CQ_LAYOUT, &[LAYOUT_REVISION]]);
+        assert_eq!(DEV_QP_VERSION >> 16, fingerprint(&DEV_QP_LAYOUT));
+        assert_eq!(DEV_RQ_VERSION >> 16, fingerprint(&DEV_RQ_LAYOUT));
         assert_ne!(DEV_QP_VERSION, DEV_RQ_VERSION);
-        // Two fields swapped, one moved, a word more: each is another fingerprint.
+        // Two fields swapped, one moved, a word more, a CQ field moved, another revision: each
+        // is another fingerprint.
         let mut swapped = DEV_QP_LAYOUT;
         swapped.swap(10, 11);
         let mut moved = DEV_QP_LAYOUT;
         moved[7] += 8;
-        let mut longer = [0usize; 25];
-        longer[..24].copy_from_slice(&DEV_QP_LAYOUT);
-        let base = layout_fingerprint(&DEV_QP_LAYOUT);
+        let mut cq_moved = DEV_CQ_LAYOUT;
+        cq_moved[3] += 8;
+        let base = fingerprint(&DEV_QP_LAYOUT);
         for other in [
-            layout_fingerprint(&swapped),
-            layout_fingerprint(&moved),
-            layout_fingerprint(&longer),
+            fingerprint(&swapped),
+            fingerprint(&moved),
+            layout_fingerprint(&[&DEV_QP_LAYOUT, &DEV_CQ_LAYOUT, &[LAYOUT_REVISION], &[0]]),
+            layout_fingerprint(&[&DEV_QP_LAYOUT, &cq_moved, &[LAYOUT_REVISION]]),
+            layout_fingerprint(&[&DEV_QP_LAYOUT, &DEV_CQ_LAYOUT, &[LAYOUT_REVISION + 1]]),
         ] {
             assert_ne!(other, base);
         }
