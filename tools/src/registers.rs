@@ -68,6 +68,10 @@ impl Assembler {
         if functions.is_empty() {
             return Err("the PTX declares no gdaki_* function".into());
         }
+        // The probes pass 32- and 64-bit words; another width would be called wrongly.
+        if let Some(f) = functions.iter().find(|f| f.params.iter().any(|&b| b != 32 && b != 64)) {
+            return Err(format!("{}: a parameter of {:?} bits, not 32 or 64", f.name, f.params));
+        }
         let probes = probes(&functions);
         let run = |cmd: &mut Command| -> Result<String, String> {
             let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
@@ -149,8 +153,8 @@ pub struct Function {
     pub params: Vec<u32>,
 }
 
-/// The `gdaki_*` functions `ptx` defines (all return a 32-bit status; parameters are 32- or
-/// 64-bit words).
+/// The `gdaki_*` functions `ptx` defines (all return a 32-bit status) with their parameters'
+/// widths (0 for a declaration this reader does not know).
 pub fn functions(ptx: &str) -> Vec<Function> {
     let mut out = Vec::new();
     let mut lines = ptx.lines();
@@ -172,14 +176,9 @@ pub fn functions(ptx: &str) -> Vec<Function> {
             if p.starts_with(')') {
                 break;
             }
-            match p.split_whitespace().nth(1) {
-                Some(".b32") => params.push(32),
-                Some(".b64") => params.push(64),
-                other => params.push(match other {
-                    Some(t) => t.trim_start_matches(".b").parse().unwrap_or(0),
-                    None => 0,
-                }),
-            }
+            // `.param .bN name`: N, or 0 for a form this reader does not know.
+            let bits = p.split_whitespace().nth(1).and_then(|t| t.strip_prefix(".b"));
+            params.push(bits.and_then(|n| n.parse().ok()).unwrap_or(0));
         }
         out.push(Function {
             name: name.to_string(),
