@@ -561,11 +561,10 @@ fn cpu_ping_pong(
     })
 }
 
-/// `--stream`: each side's executor of memory operations and its stream queue pair.
+/// `--stream`: for each side, its stream queue pair, its executor of memory operations and,
+/// with --send, its receive queue as the CPU posts to it.
 struct StreamSides<'a> {
-    sides: Vec<(StreamQp<'a>, Executor)>,
-    /// With --send, each side's receive queue as the CPU posts to it.
-    receives: Vec<Option<gdaki_device::Rq<Exclusive>>>,
+    sides: Vec<(StreamQp<'a>, Executor, Option<gdaki_device::Rq<Exclusive>>)>,
 }
 
 impl<'a> StreamSides<'a> {
@@ -576,7 +575,6 @@ impl<'a> StreamSides<'a> {
         send: bool,
     ) -> anyhow::Result<Self> {
         let mut out = Vec::new();
-        let mut receives = Vec::new();
         for (k, (s, _)) in sides.iter().enumerate() {
             let executor = Executor::new(session.gpu.as_ref(), std::time::Duration::from_secs(30))?;
             let export = session.gpu.as_ref().and(exported.get(k));
@@ -585,15 +583,15 @@ impl<'a> StreamSides<'a> {
             // (`finish`), and the QPs outlive these values (an error return leaves a stream's
             // work behind: the program then exits).
             let sq = unsafe { StreamQp::new(&s.qp, export) }?;
-            out.push((sq, executor));
-            receives.push(match send {
+            let rq = match send {
                 // SAFETY: this thread is the QP's only receiver (no kernel runs with --stream);
                 // the view lives no longer than `sides`.
                 true => Some(unsafe { s.qp.cpu_receive::<Exclusive>() }?),
                 false => None,
-            });
+            };
+            out.push((sq, executor, rq));
         }
-        Ok(StreamSides { sides: out, receives })
+        Ok(StreamSides { sides: out })
     }
 
     /// One round of `iters` round trips of `size`-byte messages, every side's work enqueued
@@ -609,12 +607,9 @@ impl<'a> StreamSides<'a> {
         let bound = timeout.max(std::time::Duration::from_secs(1)) * 4;
         for i in 0..iters {
             let (at, word) = flag_word(&payload, (i + 1) as u8);
-            for (((sq, ex), rq), (s, to)) in self.sides.iter_mut().zip(&self.receives).zip(sides) {
+            for ((sq, ex, rq), (s, to)) in self.sides.iter_mut().zip(sides) {
                 // With --send, the message arrives in a receive posted for it now.
-                let receive = match rq {
-                    Some(rq) => Some(post_receive(rq, &s.poll, bound)?),
-                    None => None,
-                };
+                let receive = rq.as_ref().map(|rq| post_receive(rq, &s.poll, bound)).transpose()?;
                 let arrival = |sq: &mut StreamQp<'_>, ex: &mut Executor| -> anyhow::Result<()> {
                     match receive {
                         Some(r) => sq.wait_recv(ex.ops(), r)?,
@@ -661,14 +656,15 @@ impl<'a> StreamSides<'a> {
         let stamps = self
             .sides
             .iter_mut()
-            .map(|(_, ex)| {
+            .map(|(_, ex, _)| {
                 let sent = ex.finish(bound)?;
                 Ok(Stamps { sent, posted: vec![] })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         // Every receive has its message now: take their completions, so the next round's
         // receives find the queue empty.
-        for rq in self.receives.iter().flatten() {
+        for (_, _, rq) in &self.sides {
+            let Some(rq) = rq else { continue };
             while rq.outstanding() > 0 {
                 match rq.poll_next() {
                     Some(r) => {
