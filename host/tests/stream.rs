@@ -394,14 +394,23 @@ fn a_wait_that_never_ends_fails_the_stream_within_its_bound() {
     .is_err());
 }
 
-#[test]
-fn sends_from_a_stream_land_in_the_peers_receives() {
+/// Two connected queue pairs in two contexts, both with receive queues of `rq` receives, and
+/// a 64 KiB region on each side.
+struct Pair {
+    a: QueuePair,
+    b: QueuePair,
+    la: MemoryRegion,
+    lb: MemoryRegion,
+    _ctx: (Context, Context),
+}
+
+fn pair(rq: u32) -> Pair {
     let (ca, cb) = (
         Context::open(Provider::Soft).unwrap(),
         Context::open(Provider::Soft).unwrap(),
     );
     let cfg = QpConfig {
-        receive: Some(ReceiveConfig { size: 64, max_bufs: 1 }),
+        receive: Some(ReceiveConfig { size: rq, max_bufs: 1 }),
         ..QpConfig::default()
     };
     let (a, b) = (qp(&ca, 64, cfg.clone()), qp(&cb, 64, cfg));
@@ -409,6 +418,19 @@ fn sends_from_a_stream_land_in_the_peers_receives() {
     b.connect(&a.endpoint()).unwrap();
     let la = ca.alloc_region(1 << 16, Access::ALL).unwrap();
     let lb = cb.alloc_region(1 << 16, Access::ALL).unwrap();
+    Pair {
+        a,
+        b,
+        la,
+        lb,
+        _ctx: (ca, cb),
+    }
+}
+
+#[test]
+fn sends_from_a_stream_land_in_the_peers_receives() {
+    let p = pair(64);
+    let (a, b, la, lb) = (&p.a, &p.b, &p.la, &p.lb);
     let data = pattern(9, 1000);
     la.write(0, &data).unwrap();
     // SAFETY: this thread is b's only receiver; `rb` does not outlive b.
@@ -423,7 +445,7 @@ fn sends_from_a_stream_land_in_the_peers_receives() {
     let (r0, r1, r2) = (recv(0), recv(1024), recv(2048));
     let mut s = stream();
     // SAFETY: the only poster of `a`.
-    let mut sq = unsafe { StreamQp::new(&a, None) }.unwrap();
+    let mut sq = unsafe { StreamQp::new(a, None) }.unwrap();
     let wrs = [
         WorkRequest::Send {
             src: la.local(0),
@@ -596,19 +618,8 @@ fn a_queue_pair_that_is_not_connected_is_refused() {
 /// queue, are refused.
 #[test]
 fn a_stream_waits_for_a_message_in_a_receive() {
-    let (ca, cb) = (
-        Context::open(Provider::Soft).unwrap(),
-        Context::open(Provider::Soft).unwrap(),
-    );
-    let cfg = QpConfig {
-        receive: Some(ReceiveConfig { size: 16, max_bufs: 1 }),
-        ..QpConfig::default()
-    };
-    let (a, b) = (qp(&ca, 64, cfg.clone()), qp(&cb, 64, cfg));
-    a.connect(&b.endpoint()).unwrap();
-    b.connect(&a.endpoint()).unwrap();
-    let la = ca.alloc_region(1 << 16, Access::ALL).unwrap();
-    let lb = cb.alloc_region(1 << 16, Access::ALL).unwrap();
+    let p = pair(16);
+    let (a, b, la, lb) = (&p.a, &p.b, &p.la, &p.lb);
     let data = pattern(21, 512);
     la.write(0, &data).unwrap();
     // SAFETY: this thread is b's only receiver; `rb` does not outlive b.
@@ -623,7 +634,7 @@ fn a_stream_waits_for_a_message_in_a_receive() {
     let mut s = stream();
     // SAFETY: the stream queue pair only waits here (b posts nothing), and the stream is
     // synchronised before b goes.
-    let mut sq = unsafe { StreamQp::new(&b, None) }.unwrap();
+    let mut sq = unsafe { StreamQp::new(b, None) }.unwrap();
     sq.wait_recv(&mut s, r0).unwrap();
     // SAFETY: the flags outlive the stream.
     unsafe {
