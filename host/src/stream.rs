@@ -54,7 +54,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gdaki_cuda::StreamWait;
+use gdaki_cuda::{GraphNode, MemOp, StreamWait};
 use gdaki_device::status::{PostError, Ticket, WaitError};
 use gdaki_device::{DoorbellWrites, Exclusive, Local, Remote, MAX_INLINE, MAX_SEND_INLINE};
 use gdaki_layout::{cqe, ring, DevQp, DoorbellKind};
@@ -90,6 +90,15 @@ pub enum Store {
     },
 }
 
+impl From<Store> for MemOp {
+    fn from(s: Store) -> MemOp {
+        match s {
+            Store::U32 { addr, value } => MemOp::WriteU32 { addr, value },
+            Store::U64 { addr, value } => MemOp::WriteU64 { addr, value },
+        }
+    }
+}
+
 /// An in-order executor of memory operations: what stream-triggered posting enqueues to. Each
 /// call adds work after everything added before; nothing runs on the calling thread.
 pub trait MemOps {
@@ -111,6 +120,12 @@ pub trait MemOps {
     /// `addr` is 4-byte aligned and valid for reads, in [`space`](Self::space), until the wait
     /// is over.
     unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError>;
+
+    /// The recording this executor is making while it records a replayable sequence
+    /// ([`Replay`]); `None` otherwise (the default: an executor that cannot record).
+    fn recording(&mut self) -> Option<&mut Recording> {
+        None
+    }
 }
 
 /// Errors of stream-triggered posting.
@@ -193,6 +208,8 @@ impl From<gdaki_cuda::CudaError> for StreamError {
 pub struct CudaStreamOps {
     stream: Arc<gdaki_cuda::CudaStream>,
     ordinal: usize,
+    /// While recording: what is recorded and the graph node each step became.
+    recording: Option<(Recording, Vec<GraphNode>)>,
 }
 
 impl std::fmt::Debug for CudaStreamOps {
@@ -216,7 +233,57 @@ impl CudaStreamOps {
         Ok(CudaStreamOps {
             stream,
             ordinal: gpu.ordinal(),
+            recording: None,
         })
+    }
+
+    /// Starts recording: the stream is captured into a CUDA graph (thread-local capture mode)
+    /// until [`end_recording`](Self::end_recording), kernels and copies enqueued on it meanwhile
+    /// included, and what stream queue pairs post and wait for through this executor becomes a
+    /// [`Replay`] that can be launched many times (see [`Replay`] for the rules).
+    ///
+    /// # Safety
+    /// Every store and wait enqueued through [`MemOps`] during the recording names memory
+    /// that stays valid for it until the [`Replay`] is dropped and its last launch has run: a
+    /// replay makes them again.
+    pub unsafe fn begin_recording(&mut self) -> Result<(), StreamError> {
+        if self.recording.is_some() {
+            return Err(StreamError::Executor("this stream is recording already".into()));
+        }
+        gdaki_cuda::begin_capture(&self.stream)?;
+        self.recording = Some((Recording::new(self.space()), Vec::new()));
+        Ok(())
+    }
+
+    /// Ends the recording [`begin_recording`](Self::begin_recording) started and instantiates
+    /// the captured graph.
+    pub fn end_recording(&mut self) -> Result<Replay, StreamError> {
+        let (rec, nodes) = self
+            .recording
+            .take()
+            .ok_or_else(|| StreamError::Executor("this stream is not recording".into()))?;
+        let graph = gdaki_cuda::end_capture(&self.stream)?;
+        Ok(rec.finish(ReplayGraph::Cuda { graph, nodes }))
+    }
+
+    /// Enqueues `ops`: one batch of memory operations (one graph node while recording).
+    ///
+    /// # Safety
+    /// As [`gdaki_cuda::stream_batch`].
+    unsafe fn enqueue(&mut self, ops: &[MemOp]) -> Result<(), StreamError> {
+        let Some((rec, nodes)) = &mut self.recording else {
+            for chunk in ops.chunks(gdaki_cuda::MAX_BATCH) {
+                // SAFETY: the caller's contract.
+                unsafe { gdaki_cuda::stream_batch(&self.stream, chunk) }?;
+            }
+            return Ok(());
+        };
+        // One node per call: a replay recomputes a step's operations as a whole.
+        // SAFETY: the caller's contract.
+        unsafe { gdaki_cuda::stream_batch(&self.stream, ops) }?;
+        nodes.push(gdaki_cuda::captured_node(&self.stream)?);
+        rec.push_step();
+        Ok(())
     }
 
     /// The stream.
@@ -231,32 +298,26 @@ impl MemOps for CudaStreamOps {
     }
 
     unsafe fn store(&mut self, stores: &[Store]) -> Result<(), StreamError> {
-        for s in stores {
-            // SAFETY: the caller's contract covers every store's address.
-            match *s {
-                Store::U32 { addr, value } => unsafe { gdaki_cuda::stream_write_u32(&self.stream, addr, value) }?,
-                Store::U64 { addr, value } => unsafe { gdaki_cuda::stream_write_u64(&self.stream, addr, value) }?,
-            }
-        }
-        Ok(())
+        let ops: Vec<MemOp> = stores.iter().map(|&s| s.into()).collect();
+        // SAFETY: the caller's contract covers every store's address.
+        unsafe { self.enqueue(&ops) }
     }
 
     unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError> {
         // SAFETY: the caller's contract.
-        unsafe { gdaki_cuda::stream_wait_u32(&self.stream, addr, how, value) }?;
-        Ok(())
+        unsafe { self.enqueue(&[MemOp::WaitU32 { addr, how, value }]) }
+    }
+
+    fn recording(&mut self) -> Option<&mut Recording> {
+        self.recording.as_mut().map(|(rec, _)| rec)
     }
 }
 
 /// What a [`CpuStream`] runs.
 #[derive(Debug, Clone, Copy)]
 enum CpuOp {
-    Store(Store),
-    Wait {
-        addr: u64,
-        how: StreamWait,
-        value: u32,
-    },
+    /// A store or a wait.
+    Mem(MemOp),
     /// Note the time (a CUDA event's record).
     Mark,
 }
@@ -285,6 +346,8 @@ struct CpuShared {
 pub struct CpuStream {
     shared: Arc<CpuShared>,
     worker: Option<JoinHandle<()>>,
+    /// While recording: what is recorded and each step's operations.
+    recording: Option<(Recording, Vec<Vec<CpuOp>>)>,
 }
 
 impl std::fmt::Debug for CpuStream {
@@ -313,7 +376,48 @@ impl CpuStream {
         Ok(CpuStream {
             shared,
             worker: Some(worker),
+            recording: None,
         })
+    }
+
+    /// Starts recording: until [`end_recording`](Self::end_recording) the stream runs nothing
+    /// enqueued to it, and what is enqueued (stream queue pairs' posts and waits, stores, waits,
+    /// marks) becomes a [`Replay`] that can be launched on this stream many times: CUDA graph
+    /// replay, on a CPU thread.
+    ///
+    /// # Safety
+    /// Every store and wait enqueued during the recording names memory that stays valid for it
+    /// until the [`Replay`] is dropped and its last launch has run: a replay makes them again.
+    pub unsafe fn begin_recording(&mut self) -> Result<(), StreamError> {
+        if self.recording.is_some() {
+            return Err(StreamError::Executor("this stream is recording already".into()));
+        }
+        self.recording = Some((Recording::new(Space::Host), Vec::new()));
+        Ok(())
+    }
+
+    /// Ends the recording [`begin_recording`](Self::begin_recording) started.
+    pub fn end_recording(&mut self) -> Result<Replay, StreamError> {
+        let (rec, ops) = self
+            .recording
+            .take()
+            .ok_or_else(|| StreamError::Executor("this stream is not recording".into()))?;
+        Ok(rec.finish(ReplayGraph::Cpu {
+            shared: self.shared.clone(),
+            ops,
+        }))
+    }
+
+    /// Runs `ops` in order after what is enqueued, or records them as one step.
+    fn enqueue(&mut self, ops: Vec<CpuOp>) -> Result<(), StreamError> {
+        match &mut self.recording {
+            Some((rec, steps)) => {
+                steps.push(ops);
+                rec.push_step();
+                Ok(())
+            }
+            None => push_ops(&self.shared, ops),
+        }
     }
 
     /// Waits until the stream has run everything enqueued so far; the error of a wait that
@@ -334,26 +438,27 @@ impl CpuStream {
     /// Adds a mark: the stream notes the time when it reaches it (what recording a CUDA event
     /// on a stream gives); [`take_marks`](Self::take_marks) hands the times over.
     pub fn mark(&mut self) -> Result<(), StreamError> {
-        self.push([CpuOp::Mark])
+        self.enqueue(vec![CpuOp::Mark])
     }
 
     /// The times of the marks the stream has reached since the last call, in order.
     pub fn take_marks(&self) -> Vec<Instant> {
         std::mem::take(&mut lock(&self.shared.queue).marks)
     }
+}
 
-    fn push(&self, ops: impl IntoIterator<Item = CpuOp>) -> Result<(), StreamError> {
-        let mut q = lock(&self.shared.queue);
-        if let Some(e) = &q.failed {
-            return Err(StreamError::Executor(format!("the stream failed earlier: {e}")));
-        }
-        for op in ops {
-            q.ops.push_back(op);
-            q.enqueued += 1;
-        }
-        self.shared.moved.notify_all();
-        Ok(())
+/// Adds `ops` to the CPU stream's queue, refused once the stream has failed.
+fn push_ops(shared: &CpuShared, ops: impl IntoIterator<Item = CpuOp>) -> Result<(), StreamError> {
+    let mut q = lock(&shared.queue);
+    if let Some(e) = &q.failed {
+        return Err(StreamError::Executor(format!("the stream failed earlier: {e}")));
     }
+    for op in ops {
+        q.ops.push_back(op);
+        q.enqueued += 1;
+    }
+    shared.moved.notify_all();
+    Ok(())
 }
 
 impl Drop for CpuStream {
@@ -383,7 +488,7 @@ impl MemOps for CpuStream {
                 )));
             }
         }
-        self.push(stores.iter().map(|&s| CpuOp::Store(s)))
+        self.enqueue(stores.iter().map(|&s| CpuOp::Mem(s.into())).collect())
     }
 
     unsafe fn wait(&mut self, addr: u64, how: StreamWait, value: u32) -> Result<(), StreamError> {
@@ -392,7 +497,11 @@ impl MemOps for CpuStream {
                 "a wait on {addr:#x} is not 4-byte aligned"
             )));
         }
-        self.push([CpuOp::Wait { addr, how, value }])
+        self.enqueue(vec![CpuOp::Mem(MemOp::WaitU32 { addr, how, value })])
+    }
+
+    fn recording(&mut self) -> Option<&mut Recording> {
+        self.recording.as_mut().map(|(rec, _)| rec)
     }
 }
 
@@ -420,20 +529,21 @@ fn run_cpu_stream(shared: &CpuShared, timeout: Duration) {
                 lock(&shared.queue).marks.push(Instant::now());
                 Ok(())
             }
-            // SAFETY: enqueued through `MemOps::store`, whose caller promised the address
-            // valid (and aligned, checked there) until this store is made.
-            CpuOp::Store(Store::U32 { addr, value }) => {
+            // SAFETY: enqueued through `MemOps::store` (or replayed, then recorded through it),
+            // whose caller promised the address valid (and aligned, checked there) until this
+            // store is made (for every launch of a replay: `begin_recording`'s contract).
+            CpuOp::Mem(MemOp::WriteU32 { addr, value }) => {
                 unsafe { AtomicU32::from_ptr(addr as *mut u32) }.store(value, Ordering::Release);
                 Ok(())
             }
-            CpuOp::Store(Store::U64 { addr, value }) => {
+            CpuOp::Mem(MemOp::WriteU64 { addr, value }) => {
                 // SAFETY: as above.
                 unsafe { AtomicU64::from_ptr(addr as *mut u64) }.store(value, Ordering::Release);
                 Ok(())
             }
-            CpuOp::Wait { addr, how, value } => {
-                // SAFETY: enqueued through `MemOps::wait`, whose caller promised the word valid
-                // for reads until the wait is over.
+            CpuOp::Mem(MemOp::WaitU32 { addr, how, value }) => {
+                // SAFETY: enqueued (or recorded) through `MemOps::wait`, whose caller promised the
+                // word valid for reads until the wait is over (as for stores, above).
                 let word = unsafe { AtomicU32::from_ptr(addr as *mut u32) };
                 wait_for(word, how, value, timeout, &shared.queue).map_err(|seen| StreamError::WaitTimedOut {
                     addr,
@@ -486,23 +596,30 @@ fn wait_for(
 
 // ------------------------------------------------------------------------------ queue pairs
 
-/// Enqueues on `ops` a wait until CQE `index` of the CQ at `cqe_base` (`1 << log` entries) is
-/// written: its last four bytes (WQE counter, signature, `op_own`) read as one little-endian
-/// word, `op_own` its top byte, whose owner bit turns to the lap's parity when the HCA writes
-/// the entry (a fresh ring holds owner 1, so lap 0 waits for 0).
-///
-/// # Safety
-/// The CQ lives in `ops`' space until the wait is over, and the slot holds the previous lap's
-/// entry or a fresh one, never an older one.
-unsafe fn owner_wait(ops: &mut dyn MemOps, cqe_base: u64, log: u32, index: u64) -> Result<(), StreamError> {
-    let word = cqe_base + ring::cqe_offset(index, log) + (cqe::SIZE - 4) as u64;
+/// The wait that ends once CQE `index` of the CQ at `cqe_base` (`1 << log` entries) is
+/// written: on its last four bytes (WQE counter, signature, `op_own`) read as one
+/// little-endian word, `op_own` its top byte, whose owner bit turns to the lap's parity when the
+/// HCA writes the entry (a fresh ring holds owner 1, so lap 0 waits for 0).
+fn owner_wait(cqe_base: u64, log: u32, index: u64) -> MemOp {
+    let addr = cqe_base + ring::cqe_offset(index, log) + (cqe::SIZE - 4) as u64;
     let owner = u32::from(cqe::OWNER_MASK) << 24;
     let (how, value) = match ring::owner_parity(index, log) {
         0 => (StreamWait::Nor, !owner),
         _ => (StreamWait::And, owner),
     };
+    MemOp::WaitU32 { addr, how, value }
+}
+
+/// Enqueues `op` (a wait) on `ops`.
+///
+/// # Safety
+/// As [`MemOps::wait`].
+unsafe fn enqueue_wait(ops: &mut dyn MemOps, op: MemOp) -> Result<(), StreamError> {
+    let MemOp::WaitU32 { addr, how, value } = op else {
+        return Err(StreamError::Executor(format!("{op:?} is not a wait")));
+    };
     // SAFETY: the caller's contract.
-    unsafe { ops.wait(word, how, value) }
+    unsafe { ops.wait(addr, how, value) }
 }
 
 /// One work request for [`StreamQp::post`]: the send queue's operations, one WQE each.
@@ -609,7 +726,23 @@ pub struct StreamQp<'q> {
     recv: Option<(gdaki_device::Rq<Exclusive>, u64, u32)>,
     /// An executor refused a doorbell: WQEs are ready that nobody will ring.
     broken: bool,
+    /// This queue pair's part in the recording it posted to last, while that is not over.
+    recorded: Option<Recorded>,
     _qp: std::marker::PhantomData<&'q QueuePair>,
+}
+
+/// A stream queue pair's part in a recording: its recorded posts are tickets
+/// `base..base + count` of the recording (nothing reserved: a replay reserves them anew).
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    /// The recording's id.
+    id: u64,
+    /// Its entry in the recording's queue pairs.
+    slot: usize,
+    /// The first recorded ticket.
+    base: u64,
+    /// WQEs recorded.
+    count: u64,
 }
 
 impl std::fmt::Debug for StreamQp<'_> {
@@ -714,6 +847,7 @@ impl<'q> StreamQp<'q> {
             queued: dev.reserved(),
             recv,
             broken: false,
+            recorded: None,
             _qp: std::marker::PhantomData,
         })
     }
@@ -754,6 +888,11 @@ impl<'q> StreamQp<'q> {
         {
             return Err(StreamError::BadRequest { index, why });
         }
+        if ops.recording().is_some() {
+            return self.record_post(ops, before, wrs);
+        }
+        // A real post ends this queue pair's part in any recording: its tickets would overlap.
+        self.recorded = None;
         self.make_room(n)?;
         // Room is made: reserve finds every slot's previous WQE consumed and does not wait.
         let first = self.dev.reserve(n as u32)?;
@@ -763,22 +902,7 @@ impl<'q> StreamQp<'q> {
         let end = first + n;
         self.dev.mark_ready(first, end)?;
         let mut stores = before.to_vec();
-        match DoorbellWrites::new(self.kind, self.qpn, end) {
-            DoorbellWrites::Doorbell { record, doorbell } => stores.extend([
-                Store::U32 {
-                    addr: self.record,
-                    value: record,
-                },
-                Store::U64 {
-                    addr: self.doorbell,
-                    value: doorbell,
-                },
-            ]),
-            DoorbellWrites::Proxy { index } => stores.push(Store::U64 {
-                addr: self.doorbell,
-                value: index,
-            }),
-        }
+        stores.extend(self.doorbell_stores(end));
         // SAFETY: `before` is the caller's (their contract); then the record, the doorbell (or
         // proxy word) of this QP in the executor's space (checked in `usable`), which live as
         // long as the QP (`'q`), and which only the HCA reads.
@@ -789,6 +913,101 @@ impl<'q> StreamQp<'q> {
         self.dev.note_rung(end);
         self.queued = end;
         Ok(first..end)
+    }
+
+    /// The stores that ring the doorbell for every WQE before `end`: the record, then the
+    /// doorbell; through a CPU proxy the producer index into the proxy's word.
+    fn doorbell_stores(&self, end: u64) -> Vec<Store> {
+        match DoorbellWrites::new(self.kind, self.qpn, end) {
+            DoorbellWrites::Doorbell { record, doorbell } => vec![
+                Store::U32 {
+                    addr: self.record,
+                    value: record,
+                },
+                Store::U64 {
+                    addr: self.doorbell,
+                    value: doorbell,
+                },
+            ],
+            DoorbellWrites::Proxy { index } => vec![Store::U64 {
+                addr: self.doorbell,
+                value: index,
+            }],
+        }
+    }
+
+    /// `post_after` into a recording: nothing is written to the send queue (each launch of the
+    /// replay writes its WQEs); the executor records the stores, which a launch recomputes.
+    ///
+    /// # Safety
+    /// As [`post_after`](Self::post_after).
+    unsafe fn record_post(
+        &mut self,
+        ops: &mut dyn MemOps,
+        before: &[Store],
+        wrs: &[WorkRequest<'_>],
+    ) -> Result<Range<Ticket>, StreamError> {
+        let part = self.recording_part(ops)?;
+        let n = wrs.len() as u64;
+        if part.count + n > self.ring {
+            return Err(StreamError::BadRequest {
+                index: 0,
+                why: format!(
+                    "a replay posts at most a send queue of WQEs ({}) to a queue pair; this post would make it {}",
+                    self.ring,
+                    part.count + n
+                ),
+            });
+        }
+        let first = part.base + part.count;
+        let end = first + n;
+        let mut stores = before.to_vec();
+        stores.extend(self.doorbell_stores(end));
+        // SAFETY: as in `post_after`; recorded for replays under `begin_recording`'s contract
+        // (the caller's stores) and `new`'s (the queue pair's words outlive the executor's work).
+        unsafe { ops.store(&stores) }?;
+        let rec = ops
+            .recording()
+            .ok_or_else(|| StreamError::Executor("the executor stopped recording".into()))?;
+        rec.describe_last(Recipe::Doorbell {
+            qp: part.slot,
+            before: before.to_vec(),
+            end: end - part.base,
+        });
+        rec.qps[part.slot].wrs.extend(wrs.iter().map(OwnedRequest::new));
+        self.recorded = Some(Recorded {
+            count: part.count + n,
+            ..part
+        });
+        Ok(first..end)
+    }
+
+    /// This queue pair's part in the recording `ops` is making, joined now if it has none.
+    fn recording_part(&mut self, ops: &mut dyn MemOps) -> Result<Recorded, StreamError> {
+        let rec = ops
+            .recording()
+            .ok_or_else(|| StreamError::Executor("the executor is not recording".into()))?;
+        if let Some(part) = self.recorded.filter(|p| p.id == rec.id) {
+            return Ok(part);
+        }
+        if rec.qps.iter().any(|q| q.qpn == self.qpn) {
+            return Err(StreamError::Executor(format!(
+                "QP {:#x} posted outside this recording after joining it: its recorded tickets no longer hold",
+                self.qpn
+            )));
+        }
+        rec.qps.push(RecordedQp {
+            qpn: self.qpn,
+            wrs: Vec::new(),
+        });
+        let part = Recorded {
+            id: rec.id,
+            slot: rec.qps.len() - 1,
+            base: self.queued,
+            count: 0,
+        };
+        self.recorded = Some(part);
+        Ok(part)
     }
 
     /// [`post`](Self::post) of one RDMA WRITE.
@@ -802,6 +1021,26 @@ impl<'q> StreamQp<'q> {
     /// not enqueued yet.
     pub fn wait(&mut self, ops: &mut dyn MemOps, ticket: Ticket) -> Result<(), StreamError> {
         self.usable(ops)?;
+        if ops.recording().is_some() {
+            // Only this recording's own posts: their tickets move with every launch.
+            let part = self.recorded.filter(|p| ops.recording().is_some_and(|r| r.id == p.id));
+            let Some(part) = part.filter(|p| (p.base..p.base + p.count).contains(&ticket)) else {
+                return Err(StreamError::NotQueued {
+                    ticket,
+                    queued: part.map_or(0, |p| p.base + p.count),
+                });
+            };
+            let op = owner_wait(self.cqe_base, self.cq_log_size, ticket);
+            // SAFETY: as below, for every launch (`new`'s contract).
+            unsafe { enqueue_wait(ops, op) }?;
+            if let Some(rec) = ops.recording() {
+                rec.describe_last(Recipe::Completion {
+                    qp: part.slot,
+                    offset: ticket - part.base,
+                });
+            }
+            return Ok(());
+        }
         if ticket >= self.queued {
             return Err(StreamError::NotQueued {
                 ticket,
@@ -814,7 +1053,7 @@ impl<'q> StreamQp<'q> {
         // The slot holds the previous lap's CQE (the window keeps it from being older).
         // SAFETY: a CQE of this QP's CQ, in the executor's space (checked in `usable`), which
         // lives as long as the QP (`'q`).
-        unsafe { owner_wait(ops, self.cqe_base, self.cq_log_size, ticket) }
+        unsafe { enqueue_wait(ops, owner_wait(self.cqe_base, self.cq_log_size, ticket)) }
     }
 
     /// Enqueues on `ops` a wait for the completion of receive `ticket` (the ticket the CPU's
@@ -826,6 +1065,14 @@ impl<'q> StreamQp<'q> {
     /// older lap's entry).
     pub fn wait_recv(&mut self, ops: &mut dyn MemOps, ticket: Ticket) -> Result<(), StreamError> {
         self.usable(ops)?;
+        if ops.recording().is_some() {
+            return Err(StreamError::BadRequest {
+                index: 0,
+                why: "a wait for a receive in a recording: receives are posted by the CPU, their tickets do not move \
+                      with a replay"
+                    .into(),
+            });
+        }
         let Some((rq, cqe_base, log)) = self.recv else {
             return Err(StreamError::BadRequest {
                 index: 0,
@@ -844,7 +1091,7 @@ impl<'q> StreamQp<'q> {
         }
         // SAFETY: a CQE of this QP's receive CQ, in the executor's space (checked in `usable`),
         // which lives as long as the QP (`'q`).
-        unsafe { owner_wait(ops, cqe_base, log, ticket) }
+        unsafe { enqueue_wait(ops, owner_wait(cqe_base, log, ticket)) }
     }
 
     /// Whether WQE `ticket` has completed, looked at now from the CPU (no waiting): `Ok(true)`
@@ -929,6 +1176,311 @@ impl<'q> StreamQp<'q> {
             WorkRequest::SendImm { src, len, imm } => d.wqe_prepare_send(index, src, len, Some(imm), 0),
             WorkRequest::SendInline { data } => d.wqe_prepare_send_inline(index, data, None, 0)?,
             WorkRequest::WriteImm { dst, src, len, imm } => d.wqe_prepare_write_imm(index, dst, src, len, imm, 0),
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------ replays
+
+/// A work request kept by a recording (inline bytes copied).
+#[derive(Debug, Clone)]
+struct OwnedRequest {
+    /// The request, its inline bytes (if any) left empty: they are in `data`.
+    wr: WorkRequest<'static>,
+    data: Vec<u8>,
+}
+
+impl OwnedRequest {
+    fn new(wr: &WorkRequest<'_>) -> OwnedRequest {
+        match *wr {
+            WorkRequest::PutInline { dst, data } => OwnedRequest {
+                wr: WorkRequest::PutInline { dst, data: &[] },
+                data: data.to_vec(),
+            },
+            WorkRequest::SendInline { data } => OwnedRequest {
+                wr: WorkRequest::SendInline { data: &[] },
+                data: data.to_vec(),
+            },
+            WorkRequest::Put { dst, src, len } => Self::plain(WorkRequest::Put { dst, src, len }),
+            WorkRequest::Get { dst, src, len } => Self::plain(WorkRequest::Get { dst, src, len }),
+            WorkRequest::Send { src, len } => Self::plain(WorkRequest::Send { src, len }),
+            WorkRequest::SendImm { src, len, imm } => Self::plain(WorkRequest::SendImm { src, len, imm }),
+            WorkRequest::WriteImm { dst, src, len, imm } => Self::plain(WorkRequest::WriteImm { dst, src, len, imm }),
+        }
+    }
+
+    fn plain(wr: WorkRequest<'static>) -> OwnedRequest {
+        OwnedRequest { wr, data: Vec::new() }
+    }
+
+    fn request(&self) -> WorkRequest<'_> {
+        match self.wr {
+            WorkRequest::PutInline { dst, .. } => WorkRequest::PutInline { dst, data: &self.data },
+            WorkRequest::SendInline { .. } => WorkRequest::SendInline { data: &self.data },
+            wr => wr,
+        }
+    }
+}
+
+/// A recorded step whose operations a launch recomputes from where its queue pair's WQEs land.
+#[derive(Debug, Clone)]
+enum Recipe {
+    /// A post's stores: the caller's `before`, then the doorbell for every WQE before the
+    /// recording's WQE `end` (counted from the queue pair's first recorded one).
+    Doorbell { qp: usize, before: Vec<Store>, end: u64 },
+    /// A wait for the completion of the queue pair's recorded WQE `offset`.
+    Completion { qp: usize, offset: u64 },
+}
+
+/// What a queue pair posted into a recording, in order.
+#[derive(Debug)]
+struct RecordedQp {
+    qpn: u32,
+    wrs: Vec<OwnedRequest>,
+}
+
+/// What an executor records while it records a [`Replay`] (see there). Executors keep one
+/// while recording ([`MemOps::recording`]); stream queue pairs add what a launch recomputes.
+#[derive(Debug)]
+pub struct Recording {
+    id: u64,
+    space: Space,
+    /// One per store or wait call made on the executor while recording, in order: how a
+    /// launch recomputes its operations (`None`: replayed as recorded).
+    steps: Vec<Option<Recipe>>,
+    qps: Vec<RecordedQp>,
+}
+
+impl Recording {
+    fn new(space: Space) -> Recording {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Recording {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            space,
+            steps: Vec::new(),
+            qps: Vec::new(),
+        }
+    }
+
+    /// The executor made one store or wait call: a step, replayed as recorded unless a stream
+    /// queue pair describes it.
+    fn push_step(&mut self) {
+        self.steps.push(None);
+    }
+
+    fn describe_last(&mut self, recipe: Recipe) {
+        if let Some(last) = self.steps.last_mut() {
+            *last = Some(recipe);
+        }
+    }
+
+    fn finish(self, graph: ReplayGraph) -> Replay {
+        Replay {
+            rec: self,
+            graph,
+            launches: 0,
+        }
+    }
+}
+
+/// The executor's side of a replay.
+enum ReplayGraph {
+    /// A CUDA graph and the batch node each step became.
+    Cuda {
+        graph: gdaki_cuda::CapturedGraph,
+        nodes: Vec<GraphNode>,
+    },
+    /// A CPU stream and each step's operations.
+    Cpu {
+        shared: Arc<CpuShared>,
+        ops: Vec<Vec<CpuOp>>,
+    },
+}
+
+/// A recorded sequence of posts, waits and (on a CUDA stream) kernels and copies, launched many
+/// times: what a CUDA graph is to a stream, with the queue pairs' ring positions moving on at
+/// every launch (the replayable window).
+///
+/// Record with [`CudaStreamOps::begin_recording`] (the stream is captured into a CUDA graph) or
+/// [`CpuStream::begin_recording`], post and wait through [`StreamQp`]s as usual, end the
+/// recording, then [`launch`](Self::launch) it with the same queue pairs. The rules:
+///
+/// - **Nothing is posted while recording.** A recorded post writes no WQE: its tickets are
+///   positions in the recording. Each launch reserves a queue pair's recorded WQEs anew at its
+///   current position, writes them, recomputes the recorded doorbell stores and completion
+///   waits for those indices (CUDA: `cuGraphExecBatchMemOpNodeSetParams` on the captured batch
+///   nodes; launches already enqueued keep theirs) and launches.
+/// - **A launch is a window of its own.** A queue pair's recorded WQEs must fit its send queue
+///   (refused while recording otherwise), and a launch needs that many free slots: it consumes
+///   the completions that are in and is refused with [`StreamError::WindowFull`] otherwise, as
+///   a post is. With a send queue twice a launch's WQEs, the CPU prepares the next launch while
+///   the stream runs the previous one.
+/// - **Waits inside the recording only.** A recorded wait names a ticket the same recording
+///   posted (they move together); waits for receives are refused (the CPU posts receives, and
+///   their tickets do not move with a launch).
+/// - **The queue pair's own order.** Posting to a queue pair outside a recording while it is
+///   recorded ends its part in that recording (a later recorded post to it is refused).
+///
+/// ```
+/// use std::time::Duration;
+/// use gdaki::stream::{CpuStream, StreamQp};
+/// use gdaki::{Access, Context, Provider, QpConfig};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::open(Provider::Soft)?;
+/// let mr = ctx.alloc_region(8192, Access::ALL)?;
+/// let cq = ctx.create_cq(64)?;
+/// let qp = ctx.create_qp(&cq, QpConfig { sq_size: 64, ..QpConfig::default() })?;
+/// qp.connect(&qp.endpoint())?;
+/// let mut stream = CpuStream::new(Duration::from_secs(10))?; // or CudaStreamOps: a CUDA graph
+/// // SAFETY: the only poster of `qp`; the stream runs its work (synchronize) before `qp` goes.
+/// let mut sq = unsafe { StreamQp::new(&qp, None) }?;
+/// // SAFETY: the recording stores to and waits on nothing but the queue pair's own words.
+/// unsafe { stream.begin_recording() }?;
+/// let t = sq.put(&mut stream, mr.remote(4096), mr.local(0), 16)?; // recorded, nothing written
+/// sq.wait(&mut stream, t)?;
+/// let mut replay = stream.end_recording()?;
+/// for step in 0..100u8 {
+///     mr.write(0, &[step; 16])?;
+///     let tickets = replay.launch(&mut [&mut sq])?; // this launch's WQE: ticket `step`
+///     stream.synchronize()?; // the recorded wait: the put has completed
+///     assert!(sq.completed(tickets[0].start)?);
+///     let mut landed = [0u8; 16];
+///     mr.read(4096, &mut landed)?;
+///     assert_eq!(landed, [step; 16]);
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Replay {
+    rec: Recording,
+    graph: ReplayGraph,
+    launches: u64,
+}
+
+impl std::fmt::Debug for Replay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replay")
+            .field("space", &self.rec.space)
+            .field("steps", &self.rec.steps.len())
+            .field("qps", &self.rec.qps.len())
+            .field("launches", &self.launches)
+            .finish()
+    }
+}
+
+impl Replay {
+    /// Launches the recording once, its posts going to `qps` (every queue pair that posted into
+    /// the recording, in any order, and no other). Returns, for each of `qps` in order, the
+    /// tickets this launch's WQEs took (the recorded tickets `t` of that queue pair are
+    /// `range.start + (t - first recorded ticket)`). Whole or nothing: a queue pair without room
+    /// for its recorded WQEs ([`StreamError::WindowFull`]) launches nothing.
+    pub fn launch(&mut self, qps: &mut [&mut StreamQp<'_>]) -> Result<Vec<Range<Ticket>>, StreamError> {
+        let space = self.rec.space;
+        // Each recorded queue pair's place in `qps`.
+        let mut place = Vec::with_capacity(self.rec.qps.len());
+        for rq in &self.rec.qps {
+            let at = qps
+                .iter()
+                .position(|q| q.qpn == rq.qpn)
+                .ok_or_else(|| StreamError::BadRequest {
+                    index: 0,
+                    why: format!(
+                        "QP {:#x} posted into the recording and is not given to the launch",
+                        rq.qpn
+                    ),
+                })?;
+            place.push(at);
+        }
+        if let Some(extra) = qps.iter().find(|q| !self.rec.qps.iter().any(|rq| rq.qpn == q.qpn)) {
+            return Err(StreamError::BadRequest {
+                index: 0,
+                why: format!("QP {:#x} did not post into the recording", extra.qpn),
+            });
+        }
+        for (rq, &at) in self.rec.qps.iter().zip(&place) {
+            let sq = &*qps[at];
+            if sq.broken {
+                return Err(StreamError::Executor(
+                    "an executor refused an earlier doorbell: this stream queue pair has WQEs nobody will ring".into(),
+                ));
+            }
+            if sq.space != space {
+                return Err(StreamError::WrongSpace {
+                    expected: sq.space,
+                    got: space,
+                });
+            }
+            sq.make_room(rq.wrs.len() as u64)?;
+        }
+        // Room is made everywhere: write each queue pair's WQEs at its current position.
+        let mut firsts = Vec::with_capacity(place.len());
+        for (rq, &at) in self.rec.qps.iter().zip(&place) {
+            let sq = &mut *qps[at];
+            sq.recorded = None;
+            let n = rq.wrs.len() as u64;
+            let first = sq.dev.reserve(n as u32)?;
+            for (k, wr) in rq.wrs.iter().enumerate() {
+                sq.prepare(first + k as u64, &wr.request())?;
+            }
+            sq.dev.mark_ready(first, first + n)?;
+            firsts.push(first);
+        }
+        if let Err(e) = self.set_and_launch(qps, &place, &firsts) {
+            // The WQEs are written and ready; nobody will ring them.
+            for &at in &place {
+                qps[at].broken = true;
+            }
+            return Err(e);
+        }
+        let mut tickets = vec![0..0; qps.len()];
+        for ((rq, &at), &first) in self.rec.qps.iter().zip(&place).zip(&firsts) {
+            let end = first + rq.wrs.len() as u64;
+            qps[at].dev.note_rung(end);
+            qps[at].queued = end;
+            tickets[at] = first..end;
+        }
+        self.launches += 1;
+        Ok(tickets)
+    }
+
+    /// Launches so far.
+    pub fn launches(&self) -> u64 {
+        self.launches
+    }
+
+    /// Gives each recomputed step its operations for this launch, then launches.
+    fn set_and_launch(
+        &mut self,
+        qps: &[&mut StreamQp<'_>],
+        place: &[usize],
+        firsts: &[u64],
+    ) -> Result<(), StreamError> {
+        for (i, step) in self.rec.steps.iter().enumerate() {
+            let Some(recipe) = step else { continue };
+            let ops: Vec<MemOp> = match recipe {
+                Recipe::Doorbell { qp, before, end } => {
+                    let sq = &qps[place[*qp]];
+                    let mut stores = before.clone();
+                    stores.extend(sq.doorbell_stores(firsts[*qp] + end));
+                    stores.into_iter().map(MemOp::from).collect()
+                }
+                Recipe::Completion { qp, offset } => {
+                    let sq = &qps[place[*qp]];
+                    vec![owner_wait(sq.cqe_base, sq.cq_log_size, firsts[*qp] + offset)]
+                }
+            };
+            match &mut self.graph {
+                // SAFETY: the node of this step, captured from `stream_batch`; the stores and the
+                // wait name the queue pair's doorbell record, doorbell and CQ, valid while the
+                // stream's work runs (`StreamQp::new`'s contract), and the caller's stores
+                // (`begin_recording`'s).
+                ReplayGraph::Cuda { graph, nodes } => unsafe { graph.set_batch(nodes[i], &ops) }?,
+                ReplayGraph::Cpu { ops: steps, .. } => steps[i] = ops.into_iter().map(CpuOp::Mem).collect(),
+            }
+        }
+        match &self.graph {
+            ReplayGraph::Cuda { graph, .. } => graph.launch()?,
+            ReplayGraph::Cpu { shared, ops } => push_ops(shared, ops.iter().flatten().copied())?,
         }
         Ok(())
     }

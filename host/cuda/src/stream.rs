@@ -157,6 +157,216 @@ pub unsafe fn stream_wait_u32(stream: &CudaStream, addr: u64, how: StreamWait, v
     Ok(())
 }
 
+/// One stream memory operation of a batch ([`stream_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemOp {
+    /// A 32-bit store (`CU_STREAM_MEM_OP_WRITE_VALUE_32`).
+    WriteU32 {
+        /// A 4-byte-aligned device address.
+        addr: u64,
+        /// What is stored.
+        value: u32,
+    },
+    /// A 64-bit store (`CU_STREAM_MEM_OP_WRITE_VALUE_64`).
+    WriteU64 {
+        /// An 8-byte-aligned device address.
+        addr: u64,
+        /// What is stored.
+        value: u64,
+    },
+    /// A wait on a 32-bit word (`CU_STREAM_MEM_OP_WAIT_VALUE_32`).
+    WaitU32 {
+        /// A 4-byte-aligned device address.
+        addr: u64,
+        /// The comparison.
+        how: StreamWait,
+        /// Compared with the word.
+        value: u32,
+    },
+}
+
+/// The most operations one `cuStreamBatchMemOp` takes (the driver's limit).
+pub const MAX_BATCH: usize = 256;
+
+fn batch_params(ops: &[MemOp]) -> Vec<sys::CUstreamBatchMemOpParams> {
+    use sys::CUstreamBatchMemOpType as T;
+    use sys::CUstreamWaitValue_flags_enum as F;
+    ops.iter()
+        .map(|op| {
+            // SAFETY: an all-zero parameter union is valid (plain integers and addresses).
+            let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+            match *op {
+                MemOp::WriteU32 { addr, value } => {
+                    p.writeValue.operation = T::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                    p.writeValue.address = addr;
+                    p.writeValue.__bindgen_anon_1.value = value;
+                }
+                MemOp::WriteU64 { addr, value } => {
+                    p.writeValue.operation = T::CU_STREAM_MEM_OP_WRITE_VALUE_64;
+                    p.writeValue.address = addr;
+                    p.writeValue.__bindgen_anon_1.value64 = value;
+                }
+                MemOp::WaitU32 { addr, how, value } => {
+                    p.waitValue.operation = T::CU_STREAM_MEM_OP_WAIT_VALUE_32;
+                    p.waitValue.address = addr;
+                    p.waitValue.__bindgen_anon_1.value = value;
+                    p.waitValue.flags = match how {
+                        StreamWait::Geq => F::CU_STREAM_WAIT_VALUE_GEQ,
+                        StreamWait::Eq => F::CU_STREAM_WAIT_VALUE_EQ,
+                        StreamWait::And => F::CU_STREAM_WAIT_VALUE_AND,
+                        StreamWait::Nor => F::CU_STREAM_WAIT_VALUE_NOR,
+                    } as u32;
+                }
+            }
+            p
+        })
+        .collect()
+}
+
+fn batch_size(ops: &[MemOp]) -> Result<u32, CudaError> {
+    if ops.is_empty() || ops.len() > MAX_BATCH {
+        return Err(CudaError::BadArgument {
+            what: "a batch of stream memory operations",
+            why: format!("{} operations: 1 to {MAX_BATCH}", ops.len()),
+        });
+    }
+    Ok(ops.len() as u32)
+}
+
+/// Enqueues `ops` on `stream` as one `cuStreamBatchMemOp`, run in order after the stream's
+/// earlier work (one submission where [`stream_write_u32`] and friends make one each; captured
+/// into a graph, one node). 1 to [`MAX_BATCH`] operations.
+///
+/// # Safety
+/// Every store's address is as [`stream_write_u32`] requires (aligned, valid when the stream
+/// reaches it), every wait's as [`stream_wait_u32`] requires.
+pub unsafe fn stream_batch(stream: &CudaStream, ops: &[MemOp]) -> Result<(), CudaError> {
+    let count = batch_size(ops)?;
+    let mut params = batch_params(ops);
+    stream.context().bind_to_thread()?;
+    // SAFETY: per the caller's contract; `params` holds `count` initialised entries, which the
+    // driver copies before returning; the stream is live.
+    unsafe { sys::cuStreamBatchMemOp_v2(stream.cu_stream(), count, params.as_mut_ptr(), 0) }.result()?;
+    Ok(())
+}
+
+/// A node of a graph being captured from a stream (the one [`captured_node`] found).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphNode(usize);
+
+/// The node the work just enqueued on `stream` became, while `stream` is being captured: the
+/// capture's only dependency. Refused when the stream is not capturing or its next work would
+/// depend on several nodes (work joined from other streams since).
+pub fn captured_node(stream: &CudaStream) -> Result<GraphNode, CudaError> {
+    stream.context().bind_to_thread()?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0u64;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut deps: *const sys::CUgraphNode = std::ptr::null();
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    let mut n = 0usize;
+    // SAFETY: a query of a live stream into locals.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut id,
+            &mut graph,
+            &mut deps,
+            &mut edges,
+            &mut n,
+        )
+    }
+    .result()?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || n != 1 || deps.is_null() {
+        return Err(CudaError::BadArgument {
+            what: "the node of a captured stream memory operation",
+            why: format!(
+                "the stream's capture is {status:?} with {n} dependencies (expected an active capture and one)"
+            ),
+        });
+    }
+    // SAFETY: the driver returned one valid entry, alive while the capture is.
+    Ok(GraphNode(unsafe { *deps } as usize))
+}
+
+/// Starts capturing `stream` into a graph (thread-local mode: this thread's calls that are
+/// unsafe during a capture are refused, other threads go on as before), for [`end_capture`].
+pub fn begin_capture(stream: &CudaStream) -> Result<(), CudaError> {
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    Ok(())
+}
+
+/// A graph captured from a stream and instantiated, launched on that stream.
+pub struct CapturedGraph {
+    graph: cudarc::driver::CudaGraph,
+    stream: std::sync::Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for CapturedGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapturedGraph").finish_non_exhaustive()
+    }
+}
+
+/// Ends the capture [`begin_capture`] started and instantiates the graph. Refused for a
+/// capture that captured nothing.
+pub fn end_capture(stream: &std::sync::Arc<CudaStream>) -> Result<CapturedGraph, CudaError> {
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))?
+        .ok_or(CudaError::BadArgument {
+            what: "a captured graph",
+            why: "the capture holds no work".into(),
+        })?;
+    Ok(CapturedGraph {
+        graph,
+        stream: stream.clone(),
+    })
+}
+
+impl CapturedGraph {
+    /// Enqueues one run of the graph on the stream it was captured from.
+    pub fn launch(&self) -> Result<(), CudaError> {
+        self.graph.launch()?;
+        Ok(())
+    }
+
+    /// The stream it was captured from, which it runs on.
+    pub fn stream(&self) -> &std::sync::Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Gives `node` (a batch node captured from [`stream_batch`] into this graph) the
+    /// operations `ops` for the launches from now on: launches already enqueued keep the old
+    /// ones. Same count as captured.
+    ///
+    /// # Safety
+    /// `node` was captured into this graph, and `ops` meet [`stream_batch`]'s contract for
+    /// every launch from now on.
+    pub unsafe fn set_batch(&self, node: GraphNode, ops: &[MemOp]) -> Result<(), CudaError> {
+        let count = batch_size(ops)?;
+        let mut params = batch_params(ops);
+        let ctx = self.stream.context();
+        ctx.bind_to_thread()?;
+        let node_params = sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
+            ctx: ctx.cu_ctx(),
+            count,
+            paramArray: params.as_mut_ptr(),
+            flags: 0,
+        };
+        // SAFETY: per the caller's contract; the driver copies `params` before returning.
+        unsafe {
+            sys::cuGraphExecBatchMemOpNodeSetParams(
+                self.graph.cu_graph_exec(),
+                node.0 as sys::CUgraphNode,
+                &node_params,
+            )
+        }
+        .result()?;
+        Ok(())
+    }
+}
+
 /// Records a timing event on `stream` now: where the stream is when it gets there
 /// (`cuEventElapsedTime` between two of them), as `write_lat --stream` marks arrivals.
 pub fn record_event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent, CudaError> {
