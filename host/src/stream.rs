@@ -188,6 +188,10 @@ pub enum StreamError {
         /// The bound.
         timeout: Duration,
     },
+    /// A recording cannot do this now: the executor is not recording (or is already), or the
+    /// queue pair posted outside the recording since it joined it.
+    #[error("recording: {0}")]
+    Recording(String),
     /// The executor refused work (a CUDA call failed), or an earlier refusal left this stream
     /// queue pair with WQEs nobody will ring.
     #[error("the stream executor failed: {0}")]
@@ -248,7 +252,7 @@ impl CudaStreamOps {
     /// replay makes them again.
     pub unsafe fn begin_recording(&mut self) -> Result<(), StreamError> {
         if self.recording.is_some() {
-            return Err(StreamError::Executor("this stream is recording already".into()));
+            return Err(StreamError::Recording("this stream is recording already".into()));
         }
         gdaki_cuda::begin_capture(&self.stream)?;
         self.recording = Some((Recording::new(self.space()), Vec::new()));
@@ -261,7 +265,7 @@ impl CudaStreamOps {
         let (rec, nodes) = self
             .recording
             .take()
-            .ok_or_else(|| StreamError::Executor("this stream is not recording".into()))?;
+            .ok_or_else(|| StreamError::Recording("this stream is not recording".into()))?;
         let graph = gdaki_cuda::end_capture(&self.stream)?;
         Ok(rec.finish(ReplayGraph::Cuda { graph, nodes }))
     }
@@ -390,7 +394,7 @@ impl CpuStream {
     /// until the [`Replay`] is dropped and its last launch has run: a replay makes them again.
     pub unsafe fn begin_recording(&mut self) -> Result<(), StreamError> {
         if self.recording.is_some() {
-            return Err(StreamError::Executor("this stream is recording already".into()));
+            return Err(StreamError::Recording("this stream is recording already".into()));
         }
         self.recording = Some((Recording::new(Space::Host), Vec::new()));
         Ok(())
@@ -401,7 +405,7 @@ impl CpuStream {
         let (rec, ops) = self
             .recording
             .take()
-            .ok_or_else(|| StreamError::Executor("this stream is not recording".into()))?;
+            .ok_or_else(|| StreamError::Recording("this stream is not recording".into()))?;
         Ok(rec.finish(ReplayGraph::Cpu {
             shared: self.shared.clone(),
             ops,
@@ -428,6 +432,26 @@ impl CpuStream {
             q = self.shared.moved.wait(q).unwrap_or_else(|e| e.into_inner());
         }
         q.failed.clone().map_or(Ok(()), Err)
+    }
+
+    /// [`synchronize`](Self::synchronize), giving up after `timeout`: `Ok(false)` if the
+    /// stream has not run everything enqueued by then.
+    pub fn synchronize_within(&self, timeout: Duration) -> Result<bool, StreamError> {
+        let deadline = Instant::now() + timeout;
+        let mut q = lock(&self.shared.queue);
+        while q.done < q.enqueued && q.failed.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            q = self
+                .shared
+                .moved
+                .wait_timeout(q, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        q.failed.clone().map_or(Ok(true), Err)
     }
 
     /// Operations run so far (stores, waits and marks, one each).
@@ -968,7 +992,7 @@ impl<'q> StreamQp<'q> {
         unsafe { ops.store(&stores) }?;
         let rec = ops
             .recording()
-            .ok_or_else(|| StreamError::Executor("the executor stopped recording".into()))?;
+            .ok_or_else(|| StreamError::Recording("the executor stopped recording".into()))?;
         rec.describe_last(Recipe::Doorbell {
             qp: part.slot,
             before: before.to_vec(),
@@ -986,12 +1010,12 @@ impl<'q> StreamQp<'q> {
     fn recording_part(&mut self, ops: &mut dyn MemOps) -> Result<Recorded, StreamError> {
         let rec = ops
             .recording()
-            .ok_or_else(|| StreamError::Executor("the executor is not recording".into()))?;
+            .ok_or_else(|| StreamError::Recording("the executor is not recording".into()))?;
         if let Some(part) = self.recorded.filter(|p| p.id == rec.id) {
             return Ok(part);
         }
         if rec.qps.iter().any(|q| q.qpn == self.qpn) {
-            return Err(StreamError::Executor(format!(
+            return Err(StreamError::Recording(format!(
                 "QP {:#x} posted outside this recording after joining it: its recorded tickets no longer hold",
                 self.qpn
             )));

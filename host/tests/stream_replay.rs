@@ -208,13 +208,13 @@ fn a_recording_refuses_what_would_not_replay() {
     sq.put(&mut other, mr.remote(4096), mr.local(0), 8).unwrap();
     assert!(matches!(
         sq.put(&mut s, mr.remote(4096), mr.local(0), 8),
-        Err(StreamError::Executor(_))
+        Err(StreamError::Recording(_))
     ));
     // Nested recordings and ending a recording that did not start.
     // SAFETY: as above.
-    assert!(unsafe { s.begin_recording() }.is_err());
+    assert!(matches!(unsafe { s.begin_recording() }, Err(StreamError::Recording(_))));
     let mut replay = s.end_recording().unwrap();
-    assert!(other.end_recording().is_err());
+    assert!(matches!(other.end_recording(), Err(StreamError::Recording(_))));
     other.synchronize().unwrap();
     settle(&mut sq, 1);
     // The recording still launches: 16 WQEs after the two posted outside it.

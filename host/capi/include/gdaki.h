@@ -65,6 +65,62 @@
 #define GDAKI_ACCESS_ALL 15
 
 /**
+ * An RDMA WRITE from `local_addr`/`lkey` to `remote_addr`/`rkey`.
+ */
+#define GDAKI_WR_PUT 0
+
+/**
+ * An RDMA WRITE of `len` bytes at `inline_data`, carried in the WQE (at most 
+ * `GDAKI_MAX_INLINE`).
+ */
+#define GDAKI_WR_PUT_INLINE 1
+
+/**
+ * An RDMA READ from `remote_addr`/`rkey` into `local_addr`/`lkey`.
+ */
+#define GDAKI_WR_GET 2
+
+/**
+ * A SEND from `local_addr`/`lkey` into the peer's next receive.
+ */
+#define GDAKI_WR_SEND 3
+
+/**
+ * A SEND with `imm` as immediate data.
+ */
+#define GDAKI_WR_SEND_IMM 4
+
+/**
+ * A SEND of `len` bytes at `inline_data`, carried in the WQE.
+ */
+#define GDAKI_WR_SEND_INLINE 5
+
+/**
+ * An RDMA WRITE with immediate: consumes a receive of the peer, which gets `imm`.
+ */
+#define GDAKI_WR_WRITE_IMM 6
+
+/**
+ * `gdaki_stream_wait_value32`: until `(int32_t)(*addr - value) >= 0`.
+ */
+#define GDAKI_WAIT_GEQ 0
+
+/**
+ * Until `*addr == value`.
+ */
+#define GDAKI_WAIT_EQ 1
+
+/**
+ * Until `(*addr & value) != 0`.
+ */
+#define GDAKI_WAIT_AND 2
+
+/**
+ * Until `~(*addr | value) != 0`.
+ */
+#define GDAKI_WAIT_NOR 3
+
+/**
  * What every gdaki call returns: `GDAKI_STATUS_OK`, or why it did nothing.
  * `gdaki_last_error()` then says what, with the values involved. Error values start at 1001,
  * apart from the device functions' `GDAKI_CODE_*`.
@@ -138,6 +194,12 @@ typedef enum gdaki_status {
    * of `gdaki_last_error()`.
    */
   GDAKI_STATUS_PANIC = 1015,
+  /**
+   * Not now: the call would have to wait for work the caller has yet to let run (a stream
+   * queue pair's send queue is full until the stream reaches a wait). Nothing was done; try
+   * again later.
+   */
+  GDAKI_STATUS_AGAIN = 1016,
 } gdaki_status;
 
 /**
@@ -206,6 +268,7 @@ typedef struct gdaki_gpu gdaki_gpu;
 
 /**
  * A queue pair exported to a GPU: its device handle lives in GPU memory.
+ * (Shared: a stream queue pair keeps it alive.)
  */
 typedef struct gdaki_gpu_qp gdaki_gpu_qp;
 
@@ -223,6 +286,7 @@ typedef struct gdaki_proxy gdaki_proxy;
 
 /**
  * A reliable-connected queue pair and its device handle.
+ * (Shared: a stream queue pair keeps it alive.)
  */
 typedef struct gdaki_qp gdaki_qp;
 
@@ -231,6 +295,23 @@ typedef struct gdaki_qp gdaki_qp;
  * library-allocated region is freed with it).
  */
 typedef struct gdaki_region gdaki_region;
+
+/**
+ * A recording of posts and waits (and, on a CUDA stream, the kernels and copies captured with
+ * them) launched many times.
+ */
+typedef struct gdaki_replay gdaki_replay;
+
+/**
+ * An in-order executor of memory operations: a CUDA stream of the caller's
+ * (`gdaki_stream_cuda`) or a CPU thread (`gdaki_stream_cpu`: the same rules without a GPU).
+ */
+typedef struct gdaki_stream gdaki_stream;
+
+/**
+ * A queue pair posted to through streams: its only poster while it lives.
+ */
+typedef struct gdaki_stream_qp gdaki_stream_qp;
 
 /**
  * An endpoint as a fixed-size blob: what a peer needs to connect to a queue pair (its port's
@@ -422,6 +503,49 @@ typedef struct gdaki_region_info {
    */
   uint32_t library_owned;
 } gdaki_region_info;
+
+/**
+ * One work request for `gdaki_stream_qp_post` (libgdsync's descriptors): which fields an
+ * opcode reads is said at each `GDAKI_WR_*`; the others are ignored.
+ */
+typedef struct gdaki_work_request {
+  /**
+   * A `GDAKI_WR_*` opcode.
+   */
+  uint32_t opcode;
+  /**
+   * Bytes: of the local buffer, or at `inline_data` for the inline opcodes.
+   */
+  uint32_t len;
+  /**
+   * The local buffer (a registered region's address).
+   */
+  uint64_t local_addr;
+  /**
+   * Its region's `lkey`.
+   */
+  uint32_t lkey;
+  /**
+   * Immediate data (`GDAKI_WR_SEND_IMM`, `GDAKI_WR_WRITE_IMM`).
+   */
+  uint32_t imm;
+  /**
+   * The remote buffer.
+   */
+  uint64_t remote_addr;
+  /**
+   * Its region's `rkey`.
+   */
+  uint32_t rkey;
+  /**
+   * Zero.
+   */
+  uint32_t reserved;
+  /**
+   * The bytes of the inline opcodes, copied into the WQE when posted.
+   */
+  const void *inline_data;
+} gdaki_work_request;
 
 #ifdef __cplusplus
 extern "C" {
@@ -999,6 +1123,213 @@ enum gdaki_status gdaki_region_write(const struct gdaki_region *region,
                                      uint64_t offset,
                                      const void *buf,
                                      size_t len);
+
+/**
+ * A CUDA stream of `gpu` (a `CUstream`, or a `cudaStream_t` of the runtime API, in the GPU's
+ * primary context) as an executor into `*stream`. The stream stays the caller's: it must
+ * outlive the handle, which does not destroy it. Refused where the driver lacks the stream
+ * memory operations (`GDAKI_STATUS_CUDA`, the attribute named).
+ *
+ * # Safety
+ * `gpu` is NULL or a GPU handle; `cu_stream` is a live stream of that GPU's primary context
+ * (not the legacy NULL stream) that outlives the handle; `stream` is NULL or writable.
+ */
+enum gdaki_status gdaki_stream_cuda(const struct gdaki_gpu *gpu,
+                                    void *cu_stream,
+                                    struct gdaki_stream **stream);
+
+/**
+ * A CPU thread as an executor into `*stream`, on this process's addresses: a wait that does
+ * not end within `timeout_ms` (1 to 3,600,000) fails the stream, which drops its later work
+ * and says why at `gdaki_stream_synchronize`.
+ *
+ * # Safety
+ * `stream` is NULL or writable.
+ */
+enum gdaki_status gdaki_stream_cpu(uint32_t timeout_ms, struct gdaki_stream **stream);
+
+/**
+ * Waits until the stream has run everything enqueued so far, at most `timeout_ms`
+ * (`GDAKI_STATUS_TIMEOUT` then; a CUDA stream waiting on a word nobody writes never ends). A
+ * CPU stream that failed returns why (`GDAKI_STATUS_TIMEOUT` for a wait that timed out).
+ *
+ * # Safety
+ * `stream` is NULL or a stream handle.
+ */
+enum gdaki_status gdaki_stream_synchronize(const struct gdaki_stream *stream, uint32_t timeout_ms);
+
+/**
+ * Destroys a stream handle (NULL: nothing). A CUDA stream stays the caller's; a CPU stream's
+ * thread stops, dropping what it has not run.
+ *
+ * # Safety
+ * `stream` is NULL or a stream handle with no call on it in flight, not used after.
+ */
+enum gdaki_status gdaki_stream_destroy(struct gdaki_stream *stream);
+
+/**
+ * Enqueues a 32-bit store of `value` at `addr` (libgdsync's `gds_stream_write_value32`): a
+ * device address of the stream's GPU for a CUDA stream, a host address for a CPU stream.
+ *
+ * # Safety
+ * `stream` is NULL or a stream handle; `addr` is 4-byte aligned and valid for the store
+ * when the stream reaches it (and at every launch of a replay recorded with it).
+ */
+enum gdaki_status gdaki_stream_write_value32(const struct gdaki_stream *stream,
+                                             uint64_t addr,
+                                             uint32_t value);
+
+/**
+ * Enqueues a 64-bit store, as `gdaki_stream_write_value32` a 32-bit one.
+ *
+ * # Safety
+ * As `gdaki_stream_write_value32`, `addr` 8-byte aligned.
+ */
+enum gdaki_status gdaki_stream_write_value64(const struct gdaki_stream *stream,
+                                             uint64_t addr,
+                                             uint64_t value);
+
+/**
+ * Enqueues a wait until the 32-bit word at `addr` satisfies `condition` (a `GDAKI_WAIT_*`)
+ * against `value` (libgdsync's `gds_stream_wait_value32`): the stream's later work starts
+ * after it. A CUDA stream's wait has no bound.
+ *
+ * # Safety
+ * `stream` is NULL or a stream handle; `addr` is 4-byte aligned and readable until the wait
+ * is over (at every launch of a replay recorded with it).
+ */
+enum gdaki_status gdaki_stream_wait_value32(const struct gdaki_stream *stream,
+                                            uint64_t addr,
+                                            uint32_t value,
+                                            uint32_t condition);
+
+/**
+ * Makes `qp` postable through streams into `*stream_qp`: through CPU streams with `gpu_qp`
+ * NULL, through CUDA streams of the export's GPU with `gpu_qp` (the export of `qp`). The queue
+ * pair must be connected, its rings in host memory and its CQ at least as large as its send
+ * queue. The handle keeps `qp` and `gpu_qp` alive.
+ *
+ * # Safety
+ * `qp` is NULL or a QP handle, `gpu_qp` NULL or an exported-QP handle, `stream_qp` NULL or
+ * writable. While the stream queue pair lives it is the queue pair's only poster (no kernel
+ * or CPU-mode poster posts to it or polls its CQ), and it is destroyed only after every stream
+ * it enqueued to has run that work.
+ */
+enum gdaki_status gdaki_stream_qp_create(const struct gdaki_qp *qp,
+                                         const struct gdaki_gpu_qp *gpu_qp,
+                                         struct gdaki_stream_qp **stream_qp);
+
+/**
+ * Destroys a stream queue pair (NULL: nothing); the queue pair may be posted to otherwise
+ * afterwards.
+ *
+ * # Safety
+ * `stream_qp` is NULL or a stream-QP handle with no call in flight, not used after, whose
+ * streams have run the work it enqueued.
+ */
+enum gdaki_status gdaki_stream_qp_destroy(struct gdaki_stream_qp *stream_qp);
+
+/**
+ * Writes `wrs[0..n]` into the send queue now and enqueues one doorbell for all of them on
+ * `stream` (libgdsync's `gds_stream_post_descriptors`): the HCA sees them when the stream
+ * gets there. Whole or nothing. `*first` gets the first request's ticket (the others follow
+ * it). `GDAKI_STATUS_AGAIN`: the send queue has no room until earlier WQEs complete (enqueue
+ * a wait for one, let the stream get there, post again); the CPU never waits for the stream.
+ * While `stream` records (`gdaki_stream_begin_recording`), nothing is written: the tickets are
+ * the recording's.
+ *
+ * # Safety
+ * `stream_qp`, `stream` are NULL or handles of their types; `wrs` is NULL or readable for `n`
+ * requests, each inline one's `inline_data` readable for its `len`; `first` is NULL or
+ * writable.
+ */
+enum gdaki_status gdaki_stream_qp_post(const struct gdaki_stream_qp *stream_qp,
+                                       const struct gdaki_stream *stream,
+                                       const struct gdaki_work_request *wrs,
+                                       uint32_t n,
+                                       uint64_t *first);
+
+/**
+ * Enqueues on `stream` a wait for the completion of WQE `ticket` (success or error: an error
+ * completes it too, so the stream never waits on a failed queue pair): the stream's later
+ * work starts once the HCA has completed it. `GDAKI_STATUS_INVALID_ARGUMENT` for a ticket
+ * whose doorbell is not enqueued yet (it would wait for ever).
+ *
+ * # Safety
+ * `stream_qp`, `stream` are NULL or handles of their types.
+ */
+enum gdaki_status gdaki_stream_qp_wait(const struct gdaki_stream_qp *stream_qp,
+                                       const struct gdaki_stream *stream,
+                                       uint64_t ticket);
+
+/**
+ * Enqueues on `stream` a wait until a message has landed in receive `ticket` (the ticket the
+ * CPU's posting of it gave), for a queue pair with a receive queue.
+ *
+ * # Safety
+ * `stream_qp`, `stream` are NULL or handles of their types.
+ */
+enum gdaki_status gdaki_stream_qp_wait_recv(const struct gdaki_stream_qp *stream_qp,
+                                            const struct gdaki_stream *stream,
+                                            uint64_t ticket);
+
+/**
+ * Whether WQE `ticket` has completed, looked at now (no waiting): `*done` 1 once it has, 0 if
+ * not yet; `GDAKI_STATUS_QUEUE_ERROR` with the decoded error if it (or a WQE before it)
+ * failed.
+ *
+ * # Safety
+ * `stream_qp` is NULL or a stream-QP handle; `done` is NULL or writable.
+ */
+enum gdaki_status gdaki_stream_qp_completed(const struct gdaki_stream_qp *stream_qp,
+                                            uint64_t ticket,
+                                            uint32_t *done);
+
+/**
+ * Starts recording on `stream` (a CUDA stream is captured into a graph, thread-local capture
+ * mode): what is enqueued until `gdaki_stream_end_recording` becomes a replay launched with
+ * `gdaki_replay_launch`. Recorded posts write nothing; each launch writes its WQEs where the
+ * queue pairs are then (docs/stream.md has the rules).
+ *
+ * # Safety
+ * `stream` is NULL or a stream handle. Every store and wait enqueued while recording names
+ * memory valid at every launch of the replay until it is destroyed.
+ */
+enum gdaki_status gdaki_stream_begin_recording(const struct gdaki_stream *stream);
+
+/**
+ * Ends the recording into `*replay`.
+ *
+ * # Safety
+ * `stream` is NULL or a stream handle; `replay` NULL or writable.
+ */
+enum gdaki_status gdaki_stream_end_recording(const struct gdaki_stream *stream,
+                                             struct gdaki_replay **replay);
+
+/**
+ * Launches the replay once on the stream it was recorded on, its posts going to
+ * `stream_qps[0..n]` (every stream queue pair that posted into the recording, each once, in
+ * any order); `first_tickets[i]` (NULL: not wanted) gets the first ticket of this launch's
+ * WQEs on `stream_qps[i]`. Whole or nothing: `GDAKI_STATUS_AGAIN` when a queue pair has no
+ * room for its recorded WQEs yet.
+ *
+ * # Safety
+ * `replay` is NULL or a replay handle; `stream_qps` NULL or readable for `n` stream-QP
+ * handles; `first_tickets` NULL or writable for `n` values.
+ */
+enum gdaki_status gdaki_replay_launch(const struct gdaki_replay *replay,
+                                      const struct gdaki_stream_qp *const *stream_qps,
+                                      uint32_t n,
+                                      uint64_t *first_tickets);
+
+/**
+ * Destroys a replay (NULL: nothing).
+ *
+ * # Safety
+ * `replay` is NULL or a replay handle with no call in flight, not used after, and no launch
+ * of it still running.
+ */
+enum gdaki_status gdaki_replay_destroy(struct gdaki_replay *replay);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -46,11 +46,15 @@ pub enum gdaki_status {
     /// A bug in gdaki (a Rust panic, caught at the boundary). Please report it with the text
     /// of `gdaki_last_error()`.
     Panic = 1015,
+    /// Not now: the call would have to wait for work the caller has yet to let run (a stream
+    /// queue pair's send queue is full until the stream reaches a wait). Nothing was done; try
+    /// again later.
+    Again = 1016,
 }
 
 impl gdaki_status {
     /// Every status, in order (for `gdaki_status_name` and the tests).
-    pub(crate) const ALL: [gdaki_status; 16] = [
+    pub(crate) const ALL: [gdaki_status; 17] = [
         gdaki_status::Ok,
         gdaki_status::NullArgument,
         gdaki_status::BadHandle,
@@ -67,6 +71,7 @@ impl gdaki_status {
         gdaki_status::QueueError,
         gdaki_status::Io,
         gdaki_status::Panic,
+        gdaki_status::Again,
     ];
 
     /// The C name, NUL-terminated.
@@ -88,6 +93,7 @@ impl gdaki_status {
             gdaki_status::QueueError => c"GDAKI_STATUS_QUEUE_ERROR",
             gdaki_status::Io => c"GDAKI_STATUS_IO",
             gdaki_status::Panic => c"GDAKI_STATUS_PANIC",
+            gdaki_status::Again => c"GDAKI_STATUS_AGAIN",
         }
     }
 }

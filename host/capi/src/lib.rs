@@ -26,6 +26,7 @@ mod handshake;
 mod peer;
 mod queue;
 mod region;
+mod stream;
 
 pub use context::*;
 pub use guard::gdaki_status;
@@ -33,3 +34,4 @@ pub use handshake::*;
 pub use peer::*;
 pub use queue::*;
 pub use region::*;
+pub use stream::*;

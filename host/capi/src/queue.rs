@@ -1,6 +1,6 @@
 //! Completion queues, queue pairs (create, endpoint, connect, export), and the CPU doorbell
 //! proxy.
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gdaki::{CompletionQueue, DoorbellHandler, GpuQp, QpConfig, QpState, QueuePair, ReceiveConfig, Rings};
@@ -14,12 +14,14 @@ pub struct gdaki_cq(guard::Tagged<CompletionQueue>);
 handle!(gdaki_cq(CompletionQueue), b"gdakiCQ\0", "cq");
 
 /// A reliable-connected queue pair and its device handle.
-pub struct gdaki_qp(guard::Tagged<QueuePair>);
-handle!(gdaki_qp(QueuePair), b"gdakiQP\0", "qp");
+/// (Shared: a stream queue pair keeps it alive.)
+pub struct gdaki_qp(guard::Tagged<Arc<QueuePair>>);
+handle!(gdaki_qp(Arc<QueuePair>), b"gdakiQP\0", "qp");
 
 /// A queue pair exported to a GPU: its device handle lives in GPU memory.
-pub struct gdaki_gpu_qp(guard::Tagged<GpuQp>);
-handle!(gdaki_gpu_qp(GpuQp), b"gdakiGQP", "gpu_qp");
+/// (Shared: a stream queue pair keeps it alive.)
+pub struct gdaki_gpu_qp(guard::Tagged<Arc<GpuQp>>);
+handle!(gdaki_gpu_qp(Arc<GpuQp>), b"gdakiGQP", "gpu_qp");
 
 /// An endpoint as a fixed-size blob: what a peer needs to connect to a queue pair (its port's
 /// GID and LID, QPN, PSN, MTU, the READs and atomics it accepts outstanding, and the soft HCA's
@@ -260,7 +262,7 @@ pub unsafe extern "C" fn gdaki_qp_create(
         };
         // SAFETY: the caller's contract.
         let cfg = unsafe { cfg.to_rust() }?;
-        out.write(guard::into_handle(c.create_qp(q, cfg)?));
+        out.write(guard::into_handle(Arc::new(c.create_qp(q, cfg)?)));
         Ok(())
     })
 }
@@ -392,7 +394,7 @@ pub unsafe extern "C" fn gdaki_qp_export_gpu(
                 guard::out(gpu_qp, "gpu_qp")?,
             )
         };
-        out.write(guard::into_handle(q.export_gpu(g)?));
+        out.write(guard::into_handle(Arc::new(q.export_gpu(g)?)));
         Ok(())
     })
 }

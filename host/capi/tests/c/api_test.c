@@ -433,6 +433,139 @@ static void two_sided(void) {
     OK(gdaki_cq_destroy(cq));
 }
 
+/* Stream-triggered posting on a CPU stream: a flag gates the doorbell, a wait for the
+ * completion, a flag after it; a batch with inline data; the window's GDAKI_STATUS_AGAIN; a
+ * recording launched many times; and the refusals. */
+static void streams(void) {
+    gdaki_cq *cq = NULL;
+    gdaki_qp *qp = loopback(&cq, GDAKI_DOORBELL_GPU);
+    gdaki_region *mr = NULL;
+    OK(gdaki_region_alloc(ctx, 65536, GDAKI_ACCESS_ALL, &mr));
+    gdaki_region_info r;
+    OK(gdaki_region_query(mr, &r));
+    static unsigned char data[4096];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 13 + 1);
+    OK(gdaki_region_write(mr, 0, data, sizeof data));
+
+    gdaki_stream *st = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_stream_cpu(0, &st));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_stream_cpu(1000, NULL));
+    OK(gdaki_stream_cpu(5000, &st));
+    gdaki_stream_qp *sq = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_stream_qp_create(NULL, NULL, &sq));
+    EXPECT(GDAKI_STATUS_BAD_HANDLE, gdaki_stream_qp_create((const gdaki_qp *)mr, NULL, &sq));
+    OK(gdaki_stream_qp_create(qp, NULL, &sq));
+
+    /* The stream waits for the gate, then rings; the CPU posted long before. */
+    static volatile uint32_t flags[4];
+    gdaki_work_request wr = {.opcode = GDAKI_WR_PUT, .len = 4096, .local_addr = r.addr, .lkey = r.lkey,
+                             .remote_addr = r.addr + 8192, .rkey = r.rkey};
+    uint64_t ticket = 99;
+    OK(gdaki_stream_wait_value32(st, (uint64_t)(uintptr_t)&flags[0], 1, GDAKI_WAIT_EQ));
+    OK(gdaki_stream_qp_post(sq, st, &wr, 1, &ticket));
+    CHECK(ticket == 0);
+    OK(gdaki_stream_qp_wait(sq, st, ticket));
+    OK(gdaki_stream_write_value32(st, (uint64_t)(uintptr_t)&flags[1], 7));
+    EXPECT(GDAKI_STATUS_TIMEOUT, gdaki_stream_synchronize(st, 50));
+    uint32_t done = 9;
+    OK(gdaki_stream_qp_completed(sq, ticket, &done));
+    CHECK(done == 0 && flags[1] == 0);
+    flags[0] = 1;
+    OK(gdaki_stream_synchronize(st, 5000));
+    OK(gdaki_stream_qp_completed(sq, ticket, &done));
+    CHECK(done == 1 && flags[1] == 7);
+    static unsigned char got[4096];
+    OK(gdaki_region_read(mr, 8192, got, sizeof got));
+    CHECK(memcmp(got, data, sizeof got) == 0);
+
+    /* A batch of three under one doorbell, one of them inline. */
+    const char word[] = "stream!";
+    gdaki_work_request batch[3] = {
+        {.opcode = GDAKI_WR_PUT, .len = 64, .local_addr = r.addr, .lkey = r.lkey, .remote_addr = r.addr + 16384,
+         .rkey = r.rkey},
+        {.opcode = GDAKI_WR_PUT_INLINE, .len = sizeof word, .remote_addr = r.addr + 20480, .rkey = r.rkey,
+         .inline_data = word},
+        {.opcode = GDAKI_WR_GET, .len = 64, .local_addr = r.addr + 24576, .lkey = r.lkey, .remote_addr = r.addr,
+         .rkey = r.rkey},
+    };
+    OK(gdaki_stream_qp_post(sq, st, batch, 3, &ticket));
+    CHECK(ticket == 1);
+    OK(gdaki_stream_qp_wait(sq, st, 3));
+    OK(gdaki_stream_synchronize(st, 5000));
+    char back[sizeof word];
+    OK(gdaki_region_read(mr, 20480, back, sizeof back));
+    CHECK(memcmp(back, word, sizeof word) == 0);
+    OK(gdaki_region_read(mr, 24576, got, 64));
+    CHECK(memcmp(got, data, 64) == 0);
+
+    /* Refusals: a wait for a WQE not posted, bad opcodes and conditions, a wrong handle. */
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_stream_qp_wait(sq, st, 4));
+    LAST_ERROR_HAS("would never end");
+    gdaki_work_request bad = wr;
+    bad.opcode = 42;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_stream_qp_post(sq, st, &bad, 1, &ticket));
+    LAST_ERROR_HAS("opcode 42");
+    bad = wr;
+    bad.reserved = 1;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_stream_qp_post(sq, st, &bad, 1, &ticket));
+    bad = batch[1];
+    bad.inline_data = NULL;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_stream_qp_post(sq, st, &bad, 1, &ticket));
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_stream_wait_value32(st, (uint64_t)(uintptr_t)&flags[0], 1, 9));
+    EXPECT(GDAKI_STATUS_BAD_HANDLE, gdaki_stream_qp_post((const gdaki_stream_qp *)st, st, &wr, 1, &ticket));
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_stream_qp_wait_recv(sq, st, 0));
+
+    /* The window: with the stream held at a gate, 64 WQEs fill the send queue, the next is AGAIN. */
+    OK(gdaki_stream_wait_value32(st, (uint64_t)(uintptr_t)&flags[2], 1, GDAKI_WAIT_EQ));
+    gdaki_work_request many[64];
+    for (int i = 0; i < 64; i++) many[i] = batch[0];
+    OK(gdaki_stream_qp_post(sq, st, many, 64, &ticket));
+    EXPECT(GDAKI_STATUS_AGAIN, gdaki_stream_qp_post(sq, st, &wr, 1, &ticket));
+    LAST_ERROR_HAS("send queue is full");
+    flags[2] = 1;
+    OK(gdaki_stream_qp_wait(sq, st, ticket + 63));
+    OK(gdaki_stream_synchronize(st, 5000));
+
+    /* A recording of 8 put+wait pairs, launched 20 times, each launch's bytes checked. */
+    gdaki_replay *replay = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_stream_end_recording(st, &replay));
+    LAST_ERROR_HAS("not recording");
+    OK(gdaki_stream_begin_recording(st));
+    for (int i = 0; i < 8; i++) {
+        gdaki_work_request p = {.opcode = GDAKI_WR_PUT, .len = 512, .local_addr = r.addr + i * 512, .lkey = r.lkey,
+                                .remote_addr = r.addr + 32768 + i * 512, .rkey = r.rkey};
+        OK(gdaki_stream_qp_post(sq, st, &p, 1, &ticket));
+        OK(gdaki_stream_qp_wait(sq, st, ticket));
+    }
+    OK(gdaki_stream_end_recording(st, &replay));
+    const gdaki_stream_qp *qps[2] = {sq, sq};
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_replay_launch(replay, qps, 2, NULL));
+    LAST_ERROR_HAS("twice");
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_replay_launch(replay, qps, 0, NULL));
+    int launched_ok = 1;
+    for (int launch = 0; launch < 20; launch++) {
+        for (size_t i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 5 + launch);
+        OK(gdaki_region_write(mr, 0, data, sizeof data));
+        uint64_t first = 0;
+        OK(gdaki_replay_launch(replay, qps, 1, &first));
+        OK(gdaki_stream_synchronize(st, 5000));
+        OK(gdaki_stream_qp_completed(sq, first + 7, &done));
+        OK(gdaki_region_read(mr, 32768, got, sizeof got));
+        launched_ok &= done == 1 && memcmp(got, data, sizeof got) == 0;
+    }
+    CHECK(launched_ok);
+    OK(gdaki_replay_destroy(replay));
+    OK(gdaki_replay_destroy(NULL));
+
+    /* Handles go in any order: the stream queue pair keeps the queue pair alive. */
+    OK(gdaki_qp_destroy(qp));
+    OK(gdaki_cq_destroy(cq));
+    OK(gdaki_stream_qp_destroy(sq));
+    OK(gdaki_stream_destroy(st));
+    OK(gdaki_stream_destroy(NULL));
+    OK(gdaki_region_destroy(mr));
+}
+
 static void proxy(void) {
     gdaki_proxy *p = NULL;
     EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_proxy_start(0, &p));
@@ -637,6 +770,7 @@ int main(void) {
     queues();
     data_path();
     two_sided();
+    streams();
     proxy();
     handshake();
     OK(gdaki_context_destroy(ctx));
