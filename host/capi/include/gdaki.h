@@ -70,7 +70,7 @@
 #define GDAKI_WR_PUT 0
 
 /**
- * An RDMA WRITE of `len` bytes at `inline_data`, carried in the WQE (at most 
+ * An RDMA WRITE of `len` bytes at `inline_data`, carried in the WQE (at most
  * `GDAKI_MAX_INLINE`).
  */
 #define GDAKI_WR_PUT_INLINE 1
