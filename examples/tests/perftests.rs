@@ -1235,3 +1235,40 @@ fn write_lat_across_processes_into_device_memory() {
     let (_, out) = both_succeeded(&s, &c);
     assert_eq!(rows(&out).len(), 1, "{out}");
 }
+
+/// Posting from streams (no kernel) between two processes on the GPU: write_lat --stream into
+/// pinned and device memory, and put_bw --stream, server and client each with CUDA streams
+/// (the server on the second GPU where there is one).
+#[test]
+fn stream_posting_across_processes_on_the_gpu() {
+    let test = "stream_posting_across_processes_on_the_gpu";
+    if !gpu_or_skip(test) {
+        return;
+    }
+    let server_gpu = match gdaki::cuda::probe().map_or(0, |i| i.gpus.len()) {
+        2.. => "1",
+        _ => "0",
+    };
+    for mem in ["pinned", "device"] {
+        let flags = ["--mode", "gpu", "--stream", "--mem", mem, "-s", "8", "-n", "200"];
+        let (s, c) = server_client(
+            "write_lat",
+            &[&flags[..], &["--gpu", server_gpu]].concat(),
+            &[&flags[..], &["--gpu", "0"]].concat(),
+        );
+        let (s, c) = both_succeeded(&s, &c);
+        for out in [&s, &c] {
+            assert_eq!(rows(out).len(), 1, "{mem}: {out}");
+        }
+    }
+    let flags = [
+        "--mode", "gpu", "--stream", "--mem", "device", "-s", "65536", "-n", "2000",
+    ];
+    let (s, c) = server_client(
+        "put_bw",
+        &[&flags[..], &["--gpu", server_gpu]].concat(),
+        &[&flags[..], &["--gpu", "0"]].concat(),
+    );
+    let (_, out) = both_succeeded(&s, &c);
+    assert_eq!(rows(&out).len(), 1, "{out}");
+}

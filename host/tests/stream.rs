@@ -550,6 +550,52 @@ fn a_cuda_stream_rings_after_its_earlier_work_and_waits_for_the_completion() {
     assert!(sq.completed(u64::from(ROUNDS) - 1).unwrap());
 }
 
+/// On a CUDA stream too, an error completion ends the wait (the stream goes on to the store
+/// after it, and no further), and the CPU reads the decoded error.
+#[test]
+fn a_cuda_streams_wait_ends_on_an_error_completion() {
+    use gdaki::stream::CudaStreamOps;
+    let test = "a_cuda_streams_wait_ends_on_an_error_completion";
+    let Some((gpu, _one)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    let export = qp.export_gpu(&gpu).unwrap();
+    let mr = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let flag = gdaki::cuda::DeviceBuffer::zeroed(&gpu, 4).unwrap();
+    let cuda = gpu.context().new_stream().unwrap();
+    let mut ops = CudaStreamOps::new(&gpu, cuda.clone()).unwrap();
+    // SAFETY: the only poster of `qp`; the stream is idle before the queue pair goes.
+    let mut sq = unsafe { StreamQp::new(&qp, Some(&export)) }.unwrap();
+    let mut bad = mr.remote(0);
+    bad.rkey ^= 0x5a5a;
+    let t = sq.put(&mut ops, bad, mr.local(2048), 64).unwrap();
+    let after = sq.put(&mut ops, mr.remote(1024), mr.local(2048), 64).unwrap();
+    sq.wait(&mut ops, t).unwrap();
+    sq.wait(&mut ops, after).unwrap();
+    // SAFETY: `flag` is a word of this GPU's memory, alive until the stream is idle.
+    unsafe {
+        ops.store(&[Store::U32 {
+            addr: flag.device_addr(),
+            value: 1,
+        }])
+    }
+    .unwrap();
+    assert!(
+        gdaki::cuda::stream_idle_within(&cuda, Duration::from_secs(30)).unwrap(),
+        "the stream still waits after an error completion"
+    );
+    let mut word = [0u8; 4];
+    flag.read(0, &mut word).unwrap();
+    assert_eq!(u32::from_ne_bytes(word), 1);
+    match sq.completed(t) {
+        Err(StreamError::Completion(WaitError::Cqe(e))) => assert_eq!(e.syndrome, Syndrome::RemoteAccess),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(sq.completed(after), Err(StreamError::Completion(_))));
+}
+
 /// Through a CPU proxy the stream stores the producer index into the proxy's word (one store),
 /// and the proxy rings: the data lands and the wait ends.
 #[test]
