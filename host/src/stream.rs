@@ -126,6 +126,14 @@ pub trait MemOps {
     fn recording(&mut self) -> Option<&mut Recording> {
         None
     }
+
+    /// Whether work enqueued now would be captured into a graph without a recording (a CUDA
+    /// stream captured by someone else, or joined into another stream's capture): a stream
+    /// queue pair refuses to post or wait then, since a replay would repeat fixed ring
+    /// positions. `false` by default.
+    fn captured_blindly(&self) -> Result<bool, StreamError> {
+        Ok(false)
+    }
 }
 
 /// Errors of stream-triggered posting.
@@ -314,6 +322,13 @@ impl MemOps for CudaStreamOps {
 
     fn recording(&mut self) -> Option<&mut Recording> {
         self.recording.as_mut().map(|(rec, _)| rec)
+    }
+
+    fn captured_blindly(&self) -> Result<bool, StreamError> {
+        if self.recording.is_some() {
+            return Ok(false);
+        }
+        Ok(gdaki_cuda::stream_capturing(&self.stream)?)
     }
 }
 
@@ -1154,6 +1169,13 @@ impl<'q> StreamQp<'q> {
     }
 
     fn usable(&self, ops: &dyn MemOps) -> Result<(), StreamError> {
+        if ops.captured_blindly()? {
+            return Err(StreamError::Recording(
+                "the stream is being captured into a graph outside a recording: the graph would replay this \
+                 post's or wait's ring positions unchanged; record it (begin_recording) instead"
+                    .into(),
+            ));
+        }
         if self.broken {
             return Err(StreamError::Executor(
                 "an executor refused an earlier doorbell: this stream queue pair has WQEs nobody will ring".into(),
@@ -1345,6 +1367,10 @@ enum ReplayGraph {
 ///   their tickets do not move with a launch).
 /// - **The queue pair's own order.** Posting to a queue pair outside a recording while it is
 ///   recorded ends its part in that recording (a later recorded post to it is refused).
+/// - **Only recordings capture posts.** A post or wait on a CUDA stream that is being
+///   captured outside a recording (someone else's capture, or joined into another stream's)
+///   is refused ([`StreamError::Recording`]): that graph would replay its ring positions
+///   unchanged.
 ///
 /// ```
 /// use std::time::Duration;

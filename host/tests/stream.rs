@@ -3,7 +3,7 @@
 //! completion (an error's too), the window refuses instead of waiting, the stores and waits a
 //! post makes are the ones its queue pair needs, and data crosses the ring's wrap many times.
 mod common;
-use common::{loopback_qp, pattern, qp};
+use common::{cpu_stream as stream, loopback_qp, pattern, qp, soft_loopback as setup};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -33,18 +33,6 @@ impl Flags {
 
 const GATE: usize = 0;
 const DONE: usize = 1;
-
-fn stream() -> CpuStream {
-    CpuStream::new(Duration::from_secs(10)).unwrap()
-}
-
-/// A loopback queue pair of `sq` WQEs and a 1 MiB region.
-fn setup(sq: u32) -> (Context, QueuePair, MemoryRegion) {
-    let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = loopback_qp(&ctx, sq, QpConfig::default());
-    let mr = ctx.alloc_region(1 << 20, Access::ALL).unwrap();
-    (ctx, qp, mr)
-}
 
 #[test]
 fn a_put_leaves_when_the_stream_reaches_its_doorbell() {

@@ -2,22 +2,11 @@
 //! sequence of posts and waits launched many times, the queue pairs' ring positions moving on
 //! at every launch, every byte checked; and the rules a recording refuses.
 mod common;
-use common::{loopback_qp, pattern};
+use common::{cpu_stream as stream, loopback_qp, pattern, soft_loopback as setup};
 use std::time::Duration;
 
 use gdaki::stream::{CpuStream, MemOps, Replay, StreamError, StreamQp, WorkRequest};
-use gdaki::{Access, Context, MemoryRegion, Provider, QpConfig, QueuePair, ReceiveConfig};
-
-fn stream() -> CpuStream {
-    CpuStream::new(Duration::from_secs(10)).unwrap()
-}
-
-fn setup(sq: u32) -> (Context, QueuePair, MemoryRegion) {
-    let ctx = Context::open(Provider::Soft).unwrap();
-    let qp = loopback_qp(&ctx, sq, QpConfig::default());
-    let mr = ctx.alloc_region(1 << 20, Access::ALL).unwrap();
-    (ctx, qp, mr)
-}
+use gdaki::{Access, Context, MemoryRegion, Provider, QpConfig, ReceiveConfig};
 
 /// Waits (bounded) until WQE `t` of `sq` has completed: a stream that has run its doorbell has
 /// not necessarily seen the HCA complete the WQE.
@@ -289,4 +278,34 @@ fn a_cuda_graph_of_a_thousand_puts_and_waits_replays_a_hundred_times_with_every_
         "100 launches of a graph of {PAIRS} put+wait pairs ({SLICE} B each): {:.1} ms a launch",
         start.elapsed().as_secs_f64() * 1e3 / 100.0
     );
+}
+
+#[test]
+fn a_post_captured_outside_a_recording_is_refused() {
+    use gdaki::stream::CudaStreamOps;
+    let test = "a_post_captured_outside_a_recording_is_refused";
+    let Some((gpu, _one)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    let export = qp.export_gpu(&gpu).unwrap();
+    let mr = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let cuda = gpu.context().new_stream().unwrap();
+    let mut ops = CudaStreamOps::new(&gpu, cuda.clone()).unwrap();
+    // SAFETY: the only poster of `qp`; nothing is enqueued.
+    let mut sq = unsafe { StreamQp::new(&qp, Some(&export)) }.unwrap();
+    // Someone else's capture of the stream: a replay of it would repeat this post's indices.
+    gdaki::cuda::begin_capture(&cuda).unwrap();
+    assert!(matches!(
+        sq.put(&mut ops, mr.remote(0), mr.local(2048), 8),
+        Err(StreamError::Recording(_))
+    ));
+    assert_eq!(sq.queued(), 0);
+    drop(cuda.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)));
+    // Outside the capture it posts.
+    let t = sq.put(&mut ops, mr.remote(0), mr.local(2048), 8).unwrap();
+    sq.wait(&mut ops, t).unwrap();
+    assert!(gdaki::cuda::stream_idle_within(&cuda, Duration::from_secs(30)).unwrap());
+    assert!(sq.completed(t).unwrap());
 }

@@ -39,8 +39,9 @@ pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, 
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
 pub use reference::PeerDirection;
 pub use stream::{
-    begin_capture, captured_node, end_capture, record_event, stream_batch, stream_idle_within, stream_memops_supported,
-    stream_wait_u32, stream_write_u32, stream_write_u64, CapturedGraph, GraphNode, MemOp, StreamWait, MAX_BATCH,
+    begin_capture, captured_node, end_capture, record_event, stream_batch, stream_capturing, stream_idle_within,
+    stream_memops_supported, stream_wait_u32, stream_write_u32, stream_write_u64, CapturedGraph, GraphNode, MemOp,
+    StreamWait, MAX_BATCH,
 };
 
 /// The oldest driver API the bindings are generated for (CUDA 13.0).

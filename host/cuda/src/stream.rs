@@ -297,6 +297,12 @@ pub fn begin_capture(stream: &CudaStream) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Whether `stream` is being captured into a graph now (by anyone: its own capture, or work
+/// joined into another stream's).
+pub fn stream_capturing(stream: &CudaStream) -> Result<bool, CudaError> {
+    Ok(stream.capture_status()? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// A graph captured from a stream and instantiated, launched on that stream.
 pub struct CapturedGraph {
     graph: cudarc::driver::CudaGraph,

@@ -21,6 +21,20 @@ pub fn loopback_qp(ctx: &Context, sq: u32, cfg: QpConfig) -> QueuePair {
     qp
 }
 
+/// A soft-HCA context, a loopback queue pair of `sq` WQEs and a 1 MiB region (the stream
+/// tests' set-up).
+pub fn soft_loopback(sq: u32) -> (Context, QueuePair, MemoryRegion) {
+    let ctx = Context::open(gdaki::Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, sq, QpConfig::default());
+    let mr = ctx.alloc_region(1 << 20, gdaki::Access::ALL).unwrap();
+    (ctx, qp, mr)
+}
+
+/// A CPU stream whose waits give up after 10 s.
+pub fn cpu_stream() -> gdaki::stream::CpuStream {
+    gdaki::stream::CpuStream::new(std::time::Duration::from_secs(10)).unwrap()
+}
+
 /// `len` pseudo-random bytes from `seed` (xorshift), so every test's data is distinct.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;
