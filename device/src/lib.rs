@@ -10,6 +10,8 @@
 //!   `submit`, `ring`, `poll_one`, `poll_at`).
 //! - [`rq::Rq`]: a queue pair's receive queue (`post_recv`, `poll`): the two-sided half, with
 //!   `Qp::send`, `send_imm`, `send_inline` and `write_imm` on the sending side.
+//! - [`socket::Socket`]: a reliable byte stream over a queue pair (`send`, `recv`, partial
+//!   results, orderly close, reset; `docs/sockets.md`).
 //! - [`scope`]: execution scopes ([`Thread`], [`Warp`], [`Block`]): who posts together.
 //! - [`status`]: tickets and the bounded outcome of every wait.
 //! - [`arch`]: one module per target, barriers named by purpose.
@@ -56,6 +58,7 @@ pub mod qp;
 pub mod rq;
 pub mod scope;
 pub mod sharing;
+pub mod socket;
 pub mod status;
 
 pub use qp::{AtomicOp, DoorbellWrites, Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};

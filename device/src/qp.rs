@@ -404,7 +404,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     }
 
     #[inline(always)]
-    fn deadline(&self) -> Deadline {
+    pub(crate) fn deadline(&self) -> Deadline {
         Deadline {
             start: None,
             limit: self.k.timeout_ns,

@@ -15,7 +15,8 @@ use gdaki_devx::{Device, Devx};
 use gdaki_mlx5::Mlx5Device;
 use gdaki_soft::SoftDevice;
 
-/// An opened provider.
+/// An opened provider. Cloning gives another handle to the same device and protection domain.
+#[derive(Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,
     provider: Provider,

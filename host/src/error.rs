@@ -142,6 +142,9 @@ pub enum Error {
     /// A CUDA driver call failed, or there is no usable GPU.
     #[error(transparent)]
     Cuda(#[from] gdaki_cuda::CudaError),
+    /// A socket call failed ([`crate::socket`]).
+    #[error(transparent)]
+    Socket(#[from] crate::socket::SocketFailure),
     /// The CPU proxy (the doorbell fallback) could not be started.
     #[error("the fallback CPU proxy: {0}")]
     Proxy(#[source] gdaki_proxy::ProxyError),

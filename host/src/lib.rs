@@ -43,6 +43,7 @@ pub mod peer;
 pub mod provider;
 pub mod queue;
 mod shared_copy;
+pub mod socket;
 pub mod stream;
 pub mod system;
 

@@ -59,6 +59,7 @@ pub mod prm;
 pub mod raddr;
 pub mod recv;
 pub mod ring;
+pub mod socket;
 pub mod wqe;
 
 pub use endian::{Be16, Be32, Be64};

@@ -1,0 +1,339 @@
+//! A reliable byte-stream socket over one queue pair (GPUnet's model; the wire protocol is in
+//! `docs/sockets.md`): [`Socket::send`] and [`Socket::recv`] with POSIX results (bytes moved,
+//! partial allowed, 0 from `recv` at an orderly close), non-blocking forms, and a deadline (the
+//! queue pair's timeout) on every wait. Thread scope. Who may call at once: one caller of the
+//! sending side (`send`, `try_send`, `shutdown`) and one of the receiving side (`recv`,
+//! `try_recv`) at a time; the two sides, `reset` and `flush` may run concurrently where the
+//! queue pair's sharing mode takes concurrent posters ([`Cta`](crate::Cta),
+//! [`Gpu`](crate::Gpu)); with [`Exclusive`](crate::Exclusive), one caller at a time in all.
+use core::sync::atomic::{AtomicU64, Ordering};
+use gdaki_layout::socket::{self as layout, DevSocket, DEV_SOCKET_VERSION, SOCKET_RESET, SOCKET_SHUT_WR};
+use gdaki_layout::DevQp;
+
+use crate::arch;
+use crate::qp::{Local, Qp, Remote};
+use crate::sharing::Sharing;
+use crate::status::{PostError, WaitError};
+
+/// Why a socket call did nothing (or, for `send`/`recv`, moved nothing).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub enum SocketError {
+    /// `try_send` found no room in the peer's ring, `try_recv` no bytes (and no end of stream).
+    WouldBlock,
+    /// The peer reset the connection, or this side did (POSIX `ECONNRESET`).
+    Reset,
+    /// A send after this side shut down its sending side (POSIX `EPIPE`).
+    Closed,
+    /// A wait for room or for bytes ran past the queue pair's timeout (POSIX `ETIMEDOUT`).
+    TimedOut,
+    /// The handle is not a socket of this layout (its version word).
+    BadHandle {
+        /// The version word found.
+        version: u32,
+    },
+    /// A post failed: the queue pair is in error (the peer died or refused an access) or full.
+    Post(PostError),
+    /// A completion of this socket's queue pair reported an error: the connection is lost.
+    Lost(WaitError),
+}
+
+impl From<PostError> for SocketError {
+    fn from(e: PostError) -> Self {
+        SocketError::Post(e)
+    }
+}
+
+/// A connected socket: what [`from_raw`](Self::from_raw) reads out of a [`DevSocket`] once,
+/// and the queue pair it posts through.
+pub struct Socket<M: Sharing> {
+    s: *mut DevSocket,
+    qp: Qp<M>,
+    rx_window: u64,
+    tx_ring: u64,
+    rx_lkey: u32,
+    tx_lkey: u32,
+    peer: Remote,
+    log_rx: u32,
+    log_tx: u32,
+}
+
+/// Whether the socket may wait (the blocking forms) or must say it would block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Wait,
+    Try,
+}
+
+impl<M: Sharing> Socket<M> {
+    /// Wraps a socket handle the host wrote.
+    ///
+    /// # Safety
+    /// `ptr` points to a `DevSocket` written by the host for this device (its queue pair's
+    /// handle, windows and rings valid for this device or thread and registered as it says),
+    /// alive for as long as this value is used, and used by one caller at a time: one thread
+    /// owns a socket's stream state.
+    pub unsafe fn from_raw(ptr: *mut DevSocket) -> Result<Self, SocketError> {
+        // SAFETY: `ptr` is a live handle (the caller's contract); its constant fields are
+        // read once.
+        let h = unsafe { core::ptr::read_volatile(ptr) };
+        if h.version != DEV_SOCKET_VERSION {
+            return Err(SocketError::BadHandle { version: h.version });
+        }
+        Ok(Socket {
+            s: ptr,
+            // SAFETY: the socket's queue pair handle, valid as the socket is (the contract).
+            qp: unsafe { Qp::<M>::from_raw(h.qp as *mut DevQp) },
+            rx_window: h.rx_window,
+            tx_ring: h.tx_ring,
+            rx_lkey: h.rx_lkey,
+            tx_lkey: h.tx_lkey,
+            peer: Remote {
+                addr: h.peer_window,
+                rkey: h.peer_rkey,
+            },
+            log_rx: h.log_rx,
+            log_tx: h.log_tx,
+        })
+    }
+
+    /// Sends up to `data.len()` bytes, waiting (bounded) until the peer's ring has room for
+    /// some: the number sent, which may be fewer (a partial send, as POSIX `send`). `data` is
+    /// copied into the staging ring, so it may be reused at once. 0 bytes sends nothing.
+    pub fn send(&self, data: &[u8]) -> Result<usize, SocketError> {
+        self.send_in(data, Mode::Wait)
+    }
+
+    /// [`send`](Self::send) that never waits: [`SocketError::WouldBlock`] when the peer's ring
+    /// is full.
+    pub fn try_send(&self, data: &[u8]) -> Result<usize, SocketError> {
+        self.send_in(data, Mode::Try)
+    }
+
+    /// Receives up to `buf.len()` bytes, waiting (bounded) until some have arrived: the number
+    /// received, 0 once the peer has shut down and every byte it sent has been read.
+    pub fn recv(&self, buf: &mut [u8]) -> Result<usize, SocketError> {
+        self.recv_in(buf, Mode::Wait)
+    }
+
+    /// [`recv`](Self::recv) that never waits: [`SocketError::WouldBlock`] when nothing has
+    /// arrived and the stream has not ended.
+    pub fn try_recv(&self, buf: &mut [u8]) -> Result<usize, SocketError> {
+        self.recv_in(buf, Mode::Try)
+    }
+
+    /// Shuts down the sending side: the peer reads what was sent, then gets 0. Later sends
+    /// fail with [`SocketError::Closed`]; receiving goes on. A second call does nothing.
+    pub fn shutdown(&self) -> Result<(), SocketError> {
+        let (sent, _, _, flags) = self.state();
+        self.usable(flags)?;
+        if flags & SOCKET_SHUT_WR != 0 {
+            return Ok(());
+        }
+        self.qp
+            .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
+        self.add_flags(SOCKET_SHUT_WR);
+        Ok(())
+    }
+
+    /// Resets the connection: the peer's calls fail with [`SocketError::Reset`] from now on,
+    /// and so do this side's. Nothing in flight is waited for.
+    pub fn reset(&self) -> Result<(), SocketError> {
+        let (.., flags) = self.state();
+        if flags & SOCKET_RESET != 0 {
+            return Ok(());
+        }
+        self.add_flags(SOCKET_RESET);
+        self.qp.put_inline(self.peer_word(layout::RESET), &1u64.to_le_bytes())?;
+        Ok(())
+    }
+
+    /// Waits (bounded) until everything this side posted has completed: its bytes, credits,
+    /// `fin` and `reset` have reached the peer's memory. What a close does before the queue
+    /// pair goes.
+    pub fn flush(&self) -> Result<(), SocketError> {
+        self.qp.quiet().map_err(SocketError::Lost)
+    }
+
+    fn send_in(&self, data: &[u8], mode: Mode) -> Result<usize, SocketError> {
+        let (sent, ..) = self.state();
+        let cap = 1u64 << self.log_tx;
+        let mut deadline = self.qp.deadline();
+        let room = loop {
+            let (.., flags) = self.state();
+            self.usable(flags)?;
+            if flags & SOCKET_SHUT_WR != 0 {
+                return Err(SocketError::Closed);
+            }
+            if data.is_empty() {
+                return Ok(0);
+            }
+            let credit = self.control(layout::CREDIT);
+            let room = cap - sent.wrapping_sub(credit).min(cap);
+            if room > 0 {
+                break room;
+            }
+            self.idle(mode, &mut deadline)?;
+        };
+        let n = (data.len() as u64).min(room);
+        let at = sent & (cap - 1);
+        let first = n.min(cap - at);
+        // SAFETY: the staging ring holds `cap` bytes (the handle's contract); the bytes from
+        // `at` for `first`, and from 0 for the rest, are covered by the peer's credit, so the
+        // HCA has read what was there before.
+        unsafe {
+            core::ptr::copy_nonoverlapping(data.as_ptr(), (self.tx_ring + at) as *mut u8, first as usize);
+            core::ptr::copy_nonoverlapping(
+                data.as_ptr().add(first as usize),
+                self.tx_ring as *mut u8,
+                (n - first) as usize,
+            );
+        }
+        let src = |off: u64| Local {
+            addr: self.tx_ring + off,
+            lkey: self.tx_lkey,
+        };
+        let dst = |off: u64| Remote {
+            addr: self.peer.addr + layout::CONTROL_BYTES + off,
+            rkey: self.peer.rkey,
+        };
+        let scratch = Local {
+            addr: self.rx_window + layout::SCRATCH,
+            lkey: self.rx_lkey,
+        };
+        let arrived = self.peer_word(layout::ARRIVED);
+        if first < n {
+            self.qp.put(dst(at), src(at), first)?;
+            self.qp.put_signal(dst(0), src(0), n - first, arrived, n, scratch)?;
+        } else {
+            self.qp.put_signal(dst(at), src(at), n, arrived, n, scratch)?;
+        }
+        self.set_sent(sent + n);
+        Ok(n as usize)
+    }
+
+    fn recv_in(&self, buf: &mut [u8], mode: Mode) -> Result<usize, SocketError> {
+        let (_, consumed, credited, _) = self.state();
+        let cap = 1u64 << self.log_rx;
+        let mut deadline = self.qp.deadline();
+        let arrived = loop {
+            let (.., flags) = self.state();
+            self.usable(flags)?;
+            let arrived = self.control(layout::ARRIVED);
+            if arrived != consumed {
+                break arrived;
+            }
+            let fin = self.control(layout::FIN);
+            if fin != 0 && fin - 1 == consumed {
+                return Ok(0);
+            }
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            self.idle(mode, &mut deadline)?;
+        };
+        // The bytes up to `arrived` landed before the count did (RC order).
+        arch::from_device_barrier();
+        let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
+        let at = consumed & (cap - 1);
+        let first = n.min(cap - at);
+        let ring = self.rx_window + layout::CONTROL_BYTES;
+        // SAFETY: the receive ring holds `cap` bytes; the `n` bytes from `at` (wrapping) have
+        // arrived and the peer does not write them again before this side's credit says so.
+        unsafe {
+            core::ptr::copy_nonoverlapping((ring + at) as *const u8, buf.as_mut_ptr(), first as usize);
+            core::ptr::copy_nonoverlapping(
+                ring as *const u8,
+                buf.as_mut_ptr().add(first as usize),
+                (n - first) as usize,
+            );
+        }
+        let consumed = consumed + n;
+        self.set_consumed(consumed);
+        // Credit when everything that had arrived is read (a waiting sender always gets one),
+        // or when half a ring is read and not credited.
+        if consumed == arrived || consumed - credited >= cap / 2 {
+            self.qp
+                .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
+            self.set_credited(consumed);
+        }
+        Ok(n as usize)
+    }
+
+    /// Between looks at the control words: take this queue pair's completions (an error one
+    /// means the connection is lost), then say would-block or check the deadline.
+    fn idle(&self, mode: Mode, deadline: &mut crate::qp::Deadline) -> Result<(), SocketError> {
+        if let Some(Err(e)) = self.qp.poll_one() {
+            return Err(SocketError::Lost(e));
+        }
+        if mode == Mode::Try {
+            return Err(SocketError::WouldBlock);
+        }
+        if deadline.expired() {
+            return Err(SocketError::TimedOut);
+        }
+        Ok(())
+    }
+
+    /// Refuses every call once either side reset the connection.
+    fn usable(&self, flags: u64) -> Result<(), SocketError> {
+        if flags & SOCKET_RESET != 0 || self.control(layout::RESET) != 0 {
+            return Err(SocketError::Reset);
+        }
+        Ok(())
+    }
+
+    /// A control word of this side's receive window, as the peer last wrote it.
+    fn control(&self, word: u64) -> u64 {
+        // SAFETY: the window's control words are 8-byte aligned words of registered memory
+        // (the handle's contract), written only by the HCA.
+        unsafe { arch::load_u64_volatile((self.rx_window + word) as *const u64) }
+    }
+
+    /// A control word of the peer's receive window.
+    fn peer_word(&self, word: u64) -> Remote {
+        Remote {
+            addr: self.peer.addr + word,
+            rkey: self.peer.rkey,
+        }
+    }
+
+    /// `sent`, `consumed`, `credited`, `flags`.
+    fn state(&self) -> (u64, u64, u64, u64) {
+        // SAFETY: the live handle; `sent` is written only by the sending side's one caller,
+        // `consumed` and `credited` only by the receiving side's (the contract).
+        unsafe {
+            (
+                core::ptr::read_volatile(&raw const (*self.s).sent),
+                core::ptr::read_volatile(&raw const (*self.s).consumed),
+                core::ptr::read_volatile(&raw const (*self.s).credited),
+                self.flags_word().load(Ordering::Acquire),
+            )
+        }
+    }
+
+    /// `flags`, which both sides (and `reset`) may change at once.
+    fn flags_word(&self) -> &AtomicU64 {
+        // SAFETY: the live handle's 8-byte aligned `flags`, touched only atomically.
+        unsafe { AtomicU64::from_ptr(&raw mut (*self.s).flags) }
+    }
+
+    fn set_sent(&self, v: u64) {
+        // SAFETY: as in `state`.
+        unsafe { core::ptr::write_volatile(&raw mut (*self.s).sent, v) }
+    }
+
+    fn set_consumed(&self, v: u64) {
+        // SAFETY: as in `state`.
+        unsafe { core::ptr::write_volatile(&raw mut (*self.s).consumed, v) }
+    }
+
+    fn set_credited(&self, v: u64) {
+        // SAFETY: as in `state`.
+        unsafe { core::ptr::write_volatile(&raw mut (*self.s).credited, v) }
+    }
+
+    fn add_flags(&self, bits: u64) {
+        self.flags_word().fetch_or(bits, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,410 @@
+//! Reliable byte-stream sockets over queue pairs (GPUnet's model; `docs/sockets.md` has the wire
+//! protocol): a [`SocketListener`] accepts, [`Socket::connect`] connects, through gdaki's
+//! handshake at `host:port`; [`Socket::send`] and [`Socket::recv`] move bytes with POSIX results
+//! (partial allowed, 0 at an orderly close), `try_` forms never wait, and every wait is
+//! bounded by [`SocketConfig::timeout`]. The data path is `gdaki_device::socket`, the code a
+//! kernel runs too; here CPU threads run it.
+//!
+//! ```
+//! use gdaki::socket::{Socket, SocketConfig, SocketListener};
+//! use gdaki::{Context, Provider};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let server_ctx = Context::open(Provider::Soft)?;
+//! let listener = SocketListener::bind(&server_ctx, "127.0.0.1:0".parse()?, SocketConfig::default())?;
+//! let addr = listener.local_addr()?;
+//! let server = std::thread::spawn(move || -> gdaki::Result<Vec<u8>> {
+//!     let s = listener.accept()?;
+//!     let mut buf = vec![0u8; 64];
+//!     let n = s.recv(&mut buf)?;
+//!     s.send(&buf[..n])?; // echo
+//!     Ok(buf[..n].to_vec())
+//! });
+//! let ctx = Context::open(Provider::Soft)?;
+//! let s = Socket::connect(&ctx, addr, SocketConfig::default())?;
+//! assert_eq!(s.send(b"hello, socket")?, 13);
+//! let mut back = [0u8; 13];
+//! assert_eq!(s.recv(&mut back)?, 13);
+//! assert_eq!(&back, b"hello, socket");
+//! assert_eq!(server.join().unwrap()?, b"hello, socket");
+//! # Ok(()) }
+//! ```
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use gdaki_device::socket::SocketError;
+use std::sync::Mutex;
+
+use gdaki_device::Gpu as Shared;
+use gdaki_devx::HostBuffer;
+use gdaki_layout::socket::{self as layout, DevSocket, DEV_SOCKET_VERSION};
+
+use crate::error::{check_pow2, Error, Result};
+use crate::handshake::{Channel, Hello};
+use crate::{Access, CompletionQueue, Context, MemoryRegion, QpConfig, QueuePair};
+
+/// How a socket is made.
+#[derive(Debug, Clone)]
+pub struct SocketConfig {
+    /// Bytes of this side's receive ring: a power of two, 4 KiB to 1 GiB (default 64 KiB).
+    /// The peer's staging ring for this direction is as large.
+    pub rx_bytes: u64,
+    /// How long a wait (for room, for bytes, for the peer in the handshake) may take.
+    pub timeout: Duration,
+    /// Send queue size of the socket's queue pair (default 256).
+    pub sq_size: u32,
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        SocketConfig {
+            rx_bytes: 64 << 10,
+            timeout: Duration::from_secs(10),
+            sq_size: 256,
+        }
+    }
+}
+
+impl SocketConfig {
+    fn log_rx(&self) -> Result<u32> {
+        check_pow2(
+            "a socket's receive ring",
+            self.rx_bytes,
+            1 << layout::MIN_LOG_RING,
+            1 << layout::MAX_LOG_RING,
+        )
+    }
+}
+
+/// What a socket operation failed with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum SocketFailure {
+    /// The peer's ring is full (`try_send`) or nothing arrived (`try_recv`).
+    #[error("the call would block")]
+    WouldBlock,
+    /// The connection was reset (by the peer or by this side).
+    #[error("the connection was reset")]
+    Reset,
+    /// A send after `shutdown`.
+    #[error("this side shut down its sending side")]
+    Closed,
+    /// A wait ran past the timeout.
+    #[error("no room or no bytes within the socket's timeout ({0:?})")]
+    TimedOut(Duration),
+    /// The connection is lost: its queue pair failed (the peer died, or refused an access).
+    #[error("the connection is lost: {0}")]
+    Lost(String),
+}
+
+impl SocketFailure {
+    fn of(e: SocketError, timeout: Duration) -> SocketFailure {
+        match e {
+            SocketError::WouldBlock => SocketFailure::WouldBlock,
+            SocketError::Reset => SocketFailure::Reset,
+            SocketError::Closed => SocketFailure::Closed,
+            SocketError::TimedOut => SocketFailure::TimedOut(timeout),
+            SocketError::BadHandle { version } => SocketFailure::Lost(format!("bad socket handle {version:#x}")),
+            SocketError::Post(p) => SocketFailure::Lost(format!("a post failed: {p:?}")),
+            SocketError::Lost(w) => SocketFailure::Lost(format!("{w:?}")),
+        }
+    }
+}
+
+/// `gdaki-socket/1 log_rx=N`: what each side's hello says.
+fn hello_app(log_rx: u32) -> Vec<u8> {
+    format!("gdaki-socket/{} log_rx={log_rx}", layout::PROTOCOL_VERSION).into_bytes()
+}
+
+/// The peer's `log_rx`, or why its hello is not a socket's of this version.
+fn peer_log_rx(app: &[u8]) -> std::result::Result<u32, String> {
+    let text = std::str::from_utf8(app).map_err(|_| "its hello is not a socket's".to_string())?;
+    let want = format!("gdaki-socket/{} log_rx=", layout::PROTOCOL_VERSION);
+    let Some(rest) = text.strip_prefix(&want) else {
+        return Err(format!("it speaks {text:?}, this side {want}N"));
+    };
+    rest.parse::<u32>()
+        .ok()
+        .filter(|l| (layout::MIN_LOG_RING..=layout::MAX_LOG_RING).contains(l))
+        .ok_or_else(|| format!("its receive ring (log2 {rest:?}) is out of range"))
+}
+
+/// A socket's resources before the peer is known: the queue pair and the receive window.
+struct Half {
+    qp: QueuePair,
+    rx: MemoryRegion,
+    log_rx: u32,
+}
+
+impl Half {
+    fn new(ctx: &Context, cfg: &SocketConfig) -> Result<Half> {
+        let log_rx = cfg.log_rx()?;
+        let cq: CompletionQueue = ctx.create_cq(cfg.sq_size)?;
+        let qp = ctx.create_qp(
+            &cq,
+            QpConfig {
+                sq_size: cfg.sq_size,
+                timeout: cfg.timeout,
+                retry_timeout: cfg.timeout.mul_f64(0.8),
+                ..QpConfig::default()
+            },
+        )?;
+        let rx = ctx.alloc_region((layout::CONTROL_BYTES + (1u64 << log_rx)) as usize, Access::ALL)?;
+        Ok(Half { qp, rx, log_rx })
+    }
+
+    fn hello(&self) -> Hello {
+        Hello {
+            app: hello_app(self.log_rx),
+            endpoints: vec![self.qp.endpoint()],
+            regions: vec![self.rx.remote_region()],
+        }
+    }
+
+    /// Connects to the peer that said `theirs` and makes the socket.
+    fn finish(self, ctx: &Context, theirs: &Hello, peer: SocketAddr, timeout: Duration) -> Result<Socket> {
+        let bad = |why: String| Error::Rejected {
+            peer: peer.to_string(),
+            reason: why,
+        };
+        let log_tx = peer_log_rx(&theirs.app).map_err(bad)?;
+        let (Some(ep), Some(window)) = (theirs.endpoints.first(), theirs.regions.first()) else {
+            return Err(bad("its hello carries no queue pair or no window".into()));
+        };
+        if window.len != layout::CONTROL_BYTES + (1u64 << log_tx) {
+            return Err(bad(format!(
+                "its window is {} bytes, its ring says {}",
+                window.len,
+                layout::CONTROL_BYTES + (1u64 << log_tx)
+            )));
+        }
+        self.qp.connect(ep)?;
+        let tx = ctx.alloc_region(1usize << log_tx, Access::ALL)?;
+        let handle = HostBuffer::new("a socket handle", std::mem::size_of::<DevSocket>())?;
+        let h = DevSocket {
+            qp: self.qp.device_handle() as u64,
+            rx_window: self.rx.addr(),
+            tx_ring: tx.addr(),
+            peer_window: window.addr,
+            rx_lkey: self.rx.lkey(),
+            tx_lkey: tx.lkey(),
+            peer_rkey: window.rkey,
+            log_rx: self.log_rx,
+            log_tx,
+            version: DEV_SOCKET_VERSION,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        // SAFETY: a fresh page-aligned buffer of the handle's size.
+        unsafe { (handle.as_ptr() as *mut DevSocket).write(h) };
+        // SAFETY: the handle and everything it names live in the returned Socket, the queue
+        // pair's only poster; it lets one sender and one receiver in at a time (its locks), and
+        // the queue pair's Gpu sharing mode takes them posting at once.
+        let dev = unsafe { gdaki_device::socket::Socket::<Shared>::from_raw(handle.as_ptr() as *mut DevSocket) }
+            .map_err(|e| Error::Unsupported {
+                what: "a socket handle",
+                why: format!("{e:?}"),
+            })?;
+        Ok(Socket {
+            dev,
+            send_lock: Mutex::new(()),
+            recv_lock: Mutex::new(()),
+            handle,
+            qp: self.qp,
+            _rx: self.rx,
+            _tx: tx,
+            peer,
+            timeout,
+        })
+    }
+}
+
+/// Accepts socket connections at a TCP address (gdaki's handshake).
+pub struct SocketListener {
+    tcp: TcpListener,
+    ctx: Context,
+    cfg: SocketConfig,
+}
+
+impl std::fmt::Debug for SocketListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketListener")
+            .field("addr", &self.tcp.local_addr().ok())
+            .finish()
+    }
+}
+
+impl SocketListener {
+    /// Listens at `addr` (port 0: any free port) for sockets on `ctx`'s device (whose soft
+    /// transport then listens on the same interface).
+    pub fn bind(ctx: &Context, addr: SocketAddr, cfg: SocketConfig) -> Result<SocketListener> {
+        cfg.log_rx()?;
+        let tcp = TcpListener::bind(addr).map_err(|source| Error::Io {
+            what: "binding a socket listener",
+            source,
+        })?;
+        ctx.listen(SocketAddr::new(addr.ip(), 0))?;
+        Ok(SocketListener {
+            tcp,
+            ctx: ctx.clone(),
+            cfg,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.tcp.local_addr().map_err(|source| Error::Io {
+            what: "reading a socket listener's address",
+            source,
+        })
+    }
+
+    /// Waits (without bound) for a client and makes its socket. A client that speaks another
+    /// protocol is refused (it hears why) and the error returned here.
+    pub fn accept(&self) -> Result<Socket> {
+        let mut ch = Channel::accept(&self.tcp, self.cfg.timeout)?;
+        let theirs = ch.receive()?;
+        if let Err(why) = peer_log_rx(&theirs.app) {
+            let _ = ch.reject(&why);
+            return Err(Error::Rejected {
+                peer: ch.peer_addr().to_string(),
+                reason: why,
+            });
+        }
+        let half = Half::new(&self.ctx, &self.cfg)?;
+        ch.send(&half.hello())?;
+        let socket = half.finish(&self.ctx, &theirs, ch.peer_addr(), self.cfg.timeout)?;
+        ch.sync(1)?;
+        Ok(socket)
+    }
+}
+
+/// A connected byte-stream socket (CPU side). One thread may send while another receives;
+/// concurrent senders (or receivers) take turns.
+pub struct Socket {
+    // Declared first: it names the handle, queue pair and regions below.
+    dev: gdaki_device::socket::Socket<Shared>,
+    /// Held by the sending side's calls.
+    send_lock: Mutex<()>,
+    /// Held by the receiving side's calls.
+    recv_lock: Mutex<()>,
+    handle: HostBuffer,
+    qp: QueuePair,
+    _rx: MemoryRegion,
+    _tx: MemoryRegion,
+    peer: SocketAddr,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: the live handle, read as plain data.
+        let h = unsafe { (self.handle.as_ptr() as *const DevSocket).read_volatile() };
+        f.debug_struct("Socket")
+            .field("peer", &self.peer)
+            .field("sent", &h.sent)
+            .field("received", &h.consumed)
+            .finish()
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if let Err(e) = self.dev.flush() {
+            tracing::debug!(peer = %self.peer, "socket dropped before its last posts completed: {e:?}");
+        }
+    }
+}
+
+// SAFETY: the socket owns every resource its raw pointers name (handle, queue pair, regions);
+// moving it to another thread moves them all.
+unsafe impl Send for Socket {}
+// SAFETY: shared use goes through the locks (one sender, one receiver at a time) and the
+// queue pair's Gpu sharing mode, which takes concurrent posters and pollers; `reset` and
+// `flush` are safe beside both (atomic flags, shared-mode posting).
+unsafe impl Sync for Socket {}
+
+fn hold(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Socket {
+    /// Connects to a [`SocketListener`] at `addr` with `ctx`'s device.
+    pub fn connect(ctx: &Context, addr: SocketAddr, cfg: SocketConfig) -> Result<Socket> {
+        let mut ch = Channel::connect(addr, cfg.timeout)?;
+        ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))?;
+        let half = Half::new(ctx, &cfg)?;
+        ch.send(&half.hello())?;
+        let theirs = ch.receive()?;
+        let socket = half.finish(ctx, &theirs, addr, cfg.timeout)?;
+        ch.sync(1)?;
+        Ok(socket)
+    }
+
+    /// Sends up to `data.len()` bytes, waiting (bounded) for room in the peer's ring: how many
+    /// were sent (a partial send when the ring had less room). `data` may be reused at once.
+    pub fn send(&self, data: &[u8]) -> Result<usize, SocketFailure> {
+        let _turn = hold(&self.send_lock);
+        self.dev.send(data).map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// [`send`](Self::send) without waiting: [`SocketFailure::WouldBlock`] when the ring is full.
+    pub fn try_send(&self, data: &[u8]) -> Result<usize, SocketFailure> {
+        let _turn = hold(&self.send_lock);
+        self.dev.try_send(data).map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// Sends all of `data`, as many sends as it takes.
+    pub fn send_all(&self, mut data: &[u8]) -> Result<(), SocketFailure> {
+        while !data.is_empty() {
+            let n = self.send(data)?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Receives up to `buf.len()` bytes, waiting (bounded) for some: how many, 0 once the peer
+    /// shut down and everything it sent has been read.
+    pub fn recv(&self, buf: &mut [u8]) -> Result<usize, SocketFailure> {
+        let _turn = hold(&self.recv_lock);
+        self.dev.recv(buf).map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// [`recv`](Self::recv) without waiting: [`SocketFailure::WouldBlock`] when nothing arrived.
+    pub fn try_recv(&self, buf: &mut [u8]) -> Result<usize, SocketFailure> {
+        let _turn = hold(&self.recv_lock);
+        self.dev.try_recv(buf).map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// Shuts down the sending side (the peer reads the rest, then 0); receiving goes on.
+    pub fn shutdown(&self) -> Result<(), SocketFailure> {
+        let _turn = hold(&self.send_lock);
+        self.dev.shutdown().map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// Resets the connection: both sides' later calls fail with [`SocketFailure::Reset`].
+    pub fn reset(&self) -> Result<(), SocketFailure> {
+        self.dev.reset().map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// Waits (bounded) until everything sent so far has reached the peer's memory.
+    pub fn flush(&self) -> Result<(), SocketFailure> {
+        self.dev.flush().map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// Shuts down the sending side and waits for what was sent to reach the peer, then drops
+    /// the socket. Dropping does the wait too (a socket's queue pair goes with it, and what it
+    /// had not carried yet would be lost), but cannot say that it failed.
+    pub fn close(self) -> Result<(), SocketFailure> {
+        self.shutdown()?;
+        self.flush()
+    }
+
+    /// The peer's handshake address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The queue pair the socket runs on.
+    pub fn queue_pair(&self) -> &QueuePair {
+        &self.qp
+    }
+}

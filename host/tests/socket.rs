@@ -1,0 +1,314 @@
+//! Sockets on the soft HCA, CPU side (docs/sockets.md): both directions, partial sends and
+//! receives across the ring's wrap, backpressure that loses nothing, orderly close mid-stream,
+//! reset, timeouts, a dead peer, refusals, and many sockets at once.
+mod common;
+use common::pattern;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use gdaki::handshake::{Channel, Hello};
+use gdaki::socket::{Socket, SocketConfig, SocketFailure, SocketListener};
+use gdaki::{Context, Error, Provider};
+
+/// A listener on loopback in a context of its own.
+fn listener(cfg: &SocketConfig) -> (SocketListener, SocketAddr, Context) {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let l = SocketListener::bind(&ctx, "127.0.0.1:0".parse().unwrap(), cfg.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    (l, addr, ctx)
+}
+
+/// A connected pair: (server side, client side), each in its own context.
+fn pair(cfg: SocketConfig) -> (Socket, Socket) {
+    let (l, addr, _sctx) = listener(&cfg);
+    let server = std::thread::spawn(move || l.accept().unwrap());
+    let cctx = Context::open(Provider::Soft).unwrap();
+    let client = Socket::connect(&cctx, addr, cfg).unwrap();
+    (server.join().unwrap(), client)
+}
+
+fn small(rx_bytes: u64) -> SocketConfig {
+    SocketConfig {
+        rx_bytes,
+        timeout: Duration::from_secs(5),
+        ..SocketConfig::default()
+    }
+}
+
+/// Reads until the end of the stream, in reads of at most `chunk` bytes.
+fn read_to_end(s: &Socket, chunk: usize) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    loop {
+        match s.recv(&mut buf).unwrap() {
+            0 => return all,
+            n => all.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn bytes_go_both_ways() {
+    let (s, c) = pair(SocketConfig::default());
+    for round in 0..10u8 {
+        let msg = pattern(round as u64 + 1, 100 + round as usize * 37);
+        c.send_all(&msg).unwrap();
+        let mut got = vec![0u8; msg.len()];
+        let mut at = 0;
+        while at < got.len() {
+            at += s.recv(&mut got[at..]).unwrap();
+        }
+        assert_eq!(got, msg);
+        s.send_all(&got).unwrap(); // echo
+        let mut back = vec![0u8; msg.len()];
+        let mut at = 0;
+        while at < back.len() {
+            at += c.recv(&mut back[at..]).unwrap();
+        }
+        assert_eq!(back, msg);
+    }
+    // Empty sends and receives move nothing.
+    assert_eq!(c.send(&[]).unwrap(), 0);
+    assert_eq!(s.recv(&mut []).unwrap(), 0);
+}
+
+#[test]
+fn a_stream_many_rings_long_arrives_whole_and_in_order_through_partial_sends() {
+    // A 4 KiB ring and 1 MiB of data in sends of 3000 bytes: sends are cut where the ring has
+    // less room, reads of 1000 bytes cross its wrap.
+    let (s, c) = pair(small(4096));
+    let data = pattern(42, 1 << 20);
+    let sent = data.clone();
+    let sender = std::thread::spawn(move || {
+        let mut partial = 0;
+        for piece in sent.chunks(3000) {
+            let mut at = 0;
+            while at < piece.len() {
+                let n = c.send(&piece[at..]).unwrap();
+                if n < piece.len() - at {
+                    partial += 1;
+                }
+                at += n;
+            }
+        }
+        c.close().unwrap();
+        partial
+    });
+    let got = read_to_end(&s, 1000);
+    let partial = sender.join().unwrap();
+    assert!(
+        got == data,
+        "the stream differs ({} bytes of {})",
+        got.len(),
+        data.len()
+    );
+    assert!(partial > 0, "no send was partial: the ring never filled");
+    // The end stays the end.
+    assert_eq!(s.recv(&mut [0u8; 16]).unwrap(), 0);
+}
+
+#[test]
+fn a_receiver_that_stops_reading_holds_the_sender_back_and_loses_nothing() {
+    let (s, c) = pair(small(4096));
+    let data = pattern(7, 10_000);
+    // try_send fills the ring, then would block: never more than the ring in flight.
+    let mut at = 0;
+    loop {
+        match c.try_send(&data[at..]) {
+            Ok(n) => at += n,
+            Err(SocketFailure::WouldBlock) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(at, 4096);
+    // A blocking send waits for room and times out when none comes.
+    let c = {
+        let timeout = small(4096).timeout;
+        let start = Instant::now();
+        assert!(matches!(c.send(&data[at..]), Err(SocketFailure::TimedOut(t)) if t == timeout));
+        assert!(start.elapsed() >= timeout);
+        c
+    };
+    // The receiver reads half: the credit lets the sender go on from where it stopped.
+    let mut got = vec![0u8; 2048];
+    let mut n = 0;
+    while n < got.len() {
+        n += s.recv(&mut got[n..]).unwrap();
+    }
+    let sender = std::thread::spawn(move || {
+        c.send_all(&data[at..]).unwrap();
+        c.close().unwrap();
+        data
+    });
+    got.extend(read_to_end(&s, 777));
+    let data = sender.join().unwrap();
+    assert!(got == data, "bytes were lost or overwritten");
+}
+
+#[test]
+fn a_close_mid_stream_delivers_the_rest_then_the_end() {
+    let (s, c) = pair(small(4096));
+    let data = pattern(9, 3000);
+    c.send_all(&data).unwrap();
+    c.shutdown().unwrap();
+    c.shutdown().unwrap(); // once is enough
+    assert!(matches!(c.send(b"late"), Err(SocketFailure::Closed)));
+    // The other direction still works after a half close.
+    s.send_all(b"still here").unwrap();
+    let mut buf = [0u8; 10];
+    let mut n = 0;
+    while n < 10 {
+        n += c.recv(&mut buf[n..]).unwrap();
+    }
+    assert_eq!(&buf, b"still here");
+    assert_eq!(read_to_end(&s, 1024), data);
+    assert_eq!(s.try_recv(&mut [0u8; 8]).unwrap(), 0);
+}
+
+#[test]
+fn a_reset_fails_both_sides() {
+    let (s, c) = pair(SocketConfig::default());
+    c.send_all(b"before").unwrap();
+    c.reset().unwrap();
+    c.flush().unwrap();
+    assert!(matches!(c.send(b"x"), Err(SocketFailure::Reset)));
+    assert!(matches!(c.recv(&mut [0u8; 4]), Err(SocketFailure::Reset)));
+    assert!(matches!(s.recv(&mut [0u8; 4]), Err(SocketFailure::Reset)));
+    assert!(matches!(s.send(b"x"), Err(SocketFailure::Reset)));
+}
+
+#[test]
+fn waits_are_bounded_and_try_forms_never_wait() {
+    let cfg = SocketConfig {
+        timeout: Duration::from_millis(300),
+        ..SocketConfig::default()
+    };
+    let (_s, c) = pair(cfg);
+    assert!(matches!(c.try_recv(&mut [0u8; 8]), Err(SocketFailure::WouldBlock)));
+    let start = Instant::now();
+    assert!(matches!(c.recv(&mut [0u8; 8]), Err(SocketFailure::TimedOut(_))));
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn a_peer_that_went_away_shows_as_a_lost_connection() {
+    let cfg = SocketConfig {
+        timeout: Duration::from_secs(2),
+        ..SocketConfig::default()
+    };
+    let (s, c) = pair(cfg);
+    drop(s);
+    c.send_all(b"into the void").unwrap();
+    // The put cannot complete: its error (or the wait's bound) says the connection is gone.
+    match c.flush() {
+        Err(SocketFailure::Lost(_)) => {}
+        other => panic!("expected a lost connection, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_peer_speaking_another_protocol_is_refused() {
+    let cfg = SocketConfig::default();
+    let (l, addr, _ctx) = listener(&cfg);
+    let server = std::thread::spawn(move || l.accept());
+    let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
+    ch.send(&Hello {
+        app: b"gdaki-socket/0 log_rx=16".to_vec(),
+        endpoints: vec![],
+        regions: vec![],
+    })
+    .unwrap();
+    assert!(matches!(ch.receive(), Err(Error::Rejected { .. })));
+    match server.join().unwrap() {
+        Err(Error::Rejected { reason, .. }) => assert!(reason.contains("gdaki-socket/1"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Rings outside 4 KiB..1 GiB or not a power of two are refused before anything is made.
+    let ctx = Context::open(Provider::Soft).unwrap();
+    for rx_bytes in [1000, 2048, 1 << 31] {
+        let bad = SocketConfig {
+            rx_bytes,
+            ..SocketConfig::default()
+        };
+        assert!(matches!(
+            SocketListener::bind(&ctx, "127.0.0.1:0".parse().unwrap(), bad),
+            Err(Error::BadSize { .. })
+        ));
+    }
+}
+
+#[test]
+fn many_sockets_at_once_each_carry_their_own_stream() {
+    const N: usize = 64;
+    let cfg = small(4096);
+    let (l, addr, _sctx) = listener(&cfg);
+    // The server accepts N sockets and echoes each one's stream back on it.
+    let server = std::thread::spawn(move || {
+        let sockets: Vec<Socket> = (0..N).map(|_| l.accept().unwrap()).collect();
+        for s in &sockets {
+            let got = read_to_end(s, 512);
+            s.send_all(&got).unwrap();
+        }
+        for s in sockets {
+            s.close().unwrap();
+        }
+    });
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let clients: Vec<Socket> = (0..N)
+        .map(|_| Socket::connect(&ctx, addr, cfg.clone()).unwrap())
+        .collect();
+    let streams: Vec<Vec<u8>> = (0..N).map(|i| pattern(100 + i as u64, 1000 + i * 13)).collect();
+    for (c, data) in clients.iter().zip(&streams) {
+        c.send_all(data).unwrap();
+        c.shutdown().unwrap();
+    }
+    for (i, (c, data)) in clients.iter().zip(&streams).enumerate() {
+        assert_eq!(&read_to_end(c, 300), data, "socket {i}");
+    }
+    server.join().unwrap();
+}
+
+/// The peer of the two-process tests (this binary run again): a socket server that echoes one
+/// stream per connection, for `GDAKI_SOCKET_PEER` connections; it prints its port first.
+#[test]
+fn peer_process() {
+    let Ok(n) = std::env::var("GDAKI_SOCKET_PEER") else {
+        return;
+    };
+    let cfg = small(8192);
+    let (l, addr, _ctx) = listener(&cfg);
+    println!("PORT {}", addr.port());
+    for _ in 0..n.parse::<usize>().unwrap() {
+        let s = l.accept().unwrap();
+        let got = read_to_end(&s, 4096);
+        s.send_all(&got).unwrap();
+        s.close().unwrap();
+    }
+}
+
+#[test]
+fn a_socket_to_another_process_carries_a_stream_through_the_soft_transport() {
+    let peer = common::PeerProcess::spawn(&[("GDAKI_SOCKET_PEER", "2")]);
+    let addr = SocketAddr::from(([127, 0, 0, 1], peer.port));
+    let ctx = Context::open(Provider::Soft).unwrap();
+    for (i, len) in [(0u64, 300_000usize), (1, 5)].into_iter() {
+        // A 4 KiB receive ring here, 8 KiB there: each direction uses its receiver's size.
+        let s = Socket::connect(&ctx, addr, small(4096)).unwrap();
+        let data = pattern(77 + i, len);
+        let sender = {
+            let data = data.clone();
+            // Send and read at once: the echo can fill this side's ring before the send ends.
+            std::thread::scope(|scope| {
+                let reader = scope.spawn(|| read_to_end(&s, 1500));
+                s.send_all(&data).unwrap();
+                s.shutdown().unwrap();
+                reader.join().unwrap()
+            })
+        };
+        assert!(sender == data, "connection {i}: the echo differs");
+    }
+}
