@@ -95,6 +95,12 @@ extern "C" {
 #define GDAKI_CODE_TOO_LONG 10u
 /** more receive buffers than the stride */
 #define GDAKI_CODE_TOO_MANY_BUFS 11u
+/** a socket call would block */
+#define GDAKI_CODE_WOULD_BLOCK 12u
+/** a socket's connection was reset */
+#define GDAKI_CODE_RESET 13u
+/** a send after the socket's shutdown */
+#define GDAKI_CODE_CLOSED 14u
 /** an error CQE; the low byte is the syndrome */
 #define GDAKI_CODE_CQE_ERROR 256u
 

@@ -12,8 +12,9 @@ use gdaki_layout::DevQp;
 
 use crate::arch;
 use crate::qp::{Local, Qp, Remote};
+use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
-use crate::status::{PostError, WaitError};
+use crate::status::{PostError, WaitError, CODE_BAD_HANDLE, CODE_CLOSED, CODE_RESET, CODE_TIMEOUT, CODE_WOULD_BLOCK};
 
 /// Why a socket call did nothing (or, for `send`/`recv`, moved nothing).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,74 @@ pub enum SocketError {
     Post(PostError),
     /// A completion of this socket's queue pair reported an error: the connection is lost.
     Lost(WaitError),
+    /// (A group's members other than the leader.) The leader's post or wait failed with this
+    /// status code (its own result has the details).
+    Failed {
+        /// The leader's status code.
+        code: u32,
+    },
+}
+
+impl SocketError {
+    /// The outcome code ([`CODE_WOULD_BLOCK`], [`CODE_RESET`], [`CODE_CLOSED`],
+    /// [`CODE_TIMEOUT`], [`CODE_BAD_HANDLE`], or a post's or completion's code).
+    pub const fn code(&self) -> u32 {
+        match self {
+            SocketError::WouldBlock => CODE_WOULD_BLOCK,
+            SocketError::Reset => CODE_RESET,
+            SocketError::Closed => CODE_CLOSED,
+            SocketError::TimedOut => CODE_TIMEOUT,
+            SocketError::BadHandle { .. } => CODE_BAD_HANDLE,
+            SocketError::Post(e) => e.code(),
+            SocketError::Lost(e) => e.code(),
+            SocketError::Failed { code } => *code,
+        }
+    }
+
+    /// The error a group member reports for the leader's `code` (not [`CODE_OK`](crate::status::CODE_OK)).
+    pub const fn from_code(code: u32) -> SocketError {
+        match code {
+            CODE_WOULD_BLOCK => SocketError::WouldBlock,
+            CODE_RESET => SocketError::Reset,
+            CODE_CLOSED => SocketError::Closed,
+            CODE_TIMEOUT => SocketError::TimedOut,
+            code => SocketError::Failed { code },
+        }
+    }
+}
+
+/// This member's share `lo..hi` of `n` bytes: contiguous pieces of whole 16-byte words.
+fn share<S: Scope>(scope: S, n: u64) -> (u64, u64) {
+    let members = scope.size().max(1) as u64;
+    let piece = n.div_ceil(members).next_multiple_of(16);
+    let lo = (scope.rank() as u64 * piece).min(n);
+    (lo, (lo + piece).min(n))
+}
+
+/// Copies `len` bytes between `buf` and a ring of `cap` bytes at `ring`, starting at stream
+/// position `pos` (wrapping at the ring's end); into the ring when `into_ring`.
+///
+/// # Safety
+/// The ring holds `cap` bytes (a power of two) and `buf` `len`; `len <= cap`.
+unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_ring: bool) {
+    let at = pos & (cap - 1);
+    let first = len.min(cap - at);
+    let parts = [(at, 0, first), (0, first, len - first)];
+    for (ring_off, buf_off, n) in parts {
+        if n == 0 {
+            continue;
+        }
+        let r = (ring + ring_off) as *mut u8;
+        // SAFETY: both ranges lie inside their buffers (the contract).
+        unsafe {
+            let b = buf.add(buf_off as usize);
+            if into_ring {
+                core::ptr::copy_nonoverlapping(b, r, n as usize);
+            } else {
+                core::ptr::copy_nonoverlapping(r, b, n as usize);
+            }
+        }
+    }
 }
 
 impl From<PostError> for SocketError {
@@ -101,163 +170,250 @@ impl<M: Sharing> Socket<M> {
     /// some: the number sent, which may be fewer (a partial send, as POSIX `send`). `data` is
     /// copied into the staging ring, so it may be reused at once. 0 bytes sends nothing.
     pub fn send(&self, data: &[u8]) -> Result<usize, SocketError> {
-        self.send_in(data, Mode::Wait)
+        self.send_with(Thread, data)
     }
 
     /// [`send`](Self::send) that never waits: [`SocketError::WouldBlock`] when the peer's ring
     /// is full.
     pub fn try_send(&self, data: &[u8]) -> Result<usize, SocketError> {
-        self.send_in(data, Mode::Try)
+        self.try_send_with(Thread, data)
     }
 
     /// Receives up to `buf.len()` bytes, waiting (bounded) until some have arrived: the number
     /// received, 0 once the peer has shut down and every byte it sent has been read.
     pub fn recv(&self, buf: &mut [u8]) -> Result<usize, SocketError> {
-        self.recv_in(buf, Mode::Wait)
+        self.recv_with(Thread, buf)
     }
 
     /// [`recv`](Self::recv) that never waits: [`SocketError::WouldBlock`] when nothing has
     /// arrived and the stream has not ended.
     pub fn try_recv(&self, buf: &mut [u8]) -> Result<usize, SocketError> {
-        self.recv_in(buf, Mode::Try)
+        self.try_recv_with(Thread, buf)
     }
 
     /// Shuts down the sending side: the peer reads what was sent, then gets 0. Later sends
     /// fail with [`SocketError::Closed`]; receiving goes on. A second call does nothing.
     pub fn shutdown(&self) -> Result<(), SocketError> {
-        let (sent, _, _, flags) = self.state();
-        self.usable(flags)?;
-        if flags & SOCKET_SHUT_WR != 0 {
-            return Ok(());
-        }
-        self.qp
-            .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
-        self.add_flags(SOCKET_SHUT_WR);
-        Ok(())
+        self.shutdown_with(Thread)
     }
 
     /// Resets the connection: the peer's calls fail with [`SocketError::Reset`] from now on,
     /// and so do this side's. Nothing in flight is waited for.
     pub fn reset(&self) -> Result<(), SocketError> {
-        let (.., flags) = self.state();
-        if flags & SOCKET_RESET != 0 {
-            return Ok(());
-        }
-        self.add_flags(SOCKET_RESET);
-        self.qp.put_inline(self.peer_word(layout::RESET), &1u64.to_le_bytes())?;
-        Ok(())
+        self.reset_with(Thread)
     }
 
     /// Waits (bounded) until everything this side posted has completed: its bytes, credits,
     /// `fin` and `reset` have reached the peer's memory. What a close does before the queue
     /// pair goes.
     pub fn flush(&self) -> Result<(), SocketError> {
-        self.qp.quiet().map_err(SocketError::Lost)
+        self.flush_with(Thread)
     }
 
-    fn send_in(&self, data: &[u8], mode: Mode) -> Result<usize, SocketError> {
-        let (sent, ..) = self.state();
+    /// [`send`](Self::send) by the group `scope` (GPUnet's threadblock-cooperative `gsend`):
+    /// every member calls with the same `data`, all copy a part of it, the leader posts and
+    /// waits; every member gets the same count (a member other than the leader gets
+    /// [`SocketError::Failed`] where the leader got a post or completion error).
+    pub fn send_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<usize, SocketError> {
+        self.send_in(scope, data, Mode::Wait)
+    }
+
+    /// [`try_send`](Self::try_send) by the group `scope`.
+    pub fn try_send_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<usize, SocketError> {
+        self.send_in(scope, data, Mode::Try)
+    }
+
+    /// [`recv`](Self::recv) by the group `scope` (`grecv`): every member calls with the same
+    /// `buf`, the leader waits, all copy a part out.
+    pub fn recv_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<usize, SocketError> {
+        self.recv_in(scope, buf, Mode::Wait)
+    }
+
+    /// [`try_recv`](Self::try_recv) by the group `scope`.
+    pub fn try_recv_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<usize, SocketError> {
+        self.recv_in(scope, buf, Mode::Try)
+    }
+
+    /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
+    pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        self.on_leader(scope, || {
+            let (sent, _, _, flags) = self.state();
+            self.usable(flags)?;
+            if flags & SOCKET_SHUT_WR == 0 {
+                self.qp
+                    .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
+                self.add_flags(SOCKET_SHUT_WR);
+            }
+            Ok(0)
+        })
+        .map(|_| ())
+    }
+
+    /// [`reset`](Self::reset) by the group `scope` (its leader posts).
+    pub fn reset_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        self.on_leader(scope, || {
+            let (.., flags) = self.state();
+            if flags & SOCKET_RESET == 0 {
+                self.add_flags(SOCKET_RESET);
+                self.qp.put_inline(self.peer_word(layout::RESET), &1u64.to_le_bytes())?;
+            }
+            Ok(0)
+        })
+        .map(|_| ())
+    }
+
+    /// [`flush`](Self::flush) by the group `scope` (its leader waits).
+    pub fn flush_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        self.on_leader(scope, || self.qp.quiet().map(|()| 0).map_err(SocketError::Lost))
+            .map(|_| ())
+    }
+
+    /// Runs `step` on the leader of `scope` and hands its outcome to every member.
+    fn on_leader<S: Scope>(
+        &self,
+        scope: S,
+        step: impl FnOnce() -> Result<u64, SocketError>,
+    ) -> Result<u64, SocketError> {
+        let mine = if scope.is_leader() { Some(step()) } else { None };
+        if S::SOLO {
+            return mine.unwrap_or(Ok(0));
+        }
+        let word = match &mine {
+            Some(Ok(v)) => [*v, 0],
+            Some(Err(e)) => [0, e.code() as u64],
+            None => [0, 0],
+        };
+        let [value, code] = scope.broadcast(word);
+        match mine {
+            Some(outcome) => outcome,
+            None if code == 0 => Ok(value),
+            None => Err(SocketError::from_code(code as u32)),
+        }
+    }
+
+    fn send_in<S: Scope>(&self, scope: S, data: &[u8], mode: Mode) -> Result<usize, SocketError> {
         let cap = 1u64 << self.log_tx;
-        let mut deadline = self.qp.deadline();
-        let room = loop {
-            let (.., flags) = self.state();
-            self.usable(flags)?;
-            if flags & SOCKET_SHUT_WR != 0 {
-                return Err(SocketError::Closed);
+        let sent = self.state().0;
+        // The leader finds room; everyone learns how much.
+        let n = self.on_leader(scope, || {
+            let mut deadline = self.qp.deadline();
+            loop {
+                let (.., flags) = self.state();
+                self.usable(flags)?;
+                if flags & SOCKET_SHUT_WR != 0 {
+                    return Err(SocketError::Closed);
+                }
+                if data.is_empty() {
+                    return Ok(0);
+                }
+                let credit = self.control(layout::CREDIT);
+                let room = cap - sent.wrapping_sub(credit).min(cap);
+                if room > 0 {
+                    return Ok((data.len() as u64).min(room));
+                }
+                self.idle(mode, &mut deadline)?;
             }
-            if data.is_empty() {
-                return Ok(0);
-            }
-            let credit = self.control(layout::CREDIT);
-            let room = cap - sent.wrapping_sub(credit).min(cap);
-            if room > 0 {
-                break room;
-            }
-            self.idle(mode, &mut deadline)?;
-        };
-        let n = (data.len() as u64).min(room);
-        let at = sent & (cap - 1);
-        let first = n.min(cap - at);
-        // SAFETY: the staging ring holds `cap` bytes (the handle's contract); the bytes from
-        // `at` for `first`, and from 0 for the rest, are covered by the peer's credit, so the
-        // HCA has read what was there before.
+        })?;
+        if n == 0 {
+            return Ok(0);
+        }
+        // Every member copies its part into the staging ring, whose bytes there the peer's
+        // credit covers (the HCA has read what was there before).
+        let (lo, hi) = share(scope, n);
+        // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
         unsafe {
-            core::ptr::copy_nonoverlapping(data.as_ptr(), (self.tx_ring + at) as *mut u8, first as usize);
-            core::ptr::copy_nonoverlapping(
-                data.as_ptr().add(first as usize),
-                self.tx_ring as *mut u8,
-                (n - first) as usize,
-            );
-        }
-        let src = |off: u64| Local {
-            addr: self.tx_ring + off,
-            lkey: self.tx_lkey,
+            ring_copy(
+                self.tx_ring,
+                cap,
+                sent + lo,
+                data.as_ptr().add(lo as usize) as *mut u8,
+                hi - lo,
+                true,
+            )
         };
-        let dst = |off: u64| Remote {
-            addr: self.peer.addr + layout::CONTROL_BYTES + off,
-            rkey: self.peer.rkey,
-        };
-        let scratch = Local {
-            addr: self.rx_window + layout::SCRATCH,
-            lkey: self.rx_lkey,
-        };
-        let arrived = self.peer_word(layout::ARRIVED);
-        if first < n {
-            self.qp.put(dst(at), src(at), first)?;
-            self.qp.put_signal(dst(0), src(0), n - first, arrived, n, scratch)?;
-        } else {
-            self.qp.put_signal(dst(at), src(at), n, arrived, n, scratch)?;
-        }
-        self.set_sent(sent + n);
-        Ok(n as usize)
+        scope.sync();
+        self.on_leader(scope, || {
+            let at = sent & (cap - 1);
+            let first = n.min(cap - at);
+            let src = |off: u64| Local {
+                addr: self.tx_ring + off,
+                lkey: self.tx_lkey,
+            };
+            let dst = |off: u64| Remote {
+                addr: self.peer.addr + layout::CONTROL_BYTES + off,
+                rkey: self.peer.rkey,
+            };
+            let scratch = Local {
+                addr: self.rx_window + layout::SCRATCH,
+                lkey: self.rx_lkey,
+            };
+            let arrived = self.peer_word(layout::ARRIVED);
+            if first < n {
+                self.qp.put(dst(at), src(at), first)?;
+                self.qp.put_signal(dst(0), src(0), n - first, arrived, n, scratch)?;
+            } else {
+                self.qp.put_signal(dst(at), src(at), n, arrived, n, scratch)?;
+            }
+            self.set_sent(sent + n);
+            Ok(n)
+        })
+        .map(|n| n as usize)
     }
 
-    fn recv_in(&self, buf: &mut [u8], mode: Mode) -> Result<usize, SocketError> {
-        let (_, consumed, credited, _) = self.state();
+    fn recv_in<S: Scope>(&self, scope: S, buf: &mut [u8], mode: Mode) -> Result<usize, SocketError> {
         let cap = 1u64 << self.log_rx;
-        let mut deadline = self.qp.deadline();
-        let arrived = loop {
-            let (.., flags) = self.state();
-            self.usable(flags)?;
-            let arrived = self.control(layout::ARRIVED);
-            if arrived != consumed {
-                break arrived;
+        let (_, consumed, credited, _) = self.state();
+        // The leader waits for bytes (or the end); everyone learns how many it takes.
+        let arrived = self.on_leader(scope, || {
+            let mut deadline = self.qp.deadline();
+            loop {
+                let (.., flags) = self.state();
+                self.usable(flags)?;
+                let arrived = self.control(layout::ARRIVED);
+                if arrived != consumed {
+                    return Ok(arrived);
+                }
+                let fin = self.control(layout::FIN);
+                if (fin != 0 && fin - 1 == consumed) || buf.is_empty() {
+                    return Ok(consumed);
+                }
+                self.idle(mode, &mut deadline)?;
             }
-            let fin = self.control(layout::FIN);
-            if fin != 0 && fin - 1 == consumed {
-                return Ok(0);
-            }
-            if buf.is_empty() {
-                return Ok(0);
-            }
-            self.idle(mode, &mut deadline)?;
-        };
+        })?;
+        let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
+        if n == 0 {
+            return Ok(0);
+        }
         // The bytes up to `arrived` landed before the count did (RC order).
         arch::from_device_barrier();
-        let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
-        let at = consumed & (cap - 1);
-        let first = n.min(cap - at);
-        let ring = self.rx_window + layout::CONTROL_BYTES;
-        // SAFETY: the receive ring holds `cap` bytes; the `n` bytes from `at` (wrapping) have
-        // arrived and the peer does not write them again before this side's credit says so.
+        let (lo, hi) = share(scope, n);
+        // SAFETY: the receive ring holds `cap` bytes; the `n` bytes from `consumed` have
+        // arrived and the peer does not write them again before this side's credit says so;
+        // `buf` holds at least `n`.
         unsafe {
-            core::ptr::copy_nonoverlapping((ring + at) as *const u8, buf.as_mut_ptr(), first as usize);
-            core::ptr::copy_nonoverlapping(
-                ring as *const u8,
-                buf.as_mut_ptr().add(first as usize),
-                (n - first) as usize,
-            );
-        }
-        let consumed = consumed + n;
-        self.set_consumed(consumed);
-        // Credit when everything that had arrived is read (a waiting sender always gets one),
-        // or when half a ring is read and not credited.
-        if consumed == arrived || consumed - credited >= cap / 2 {
-            self.qp
-                .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
-            self.set_credited(consumed);
-        }
-        Ok(n as usize)
+            ring_copy(
+                self.rx_window + layout::CONTROL_BYTES,
+                cap,
+                consumed + lo,
+                buf.as_mut_ptr().add(lo as usize),
+                hi - lo,
+                false,
+            )
+        };
+        scope.sync();
+        self.on_leader(scope, || {
+            let consumed = consumed + n;
+            self.set_consumed(consumed);
+            // Credit when everything that had arrived is read (a waiting sender always gets
+            // one), or when half a ring is read and not credited.
+            if consumed == arrived || consumed - credited >= cap / 2 {
+                self.qp
+                    .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
+                self.set_credited(consumed);
+            }
+            Ok(n)
+        })
+        .map(|n| n as usize)
     }
 
     /// Between looks at the control words: take this queue pair's completions (an error one

@@ -185,7 +185,8 @@ impl core::error::Error for PostError {
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
 /// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`],
 /// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], [`CODE_BAD_ARGUMENT`], [`CODE_TOO_LONG`],
-/// [`CODE_TOO_MANY_BUFS`], or [`CODE_CQE_ERROR`] |
+/// [`CODE_TOO_MANY_BUFS`], [`CODE_WOULD_BLOCK`], [`CODE_RESET`], [`CODE_CLOSED`], or
+/// [`CODE_CQE_ERROR`] |
 /// syndrome.
 pub const CODE_OK: u32 = 0;
 /// A wait timed out.
@@ -216,6 +217,13 @@ pub const CODE_CQE_ERROR: u32 = 0x100;
 pub const CODE_TOO_LONG: u32 = 10;
 /// A receive of more buffers than the receive queue's stride.
 pub const CODE_TOO_MANY_BUFS: u32 = 11;
+/// A socket call that would have to wait (`try_send` with a full ring, `try_recv` with
+/// nothing arrived).
+pub const CODE_WOULD_BLOCK: u32 = 12;
+/// A socket whose connection was reset (by the peer or this side).
+pub const CODE_RESET: u32 = 13;
+/// A send on a socket after its sending side was shut down.
+pub const CODE_CLOSED: u32 = 14;
 
 /// A status code as kernels report it ([`CODE_OK`], ...), for messages: `Code(c).to_string()`.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -240,6 +248,9 @@ impl core::fmt::Display for Code {
             }
             CODE_TOO_LONG => f.write_str("message longer than one WQE takes"),
             CODE_TOO_MANY_BUFS => f.write_str("more receive buffers than the receive queue's stride"),
+            CODE_WOULD_BLOCK => f.write_str("the socket call would block"),
+            CODE_RESET => f.write_str("the socket's connection was reset"),
+            CODE_CLOSED => f.write_str("a send after the socket's sending side was shut down"),
             u32::MAX => f.write_str("no status written (the thread did not finish)"),
             c if c & CODE_CQE_ERROR != 0 => write!(f, "error CQE: {}", Syndrome::from_raw(c as u8)),
             c => write!(f, "unknown status {c:#x}"),

@@ -106,6 +106,7 @@ impl SocketFailure {
             SocketError::BadHandle { version } => SocketFailure::Lost(format!("bad socket handle {version:#x}")),
             SocketError::Post(p) => SocketFailure::Lost(format!("a post failed: {p:?}")),
             SocketError::Lost(w) => SocketFailure::Lost(format!("{w:?}")),
+            SocketError::Failed { code } => SocketFailure::Lost(gdaki_device::status::Code(code).to_string()),
         }
     }
 }
@@ -401,6 +402,13 @@ impl Socket {
     /// The peer's handshake address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The socket's device handle in host memory, for CPU-mode code that drives it with
+    /// `gdaki_device::socket::Socket` itself (in group scope, say). Such code counts as this
+    /// socket's sender and receiver: do not call this value's own methods meanwhile.
+    pub fn device_handle(&self) -> *mut DevSocket {
+        self.handle.as_ptr() as *mut DevSocket
     }
 
     /// The queue pair the socket runs on.

@@ -312,3 +312,53 @@ fn a_socket_to_another_process_carries_a_stream_through_the_soft_transport() {
         assert!(sender == data, "connection {i}: the echo differs");
     }
 }
+
+/// GPUnet's threadblock-cooperative calls, with CPU threads playing a block: every member
+/// calls with the same buffer, each copies its share, the leader posts; the server's block
+/// echoes a stream that crosses its 4 KiB ring many times.
+#[test]
+fn a_block_of_threads_receives_and_sends_together() {
+    use gdaki_device::scope::Group;
+    use gdaki_device::socket::Socket as DevSocket;
+    use std::sync::Mutex;
+    const THREADS: u32 = 5;
+    let (s, c) = pair(small(4096));
+    let data = pattern(5, 200_000);
+    let echoed = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_to_end(&c, 3000));
+        let group = Group::new(THREADS).unwrap();
+        // One buffer for the block (as in shared memory), an odd size so the pieces vary.
+        let buf = Mutex::new(vec![0u8; 1500]);
+        let handle = s.device_handle() as usize;
+        std::thread::scope(|block| {
+            for r in 0..THREADS {
+                let (group, buf) = (&group, &buf);
+                block.spawn(move || {
+                    let me = group.block(r).unwrap();
+                    // SAFETY: the server's handle, alive for the scope; the block is its only user.
+                    let dev = unsafe { DevSocket::<gdaki_device::Gpu>::from_raw(handle as *mut _) }.unwrap();
+                    let ptr = buf.lock().unwrap().as_mut_ptr() as usize;
+                    // SAFETY: the block's buffer of 1500 bytes, alive for the scope; members
+                    // write disjoint parts of it between barriers.
+                    let b = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, 1500) };
+                    loop {
+                        let n = dev.recv_with(me, b).unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        let mut at = 0;
+                        while at < n {
+                            at += dev.send_with(me, &b[at..n]).unwrap();
+                        }
+                    }
+                    dev.shutdown_with(me).unwrap();
+                    dev.flush_with(me).unwrap();
+                });
+            }
+            c.send_all(&data).unwrap();
+            c.shutdown().unwrap();
+        });
+        reader.join().unwrap()
+    });
+    assert!(echoed == data, "the block's echo differs");
+}

@@ -278,6 +278,24 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             "more receive buffers than the stride",
         ),
         (
+            "GDAKI_CODE_WOULD_BLOCK",
+            status::CODE_WOULD_BLOCK as u64,
+            "u",
+            "a socket call would block",
+        ),
+        (
+            "GDAKI_CODE_RESET",
+            status::CODE_RESET as u64,
+            "u",
+            "a socket's connection was reset",
+        ),
+        (
+            "GDAKI_CODE_CLOSED",
+            status::CODE_CLOSED as u64,
+            "u",
+            "a send after the socket's shutdown",
+        ),
+        (
             "GDAKI_CODE_CQE_ERROR",
             status::CODE_CQE_ERROR as u64,
             "u",
