@@ -493,3 +493,24 @@ impl<M: Sharing> Socket<M> {
         self.flags_word().fetch_or(bits, Ordering::AcqRel);
     }
 }
+
+/// GPUnet's echo server on one socket, in group `scope` (every member calls with the same
+/// `buf`): receives into `buf` and sends each piece back until the peer's end of stream, then
+/// shuts down and flushes. Returns the bytes echoed.
+pub fn echo<M: Sharing, S: Scope>(sock: &Socket<M>, scope: S, buf: &mut [u8]) -> Result<u64, SocketError> {
+    let mut total = 0u64;
+    loop {
+        let n = sock.recv_with(scope, buf)?;
+        if n == 0 {
+            break;
+        }
+        let mut at = 0;
+        while at < n {
+            at += sock.send_with(scope, &buf[at..n])?;
+        }
+        total += n as u64;
+    }
+    sock.shutdown_with(scope)?;
+    sock.flush_with(scope)?;
+    Ok(total)
+}

@@ -42,6 +42,20 @@ use crate::error::{check_pow2, Error, Result};
 use crate::handshake::{Channel, Hello};
 use crate::{Access, CompletionQueue, Context, MemoryRegion, QpConfig, QueuePair};
 
+/// Where a socket's receive window and staging ring live.
+#[derive(Debug, Clone, Default)]
+pub enum SocketMemory {
+    /// Host memory: CPU threads use the socket ([`Socket::send`], ...).
+    #[default]
+    Host,
+    /// Host memory mapped into this GPU: CPU threads use the socket, or, exported to the GPU
+    /// ([`Socket::into_gpu`]), its kernels (which reach the rings over PCIe).
+    Pinned(gdaki_cuda::Gpu),
+    /// This GPU's memory (GPUnet's network buffers): only its kernels use the socket, once
+    /// exported; the HCA writes the bytes into GPU memory.
+    Device(gdaki_cuda::Gpu),
+}
+
 /// How a socket is made.
 #[derive(Debug, Clone)]
 pub struct SocketConfig {
@@ -52,6 +66,8 @@ pub struct SocketConfig {
     pub timeout: Duration,
     /// Send queue size of the socket's queue pair (default 256).
     pub sq_size: u32,
+    /// Where the rings live (default host memory).
+    pub memory: SocketMemory,
 }
 
 impl Default for SocketConfig {
@@ -60,11 +76,21 @@ impl Default for SocketConfig {
             rx_bytes: 64 << 10,
             timeout: Duration::from_secs(10),
             sq_size: 256,
+            memory: SocketMemory::Host,
         }
     }
 }
 
 impl SocketConfig {
+    /// `len` bytes of registered memory where [`memory`](Self::memory) says.
+    fn alloc(&self, ctx: &Context, len: usize) -> Result<MemoryRegion> {
+        match &self.memory {
+            SocketMemory::Host => ctx.alloc_region(len, Access::ALL),
+            SocketMemory::Pinned(gpu) => ctx.alloc_pinned_region(gpu, len, Access::ALL),
+            SocketMemory::Device(gpu) => ctx.alloc_device_region(gpu, len, Access::ALL),
+        }
+    }
+
     fn log_rx(&self) -> Result<u32> {
         check_pow2(
             "a socket's receive ring",
@@ -94,6 +120,9 @@ pub enum SocketFailure {
     /// The connection is lost: its queue pair failed (the peer died, or refused an access).
     #[error("the connection is lost: {0}")]
     Lost(String),
+    /// The socket's rings are in GPU memory (or it was exported): only kernels use it.
+    #[error("this socket's rings are in GPU memory: export it (Socket::into_gpu) and use it from kernels")]
+    OnGpu,
 }
 
 impl SocketFailure {
@@ -134,6 +163,7 @@ struct Half {
     qp: QueuePair,
     rx: MemoryRegion,
     log_rx: u32,
+    memory: SocketMemory,
 }
 
 impl Half {
@@ -149,8 +179,13 @@ impl Half {
                 ..QpConfig::default()
             },
         )?;
-        let rx = ctx.alloc_region((layout::CONTROL_BYTES + (1u64 << log_rx)) as usize, Access::ALL)?;
-        Ok(Half { qp, rx, log_rx })
+        let rx = cfg.alloc(ctx, (layout::CONTROL_BYTES + (1u64 << log_rx)) as usize)?;
+        Ok(Half {
+            qp,
+            rx,
+            log_rx,
+            memory: cfg.memory.clone(),
+        })
     }
 
     fn hello(&self) -> Hello {
@@ -179,7 +214,11 @@ impl Half {
             )));
         }
         self.qp.connect(ep)?;
-        let tx = ctx.alloc_region(1usize << log_tx, Access::ALL)?;
+        let tx = SocketConfig {
+            memory: self.memory.clone(),
+            ..SocketConfig::default()
+        }
+        .alloc(ctx, 1usize << log_tx)?;
         let handle = HostBuffer::new("a socket handle", std::mem::size_of::<DevSocket>())?;
         let h = DevSocket {
             qp: self.qp.device_handle() as u64,
@@ -214,6 +253,8 @@ impl Half {
             _tx: tx,
             peer,
             timeout,
+            memory: self.memory,
+            exported: false,
         })
     }
 }
@@ -293,6 +334,9 @@ pub struct Socket {
     _tx: MemoryRegion,
     peer: SocketAddr,
     timeout: Duration,
+    memory: SocketMemory,
+    /// Handed to a GPU ([`into_gpu`](Socket::into_gpu)): its state lives there now.
+    exported: bool,
 }
 
 impl std::fmt::Debug for Socket {
@@ -309,6 +353,9 @@ impl std::fmt::Debug for Socket {
 
 impl Drop for Socket {
     fn drop(&mut self) {
+        if self.exported || matches!(self.memory, SocketMemory::Device(_)) {
+            return;
+        }
         if let Err(e) = self.dev.flush() {
             tracing::debug!(peer = %self.peer, "socket dropped before its last posts completed: {e:?}");
         }
@@ -343,12 +390,14 @@ impl Socket {
     /// Sends up to `data.len()` bytes, waiting (bounded) for room in the peer's ring: how many
     /// were sent (a partial send when the ring had less room). `data` may be reused at once.
     pub fn send(&self, data: &[u8]) -> Result<usize, SocketFailure> {
+        self.on_cpu()?;
         let _turn = hold(&self.send_lock);
         self.dev.send(data).map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
     /// [`send`](Self::send) without waiting: [`SocketFailure::WouldBlock`] when the ring is full.
     pub fn try_send(&self, data: &[u8]) -> Result<usize, SocketFailure> {
+        self.on_cpu()?;
         let _turn = hold(&self.send_lock);
         self.dev.try_send(data).map_err(|e| SocketFailure::of(e, self.timeout))
     }
@@ -365,29 +414,34 @@ impl Socket {
     /// Receives up to `buf.len()` bytes, waiting (bounded) for some: how many, 0 once the peer
     /// shut down and everything it sent has been read.
     pub fn recv(&self, buf: &mut [u8]) -> Result<usize, SocketFailure> {
+        self.on_cpu()?;
         let _turn = hold(&self.recv_lock);
         self.dev.recv(buf).map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
     /// [`recv`](Self::recv) without waiting: [`SocketFailure::WouldBlock`] when nothing arrived.
     pub fn try_recv(&self, buf: &mut [u8]) -> Result<usize, SocketFailure> {
+        self.on_cpu()?;
         let _turn = hold(&self.recv_lock);
         self.dev.try_recv(buf).map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
     /// Shuts down the sending side (the peer reads the rest, then 0); receiving goes on.
     pub fn shutdown(&self) -> Result<(), SocketFailure> {
+        self.on_cpu()?;
         let _turn = hold(&self.send_lock);
         self.dev.shutdown().map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
     /// Resets the connection: both sides' later calls fail with [`SocketFailure::Reset`].
     pub fn reset(&self) -> Result<(), SocketFailure> {
+        self.on_cpu()?;
         self.dev.reset().map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
     /// Waits (bounded) until everything sent so far has reached the peer's memory.
     pub fn flush(&self) -> Result<(), SocketFailure> {
+        self.on_cpu()?;
         self.dev.flush().map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
@@ -397,6 +451,48 @@ impl Socket {
     pub fn close(self) -> Result<(), SocketFailure> {
         self.shutdown()?;
         self.flush()
+    }
+
+    /// Refuses CPU calls on a socket whose rings are in GPU memory.
+    fn on_cpu(&self) -> Result<(), SocketFailure> {
+        match self.memory {
+            SocketMemory::Device(_) => Err(SocketFailure::OnGpu),
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands the socket to `gpu`'s kernels: its queue pair is exported there and its handle
+    /// (with the stream state so far) copied into GPU memory; kernels take
+    /// [`GpuSocket::device_handle`] (`gdaki_device::socket::Socket::from_raw`). The rings must
+    /// be memory that GPU reaches ([`SocketMemory::Pinned`] or [`SocketMemory::Device`] of it).
+    pub fn into_gpu(mut self, gpu: &gdaki_cuda::Gpu) -> Result<GpuSocket> {
+        let reached = match &self.memory {
+            SocketMemory::Pinned(g) | SocketMemory::Device(g) => g.ordinal() == gpu.ordinal(),
+            SocketMemory::Host => false,
+        };
+        if !reached {
+            return Err(Error::Unsupported {
+                what: "exporting a socket to a GPU",
+                why: format!(
+                    "its rings are in {:?}, which GPU {} does not reach: make it with SocketMemory::Pinned or \
+                     SocketMemory::Device of that GPU",
+                    self.memory,
+                    gpu.ordinal()
+                ),
+            });
+        }
+        let export = self.qp.export_gpu(gpu)?;
+        // SAFETY: the live handle, read as plain data.
+        let mut h = unsafe { (self.handle.as_ptr() as *const DevSocket).read_volatile() };
+        h.qp = export.device_handle();
+        let handle = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevSocket>())?;
+        handle.write(0, bytemuck::bytes_of(&h))?;
+        self.exported = true;
+        Ok(GpuSocket {
+            handle,
+            _export: export,
+            _socket: self,
+        })
     }
 
     /// The peer's handshake address.
@@ -414,5 +510,57 @@ impl Socket {
     /// The queue pair the socket runs on.
     pub fn queue_pair(&self) -> &QueuePair {
         &self.qp
+    }
+}
+
+/// A socket handed to a GPU ([`Socket::into_gpu`]): kernels on it use the socket through
+/// [`device_handle`](Self::device_handle); keep this value alive while they run.
+pub struct GpuSocket {
+    handle: gdaki_cuda::DeviceBuffer,
+    // The export before the socket: it unmaps before the queue pair goes.
+    _export: crate::GpuQp,
+    _socket: Socket,
+}
+
+impl std::fmt::Debug for GpuSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuSocket")
+            .field("peer", &self._socket.peer)
+            .field("handle", &format_args!("{:#x}", self.handle.device_addr()))
+            .finish()
+    }
+}
+
+impl GpuSocket {
+    /// The socket's handle in GPU memory: what kernels pass to
+    /// `gdaki_device::socket::Socket::from_raw`.
+    pub fn device_handle(&self) -> u64 {
+        self.handle.device_addr()
+    }
+
+    /// Runs GPUnet's echo server on `gpu` (`gdaki_device::socket::echo`): block `b` of
+    /// `threads` threads serves `sockets[b]` with a `buf_len`-byte buffer until its peer's end
+    /// of stream, then shuts it down; waits for every block. The sockets are this launch's
+    /// alone while it runs (`&mut`).
+    pub fn echo_on_gpu(
+        gpu: &gdaki_cuda::Gpu,
+        sockets: &mut [GpuSocket],
+        threads: u32,
+        buf_len: usize,
+    ) -> Result<gdaki_cuda::SocketEchoRun> {
+        let handles: Vec<u64> = sockets.iter().map(GpuSocket::device_handle).collect();
+        if let Some(s) = sockets.iter().find(|s| s._export.gpu_ordinal() != gpu.ordinal()) {
+            return Err(Error::Unsupported {
+                what: "running sockets on a GPU",
+                why: format!(
+                    "a socket was exported to GPU {}, not GPU {}",
+                    s._export.gpu_ordinal(),
+                    gpu.ordinal()
+                ),
+            });
+        }
+        // SAFETY: every handle is a socket exported to this GPU (checked above), alive and
+        // borrowed mutably until the launch returns.
+        Ok(unsafe { gpu.run_socket_echo(&handles, threads, buf_len) }?)
     }
 }

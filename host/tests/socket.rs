@@ -362,3 +362,75 @@ fn a_block_of_threads_receives_and_sends_together() {
     });
     assert!(echoed == data, "the block's echo differs");
 }
+
+/// GPUnet's echo server on the GPU: every block of one kernel serves a socket of its own,
+/// all its threads together, for CPU clients that each send a stream many rings long; the
+/// server's rings in GPU memory, then in host memory mapped into the GPU.
+#[test]
+fn a_gpu_server_echoes_cpu_clients_a_block_per_socket() {
+    use gdaki::socket::{GpuSocket, SocketMemory};
+    let test = "a_gpu_server_echoes_cpu_clients_a_block_per_socket";
+    let Some((gpu, _one)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    const N: usize = 8;
+    for memory in [SocketMemory::Device(gpu.clone()), SocketMemory::Pinned(gpu.clone())] {
+        let server_cfg = SocketConfig {
+            rx_bytes: 16 << 10,
+            timeout: Duration::from_secs(30),
+            memory: memory.clone(),
+            ..SocketConfig::default()
+        };
+        let (l, addr, _sctx) = listener(&server_cfg);
+        let accepting = {
+            let gpu = gpu.clone();
+            std::thread::spawn(move || {
+                (0..N)
+                    .map(|_| l.accept().unwrap().into_gpu(&gpu).unwrap())
+                    .collect::<Vec<GpuSocket>>()
+            })
+        };
+        let ctx = Context::open(Provider::Soft).unwrap();
+        let client_cfg = SocketConfig {
+            timeout: Duration::from_secs(30),
+            ..small(8192)
+        };
+        let clients: Vec<Socket> = (0..N)
+            .map(|_| Socket::connect(&ctx, addr, client_cfg.clone()).unwrap())
+            .collect();
+        let mut served = accepting.join().unwrap();
+        let serving = {
+            let gpu = gpu.clone();
+            std::thread::spawn(move || {
+                let run = GpuSocket::echo_on_gpu(&gpu, &mut served, 128, 3000).unwrap();
+                (run, served)
+            })
+        };
+        let streams: Vec<Vec<u8>> = (0..N).map(|i| pattern(300 + i as u64, 100_000 + i * 777)).collect();
+        std::thread::scope(|scope| {
+            for (i, (c, data)) in clients.iter().zip(&streams).enumerate() {
+                scope.spawn(move || {
+                    let back = std::thread::scope(|inner| {
+                        let reader = inner.spawn(|| read_to_end(c, 5000));
+                        c.send_all(data).unwrap();
+                        c.shutdown().unwrap();
+                        reader.join().unwrap()
+                    });
+                    assert!(&back == data, "socket {i}'s echo differs");
+                });
+            }
+        });
+        let (run, _served) = serving.join().unwrap();
+        for (i, data) in streams.iter().enumerate() {
+            assert_eq!((run.status[i], run.echoed[i]), (0, data.len() as u64), "block {i}");
+        }
+        eprintln!(
+            "{N} sockets echoed by the GPU ({}): {:.1} ms",
+            match memory {
+                SocketMemory::Device(_) => "rings in GPU memory",
+                _ => "rings in pinned host memory",
+            },
+            run.elapsed.as_secs_f64() * 1e3
+        );
+    }
+}

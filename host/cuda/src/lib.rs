@@ -35,7 +35,9 @@ pub use ipc::{
     IpcImport, HANDLE_BYTES as IPC_HANDLE_BYTES,
 };
 pub use kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel, LinkInput, Module};
-pub use launch::{DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, WriteLatRun, WriteLatSide};
+pub use launch::{
+    DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, SocketEchoRun, WriteLatRun, WriteLatSide,
+};
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
 pub use reference::PeerDirection;
 pub use stream::{

@@ -42,6 +42,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_store_loop",
     "gdaki_store_loop_rings",
     "gdaki_copier",
+    "gdaki_socket_echo",
 ];
 
 /// The PTX was not built into this copy of the library.
