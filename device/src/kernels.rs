@@ -370,6 +370,64 @@ pub unsafe extern "ptx-kernel" fn gdaki_socket_echo(
     }
 }
 
+/// The socket perftests ([`socket::bench`](crate::socket::bench)): block `b` runs role
+/// `roles[b]` on the socket whose handle is `sockets[b]`, all its threads together, `iters`
+/// messages of `size` bytes through `buf_len` bytes at `bufs + b * buf_len`; its leader writes
+/// its timestamps from `times + b * times_per_block`, `status[b]` and `moved[b]`.
+///
+/// # Safety
+/// `sockets` and `roles` hold one entry per block, each socket this block's alone; the
+/// buffers are GPU memory of `buf_len` (at least `size`) bytes per block; `times` holds
+/// `times_per_block` (at least the role's timestamps) per block; `scratch` one
+/// [`BlockScratch`] per block; `status` and `moved` one entry per block.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_socket_bench(
+    sockets: *const u64,
+    roles: *const u32,
+    size: u64,
+    iters: u32,
+    bufs: u64,
+    buf_len: u64,
+    times: *mut u64,
+    times_per_block: u64,
+    scratch: *mut BlockScratch,
+    status: *mut u32,
+    moved: *mut u64,
+) {
+    // SAFETY: special registers are always readable.
+    let b = unsafe { _block_idx_x() } as usize;
+    // SAFETY: one scratch per block (contract); every thread of the block computes the same.
+    let block = unsafe { Block::new(scratch.add(b)) };
+    // SAFETY: one role and one handle per block (contract), this block's alone.
+    let outcome = match (crate::socket::BenchRole::from_code(unsafe { *roles.add(b) }), unsafe {
+        crate::socket::Socket::<Exclusive>::from_raw(*sockets.add(b) as *mut _)
+    }) {
+        (None, _) => Err(CODE_BAD_ARGUMENT),
+        (_, Err(e)) => Err(e.code()),
+        // SAFETY: this block's buffer and timestamps (contract).
+        (Some(role), Ok(sock)) => unsafe {
+            crate::socket::bench(
+                &sock,
+                block,
+                role,
+                size,
+                iters,
+                core::slice::from_raw_parts_mut((bufs + b as u64 * buf_len) as *mut u8, buf_len as usize),
+                times.add(b * times_per_block as usize),
+            )
+        }
+        .map_err(|e| e.code()),
+    };
+    if block.is_leader() {
+        let (code, n) = outcome.map_or_else(|c| (c, 0), |n| (CODE_OK, n));
+        // SAFETY: one entry per block (contract).
+        unsafe {
+            status.add(b).write_volatile(code);
+            moved.add(b).write_volatile(n);
+        }
+    }
+}
+
 /// `write_lat`'s reference: a flag ping-pong between this (single) thread and a CPU thread
 /// through host-pinned memory, with no HCA in between. Round `i` (from 1) records the time,
 /// stores `i` to `*gpu_word` and waits until the CPU echoes `i` in `*cpu_word`. `*status` gets

@@ -268,6 +268,53 @@ impl<M: Sharing> Socket<M> {
             .map(|_| ())
     }
 
+    /// [`send_with`](Self::send_with) until all of `data` is sent.
+    pub fn send_all_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<(), SocketError> {
+        let mut at = 0;
+        while at < data.len() {
+            at += self.send_with(scope, &data[at..])?;
+        }
+        Ok(())
+    }
+
+    /// [`recv_with`](Self::recv_with) until `buf` is full; [`SocketError::Closed`] if the
+    /// stream ends first.
+    pub fn recv_exact_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<(), SocketError> {
+        let mut at = 0;
+        while at < buf.len() {
+            match self.recv_with(scope, &mut buf[at..])? {
+                0 => return Err(SocketError::Closed),
+                n => at += n,
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer's receive ring at `off`.
+    fn peer_ring(&self, off: u64) -> Remote {
+        Remote {
+            addr: self.peer.addr + layout::CONTROL_BYTES + off,
+            rkey: self.peer.rkey,
+        }
+    }
+
+    /// The staging ring at `off`.
+    fn tx_local(&self, off: u64) -> Local {
+        Local {
+            addr: self.tx_ring + off,
+            lkey: self.tx_lkey,
+        }
+    }
+
+    /// Waits (bounded) until the byte at `flag` (written by the HCA) is `value`.
+    fn wait_flag(&self, flag: *const u8, value: u8) -> Result<(), SocketError> {
+        // SAFETY: callers pass a byte of this side's receive ring (registered, alive).
+        unsafe { self.qp.wait_until_u8(flag, value) }.map_err(|e| match e {
+            WaitError::Flag { .. } | WaitError::Timeout { .. } => SocketError::TimedOut,
+            e => SocketError::Lost(e),
+        })
+    }
+
     /// Runs `step` on the leader of `scope` and hands its outcome to every member.
     fn on_leader<S: Scope>(
         &self,
@@ -335,14 +382,7 @@ impl<M: Sharing> Socket<M> {
         self.on_leader(scope, || {
             let at = sent & (cap - 1);
             let first = n.min(cap - at);
-            let src = |off: u64| Local {
-                addr: self.tx_ring + off,
-                lkey: self.tx_lkey,
-            };
-            let dst = |off: u64| Remote {
-                addr: self.peer.addr + layout::CONTROL_BYTES + off,
-                rkey: self.peer.rkey,
-            };
+            let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
             let scratch = Local {
                 addr: self.rx_window + layout::SCRATCH,
                 lkey: self.rx_lkey,
@@ -513,4 +553,171 @@ pub fn echo<M: Sharing, S: Scope>(sock: &Socket<M>, scope: S, buf: &mut [u8]) ->
     sock.shutdown_with(scope)?;
     sock.flush_with(scope)?;
     Ok(total)
+}
+
+// ------------------------------------------------------------------------------ benchmarks
+
+/// What one side of a socket benchmark does (`sock_bw`, `sock_lat`, and their references on
+/// the same queue pair and memory).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+#[repr(u32)]
+pub enum BenchRole {
+    /// Sends `iters` messages of `size` bytes (each whole), then shuts down and flushes.
+    Send = 0,
+    /// Receives until the end of the stream.
+    Recv = 1,
+    /// Sends a message, then receives one back, `iters` times.
+    Ping = 2,
+    /// Receives a message, then sends it back, `iters` times.
+    Pong = 3,
+    /// The bandwidth reference: `iters` RDMA WRITEs of `size` bytes from the staging ring into
+    /// the peer's receive ring, no socket protocol (no copies, no credits), then a wait for
+    /// all: `put_bw` on the same queue pair and memory.
+    RawSend = 4,
+    /// The latency reference: `write_lat`'s ping on the same queue pair and memory (the last
+    /// byte of each message is its round's flag).
+    RawPing = 5,
+    /// `write_lat`'s pong.
+    RawPong = 6,
+    /// Does nothing (the peer of [`RawSend`](Self::RawSend)).
+    Idle = 7,
+}
+
+impl BenchRole {
+    /// The role of code `c`.
+    pub const fn from_code(c: u32) -> Option<BenchRole> {
+        Some(match c {
+            0 => BenchRole::Send,
+            1 => BenchRole::Recv,
+            2 => BenchRole::Ping,
+            3 => BenchRole::Pong,
+            4 => BenchRole::RawSend,
+            5 => BenchRole::RawPing,
+            6 => BenchRole::RawPong,
+            7 => BenchRole::Idle,
+            _ => return None,
+        })
+    }
+
+    /// Timestamps the role records: two (start, end) for the bandwidth roles, a round start
+    /// for each of `iters` rounds and the end for the pings, none for the others.
+    pub const fn timestamps(self, iters: u32) -> usize {
+        match self {
+            BenchRole::Send | BenchRole::Recv | BenchRole::RawSend => 2,
+            BenchRole::Ping | BenchRole::RawPing => iters as usize + 1,
+            _ => 0,
+        }
+    }
+}
+
+/// Runs `role` on `sock` in group `scope` (every member with the same arguments) for `iters`
+/// messages of `size` bytes through `buf` (at least `size` bytes); the leader writes the
+/// role's timestamps ([`BenchRole::timestamps`], `arch::global_timer_ns`) at `times`. Returns
+/// the bytes this side moved.
+///
+/// # Safety
+/// `times` is valid for the role's timestamps; `size` is at most a ring (the raw roles put
+/// whole messages into the peer's ring) and, for the raw roles, at least 1.
+pub unsafe fn bench<M: Sharing, S: Scope>(
+    sock: &Socket<M>,
+    scope: S,
+    role: BenchRole,
+    size: u64,
+    iters: u32,
+    buf: &mut [u8],
+    times: *mut u64,
+) -> Result<u64, SocketError> {
+    let stamp = |i: usize| {
+        if scope.is_leader() {
+            // SAFETY: the role's timestamps fit (the contract).
+            unsafe { times.add(i).write_volatile(arch::global_timer_ns()) };
+        }
+    };
+    let msg = size.min(buf.len() as u64) as usize;
+    match role {
+        BenchRole::Send => {
+            stamp(0);
+            for _ in 0..iters {
+                sock.send_all_with(scope, &buf[..msg])?;
+            }
+            sock.shutdown_with(scope)?;
+            sock.flush_with(scope)?;
+            stamp(1);
+            Ok(msg as u64 * iters as u64)
+        }
+        BenchRole::Recv => {
+            stamp(0);
+            let mut total = 0;
+            loop {
+                match sock.recv_with(scope, buf)? {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            stamp(1);
+            Ok(total)
+        }
+        BenchRole::Ping | BenchRole::Pong => {
+            for i in 0..iters as usize {
+                if role == BenchRole::Ping {
+                    stamp(i);
+                    sock.send_all_with(scope, &buf[..msg])?;
+                    sock.recv_exact_with(scope, &mut buf[..msg])?;
+                } else {
+                    sock.recv_exact_with(scope, &mut buf[..msg])?;
+                    sock.send_all_with(scope, &buf[..msg])?;
+                }
+            }
+            if role == BenchRole::Ping {
+                stamp(iters as usize);
+            }
+            sock.flush_with(scope)?;
+            Ok(msg as u64 * iters as u64)
+        }
+        BenchRole::RawSend => {
+            stamp(0);
+            sock.on_leader(scope, || {
+                let cap = 1u64 << sock.log_tx;
+                for i in 0..iters as u64 {
+                    let off = (i * size) % (cap - size + 1);
+                    sock.qp.put(sock.peer_ring(off), sock.tx_local(off), size)?;
+                }
+                sock.qp.quiet().map_err(SocketError::Lost)?;
+                Ok(0)
+            })?;
+            stamp(1);
+            Ok(size * iters as u64)
+        }
+        BenchRole::RawPing | BenchRole::RawPong => {
+            sock.on_leader(scope, || {
+                let last = size - 1;
+                // SAFETY: this side's receive ring holds at least `size` bytes (the contract);
+                // the HCA writes its byte `last`.
+                let mine = (sock.rx_window + layout::CONTROL_BYTES + last) as *const u8;
+                let flag_out = (sock.tx_ring + last) as *mut u8;
+                for i in 0..iters as usize {
+                    let flag = (i % 255) as u8 + 1;
+                    if role == BenchRole::RawPing {
+                        stamp(i);
+                    } else {
+                        sock.wait_flag(mine, flag)?;
+                    }
+                    // SAFETY: the staging ring's byte `last`, this side's own.
+                    unsafe { flag_out.write_volatile(flag) };
+                    sock.qp.put(sock.peer_ring(0), sock.tx_local(0), size)?;
+                    if role == BenchRole::RawPing {
+                        sock.wait_flag(mine, flag)?;
+                    }
+                }
+                if role == BenchRole::RawPing {
+                    stamp(iters as usize);
+                }
+                sock.qp.quiet().map_err(SocketError::Lost)?;
+                Ok(0)
+            })?;
+            Ok(size * iters as u64)
+        }
+        BenchRole::Idle => Ok(0),
+    }
 }

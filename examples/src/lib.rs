@@ -21,6 +21,7 @@ pub mod cli;
 pub mod plot;
 pub mod report;
 pub mod session;
+pub mod sock;
 pub mod stream;
 
 /// `e` and its causes, each said once: gdaki's errors already include their cause in their

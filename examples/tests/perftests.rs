@@ -1,4 +1,4 @@
-//! `put_bw` and `write_lat` end to end, as users run them: loopback and server / client on
+//! `put_bw`, `write_lat`, `sock_bw` and `sock_lat` end to end, as users run them: loopback and server / client on
 //! 127.0.0.1 in CPU mode (the table parses, data is validated, `--json` has the documented
 //! keys), the errors users hit (flag mismatch, refused connection, bad flags), and the same on
 //! a GPU where one is usable (SKIPPED otherwise, unless `GDAKI_REQUIRE_GPU=1`).
@@ -14,7 +14,10 @@ fn bin(name: &str) -> std::path::PathBuf {
         Some(dir) => std::path::PathBuf::from(dir).join(name),
         None => match name {
             "put_bw" => env!("CARGO_BIN_EXE_put_bw").into(),
-            _ => env!("CARGO_BIN_EXE_write_lat").into(),
+            "write_lat" => env!("CARGO_BIN_EXE_write_lat").into(),
+            "sock_bw" => env!("CARGO_BIN_EXE_sock_bw").into(),
+            "sock_lat" => env!("CARGO_BIN_EXE_sock_lat").into(),
+            other => panic!("no perftest binary {other}"),
         },
     }
 }
@@ -1271,4 +1274,71 @@ fn stream_posting_across_processes_on_the_gpu() {
     );
     let (_, out) = both_succeeded(&s, &c);
     assert_eq!(rows(&out).len(), 1, "{out}");
+}
+
+/// `sock_bw` and `sock_lat` in CPU mode: a row per size next to the reference on the same
+/// queue pairs (`put_bw`'s WRITEs, `write_lat`'s ping-pong), a sweep up to the ring, JSON, and
+/// the refusals of sizes and placements that cannot work.
+#[test]
+fn socket_perftests_run_beside_their_references() {
+    let out = ok(
+        "sock_bw",
+        &["--mode", "cpu", "-s", "4096", "-n", "500", "--rx-bytes", "65536"],
+    );
+    let r = rows(&out);
+    assert_eq!(r.len(), 1, "{out}");
+    assert_eq!((num(&r[0][0]), num(&r[0][1])), (4096.0, 500.0), "{out}");
+    assert!(num(&r[0][2]) > 0.0 && num(&r[0][3]) > 0.0, "{out}");
+    assert!(out.contains("Socket BW Test"), "{out}");
+    // A sweep stops at the ring.
+    let out = ok("sock_bw", &["--mode", "cpu", "-a", "-n", "20", "--rx-bytes", "16384"]);
+    assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB: {out}");
+    let out = ok("sock_bw", &["--mode", "cpu", "-s", "100", "-n", "50", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["test"].as_str(), Some("sock_bw"));
+    assert_eq!(v["results"][0]["bytes"].as_u64(), Some(100));
+    assert!(v["results"][0]["put_bw_mib_s"].as_f64().unwrap_or(0.0) > 0.0, "{out}");
+    // Latency: the socket's row, then write_lat's on the same path.
+    let out = ok("sock_lat", &["--mode", "cpu", "-s", "64", "-n", "200"]);
+    let r = rows(&out);
+    assert_eq!(r.len(), 2, "{out}");
+    assert!(r.iter().all(|row| num(&row[0]) == 64.0 && num(&row[4]) > 0.0), "{out}");
+    let out = ok("sock_lat", &["--mode", "cpu", "-s", "8", "-n", "100", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["results"][0]["socket_vs_write_lat"].as_f64().unwrap_or(0.0) > 0.0,
+        "{out}"
+    );
+    // Refused: a message larger than the ring, a ring that is not a power of two, -s with
+    // -a, too few iterations, GPU memory without a GPU.
+    for args in [
+        &["--mode", "cpu", "-s", "8192", "--rx-bytes", "4096"][..],
+        &["--mode", "cpu", "--rx-bytes", "5000"],
+        &["--mode", "cpu", "-s", "8", "-a"],
+        &["--mode", "cpu", "-n", "1"],
+        &["--mode", "cpu", "--mem", "device"],
+    ] {
+        let out = run("sock_bw", args);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).starts_with("sock_bw: "),
+            "{args:?}"
+        );
+    }
+}
+
+/// The socket perftests on the GPU: a block per side, rings in pinned and in GPU memory.
+#[test]
+fn socket_perftests_on_the_gpu() {
+    if !gpu_or_skip("socket_perftests_on_the_gpu") {
+        return;
+    }
+    for mem in ["pinned", "device"] {
+        let out = ok("sock_bw", &["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "2000"]);
+        assert_eq!(rows(&out).len(), 1, "{mem}: {out}");
+        let out = ok("sock_lat", &["--mode", "gpu", "--mem", mem, "-s", "64", "-n", "500"]);
+        assert_eq!(rows(&out).len(), 2, "{mem}: {out}");
+    }
+    let out = ok("sock_bw", &["--mode", "gpu", "-a", "-n", "100", "--rx-bytes", "65536"]);
+    assert_eq!(rows(&out).len(), 16, "{out}");
 }

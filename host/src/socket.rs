@@ -563,4 +563,41 @@ impl GpuSocket {
         // borrowed mutably until the launch returns.
         Ok(unsafe { gpu.run_socket_echo(&handles, threads, buf_len) }?)
     }
+
+    /// Runs the socket perftests' roles on `gpu` (`gdaki_device::socket::bench`): block `b` of
+    /// `threads` threads runs `roles[b]` on `sockets[b]`, `iters` messages of `size` bytes
+    /// through a `buf_len`-byte buffer; waits for every block. The sockets are this launch's
+    /// alone while it runs.
+    #[allow(clippy::too_many_arguments)] // the benchmark's parameters
+    pub fn bench_on_gpu(
+        gpu: &gdaki_cuda::Gpu,
+        sockets: &mut [GpuSocket],
+        roles: &[gdaki_device::socket::BenchRole],
+        size: u64,
+        iters: u32,
+        threads: u32,
+        buf_len: usize,
+    ) -> Result<gdaki_cuda::SocketBenchRun> {
+        Self::check_gpu(gpu, sockets)?;
+        let handles: Vec<u64> = sockets.iter().map(GpuSocket::device_handle).collect();
+        let codes: Vec<u32> = roles.iter().map(|&r| r as u32).collect();
+        let timestamps = roles.iter().map(|r| r.timestamps(iters)).max().unwrap_or(1);
+        // SAFETY: every handle is a socket exported to this GPU (checked), alive and borrowed
+        // mutably until the launch returns; the timestamps fit every role.
+        Ok(unsafe { gpu.run_socket_bench(&handles, &codes, size, iters, threads, buf_len, timestamps) }?)
+    }
+
+    fn check_gpu(gpu: &gdaki_cuda::Gpu, sockets: &[GpuSocket]) -> Result<()> {
+        match sockets.iter().find(|s| s._export.gpu_ordinal() != gpu.ordinal()) {
+            Some(s) => Err(Error::Unsupported {
+                what: "running sockets on a GPU",
+                why: format!(
+                    "a socket was exported to GPU {}, not GPU {}",
+                    s._export.gpu_ordinal(),
+                    gpu.ordinal()
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
 }

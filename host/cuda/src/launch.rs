@@ -142,6 +142,19 @@ pub struct SocketEchoRun {
     pub elapsed: Duration,
 }
 
+/// What [`Gpu::run_socket_bench`] returned.
+#[derive(Debug, Clone)]
+pub struct SocketBenchRun {
+    /// Each block's status code.
+    pub status: Vec<u32>,
+    /// Bytes each block moved.
+    pub moved: Vec<u64>,
+    /// Each block's timestamps (GPU global timer, ns).
+    pub times: Vec<Vec<u64>>,
+    /// GPU time of the whole kernel.
+    pub elapsed: Duration,
+}
+
 /// One side of a `write_lat` ping-pong on the GPU ([`Gpu::run_write_lat`]).
 #[derive(Debug, Clone, Copy)]
 pub struct WriteLatSide<'a> {
@@ -347,6 +360,75 @@ impl Gpu {
         Ok(SocketEchoRun {
             status: stream.clone_dtoh(&status)?,
             echoed: stream.clone_dtoh(&echoed)?,
+            elapsed,
+        })
+    }
+
+    /// Runs `gdaki_socket_bench`: block `b`, `threads` threads together, runs role code
+    /// `roles[b]` (`gdaki_device::socket::BenchRole`) on the socket whose device handle is
+    /// `sockets[b]`, `iters` messages of `size` bytes through a buffer of `buf_len` bytes in GPU
+    /// memory, with `timestamps` timestamps per block; waits for every block.
+    ///
+    /// # Safety
+    /// As [`run_socket_echo`](Self::run_socket_echo); `timestamps` at least what each role
+    /// records, `buf_len` at least `size`.
+    #[allow(clippy::too_many_arguments)] // the benchmark's parameters, each a scalar or a list
+    pub unsafe fn run_socket_bench(
+        &self,
+        sockets: &[u64],
+        roles: &[u32],
+        size: u64,
+        iters: u32,
+        threads: u32,
+        buf_len: usize,
+        timestamps: usize,
+    ) -> Result<SocketBenchRun, CudaError> {
+        if sockets.is_empty()
+            || roles.len() != sockets.len()
+            || !(1..=1024).contains(&threads)
+            || (buf_len as u64) < size
+        {
+            return Err(CudaError::BadArgument {
+                what: "run_socket_bench",
+                why: format!(
+                    "{} sockets, {} roles, {threads} threads a block, {buf_len}-byte buffers for {size}-byte messages",
+                    sockets.len(),
+                    roles.len()
+                ),
+            });
+        }
+        let n = sockets.len();
+        let stream = self.ctx.default_stream();
+        let handles = stream.clone_htod(sockets)?;
+        let role_codes = stream.clone_htod(roles)?;
+        let bufs = stream.alloc_zeros::<u8>(n * buf_len.max(1))?;
+        let times = stream.alloc_zeros::<u64>(n * timestamps.max(1))?;
+        let scratch = stream.alloc_zeros::<u8>(gdaki_device::scope::BLOCK_SCRATCH_BYTES * n)?;
+        let mut status = stream.alloc_zeros::<u32>(n)?;
+        stream.memcpy_htod(&vec![u32::MAX; n], &mut status)?;
+        let moved = stream.alloc_zeros::<u64>(n)?;
+        let args = Args::new()
+            .slice(&handles)
+            .slice(&role_codes)
+            .u64(size)
+            .u32(iters)
+            .slice(&bufs)
+            .u64(buf_len as u64)
+            .slice(&times)
+            .u64(timestamps.max(1) as u64)
+            .slice(&scratch)
+            .slice(&status)
+            .slice(&moved);
+        // SAFETY: `gdaki_socket_bench(sockets, roles, size, iters, bufs, buf_len, times,
+        // times_per_block, scratch, status, moved)`, one block per socket: the handles are
+        // exported sockets this launch alone uses (the caller's contract), every other area
+        // allocated above with one entry (or `timestamps`, or `buf_len` bytes) per block.
+        let elapsed = unsafe { Kernel::own(self, "gdaki_socket_bench")?.run(Dims::linear(n as u32, threads), args) }?;
+        let all = stream.clone_dtoh(&times)?;
+        Ok(SocketBenchRun {
+            status: stream.clone_dtoh(&status)?,
+            moved: stream.clone_dtoh(&moved)?,
+            times: all.chunks(timestamps.max(1)).map(<[u64]>::to_vec).collect(),
             elapsed,
         })
     }

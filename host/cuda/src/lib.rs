@@ -36,7 +36,8 @@ pub use ipc::{
 };
 pub use kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel, LinkInput, Module};
 pub use launch::{
-    DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, SocketEchoRun, WriteLatRun, WriteLatSide,
+    DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, SocketBenchRun, SocketEchoRun, WriteLatRun,
+    WriteLatSide,
 };
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
 pub use reference::PeerDirection;

@@ -43,6 +43,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_store_loop_rings",
     "gdaki_copier",
     "gdaki_socket_echo",
+    "gdaki_socket_bench",
 ];
 
 /// The PTX was not built into this copy of the library.

@@ -1,0 +1,435 @@
+//! `sock_bw` and `sock_lat`: the socket perftests (docs/sockets.md). Each size runs on a fresh
+//! socket pair in this process (two contexts, connected through a listener on loopback), CPU
+//! threads or a GPU kernel on each side, and then, on the same queue pairs and memory, the
+//! reference: `put_bw`'s stream of RDMA WRITEs (`sock_bw`) or `write_lat`'s ping-pong
+//! (`sock_lat`), without the socket protocol. The loops are `gdaki_device::socket::bench`.
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use gdaki::socket::{GpuSocket, Socket, SocketConfig, SocketListener, SocketMemory};
+use gdaki::{Context, Provider};
+use gdaki_device::socket::{BenchRole, Socket as DevSocket};
+use serde::Serialize;
+
+use crate::cli::{Mem, Mode, SWEEP};
+
+/// The flags of both socket perftests.
+#[derive(Debug, Clone, Args)]
+pub struct SockArgs {
+    /// Message size in bytes (at most the receive ring).
+    #[arg(short = 's', long)]
+    pub size: Option<u64>,
+    /// Every power of two from 2 B up to the receive ring (at most 8 MiB).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Messages (sock_bw) or round trips (sock_lat) per size.
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u32>,
+    /// Who runs the sockets: GPU kernels (a block per side), CPU threads, or auto.
+    #[arg(long, default_value = "auto")]
+    pub mode: Mode,
+    /// Where the rings live: host (CPU mode), pinned (host memory mapped into the GPU) or
+    /// device (GPU memory); auto: pinned in GPU mode, host in CPU mode.
+    #[arg(long, default_value = "auto")]
+    pub mem: Mem,
+    /// Bytes of each side's receive ring (a power of two, 4 KiB to 1 GiB).
+    #[arg(long = "rx-bytes", default_value_t = 1 << 20)]
+    pub rx_bytes: u64,
+    /// Threads of each side's block in GPU mode (they copy together, GPUnet's
+    /// threadblock-cooperative calls).
+    #[arg(long, default_value_t = 256)]
+    pub threads: u32,
+    /// The GPU, in GPU mode.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Results as one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// Bandwidth.
+    Bw,
+    /// Latency.
+    Lat,
+}
+
+impl Test {
+    fn name(self) -> &'static str {
+        match self {
+            Test::Bw => "sock_bw",
+            Test::Lat => "sock_lat",
+        }
+    }
+}
+
+/// A run's settled parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    /// `gpu` or `cpu`.
+    pub mode: &'static str,
+    /// Where the rings live.
+    pub mem: &'static str,
+    /// Receive ring bytes.
+    pub rx_bytes: u64,
+    /// Threads per side (GPU mode).
+    pub threads: u32,
+    /// Iterations per size.
+    pub iters: u32,
+    /// Sizes.
+    pub sizes: Vec<u64>,
+}
+
+/// One `sock_bw` row.
+#[derive(Debug, Clone, Serialize)]
+pub struct BwResult {
+    /// Message size.
+    pub bytes: u64,
+    /// Messages.
+    pub iterations: u32,
+    /// Through the socket, MiB/s.
+    pub bw_mib_s: f64,
+    /// The same bytes as RDMA WRITEs on the same queue pair and memory, MiB/s.
+    pub put_bw_mib_s: f64,
+    /// `bw_mib_s / put_bw_mib_s`.
+    pub socket_vs_put: f64,
+}
+
+/// One `sock_lat` row: the socket's latency and the reference's, one-way, microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatResult {
+    /// Through the socket.
+    pub socket: crate::report::LatRow,
+    /// `write_lat`'s ping-pong on the same queue pair and memory.
+    pub write_lat: crate::report::LatRow,
+    /// `socket.t_typical_us / write_lat.t_typical_us`.
+    pub socket_vs_write_lat: f64,
+}
+
+/// What a side ran: its bytes, its timestamps.
+struct SideRun {
+    moved: u64,
+    times: Vec<u64>,
+}
+
+/// Where the sockets run.
+enum Runner {
+    Cpu,
+    Gpu(gdaki::cuda::Gpu),
+}
+
+impl Runner {
+    /// Runs `roles` on the two sockets of a fresh pair at once.
+    fn run(
+        &self,
+        pair: (Socket, Socket),
+        roles: [BenchRole; 2],
+        size: u64,
+        iters: u32,
+        threads: u32,
+    ) -> anyhow::Result<[SideRun; 2]> {
+        let buf_len = size.max(1) as usize;
+        match self {
+            Runner::Cpu => {
+                let sockets = [pair.0, pair.1];
+                let outcome: Vec<anyhow::Result<SideRun>> = std::thread::scope(|s| {
+                    let handles: Vec<_> = sockets
+                        .iter()
+                        .zip(roles)
+                        .map(|(sock, role)| {
+                            let handle = sock.device_handle() as usize;
+                            s.spawn(move || -> anyhow::Result<SideRun> {
+                                // SAFETY: the socket's own handle, alive for the scope; this
+                                // thread is its only user meanwhile.
+                                let dev = unsafe { DevSocket::<gdaki_device::Gpu>::from_raw(handle as *mut _) }
+                                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                                let mut buf = vec![0x5au8; buf_len];
+                                let mut times = vec![0u64; role.timestamps(iters)];
+                                // SAFETY: `times` holds the role's timestamps; sizes are checked
+                                // against the ring before any run.
+                                let moved = unsafe {
+                                    gdaki_device::socket::bench(
+                                        &dev,
+                                        gdaki_device::Thread,
+                                        role,
+                                        size,
+                                        iters,
+                                        &mut buf,
+                                        times.as_mut_ptr(),
+                                    )
+                                }
+                                .map_err(|e| anyhow::anyhow!("{role:?}: {}", gdaki_device::status::Code(e.code())))?;
+                                Ok(SideRun { moved, times })
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or_else(|_| bail!("a side panicked")))
+                        .collect()
+                });
+                let mut it = outcome.into_iter();
+                Ok([it.next().context("side A")??, it.next().context("side B")??])
+            }
+            Runner::Gpu(gpu) => {
+                let mut sockets = vec![pair.0.into_gpu(gpu)?, pair.1.into_gpu(gpu)?];
+                let run = GpuSocket::bench_on_gpu(gpu, &mut sockets, &roles, size, iters, threads, buf_len)?;
+                if let Some((side, code)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
+                    bail!("side {side} ({:?}): {}", roles[side], gdaki_device::status::Code(*code));
+                }
+                let mut sides = run
+                    .times
+                    .into_iter()
+                    .zip(run.moved)
+                    .map(|(times, moved)| SideRun { moved, times });
+                Ok([sides.next().context("side A")?, sides.next().context("side B")?])
+            }
+        }
+    }
+}
+
+/// Two contexts and a listener between them, for fresh socket pairs.
+struct Pairs {
+    listener: SocketListener,
+    client: Context,
+    cfg: SocketConfig,
+    _server: Context,
+}
+
+impl Pairs {
+    fn new(cfg: SocketConfig) -> anyhow::Result<Pairs> {
+        let server = Context::open(Provider::Soft)?;
+        let listener = SocketListener::bind(&server, "127.0.0.1:0".parse()?, cfg.clone())?;
+        Ok(Pairs {
+            listener,
+            client: Context::open(Provider::Soft)?,
+            cfg,
+            _server: server,
+        })
+    }
+
+    /// A connected pair: (client side, server side).
+    fn pair(&self) -> anyhow::Result<(Socket, Socket)> {
+        let addr = self.listener.local_addr()?;
+        std::thread::scope(|s| {
+            let accepted = s.spawn(|| self.listener.accept());
+            let client = Socket::connect(&self.client, addr, self.cfg.clone())?;
+            let server = accepted.join().map_err(|_| anyhow::anyhow!("accept panicked"))??;
+            Ok((client, server))
+        })
+    }
+}
+
+/// Runs `test` with `args`: prints the table (or the JSON object).
+pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
+    let gpu = match args.mode {
+        Mode::Cpu => None,
+        Mode::Gpu => Some(gdaki::cuda::Gpu::open(args.gpu).context("--mode gpu")?),
+        Mode::Auto => gdaki::cuda::Gpu::open(args.gpu).ok(),
+    };
+    let (memory, mem_name) = match (args.mem, &gpu) {
+        (Mem::Auto | Mem::Pinned, Some(g)) => (SocketMemory::Pinned(g.clone()), "host-pinned, mapped into the GPU"),
+        (Mem::Device, Some(g)) => (SocketMemory::Device(g.clone()), "GPU device memory"),
+        (Mem::Auto | Mem::Host, None) => (SocketMemory::Host, "host"),
+        (Mem::Host, Some(_)) => bail!("--mem host: GPU kernels cannot reach plain host memory; use pinned or device"),
+        (Mem::Pinned | Mem::Device, None) => bail!("--mem {:?} needs a GPU (--mode gpu)", args.mem),
+    };
+    if !args.rx_bytes.is_power_of_two() || !((4 << 10)..=(1 << 30)).contains(&args.rx_bytes) {
+        bail!("--rx-bytes {}: a power of two, 4 KiB to 1 GiB", args.rx_bytes);
+    }
+    if gpu.is_some() && !(1..=1024).contains(&args.threads) {
+        bail!("--threads {}: 1 to 1024", args.threads);
+    }
+    let max = args.rx_bytes.min(SWEEP.1);
+    let sizes: Vec<u64> = match (args.size, args.all) {
+        (Some(_), true) => bail!("-s and -a together: choose one"),
+        (Some(s), false) if (1..=args.rx_bytes).contains(&s) => vec![s],
+        (Some(s), false) => bail!("-s {s}: 1 to the receive ring ({} bytes)", args.rx_bytes),
+        (None, true) => (1..=63).map(|p| 1u64 << p).take_while(|&s| s <= max).collect(),
+        (None, false) => vec![if test == Test::Bw { 65536.min(max) } else { 64 }],
+    };
+    let iters = args.iters.unwrap_or(if test == Test::Bw { 5000 } else { 1000 });
+    if iters < 2 {
+        bail!("-n {iters}: at least 2");
+    }
+    let params = Params {
+        mode: if gpu.is_some() { "gpu" } else { "cpu" },
+        mem: mem_name,
+        rx_bytes: args.rx_bytes,
+        threads: args.threads,
+        iters,
+        sizes: sizes.clone(),
+    };
+    let cfg = SocketConfig {
+        rx_bytes: args.rx_bytes,
+        timeout: Duration::from_secs(60),
+        memory,
+        ..SocketConfig::default()
+    };
+    let pairs = Pairs::new(cfg)?;
+    let runner = match gpu {
+        Some(g) => Runner::Gpu(g),
+        None => Runner::Cpu,
+    };
+    if !args.json {
+        let title = match test {
+            Test::Bw => "Socket BW Test (gdaki sock_bw)",
+            Test::Lat => "Socket Latency Test (gdaki sock_lat)",
+        };
+        crate::report::print_header(
+            title,
+            &[
+                (
+                    "Sockets",
+                    "one pair in this process, over the soft HCA (two contexts)".into(),
+                ),
+                (
+                    "Mode",
+                    match &runner {
+                        Runner::Gpu(g) => format!(
+                            "gpu: a block of {} threads per side on GPU {}",
+                            args.threads,
+                            g.ordinal()
+                        ),
+                        Runner::Cpu => "cpu: a thread per side".into(),
+                    },
+                ),
+                (
+                    "Rings",
+                    format!("{mem_name}, {} KiB receive ring per side", args.rx_bytes >> 10),
+                ),
+                ("Iterations", format!("{iters} per size")),
+                (
+                    "Reference",
+                    match test {
+                        Test::Bw => "put_bw on the same queue pairs and memory (RDMA WRITEs, no protocol)".into(),
+                        Test::Lat => "write_lat on the same queue pairs and memory (a flag byte per message)".into(),
+                    },
+                ),
+            ],
+        );
+        match test {
+            Test::Bw => crate::outln!(" #bytes     #iterations    BW[MiB/sec]      put BW[MiB/sec]    socket/put"),
+            Test::Lat => crate::outln!("{}   (socket; then write_lat's)", crate::report::LatRow::header()),
+        }
+    }
+    let mut bw_rows = Vec::new();
+    let mut lat_rows = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        crate::report::progress(test.name(), i, sizes.len(), size);
+        match test {
+            Test::Bw => {
+                let [send, recv] = runner.run(
+                    pairs.pair()?,
+                    [BenchRole::Send, BenchRole::Recv],
+                    size,
+                    iters,
+                    args.threads,
+                )?;
+                if recv.moved != size * iters as u64 {
+                    bail!(
+                        "{size} B: the receiver got {} bytes of {}",
+                        recv.moved,
+                        size * iters as u64
+                    );
+                }
+                let [raw, _] = runner.run(
+                    pairs.pair()?,
+                    [BenchRole::RawSend, BenchRole::Idle],
+                    size,
+                    iters,
+                    args.threads,
+                )?;
+                let mib_s = |r: &SideRun| {
+                    send.moved as f64 / crate::report::MIB / (r.times[1].saturating_sub(r.times[0]).max(1) as f64 / 1e9)
+                };
+                let row = BwResult {
+                    bytes: size,
+                    iterations: iters,
+                    bw_mib_s: mib_s(&send),
+                    put_bw_mib_s: mib_s(&raw),
+                    socket_vs_put: 0.0,
+                };
+                let row = BwResult {
+                    socket_vs_put: row.bw_mib_s / row.put_bw_mib_s,
+                    ..row
+                };
+                if !args.json {
+                    crate::outln!(
+                        " {:<10} {:<14} {:<16.2} {:<18.2} {:.1}%",
+                        row.bytes,
+                        row.iterations,
+                        row.bw_mib_s,
+                        row.put_bw_mib_s,
+                        100.0 * row.socket_vs_put
+                    );
+                }
+                bw_rows.push(row);
+            }
+            Test::Lat => {
+                let [ping, _] = runner.run(
+                    pairs.pair()?,
+                    [BenchRole::Ping, BenchRole::Pong],
+                    size,
+                    iters,
+                    args.threads,
+                )?;
+                let [raw, _] = runner.run(
+                    pairs.pair()?,
+                    [BenchRole::RawPing, BenchRole::RawPong],
+                    size,
+                    iters,
+                    args.threads,
+                )?;
+                let trips = |r: &SideRun| {
+                    r.times
+                        .windows(2)
+                        .map(|w| w[1].saturating_sub(w[0]))
+                        .collect::<Vec<u64>>()
+                };
+                let socket = crate::report::LatRow::from_round_trips(size, &trips(&ping));
+                let write_lat = crate::report::LatRow::from_round_trips(size, &trips(&raw));
+                if !args.json {
+                    crate::outln!("{}", socket.line());
+                    crate::outln!("{}", write_lat.line());
+                }
+                lat_rows.push(LatResult {
+                    socket_vs_write_lat: socket.t_typical_us / write_lat.t_typical_us,
+                    socket,
+                    write_lat,
+                });
+            }
+        }
+    }
+    if args.json {
+        let text = match test {
+            Test::Bw => serde_json::to_string_pretty(&Json {
+                test: test.name(),
+                version: env!("CARGO_PKG_VERSION"),
+                params,
+                results: bw_rows,
+            }),
+            Test::Lat => serde_json::to_string_pretty(&Json {
+                test: test.name(),
+                version: env!("CARGO_PKG_VERSION"),
+                params,
+                results: lat_rows,
+            }),
+        }?;
+        crate::outln!("{text}");
+    } else {
+        crate::report::print_rule();
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Json<R: Serialize> {
+    test: &'static str,
+    version: &'static str,
+    params: Params,
+    results: Vec<R>,
+}
