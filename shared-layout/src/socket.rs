@@ -7,7 +7,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Bytes of control words at the start of a receive window; the receive ring follows.
 pub const CONTROL_BYTES: u64 = 256;
-/// `arrived`: stream bytes the peer has put into the ring (its atomic adds, after the data).
+/// `arrived`: stream bytes the peer has put into the ring (its inline WRITE of its stream
+/// length, after the bytes' WRITEs).
 pub const ARRIVED: u64 = 0;
 /// `credit`: how much of this side's stream the peer has read (its inline WRITE).
 pub const CREDIT: u64 = 8;
@@ -15,8 +16,6 @@ pub const CREDIT: u64 = 8;
 pub const FIN: u64 = 16;
 /// `reset`: non-zero once the peer reset the connection.
 pub const RESET: u64 = 24;
-/// Where this side's own atomics' fetched values land (never read).
-pub const SCRATCH: u64 = 32;
 
 /// The smallest ring, as log2 bytes (4 KiB).
 pub const MIN_LOG_RING: u32 = 12;
@@ -115,7 +114,7 @@ mod tests {
 
     #[test]
     fn the_control_words_fit_their_block_and_the_version_carries_the_size() {
-        for w in [ARRIVED, CREDIT, FIN, RESET, SCRATCH] {
+        for w in [ARRIVED, CREDIT, FIN, RESET] {
             assert!(w % 8 == 0 && w + 8 <= CONTROL_BYTES);
         }
         assert_eq!(DEV_SOCKET_VERSION & 0xffff, 128);
