@@ -223,6 +223,34 @@ impl Pairs {
     }
 }
 
+/// A socket perftest's whole program: parses its flags (named and described after `test`),
+/// runs it, and exits 1 with the reason on stderr when it fails.
+pub fn program(test: Test) {
+    use clap::{CommandFactory, FromArgMatches};
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SockArgs,
+    }
+    crate::init_tracing();
+    let about = match test {
+        Test::Bw => "Streams messages through a gdaki socket (GPUnet's model) and reports bandwidth beside RDMA WRITEs on the same path",
+        Test::Lat => "Ping-pongs messages through a gdaki socket (GPUnet's model) and reports one-way latency beside write_lat's on the same path",
+    };
+    let matches = Cli::command()
+        .name(test.name())
+        .about(about)
+        .version(env!("CARGO_PKG_VERSION"))
+        .get_matches();
+    let outcome = Cli::from_arg_matches(&matches)
+        .map_err(anyhow::Error::from)
+        .and_then(|cli| main(test, cli.args));
+    if let Err(e) = outcome {
+        eprintln!("{}: {}", test.name(), crate::error_text(&e));
+        std::process::exit(1);
+    }
+}
+
 /// Runs `test` with `args`: prints the table (or the JSON object).
 pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
     let gpu = match args.mode {
