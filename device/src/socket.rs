@@ -366,6 +366,38 @@ impl<M: Sharing> Socket<M> {
         })
     }
 
+    /// Waits (bounded) until the peer has shut down and every byte it sent is taken (read or,
+    /// here, dropped unread): the second half of an orderly close.
+    pub fn wait_end_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        self.on_leader(scope, || {
+            let mut deadline = self.qp.deadline();
+            loop {
+                let (_, consumed, _, flags) = self.state();
+                self.usable(flags)?;
+                let arrived = self.control(layout::ARRIVED);
+                if arrived != consumed {
+                    self.set_consumed(arrived);
+                    continue;
+                }
+                let fin = self.control(layout::FIN);
+                if fin != 0 && fin - 1 == consumed {
+                    return Ok(0);
+                }
+                self.idle(Mode::Wait, &mut deadline)?;
+            }
+        })
+        .map(|_| ())
+    }
+
+    /// An orderly close in both directions, as GPUnet's `gclose`: shuts down the sending side,
+    /// waits for the peer's end of stream (dropping what it still sends), and flushes. After
+    /// it neither side posts to the other, so both may drop their queue pairs.
+    pub fn close_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        self.shutdown_with(scope)?;
+        self.wait_end_with(scope)?;
+        self.flush_with(scope)
+    }
+
     /// Runs `step` on the leader of `scope` and hands its outcome to every member.
     fn on_leader<S: Scope>(
         &self,
@@ -498,7 +530,8 @@ impl<M: Sharing> Socket<M> {
             // Credit once half a ring is read and not credited: a sender only waits for room
             // when a whole ring is uncredited, so reading on always frees it, and a stream
             // costs one credit per half ring (not one per message).
-            if consumed - credited >= cap / 2 {
+            // No credit once the peer has shut down: it sends nothing more, and it may be gone.
+            if consumed - credited >= cap / 2 && self.control(layout::FIN) == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
                 self.set_credited(consumed);
@@ -615,9 +648,10 @@ pub fn echo<M: Sharing, S: Scope>(sock: &Socket<M>, scope: S, buf: &mut [u8]) ->
 #[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
 #[repr(u32)]
 pub enum BenchRole {
-    /// Sends `iters` messages of `size` bytes (each whole), then shuts down and flushes.
+    /// Sends `iters` messages of `size` bytes (each whole), then closes (in order: every role
+    /// ends with both sides' end of stream, so neither posts to a queue pair that is gone).
     Send = 0,
-    /// Receives until the end of the stream.
+    /// Receives until the end of the stream, then shuts down.
     Recv = 1,
     /// Sends a message, then receives one back, `iters` times.
     Ping = 2,
@@ -632,7 +666,8 @@ pub enum BenchRole {
     RawPing = 5,
     /// `write_lat`'s pong.
     RawPong = 6,
-    /// Does nothing (the peer of [`RawSend`](Self::RawSend)).
+    /// Closes once the peer does (the peer of [`RawSend`](Self::RawSend)), keeping its socket
+    /// until then.
     Idle = 7,
 }
 
@@ -696,6 +731,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
             stamp(1);
+            sock.wait_end_with(scope)?;
             Ok(msg as u64 * iters as u64)
         }
         BenchRole::Recv => {
@@ -708,6 +744,9 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
                 }
             }
             stamp(1);
+            // The sender waits for this side's end before it closes.
+            sock.shutdown_with(scope)?;
+            sock.flush_with(scope)?;
             Ok(total)
         }
         BenchRole::Ping | BenchRole::Pong => {
@@ -724,7 +763,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             if role == BenchRole::Ping {
                 stamp(iters as usize);
             }
-            sock.flush_with(scope)?;
+            sock.close_with(scope)?;
             Ok(msg as u64 * iters as u64)
         }
         BenchRole::RawSend => {
@@ -739,6 +778,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
                 Ok(0)
             })?;
             stamp(1);
+            sock.close_with(scope)?;
             Ok(size * iters as u64)
         }
         BenchRole::RawPing | BenchRole::RawPong => {
@@ -765,11 +805,15 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
                 if role == BenchRole::RawPing {
                     stamp(iters as usize);
                 }
-                sock.qp.quiet().map_err(SocketError::Lost)?;
                 Ok(0)
             })?;
+            sock.close_with(scope)?;
             Ok(size * iters as u64)
         }
-        BenchRole::Idle => Ok(0),
+        BenchRole::Idle => {
+            // The raw WRITEs do not count as stream bytes: only the peer's close ends this.
+            sock.close_with(scope)?;
+            Ok(0)
+        }
     }
 }

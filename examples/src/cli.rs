@@ -462,7 +462,7 @@ impl Common {
 }
 
 /// `host`, `host:port` or `[v6]:port`, resolved; the port defaults to `-p`'s.
-fn resolve(addr: &str, port: u16) -> anyhow::Result<SocketAddr> {
+pub fn resolve(addr: &str, port: u16) -> anyhow::Result<SocketAddr> {
     use std::net::ToSocketAddrs;
     let with_port = if addr.parse::<std::net::IpAddr>().is_ok() || !addr.contains(':') {
         format!("{}:{port}", addr.trim_matches(['[', ']']))

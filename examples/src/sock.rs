@@ -17,6 +17,15 @@ use crate::cli::{Mem, Mode, SWEEP};
 /// The flags of both socket perftests.
 #[derive(Debug, Clone, Args)]
 pub struct SockArgs {
+    /// Connect to a server at this address (host or host:port); without it, and without
+    /// --server, both sides run in this process.
+    pub server_address: Option<String>,
+    /// Serve clients (the passive side of a two-process run) until one says it is done.
+    #[arg(long)]
+    pub server: bool,
+    /// TCP port of the socket listener, on both sides.
+    #[arg(short = 'p', long, default_value_t = crate::cli::DEFAULT_PORT)]
+    pub port: u16,
     /// Message size in bytes (at most the receive ring).
     #[arg(short = 's', long)]
     pub size: Option<u64>,
@@ -43,6 +52,9 @@ pub struct SockArgs {
     /// The GPU, in GPU mode.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// How long a socket's wait (and the server's wait for its next client) may take, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
     /// Results as one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -122,23 +134,23 @@ enum Runner {
 }
 
 impl Runner {
-    /// Runs `roles` on the two sockets of a fresh pair at once.
+    /// Runs `roles[i]` on `sockets[i]`, all at once (a thread each, or a block each of one
+    /// kernel).
     fn run(
         &self,
-        pair: (Socket, Socket),
-        roles: [BenchRole; 2],
+        sockets: Vec<Socket>,
+        roles: &[BenchRole],
         size: u64,
         iters: u32,
         threads: u32,
-    ) -> anyhow::Result<[SideRun; 2]> {
+    ) -> anyhow::Result<Vec<SideRun>> {
         let buf_len = size.max(1) as usize;
         match self {
             Runner::Cpu => {
-                let sockets = [pair.0, pair.1];
                 let outcome: Vec<anyhow::Result<SideRun>> = std::thread::scope(|s| {
                     let handles: Vec<_> = sockets
                         .iter()
-                        .zip(roles)
+                        .zip(roles.iter().copied())
                         .map(|(sock, role)| {
                             let handle = sock.device_handle() as usize;
                             s.spawn(move || -> anyhow::Result<SideRun> {
@@ -149,7 +161,7 @@ impl Runner {
                                 let mut buf = vec![0x5au8; buf_len];
                                 let mut times = vec![0u64; role.timestamps(iters)];
                                 // SAFETY: `times` holds the role's timestamps; sizes are checked
-                                // against the ring before any run.
+                                // against the rings before any run.
                                 let moved = unsafe {
                                     gdaki_device::socket::bench(
                                         &dev,
@@ -171,23 +183,122 @@ impl Runner {
                         .map(|h| h.join().unwrap_or_else(|_| bail!("a side panicked")))
                         .collect()
                 });
-                let mut it = outcome.into_iter();
-                Ok([it.next().context("side A")??, it.next().context("side B")??])
+                outcome.into_iter().collect()
             }
             Runner::Gpu(gpu) => {
-                let mut sockets = vec![pair.0.into_gpu(gpu)?, pair.1.into_gpu(gpu)?];
-                let run = GpuSocket::bench_on_gpu(gpu, &mut sockets, &roles, size, iters, threads, buf_len)?;
+                let mut exported = sockets
+                    .into_iter()
+                    .map(|s| s.into_gpu(gpu))
+                    .collect::<gdaki::Result<Vec<GpuSocket>>>()?;
+                let run = GpuSocket::bench_on_gpu(gpu, &mut exported, roles, size, iters, threads, buf_len)?;
                 if let Some((side, code)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
                     bail!("side {side} ({:?}): {}", roles[side], gdaki_device::status::Code(*code));
                 }
-                let mut sides = run
+                Ok(run
                     .times
                     .into_iter()
                     .zip(run.moved)
-                    .map(|(times, moved)| SideRun { moved, times });
-                Ok([sides.next().context("side A")?, sides.next().context("side B")?])
+                    .map(|(times, moved)| SideRun { moved, times })
+                    .collect())
             }
         }
+    }
+
+    /// Runs `roles` on the two sockets of `pair` at once.
+    fn run_pair(
+        &self,
+        pair: (Socket, Socket),
+        roles: [BenchRole; 2],
+        size: u64,
+        iters: u32,
+        threads: u32,
+    ) -> anyhow::Result<[SideRun; 2]> {
+        let mut sides = self
+            .run(vec![pair.0, pair.1], &roles, size, iters, threads)?
+            .into_iter();
+        Ok([sides.next().context("side A")?, sides.next().context("side B")?])
+    }
+}
+
+/// Where the other side runs.
+enum Peer {
+    /// In this process.
+    Loopback(Pairs),
+    /// A `--server` process.
+    Remote {
+        ctx: Context,
+        addr: std::net::SocketAddr,
+        cfg: SocketConfig,
+    },
+}
+
+impl Peer {
+    /// Runs `mine` here and `theirs` on the other side over a fresh connection: this side's
+    /// run, and the other's where it ran in this process.
+    fn run(
+        &self,
+        runner: &Runner,
+        mine: BenchRole,
+        theirs: BenchRole,
+        size: u64,
+        iters: u32,
+        threads: u32,
+    ) -> anyhow::Result<(SideRun, Option<SideRun>)> {
+        match self {
+            Peer::Loopback(pairs) => {
+                let [a, b] = runner.run_pair(pairs.pair()?, [mine, theirs], size, iters, threads)?;
+                Ok((a, Some(b)))
+            }
+            Peer::Remote { ctx, addr, cfg } => {
+                let ask = format!("role={} size={size} iters={iters}", theirs as u32);
+                let sock = Socket::connect_with(ctx, *addr, cfg.clone(), ask.as_bytes())
+                    .with_context(|| format!("cannot connect to the server at {addr}"))?;
+                let run = runner.run(vec![sock], &[mine], size, iters, threads)?;
+                Ok((run.into_iter().next().context("no side ran")?, None))
+            }
+        }
+    }
+}
+
+/// What a client asks the server to run, from its connection data.
+fn parse_ask(data: &[u8]) -> anyhow::Result<(BenchRole, u64, u32)> {
+    let text = std::str::from_utf8(data).context("a client's request is not text")?;
+    let mut role = None;
+    let mut size = None;
+    let mut iters = None;
+    for word in text.split_whitespace() {
+        match word.split_once('=') {
+            Some(("role", v)) => role = v.parse::<u32>().ok().and_then(BenchRole::from_code),
+            Some(("size", v)) => size = v.parse::<u64>().ok(),
+            Some(("iters", v)) => iters = v.parse::<u32>().ok(),
+            _ => bail!("a client asked {text:?}"),
+        }
+    }
+    match (role, size, iters) {
+        (Some(r), Some(s), Some(n)) => Ok((r, s, n)),
+        _ => bail!("a client asked {text:?}: role, size and iters are needed"),
+    }
+}
+
+/// The `--server` side: runs what each client connection asks (its connection data) until a
+/// client says `end`.
+fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> anyhow::Result<()> {
+    let ctx = Context::open(Provider::Soft)?;
+    let rx_bytes = cfg.rx_bytes;
+    let listener = SocketListener::bind(&ctx, std::net::SocketAddr::from(([0, 0, 0, 0], args.port)), cfg)?;
+    eprintln!("{}: serving on port {}", test.name(), listener.local_addr()?.port());
+    loop {
+        let sock = listener.accept_within(Duration::from_secs(args.timeout.max(1)))?;
+        if sock.peer_data() == b"end" {
+            // Nothing was sent on it: dropped as is (a FIN could meet the client's closed side).
+            return Ok(());
+        }
+        let (role, size, iters) = parse_ask(sock.peer_data())?;
+        if size == 0 || size > rx_bytes {
+            bail!("a client asked for {size}-byte messages; this side's ring holds {rx_bytes}");
+        }
+        runner.run(vec![sock], &[role], size, iters, args.threads)?;
+        eprintln!("{}: served {role:?}, {size} B x {iters}", test.name());
     }
 }
 
@@ -293,14 +404,27 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
     };
     let cfg = SocketConfig {
         rx_bytes: args.rx_bytes,
-        timeout: Duration::from_secs(60),
+        timeout: Duration::from_secs(args.timeout.max(1)),
         memory,
         ..SocketConfig::default()
     };
-    let pairs = Pairs::new(cfg)?;
     let runner = match gpu {
         Some(g) => Runner::Gpu(g),
         None => Runner::Cpu,
+    };
+    if args.server && args.server_address.is_some() {
+        bail!("--server and a server address together: choose one");
+    }
+    if args.server {
+        return serve(test, &args, &runner, cfg);
+    }
+    let peer = match &args.server_address {
+        None => Peer::Loopback(Pairs::new(cfg)?),
+        Some(a) => Peer::Remote {
+            ctx: Context::open(Provider::Soft)?,
+            addr: crate::cli::resolve(a, args.port)?,
+            cfg,
+        },
     };
     if !args.json {
         let title = match test {
@@ -312,7 +436,10 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
             &[
                 (
                     "Sockets",
-                    "one pair in this process, over the soft HCA (two contexts)".into(),
+                    match &peer {
+                        Peer::Loopback(_) => "one pair in this process, over the soft HCA (two contexts)".into(),
+                        Peer::Remote { addr, .. } => format!("to the server at {addr}, a connection per size and test"),
+                    },
                 ),
                 (
                     "Mode",
@@ -350,27 +477,15 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
         crate::report::progress(test.name(), i, sizes.len(), size);
         match test {
             Test::Bw => {
-                let [send, recv] = runner.run(
-                    pairs.pair()?,
-                    [BenchRole::Send, BenchRole::Recv],
-                    size,
-                    iters,
-                    args.threads,
-                )?;
-                if recv.moved != size * iters as u64 {
+                let (send, recv) = peer.run(&runner, BenchRole::Send, BenchRole::Recv, size, iters, args.threads)?;
+                if let Some(recv) = recv.filter(|r| r.moved != size * iters as u64) {
                     bail!(
                         "{size} B: the receiver got {} bytes of {}",
                         recv.moved,
                         size * iters as u64
                     );
                 }
-                let [raw, _] = runner.run(
-                    pairs.pair()?,
-                    [BenchRole::RawSend, BenchRole::Idle],
-                    size,
-                    iters,
-                    args.threads,
-                )?;
+                let (raw, _) = peer.run(&runner, BenchRole::RawSend, BenchRole::Idle, size, iters, args.threads)?;
                 let mib_s = |r: &SideRun| {
                     send.moved as f64 / crate::report::MIB / (r.times[1].saturating_sub(r.times[0]).max(1) as f64 / 1e9)
                 };
@@ -398,16 +513,11 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 bw_rows.push(row);
             }
             Test::Lat => {
-                let [ping, _] = runner.run(
-                    pairs.pair()?,
-                    [BenchRole::Ping, BenchRole::Pong],
-                    size,
-                    iters,
-                    args.threads,
-                )?;
-                let [raw, _] = runner.run(
-                    pairs.pair()?,
-                    [BenchRole::RawPing, BenchRole::RawPong],
+                let (ping, _) = peer.run(&runner, BenchRole::Ping, BenchRole::Pong, size, iters, args.threads)?;
+                let (raw, _) = peer.run(
+                    &runner,
+                    BenchRole::RawPing,
+                    BenchRole::RawPong,
                     size,
                     iters,
                     args.threads,
@@ -431,6 +541,10 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 });
             }
         }
+    }
+    if let Peer::Remote { ctx, addr, cfg } = &peer {
+        // Tells the server this client is done (the connection carries nothing else).
+        drop(Socket::connect_with(ctx, *addr, cfg.clone(), b"end")?);
     }
     if args.json {
         let text = match test {

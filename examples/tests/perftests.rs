@@ -1342,3 +1342,29 @@ fn socket_perftests_on_the_gpu() {
     let out = ok("sock_bw", &["--mode", "gpu", "-a", "-n", "100", "--rx-bytes", "65536"]);
     assert_eq!(rows(&out).len(), 16, "{out}");
 }
+
+/// `sock_bw` and `sock_lat` between two processes (CPU mode): the client asks the server for
+/// each run through its connection, and tells it when it is done.
+#[test]
+fn socket_perftests_across_processes() {
+    for (name, rows_per_size) in [("sock_bw", 1), ("sock_lat", 2)] {
+        let flags = ["--mode", "cpu", "--rx-bytes", "65536"];
+        let client = [&flags[..], &["-a", "-n", "50"]].concat();
+        let (s, c) = server_client(name, &flags, &client);
+        let (_, out) = both_succeeded(&s, &c);
+        assert_eq!(rows(&out).len(), 16 * rows_per_size, "{name}: {out}");
+        assert!(out.contains("to the server at 127.0.0.1"), "{out}");
+    }
+    // A server whose ring is smaller than what the client asks for refuses it.
+    let (s, c) = server_client(
+        "sock_bw",
+        &["--mode", "cpu", "--rx-bytes", "4096"],
+        &["--mode", "cpu", "-s", "65536"],
+    );
+    assert!(!s.status.success() && !c.status.success());
+    assert!(
+        String::from_utf8_lossy(&s.stderr).contains("ring holds 4096"),
+        "{}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+}

@@ -140,14 +140,26 @@ impl SocketFailure {
     }
 }
 
-/// `gdaki-socket/1 log_rx=N`: what each side's hello says.
-fn hello_app(log_rx: u32) -> Vec<u8> {
-    format!("gdaki-socket/{} log_rx={log_rx}", layout::PROTOCOL_VERSION).into_bytes()
+/// The most bytes of application data a connection carries in its hello ([`Socket::connect_with`]).
+pub const MAX_CONNECT_DATA: usize = 1024;
+
+/// `gdaki-socket/1 log_rx=N`, then a newline and the application's data: what each side's
+/// hello says.
+fn hello_app(log_rx: u32, data: &[u8]) -> Vec<u8> {
+    let mut app = format!("gdaki-socket/{} log_rx={log_rx}\n", layout::PROTOCOL_VERSION).into_bytes();
+    app.extend_from_slice(data);
+    app
+}
+
+/// The application data after the protocol line of a hello.
+fn app_data(app: &[u8]) -> &[u8] {
+    app.iter().position(|&b| b == b'\n').map_or(&[][..], |i| &app[i + 1..])
 }
 
 /// The peer's `log_rx`, or why its hello is not a socket's of this version.
 fn peer_log_rx(app: &[u8]) -> std::result::Result<u32, String> {
-    let text = std::str::from_utf8(app).map_err(|_| "its hello is not a socket's".to_string())?;
+    let line = app.split(|&b| b == b'\n').next().unwrap_or_default();
+    let text = std::str::from_utf8(line).map_err(|_| "its hello is not a socket's".to_string())?;
     let want = format!("gdaki-socket/{} log_rx=", layout::PROTOCOL_VERSION);
     let Some(rest) = text.strip_prefix(&want) else {
         return Err(format!("it speaks {text:?}, this side {want}N"));
@@ -188,9 +200,9 @@ impl Half {
         })
     }
 
-    fn hello(&self) -> Hello {
+    fn hello(&self, data: &[u8]) -> Hello {
         Hello {
-            app: hello_app(self.log_rx),
+            app: hello_app(self.log_rx, data),
             endpoints: vec![self.qp.endpoint()],
             regions: vec![self.rx.remote_region()],
         }
@@ -255,6 +267,7 @@ impl Half {
             timeout,
             memory: self.memory,
             exported: false,
+            peer_data: app_data(&theirs.app).to_vec(),
         })
     }
 }
@@ -283,7 +296,11 @@ impl SocketListener {
             what: "binding a socket listener",
             source,
         })?;
-        ctx.listen(SocketAddr::new(addr.ip(), 0))?;
+        // The soft transport listens where clients reach this side; for an address of every
+        // interface, the first accepted connection says which.
+        if !addr.ip().is_unspecified() {
+            ctx.listen(SocketAddr::new(addr.ip(), 0))?;
+        }
         Ok(SocketListener {
             tcp,
             ctx: ctx.clone(),
@@ -302,7 +319,17 @@ impl SocketListener {
     /// Waits (without bound) for a client and makes its socket. A client that speaks another
     /// protocol is refused (it hears why) and the error returned here.
     pub fn accept(&self) -> Result<Socket> {
-        let mut ch = Channel::accept(&self.tcp, self.cfg.timeout)?;
+        self.accept_from(Channel::accept(&self.tcp, self.cfg.timeout)?)
+    }
+
+    /// [`accept`](Self::accept), waiting at most `wait` for a client
+    /// ([`Error::Timeout`](crate::Error::Timeout) then).
+    pub fn accept_within(&self, wait: Duration) -> Result<Socket> {
+        self.accept_from(Channel::accept_within(&self.tcp, wait, self.cfg.timeout)?)
+    }
+
+    fn accept_from(&self, mut ch: Channel) -> Result<Socket> {
+        self.ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))?;
         let theirs = ch.receive()?;
         if let Err(why) = peer_log_rx(&theirs.app) {
             let _ = ch.reject(&why);
@@ -312,7 +339,7 @@ impl SocketListener {
             });
         }
         let half = Half::new(&self.ctx, &self.cfg)?;
-        ch.send(&half.hello())?;
+        ch.send(&half.hello(&[]))?;
         let socket = half.finish(&self.ctx, &theirs, ch.peer_addr(), self.cfg.timeout)?;
         ch.sync(1)?;
         Ok(socket)
@@ -337,6 +364,8 @@ pub struct Socket {
     memory: SocketMemory,
     /// Handed to a GPU ([`into_gpu`](Socket::into_gpu)): its state lives there now.
     exported: bool,
+    /// The application data of the peer's hello.
+    peer_data: Vec<u8>,
 }
 
 impl std::fmt::Debug for Socket {
@@ -377,10 +406,24 @@ fn hold(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
 impl Socket {
     /// Connects to a [`SocketListener`] at `addr` with `ctx`'s device.
     pub fn connect(ctx: &Context, addr: SocketAddr, cfg: SocketConfig) -> Result<Socket> {
+        Socket::connect_with(ctx, addr, cfg, &[])
+    }
+
+    /// [`connect`](Self::connect), handing the server `data` (at most [`MAX_CONNECT_DATA`]
+    /// bytes) with the connection: its accepted socket's [`peer_data`](Self::peer_data).
+    pub fn connect_with(ctx: &Context, addr: SocketAddr, cfg: SocketConfig, data: &[u8]) -> Result<Socket> {
+        if data.len() > MAX_CONNECT_DATA {
+            return Err(Error::OutOfRange {
+                what: "a socket's connection data",
+                got: data.len() as u64,
+                min: 0,
+                max: MAX_CONNECT_DATA as u64,
+            });
+        }
         let mut ch = Channel::connect(addr, cfg.timeout)?;
         ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))?;
         let half = Half::new(ctx, &cfg)?;
-        ch.send(&half.hello())?;
+        ch.send(&half.hello(data))?;
         let theirs = ch.receive()?;
         let socket = half.finish(ctx, &theirs, addr, cfg.timeout)?;
         ch.sync(1)?;
@@ -493,6 +536,12 @@ impl Socket {
             _export: export,
             _socket: self,
         })
+    }
+
+    /// What the peer handed over with the connection ([`connect_with`](Self::connect_with));
+    /// empty for a plain `connect` (and on the client's side).
+    pub fn peer_data(&self) -> &[u8] {
+        &self.peer_data
     }
 
     /// The peer's handshake address.

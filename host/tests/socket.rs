@@ -495,3 +495,26 @@ fn a_thousand_sockets_on_one_gpu() {
         run.elapsed.as_secs_f64() * 1e3
     );
 }
+
+#[test]
+fn a_client_hands_the_server_data_with_the_connection() {
+    let cfg = SocketConfig::default();
+    let (l, addr, _sctx) = listener(&cfg);
+    let server = std::thread::spawn(move || {
+        let s = l.accept().unwrap();
+        let data = s.peer_data().to_vec();
+        s.send_all(&data).unwrap(); // and the socket works as ever
+        s.close().unwrap();
+        data
+    });
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let c = Socket::connect_with(&ctx, addr, cfg.clone(), b"size=64 role=pong").unwrap();
+    assert!(c.peer_data().is_empty());
+    assert_eq!(read_to_end(&c, 100), b"size=64 role=pong");
+    assert_eq!(server.join().unwrap(), b"size=64 role=pong");
+    // More than the hello carries is refused before connecting.
+    assert!(matches!(
+        Socket::connect_with(&ctx, addr, cfg, &[0u8; 1025]),
+        Err(Error::OutOfRange { .. })
+    ));
+}
