@@ -1341,6 +1341,21 @@ fn socket_perftests_on_the_gpu() {
     }
     let out = ok("sock_bw", &["--mode", "gpu", "-a", "-n", "100", "--rx-bytes", "65536"]);
     assert_eq!(rows(&out).len(), 16, "{out}");
+    // GPU to GPU between two processes (the server on the second GPU where there is one).
+    let server_gpu = match gdaki::cuda::probe().map_or(0, |i| i.gpus.len()) {
+        2.. => "1",
+        _ => "0",
+    };
+    for (name, size, rows_per_size) in [("sock_bw", "65536", 1), ("sock_lat", "64", 2)] {
+        let flags = ["--mode", "gpu", "--mem", "device", "-s", size, "-n", "200"];
+        let (s, c) = server_client(
+            name,
+            &[&flags[..], &["--gpu", server_gpu]].concat(),
+            &[&flags[..], &["--gpu", "0"]].concat(),
+        );
+        let (_, out) = both_succeeded(&s, &c);
+        assert_eq!(rows(&out).len(), rows_per_size, "{name}: {out}");
+    }
 }
 
 /// `sock_bw` and `sock_lat` between two processes (CPU mode): the client asks the server for
