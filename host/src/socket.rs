@@ -323,7 +323,7 @@ impl SocketListener {
     }
 
     /// [`accept`](Self::accept), waiting at most `wait` for a client
-    /// ([`Error::Timeout`](crate::Error::Timeout) then).
+    /// ([`Error::Timeout`] then).
     pub fn accept_within(&self, wait: Duration) -> Result<Socket> {
         self.accept_from(Channel::accept_within(&self.tcp, wait, self.cfg.timeout)?)
     }
