@@ -65,6 +65,26 @@
 #define GDAKI_ACCESS_ALL 15
 
 /**
+ * `gdaki_socket_config.memory`: the rings in host memory (CPU use).
+ */
+#define GDAKI_SOCKET_MEMORY_HOST 0
+
+/**
+ * The rings in host memory mapped into `gdaki_socket_config.gpu`.
+ */
+#define GDAKI_SOCKET_MEMORY_PINNED 1
+
+/**
+ * The rings in `gdaki_socket_config.gpu`'s memory (kernels only, once exported).
+ */
+#define GDAKI_SOCKET_MEMORY_DEVICE 2
+
+/**
+ * `gdaki_socket_send` / `gdaki_socket_recv` flag: never wait (`GDAKI_STATUS_AGAIN` instead).
+ */
+#define GDAKI_SOCKET_NONBLOCK 1
+
+/**
  * An RDMA WRITE from `local_addr`/`lkey` to `remote_addr`/`rkey`.
  */
 #define GDAKI_WR_PUT 0
@@ -303,6 +323,16 @@ typedef struct gdaki_region gdaki_region;
 typedef struct gdaki_replay gdaki_replay;
 
 /**
+ * A connected byte-stream socket (one thread may send while another receives).
+ */
+typedef struct gdaki_socket gdaki_socket;
+
+/**
+ * Accepts socket connections at a TCP address.
+ */
+typedef struct gdaki_socket_listener gdaki_socket_listener;
+
+/**
  * An in-order executor of memory operations: a CUDA stream of the caller's
  * (`gdaki_stream_cuda`) or a CPU thread (`gdaki_stream_cpu`: the same rules without a GPU).
  */
@@ -503,6 +533,33 @@ typedef struct gdaki_region_info {
    */
   uint32_t library_owned;
 } gdaki_region_info;
+
+/**
+ * How a socket is made: `gdaki_socket_config_init` fills in the defaults.
+ */
+typedef struct gdaki_socket_config {
+  /**
+   * Bytes of this side's receive ring: a power of two, 4 KiB to 1 GiB (default 64 KiB).
+   */
+  uint64_t rx_bytes;
+  /**
+   * How long a wait (room, bytes, the peer's handshake) may take, 1 to 3,600,000 ms
+   * (default 10,000).
+   */
+  uint32_t timeout_ms;
+  /**
+   * Send queue size of the socket's queue pair, a power of two (default 256).
+   */
+  uint32_t sq_size;
+  /**
+   * Where the rings live: a `GDAKI_SOCKET_MEMORY_*` (default host).
+   */
+  uint32_t memory;
+  /**
+   * The GPU of `GDAKI_SOCKET_MEMORY_PINNED` and `_DEVICE`; NULL for host memory.
+   */
+  const struct gdaki_gpu *gpu;
+} gdaki_socket_config;
 
 /**
  * One work request for `gdaki_stream_qp_post` (libgdsync's descriptors): which fields an
@@ -1123,6 +1180,130 @@ enum gdaki_status gdaki_region_write(const struct gdaki_region *region,
                                      uint64_t offset,
                                      const void *buf,
                                      size_t len);
+
+/**
+ * Fills `*config` with the defaults.
+ *
+ * # Safety
+ * `config` is NULL or writable.
+ */
+enum gdaki_status gdaki_socket_config_init(struct gdaki_socket_config *config);
+
+/**
+ * Listens at `addr` ("ip:port"; port 0: any free port) for sockets on `ctx`'s device into
+ * `*listener`; `config` NULL takes the defaults.
+ *
+ * # Safety
+ * `ctx` is NULL or a context handle; `addr` NULL or a NUL-terminated string; `config` NULL or
+ * a readable config; `listener` NULL or writable.
+ */
+enum gdaki_status gdaki_socket_listen(const struct gdaki_context *ctx,
+                                      const char *addr,
+                                      const struct gdaki_socket_config *config,
+                                      struct gdaki_socket_listener **listener);
+
+/**
+ * The port the listener took (for a listener made with port 0).
+ *
+ * # Safety
+ * `listener` is NULL or a listener handle; `port` NULL or writable.
+ */
+enum gdaki_status gdaki_socket_listener_port(const struct gdaki_socket_listener *listener,
+                                             uint16_t *port);
+
+/**
+ * Waits for a client (at most `wait_ms`; 0: without bound) and makes its socket into
+ * `*socket`. A client speaking another protocol is refused (`GDAKI_STATUS_PEER`).
+ *
+ * # Safety
+ * `listener` is NULL or a listener handle; `socket` NULL or writable.
+ */
+enum gdaki_status gdaki_socket_accept(const struct gdaki_socket_listener *listener,
+                                      uint32_t wait_ms,
+                                      struct gdaki_socket **socket);
+
+/**
+ * Connects to a listener at `addr` ("ip:port") with `ctx`'s device into `*socket`.
+ *
+ * # Safety
+ * `ctx` is NULL or a context handle; `addr` NULL or a NUL-terminated string; `config` NULL or
+ * a readable config; `socket` NULL or writable.
+ */
+enum gdaki_status gdaki_socket_connect(const struct gdaki_context *ctx,
+                                       const char *addr,
+                                       const struct gdaki_socket_config *config,
+                                       struct gdaki_socket **socket);
+
+/**
+ * Sends up to `len` bytes of `data` (POSIX `send`): `*sent` says how many (fewer when the
+ * peer's ring had less room). Waits (bounded) for room, or with `GDAKI_SOCKET_NONBLOCK`
+ * returns `GDAKI_STATUS_AGAIN`. Errors: `GDAKI_STATUS_PEER` reset, `_INVALID_STATE` after
+ * shutdown, `_TIMEOUT`, `_QUEUE_ERROR` the connection is lost.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle; `data` NULL or readable for `len` bytes; `sent` NULL or
+ * writable.
+ */
+enum gdaki_status gdaki_socket_send(const struct gdaki_socket *socket,
+                                    const void *data,
+                                    size_t len,
+                                    uint32_t flags,
+                                    size_t *sent);
+
+/**
+ * Receives up to `len` bytes into `buf` (POSIX `recv`): `*received` says how many, 0 once the
+ * peer shut down and everything it sent was read. Waits (bounded) for bytes, or with
+ * `GDAKI_SOCKET_NONBLOCK` returns `GDAKI_STATUS_AGAIN`.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle; `buf` NULL or writable for `len` bytes; `received`
+ * NULL or writable.
+ */
+enum gdaki_status gdaki_socket_recv(const struct gdaki_socket *socket,
+                                    void *buf,
+                                    size_t len,
+                                    uint32_t flags,
+                                    size_t *received);
+
+/**
+ * Shuts down the sending side: the peer reads the rest, then 0; receiving goes on.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle.
+ */
+enum gdaki_status gdaki_socket_shutdown(const struct gdaki_socket *socket);
+
+/**
+ * Resets the connection: both sides' later calls fail with `GDAKI_STATUS_PEER`.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle.
+ */
+enum gdaki_status gdaki_socket_reset(const struct gdaki_socket *socket);
+
+/**
+ * Waits (bounded) until everything sent so far has reached the peer's memory.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle.
+ */
+enum gdaki_status gdaki_socket_flush(const struct gdaki_socket *socket);
+
+/**
+ * Destroys a socket (NULL: nothing), after a bounded wait for what it sent to land.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle with no call in flight, not used after.
+ */
+enum gdaki_status gdaki_socket_destroy(struct gdaki_socket *socket);
+
+/**
+ * Destroys a listener (NULL: nothing); sockets it accepted live on.
+ *
+ * # Safety
+ * `listener` is NULL or a listener handle with no call in flight, not used after.
+ */
+enum gdaki_status gdaki_socket_listener_destroy(struct gdaki_socket_listener *listener);
 
 /**
  * A CUDA stream of `gpu` (a `CUstream`, or a `cudaStream_t` of the runtime API, in the GPU's

@@ -26,6 +26,7 @@ mod handshake;
 mod peer;
 mod queue;
 mod region;
+mod socket;
 mod stream;
 
 pub use context::*;
@@ -34,4 +35,5 @@ pub use handshake::*;
 pub use peer::*;
 pub use queue::*;
 pub use region::*;
+pub use socket::*;
 pub use stream::*;

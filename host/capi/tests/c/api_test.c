@@ -566,6 +566,113 @@ static void streams(void) {
     OK(gdaki_region_destroy(mr));
 }
 
+/* Sockets between two threads of this program (a listener, a client), as two CPU peers talk:
+ * echo, a stream longer than the ring, non-blocking calls, half close, reset, refusals. */
+struct echo_server {
+    gdaki_socket_listener *listener;
+    int ok;
+};
+
+static void *socket_echo_server(void *arg) {
+    struct echo_server *e = arg;
+    gdaki_socket *s = NULL;
+    if (gdaki_socket_accept(e->listener, 10000, &s) != GDAKI_STATUS_OK) return NULL;
+    static char buf[3000];
+    size_t n = 0;
+    e->ok = 1;
+    for (;;) {
+        if (gdaki_socket_recv(s, buf, sizeof buf, 0, &n) != GDAKI_STATUS_OK) {
+            e->ok = 0;
+            break;
+        }
+        if (n == 0) break;
+        size_t at = 0, sent = 0;
+        while (at < n) {
+            if (gdaki_socket_send(s, buf + at, n - at, 0, &sent) != GDAKI_STATUS_OK) {
+                e->ok = 0;
+                break;
+            }
+            at += sent;
+        }
+    }
+    e->ok &= gdaki_socket_shutdown(s) == GDAKI_STATUS_OK;
+    e->ok &= gdaki_socket_flush(s) == GDAKI_STATUS_OK;
+    gdaki_socket_destroy(s);
+    return NULL;
+}
+
+static void sockets(void) {
+    gdaki_socket_config cfg;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_config_init(NULL));
+    OK(gdaki_socket_config_init(&cfg));
+    CHECK(cfg.rx_bytes == 65536 && cfg.memory == GDAKI_SOCKET_MEMORY_HOST);
+    cfg.rx_bytes = 4096;
+    cfg.timeout_ms = 5000;
+    gdaki_socket_listener *l = NULL;
+    gdaki_socket_config bad = cfg;
+    bad.rx_bytes = 5000;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_socket_listen(ctx, "127.0.0.1:0", &bad, &l));
+    bad = cfg;
+    bad.memory = GDAKI_SOCKET_MEMORY_DEVICE;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_socket_listen(ctx, "127.0.0.1:0", &bad, &l));
+    LAST_ERROR_HAS("config.gpu is NULL");
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_socket_listen(ctx, "nowhere", &cfg, &l));
+    OK(gdaki_socket_listen(ctx, "127.0.0.1:0", &cfg, &l));
+    uint16_t port = 0;
+    OK(gdaki_socket_listener_port(l, &port));
+    CHECK(port != 0);
+    EXPECT(GDAKI_STATUS_TIMEOUT, gdaki_socket_accept(l, 50, &(gdaki_socket *){NULL}));
+
+    struct echo_server e = {l, 0};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, socket_echo_server, &e) == 0);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+    gdaki_socket *c = NULL;
+    OK(gdaki_socket_connect(ctx, addr, &cfg, &c));
+    /* 20000 bytes through a 4 KiB ring, sent and read back in turns. */
+    static unsigned char out[20000], back[20000];
+    for (size_t i = 0; i < sizeof out; i++) out[i] = (unsigned char)(i * 31 + 7);
+    size_t sent_total = 0, got_total = 0, n = 0;
+    int again = 0;
+    while (got_total < sizeof out) {
+        if (sent_total < sizeof out) {
+            gdaki_status st = gdaki_socket_send(c, out + sent_total, sizeof out - sent_total, GDAKI_SOCKET_NONBLOCK, &n);
+            if (st == GDAKI_STATUS_OK) sent_total += n;
+            else if (st == GDAKI_STATUS_AGAIN) again++;
+            else break;
+        }
+        gdaki_status st = gdaki_socket_recv(c, back + got_total, sizeof back - got_total, GDAKI_SOCKET_NONBLOCK, &n);
+        if (st == GDAKI_STATUS_OK) got_total += n;
+        else if (st != GDAKI_STATUS_AGAIN) break;
+    }
+    CHECK(got_total == sizeof out && memcmp(back, out, sizeof out) == 0);
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_socket_send(c, out, 1, 8, &n));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_send(c, NULL, 1, 0, &n));
+    OK(gdaki_socket_shutdown(c));
+    EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_socket_send(c, out, 1, 0, &n));
+    OK(gdaki_socket_recv(c, back, sizeof back, 0, &n));
+    CHECK(n == 0); /* the server's end of stream */
+    pthread_join(t, NULL);
+    CHECK(e.ok);
+    OK(gdaki_socket_destroy(c));
+
+    /* A reset is seen by the peer. */
+    e.ok = 0;
+    CHECK(pthread_create(&t, NULL, socket_echo_server, &e) == 0);
+    OK(gdaki_socket_connect(ctx, addr, &cfg, &c));
+    OK(gdaki_socket_reset(c));
+    pthread_join(t, NULL);
+    CHECK(!e.ok); /* its recv failed */
+    EXPECT(GDAKI_STATUS_PEER, gdaki_socket_send(c, out, 1, 0, &n));
+    LAST_ERROR_HAS("reset");
+    OK(gdaki_socket_destroy(c));
+    EXPECT(GDAKI_STATUS_BAD_HANDLE, gdaki_socket_send((const gdaki_socket *)l, out, 1, 0, &n));
+    OK(gdaki_socket_listener_destroy(l));
+    OK(gdaki_socket_destroy(NULL));
+    OK(gdaki_socket_listener_destroy(NULL));
+}
+
 static void proxy(void) {
     gdaki_proxy *p = NULL;
     EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_proxy_start(0, &p));
@@ -771,6 +878,7 @@ int main(void) {
     data_path();
     two_sided();
     streams();
+    sockets();
     proxy();
     handshake();
     OK(gdaki_context_destroy(ctx));
