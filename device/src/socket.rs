@@ -669,6 +669,20 @@ pub enum BenchRole {
     /// Closes once the peer does (the peer of [`RawSend`](Self::RawSend)), keeping its socket
     /// until then.
     Idle = 7,
+    /// GPUnet's echo server ([`echo`]).
+    Echo = 8,
+    /// An echo client that checks: sends `iters` messages of `size` bytes of a known pattern
+    /// (byte `i` of the stream is `pattern_byte(i)`), reads each back and compares, then closes.
+    /// A byte that differs is [`SocketError::Failed`] with [`CODE_WRONG_DATA`].
+    Check = 9,
+}
+
+/// [`BenchRole::Check`]'s failure code: the echo differed from what was sent.
+pub const CODE_WRONG_DATA: u32 = 0xdada;
+
+/// Byte `i` of [`BenchRole::Check`]'s stream.
+pub const fn pattern_byte(i: u64) -> u8 {
+    (i.wrapping_mul(131).wrapping_add(7) ^ (i >> 8)) as u8
 }
 
 impl BenchRole {
@@ -683,6 +697,8 @@ impl BenchRole {
             5 => BenchRole::RawPing,
             6 => BenchRole::RawPong,
             7 => BenchRole::Idle,
+            8 => BenchRole::Echo,
+            9 => BenchRole::Check,
             _ => return None,
         })
     }
@@ -809,6 +825,37 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             })?;
             sock.close_with(scope)?;
             Ok(size * iters as u64)
+        }
+        BenchRole::Echo => echo(sock, scope, buf),
+        BenchRole::Check => {
+            for k in 0..iters as u64 {
+                let base = k * msg as u64;
+                // Every member writes its bytes of the message.
+                let mut i = scope.rank() as usize;
+                while i < msg {
+                    buf[i] = pattern_byte(base + i as u64);
+                    i += scope.size().max(1) as usize;
+                }
+                scope.sync();
+                sock.send_all_with(scope, &buf[..msg])?;
+                // Cleared (each member its bytes), so only the echo can refill it.
+                let mut i = scope.rank() as usize;
+                while i < msg {
+                    buf[i] = 0;
+                    i += scope.size().max(1) as usize;
+                }
+                scope.sync();
+                sock.recv_exact_with(scope, &mut buf[..msg])?;
+                let wrong = buf[..msg]
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &b)| b != pattern_byte(base + i as u64));
+                if scope.broadcast_flag(wrong) {
+                    return Err(SocketError::Failed { code: CODE_WRONG_DATA });
+                }
+            }
+            sock.close_with(scope)?;
+            Ok(msg as u64 * iters as u64)
         }
         BenchRole::Idle => {
             // The raw WRITEs do not count as stream bytes: only the peer's close ends this.

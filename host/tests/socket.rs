@@ -518,3 +518,127 @@ fn a_client_hands_the_server_data_with_the_connection() {
         Err(Error::OutOfRange { .. })
     ));
 }
+
+/// The reverse of the GPU echo server, and GPU to GPU: a GPU block as a client that sends a
+/// known stream and checks its echo, against a CPU server, then against a GPU server block in
+/// the same kernel (rings in GPU memory).
+#[test]
+fn gpu_clients_check_their_echo_from_a_cpu_server_and_from_a_gpu_server() {
+    use gdaki::socket::{GpuSocket, SocketMemory};
+    use gdaki_device::socket::{BenchRole, Socket as DevSocket};
+    let test = "gpu_clients_check_their_echo_from_a_cpu_server_and_from_a_gpu_server";
+    let Some((gpu, _one)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let (size, iters) = (3000u64, 200u32);
+    // A CPU server (a thread running the same echo) and a GPU client.
+    let gpu_cfg = SocketConfig {
+        rx_bytes: 8192,
+        timeout: Duration::from_secs(30),
+        memory: SocketMemory::Pinned(gpu.clone()),
+        ..SocketConfig::default()
+    };
+    let (l, addr, _sctx) = listener(&small(8192));
+    let server = std::thread::spawn(move || {
+        let s = l.accept().unwrap();
+        // SAFETY: the server socket's own handle; this thread is its only user.
+        let dev = unsafe { DevSocket::<gdaki_device::Gpu>::from_raw(s.device_handle()) }.unwrap();
+        let echoed = gdaki_device::socket::echo(&dev, gdaki_device::Thread, &mut [0u8; 1024]).unwrap();
+        drop(s);
+        echoed
+    });
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let client = Socket::connect(&ctx, addr, gpu_cfg.clone())
+        .unwrap()
+        .into_gpu(&gpu)
+        .unwrap();
+    let run = GpuSocket::bench_on_gpu(
+        &gpu,
+        &mut [client],
+        &[BenchRole::Check],
+        size,
+        iters,
+        128,
+        size as usize,
+    )
+    .unwrap();
+    assert_eq!(
+        (run.status[0], run.moved[0]),
+        (0, size * iters as u64),
+        "{}",
+        gdaki_device::status::Code(run.status[0])
+    );
+    assert_eq!(server.join().unwrap(), size * iters as u64);
+    // GPU to GPU: both sides' blocks in one kernel.
+    let device_cfg = SocketConfig {
+        memory: SocketMemory::Device(gpu.clone()),
+        ..gpu_cfg
+    };
+    let (l, addr, _sctx2) = listener(&device_cfg);
+    let accepting = std::thread::spawn(move || l.accept().unwrap());
+    let c = Socket::connect(&ctx, addr, device_cfg).unwrap();
+    let mut both = vec![
+        c.into_gpu(&gpu).unwrap(),
+        accepting.join().unwrap().into_gpu(&gpu).unwrap(),
+    ];
+    let run = GpuSocket::bench_on_gpu(
+        &gpu,
+        &mut both,
+        &[BenchRole::Check, BenchRole::Echo],
+        size,
+        iters,
+        128,
+        size as usize,
+    )
+    .unwrap();
+    assert_eq!(run.status, vec![0, 0], "{}", gdaki_device::status::Code(run.status[0]));
+    assert_eq!(run.moved, vec![size * iters as u64; 2]);
+}
+
+/// The checking client in CPU mode: it passes against the echo, and a server that changes a
+/// byte makes it fail with the wrong-data code.
+#[test]
+fn the_checking_client_notices_a_changed_byte() {
+    use gdaki_device::socket::{bench, BenchRole, Socket as DevSocket, CODE_WRONG_DATA};
+    for corrupt in [false, true] {
+        let (s, c) = pair(small(4096));
+        let server = std::thread::spawn(move || {
+            let mut buf = [0u8; 700];
+            // Until the end of the stream (or the client's reset, in the corrupt case).
+            while let Ok(n @ 1..) = s.recv(&mut buf) {
+                if corrupt {
+                    buf[n / 2] ^= 0x40;
+                }
+                if s.send_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = s.shutdown();
+        });
+        // SAFETY: the client's own handle; this thread is its only user meanwhile.
+        let dev = unsafe { DevSocket::<gdaki_device::Gpu>::from_raw(c.device_handle()) }.unwrap();
+        let mut buf = vec![0u8; 2000];
+        // SAFETY: Check records no timestamps.
+        let outcome = unsafe {
+            bench(
+                &dev,
+                gdaki_device::Thread,
+                BenchRole::Check,
+                2000,
+                20,
+                &mut buf,
+                std::ptr::null_mut(),
+            )
+        };
+        if corrupt {
+            assert!(matches!(
+                outcome,
+                Err(gdaki_device::socket::SocketError::Failed { code: CODE_WRONG_DATA })
+            ));
+            c.reset().unwrap();
+        } else {
+            assert_eq!(outcome.unwrap(), 40_000);
+        }
+        server.join().unwrap();
+    }
+}
