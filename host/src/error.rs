@@ -144,7 +144,7 @@ pub enum Error {
     Cuda(#[from] gdaki_cuda::CudaError),
     /// A socket call failed ([`crate::socket`]).
     #[error(transparent)]
-    Socket(#[from] crate::socket::SocketFailure),
+    Socket(#[from] SocketFailure),
     /// The CPU proxy (the doorbell fallback) could not be started.
     #[error("the fallback CPU proxy: {0}")]
     Proxy(#[source] gdaki_proxy::ProxyError),
@@ -173,6 +173,31 @@ impl Error {
     pub(crate) fn device(what: &'static str) -> impl Fn(gdaki_devx::DeviceError) -> Error {
         move |source| Error::Device { what, source }
     }
+}
+
+/// What a socket operation failed with ([`crate::socket`]; here, beside [`Error`], so the error
+/// module depends on no other).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum SocketFailure {
+    /// The peer's ring is full (`try_send`) or nothing arrived (`try_recv`).
+    #[error("the call would block")]
+    WouldBlock,
+    /// The connection was reset (by the peer or by this side).
+    #[error("the connection was reset")]
+    Reset,
+    /// A send after `shutdown`.
+    #[error("this side shut down its sending side")]
+    Closed,
+    /// A wait ran past the timeout.
+    #[error("no room or no bytes within the socket's timeout ({0:?})")]
+    TimedOut(std::time::Duration),
+    /// The connection is lost: its queue pair failed (the peer died, or refused an access).
+    #[error("the connection is lost: {0}")]
+    Lost(String),
+    /// The socket's rings are in GPU memory (or it was exported): only kernels use it.
+    #[error("this socket's rings are in GPU memory: export it (Socket::into_gpu) and use it from kernels")]
+    OnGpu,
 }
 
 /// The library's result type.

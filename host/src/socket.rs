@@ -38,6 +38,7 @@ use gdaki_device::Gpu as Shared;
 use gdaki_devx::HostBuffer;
 use gdaki_layout::socket::{self as layout, DevSocket, DEV_SOCKET_VERSION};
 
+pub use crate::error::SocketFailure;
 use crate::error::{check_pow2, Error, Result};
 use crate::handshake::{Channel, Hello};
 use crate::{Access, CompletionQueue, Context, MemoryRegion, QpConfig, QueuePair};
@@ -99,30 +100,6 @@ impl SocketConfig {
             1 << layout::MAX_LOG_RING,
         )
     }
-}
-
-/// What a socket operation failed with.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum SocketFailure {
-    /// The peer's ring is full (`try_send`) or nothing arrived (`try_recv`).
-    #[error("the call would block")]
-    WouldBlock,
-    /// The connection was reset (by the peer or by this side).
-    #[error("the connection was reset")]
-    Reset,
-    /// A send after `shutdown`.
-    #[error("this side shut down its sending side")]
-    Closed,
-    /// A wait ran past the timeout.
-    #[error("no room or no bytes within the socket's timeout ({0:?})")]
-    TimedOut(Duration),
-    /// The connection is lost: its queue pair failed (the peer died, or refused an access).
-    #[error("the connection is lost: {0}")]
-    Lost(String),
-    /// The socket's rings are in GPU memory (or it was exported): only kernels use it.
-    #[error("this socket's rings are in GPU memory: export it (Socket::into_gpu) and use it from kernels")]
-    OnGpu,
 }
 
 impl SocketFailure {
