@@ -331,45 +331,6 @@ pub unsafe extern "ptx-kernel" fn gdaki_write_lat(sides: *const PingPongSide, si
     unsafe { status.add(global_thread() as usize).write_volatile(code) };
 }
 
-/// GPUnet's echo server ([`socket::echo`](crate::socket::echo)): block `b` serves the socket
-/// whose handle is `sockets[b]`, all its threads together, with `buf_len` bytes at
-/// `bufs + b * buf_len` as its buffer; thread 0 writes `status[b]` and `echoed[b]`.
-///
-/// # Safety
-/// `sockets` holds one exported socket handle per block, each this block's alone; the buffers
-/// are GPU memory of `buf_len` bytes per block; `scratch` one [`BlockScratch`] per block;
-/// `status` and `echoed` one entry per block.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn gdaki_socket_echo(
-    sockets: *const u64,
-    bufs: u64,
-    buf_len: u64,
-    scratch: *mut BlockScratch,
-    status: *mut u32,
-    echoed: *mut u64,
-) {
-    // SAFETY: special registers are always readable.
-    let b = unsafe { _block_idx_x() } as usize;
-    // SAFETY: one scratch per block (contract); every thread of the block computes the same.
-    let block = unsafe { Block::new(scratch.add(b)) };
-    // SAFETY: one handle per block (contract), this block's alone.
-    let outcome = match unsafe { crate::socket::Socket::<Exclusive>::from_raw(*sockets.add(b) as *mut _) } {
-        // SAFETY: this block's buffer (contract).
-        Ok(sock) => crate::socket::echo(&sock, block, unsafe {
-            core::slice::from_raw_parts_mut((bufs + b as u64 * buf_len) as *mut u8, buf_len as usize)
-        }),
-        Err(e) => Err(e),
-    };
-    if block.is_leader() {
-        let (code, n) = outcome.map_or_else(|e| (e.code(), 0), |n| (CODE_OK, n));
-        // SAFETY: one entry per block (contract).
-        unsafe {
-            status.add(b).write_volatile(code);
-            echoed.add(b).write_volatile(n);
-        }
-    }
-}
-
 /// The socket perftests ([`socket::bench`](crate::socket::bench)): block `b` runs role
 /// `roles[b]` on the socket whose handle is `sockets[b]`, all its threads together, `iters`
 /// messages of `size` bytes through `buf_len` bytes at `bufs + b * buf_len`; its leader writes

@@ -564,30 +564,19 @@ impl GpuSocket {
         self.handle.device_addr()
     }
 
-    /// Runs GPUnet's echo server on `gpu` (`gdaki_device::socket::echo`): block `b` of
-    /// `threads` threads serves `sockets[b]` with a `buf_len`-byte buffer until its peer's end
-    /// of stream, then shuts it down; waits for every block. The sockets are this launch's
+    /// Runs GPUnet's echo server on `gpu` (`gdaki_device::socket::echo`, the bench kernel's
+    /// `Echo` role): block `b` of `threads` threads serves `sockets[b]` with a `buf_len`-byte
+    /// buffer until its peer's end of stream, then shuts it down; waits for every block and
+    /// returns each block's status and bytes echoed (`moved`). The sockets are this launch's
     /// alone while it runs (`&mut`).
     pub fn echo_on_gpu(
         gpu: &gdaki_cuda::Gpu,
         sockets: &mut [GpuSocket],
         threads: u32,
         buf_len: usize,
-    ) -> Result<gdaki_cuda::SocketEchoRun> {
-        let handles: Vec<u64> = sockets.iter().map(GpuSocket::device_handle).collect();
-        if let Some(s) = sockets.iter().find(|s| s._export.gpu_ordinal() != gpu.ordinal()) {
-            return Err(Error::Unsupported {
-                what: "running sockets on a GPU",
-                why: format!(
-                    "a socket was exported to GPU {}, not GPU {}",
-                    s._export.gpu_ordinal(),
-                    gpu.ordinal()
-                ),
-            });
-        }
-        // SAFETY: every handle is a socket exported to this GPU (checked above), alive and
-        // borrowed mutably until the launch returns.
-        Ok(unsafe { gpu.run_socket_echo(&handles, threads, buf_len) }?)
+    ) -> Result<gdaki_cuda::SocketBenchRun> {
+        let roles = vec![gdaki_device::socket::BenchRole::Echo; sockets.len()];
+        Self::bench_on_gpu(gpu, sockets, &roles, buf_len as u64, 0, threads, buf_len)
     }
 
     /// Runs the socket perftests' roles on `gpu` (`gdaki_device::socket::bench`): block `b` of

@@ -422,7 +422,7 @@ fn a_gpu_server_echoes_cpu_clients_a_block_per_socket() {
         });
         let (run, _served) = serving.join().unwrap();
         for (i, data) in streams.iter().enumerate() {
-            assert_eq!((run.status[i], run.echoed[i]), (0, data.len() as u64), "block {i}");
+            assert_eq!((run.status[i], run.moved[i]), (0, data.len() as u64), "block {i}");
         }
         eprintln!(
             "{N} sockets echoed by the GPU ({}): {:.1} ms",
@@ -488,7 +488,7 @@ fn a_thousand_sockets_on_one_gpu() {
         "{:?}",
         run.status.iter().find(|&&s| s != 0)
     );
-    let total: u64 = run.echoed.iter().sum();
+    let total: u64 = run.moved.iter().sum();
     assert_eq!(total, streams.iter().map(|s| s.len() as u64).sum::<u64>());
     eprintln!(
         "{N} sockets on one GPU echoed {total} bytes in {:.1} ms",

@@ -131,17 +131,6 @@ pub struct WriteLatRun {
     pub elapsed: Duration,
 }
 
-/// What [`Gpu::run_socket_echo`] returned.
-#[derive(Debug, Clone)]
-pub struct SocketEchoRun {
-    /// Each socket's status code (its block's leader).
-    pub status: Vec<u32>,
-    /// Bytes each socket echoed.
-    pub echoed: Vec<u64>,
-    /// GPU time of the whole kernel.
-    pub elapsed: Duration,
-}
-
 /// What [`Gpu::run_socket_bench`] returned.
 #[derive(Debug, Clone)]
 pub struct SocketBenchRun {
@@ -315,62 +304,14 @@ impl Gpu {
         })
     }
 
-    /// Runs `gdaki_socket_echo` (GPUnet's echo server): block `b`, `threads` threads
-    /// together, serves the socket whose device handle is `sockets[b]` with a buffer of
-    /// `buf_len` bytes in GPU memory, until its peer's end of stream; waits for every block.
-    ///
-    /// # Safety
-    /// Each handle is a socket exported to this GPU (`gdaki::socket::GpuSocket`), alive until
-    /// this returns and used by nothing else meanwhile.
-    pub unsafe fn run_socket_echo(
-        &self,
-        sockets: &[u64],
-        threads: u32,
-        buf_len: usize,
-    ) -> Result<SocketEchoRun, CudaError> {
-        if sockets.is_empty() || !(1..=1024).contains(&threads) || buf_len == 0 {
-            return Err(CudaError::BadArgument {
-                what: "run_socket_echo",
-                why: format!(
-                    "{} sockets, {threads} threads a block, {buf_len}-byte buffers (at least one socket, 1 to 1024 threads, a buffer)",
-                    sockets.len()
-                ),
-            });
-        }
-        let n = sockets.len();
-        let stream = self.ctx.default_stream();
-        let handles = stream.clone_htod(sockets)?;
-        let bufs = stream.alloc_zeros::<u8>(n * buf_len)?;
-        let scratch = stream.alloc_zeros::<u8>(gdaki_device::scope::BLOCK_SCRATCH_BYTES * n)?;
-        let mut status = stream.alloc_zeros::<u32>(n)?;
-        stream.memcpy_htod(&vec![u32::MAX; n], &mut status)?;
-        let echoed = stream.alloc_zeros::<u64>(n)?;
-        let args = Args::new()
-            .slice(&handles)
-            .slice(&bufs)
-            .u64(buf_len as u64)
-            .slice(&scratch)
-            .slice(&status)
-            .slice(&echoed);
-        // SAFETY: `gdaki_socket_echo(sockets: *const u64, bufs: u64, buf_len: u64, scratch:
-        // *mut BlockScratch, status: *mut u32, echoed: *mut u64)`, one block per socket: the
-        // handles are exported sockets this launch alone uses (the caller's contract), the
-        // buffers, scratch areas and result words allocated above, one per block.
-        let elapsed = unsafe { Kernel::own(self, "gdaki_socket_echo")?.run(Dims::linear(n as u32, threads), args) }?;
-        Ok(SocketEchoRun {
-            status: stream.clone_dtoh(&status)?,
-            echoed: stream.clone_dtoh(&echoed)?,
-            elapsed,
-        })
-    }
-
     /// Runs `gdaki_socket_bench`: block `b`, `threads` threads together, runs role code
     /// `roles[b]` (`gdaki_device::socket::BenchRole`) on the socket whose device handle is
     /// `sockets[b]`, `iters` messages of `size` bytes through a buffer of `buf_len` bytes in GPU
     /// memory, with `timestamps` timestamps per block; waits for every block.
     ///
     /// # Safety
-    /// As [`run_socket_echo`](Self::run_socket_echo); `timestamps` at least what each role
+    /// Each handle is a socket exported to this GPU (`gdaki::socket::GpuSocket`), alive until
+    /// this returns and used by nothing else meanwhile; `timestamps` at least what each role
     /// records, `buf_len` at least `size`.
     #[allow(clippy::too_many_arguments)] // the benchmark's parameters, each a scalar or a list
     pub unsafe fn run_socket_bench(

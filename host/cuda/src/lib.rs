@@ -36,8 +36,7 @@ pub use ipc::{
 };
 pub use kernel::{Args, Dims, ExportedQp, GpuRegion, Kernel, LinkInput, Module};
 pub use launch::{
-    DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, SocketBenchRun, SocketEchoRun, WriteLatRun,
-    WriteLatSide,
+    DataPathLaunch, KernelMode, KernelRun, KernelScope, PutStream, SocketBenchRun, WriteLatRun, WriteLatSide,
 };
 pub use posting::{PostingKernels, PostingRun, PostingShape, RingPlacement};
 pub use reference::PeerDirection;

@@ -42,7 +42,6 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_store_loop",
     "gdaki_store_loop_rings",
     "gdaki_copier",
-    "gdaki_socket_echo",
     "gdaki_socket_bench",
 ];
 
