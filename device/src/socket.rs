@@ -179,6 +179,14 @@ pub struct Socket<M: Sharing> {
     log_tx: u32,
 }
 
+/// One look at the control words of this side's receive window (`docs/sockets.md`).
+struct Controls {
+    arrived: u64,
+    credit: u64,
+    fin: u64,
+    reset: u64,
+}
+
 /// Whether the socket may wait (the blocking forms) or must say it would block.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -289,7 +297,7 @@ impl<M: Sharing> Socket<M> {
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
         self.on_leader(scope, || {
             let (sent, _, _, flags) = self.state();
-            self.usable(flags)?;
+            self.usable(flags, &self.controls())?;
             if flags & SOCKET_SHUT_WR == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
@@ -373,14 +381,13 @@ impl<M: Sharing> Socket<M> {
             let mut deadline = self.qp.deadline();
             loop {
                 let (_, consumed, _, flags) = self.state();
-                self.usable(flags)?;
-                let arrived = self.control(layout::ARRIVED);
-                if arrived != consumed {
-                    self.set_consumed(arrived);
+                let seen = self.controls();
+                self.usable(flags, &seen)?;
+                if seen.arrived != consumed {
+                    self.set_consumed(seen.arrived);
                     continue;
                 }
-                let fin = self.control(layout::FIN);
-                if fin != 0 && fin - 1 == consumed {
+                if seen.fin != 0 && seen.fin - 1 == consumed {
                     return Ok(0);
                 }
                 self.idle(Mode::Wait, &mut deadline)?;
@@ -429,15 +436,15 @@ impl<M: Sharing> Socket<M> {
             let mut deadline = self.qp.deadline();
             loop {
                 let (.., flags) = self.state();
-                self.usable(flags)?;
+                let seen = self.controls();
+                self.usable(flags, &seen)?;
                 if flags & SOCKET_SHUT_WR != 0 {
                     return Err(SocketError::Closed);
                 }
                 if data.is_empty() {
                     return Ok(0);
                 }
-                let credit = self.control(layout::CREDIT);
-                let room = cap - sent.wrapping_sub(credit).min(cap);
+                let room = cap - sent.wrapping_sub(seen.credit).min(cap);
                 if room > 0 {
                     return Ok((data.len() as u64).min(room));
                 }
@@ -485,17 +492,19 @@ impl<M: Sharing> Socket<M> {
     fn recv_in<S: Scope>(&self, scope: S, buf: &mut [u8], mode: Mode) -> Result<usize, SocketError> {
         let cap = 1u64 << self.log_rx;
         let (_, consumed, credited, _) = self.state();
-        // The leader waits for bytes (or the end); everyone learns how many it takes.
+        // The leader waits for bytes (or the end); everyone learns how many it takes. The
+        // leader keeps what it saw of `fin` for the credit below.
+        let mut fin = 0;
         let arrived = self.on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
                 let (.., flags) = self.state();
-                self.usable(flags)?;
-                let arrived = self.control(layout::ARRIVED);
-                if arrived != consumed {
-                    return Ok(arrived);
+                let seen = self.controls();
+                self.usable(flags, &seen)?;
+                fin = seen.fin;
+                if seen.arrived != consumed {
+                    return Ok(seen.arrived);
                 }
-                let fin = self.control(layout::FIN);
                 if (fin != 0 && fin - 1 == consumed) || buf.is_empty() {
                     return Ok(consumed);
                 }
@@ -531,7 +540,9 @@ impl<M: Sharing> Socket<M> {
             // when a whole ring is uncredited, so reading on always frees it, and a stream
             // costs one credit per half ring (not one per message).
             // No credit once the peer has shut down: it sends nothing more, and it may be gone.
-            if consumed - credited >= cap / 2 && self.control(layout::FIN) == 0 {
+            // (`fin` as seen with the bytes: a look of its own would cost another round trip,
+            // and a peer's close can follow any look.)
+            if consumed - credited >= cap / 2 && fin == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
                 self.set_credited(consumed);
@@ -557,8 +568,8 @@ impl<M: Sharing> Socket<M> {
     }
 
     /// Refuses every call once either side reset the connection.
-    fn usable(&self, flags: u64) -> Result<(), SocketError> {
-        if flags & SOCKET_RESET != 0 || self.control(layout::RESET) != 0 {
+    fn usable(&self, flags: u64, seen: &Controls) -> Result<(), SocketError> {
+        if flags & SOCKET_RESET != 0 || seen.reset != 0 {
             return Err(SocketError::Reset);
         }
         Ok(())
@@ -569,6 +580,20 @@ impl<M: Sharing> Socket<M> {
         // SAFETY: the window's control words are 8-byte aligned words of registered memory
         // (the handle's contract), written only by the HCA.
         unsafe { arch::load_u64_volatile((self.rx_window + word) as *const u64) }
+    }
+
+    /// Every control word at once: four loads issued before any is used, so a look costs one
+    /// memory round trip (a PCIe read each where the window is host memory mapped into the
+    /// GPU: one after another they cost a microsecond apiece).
+    fn controls(&self) -> Controls {
+        let [arrived, credit, fin, reset] =
+            [layout::ARRIVED, layout::CREDIT, layout::FIN, layout::RESET].map(|w| self.control(w));
+        Controls {
+            arrived,
+            credit,
+            fin,
+            reset,
+        }
     }
 
     /// A control word of the peer's receive window.
