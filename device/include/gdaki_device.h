@@ -61,6 +61,8 @@ extern "C" {
 #define GDAKI_DOORBELL_CPU_PROXY 1u
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
+/** version word of gdaki_dev_socket */
+#define GDAKI_DEV_SOCKET_VERSION 3096576128u
 /** gdaki_dev_rq.version of this layout */
 #define GDAKI_DEV_RQ_VERSION 264503552u
 /** most bytes a send_inline carries */
@@ -318,6 +320,77 @@ typedef struct gdaki_remote_region {
   uint32_t reserved;
 } gdaki_remote_region;
 
+/**
+ * A socket as the device sees it: where its queue pair, windows and rings are, and the
+ * stream state only its owner updates.
+ */
+typedef struct GDAKI_ALIGNED(64) gdaki_dev_socket {
+  /**
+   * Bytes of this stream put to the peer.
+   */
+  uint64_t sent;
+  /**
+   * Bytes of the peer's stream taken out of the receive ring.
+   */
+  uint64_t consumed;
+  /**
+   * `consumed` as last written to the peer's `credit`.
+   */
+  uint64_t credited;
+  /**
+   * `SOCKET_*` bits.
+   */
+  uint64_t flags;
+  /**
+   * Pads the state line.
+   */
+  uint64_t state_pad[4];
+  /**
+   * The `DevQp` this socket posts through (an address the socket's users can read).
+   */
+  uint64_t qp;
+  /**
+   * This side's receive window: control words, then the ring.
+   */
+  uint64_t rx_window;
+  /**
+   * The send staging ring.
+   */
+  uint64_t tx_ring;
+  /**
+   * The peer's receive window.
+   */
+  uint64_t peer_window;
+  /**
+   * Key of `rx_window`'s region (the scratch word is a local operand).
+   */
+  uint32_t rx_lkey;
+  /**
+   * Key of `tx_ring`'s region.
+   */
+  uint32_t tx_lkey;
+  /**
+   * Remote key of the peer's window.
+   */
+  uint32_t peer_rkey;
+  /**
+   * log2 of this side's receive ring's bytes.
+   */
+  uint32_t log_rx;
+  /**
+   * log2 of the peer's receive ring's bytes (and of the staging ring's).
+   */
+  uint32_t log_tx;
+  /**
+   * [`DEV_SOCKET_VERSION`].
+   */
+  uint32_t version;
+  /**
+   * Pads the handle to its alignment.
+   */
+  uint32_t tail_pad[2];
+} gdaki_dev_socket;
+
 /** Scratch memory of a block's collectives (block scope). */
 typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {
   uint64_t words[GDAKI_BLOCK_SCRATCH_BYTES / 8];
@@ -568,6 +641,169 @@ GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_warp_gpu(gdaki_dev_qp *qp, const uint
 GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_block_exclusive(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const uint64_t *signal, uint64_t value);
 GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const uint64_t *signal, uint64_t value);
 GDAKI_DEVICE_FN uint32_t gdaki_wait_signal_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const uint64_t *signal, uint64_t value);
+#endif
+
+/* Sockets (gdaki_dev_socket, from gdaki_socket_export_gpu): byte streams in every
+ * scope, POSIX results (bytes moved through the out-pointer, 0 from a receive at the
+ * end of the stream); the mode is the socket queue pair's. See docs/sockets.md. */
+
+/** socket_send: Sends up to `len` bytes of `data` (POSIX `send`), waiting (bounded) for room in the
+ * peer's ring: `*sent` (unless null) gets how many, fewer when the ring had less room.
+ * `data` may be reused at once (the bytes are copied into the socket's staging ring). */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_thread_exclusive(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_thread_cta(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_thread_gpu(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_warp_exclusive(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_warp_cta(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_warp_gpu(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len, uint64_t *sent);
+#endif
+
+/** socket_try_send: `socket_send` that never waits: `GDAKI_CODE_WOULD_BLOCK` when the peer's ring is full. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_thread_exclusive(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_thread_cta(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_thread_gpu(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_warp_exclusive(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_warp_cta(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_warp_gpu(gdaki_dev_socket *socket, const void *data, uint64_t len, uint64_t *sent);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len, uint64_t *sent);
+#endif
+
+/** socket_send_all: Sends all `len` bytes of `data`, as many sends as it takes. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_thread_exclusive(gdaki_dev_socket *socket, const void *data, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_thread_cta(gdaki_dev_socket *socket, const void *data, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_thread_gpu(gdaki_dev_socket *socket, const void *data, uint64_t len);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_warp_exclusive(gdaki_dev_socket *socket, const void *data, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_warp_cta(gdaki_dev_socket *socket, const void *data, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_warp_gpu(gdaki_dev_socket *socket, const void *data, uint64_t len);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len);
+#endif
+
+/** socket_recv: Receives up to `len` bytes into `buf` (POSIX `recv`), waiting (bounded) for some:
+ * `*received` (unless null) gets how many, 0 once the peer shut down and every byte it
+ * sent has been read. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_thread_exclusive(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_thread_cta(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_thread_gpu(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_warp_exclusive(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_warp_cta(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_warp_gpu(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len, uint64_t *received);
+#endif
+
+/** socket_try_recv: `socket_recv` that never waits: `GDAKI_CODE_WOULD_BLOCK` when nothing has arrived and
+ * the stream has not ended. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_thread_exclusive(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_thread_cta(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_thread_gpu(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_warp_exclusive(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_warp_cta(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_warp_gpu(gdaki_dev_socket *socket, void *buf, uint64_t len, uint64_t *received);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len, uint64_t *received);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_recv_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len, uint64_t *received);
+#endif
+
+/** socket_recv_exact: Receives exactly `len` bytes into `buf`, as many receives as it takes;
+ * `GDAKI_CODE_CLOSED` if the stream ends first. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_thread_exclusive(gdaki_dev_socket *socket, void *buf, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_thread_cta(gdaki_dev_socket *socket, void *buf, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_thread_gpu(gdaki_dev_socket *socket, void *buf, uint64_t len);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_warp_exclusive(gdaki_dev_socket *socket, void *buf, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_warp_cta(gdaki_dev_socket *socket, void *buf, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_warp_gpu(gdaki_dev_socket *socket, void *buf, uint64_t len);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len);
+#endif
+
+/** socket_shutdown: Shuts down the sending side: the peer reads what was sent, then gets 0; later sends
+ * fail with `GDAKI_CODE_CLOSED`. A second call does nothing. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_thread_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_thread_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_thread_gpu(gdaki_dev_socket *socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_warp_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_warp_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_warp_gpu(gdaki_dev_socket *socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+#endif
+
+/** socket_reset: Resets the connection: both sides' later calls fail with `GDAKI_CODE_RESET`. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_thread_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_thread_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_thread_gpu(gdaki_dev_socket *socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_warp_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_warp_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_warp_gpu(gdaki_dev_socket *socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_reset_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+#endif
+
+/** socket_flush: Waits (bounded) until everything this side posted has reached the peer's memory. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_thread_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_thread_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_thread_gpu(gdaki_dev_socket *socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_warp_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_warp_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_warp_gpu(gdaki_dev_socket *socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_flush_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+#endif
+
+/** socket_close: An orderly close in both directions (GPUnet's `gclose`): shuts down, waits for the
+ * peer's end of stream (dropping what it still sends), flushes. Afterwards neither side
+ * posts to the other, so both may destroy their sockets. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_thread_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_thread_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_thread_gpu(gdaki_dev_socket *socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_warp_exclusive(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_warp_cta(gdaki_dev_socket *socket);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_warp_gpu(gdaki_dev_socket *socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_close_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch);
 #endif
 
 /* The receive queue (gdaki_dev_rq, from gdaki_qp_host_receive_handle or

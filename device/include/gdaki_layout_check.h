@@ -73,8 +73,27 @@ GDAKI_OFFSET_CHECK(gdaki_remote_region, addr, 0)
 GDAKI_OFFSET_CHECK(gdaki_remote_region, len, 8)
 GDAKI_OFFSET_CHECK(gdaki_remote_region, rkey, 16)
 GDAKI_OFFSET_CHECK(gdaki_remote_region, reserved, 20)
+GDAKI_ASSERT(sizeof(gdaki_dev_socket) == 128, "size of gdaki_dev_socket");
+GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_dev_socket) == 64, "alignment of gdaki_dev_socket");
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, sent, 0)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, consumed, 8)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, credited, 16)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, flags, 24)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, state_pad, 32)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, qp, 64)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, rx_window, 72)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, tx_ring, 80)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, peer_window, 88)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, rx_lkey, 96)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, tx_lkey, 100)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, peer_rkey, 104)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, log_rx, 108)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, log_tx, 112)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, version, 116)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, tail_pad, 120)
 GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 322306304u, "handle version");
+GDAKI_ASSERT(GDAKI_DEV_SOCKET_VERSION == 3096576128u, "socket handle version");
 
 #endif /* GDAKI_LAYOUT_CHECK_H */

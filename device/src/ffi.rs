@@ -144,6 +144,7 @@ c_types!(
     *mut u32 => "uint32_t *",
     *const u64 => "const uint64_t *",
     *const u8 => "const void *",
+    *mut u8 => "void *",
 );
 
 /// One parameter of an operation.
@@ -175,12 +176,17 @@ pub const SCOPES: [&str; 3] = ["thread", "warp", "block"];
 pub const MODES: [&str; 3] = ["exclusive", "cta", "gpu"];
 
 /// Defines the operations once: generic Rust bodies in `ops`, their descriptors in
-/// [`OPERATIONS`], and the `extern "C"` entry points of every scope and mode.
+/// [`OPERATIONS`], and the `extern "C"` entry points of every scope and mode. The header line
+/// names the handle's C parameter and type, the function that checks it and hands the body its
+/// Rust form (`Body<M, S>`), and that form: the queue pair's here, the socket's in [`socket`].
 macro_rules! c_abi {
-    ($(
-        $(#[doc = $doc:literal])*
-        fn $op:ident($qp:ident $(, $arg:ident: $ty:ty)* $(,)?) $body:block
-    )*) => {
+    (
+        handle $h:ident: $hty:ty, $enter:ident, $Body:ident;
+        $(
+            $(#[doc = $doc:literal])*
+            fn $op:ident($qp:ident $(, $arg:ident: $ty:ty)* $(,)?) $body:block
+        )*
+    ) => {
         /// The operations' bodies, generic over mode and scope; each returns a status code.
         mod ops {
             use super::*;
@@ -192,7 +198,7 @@ macro_rules! c_abi {
                 /// what the operation reads or writes through it.
                 #[inline(always)]
                 #[allow(clippy::too_many_arguments)]
-                pub(super) unsafe fn $op<M: Sharing, S: Scope>($qp: Qp<M, S> $(, $arg: $ty)*) -> u32 $body
+                pub(super) unsafe fn $op<M: Sharing, S: Scope>($qp: $Body<M, S> $(, $arg: $ty)*) -> u32 $body
             )*
         }
 
@@ -204,27 +210,27 @@ macro_rules! c_abi {
             params: &[$(Param { name: stringify!($arg), c_type: <$ty as CType>::C }),*],
         }),*];
 
-        entry_points!(thread_exclusive, "thread_exclusive", Exclusive, Thread; $($op($($arg: $ty),*))*);
-        entry_points!(thread_cta, "thread_cta", Cta, Thread; $($op($($arg: $ty),*))*);
-        entry_points!(thread_gpu, "thread_gpu", Gpu, Thread; $($op($($arg: $ty),*))*);
+        entry_points!(thread_exclusive, "thread_exclusive", Exclusive, Thread; $h: $hty, $enter; $($op($($arg: $ty),*))*);
+        entry_points!(thread_cta, "thread_cta", Cta, Thread; $h: $hty, $enter; $($op($($arg: $ty),*))*);
+        entry_points!(thread_gpu, "thread_gpu", Gpu, Thread; $h: $hty, $enter; $($op($($arg: $ty),*))*);
         #[cfg(target_arch = "nvptx64")]
-        entry_points!(warp_exclusive, "warp_exclusive", Exclusive, Warp; $($op($($arg: $ty),*))*);
+        entry_points!(warp_exclusive, "warp_exclusive", Exclusive, Warp; $h: $hty, $enter; $($op($($arg: $ty),*))*);
         #[cfg(target_arch = "nvptx64")]
-        entry_points!(warp_cta, "warp_cta", Cta, Warp; $($op($($arg: $ty),*))*);
+        entry_points!(warp_cta, "warp_cta", Cta, Warp; $h: $hty, $enter; $($op($($arg: $ty),*))*);
         #[cfg(target_arch = "nvptx64")]
-        entry_points!(warp_gpu, "warp_gpu", Gpu, Warp; $($op($($arg: $ty),*))*);
+        entry_points!(warp_gpu, "warp_gpu", Gpu, Warp; $h: $hty, $enter; $($op($($arg: $ty),*))*);
         #[cfg(target_arch = "nvptx64")]
-        entry_points!(@block block_exclusive, "block_exclusive", Exclusive; $($op($($arg: $ty),*))*);
+        entry_points!(@block block_exclusive, "block_exclusive", Exclusive; $h: $hty, $enter; $($op($($arg: $ty),*))*);
         #[cfg(target_arch = "nvptx64")]
-        entry_points!(@block block_cta, "block_cta", Cta; $($op($($arg: $ty),*))*);
+        entry_points!(@block block_cta, "block_cta", Cta; $h: $hty, $enter; $($op($($arg: $ty),*))*);
         #[cfg(target_arch = "nvptx64")]
-        entry_points!(@block block_gpu, "block_gpu", Gpu; $($op($($arg: $ty),*))*);
+        entry_points!(@block block_gpu, "block_gpu", Gpu; $h: $hty, $enter; $($op($($arg: $ty),*))*);
     };
 }
 
 /// The `extern "C"` functions of one scope and mode, in a module named after them.
 macro_rules! entry_points {
-    ($module:ident, $suffix:literal, $mode:ty, $scope:ty; $($op:ident($($arg:ident: $ty:ty),*))*) => {
+    ($module:ident, $suffix:literal, $mode:ty, $scope:ty; $h:ident: $hty:ty, $enter:ident; $($op:ident($($arg:ident: $ty:ty),*))*) => {
         #[doc = concat!("The C ABI in ", $suffix, " (`gdaki_<operation>_", $suffix, "`).")]
         pub mod $module {
             use super::*;
@@ -232,18 +238,18 @@ macro_rules! entry_points {
                 #[doc = concat!("`gdaki_", stringify!($op), "_", $suffix, "`, as `gdaki_device.h` documents it.")]
                 ///
                 /// # Safety
-                /// `qp` is null or an exported handle used in this scope and mode; pointers
-                /// are null where allowed or valid for what the header says.
+                /// The handle is null or an exported one used in this scope and mode;
+                /// pointers are null where allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
                 #[allow(clippy::too_many_arguments)]
-                pub unsafe extern "C" fn $op(qp: *mut DevQp $(, $arg: $ty)*) -> u32 {
-                    // SAFETY: the caller's contract is the one `enter` and the body need.
-                    unsafe { enter::<$mode, $scope>(qp, <$scope as Here>::here(), |qp| ops::$op(qp $(, $arg)*)) }
+                pub unsafe extern "C" fn $op($h: $hty $(, $arg: $ty)*) -> u32 {
+                    // SAFETY: the caller's contract is the one the enter function and the body need.
+                    unsafe { $enter::<$mode, $scope>($h, <$scope as Here>::here(), |h| ops::$op(h $(, $arg)*)) }
                 }
             )*
         }
     };
-    (@block $module:ident, $suffix:literal, $mode:ty; $($op:ident($($arg:ident: $ty:ty),*))*) => {
+    (@block $module:ident, $suffix:literal, $mode:ty; $h:ident: $hty:ty, $enter:ident; $($op:ident($($arg:ident: $ty:ty),*))*) => {
         #[doc = concat!("The C ABI in ", $suffix, " (`gdaki_<operation>_", $suffix, "`).")]
         pub mod $module {
             use super::*;
@@ -251,21 +257,21 @@ macro_rules! entry_points {
                 #[doc = concat!("`gdaki_", stringify!($op), "_", $suffix, "`, as `gdaki_device.h` documents it.")]
                 ///
                 /// # Safety
-                /// `qp` is null or an exported handle used in this scope and mode; `block_scratch`
-                /// is null or a block scratch area every thread of the block passes and no one
-                /// else uses meanwhile; other pointers are null where allowed or valid for
-                /// what the header says.
+                /// The handle is null or an exported one used in this scope and mode;
+                /// `block_scratch` is null or a block scratch area every thread of the block
+                /// passes and no one else uses meanwhile; other pointers are null where
+                /// allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
                 #[allow(clippy::too_many_arguments)]
-                pub unsafe extern "C" fn $op(qp: *mut DevQp, block_scratch: *mut BlockScratch $(, $arg: $ty)*) -> u32 {
+                pub unsafe extern "C" fn $op($h: $hty, block_scratch: *mut BlockScratch $(, $arg: $ty)*) -> u32 {
                     let scope = if block_scratch.is_null() {
                         Err(CODE_BAD_ARGUMENT)
                     } else {
                         // SAFETY: per the contract.
                         Ok(unsafe { Block::new(block_scratch) })
                     };
-                    // SAFETY: the caller's contract is the one `enter` and the body need.
-                    unsafe { enter::<$mode, Block>(qp, scope, |qp| ops::$op(qp $(, $arg)*)) }
+                    // SAFETY: the caller's contract is the one the enter function and the body need.
+                    unsafe { $enter::<$mode, Block>($h, scope, |h| ops::$op(h $(, $arg)*)) }
                 }
             )*
         }
@@ -273,7 +279,7 @@ macro_rules! entry_points {
 }
 
 /// The calling thread's member of a scope without arguments (thread, warp).
-trait Here: Scope {
+pub(crate) trait Here: Scope {
     fn here() -> Result<Self, u32>;
 }
 impl Here for Thread {
@@ -291,6 +297,8 @@ impl Here for Warp {
 }
 
 c_abi! {
+    handle qp: *mut DevQp, enter, Qp;
+
     /// RDMA WRITE of `len` bytes from local `src` (key `lkey`) to remote `dst` (key `rkey`),
     /// split into as many WQEs as the QP's largest message needs, at most one send queue of
     /// them (more: `GDAKI_CODE_BAD_COUNT`, nothing posted; 0 bytes posts a NOP).
@@ -579,3 +587,5 @@ const _: () = {
     assert!(RecvKind::Send.code() == 0);
     assert!(RecvKind::SendImm(0).code() == 1 && RecvKind::WriteImm(0).code() == 2);
 };
+
+pub mod socket;

@@ -362,26 +362,39 @@ pub fn program(test: Test) {
     }
 }
 
-/// Runs `test` with `args`: prints the table (or the JSON object).
-pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
-    let gpu = match args.mode {
+/// The GPU (`--mode`, `--gpu`) and where the rings live (`--mem`, with how reports name it),
+/// and checks of `--rx-bytes` and `--threads`: what every socket program settles first.
+pub fn placement(
+    mode: Mode,
+    mem: Mem,
+    gpu: usize,
+    rx_bytes: u64,
+    threads: u32,
+) -> anyhow::Result<(Option<gdaki::cuda::Gpu>, SocketMemory, &'static str)> {
+    let gpu = match mode {
         Mode::Cpu => None,
-        Mode::Gpu => Some(gdaki::cuda::Gpu::open(args.gpu).context("--mode gpu")?),
-        Mode::Auto => gdaki::cuda::Gpu::open(args.gpu).ok(),
+        Mode::Gpu => Some(gdaki::cuda::Gpu::open(gpu).context("--mode gpu")?),
+        Mode::Auto => gdaki::cuda::Gpu::open(gpu).ok(),
     };
-    let (memory, mem_name) = match (args.mem, &gpu) {
+    let (memory, mem_name) = match (mem, &gpu) {
         (Mem::Auto | Mem::Pinned, Some(g)) => (SocketMemory::Pinned(g.clone()), "host-pinned, mapped into the GPU"),
         (Mem::Device, Some(g)) => (SocketMemory::Device(g.clone()), "GPU device memory"),
         (Mem::Auto | Mem::Host, None) => (SocketMemory::Host, "host"),
         (Mem::Host, Some(_)) => bail!("--mem host: GPU kernels cannot reach plain host memory; use pinned or device"),
-        (Mem::Pinned | Mem::Device, None) => bail!("--mem {:?} needs a GPU (--mode gpu)", args.mem),
+        (Mem::Pinned | Mem::Device, None) => bail!("--mem {mem:?} needs a GPU (--mode gpu)"),
     };
-    if !args.rx_bytes.is_power_of_two() || !((4 << 10)..=(1 << 30)).contains(&args.rx_bytes) {
-        bail!("--rx-bytes {}: a power of two, 4 KiB to 1 GiB", args.rx_bytes);
+    if !rx_bytes.is_power_of_two() || !((4 << 10)..=(1 << 30)).contains(&rx_bytes) {
+        bail!("--rx-bytes {rx_bytes}: a power of two, 4 KiB to 1 GiB");
     }
-    if gpu.is_some() && !(1..=1024).contains(&args.threads) {
-        bail!("--threads {}: 1 to 1024", args.threads);
+    if gpu.is_some() && !(1..=1024).contains(&threads) {
+        bail!("--threads {threads}: 1 to 1024");
     }
+    Ok((gpu, memory, mem_name))
+}
+
+/// Runs `test` with `args`: prints the table (or the JSON object).
+pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
+    let (gpu, memory, mem_name) = placement(args.mode, args.mem, args.gpu, args.rx_bytes, args.threads)?;
     let max = args.rx_bytes.min(SWEEP.1);
     let sizes: Vec<u64> = match (args.size, args.all) {
         (Some(_), true) => bail!("-s and -a together: choose one"),

@@ -17,6 +17,7 @@ fn bin(name: &str) -> std::path::PathBuf {
             "write_lat" => env!("CARGO_BIN_EXE_write_lat").into(),
             "sock_bw" => env!("CARGO_BIN_EXE_sock_bw").into(),
             "sock_lat" => env!("CARGO_BIN_EXE_sock_lat").into(),
+            "sock_echo" => env!("CARGO_BIN_EXE_sock_echo").into(),
             other => panic!("no perftest binary {other}"),
         },
     }
@@ -1355,6 +1356,57 @@ fn socket_perftests_on_the_gpu() {
         );
         let (_, out) = both_succeeded(&s, &c);
         assert_eq!(rows(&out).len(), rows_per_size, "{name}: {out}");
+    }
+    // The echo example: a GPU server (a block per connection) for CPU clients, then for GPU
+    // clients of another process (on the second GPU where there is one).
+    for (server, client) in [
+        (["--mode", "gpu"], ["--mode", "cpu"]),
+        (["--mode", "gpu"], ["--mode", "gpu"]),
+    ] {
+        let (s, c) = server_client(
+            "sock_echo",
+            &[&server[..], &["-c", "4", "--gpu", server_gpu]].concat(),
+            &[&client[..], &["-c", "4", "-s", "3000", "-n", "100", "--json"]].concat(),
+        );
+        let (_, out) = both_succeeded(&s, &c);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(v["bytes_checked"], 4 * 3000 * 100, "{client:?}: {out}");
+    }
+}
+
+/// `sock_echo` in CPU mode: a server serving three connections at once, clients checking every
+/// byte of their echo; and its refusals.
+#[test]
+fn sock_echo_serves_many_connections_at_once() {
+    let (s, c) = server_client(
+        "sock_echo",
+        &["--mode", "cpu", "-c", "3"],
+        &["--mode", "cpu", "-c", "3", "-s", "3000", "-n", "200", "--json"],
+    );
+    let (_, out) = both_succeeded(&s, &c);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["bytes_checked"], 3 * 3000 * 200, "{out}");
+    assert!(v["round_trips_per_s"].as_f64().unwrap() > 0.0, "{out}");
+    let served = String::from_utf8_lossy(&s.stderr);
+    for i in 0..3 {
+        assert!(
+            served.contains(&format!("connection {i} echoed 600000 bytes")),
+            "{served}"
+        );
+    }
+    // The plain-text summary.
+    let (s, c) = server_client("sock_echo", &["--mode", "cpu"], &["--mode", "cpu", "-n", "10"]);
+    let (_, out) = both_succeeded(&s, &c);
+    assert!(out.contains("every byte echoed and checked"), "{out}");
+    for (args, says) in [
+        (&[][..], "give --server"),
+        (&["--server", "127.0.0.1"][..], "choose one"),
+        (&["127.0.0.1", "-s", "0"][..], "-s 0"),
+        (&["--server", "-c", "0"][..], "-c 0"),
+    ] {
+        let out = run("sock_echo", &[&["--mode", "cpu"][..], args].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
     }
 }
 

@@ -486,21 +486,7 @@ impl Socket {
     /// [`GpuSocket::device_handle`] (`gdaki_device::socket::Socket::from_raw`). The rings must
     /// be memory that GPU reaches ([`SocketMemory::Pinned`] or [`SocketMemory::Device`] of it).
     pub fn into_gpu(mut self, gpu: &gdaki_cuda::Gpu) -> Result<GpuSocket> {
-        let reached = match &self.memory {
-            SocketMemory::Pinned(g) | SocketMemory::Device(g) => g.ordinal() == gpu.ordinal(),
-            SocketMemory::Host => false,
-        };
-        if !reached {
-            return Err(Error::Unsupported {
-                what: "exporting a socket to a GPU",
-                why: format!(
-                    "its rings are in {:?}, which GPU {} does not reach: make it with SocketMemory::Pinned or \
-                     SocketMemory::Device of that GPU",
-                    self.memory,
-                    gpu.ordinal()
-                ),
-            });
-        }
+        self.reached_by(gpu)?;
         let export = self.qp.export_gpu(gpu)?;
         // SAFETY: the live handle, read as plain data.
         let mut h = unsafe { (self.handle.as_ptr() as *const DevSocket).read_volatile() };
@@ -512,6 +498,28 @@ impl Socket {
             handle,
             _export: export,
             _socket: self,
+        })
+    }
+
+    /// Whether `gpu` reaches the socket's rings, as [`into_gpu`](Self::into_gpu) needs
+    /// ([`SocketMemory::Pinned`] or [`SocketMemory::Device`] of that GPU): [`Error::Unsupported`]
+    /// with the reason if not.
+    pub fn reached_by(&self, gpu: &gdaki_cuda::Gpu) -> Result<()> {
+        let reached = match &self.memory {
+            SocketMemory::Pinned(g) | SocketMemory::Device(g) => g.ordinal() == gpu.ordinal(),
+            SocketMemory::Host => false,
+        };
+        if reached {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            what: "exporting a socket to a GPU",
+            why: format!(
+                "its rings are in {:?}, which GPU {} does not reach: make it with SocketMemory::Pinned or \
+                 SocketMemory::Device of that GPU",
+                self.memory,
+                gpu.ordinal()
+            ),
         })
     }
 

@@ -4,7 +4,8 @@
 //! `libgdaki_device.a`, `nvcc -rdc` links the kernels against it, [`Gpu::load_image`] loads
 //! the result). The kernels are in `tests/cuda/c_abi.cu`; what they wrote is checked here. The
 //! NCCL GIN-shaped C++ handle (`gdaki_gin.cuh`) is run the first way, from `tests/cuda/gin.cu`,
-//! and so are two-sided verbs (receives, SENDs, immediates) from `tests/cuda/two_sided.cu`.
+//! and so are two-sided verbs (receives, SENDs, immediates) from `tests/cuda/two_sided.cu`
+//! and sockets (echo servers, clients, refusals) from `tests/cuda/socket.cu`.
 //! Needs a GPU (prints SKIPPED without one); the nvcc way also needs nvcc.
 mod common;
 
@@ -18,6 +19,7 @@ use gdaki::{Access, Context, Provider, QpConfig};
 const KERNELS: &str = include_str!("cuda/c_abi.cu");
 const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
 const TWO_SIDED_KERNELS: &str = include_str!("cuda/two_sided.cu");
+const SOCKET_KERNELS: &str = include_str!("cuda/socket.cu");
 const HEADERS: [(&str, &str); 5] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
     (
@@ -475,4 +477,142 @@ fn two_sided_verbs_in_thread_warp_and_block_scope() {
         }
     }
     assert_eq!(qp.error(), None);
+}
+
+/// A connected socket pair on loopback, `(server side, client side)`, each side with its own
+/// configuration and context (returned: they outlive the sockets).
+fn socket_pair(
+    server: gdaki::socket::SocketConfig,
+    client: gdaki::socket::SocketConfig,
+) -> (gdaki::socket::Socket, gdaki::socket::Socket, [Context; 2]) {
+    use gdaki::socket::{Socket, SocketListener};
+    let sctx = Context::open(Provider::Soft).unwrap();
+    let l = SocketListener::bind(&sctx, "127.0.0.1:0".parse().unwrap(), server).unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = std::thread::spawn(move || l.accept().unwrap());
+    let cctx = Context::open(Provider::Soft).unwrap();
+    let c = Socket::connect(&cctx, addr, client).unwrap();
+    (accepted.join().unwrap(), c, [sctx, cctx])
+}
+
+#[test]
+fn sockets_in_thread_warp_and_block_scope() {
+    use gdaki::socket::{SocketConfig, SocketMemory};
+    use std::time::Duration;
+    let Some((gpu, _one)) = gpu_or_skip("sockets_in_thread_warp_and_block_scope") else {
+        return;
+    };
+    let module = nvrtc_linked(&gpu, "sockets", SOCKET_KERNELS);
+    let cfg = |memory| SocketConfig {
+        rx_bytes: 8192,
+        timeout: Duration::from_secs(30),
+        memory,
+        ..SocketConfig::default()
+    };
+    let (pinned, device, host) = (
+        || cfg(SocketMemory::Pinned(gpu.clone())),
+        || cfg(SocketMemory::Device(gpu.clone())),
+        || cfg(SocketMemory::Host),
+    );
+    // Blocks 0 and 1 serve CPU clients (rings pinned, then in GPU memory), block 2 serves the
+    // warp client of block 4, block 3 the thread client of block 5.
+    let (s0, cpu0, _c0) = socket_pair(pinned(), host());
+    let (s1, cpu1, _c1) = socket_pair(device(), host());
+    let (s2, warp, _c2) = socket_pair(pinned(), device());
+    let (s3, thread, _c3) = socket_pair(device(), pinned());
+    let roles = [0u32, 0, 0, 0, 1, 2];
+    let on_gpu: Vec<_> = [s0, s1, s2, s3, warp, thread]
+        .into_iter()
+        .map(|s| s.into_gpu(&gpu).unwrap())
+        .collect();
+    let handles = DeviceBuffer::zeroed(&gpu, 8 * on_gpu.len()).unwrap();
+    let raw: Vec<u8> = on_gpu.iter().flat_map(|s| s.device_handle().to_le_bytes()).collect();
+    handles.write(0, &raw).unwrap();
+    let role_buf = DeviceBuffer::zeroed(&gpu, 4 * roles.len()).unwrap();
+    role_buf
+        .write(0, &roles.iter().flat_map(|r| r.to_le_bytes()).collect::<Vec<_>>())
+        .unwrap();
+    let (buf_len, msg_len, rounds, threads) = (4096u64, 3000u64, 40u32, 128u32);
+    let bufs = DeviceBuffer::zeroed(&gpu, buf_len as usize * roles.len()).unwrap();
+    let status = DeviceBuffer::zeroed(&gpu, 4 * threads as usize * roles.len()).unwrap();
+    let echoed = DeviceBuffer::zeroed(&gpu, 8 * roles.len()).unwrap();
+    // The CPU clients: each sends 100,000 bytes while it reads the echo, then closes.
+    let stream = pattern(31, 100_000);
+    std::thread::scope(|sc| {
+        let clients: Vec<_> = [&cpu0, &cpu1]
+            .into_iter()
+            .map(|c| {
+                let stream = &stream;
+                sc.spawn(move || {
+                    let sender = std::thread::scope(|inner| {
+                        let sending = inner.spawn(|| {
+                            c.send_all(stream).unwrap();
+                            c.shutdown().unwrap();
+                        });
+                        let mut back = Vec::new();
+                        let mut chunk = [0u8; 5000];
+                        loop {
+                            match c.recv(&mut chunk).unwrap() {
+                                0 => break,
+                                n => back.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        sending.join().unwrap();
+                        back
+                    });
+                    c.flush().unwrap();
+                    sender
+                })
+            })
+            .collect();
+        // SAFETY: the kernel's parameters are what the Args push; the sockets are this launch's
+        // alone; the buffers hold what the kernel touches.
+        unsafe {
+            module.kernel("cpp_sockets").unwrap().run(
+                Dims::linear(roles.len() as u32, threads),
+                Args::new()
+                    .buffer(&handles)
+                    .buffer(&role_buf)
+                    .buffer(&bufs)
+                    .u64(buf_len)
+                    .u64(msg_len)
+                    .u32(rounds)
+                    .buffer(&status)
+                    .buffer(&echoed),
+            )
+        }
+        .unwrap();
+        for (i, c) in clients.into_iter().enumerate() {
+            assert!(
+                c.join().unwrap() == stream,
+                "CPU client {i}: its echo differs from its stream"
+            );
+        }
+    });
+    let mut raw = vec![0u8; 4 * threads as usize * roles.len()];
+    status.read(0, &mut raw).unwrap();
+    for (t, c) in raw.chunks(4).enumerate() {
+        let c = u32::from_le_bytes(c.try_into().unwrap());
+        assert_eq!(
+            c,
+            0,
+            "block {} thread {}: line {} code {:#x}",
+            t / threads as usize,
+            t % threads as usize,
+            c >> 16,
+            c & 0xffff
+        );
+    }
+    let mut raw = vec![0u8; 8 * roles.len()];
+    echoed.read(0, &mut raw).unwrap();
+    let echoed: Vec<u64> = raw
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let warp_bytes = msg_len * rounds as u64;
+    assert_eq!(
+        echoed,
+        [100_000, 100_000, warp_bytes, 11, warp_bytes, 11],
+        "bytes each block echoed or checked"
+    );
 }

@@ -15,6 +15,7 @@ use std::path::Path;
 use gdaki_device::ffi::{self, OPERATIONS};
 use gdaki_device::status;
 use gdaki_layout::handle::{self, DevCq, DevQp, DevRemote, DevRq, DoorbellKind};
+use gdaki_layout::socket::{DevSocket, DEV_SOCKET_VERSION};
 
 /// Where the device header lives, from the workspace root.
 pub const DEVICE_HEADER: &str = "device/include/gdaki_device.h";
@@ -113,6 +114,10 @@ fn layouts() -> Vec<Layout> {
             flags, version_pad, version, const_pad, cq
         }),
         layout!(DevRemote as "gdaki_remote_region" { addr, len, rkey, reserved }),
+        layout!(DevSocket as "gdaki_dev_socket" {
+            sent, consumed, credited, flags, state_pad, qp, rx_window, tx_ring, peer_window, rx_lkey,
+            tx_lkey, peer_rkey, log_rx, log_tx, version, tail_pad
+        }),
     ]
 }
 
@@ -184,6 +189,12 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             handle::ERROR_VALID,
             "ull",
             "gdaki_dev_cq.error holds an error",
+        ),
+        (
+            "GDAKI_DEV_SOCKET_VERSION",
+            DEV_SOCKET_VERSION as u64,
+            "u",
+            "version word of gdaki_dev_socket",
         ),
         (
             "GDAKI_DEV_RQ_VERSION",
@@ -314,7 +325,7 @@ fn structs(workspace: &Path) -> Result<String, HeaderError> {
         documentation_style: cbindgen::DocumentationStyle::Doxy,
         ..Default::default()
     };
-    cfg.export.include = vec!["DevQp".into(), "DevRq".into(), "DevRemote".into()];
+    cfg.export.include = vec!["DevQp".into(), "DevRq".into(), "DevRemote".into(), "DevSocket".into()];
     cfg.export.item_types = vec![cbindgen::ItemType::Structs];
     cfg.layout.aligned_n = Some("GDAKI_ALIGNED".into());
     Ok(cbindgen_on(&crate_dir, cfg)?.trim().to_string())
@@ -339,10 +350,10 @@ fn c_fields(structs: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// A C declaration's parameter list for one scope: the handle, the scratch in block scope,
-/// then the operation's own.
-fn c_params(op: &ffi::Operation, scope: &str) -> String {
-    let mut params = vec!["gdaki_dev_qp *qp".to_string()];
+/// A C declaration's parameter list for one scope: the handle (`gdaki_dev_qp *qp`, say), the
+/// scratch in block scope, then the operation's own.
+fn c_params(handle: &str, op: &ffi::Operation, scope: &str) -> String {
+    let mut params = vec![handle.to_string()];
     if scope == "block" {
         params.push("gdaki_block_scratch *block_scratch".into());
     }
@@ -353,11 +364,20 @@ fn c_params(op: &ffi::Operation, scope: &str) -> String {
     params.join(", ")
 }
 
+/// The scoped operations' tables, each with its handle parameter: the queue pair's and the
+/// socket's.
+fn scoped_tables() -> [(&'static str, &'static [ffi::Operation]); 2] {
+    [
+        ("gdaki_dev_qp *qp", OPERATIONS),
+        ("gdaki_dev_socket *socket", ffi::socket::OPERATIONS),
+    ]
+}
+
 /// Every function the header declares, as `(scope, mode, name)` (the receive-queue functions,
 /// per thread in every scope, as thread scope).
 pub fn functions() -> Vec<(&'static str, &'static str, String)> {
     let mut all = vec![];
-    for op in OPERATIONS {
+    for op in scoped_tables().iter().flat_map(|(_, ops)| ops.iter()) {
         for scope in ffi::SCOPES {
             for mode in ffi::MODES {
                 all.push((scope, mode, format!("gdaki_{}_{scope}_{mode}", op.name)));
@@ -442,6 +462,7 @@ fn cbindgen_on(crate_dir: &Path, mut cfg: cbindgen::Config) -> Result<String, He
         ("DevCq", "gdaki_dev_cq"),
         ("DevRq", "gdaki_dev_rq"),
         ("DevRemote", "gdaki_remote_region"),
+        ("DevSocket", "gdaki_dev_socket"),
     ] {
         cfg.export.rename.insert(rust.into(), c.into());
     }
@@ -514,25 +535,34 @@ extern "C" {{
          typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {{\n  uint64_t words[GDAKI_BLOCK_SCRATCH_BYTES / 8];\n\
          }} gdaki_block_scratch;\n"
     );
-    for op in OPERATIONS {
-        let doc: Vec<&str> = op.doc.lines().map(str::trim).collect();
-        let _ = write!(h, "\n/** {}: {}", op.name, doc.join("\n * "));
-        let _ = writeln!(h, " */");
-        for scope in ffi::SCOPES {
-            let gpu_only = scope != "thread";
-            if gpu_only {
-                h.push_str("#ifdef GDAKI_CUDA\n");
-            }
-            for mode in ffi::MODES {
-                let _ = writeln!(
-                    h,
-                    "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}_{mode}({});",
-                    op.name,
-                    c_params(op, scope)
-                );
-            }
-            if gpu_only {
-                h.push_str("#endif\n");
+    for (i, (handle, ops)) in scoped_tables().into_iter().enumerate() {
+        if i == 1 {
+            h.push_str(
+                "\n/* Sockets (gdaki_dev_socket, from gdaki_socket_export_gpu): byte streams in every\n \
+                 * scope, POSIX results (bytes moved through the out-pointer, 0 from a receive at the\n \
+                 * end of the stream); the mode is the socket queue pair's. See docs/sockets.md. */\n",
+            );
+        }
+        for op in ops {
+            let doc: Vec<&str> = op.doc.lines().map(str::trim).collect();
+            let _ = write!(h, "\n/** {}: {}", op.name, doc.join("\n * "));
+            let _ = writeln!(h, " */");
+            for scope in ffi::SCOPES {
+                let gpu_only = scope != "thread";
+                if gpu_only {
+                    h.push_str("#ifdef GDAKI_CUDA\n");
+                }
+                for mode in ffi::MODES {
+                    let _ = writeln!(
+                        h,
+                        "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}_{mode}({});",
+                        op.name,
+                        c_params(handle, op, scope)
+                    );
+                }
+                if gpu_only {
+                    h.push_str("#endif\n");
+                }
             }
         }
     }
@@ -586,8 +616,10 @@ fn layout_check_header(layouts: &[Layout]) -> String {
         h,
         "GDAKI_ASSERT(sizeof(gdaki_block_scratch) == {scratch}, \"size of gdaki_block_scratch\");\n\
          GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, \"alignment of gdaki_block_scratch\");\n\
-         GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == {}u, \"handle version\");\n\n#endif /* GDAKI_LAYOUT_CHECK_H */",
-        handle::DEV_QP_VERSION
+         GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == {}u, \"handle version\");\n\
+         GDAKI_ASSERT(GDAKI_DEV_SOCKET_VERSION == {}u, \"socket handle version\");\n\n#endif /* GDAKI_LAYOUT_CHECK_H */",
+        handle::DEV_QP_VERSION,
+        DEV_SOCKET_VERSION
     );
     h
 }
@@ -605,10 +637,13 @@ mod tests {
 
     #[test]
     fn every_operation_has_every_scope_and_mode() {
-        assert_eq!(functions().len(), OPERATIONS.len() * 9 + ffi::RECV_OPERATIONS.len() * 3);
+        assert_eq!(
+            functions().len(),
+            (OPERATIONS.len() + ffi::socket::OPERATIONS.len()) * 9 + ffi::RECV_OPERATIONS.len() * 3
+        );
         let put = OPERATIONS.iter().find(|o| o.name == "put").unwrap();
         assert_eq!(
-            c_params(put, "block"),
+            c_params("gdaki_dev_qp *qp", put, "block"),
             "gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t dst, uint32_t rkey, uint64_t src, \
              uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket"
         );

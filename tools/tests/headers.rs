@@ -153,11 +153,15 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
 
     // A kernel calling every declared function, so clang emits each declaration.
     let mut calls = String::new();
-    for op in gdaki_device::ffi::OPERATIONS {
+    let tables = [
+        ("qp", gdaki_device::ffi::OPERATIONS),
+        ("sock", gdaki_device::ffi::socket::OPERATIONS),
+    ];
+    for (handle, op) in tables.iter().flat_map(|(h, ops)| ops.iter().map(move |op| (*h, op))) {
         for scope in gdaki_device::ffi::SCOPES {
             for mode in gdaki_device::ffi::MODES {
                 let extra = usize::from(scope == "block");
-                let mut args = vec!["qp"];
+                let mut args = vec![handle];
                 args.extend(vec!["0"; op.params.len() + extra]);
                 calls.push_str(&format!(
                     "  r += gdaki_{}_{scope}_{mode}({});\n",
@@ -181,7 +185,7 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
         format!(
             "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
              #include \"gdaki_layout_check.h\"\n\
-             __global__ void all(gdaki_dev_qp *qp, gdaki_dev_rq *rq, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
+             __global__ void all(gdaki_dev_qp *qp, gdaki_dev_rq *rq, gdaki_dev_socket *sock, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
         ),
     )
     .unwrap();
@@ -217,13 +221,13 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
          #define __host__ __attribute__((host))\n#define __shared__ __attribute__((shared))\n\
          struct gdaki_dim { unsigned x, y, z; };\nextern const __device__ gdaki_dim threadIdx;\n\
          __device__ int __all_sync(unsigned, int);\n__device__ unsigned __shfl_sync(unsigned, unsigned, int);\n\
-         __device__ void __syncthreads();\n__device__ int __syncthreads_and(int);\n\
+         __device__ void __syncthreads();\n__device__ void __syncwarp(unsigned = 0xffffffffu);\n__device__ int __syncthreads_and(int);\n\
          struct int4 { int x, y, z, w; };\n__device__ int4 __ldcv(const int4 *);\n__device__ char __ldcv(const char *);\n\
          __device__ void __threadfence_system();\nextern const __device__ gdaki_dim blockIdx, blockDim;\n\
          __device__ unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);\n",
     )
     .unwrap();
-    for kernels in ["c_abi.cu", "gin.cu", "two_sided.cu"] {
+    for kernels in ["c_abi.cu", "gin.cu", "two_sided.cu", "socket.cu"] {
         let tests = workspace().join("host/tests/cuda");
         run(clang_cuda()
             .args(["-std=c++17", "-Wall", "-Werror", "-fsyntax-only", "-include"])

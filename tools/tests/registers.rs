@@ -34,13 +34,42 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_send_imm", 213),
     ("gdaki_send_inline", 212),
     ("gdaki_signal", 228),
+    ("gdaki_socket_close", 254),
+    ("gdaki_socket_flush", 163),
+    ("gdaki_socket_recv", 254),
+    ("gdaki_socket_recv_exact", 254),
+    ("gdaki_socket_reset", 237),
+    ("gdaki_socket_send", 254),
+    ("gdaki_socket_send_all", 254),
+    ("gdaki_socket_shutdown", 254),
+    ("gdaki_socket_try_recv", 254),
+    ("gdaki_socket_try_send", 254),
     ("gdaki_wait", 118),
     ("gdaki_wait_signal", 36),
     ("gdaki_write_imm", 214),
 ];
 
-/// In one module with the kernel every function fits 512-thread blocks today.
+/// Linked, the socket functions spill a little (bytes of local memory a thread, at most, by
+/// family): under the ABI a whole send or receive is one function, above 255 registers. Every
+/// other function spills nothing.
+const LINKED_SPILL_CEILINGS: &[(&str, u32)] = &[
+    ("gdaki_socket_close", 136),
+    ("gdaki_socket_flush", 8),
+    ("gdaki_socket_recv", 20),
+    ("gdaki_socket_recv_exact", 72),
+    ("gdaki_socket_reset", 0),
+    ("gdaki_socket_send", 36),
+    ("gdaki_socket_send_all", 164),
+    ("gdaki_socket_shutdown", 12),
+    ("gdaki_socket_try_recv", 20),
+    ("gdaki_socket_try_send", 36),
+];
+
+/// In one module with the kernel every queue-pair function fits 512-thread blocks today.
 const ONE_MODULE_CEILING: u32 = 128;
+/// The socket functions (`gdaki_socket_*`: a whole send or receive, waits, copies and posts
+/// inlined) fit 256-thread blocks, GPUnet's block per socket; docs/cuda-cpp.md says so.
+const SOCKET_ONE_MODULE_CEILING: u32 = 255;
 
 /// A function's family: its name without the scope and sharing mode.
 fn family(name: &str) -> &str {
@@ -113,15 +142,24 @@ fn every_device_function_stays_within_its_register_ceiling() {
         }
         let e = best.entry(fam).or_default();
         *e = (*e).max(l.registers);
-        if l.spill_bytes > 0 || w.spill_bytes > 0 {
+        let spill_ceiling = LINKED_SPILL_CEILINGS
+            .iter()
+            .find(|(f, _)| *f == fam)
+            .map_or(0, |&(_, c)| c);
+        if l.spill_bytes > spill_ceiling || w.spill_bytes > 0 {
             failures.push(format!(
                 "{name}: spills {} bytes linked, {} in one module",
                 l.spill_bytes, w.spill_bytes
             ));
         }
-        if w.registers > ONE_MODULE_CEILING {
+        let one_module = if fam.starts_with("gdaki_socket_") {
+            SOCKET_ONE_MODULE_CEILING
+        } else {
+            ONE_MODULE_CEILING
+        };
+        if w.registers > one_module {
             failures.push(format!(
-                "{name}: {} registers in one module, above {ONE_MODULE_CEILING}",
+                "{name}: {} registers in one module, above {one_module}",
                 w.registers
             ));
         }

@@ -293,6 +293,12 @@ typedef struct gdaki_gpu gdaki_gpu;
 typedef struct gdaki_gpu_qp gdaki_gpu_qp;
 
 /**
+ * A socket handed to a GPU (`gdaki_socket_export_gpu`): kernels use it through
+ * `gdaki_gpu_socket_handle`, with the `gdaki_socket_*` device functions of `gdaki_device.h`.
+ */
+typedef struct gdaki_gpu_socket gdaki_gpu_socket;
+
+/**
  * A peer process's region mapped into this process's GPU. Destroy it before the peer destroys
  * the region.
  */
@@ -1296,6 +1302,41 @@ enum gdaki_status gdaki_socket_flush(const struct gdaki_socket *socket);
  * `socket` is NULL or a socket handle with no call in flight, not used after.
  */
 enum gdaki_status gdaki_socket_destroy(struct gdaki_socket *socket);
+
+/**
+ * Hands `*socket` to `gpu`'s kernels: its queue pair is exported there and its handle (with
+ * the stream state so far) copied into GPU memory. On success `*socket` becomes NULL (the
+ * socket lives on in `*gpu_socket`; destroy that) and host calls on it are over. Rings that
+ * `gpu` does not reach (host memory, another GPU's) are refused with
+ * `GDAKI_STATUS_UNSUPPORTED` and the socket stays as it was; should the export itself fail
+ * (GPU memory, mapping), the socket is destroyed and `*socket` is NULL as well.
+ *
+ * # Safety
+ * `socket` is NULL or points to NULL or to a socket handle with no call in flight; `gpu` is
+ * NULL or a GPU handle; `gpu_socket` is NULL or writable.
+ */
+enum gdaki_status gdaki_socket_export_gpu(struct gdaki_socket **socket,
+                                          const struct gdaki_gpu *gpu,
+                                          struct gdaki_gpu_socket **gpu_socket);
+
+/**
+ * The exported socket's device handle: a GPU address, the `gdaki_dev_socket *` kernels pass
+ * to the `gdaki_socket_*` device functions. Valid while the GPU socket lives.
+ *
+ * # Safety
+ * `gpu_socket` is NULL or a GPU-socket handle; `handle` is NULL or writable.
+ */
+enum gdaki_status gdaki_gpu_socket_handle(const struct gdaki_gpu_socket *gpu_socket,
+                                          gdaki_dev_socket **handle);
+
+/**
+ * Destroys a GPU socket (NULL: nothing): its export and the socket. No kernel may use its
+ * handle any more; a kernel that closed it (`gdaki_socket_close_*`) left nothing in flight.
+ *
+ * # Safety
+ * `gpu_socket` is NULL or a GPU-socket handle with no call in flight and no kernel using it.
+ */
+enum gdaki_status gdaki_gpu_socket_destroy(struct gdaki_gpu_socket *gpu_socket);
 
 /**
  * Destroys a listener (NULL: nothing); sockets it accepted live on.

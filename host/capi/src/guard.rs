@@ -211,6 +211,7 @@ pub(crate) trait Handle: Sized {
     const WHAT: &'static str;
     fn wrap(tagged: Tagged<Self::Inner>) -> Self;
     fn tagged(&self) -> &Tagged<Self::Inner>;
+    fn unwrap(self) -> Tagged<Self::Inner>;
 }
 
 /// The tag and the value of a handle, the tag first (`repr(C)`: Rust's own layout put it
@@ -297,6 +298,24 @@ pub(crate) unsafe fn destroy<H: Handle>(p: *mut H, what: &str) -> Outcome {
     Ok(())
 }
 
+/// Ends handle `p` and hands back its value (a call that consumes the object: the handle is
+/// dead afterwards, as after [`destroy`]).
+///
+/// # Safety
+/// As [`destroy`].
+pub(crate) unsafe fn take<H: Handle>(p: *mut H, what: &str) -> Result<H::Inner, Failure> {
+    // SAFETY: the caller's contract; the tag check refuses NULL and other types.
+    unsafe { borrow(p.cast_const(), what) }?;
+    // SAFETY: a live handle of type H, made by `into_handle` with Box::into_raw; the tag is
+    // cleared in place first, so a later use (while the memory is still mapped) is refused.
+    unsafe { &*p }
+        .tagged()
+        .tag
+        .store(0, std::sync::atomic::Ordering::Release);
+    // SAFETY: as above; the box is ours now.
+    Ok(unsafe { Box::from_raw(p) }.unwrap().value)
+}
+
 /// Makes `$name`, a tuple struct around `Tagged<$inner>` (declared where it is, so that
 /// cbindgen sees it and writes its opaque C declaration), a handle.
 macro_rules! handle {
@@ -315,6 +334,9 @@ macro_rules! handle {
             }
             fn tagged(&self) -> &$crate::guard::Tagged<$inner> {
                 &self.0
+            }
+            fn unwrap(self) -> $crate::guard::Tagged<$inner> {
+                self.0
             }
         }
     };

@@ -4,7 +4,8 @@
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
-use gdaki::socket::{Socket, SocketConfig, SocketFailure, SocketListener, SocketMemory};
+use gdaki::socket::{GpuSocket, Socket, SocketConfig, SocketFailure, SocketListener, SocketMemory};
+use gdaki_layout::socket::DevSocket;
 
 use crate::context::{gdaki_context, gdaki_gpu, parse_addr};
 use crate::guard::{self, call, gdaki_status, handle, Failure};
@@ -362,6 +363,77 @@ pub unsafe extern "C" fn gdaki_socket_flush(socket: *const gdaki_socket) -> gdak
 pub unsafe extern "C" fn gdaki_socket_destroy(socket: *mut gdaki_socket) -> gdaki_status {
     // SAFETY: the caller's contract.
     call("gdaki_socket_destroy", || unsafe { guard::destroy(socket, "socket") })
+}
+
+/// A socket handed to a GPU (`gdaki_socket_export_gpu`): kernels use it through
+/// `gdaki_gpu_socket_handle`, with the `gdaki_socket_*` device functions of `gdaki_device.h`.
+pub struct gdaki_gpu_socket(guard::Tagged<GpuSocket>);
+handle!(gdaki_gpu_socket(GpuSocket), b"gdakiGSK", "gpu_socket");
+
+/// Hands `*socket` to `gpu`'s kernels: its queue pair is exported there and its handle (with
+/// the stream state so far) copied into GPU memory. On success `*socket` becomes NULL (the
+/// socket lives on in `*gpu_socket`; destroy that) and host calls on it are over. Rings that
+/// `gpu` does not reach (host memory, another GPU's) are refused with
+/// `GDAKI_STATUS_UNSUPPORTED` and the socket stays as it was; should the export itself fail
+/// (GPU memory, mapping), the socket is destroyed and `*socket` is NULL as well.
+///
+/// # Safety
+/// `socket` is NULL or points to NULL or to a socket handle with no call in flight; `gpu` is
+/// NULL or a GPU handle; `gpu_socket` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_socket_export_gpu(
+    socket: *mut *mut gdaki_socket,
+    gpu: *const gdaki_gpu,
+    gpu_socket: *mut *mut gdaki_gpu_socket,
+) -> gdaki_status {
+    call("gdaki_socket_export_gpu", || {
+        // SAFETY: the caller's contract.
+        let (slot, g, out) = unsafe {
+            (
+                guard::inout(socket, "socket")?,
+                guard::borrow(gpu, "gpu")?,
+                guard::out(gpu_socket, "gpu_socket")?,
+            )
+        };
+        // SAFETY: `*slot` is NULL or a socket handle (the contract); refusals change nothing.
+        unsafe { guard::borrow(slot.cast_const(), "*socket") }?.reached_by(g)?;
+        // SAFETY: as above, and no call is in flight on it (the contract).
+        let s = unsafe { guard::take(*slot, "*socket") }?;
+        *slot = std::ptr::null_mut();
+        out.write(guard::into_handle(s.into_gpu(g)?));
+        Ok(())
+    })
+}
+
+/// The exported socket's device handle: a GPU address, the `gdaki_dev_socket *` kernels pass
+/// to the `gdaki_socket_*` device functions. Valid while the GPU socket lives.
+///
+/// # Safety
+/// `gpu_socket` is NULL or a GPU-socket handle; `handle` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_gpu_socket_handle(
+    gpu_socket: *const gdaki_gpu_socket,
+    handle: *mut *mut DevSocket,
+) -> gdaki_status {
+    call("gdaki_gpu_socket_handle", || {
+        // SAFETY: the caller's contract.
+        let (g, out) = unsafe { (guard::borrow(gpu_socket, "gpu_socket")?, guard::out(handle, "handle")?) };
+        out.write(g.device_handle() as *mut DevSocket);
+        Ok(())
+    })
+}
+
+/// Destroys a GPU socket (NULL: nothing): its export and the socket. No kernel may use its
+/// handle any more; a kernel that closed it (`gdaki_socket_close_*`) left nothing in flight.
+///
+/// # Safety
+/// `gpu_socket` is NULL or a GPU-socket handle with no call in flight and no kernel using it.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_gpu_socket_destroy(gpu_socket: *mut gdaki_gpu_socket) -> gdaki_status {
+    // SAFETY: the caller's contract.
+    call("gdaki_gpu_socket_destroy", || unsafe {
+        guard::destroy(gpu_socket, "gpu_socket")
+    })
 }
 
 /// Destroys a listener (NULL: nothing); sockets it accepted live on.

@@ -650,6 +650,21 @@ static void sockets(void) {
         if (!moved) nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
     CHECK(got_total == sizeof out && memcmp(back, out, sizeof out) == 0);
+    /* Handing a socket to a GPU: refusals leave it as it was (rings in host memory are out of
+     * every GPU's reach). */
+    gdaki_gpu_socket *gs = NULL;
+    gdaki_socket *cs = c;
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_export_gpu(&cs, NULL, &gs));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_export_gpu(NULL, NULL, &gs));
+    gdaki_gpu *gpu = NULL;
+    if (gdaki_gpu_open(0, &gpu) == GDAKI_STATUS_OK) {
+        EXPECT(GDAKI_STATUS_UNSUPPORTED, gdaki_socket_export_gpu(&cs, gpu, &gs));
+        LAST_ERROR_HAS("does not reach");
+        OK(gdaki_gpu_destroy(gpu));
+    }
+    CHECK(cs == c && gs == NULL);
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_gpu_socket_handle(NULL, &(gdaki_dev_socket *){NULL}));
+    OK(gdaki_gpu_socket_destroy(NULL));
     EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_socket_send(c, out, 1, 8, &n));
     EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_send(c, NULL, 1, 0, &n));
     OK(gdaki_socket_shutdown(c));

@@ -1,0 +1,155 @@
+//! Sockets through the C ABI (`docs/sockets.md`): `gdaki_socket_<operation>_<scope>_<mode>
+//! (gdaki_dev_socket *socket, [block scope: gdaki_block_scratch *block_scratch,] params...)`,
+//! the thread, warp and block forms of [`crate::socket::Socket`]'s calls, declared in
+//! `gdaki_device.h` beside the queue pair's. The mode is the socket's queue pair's sharing mode.
+//!
+//! Results as the Rust calls': `GDAKI_OK` with the bytes moved written to the out-pointer (0
+//! from a receive at the end of the stream), or `GDAKI_CODE_WOULD_BLOCK` (the `try_` forms),
+//! `_RESET`, `_CLOSED` (a send after shutdown; a `recv_exact` the stream ended first),
+//! `_TIMEOUT`, `_BAD_HANDLE` (null, or not a socket of this layout), `_BAD_ARGUMENT` (a null
+//! buffer with a length), or the code of the queue pair's failed post or completion. In warp
+//! and block scope every member calls with the same socket, buffer and length, and all get the
+//! same result.
+use super::*;
+use crate::socket::{Socket, SocketError};
+use gdaki_layout::socket::DevSocket;
+
+/// What the bodies get: the socket and the calling member's scope.
+pub(crate) struct Scoped<M: Sharing, S: Scope> {
+    sock: Socket<M>,
+    scope: S,
+}
+
+/// Checks the socket handle, then runs `f` with it in the caller's scope.
+///
+/// # Safety
+/// `socket` is null or points to readable memory of a `DevSocket`'s size; if its version word
+/// matches, it is a socket handle as [`Socket::from_raw`] requires, used in mode `M` by scope
+/// `S`.
+#[inline(always)]
+unsafe fn enter_socket<M: Sharing, S: Scope>(
+    socket: *mut DevSocket,
+    scope: Result<S, u32>,
+    f: impl FnOnce(Scoped<M, S>) -> u32,
+) -> u32 {
+    if socket.is_null() {
+        return CODE_BAD_HANDLE;
+    }
+    let scope = match scope {
+        Ok(scope) => scope,
+        Err(code) => return code,
+    };
+    // SAFETY: readable, and a socket of this layout if its version matches (the contract);
+    // `from_raw` checks the version before anything else is used.
+    match unsafe { Socket::<M>::from_raw(socket) } {
+        Ok(sock) => f(Scoped { sock, scope }),
+        Err(e) => e.code(),
+    }
+}
+
+/// The caller's buffer as a slice: empty for 0 bytes, `None` for a null pointer with a length.
+///
+/// # Safety
+/// `data` is null or valid for `len` bytes.
+#[inline(always)]
+unsafe fn buffer<'a>(data: *const u8, len: u64) -> Option<&'a mut [u8]> {
+    match (data.is_null(), len) {
+        (_, 0) => Some(&mut []),
+        (true, _) => None,
+        // SAFETY: valid for `len` bytes (the contract). A group's members name the same bytes:
+        // each reads or writes only its own part of them (the socket's group copies).
+        (false, n) => Some(unsafe { core::slice::from_raw_parts_mut(data as *mut u8, n as usize) }),
+    }
+}
+
+/// The code of a call that moved bytes, their count written to `out`.
+///
+/// # Safety
+/// `out` is null or writable.
+#[inline(always)]
+unsafe fn moved(r: Result<usize, SocketError>, out: *mut u64) -> u32 {
+    match r {
+        Ok(n) => {
+            // SAFETY: per the contract.
+            unsafe { give(out, n as u64) };
+            CODE_OK
+        }
+        Err(e) => e.code(),
+    }
+}
+
+/// The code of a call that moves nothing.
+#[inline(always)]
+fn done(r: Result<(), SocketError>) -> u32 {
+    r.map_or_else(|e| e.code(), |()| CODE_OK)
+}
+
+c_abi! {
+    handle socket: *mut DevSocket, enter_socket, Scoped;
+
+    /// Sends up to `len` bytes of `data` (POSIX `send`), waiting (bounded) for room in the
+    /// peer's ring: `*sent` (unless null) gets how many, fewer when the ring had less room.
+    /// `data` may be reused at once (the bytes are copied into the socket's staging ring).
+    fn socket_send(s, data: *const u8, len: u64, sent: *mut u64) {
+        // SAFETY (every body): buffers and out-pointers as the header documents them.
+        let Some(data) = (unsafe { buffer(data, len) }) else { return CODE_BAD_ARGUMENT };
+        unsafe { moved(s.sock.send_with(s.scope, data), sent) }
+    }
+
+    /// `socket_send` that never waits: `GDAKI_CODE_WOULD_BLOCK` when the peer's ring is full.
+    fn socket_try_send(s, data: *const u8, len: u64, sent: *mut u64) {
+        let Some(data) = (unsafe { buffer(data, len) }) else { return CODE_BAD_ARGUMENT };
+        unsafe { moved(s.sock.try_send_with(s.scope, data), sent) }
+    }
+
+    /// Sends all `len` bytes of `data`, as many sends as it takes.
+    fn socket_send_all(s, data: *const u8, len: u64) {
+        let Some(data) = (unsafe { buffer(data, len) }) else { return CODE_BAD_ARGUMENT };
+        done(s.sock.send_all_with(s.scope, data))
+    }
+
+    /// Receives up to `len` bytes into `buf` (POSIX `recv`), waiting (bounded) for some:
+    /// `*received` (unless null) gets how many, 0 once the peer shut down and every byte it
+    /// sent has been read.
+    fn socket_recv(s, buf: *mut u8, len: u64, received: *mut u64) {
+        let Some(buf) = (unsafe { buffer(buf, len) }) else { return CODE_BAD_ARGUMENT };
+        unsafe { moved(s.sock.recv_with(s.scope, buf), received) }
+    }
+
+    /// `socket_recv` that never waits: `GDAKI_CODE_WOULD_BLOCK` when nothing has arrived and
+    /// the stream has not ended.
+    fn socket_try_recv(s, buf: *mut u8, len: u64, received: *mut u64) {
+        let Some(buf) = (unsafe { buffer(buf, len) }) else { return CODE_BAD_ARGUMENT };
+        unsafe { moved(s.sock.try_recv_with(s.scope, buf), received) }
+    }
+
+    /// Receives exactly `len` bytes into `buf`, as many receives as it takes;
+    /// `GDAKI_CODE_CLOSED` if the stream ends first.
+    fn socket_recv_exact(s, buf: *mut u8, len: u64) {
+        let Some(buf) = (unsafe { buffer(buf, len) }) else { return CODE_BAD_ARGUMENT };
+        done(s.sock.recv_exact_with(s.scope, buf))
+    }
+
+    /// Shuts down the sending side: the peer reads what was sent, then gets 0; later sends
+    /// fail with `GDAKI_CODE_CLOSED`. A second call does nothing.
+    fn socket_shutdown(s) {
+        done(s.sock.shutdown_with(s.scope))
+    }
+
+    /// Resets the connection: both sides' later calls fail with `GDAKI_CODE_RESET`.
+    fn socket_reset(s) {
+        done(s.sock.reset_with(s.scope))
+    }
+
+    /// Waits (bounded) until everything this side posted has reached the peer's memory.
+    fn socket_flush(s) {
+        done(s.sock.flush_with(s.scope))
+    }
+
+    /// An orderly close in both directions (GPUnet's `gclose`): shuts down, waits for the
+    /// peer's end of stream (dropping what it still sends), flushes. Afterwards neither side
+    /// posts to the other, so both may destroy their sockets.
+    fn socket_close(s) {
+        done(s.sock.close_with(s.scope))
+    }
+}

@@ -1,0 +1,119 @@
+// Sockets from CUDA C++ through gdaki's C ABI (gdaki_device.h): block b of one launch plays
+// roles[b] on socks[b]. Echo servers (a block each, GPUnet's model), a warp client and a
+// one-thread client that check what comes back, and the refusals. The test (cuda_cpp.rs) pairs
+// the sockets: some servers answer CPU clients, the clients talk to servers in this launch.
+#include "gdaki_layout_check.h"
+#include "gdaki_test_check.h"
+
+#define ROLE_ECHO 0
+#define ROLE_WARP_CLIENT 1
+#define ROLE_THREAD_CLIENT 2
+
+// Byte i of a client's stream.
+__device__ static uint8_t pattern(uint64_t i) { return (uint8_t)(i * 131 + 7); }
+
+// The echo server, in block scope: receive what is there, send it all back, until the
+// client's end of stream; then close (shut down, wait for the end, flush).
+__device__ static void echo(gdaki_dev_socket *s, uint8_t *buf, uint64_t buf_len, uint32_t *status,
+                            uint64_t *echoed) {
+  __shared__ gdaki_block_scratch scratch;
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  uint64_t total = 0;
+  for (;;) {
+    uint64_t n = 0;
+    GDAKI_TEST_CHECK(gdaki_socket_recv_block_cta(s, &scratch, buf, buf_len, &n), GDAKI_OK);
+    if (n == 0) break;
+    GDAKI_TEST_CHECK(gdaki_socket_send_all_block_cta(s, &scratch, buf, n), GDAKI_OK);
+    total += n;
+  }
+  GDAKI_TEST_CHECK(gdaki_socket_close_block_cta(s, &scratch), GDAKI_OK);
+  if (threadIdx.x == 0) echoed[blockIdx.x] = total;
+  status[t] = GDAKI_OK;
+}
+
+// A warp sends `rounds` messages of `len` bytes (partial sends allowed), reads each back whole
+// and compares, then closes.
+__device__ static void warp_client(gdaki_dev_socket *s, uint8_t *buf, uint64_t len, uint32_t rounds,
+                                   uint32_t *status, uint64_t *echoed) {
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (threadIdx.x >= 32) {
+    status[t] = GDAKI_OK;
+    return;
+  }
+  // Nothing was sent yet: nothing can come back.
+  uint64_t n = 1;
+  GDAKI_TEST_CHECK(gdaki_socket_try_recv_warp_cta(s, buf, len, &n), GDAKI_CODE_WOULD_BLOCK);
+  for (uint32_t r = 0; r < rounds; r++) {
+    for (uint64_t i = threadIdx.x; i < len; i += 32) buf[i] = pattern(r * len + i);
+    __syncwarp();
+    uint64_t at = 0;
+    while (at < len) {
+      uint64_t sent = 0;
+      GDAKI_TEST_CHECK(gdaki_socket_send_warp_cta(s, buf + at, len - at, &sent), GDAKI_OK);
+      at += sent;
+    }
+    for (uint64_t i = threadIdx.x; i < len; i += 32) buf[i] = 0;
+    __syncwarp();
+    GDAKI_TEST_CHECK(gdaki_socket_recv_exact_warp_cta(s, buf, len), GDAKI_OK);
+    for (uint64_t i = threadIdx.x; i < len; i += 32) {
+      if (buf[i] != pattern(r * len + i)) {
+        status[t] = (__LINE__ << 16) | 0xdada;
+        return;
+      }
+    }
+  }
+  GDAKI_TEST_CHECK(gdaki_socket_close_warp_cta(s), GDAKI_OK);
+  // After the close: sends are refused, receives say the stream ended.
+  GDAKI_TEST_CHECK(gdaki_socket_send_warp_cta(s, buf, 1, 0), GDAKI_CODE_CLOSED);
+  GDAKI_TEST_CHECK(gdaki_socket_recv_warp_cta(s, buf, len, &n), GDAKI_OK);
+  GDAKI_TEST_CHECK(n == 0 ? GDAKI_OK : 1000u + (uint32_t)n, GDAKI_OK);
+  if (threadIdx.x == 0) echoed[blockIdx.x] = (uint64_t)len * rounds;
+  status[t] = GDAKI_OK;
+}
+
+// One thread: a short message and its echo, the refusals, then a close.
+__device__ static void thread_client(gdaki_dev_socket *s, uint8_t *buf, uint32_t *status, uint64_t *echoed) {
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (threadIdx.x != 0) {
+    status[t] = GDAKI_OK;
+    return;
+  }
+  const char msg[] = "c++ socket";
+  uint64_t n = 0;
+  GDAKI_TEST_CHECK(gdaki_socket_send_thread_exclusive(s, msg, sizeof msg, &n), GDAKI_OK);
+  GDAKI_TEST_CHECK(n == sizeof msg ? GDAKI_OK : 1000u + (uint32_t)n, GDAKI_OK);
+  GDAKI_TEST_CHECK(gdaki_socket_recv_exact_thread_exclusive(s, buf, sizeof msg), GDAKI_OK);
+  for (unsigned i = 0; i < sizeof msg; i++) {
+    GDAKI_TEST_CHECK(buf[i] == (uint8_t)msg[i] ? GDAKI_OK : 2000u + i, GDAKI_OK);
+  }
+  // Refusals: no handle, a handle of another layout, a buffer without bytes.
+  gdaki_dev_socket stale = *s;
+  stale.version += 1;
+  GDAKI_TEST_CHECK(gdaki_socket_send_thread_exclusive(0, msg, 1, 0), GDAKI_CODE_BAD_HANDLE);
+  GDAKI_TEST_CHECK(gdaki_socket_send_thread_exclusive(&stale, msg, 1, 0), GDAKI_CODE_BAD_HANDLE);
+  GDAKI_TEST_CHECK(gdaki_socket_recv_thread_exclusive(s, 0, 8, 0), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(gdaki_socket_send_thread_exclusive(s, 0, 0, &n), GDAKI_OK);
+  GDAKI_TEST_CHECK(n == 0 ? GDAKI_OK : 3000u, GDAKI_OK);
+  GDAKI_TEST_CHECK(gdaki_socket_flush_thread_exclusive(s), GDAKI_OK);
+  GDAKI_TEST_CHECK(gdaki_socket_close_thread_exclusive(s), GDAKI_OK);
+  echoed[blockIdx.x] = sizeof msg;
+  status[t] = GDAKI_OK;
+}
+
+extern "C" __global__ void cpp_sockets(gdaki_dev_socket **socks, const uint32_t *roles, uint8_t *bufs,
+                                       uint64_t buf_len, uint64_t msg_len, uint32_t rounds, uint32_t *status,
+                                       uint64_t *echoed) {
+  gdaki_dev_socket *s = socks[blockIdx.x];
+  uint8_t *buf = bufs + buf_len * blockIdx.x;
+  switch (roles[blockIdx.x]) {
+    case ROLE_ECHO:
+      echo(s, buf, buf_len, status, echoed);
+      break;
+    case ROLE_WARP_CLIENT:
+      warp_client(s, buf, msg_len, rounds, status, echoed);
+      break;
+    default:
+      thread_client(s, buf, status, echoed);
+      break;
+  }
+}
