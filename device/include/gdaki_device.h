@@ -62,7 +62,7 @@ extern "C" {
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
 /** version word of gdaki_dev_socket */
-#define GDAKI_DEV_SOCKET_VERSION 3096576128u
+#define GDAKI_DEV_SOCKET_VERSION 4107600000u
 /** gdaki_dev_rq.version of this layout */
 #define GDAKI_DEV_RQ_VERSION 264503552u
 /** most bytes a send_inline carries */

@@ -179,11 +179,10 @@ pub struct Socket<M: Sharing> {
     log_tx: u32,
 }
 
-/// One look at the control words of this side's receive window (`docs/sockets.md`).
-struct Controls {
-    arrived: u64,
-    credit: u64,
-    fin: u64,
+/// One look at a control word of this side's receive window and the copy of `reset` beside
+/// it (`docs/sockets.md`).
+struct Look {
+    value: u64,
     reset: u64,
 }
 
@@ -297,7 +296,7 @@ impl<M: Sharing> Socket<M> {
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
         self.on_leader(scope, || {
             let (sent, _, _, flags) = self.state();
-            self.usable(flags, &self.controls())?;
+            self.usable(flags, &self.look(layout::ARRIVED))?;
             if flags & SOCKET_SHUT_WR == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
@@ -314,7 +313,11 @@ impl<M: Sharing> Socket<M> {
             let (.., flags) = self.state();
             if flags & SOCKET_RESET == 0 {
                 self.add_flags(SOCKET_RESET);
-                self.qp.put_inline(self.peer_word(layout::RESET), &1u64.to_le_bytes())?;
+                let q = self.qp.deferred();
+                for word in [layout::RESET, layout::RESET_BY_CREDIT] {
+                    q.put_inline(self.peer_word(word), &1u64.to_le_bytes())?;
+                }
+                q.commit()?;
             }
             Ok(0)
         })
@@ -381,13 +384,14 @@ impl<M: Sharing> Socket<M> {
             let mut deadline = self.qp.deadline();
             loop {
                 let (_, consumed, _, flags) = self.state();
-                let seen = self.controls();
+                let seen = self.look(layout::ARRIVED);
                 self.usable(flags, &seen)?;
-                if seen.arrived != consumed {
-                    self.set_consumed(seen.arrived);
+                if seen.value != consumed {
+                    self.set_consumed(seen.value);
                     continue;
                 }
-                if seen.fin != 0 && seen.fin - 1 == consumed {
+                let fin = self.control(layout::FIN);
+                if fin != 0 && fin - 1 == consumed {
                     return Ok(0);
                 }
                 self.idle(Mode::Wait, &mut deadline)?;
@@ -436,7 +440,7 @@ impl<M: Sharing> Socket<M> {
             let mut deadline = self.qp.deadline();
             loop {
                 let (.., flags) = self.state();
-                let seen = self.controls();
+                let seen = self.look(layout::CREDIT);
                 self.usable(flags, &seen)?;
                 if flags & SOCKET_SHUT_WR != 0 {
                     return Err(SocketError::Closed);
@@ -444,7 +448,7 @@ impl<M: Sharing> Socket<M> {
                 if data.is_empty() {
                     return Ok(0);
                 }
-                let room = cap - sent.wrapping_sub(seen.credit).min(cap);
+                let room = cap - sent.wrapping_sub(seen.value).min(cap);
                 if room > 0 {
                     return Ok((data.len() as u64).min(room));
                 }
@@ -492,19 +496,18 @@ impl<M: Sharing> Socket<M> {
     fn recv_in<S: Scope>(&self, scope: S, buf: &mut [u8], mode: Mode) -> Result<usize, SocketError> {
         let cap = 1u64 << self.log_rx;
         let (_, consumed, credited, _) = self.state();
-        // The leader waits for bytes (or the end); everyone learns how many it takes. The
-        // leader keeps what it saw of `fin` for the credit below.
-        let mut fin = 0;
+        // The leader waits for bytes (or the end); everyone learns how many it takes.
         let arrived = self.on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
                 let (.., flags) = self.state();
-                let seen = self.controls();
+                let seen = self.look(layout::ARRIVED);
                 self.usable(flags, &seen)?;
-                fin = seen.fin;
-                if seen.arrived != consumed {
-                    return Ok(seen.arrived);
+                if seen.value != consumed {
+                    return Ok(seen.value);
                 }
+                // Nothing new: has the stream ended? (`fin` only now: a look of its own.)
+                let fin = self.control(layout::FIN);
                 if (fin != 0 && fin - 1 == consumed) || buf.is_empty() {
                     return Ok(consumed);
                 }
@@ -540,9 +543,7 @@ impl<M: Sharing> Socket<M> {
             // when a whole ring is uncredited, so reading on always frees it, and a stream
             // costs one credit per half ring (not one per message).
             // No credit once the peer has shut down: it sends nothing more, and it may be gone.
-            // (`fin` as seen with the bytes: a look of its own would cost another round trip,
-            // and a peer's close can follow any look.)
-            if consumed - credited >= cap / 2 && fin == 0 {
+            if consumed - credited >= cap / 2 && self.control(layout::FIN) == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
                 self.set_credited(consumed);
@@ -568,7 +569,7 @@ impl<M: Sharing> Socket<M> {
     }
 
     /// Refuses every call once either side reset the connection.
-    fn usable(&self, flags: u64, seen: &Controls) -> Result<(), SocketError> {
+    fn usable(&self, flags: u64, seen: &Look) -> Result<(), SocketError> {
         if flags & SOCKET_RESET != 0 || seen.reset != 0 {
             return Err(SocketError::Reset);
         }
@@ -582,18 +583,15 @@ impl<M: Sharing> Socket<M> {
         unsafe { arch::load_u64_volatile((self.rx_window + word) as *const u64) }
     }
 
-    /// Every control word at once: four loads issued before any is used, so a look costs one
-    /// memory round trip (a PCIe read each where the window is host memory mapped into the
-    /// GPU: one after another they cost a microsecond apiece).
-    fn controls(&self) -> Controls {
-        let [arrived, credit, fin, reset] =
-            [layout::ARRIVED, layout::CREDIT, layout::FIN, layout::RESET].map(|w| self.control(w));
-        Controls {
-            arrived,
-            credit,
-            fin,
-            reset,
-        }
+    /// A control word and the copy of `reset` beside it (`word` is [`layout::ARRIVED`] or
+    /// [`layout::CREDIT`]), in one 16-byte load: one memory transaction, where the window is
+    /// host memory mapped into the GPU one PCIe read (a microsecond; one after another, and
+    /// four loads to one line, cost more).
+    fn look(&self, word: u64) -> Look {
+        // SAFETY: the window's control words are registered memory (the handle's contract),
+        // 16-byte aligned pairs (the window is, and `word` is 0 or 16), written only by the HCA.
+        let [value, reset] = unsafe { arch::load_u64x2_volatile((self.rx_window + word) as *const [u64; 2]) };
+        Look { value, reset }
     }
 
     /// A control word of the peer's receive window.

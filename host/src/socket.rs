@@ -120,7 +120,7 @@ impl SocketFailure {
 /// The most bytes of application data a connection carries in its hello ([`Socket::connect_with`]).
 pub const MAX_CONNECT_DATA: usize = 1024;
 
-/// `gdaki-socket/1 log_rx=N`, then a newline and the application's data: what each side's
+/// `gdaki-socket/N log_rx=L` (N the protocol version), then a newline and the application's data: what each side's
 /// hello says.
 fn hello_app(log_rx: u32, data: &[u8]) -> Vec<u8> {
     let mut app = format!("gdaki-socket/{} log_rx={log_rx}\n", layout::PROTOCOL_VERSION).into_bytes();

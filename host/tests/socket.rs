@@ -217,14 +217,14 @@ fn a_peer_speaking_another_protocol_is_refused() {
     let server = std::thread::spawn(move || l.accept());
     let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
     ch.send(&Hello {
-        app: b"gdaki-socket/0 log_rx=16".to_vec(),
+        app: b"gdaki-socket/1 log_rx=16".to_vec(),
         endpoints: vec![],
         regions: vec![],
     })
     .unwrap();
     assert!(matches!(ch.receive(), Err(Error::Rejected { .. })));
     match server.join().unwrap() {
-        Err(Error::Rejected { reason, .. }) => assert!(reason.contains("gdaki-socket/1"), "{reason}"),
+        Err(Error::Rejected { reason, .. }) => assert!(reason.contains("gdaki-socket/2"), "{reason}"),
         other => panic!("{other:?}"),
     }
     // Rings outside 4 KiB..1 GiB or not a power of two are refused before anything is made.

@@ -3,19 +3,23 @@
 use bytemuck::{Pod, Zeroable};
 
 /// The wire protocol's version, in the handshake's `gdaki-socket/N`.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes of control words at the start of a receive window; the receive ring follows.
 pub const CONTROL_BYTES: u64 = 256;
 /// `arrived`: stream bytes the peer has put into the ring (its inline WRITE of its stream
 /// length, after the bytes' WRITEs).
 pub const ARRIVED: u64 = 0;
+/// `reset`: non-zero once the peer reset the connection. Written twice, here beside `arrived`
+/// and at [`RESET_BY_CREDIT`] beside `credit`, so a receiver's and a sender's look are one
+/// 16-byte load each.
+pub const RESET: u64 = 8;
 /// `credit`: how much of this side's stream the peer has read (its inline WRITE).
-pub const CREDIT: u64 = 8;
+pub const CREDIT: u64 = 16;
+/// The second copy of `reset`.
+pub const RESET_BY_CREDIT: u64 = 24;
 /// `fin`: 0 while the peer sends; its stream's length + 1 once it shut down its sending side.
-pub const FIN: u64 = 16;
-/// `reset`: non-zero once the peer reset the connection.
-pub const RESET: u64 = 24;
+pub const FIN: u64 = 32;
 
 /// The smallest ring, as log2 bytes (4 KiB).
 pub const MIN_LOG_RING: u32 = 12;
@@ -114,7 +118,7 @@ mod tests {
 
     #[test]
     fn the_control_words_fit_their_block_and_the_version_carries_the_size() {
-        for w in [ARRIVED, CREDIT, FIN, RESET] {
+        for w in [ARRIVED, RESET, CREDIT, RESET_BY_CREDIT, FIN] {
             assert!(w % 8 == 0 && w + 8 <= CONTROL_BYTES);
         }
         assert_eq!(DEV_SOCKET_VERSION & 0xffff, 128);

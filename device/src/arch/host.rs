@@ -209,6 +209,22 @@ pub unsafe fn load_u64_volatile(src: *const u64) -> u64 {
     unsafe { u64_at(src as *mut u64) }.load(Ordering::Relaxed)
 }
 
+/// Reads two words the HCA writes (each atomically; on a GPU one 16-byte load).
+///
+/// # Safety
+/// `src` is valid for reads of 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64x2_volatile(src: *const [u64; 2]) -> [u64; 2] {
+    let p = src as *mut u64;
+    // SAFETY: per the caller's contract, both words are readable and aligned.
+    unsafe {
+        [
+            u64_at(p).load(Ordering::Relaxed),
+            u64_at(p.add(1)).load(Ordering::Relaxed),
+        ]
+    }
+}
+
 /// Monotonic nanoseconds since the first call in this process.
 #[inline]
 pub fn global_timer_ns() -> u64 {

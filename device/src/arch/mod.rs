@@ -13,7 +13,7 @@
 //! | [`store_cq_dbrec`] | the CQ doorbell-record word, release, system scope |
 //! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
 //! | [`fetch_max_sys`] / [`store_sys`] | raise / store a host-visible u64 (the CPU proxy's producer index) |
-//! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] | reads of memory the HCA writes |
+//! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] / [`load_u64x2_volatile`] | reads of memory the HCA writes |
 //! | [`global_timer_ns`] | monotonic nanoseconds (GPU `%globaltimer`) |
 //! | [`backoff`] | what a waiter does between polls |
 //! | [`lane_id`], [`active_mask`], [`ballot`], [`shfl_idx`], [`shfl_up`], [`warp_sync`] | warp primitives (on the host, a warp of one lane) |

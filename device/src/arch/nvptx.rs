@@ -153,6 +153,22 @@ pub unsafe fn load_u64_volatile(src: *const u64) -> u64 {
     v
 }
 
+/// Reads two words the HCA writes in one 16-byte load (`ld.relaxed.sys.v2`): one memory
+/// transaction, one PCIe read where the words are host memory.
+///
+/// # Safety
+/// `src` is valid for reads of 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64x2_volatile(src: *const [u64; 2]) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    // SAFETY: per the caller's contract.
+    unsafe {
+        asm!("ld.relaxed.sys.v2.u64 {{{a}, {b}}}, [{p}];", a = out(reg64) a, b = out(reg64) b, p = in(reg64) src,
+             options(nostack, readonly))
+    }
+    [a, b]
+}
+
 /// Nanoseconds of the GPU's global timer.
 #[inline(always)]
 pub fn global_timer_ns() -> u64 {
