@@ -38,7 +38,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_flush", 163),
     ("gdaki_socket_recv", 254),
     ("gdaki_socket_recv_exact", 254),
-    ("gdaki_socket_reset", 237),
+    ("gdaki_socket_reset", 246),
     ("gdaki_socket_send", 254),
     ("gdaki_socket_send_all", 254),
     ("gdaki_socket_shutdown", 254),
