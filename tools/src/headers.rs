@@ -364,12 +364,19 @@ fn c_params(handle: &str, op: &ffi::Operation, scope: &str) -> String {
     params.join(", ")
 }
 
-/// The scoped operations' tables, each with its handle parameter: the queue pair's and the
-/// socket's.
-fn scoped_tables() -> [(&'static str, &'static [ffi::Operation]); 2] {
+/// The scoped operations' tables: each with its handle parameter, the comment that introduces
+/// it in the header (none for the queue pair's, which the header's opening describes), and its
+/// operations.
+fn scoped_tables() -> [(&'static str, &'static str, &'static [ffi::Operation]); 2] {
     [
-        ("gdaki_dev_qp *qp", OPERATIONS),
-        ("gdaki_dev_socket *socket", ffi::socket::OPERATIONS),
+        ("gdaki_dev_qp *qp", "", OPERATIONS),
+        (
+            "gdaki_dev_socket *socket",
+            "\n/* Sockets (gdaki_dev_socket, from gdaki_socket_export_gpu): byte streams in every\n \
+             * scope, POSIX results (bytes moved through the out-pointer, 0 from a receive at the\n \
+             * end of the stream); the mode is the socket queue pair's. See docs/sockets.md. */\n",
+            ffi::socket::OPERATIONS,
+        ),
     ]
 }
 
@@ -377,7 +384,7 @@ fn scoped_tables() -> [(&'static str, &'static [ffi::Operation]); 2] {
 /// per thread in every scope, as thread scope).
 pub fn functions() -> Vec<(&'static str, &'static str, String)> {
     let mut all = vec![];
-    for op in scoped_tables().iter().flat_map(|(_, ops)| ops.iter()) {
+    for op in scoped_tables().iter().flat_map(|(_, _, ops)| ops.iter()) {
         for scope in ffi::SCOPES {
             for mode in ffi::MODES {
                 all.push((scope, mode, format!("gdaki_{}_{scope}_{mode}", op.name)));
@@ -535,14 +542,8 @@ extern "C" {{
          typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {{\n  uint64_t words[GDAKI_BLOCK_SCRATCH_BYTES / 8];\n\
          }} gdaki_block_scratch;\n"
     );
-    for (i, (handle, ops)) in scoped_tables().into_iter().enumerate() {
-        if i == 1 {
-            h.push_str(
-                "\n/* Sockets (gdaki_dev_socket, from gdaki_socket_export_gpu): byte streams in every\n \
-                 * scope, POSIX results (bytes moved through the out-pointer, 0 from a receive at the\n \
-                 * end of the stream); the mode is the socket queue pair's. See docs/sockets.md. */\n",
-            );
-        }
+    for (handle, intro, ops) in scoped_tables() {
+        h.push_str(intro);
         for op in ops {
             let doc: Vec<&str> = op.doc.lines().map(str::trim).collect();
             let _ = write!(h, "\n/** {}: {}", op.name, doc.join("\n * "));

@@ -288,14 +288,8 @@ pub(crate) unsafe fn destroy<H: Handle>(p: *mut H, what: &str) -> Outcome {
     if p.is_null() {
         return Ok(());
     }
-    // SAFETY: the caller's contract; the tag check refuses other types.
-    unsafe { borrow(p.cast_const(), what) }?;
-    // SAFETY: a live handle of type H, made by `into_handle` with Box::into_raw; the tag is
-    // cleared first so that a second destroy (while the memory is still mapped) is refused.
-    let boxed = unsafe { Box::from_raw(p) };
-    boxed.tagged().tag.store(0, std::sync::atomic::Ordering::Release);
-    drop(boxed);
-    Ok(())
+    // SAFETY: the caller's contract.
+    unsafe { take(p, what) }.map(drop)
 }
 
 /// Ends handle `p` and hands back its value (a call that consumes the object: the handle is
