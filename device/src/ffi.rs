@@ -279,7 +279,7 @@ macro_rules! entry_points {
 }
 
 /// The calling thread's member of a scope without arguments (thread, warp).
-pub(crate) trait Here: Scope {
+trait Here: Scope {
     fn here() -> Result<Self, u32>;
 }
 impl Here for Thread {

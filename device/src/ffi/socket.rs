@@ -47,18 +47,32 @@ unsafe fn enter_socket<M: Sharing, S: Scope>(
     }
 }
 
-/// The caller's buffer as a slice: empty for 0 bytes, `None` for a null pointer with a length.
+/// The bytes a send reads: empty for 0 bytes, `None` for a null pointer with a length.
 ///
 /// # Safety
-/// `data` is null or valid for `len` bytes.
+/// `data` is null or valid for reads of `len` bytes.
 #[inline(always)]
-unsafe fn buffer<'a>(data: *const u8, len: u64) -> Option<&'a mut [u8]> {
+unsafe fn buffer<'a>(data: *const u8, len: u64) -> Option<&'a [u8]> {
     match (data.is_null(), len) {
+        (_, 0) => Some(&[]),
+        (true, _) => None,
+        // SAFETY: valid for `len` bytes (the contract).
+        (false, n) => Some(unsafe { core::slice::from_raw_parts(data, n as usize) }),
+    }
+}
+
+/// The buffer a receive fills, as [`buffer`].
+///
+/// # Safety
+/// `buf` is null or valid for writes of `len` bytes.
+#[inline(always)]
+unsafe fn buffer_mut<'a>(buf: *mut u8, len: u64) -> Option<&'a mut [u8]> {
+    match (buf.is_null(), len) {
         (_, 0) => Some(&mut []),
         (true, _) => None,
         // SAFETY: valid for `len` bytes (the contract). A group's members name the same bytes:
-        // each reads or writes only its own part of them (the socket's group copies).
-        (false, n) => Some(unsafe { core::slice::from_raw_parts_mut(data as *mut u8, n as usize) }),
+        // each writes only its own part of them (the socket's group copies).
+        (false, n) => Some(unsafe { core::slice::from_raw_parts_mut(buf, n as usize) }),
     }
 }
 
@@ -112,21 +126,21 @@ c_abi! {
     /// `*received` (unless null) gets how many, 0 once the peer shut down and every byte it
     /// sent has been read.
     fn socket_recv(s, buf: *mut u8, len: u64, received: *mut u64) {
-        let Some(buf) = (unsafe { buffer(buf, len) }) else { return CODE_BAD_ARGUMENT };
+        let Some(buf) = (unsafe { buffer_mut(buf, len) }) else { return CODE_BAD_ARGUMENT };
         unsafe { moved(s.sock.recv_with(s.scope, buf), received) }
     }
 
     /// `socket_recv` that never waits: `GDAKI_CODE_WOULD_BLOCK` when nothing has arrived and
     /// the stream has not ended.
     fn socket_try_recv(s, buf: *mut u8, len: u64, received: *mut u64) {
-        let Some(buf) = (unsafe { buffer(buf, len) }) else { return CODE_BAD_ARGUMENT };
+        let Some(buf) = (unsafe { buffer_mut(buf, len) }) else { return CODE_BAD_ARGUMENT };
         unsafe { moved(s.sock.try_recv_with(s.scope, buf), received) }
     }
 
     /// Receives exactly `len` bytes into `buf`, as many receives as it takes;
     /// `GDAKI_CODE_CLOSED` if the stream ends first.
     fn socket_recv_exact(s, buf: *mut u8, len: u64) {
-        let Some(buf) = (unsafe { buffer(buf, len) }) else { return CODE_BAD_ARGUMENT };
+        let Some(buf) = (unsafe { buffer_mut(buf, len) }) else { return CODE_BAD_ARGUMENT };
         done(s.sock.recv_exact_with(s.scope, buf))
     }
 
