@@ -122,21 +122,26 @@ pub struct LatResult {
 }
 
 /// What a side ran: its bytes, its timestamps.
-struct SideRun {
-    moved: u64,
-    times: Vec<u64>,
+pub struct SideRun {
+    /// Bytes it moved.
+    pub moved: u64,
+    /// Its role's timestamps (`BenchRole::timestamps`).
+    pub times: Vec<u64>,
 }
 
 /// Where the sockets run.
-enum Runner {
+pub enum Runner {
+    /// A CPU thread per socket.
     Cpu,
+    /// A block per socket, of one kernel on this GPU.
     Gpu(gdaki::cuda::Gpu),
 }
 
 impl Runner {
     /// Runs `roles[i]` on `sockets[i]`, all at once (a thread each, or a block each of one
-    /// kernel).
-    fn run(
+    /// kernel of `threads` threads), `iters` messages of `size` bytes through a buffer of
+    /// `size` bytes; fails with the first side that failed.
+    pub fn run(
         &self,
         sockets: Vec<Socket>,
         roles: &[BenchRole],

@@ -479,22 +479,6 @@ fn two_sided_verbs_in_thread_warp_and_block_scope() {
     assert_eq!(qp.error(), None);
 }
 
-/// A connected socket pair on loopback, `(server side, client side)`, each side with its own
-/// configuration and context (returned: they outlive the sockets).
-fn socket_pair(
-    server: gdaki::socket::SocketConfig,
-    client: gdaki::socket::SocketConfig,
-) -> (gdaki::socket::Socket, gdaki::socket::Socket, [Context; 2]) {
-    use gdaki::socket::{Socket, SocketListener};
-    let sctx = Context::open(Provider::Soft).unwrap();
-    let l = SocketListener::bind(&sctx, "127.0.0.1:0".parse().unwrap(), server).unwrap();
-    let addr = l.local_addr().unwrap();
-    let accepted = std::thread::spawn(move || l.accept().unwrap());
-    let cctx = Context::open(Provider::Soft).unwrap();
-    let c = Socket::connect(&cctx, addr, client).unwrap();
-    (accepted.join().unwrap(), c, [sctx, cctx])
-}
-
 #[test]
 fn sockets_in_thread_warp_and_block_scope() {
     use gdaki::socket::{SocketConfig, SocketMemory};
@@ -516,10 +500,10 @@ fn sockets_in_thread_warp_and_block_scope() {
     );
     // Blocks 0 and 1 serve CPU clients (rings pinned, then in GPU memory), block 2 serves the
     // warp client of block 4, block 3 the thread client of block 5.
-    let (s0, cpu0, _c0) = socket_pair(pinned(), host());
-    let (s1, cpu1, _c1) = socket_pair(device(), host());
-    let (s2, warp, _c2) = socket_pair(pinned(), device());
-    let (s3, thread, _c3) = socket_pair(device(), pinned());
+    let (s0, cpu0) = common::socket_pair(pinned(), host());
+    let (s1, cpu1) = common::socket_pair(device(), host());
+    let (s2, warp) = common::socket_pair(pinned(), device());
+    let (s3, thread) = common::socket_pair(device(), pinned());
     let roles = [0u32, 0, 0, 0, 1, 2];
     let on_gpu: Vec<_> = [s0, s1, s2, s3, warp, thread]
         .into_iter()

@@ -2,7 +2,7 @@
 //! receives across the ring's wrap, backpressure that loses nothing, orderly close mid-stream,
 //! reset, timeouts, a dead peer, refusals, and many sockets at once.
 mod common;
-use common::pattern;
+use common::{pattern, socket_listener as listener};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -10,21 +10,9 @@ use gdaki::handshake::{Channel, Hello};
 use gdaki::socket::{Socket, SocketConfig, SocketFailure, SocketListener};
 use gdaki::{Context, Error, Provider};
 
-/// A listener on loopback in a context of its own.
-fn listener(cfg: &SocketConfig) -> (SocketListener, SocketAddr, Context) {
-    let ctx = Context::open(Provider::Soft).unwrap();
-    let l = SocketListener::bind(&ctx, "127.0.0.1:0".parse().unwrap(), cfg.clone()).unwrap();
-    let addr = l.local_addr().unwrap();
-    (l, addr, ctx)
-}
-
-/// A connected pair: (server side, client side), each in its own context.
+/// A connected pair: (server side, client side), both sides configured alike.
 fn pair(cfg: SocketConfig) -> (Socket, Socket) {
-    let (l, addr, _sctx) = listener(&cfg);
-    let server = std::thread::spawn(move || l.accept().unwrap());
-    let cctx = Context::open(Provider::Soft).unwrap();
-    let client = Socket::connect(&cctx, addr, cfg).unwrap();
-    (server.join().unwrap(), client)
+    common::socket_pair(cfg.clone(), cfg)
 }
 
 fn small(rx_bytes: u64) -> SocketConfig {
@@ -341,18 +329,7 @@ fn a_block_of_threads_receives_and_sends_together() {
                     // SAFETY: the block's buffer of 1500 bytes, alive for the scope; members
                     // write disjoint parts of it between barriers.
                     let b = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, 1500) };
-                    loop {
-                        let n = dev.recv_with(me, b).unwrap();
-                        if n == 0 {
-                            break;
-                        }
-                        let mut at = 0;
-                        while at < n {
-                            at += dev.send_with(me, &b[at..n]).unwrap();
-                        }
-                    }
-                    dev.shutdown_with(me).unwrap();
-                    dev.flush_with(me).unwrap();
+                    gdaki_device::socket::echo(&dev, me, b).unwrap();
                 });
             }
             c.send_all(&data).unwrap();

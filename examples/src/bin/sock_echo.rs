@@ -7,18 +7,20 @@
 //!
 //! The server accepts its connections, then serves them all at once until each client's end of
 //! stream: in GPU mode one kernel with a block per socket (`gdaki_device::socket::echo`,
-//! GPUnet's threadblock-cooperative `grecv`/`gsend`), in CPU mode a thread per socket. The
-//! client runs GPU blocks (each sends a known stream and compares its echo) or CPU threads
-//! doing the same through `Socket::send_all`/`recv`. Either side may be GPU or CPU.
+//! GPUnet's threadblock-cooperative `grecv`/`gsend`), in CPU mode a thread per socket running
+//! the same code. The client's blocks (or threads) each send a known stream and compare its
+//! echo (`BenchRole::Check`). Either side may be GPU or CPU. Both run through the socket
+//! perftests' runner (`gdaki_examples::sock::Runner`).
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
-use gdaki::socket::{GpuSocket, Socket, SocketConfig, SocketListener};
+use gdaki::socket::{Socket, SocketConfig, SocketListener};
 use gdaki::{Context, Provider};
-use gdaki_device::socket::{pattern_byte, BenchRole};
+use gdaki_device::socket::BenchRole;
 use gdaki_examples::cli::{Mem, Mode};
+use gdaki_examples::sock::Runner;
 use serde::Serialize;
 
 /// The port `sock_echo` listens at and connects to unless told otherwise.
@@ -109,6 +111,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ..SocketConfig::default()
     };
     let ctx = Context::open(Provider::Soft)?;
+    let runner = match gpu {
+        Some(g) => Runner::Gpu(g),
+        None => Runner::Cpu,
+    };
     match (cli.server, &cli.server_address) {
         (true, Some(_)) => bail!("--server and a server address together: choose one"),
         (false, None) => bail!("give --server, or the address of a server to connect to"),
@@ -122,12 +128,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let sockets = (0..cli.connections)
                 .map(|_| listener.accept_within(Duration::from_secs(cli.timeout.max(1))))
                 .collect::<gdaki::Result<Vec<Socket>>>()?;
-            let echoed = match &gpu {
-                Some(g) => serve_on_gpu(g, sockets, threads, cli.rx_bytes as usize)?,
-                None => serve_on_cpu(sockets)?,
-            };
-            for (i, n) in echoed.iter().enumerate() {
-                eprintln!("sock_echo: connection {i} echoed {n} bytes");
+            // GPUnet's echo server (`gdaki_device::socket::echo`) through a ring-sized buffer.
+            let roles = vec![BenchRole::Echo; sockets.len()];
+            for (i, side) in runner
+                .run(sockets, &roles, cli.rx_bytes, 0, threads)?
+                .iter()
+                .enumerate()
+            {
+                eprintln!("sock_echo: connection {i} echoed {} bytes", side.moved);
             }
             Ok(())
         }
@@ -146,13 +154,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .collect::<gdaki::Result<Vec<Socket>>>()
                 .with_context(|| format!("cannot connect to the echo server at {addr}"))?;
             let start = Instant::now();
-            let checked = match &gpu {
-                Some(g) => check_on_gpu(g, sockets, threads, cli.size, cli.iters)?,
-                None => check_on_cpu(sockets, cli.size, cli.iters)?,
-            };
+            let roles = vec![BenchRole::Check; sockets.len()];
+            let checked: u64 = runner
+                .run(sockets, &roles, cli.size, cli.iters, threads)?
+                .iter()
+                .map(|side| side.moved)
+                .sum();
             let seconds = start.elapsed().as_secs_f64();
             let report = Report {
-                mode: if gpu.is_some() { "gpu" } else { "cpu" },
+                mode: match runner {
+                    Runner::Gpu(_) => "gpu",
+                    Runner::Cpu => "cpu",
+                },
                 mem: mem_name,
                 connections: cli.connections,
                 bytes_per_message: cli.size,
@@ -181,111 +194,4 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// One kernel, a block per socket, each echoing until its client's end of stream.
-fn serve_on_gpu(gpu: &gdaki::cuda::Gpu, sockets: Vec<Socket>, threads: u32, buf: usize) -> anyhow::Result<Vec<u64>> {
-    let mut on_gpu = sockets
-        .into_iter()
-        .map(|s| s.into_gpu(gpu))
-        .collect::<gdaki::Result<Vec<GpuSocket>>>()?;
-    let run = GpuSocket::echo_on_gpu(gpu, &mut on_gpu, threads, buf)?;
-    if let Some((i, c)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
-        bail!("connection {i}: {}", gdaki_device::status::Code(*c));
-    }
-    Ok(run.moved)
-}
-
-/// A thread per socket, each echoing until its client's end of stream, then closing.
-fn serve_on_cpu(sockets: Vec<Socket>) -> anyhow::Result<Vec<u64>> {
-    std::thread::scope(|s| {
-        let served: Vec<_> = sockets
-            .into_iter()
-            .map(|sock| {
-                s.spawn(move || -> anyhow::Result<u64> {
-                    let mut buf = vec![0u8; 64 << 10];
-                    let mut total = 0u64;
-                    loop {
-                        match sock.recv(&mut buf)? {
-                            0 => break,
-                            n => {
-                                sock.send_all(&buf[..n])?;
-                                total += n as u64;
-                            }
-                        }
-                    }
-                    sock.close()?;
-                    Ok(total)
-                })
-            })
-            .collect();
-        served
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| bail!("a server thread panicked")))
-            .collect()
-    })
-}
-
-/// One kernel, a block per socket running the checking client (`BenchRole::Check`).
-fn check_on_gpu(
-    gpu: &gdaki::cuda::Gpu,
-    sockets: Vec<Socket>,
-    threads: u32,
-    size: u64,
-    iters: u32,
-) -> anyhow::Result<u64> {
-    let mut on_gpu = sockets
-        .into_iter()
-        .map(|s| s.into_gpu(gpu))
-        .collect::<gdaki::Result<Vec<GpuSocket>>>()?;
-    let roles = vec![BenchRole::Check; on_gpu.len()];
-    let run = GpuSocket::bench_on_gpu(gpu, &mut on_gpu, &roles, size, iters, threads, size as usize)?;
-    if let Some((i, c)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
-        bail!("connection {i}: {}", gdaki_device::status::Code(*c));
-    }
-    Ok(run.moved.iter().sum())
-}
-
-/// A thread per socket: sends each message of the known stream, reads its echo and compares.
-fn check_on_cpu(sockets: Vec<Socket>, size: u64, iters: u32) -> anyhow::Result<u64> {
-    let per: anyhow::Result<Vec<u64>> = std::thread::scope(|s| {
-        let clients: Vec<_> = sockets
-            .into_iter()
-            .enumerate()
-            .map(|(i, sock)| {
-                s.spawn(move || -> anyhow::Result<u64> {
-                    let (mut out, mut back) = (vec![0u8; size as usize], vec![0u8; size as usize]);
-                    for k in 0..iters as u64 {
-                        let base = k * size;
-                        out.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, b)| *b = pattern_byte(base + j as u64));
-                        sock.send_all(&out)?;
-                        let mut at = 0;
-                        while at < back.len() {
-                            match sock.recv(&mut back[at..])? {
-                                0 => bail!("connection {i}: the server ended the stream early"),
-                                n => at += n,
-                            }
-                        }
-                        if back != out {
-                            bail!("connection {i}: message {k} came back changed");
-                        }
-                    }
-                    sock.shutdown()?;
-                    let mut rest = [0u8; 16];
-                    if sock.recv(&mut rest)? != 0 {
-                        bail!("connection {i}: the server sent more than it was sent");
-                    }
-                    sock.close()?;
-                    Ok(size * iters as u64)
-                })
-            })
-            .collect();
-        clients
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| bail!("a client thread panicked")))
-            .collect()
-    });
-    Ok(per?.iter().sum())
 }

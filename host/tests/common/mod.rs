@@ -6,6 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::thread::JoinHandle;
 
 use gdaki::cuda::Gpu;
+use gdaki::socket::{Socket, SocketConfig, SocketListener};
 use gdaki::{Context, MemoryRegion, QpConfig, QueuePair};
 
 /// A queue pair of `sq` WQEs with a CQ of its own (which the QP keeps alive).
@@ -28,6 +29,24 @@ pub fn soft_loopback(sq: u32) -> (Context, QueuePair, MemoryRegion) {
     let qp = loopback_qp(&ctx, sq, QpConfig::default());
     let mr = ctx.alloc_region(1 << 20, gdaki::Access::ALL).unwrap();
     (ctx, qp, mr)
+}
+
+/// A socket listener on loopback in a soft-HCA context of its own.
+pub fn socket_listener(cfg: &SocketConfig) -> (SocketListener, SocketAddr, Context) {
+    let ctx = Context::open(gdaki::Provider::Soft).unwrap();
+    let l = SocketListener::bind(&ctx, "127.0.0.1:0".parse().unwrap(), cfg.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    (l, addr, ctx)
+}
+
+/// A connected socket pair on loopback, `(server side, client side)`, each side with its own
+/// configuration, in a context of its own.
+pub fn socket_pair(server: SocketConfig, client: SocketConfig) -> (Socket, Socket) {
+    let (l, addr, _sctx) = socket_listener(&server);
+    let accepted = std::thread::spawn(move || l.accept().unwrap());
+    let cctx = Context::open(gdaki::Provider::Soft).unwrap();
+    let c = Socket::connect(&cctx, addr, client).unwrap();
+    (accepted.join().unwrap(), c)
 }
 
 /// A CPU stream whose waits give up after 10 s.
