@@ -179,11 +179,46 @@ pub unsafe fn copy_share(dst: u64, src: u64, len: u64, tid: u64, n: u64) {
     }
 }
 
+/// Stores the first `len` bytes (at most 16) of `words`, in memory order, at `dst`, as a copy
+/// of them would: its final unit last, after the rest is visible (an [`OP_STORE`]
+/// descriptor's bytes, carried in the descriptor).
+///
+/// [`OP_STORE`]: gdaki_layout::copy::OP_STORE
+///
+/// # Safety
+/// `dst..dst + len` is writable by the caller.
+#[inline(always)]
+pub unsafe fn store_carried(dst: u64, words: [u64; 2], len: u64) {
+    let data = Unit16(words);
+    let src = &data as *const Unit16 as u64;
+    let len = if len < 16 { len } else { 16 };
+    let body = body(dst, src, len);
+    // SAFETY: `data` holds 16 bytes, `len` of them are read; the caller vouches for `dst`.
+    unsafe { copy_share(dst, src, body, 0, 1) };
+    if body != 0 {
+        order_stores();
+    }
+    // SAFETY: as above.
+    unsafe { copy_share(dst + body, src + body, len - body, 0, 1) };
+}
+
+/// Orders this thread's earlier stores before its later ones for every observer of the GPU.
+#[inline(always)]
+fn order_stores() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence has no operands.
+    unsafe {
+        core::arch::asm!("fence.acq_rel.gpu;", options(nostack))
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+}
+
 /// Items of a copy list of at most this many bytes are moved by one lane alone (one round of
 /// four 16-byte loads).
 pub const LANE_COPY_MAX: u64 = 64;
 
-/// Copies of at most this many bytes, and atomics, are served by one warp.
+/// Copies of at most this many bytes, atomics and stores are served by one warp.
 pub const WARP_COPY_MAX: u64 = 4 << 10;
 
 /// Whether descriptor (`op`, `len`) is served by one warp (else by the warps of several blocks).
@@ -261,10 +296,12 @@ mod gpu {
 
     use gdaki_layout::copy::{
         CopyDesc, CopyDone, CopyItem, LIST_MAX, MIRROR_SERVES_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST,
-        OP_FETCH_ADD, OP_SERVED, RING_SLOTS, SERVER_MIRROR,
+        OP_FETCH_ADD, OP_SERVED, OP_STORE, RING_SLOTS, SERVER_MIRROR,
     };
 
-    use super::{block_part, block_share, body, copy_share, participants, warp_sized, Work, LANE_COPY_MAX};
+    use super::{
+        block_part, block_share, body, copy_share, participants, store_carried, warp_sized, Work, LANE_COPY_MAX,
+    };
     use crate::arch::{self, FULL_WARP};
     use crate::scope::shfl_u64;
 
@@ -549,6 +586,7 @@ mod gpu {
                     }
                 }
                 OP_COPY_LIST => serve_list(src, len, lane),
+                OP_STORE if lane == 0 => store_carried(dst, [src, arg0], len),
                 OP_FETCH_ADD if lane == 0 => result = add_acq_rel_gpu(dst as *mut u64, arg0),
                 OP_COMPARE_SWAP if lane == 0 => result = cas_gpu(dst as *mut u64, arg0, arg1),
                 _ => {}
@@ -679,7 +717,7 @@ mod gpu {
         let len = shfl_u64(FULL_WARP, d.len, 0);
         let arg1 = shfl_u64(FULL_WARP, d.arg1, 0);
         let small = match op {
-            OP_FETCH_ADD | OP_COMPARE_SWAP => true,
+            OP_FETCH_ADD | OP_COMPARE_SWAP | OP_STORE => true,
             OP_COPY => len <= MIRROR_SERVES_MAX,
             _ => false,
         };
@@ -848,6 +886,30 @@ mod tests {
         }
         assert!(warp_sized(OP_COPY, WARP_COPY_MAX) && !warp_sized(OP_COPY, WARP_COPY_MAX + 1));
         assert!(warp_sized(gdaki_layout::copy::OP_FETCH_ADD, 8));
+    }
+
+    #[test]
+    fn carried_bytes_are_stored_exactly_at_every_alignment() {
+        let words = [0x0807_0605_0403_0201u64, 0x100f_0e0d_0c0b_0a09];
+        let carried: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        for off in 0..16usize {
+            for len in 1..=16usize {
+                let mut dst = std::vec![0u8; 48];
+                // SAFETY: `off + len` <= 32 bytes of a 48-byte vector.
+                unsafe { store_carried(dst.as_mut_ptr() as u64 + off as u64, words, len as u64) };
+                assert_eq!(&dst[off..off + len], &carried[..len], "{off} {len}");
+                assert!(
+                    dst[..off].iter().chain(&dst[off + len..]).all(|&b| b == 0),
+                    "{off} {len}"
+                );
+            }
+        }
+        // More than 16 asked: 16 stored, nothing past them.
+        let mut dst = std::vec![0u8; 32];
+        // SAFETY: 16 bytes of a 32-byte vector.
+        unsafe { store_carried(dst.as_mut_ptr() as u64, words, 40) };
+        assert_eq!((&dst[..16], &dst[16..]), (&carried[..], &[0u8; 16][..]));
+        assert!(warp_sized(gdaki_layout::copy::OP_STORE, 16));
     }
 
     #[test]

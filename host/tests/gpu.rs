@@ -578,6 +578,22 @@ fn device_memory_regions_move_through_the_copier() {
     host.write(0, &[0; 4096]).unwrap();
     put(&host, 1, &d1, 0, 4000);
     assert_eq!(host.read_vec(1, 4000).unwrap(), data[..4000], "device -> host");
+    // Inline data into device memory (carried in the copier's descriptor up to 16 bytes, then
+    // through the bounce buffer): every length around that bound at every offset of a word.
+    // The bytes around each write must stay as they were.
+    const WINDOW: u64 = 65536;
+    let mut model = d2.read_vec(WINDOW, 64 * 22).unwrap();
+    for len in 1..=20usize {
+        for off in 0..8usize {
+            let at = 64 * len + off;
+            let data = pattern((len * 8 + off) as u64, len);
+            let t = dev.put_inline(d2.remote(WINDOW + at as u64), &data).unwrap();
+            dev.wait(t).unwrap();
+            model[at..at + len].copy_from_slice(&data);
+            let got = d2.read_vec(WINDOW + 64 * len as u64, 64).unwrap();
+            assert_eq!(got, model[64 * len..64 * len + 64], "inline {len} B at +{off}");
+        }
+    }
     // get: device -> device.
     let t = dev.get(d2.local(8192), d1.remote(16), 64).unwrap();
     dev.wait(t).unwrap();

@@ -18,6 +18,15 @@ pub const OP_COMPARE_SWAP: u32 = 3;
 /// copies travel this way: one descriptor, one answer and one PCIe round trip for many.
 pub const OP_COPY_LIST: u32 = 4;
 
+/// [`CopyDesc::op`]: store the `len` bytes (1 to [`STORE_MAX`]) carried in the descriptor
+/// itself, [`CopyDesc::src`] then [`CopyDesc::arg0`] in memory order, at `dst`. A small write
+/// from host memory (an inline WRITE, a signal word) goes this way: the kernel reads nothing
+/// but the descriptor, where a copy from the bounce buffer costs a second PCIe read.
+pub const OP_STORE: u32 = 6;
+
+/// Most bytes an [`OP_STORE`] carries.
+pub const STORE_MAX: usize = 16;
+
 /// [`CopyDesc::op`] in the kernel's mirror only, never posted by the host: the mirror warp has
 /// already served this descriptor itself (a lone small one, see [`MIRROR_SERVES_MAX`]), so no
 /// worker warp takes it.
@@ -60,11 +69,11 @@ pub struct CopyDesc {
     pub seq: u64,
     /// Destination (GPU address: device memory or host memory mapped into the GPU).
     pub dst: u64,
-    /// Source (likewise; unused by atomics).
+    /// Source (likewise; unused by atomics); for [`OP_STORE`], the first 8 bytes to store.
     pub src: u64,
     /// Bytes (copies).
     pub len: u64,
-    /// First operand (atomics).
+    /// First operand (atomics); for [`OP_STORE`], bytes 8 to 15 to store.
     pub arg0: u64,
     /// Second operand (compare-and-swap); for [`OP_COPY`] and [`OP_COPY_LIST`], the
     /// descriptor that must be done before this one starts (0: none): a copy onto bytes an

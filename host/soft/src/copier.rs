@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gdaki_layout::copy::{
-    CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, RING_SLOTS,
-    SERVER_MIRROR, WORK_BYTES,
+    CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, OP_STORE, RING_SLOTS,
+    SERVER_MIRROR, STORE_MAX, WORK_BYTES,
 };
 use tracing::{debug, error};
 
@@ -663,13 +663,36 @@ impl Copier {
         self.run(OP_COMPARE_SWAP, addr, 0, 8, compare, swap)
     }
 
+    /// Writes `data` (at most [`STORE_MAX`] bytes) to `addr` (device memory, or host memory
+    /// mapped into this GPU) with the bytes carried in the descriptor, after every earlier
+    /// descriptor, as [`bounce`](Self::bounce) would, but with one PCIe read by the kernel
+    /// instead of two (the descriptor, not also the bounce buffer). Longer data is refused.
+    pub(crate) fn store(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
+        if data.len() > STORE_MAX {
+            return Err(fault("store", "more bytes than a descriptor carries"));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut carried = [0u8; STORE_MAX];
+        carried[..data.len()].copy_from_slice(data);
+        let word = |i: usize| u64::from_ne_bytes(carried[i..i + 8].try_into().unwrap_or_default());
+        self.run(OP_STORE, addr, word(0), data.len() as u64, word(8), 0)
+            .map(|_| ())
+    }
+
     /// Moves `len` bytes between device memory at `dev` and host memory at `host`, through the
-    /// bounce buffer, a chunk at a time.
+    /// bounce buffer, a chunk at a time; writes of at most [`STORE_MAX`] bytes travel in the
+    /// descriptor instead ([`store`](Self::store)).
     ///
     /// # Safety
     /// `host..host + len` is a buffer the caller may read (and, from the device, write), and
     /// `dev..dev + len` device memory of this copier's GPU.
     pub(crate) unsafe fn bounce(&self, dev: u64, host: *mut u8, len: usize, to_device: bool) -> Result<(), DmaFault> {
+        if to_device && len <= STORE_MAX {
+            // SAFETY: the caller's buffer of `len` bytes.
+            return self.store(dev, unsafe { std::slice::from_raw_parts(host, len) });
+        }
         let c = self;
         let mut done = 0;
         while done < len {
