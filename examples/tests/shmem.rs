@@ -206,5 +206,15 @@ fn gshmem_runs_on_one_two_and_three_pes_in_cpu_mode() {
         assert_eq!(r["pieces"], 3);
         assert!(r["alltoall_us"].as_f64().unwrap() > 0.0 && r["copy_us"].as_f64().unwrap() > 0.0);
     }
+    // The same exchange against the GIN-shaped handle is CUDA C++: the CPU build says so, and an
+    // unknown API is named.
+    for (api, says) in [("gin", "needs the GPU build"), ("nccl", "use gshmem or gin")] {
+        let out = Command::new(&a2a)
+            .args(["--api", api])
+            .env_remove("GSHMEM_NRANKS")
+            .output()
+            .unwrap();
+        assert!(!out.status.success() && text(&out).contains(says), "{api}: {}", text(&out));
+    }
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -172,6 +172,37 @@ int gshmem_check_queues(void);
  *  of one host with P2P between them, or one GPU), the queue pair otherwise, so that atomics
  *  and signals on a heap are atomic with respect to one another. */
 int gshmem_pe_path(int pe, const char **why);
+/** How many PEs, this one included, run on this PE's GPU (the same GPU UUID); 1 in CPU mode.
+ *  Their kernels and gdaki's copy kernels share its SMs when MPS runs, so a kernel whose blocks
+ *  wait for one another counts on 1/N of what the GPU holds (programs/launch.hpp does). */
+int gshmem_gpu_sharers(void);
+
+/** A symmetric allocation as a window of gdaki's GIN-shaped handle (gdaki_gin.cuh; its fields
+ *  are gdaki::Window's, in order): this PE's part as a local operand, every PE's part as a
+ *  remote one, and where this GPU loads and stores each PE's part (the load/store path of
+ *  gshmem_pe_path, 0 for the queue-pair path). With gshmem_ctx's qps as the handle's queue
+ *  pairs, a kernel written against NCCL GIN's device API runs over gshmem's set-up. */
+typedef struct gshmem_window {
+    /** This PE's part, and its size. */
+    uint64_t local;
+    uint64_t size;
+    /** Local key of this PE's heap. */
+    uint32_t lkey;
+    /** Entries of peers and mapped: one per PE. */
+    uint32_t npeers;
+    /** Every PE's part as this PE reaches it (address, length, rkey), indexed by PE. */
+    const gdaki_remote_region *peers;
+    /** Where this GPU loads and stores every PE's part, indexed by PE; NULL in CPU mode. */
+    const uint64_t *mapped;
+} gshmem_window;
+
+/** Makes the window of `bytes` at symmetric `sym` (inside one gshmem_malloc block or not: any
+ *  range of the heap past gshmem's own words). Its tables live in GPU memory (host memory in
+ *  CPU mode) until gshmem_window_destroy or gshmem_finalize. Local: not collective. */
+int gshmem_window_create(void *sym, size_t bytes, gshmem_window *out);
+/** Frees a window's tables and zeroes `w` (a zeroed window: nothing). */
+int gshmem_window_destroy(gshmem_window *w);
+
 /** Waits until every PE has called it (host side; kernels use gshmem::barrier_all). */
 int gshmem_barrier_all(void);
 /** The context kernels take. */

@@ -9,7 +9,12 @@
 // (gshmem_pe_path) those threads copy it themselves, through a queue pair one warp posts it.
 // In CPU mode one host thread sends each piece (one piece unless -b says).
 //
-//   alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [-b PIECES] [--json]
+// With --api gin (GPU builds) the same exchange is written against gdaki's GIN-shaped handle
+// (gdaki_gin.cuh), as a kernel written for NCCL GIN would be: gin.put(peer, recv window, ...,
+// send window, ..., SignalInc{0}, Block) and gin.wait_signal, over gshmem's queue pairs and
+// windows (gshmem_window_create), the same paths per PE.
+//
+//   alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [-b PIECES] [--api gshmem|gin] [--json]
 //
 // Progress goes to stderr, the table (or JSON) to stdout from PE 0, on PE 0's clock. Exit 0 when
 // every PE received every block intact.
@@ -20,6 +25,9 @@
 #include <string>
 
 #include "launch.hpp"
+#if defined(GDAKI_CUDA)
+#include "gdaki_gin.cuh"
+#endif
 
 using launch::Failures;
 
@@ -71,6 +79,47 @@ struct AllToAll {
     }
 };
 
+#if defined(GDAKI_CUDA)
+/** gdaki::Window of a gshmem window (the same fields, in order). */
+gdaki::Window gin_window(const gshmem_window &w) {
+    return gdaki::Window{w.local, w.size, w.lkey, w.npeers, w.peers, w.mapped};
+}
+
+/** AllToAll written against the GIN-shaped handle, as a GIN kernel is: the block's threads
+ *  put their own slices of the piece together (gdaki::Block: each member its own bytes), then
+ *  one thread signals the peer (SignalInc on word 0, after the block's puts); every thread
+ *  waits for the round's signals. The windows are every PE's send and receive buffers. */
+struct GinAllToAll {
+    gdaki::Gin<gdaki::Gpu> gin;
+    gdaki::Window send, recv;
+    uint64_t bytes, base;
+    uint32_t iters, pieces;
+    Failures *f;
+    __device__ void operator()(const gshmem_ctx &c, uint32_t t, uint32_t) const {
+        __shared__ gdaki_block_scratch scratch;
+        const gdaki::Block block{&scratch};
+        const uint32_t me = c.my_pe, np = c.n_pes, sender = t / BLOCK_THREADS, q = sender / pieces;
+        const uint64_t piece = ((bytes + pieces - 1) / pieces + 15) / 16 * 16;
+        const uint64_t start = (sender % pieces) * piece;
+        const uint64_t from = start < bytes ? start : bytes;
+        const uint64_t len = bytes - from < piece ? bytes - from : piece;
+        // This thread's slice of the piece, in 16-byte units (the last slices may be empty).
+        const uint64_t slice = ((len + BLOCK_THREADS - 1) / BLOCK_THREADS + 15) / 16 * 16;
+        const uint64_t mine = (t % BLOCK_THREADS) * slice < len ? (t % BLOCK_THREADS) * slice : len;
+        const uint64_t n = len - mine < slice ? len - mine : slice;
+        const uint64_t at = from + mine, per_round = (uint64_t)np * pieces;
+        for (uint32_t i = 0; i < iters; i++) {
+            EXPECT_OK(f, gin.put(q, recv, (uint64_t)me * bytes + at, send, (uint64_t)q * bytes + at, n, gdaki::None{},
+                                 block), i);
+            __syncthreads();
+            if (t % BLOCK_THREADS == 0) EXPECT_OK(f, gin.signal(q, gdaki::SignalInc{0}), i);
+            EXPECT_OK(f, gin.wait_signal(block, 0, base + (uint64_t)(i + 1) * per_round), i);
+        }
+        EXPECT_OK(f, gin.flush(block), t);
+    }
+};
+#endif
+
 /** A plain copy of `bytes` from `src` to `dst`, `iters` times: ms. */
 double copy_reference(void *dst, const void *src, uint64_t bytes, uint32_t iters) {
 #if defined(GDAKI_CUDA)
@@ -102,7 +151,7 @@ double copy_reference(void *dst, const void *src, uint64_t bytes, uint32_t iters
     if (gshmem_my_pe() <= 0)
         std::fprintf(stderr,
                      "alltoall: %s\nusage: alltoall [-s BYTES[,BYTES...]] [-n ITERATIONS] [-w WARMUP] [-b PIECES] "
-                     "[--json]\n",
+                     "[--api gshmem|gin] [--json]\n",
                      why.c_str());
     std::exit(2);
 }
@@ -127,10 +176,15 @@ struct Row {
 int main(int argc, char **argv) {
     std::vector<uint64_t> sizes;
     uint32_t iters = 50, warmup = 5, pieces_asked = 0;
-    bool json = false;
+    bool json = false, gin = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (a == "--json") json = true;
+        else if (a == "--api" && i + 1 < argc) {
+            std::string v = argv[++i];
+            if (v != "gshmem" && v != "gin") usage("--api \"" + v + "\": use gshmem or gin");
+            gin = v == "gin";
+        }
         else if ((a == "-s" || a == "-n" || a == "-w" || a == "-b") && i + 1 < argc) {
             std::string v = argv[++i];
             if (a == "-b") pieces_asked = (uint32_t)std::min<uint64_t>(number(v.c_str(), "-b"), 1024);
@@ -148,6 +202,9 @@ int main(int argc, char **argv) {
         else usage("unknown argument " + a);
     }
     if (sizes.empty()) sizes = {4096, 65536, 1 << 20};
+#if !defined(GDAKI_CUDA)
+    if (gin) usage("--api gin needs the GPU build (gdaki_gin.cuh is CUDA C++)");
+#endif
 
     gshmem_options o = launch::options();
 #if defined(GDAKI_CUDA)
@@ -168,6 +225,20 @@ int main(int argc, char **argv) {
     uint8_t *copy_dst = launch::alloc<uint8_t>(np * largest);
     uint64_t *signal = launch::alloc<uint64_t>(1);
     Failures *f = launch::alloc<Failures>(1);
+#if defined(GDAKI_CUDA)
+    // The GIN handle's windows: the buffers, the signal word, 8 bytes for the fetched values of
+    // signal atomics through queue pairs.
+    uint64_t *discard = launch::alloc<uint64_t>(1);
+    gshmem_window send_w{}, recv_w{}, signal_w{}, discard_w{};
+    if (gin) {
+        launch::check(gshmem_window_create(send, np * largest, &send_w), "gshmem_window_create");
+        launch::check(gshmem_window_create(recv, np * largest, &recv_w), "gshmem_window_create");
+        launch::check(gshmem_window_create(signal, 8, &signal_w), "gshmem_window_create");
+        launch::check(gshmem_window_create(discard, 8, &discard_w), "gshmem_window_create");
+    }
+    const gshmem_ctx ctx = gshmem_device_ctx();
+    const gdaki::Gin<gdaki::Gpu> handle(ctx.qps, np, gin_window(signal_w), gin_window(discard_w));
+#endif
     std::vector<uint8_t> block(largest);
 
     uint32_t direct = 0;
@@ -186,7 +257,8 @@ int main(int argc, char **argv) {
         if (me == 0) std::fprintf(stderr, "alltoall: %u PEs, blocks of %" PRIu64 " bytes ...\n", np, bytes);
 #if defined(GDAKI_CUDA)
         // Every piece's block must be resident at once (each waits for all the others').
-        const uint32_t fit = launch::resident_blocks<AllToAll>(BLOCK_THREADS);
+        const uint32_t fit = gin ? launch::resident_blocks<GinAllToAll>(BLOCK_THREADS)
+                                 : launch::resident_blocks<AllToAll>(BLOCK_THREADS);
         uint32_t pieces = pieces_asked != 0 ? pieces_asked
                                             : (uint32_t)std::min<uint64_t>(std::max<uint64_t>(bytes / 32768, 1),
                                                                            std::max<uint32_t>(std::min(128u, fit) / np, 1));
@@ -199,10 +271,19 @@ int main(int argc, char **argv) {
         uint32_t pieces = pieces_asked != 0 ? pieces_asked : 1;
         const uint32_t threads = np * pieces, group = threads;
 #endif
-        launch::run(AllToAll{send, recv, signal, bytes, signalled, warmup, pieces, f}, threads, group);
+        auto round = [&](uint32_t n) {
+#if defined(GDAKI_CUDA)
+            if (gin)
+                return launch::run(GinAllToAll{handle, gin_window(send_w), gin_window(recv_w), bytes, signalled, n,
+                                               pieces, f},
+                                   threads, group);
+#endif
+            return launch::run(AllToAll{send, recv, signal, bytes, signalled, n, pieces, f}, threads, group);
+        };
+        round(warmup);
         signalled += (uint64_t)warmup * np * pieces;
         launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
-        double ms = launch::run(AllToAll{send, recv, signal, bytes, signalled, iters, pieces, f}, threads, group);
+        double ms = round(iters);
         signalled += (uint64_t)iters * np * pieces;
         double copy_ms = copy_reference(copy_dst, send, np * bytes, iters);
         launch::check(gshmem_barrier_all(), "gshmem_barrier_all");
@@ -234,9 +315,10 @@ int main(int argc, char **argv) {
     }
     if (me == 0) {
         if (json) {
-            std::printf("{\"program\": \"gshmem-alltoall\", \"pes\": %u, \"mode\": \"%s\", \"bootstrap\": \"%s\", "
-                        "\"iterations\": %u, \"load_store_pes\": %u, \"clock\": \"PE 0\", \"rows\": [",
-                        np, mode, gshmem_bootstrap_name(), iters, direct);
+            std::printf("{\"program\": \"gshmem-alltoall\", \"api\": \"%s\", \"pes\": %u, \"mode\": \"%s\", "
+                        "\"bootstrap\": \"%s\", \"iterations\": %u, \"load_store_pes\": %u, \"clock\": \"PE 0\", "
+                        "\"rows\": [",
+                        gin ? "gin" : "gshmem", np, mode, gshmem_bootstrap_name(), iters, direct);
             for (size_t i = 0; i < rows.size(); i++) {
                 const Row &r = rows[i];
                 double moved = (double)r.bytes * np;
@@ -247,9 +329,10 @@ int main(int argc, char **argv) {
             }
             std::printf("], \"verified\": %s}\n", intact ? "true" : "false");
         } else {
-            std::printf("gshmem all-to-all: %u PEs, %s mode, %s bootstrap, %u iterations (PE 0's clock), PE 0 loads "
+            std::printf("%s all-to-all: %u PEs, %s mode, %s bootstrap, %u iterations (PE 0's clock), PE 0 loads "
                         "and stores %u of %u heaps\n",
-                        np, mode, gshmem_bootstrap_name(), iters, direct, np);
+                        gin ? "GIN handle (gdaki_gin.cuh) over gshmem" : "gshmem", np, mode, gshmem_bootstrap_name(),
+                        iters, direct, np);
             std::printf(" %12s %7s %14s %18s %18s %12s\n", "block [B]", "pieces", "bytes per PE", "all-to-all [us]",
                         "plain copy [us]", "a2a / copy");
             for (const Row &r : rows)
@@ -259,6 +342,10 @@ int main(int argc, char **argv) {
         }
     }
     std::fflush(stdout);
+#if defined(GDAKI_CUDA)
+    for (gshmem_window *w : {&send_w, &recv_w, &signal_w, &discard_w})
+        launch::check(gshmem_window_destroy(w), "gshmem_window_destroy");
+#endif
     launch::check(gshmem_finalize(), "gshmem_finalize");
     return intact ? 0 : 1;
 }

@@ -87,8 +87,11 @@ __global__ void kernel(F f, gshmem_ctx c, uint32_t n) {
     if (t < n) f(c, t, n);
 }
 
-/** How many blocks of `block` threads of kernel<F> the GPU holds at once beside gdaki's copy
- *  kernel (a grid of a quarter of the SMs, at least 2: counted as a whole SM each). A kernel
+/** How many blocks of `block` threads of kernel<F> this process may count on being resident at
+ *  once. The GPU holds per_sm of them on each SM; gdaki's copy kernel of this process takes a
+ *  grid of a quarter of the SMs (at least 2), counted as a whole SM each. When other PEs run on
+ *  the same GPU (gshmem_gpu_sharers) their kernels may share it at the same time (MPS): each
+ *  of their copy kernels is counted as one block each, and the rest split evenly. A kernel
  *  whose blocks wait for each other must not launch more: the rest would never start. */
 template <class F>
 uint32_t resident_blocks(uint32_t block) {
@@ -97,8 +100,9 @@ uint32_t resident_blocks(uint32_t block) {
     cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
     cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel<F>, (int)block, 0),
          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    const int copier = (sms > 8 ? sms : 8) / 4;
-    return sms > copier ? (uint32_t)(per_sm * (sms - copier)) : 0;
+    const long copier = (sms > 8 ? sms : 8) / 4, sharers = gshmem_gpu_sharers() > 1 ? gshmem_gpu_sharers() : 1;
+    const long all = sms > copier ? (long)per_sm * (sms - copier) - copier * (sharers - 1) : 0;
+    return all > 0 ? (uint32_t)(all / sharers) : 0;
 }
 
 /** Waits for the stream by polling, so the waiting thread never holds the driver. */

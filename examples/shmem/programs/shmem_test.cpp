@@ -4,6 +4,7 @@
 // rendezvous: GSHMEM_RANK / GSHMEM_NRANKS); see ../README.md. GSHMEM_TEST_THREADS sets the
 // threads of the thread-scope tests (default 256 on the GPU, 8 in CPU mode).
 #include <algorithm>
+#include <cinttypes>
 #include <cstring>
 #include <set>
 
@@ -287,6 +288,8 @@ void expect_fetches(const uint64_t *log, uint32_t threads, uint32_t group, uint3
     CHECK(fine, "%s: a fetched value repeats or exceeds the counter's final %llu", what, (unsigned long long)per_target);
 }
 
+void windows(int np);
+
 void host_api(int np) {
     CHECK(gshmem_init(nullptr) == -1 && std::strstr(gshmem_error(), "already") != nullptr, "%s", gshmem_error());
     CHECK(gshmem_malloc(0) == nullptr && std::strstr(gshmem_error(), "0 bytes") != nullptr, "%s", gshmem_error());
@@ -325,7 +328,61 @@ void host_api(int np) {
     }
 #if !defined(GDAKI_CUDA)
     CHECK(gshmem_pe_path(0, &why) == GSHMEM_PATH_QUEUE_PAIR && std::strstr(why, "CPU mode") != nullptr, "%s", why);
+    CHECK(gshmem_gpu_sharers() == 1, "CPU mode: %d PEs share a GPU", gshmem_gpu_sharers());
+#else
+    CHECK(gshmem_gpu_sharers() >= 1 && gshmem_gpu_sharers() <= np, "%d PEs share this GPU", gshmem_gpu_sharers());
 #endif
+    windows(np);
+}
+
+/** `count` elements of a table the context or a window points to (device memory in GPU mode). */
+template <class T>
+std::vector<T> table(const T *at, size_t count) {
+    std::vector<T> out(count);
+#if defined(GDAKI_CUDA)
+    launch::cuda(cudaMemcpy(out.data(), at, count * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+#else
+    std::memcpy(out.data(), at, count * sizeof(T));
+#endif
+    return out;
+}
+
+/** Windows of the GIN-shaped handle: every PE's part at the same offset, the load/store
+ *  addresses of the same PEs as the heaps', the refusals. */
+void windows(int np) {
+    uint8_t *buf = launch::alloc<uint8_t>(4096);
+    const gshmem_ctx c = gshmem_device_ctx();
+    const uint64_t off = (uint64_t)buf + 100 - c.heap_base;
+    gshmem_window w{};
+    launch::check(gshmem_window_create(buf + 100, 1000, &w), "gshmem_window_create");
+    CHECK(w.local == (uint64_t)buf + 100 && w.size == 1000 && w.lkey == c.lkey && w.npeers == (uint32_t)np,
+          "window %" PRIx64 " %" PRIu64 " %u %u", w.local, w.size, w.lkey, w.npeers);
+    std::vector<gdaki_remote_region> heaps = table(c.heaps, np), parts = table(w.peers, np);
+    for (int pe = 0; pe < np; pe++)
+        CHECK(parts[pe].addr == heaps[pe].addr + off && parts[pe].len == 1000 && parts[pe].rkey == heaps[pe].rkey,
+              "PE %d's part: %" PRIx64 " %" PRIu64 " %u", pe, parts[pe].addr, parts[pe].len, parts[pe].rkey);
+#if defined(GDAKI_CUDA)
+    std::vector<uint64_t> direct = table(c.peer_heaps, np), mapped = table(w.mapped, np);
+    for (int pe = 0; pe < np; pe++)
+        CHECK(mapped[pe] == (direct[pe] != 0 ? direct[pe] + off : 0), "PE %d mapped at %" PRIx64, pe, mapped[pe]);
+#else
+    CHECK(w.mapped == nullptr, "CPU mode maps nothing");
+#endif
+    launch::check(gshmem_window_destroy(&w), "gshmem_window_destroy");
+    CHECK(w.peers == nullptr && w.local == 0, "a destroyed window is zeroed");
+    CHECK(gshmem_window_destroy(&w) == 0, "a zeroed window is nothing to destroy: %s", gshmem_error());
+    gshmem_window fake{};
+    fake.peers = heaps.data();
+    CHECK(gshmem_window_destroy(&fake) == -1 && std::strstr(gshmem_error(), "not a live window") != nullptr, "%s",
+          gshmem_error());
+    CHECK(gshmem_window_create((void *)c.heap_base, 8, &w) == -1 && std::strstr(gshmem_error(), "own words") != nullptr,
+          "%s", gshmem_error());
+    int local = 0;
+    CHECK(gshmem_window_create(&local, 4, &w) == -1 && std::strstr(gshmem_error(), "outside the heap") != nullptr,
+          "%s", gshmem_error());
+    CHECK(gshmem_window_create(buf, 8, nullptr) == -1 && std::strstr(gshmem_error(), "out is NULL") != nullptr, "%s",
+          gshmem_error());
+    launch::check(gshmem_free(buf), "gshmem_free");
 }
 
 } // namespace

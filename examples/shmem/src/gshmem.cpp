@@ -151,8 +151,13 @@ struct State {
     std::vector<std::string> path_why;
     gshmem_ctx dev{};
     Allocator alloc;
+    /** PEs on this PE's GPU, this one included (gshmem_gpu_sharers). */
+    int gpu_sharers = 1;
+    /** The tables of live windows, by the address of their peers table. */
+    std::map<uint64_t, gdaki_region *> windows;
 
     ~State() {
+        for (auto &w : windows) gdaki_region_destroy(w.second);
         for (gdaki_peer_map *m : maps) gdaki_peer_map_destroy(m);
         // Exports before their queue pairs, queue pairs before their CQs; every destroy takes NULL.
         for (Peer &p : peers) {
@@ -391,6 +396,8 @@ void init(const gshmem_options *given) {
             throw Error("PE " + std::to_string(pe) + " has a heap of " + std::to_string(c.heap_bytes) +
                         " bytes, this PE " + std::to_string(o.heap_bytes) + ": set the same GSHMEM_HEAP_BYTES everywhere");
         s->heaps[pe] = c.heap;
+        if (pe != me && s->gpu != nullptr && std::memcmp(c.gpu_uuid, card.gpu_uuid, sizeof c.gpu_uuid) == 0)
+            s->gpu_sharers++;
         // PE `pe`'s endpoint for this PE.
         gdaki_endpoint ep;
         std::memcpy(&ep, theirs + sizeof(Card) + me * sizeof ep, sizeof ep);
@@ -584,6 +591,60 @@ int gshmem_pe_path(int pe, const char **why) {
         path = s.peer_heaps[pe] != 0 ? GSHMEM_PATH_LOAD_STORE : GSHMEM_PATH_QUEUE_PAIR;
     });
     return path;
+}
+
+int gshmem_gpu_sharers(void) { return g_state ? g_state->gpu_sharers : -1; }
+
+int gshmem_window_create(void *sym, size_t bytes, gshmem_window *out) {
+    return guard("gshmem_window_create", [&] {
+        State &s = state();
+        if (out == nullptr) throw Error("out is NULL");
+        const uint64_t off = heap_offset(s, sym, bytes);
+        if (off < GSHMEM_RESERVED_BYTES) throw Error("the range overlaps gshmem's own words at the heap's start");
+        const uint32_t n = s.dev.n_pes;
+        std::vector<gdaki_remote_region> peers(s.heaps);
+        for (gdaki_remote_region &r : peers) {
+            r.addr += off;
+            r.len = bytes;
+        }
+        const uint64_t peers_bytes = (n * sizeof(gdaki_remote_region) + 63) / 64 * 64;
+        const bool gpu = s.gpu != nullptr;
+        gdaki_region *tables = nullptr;
+        const uint64_t total = peers_bytes + (gpu ? n * sizeof(uint64_t) : 0);
+        if (gpu) ok(gdaki_region_alloc_device(s.ctx, s.gpu, total, GDAKI_ACCESS_LOCAL_WRITE, &tables), "gdaki_region_alloc_device");
+        else ok(gdaki_region_alloc(s.ctx, total, GDAKI_ACCESS_LOCAL_WRITE, &tables), "gdaki_region_alloc");
+        try {
+            gdaki_region_info t;
+            ok(gdaki_region_query(tables, &t), "gdaki_region_query");
+            ok(gdaki_region_write(tables, 0, peers.data(), n * sizeof(gdaki_remote_region)), "gdaki_region_write");
+            gshmem_window w{s.dev.heap_base + off, bytes, s.dev.lkey, n,
+                            reinterpret_cast<const gdaki_remote_region *>(t.addr), nullptr};
+            if (gpu) {
+                std::vector<uint64_t> mapped(s.peer_heaps);
+                for (uint64_t &m : mapped)
+                    if (m != 0) m += off;
+                ok(gdaki_region_write(tables, peers_bytes, mapped.data(), n * sizeof(uint64_t)), "gdaki_region_write");
+                w.mapped = reinterpret_cast<const uint64_t *>(t.addr + peers_bytes);
+            }
+            s.windows[t.addr] = tables;
+            *out = w;
+        } catch (...) {
+            gdaki_region_destroy(tables);
+            throw;
+        }
+    });
+}
+
+int gshmem_window_destroy(gshmem_window *w) {
+    return guard("gshmem_window_destroy", [&] {
+        if (w == nullptr || w->peers == nullptr) return;
+        State &s = state();
+        auto it = s.windows.find(reinterpret_cast<uint64_t>(w->peers));
+        if (it == s.windows.end()) throw Error("not a live window of this PE");
+        gdaki_region_destroy(it->second);
+        s.windows.erase(it);
+        *w = gshmem_window{};
+    });
 }
 
 int gshmem_barrier_all(void) { return guard("gshmem_barrier_all", [&] { state().boot->barrier(); }); }
