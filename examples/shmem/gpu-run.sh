@@ -50,6 +50,8 @@ for heap in device pinned; do
   for n in 2 4; do run "test-$heap-mpi$n" mpirun --oversubscribe -np "$n" "$bin/shmem_test"; done
   run "test-$heap-tcp2" bash -c "$(declare -f tcp2); tcp2 \"\$@\"" tcp2 "$bin/shmem_test"
   for n in 2 4; do run "alltoall-$heap-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}"; done
+  # The same exchange written against the GIN-shaped handle (load/store, or queue pairs).
+  run "alltoall-gin-$heap-mpi2" mpirun --oversubscribe -np 2 "$bin/alltoall" "${a2a[@]}" --api gin
 done
 export GSHMEM_HEAP=device GSHMEM_P2P=0 GSHMEM_EXPECT_PATH=queue_pair
 run "test-device-qp-mpi2" mpirun --oversubscribe -np 2 "$bin/shmem_test"
@@ -62,6 +64,7 @@ if [[ ${gpus:-0} -ge 2 ]]; then
   for n in "$gpus" $((2 * gpus)); do
     run "test-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/shmem_test"
     run "alltoall-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}"
+    run "alltoall-gin-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}" --api gin
   done
   unset GSHMEM_EXPECT_PATH
   run "vs-nccl-$gpus" "$root/examples/shmem/vs-nccl.sh" "$bin" "$gpus"
