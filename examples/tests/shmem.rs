@@ -214,7 +214,11 @@ fn gshmem_runs_on_one_two_and_three_pes_in_cpu_mode() {
             .env_remove("GSHMEM_NRANKS")
             .output()
             .unwrap();
-        assert!(!out.status.success() && text(&out).contains(says), "{api}: {}", text(&out));
+        assert!(
+            !out.status.success() && text(&out).contains(says),
+            "{api}: {}",
+            text(&out)
+        );
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -304,26 +304,26 @@ fn gin_handle_two_pes_in_thread_warp_and_block_scope() {
         assert_eq!([signal(1, 0), signal(1, 1), signal(1, 2)], [1, 5, 9], "signals at PE 1");
         assert_eq!(signal(0, 0), 0, "nothing signalled PE 0");
 
+        // A coop makes one operation: one put, one value, one signal add each.
         launch("gin_warp", 32, map);
-        for t in 0..32u64 {
-            assert_eq!(
-                read(PE1 + 32768 + 64 * t, 64),
-                data[64 * t as usize..][..64],
-                "warp lane {t} (map {map})"
-            );
-        }
-        assert_eq!(signal(1, 3), 32, "one add per lane (map {map})");
+        assert_eq!(read(PE1 + 32768, 2048), data[..2048], "warp put (map {map})");
+        assert_eq!(read(PE1 + 34816, 8), 0x0f0e0d0c0b0a0908u64.to_le_bytes(), "warp value");
+        assert_eq!(read(PE1 + 34824, 8), [0; 8], "nothing past the value (map {map})");
+        assert_eq!(signal(1, 3), 2, "one add per warp call (map {map})");
 
         launch("gin_block", 256, map);
-        for t in 0..256u64 {
-            let src = 64 * (t % 64) as usize;
-            assert_eq!(
-                read(PE1 + 40960 + 64 * t, 64),
-                data[src..src + 64],
-                "block thread {t} (map {map})"
-            );
-        }
-        assert_eq!(signal(1, 4), 256, "one add per thread (map {map})");
+        assert_eq!(read(PE1 + 40960, 4096), data, "block put (map {map})");
+        assert_eq!(
+            read(PE1 + 45059, 1000),
+            data[3..1003],
+            "block put at odd offsets (map {map})"
+        );
+        assert_eq!(
+            (read(PE1 + 45058, 1), read(PE1 + 46059, 1)),
+            (vec![0], vec![0]),
+            "nothing around it (map {map})"
+        );
+        assert_eq!(signal(1, 4), 12, "one add per block call (map {map})");
     }
 
     launch("gin_mixed", 1, false);

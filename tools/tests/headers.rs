@@ -220,7 +220,7 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
         "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
          #define __host__ __attribute__((host))\n#define __shared__ __attribute__((shared))\n\
          struct gdaki_dim { unsigned x, y, z; };\nextern const __device__ gdaki_dim threadIdx;\n\
-         __device__ int __all_sync(unsigned, int);\n__device__ unsigned __shfl_sync(unsigned, unsigned, int);\n\
+         __device__ int __all_sync(unsigned, int);\n__device__ unsigned __shfl_sync(unsigned, unsigned, int);\n__device__ unsigned long long __shfl_sync(unsigned, unsigned long long, int);\n\
          __device__ void __syncthreads();\n__device__ void __syncwarp(unsigned = 0xffffffffu);\n__device__ int __syncthreads_and(int);\n\
          struct int4 { int x, y, z, w; };\n__device__ int4 __ldcv(const int4 *);\n__device__ char __ldcv(const char *);\n\
          __device__ void __threadfence_system();\nextern const __device__ gdaki_dim blockIdx, blockDim;\n\

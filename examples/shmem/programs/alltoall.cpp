@@ -85,10 +85,10 @@ gdaki::Window gin_window(const gshmem_window &w) {
     return gdaki::Window{w.local, w.size, w.lkey, w.npeers, w.peers, w.mapped};
 }
 
-/** AllToAll written against the GIN-shaped handle, as a GIN kernel is: the block's threads
- *  put their own slices of the piece together (gdaki::Block: each member its own bytes), then
- *  one thread signals the peer (SignalInc on word 0, after the block's puts); every thread
- *  waits for the round's signals. The windows are every PE's send and receive buffers. */
+/** AllToAll written against the GIN-shaped handle, as a GIN kernel is: each block puts its
+ *  piece with one coop put (gdaki::Block: the threads share the copy, or the first posts it)
+ *  that adds 1 to signal word 0 at the peer, then waits for the round's signals. The windows
+ *  are every PE's send and receive buffers. */
 struct GinAllToAll {
     gdaki::Gin<gdaki::Gpu> gin;
     gdaki::Window send, recv;
@@ -103,16 +103,10 @@ struct GinAllToAll {
         const uint64_t start = (sender % pieces) * piece;
         const uint64_t from = start < bytes ? start : bytes;
         const uint64_t len = bytes - from < piece ? bytes - from : piece;
-        // This thread's slice of the piece, in 16-byte units (the last slices may be empty).
-        const uint64_t slice = ((len + BLOCK_THREADS - 1) / BLOCK_THREADS + 15) / 16 * 16;
-        const uint64_t mine = (t % BLOCK_THREADS) * slice < len ? (t % BLOCK_THREADS) * slice : len;
-        const uint64_t n = len - mine < slice ? len - mine : slice;
-        const uint64_t at = from + mine, per_round = (uint64_t)np * pieces;
+        const uint64_t per_round = (uint64_t)np * pieces;
         for (uint32_t i = 0; i < iters; i++) {
-            EXPECT_OK(f, gin.put(q, recv, (uint64_t)me * bytes + at, send, (uint64_t)q * bytes + at, n, gdaki::None{},
-                                 block), i);
-            __syncthreads();
-            if (t % BLOCK_THREADS == 0) EXPECT_OK(f, gin.signal(q, gdaki::SignalInc{0}), i);
+            EXPECT_OK(f, gin.put(q, recv, (uint64_t)me * bytes + from, send, (uint64_t)q * bytes + from, len,
+                                 gdaki::SignalInc{0}, block), i);
             EXPECT_OK(f, gin.wait_signal(block, 0, base + (uint64_t)(i + 1) * per_round), i);
         }
         EXPECT_OK(f, gin.flush(block), t);

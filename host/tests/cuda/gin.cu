@@ -70,8 +70,8 @@ extern "C" __global__ void gin_thread(gdaki_dev_qp *const *qps0, uint32_t, gdaki
   status[t] = 0;
 }
 
-// A warp: 32 lanes put 64 bytes each with one signal add per lane; lanes that name different
-// peers are refused together (no deadlock).
+// A warp makes one put together (2048 bytes, one signal add), then one value; lanes that name
+// different peers, or different offsets, are refused together (no deadlock).
 extern "C" __global__ void gin_warp(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
                                     uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status, uint32_t map) {
   const unsigned t = threadIdx.x;
@@ -80,13 +80,19 @@ extern "C" __global__ void gin_warp(gdaki_dev_qp *const *qps0, uint32_t, gdaki_d
   auto pe1 = w.pe<gdaki::Cta>(1);
   const gdaki::Window &data = w.data_of[0];
   GDAKI_TEST_CHECK(pe0.put(t & 1, data, 0, data, 0, 8, gdaki::None{}, gdaki::Warp{}), GDAKI_CODE_BAD_ARGUMENT);
-  GDAKI_TEST_CHECK(pe0.put(1, data, 32768 + 64 * t, data, 64 * t, 64, gdaki::SignalInc{3}, gdaki::Warp{}), GDAKI_OK);
-  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Warp{}, 3, 32), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 64 * t, data, 0, 8, gdaki::None{}, gdaki::Warp{}), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 32768, data, 0, 2048, gdaki::SignalInc{3}, gdaki::Warp{}), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Warp{}, 3, 1), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put_value(1, data, 34816, (uint64_t)0x0f0e0d0c0b0a0908ull, gdaki::SignalInc{3}, gdaki::Warp{}),
+                   GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(gdaki::Warp{}, 3, 2), GDAKI_OK);
   GDAKI_TEST_CHECK(pe0.flush(gdaki::Warp{}), GDAKI_OK);
   status[t] = 0;
 }
 
-// A block of 256: each thread puts 64 bytes; one signal add per thread.
+// A block of 256 makes one put together (4096 bytes), then one at odd offsets (1000 bytes from
+// byte 3 to byte 3 of a line: the copy's byte path), one signal add each; members that pass
+// different sizes are refused together.
 extern "C" __global__ void gin_block(gdaki_dev_qp *const *qps0, uint32_t, gdaki_dev_qp *const *qps1, uint32_t,
                                      uint64_t base, uint32_t rkey, uint32_t lkey, uint32_t *status, uint32_t map) {
   __shared__ gdaki_block_scratch scratch;
@@ -96,8 +102,11 @@ extern "C" __global__ void gin_block(gdaki_dev_qp *const *qps0, uint32_t, gdaki_
   auto pe1 = w.pe<gdaki::Gpu>(1);
   gdaki::Block block{&scratch};
   const gdaki::Window &data = w.data_of[0];
-  GDAKI_TEST_CHECK(pe0.put(1, data, 40960 + 64 * t, data, 64 * (t % 64), 64, gdaki::SignalInc{4}, block), GDAKI_OK);
-  GDAKI_TEST_CHECK(pe1.wait_signal(block, 4, 256), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 0, data, 0, t == 7 ? 16 : 8, gdaki::None{}, block), GDAKI_CODE_BAD_ARGUMENT);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 40960, data, 0, 4096, gdaki::SignalInc{4}, block), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.put(1, data, 45059, data, 3, 1000, gdaki::SignalInc{4}, block), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe1.wait_signal(block, 4, 2), GDAKI_OK);
+  GDAKI_TEST_CHECK(pe0.signal(1, gdaki::SignalAdd{4, 10}, block), GDAKI_OK);
   GDAKI_TEST_CHECK(pe0.flush(block), GDAKI_OK);
   status[t] = 0;
 }
