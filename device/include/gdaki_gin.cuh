@@ -102,9 +102,13 @@ struct Args {
  * makes one operation, so a member that differs is a mistake, refused for all. */
 __device__ inline bool agree(bool ok, const Args &, Thread) { return ok; }
 __device__ inline bool agree(bool ok, const Args &a, Warp) {
+    /* Every lane takes part in every shuffle (a lane that skipped one would leave the others'
+     * full-mask shuffle undefined). */
     bool same = true;
-    for (int i = 0; i < 6; i++)
-        same = same && a.w[i] == __shfl_sync(0xffffffffu, (unsigned long long)a.w[i], 0);
+    for (int i = 0; i < 6; i++) {
+        const uint64_t first = __shfl_sync(0xffffffffu, (unsigned long long)a.w[i], 0);
+        same &= a.w[i] == first;
+    }
     return __all_sync(0xffffffffu, ok && same);
 }
 __device__ inline bool agree(bool ok, const Args &a, Block b) {

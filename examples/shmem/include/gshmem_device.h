@@ -134,9 +134,11 @@ GSHMEM_FN uint32_t arrive(const gshmem_ctx &c, uint32_t pe) {
 }
 
 #if defined(GDAKI_CUDA)
-/* Whether `ok` holds on every lane and every lane names the same PE. */
+/* Whether `ok` holds on every lane and every lane names the same PE. Every lane shuffles (a
+ * lane whose `ok` is false must not skip it: the others' full-mask shuffle would be undefined). */
 GSHMEM_FN bool warp_agree(bool ok, int pe) {
-    return __all_sync(0xffffffffu, ok && pe == __shfl_sync(0xffffffffu, pe, 0));
+    const int first = __shfl_sync(0xffffffffu, pe, 0);
+    return __all_sync(0xffffffffu, ok && pe == first);
 }
 /* The first failure of any lane, on every lane. */
 GSHMEM_FN uint32_t warp_status(uint32_t s) {
