@@ -103,6 +103,8 @@ extern "C" {
 #define GDAKI_CODE_RESET 13u
 /** a send after the socket's shutdown */
 #define GDAKI_CODE_CLOSED 14u
+/** a socket service refused the call (no listener, address or port) */
+#define GDAKI_CODE_REFUSED 15u
 /** an error CQE; the low byte is the syndrome */
 #define GDAKI_CODE_CQE_ERROR 256u
 

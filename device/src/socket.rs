@@ -14,7 +14,13 @@ use crate::arch;
 use crate::qp::{Local, Qp, Remote};
 use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
-use crate::status::{PostError, WaitError, CODE_BAD_HANDLE, CODE_CLOSED, CODE_RESET, CODE_TIMEOUT, CODE_WOULD_BLOCK};
+use crate::status::{
+    PostError, WaitError, CODE_BAD_ARGUMENT, CODE_BAD_HANDLE, CODE_CLOSED, CODE_REFUSED, CODE_RESET, CODE_TIMEOUT,
+    CODE_WOULD_BLOCK,
+};
+
+mod service;
+pub use service::Service;
 
 /// Why a socket call did nothing (or, for `send`/`recv`, moved nothing).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -37,6 +43,11 @@ pub enum SocketError {
     Post(PostError),
     /// A completion of this socket's queue pair reported an error: the connection is lost.
     Lost(WaitError),
+    /// A socket service's connect found no listener (or could not resolve the address), its
+    /// listen found the port taken, its accept no listener at that port.
+    Refused,
+    /// An argument the call cannot take (an empty or over-long address, a null socket).
+    BadArgument,
     /// (A group's members other than the leader.) The leader's post or wait failed with this
     /// status code (its own result has the details).
     Failed {
@@ -55,6 +66,8 @@ impl SocketError {
             SocketError::Closed => CODE_CLOSED,
             SocketError::TimedOut => CODE_TIMEOUT,
             SocketError::BadHandle { .. } => CODE_BAD_HANDLE,
+            SocketError::Refused => CODE_REFUSED,
+            SocketError::BadArgument => CODE_BAD_ARGUMENT,
             SocketError::Post(e) => e.code(),
             SocketError::Lost(e) => e.code(),
             SocketError::Failed { code } => *code,
@@ -68,6 +81,8 @@ impl SocketError {
             CODE_RESET => SocketError::Reset,
             CODE_CLOSED => SocketError::Closed,
             CODE_TIMEOUT => SocketError::TimedOut,
+            CODE_REFUSED => SocketError::Refused,
+            CODE_BAD_ARGUMENT => SocketError::BadArgument,
             code => SocketError::Failed { code },
         }
     }
@@ -157,6 +172,26 @@ unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_
             }
         }
         k += members as u64;
+    }
+}
+
+/// Runs `step` on the leader of `scope` and hands its outcome to every member (the others get
+/// the leader's error as its code: [`SocketError::from_code`]).
+fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>) -> Result<u64, SocketError> {
+    let mine = if scope.is_leader() { Some(step()) } else { None };
+    if S::SOLO {
+        return mine.unwrap_or(Ok(0));
+    }
+    let word = match &mine {
+        Some(Ok(v)) => [*v, 0],
+        Some(Err(e)) => [0, e.code() as u64],
+        None => [0, 0],
+    };
+    let [value, code] = scope.broadcast(word);
+    match mine {
+        Some(outcome) => outcome,
+        None if code == 0 => Ok(value),
+        None => Err(SocketError::from_code(code as u32)),
     }
 }
 
@@ -415,21 +450,7 @@ impl<M: Sharing> Socket<M> {
         scope: S,
         step: impl FnOnce() -> Result<u64, SocketError>,
     ) -> Result<u64, SocketError> {
-        let mine = if scope.is_leader() { Some(step()) } else { None };
-        if S::SOLO {
-            return mine.unwrap_or(Ok(0));
-        }
-        let word = match &mine {
-            Some(Ok(v)) => [*v, 0],
-            Some(Err(e)) => [0, e.code() as u64],
-            None => [0, 0],
-        };
-        let [value, code] = scope.broadcast(word);
-        match mine {
-            Some(outcome) => outcome,
-            None if code == 0 => Ok(value),
-            None => Err(SocketError::from_code(code as u32)),
-        }
+        on_leader(scope, step)
     }
 
     fn send_in<S: Scope>(&self, scope: S, data: &[u8], mode: Mode) -> Result<usize, SocketError> {

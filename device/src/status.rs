@@ -185,7 +185,7 @@ impl core::error::Error for PostError {
 /// Outcomes as one u32, for kernels to report to the host: 0 success, [`CODE_TIMEOUT`],
 /// [`CODE_FLAG_TIMEOUT`], [`CODE_INLINE_TOO_LONG`], [`CODE_BAD_HANDLE`], [`CODE_BAD_COUNT`],
 /// [`CODE_MISALIGNED`], [`CODE_CQE_FORMAT`], [`CODE_BAD_ARGUMENT`], [`CODE_TOO_LONG`],
-/// [`CODE_TOO_MANY_BUFS`], [`CODE_WOULD_BLOCK`], [`CODE_RESET`], [`CODE_CLOSED`], or
+/// [`CODE_TOO_MANY_BUFS`], [`CODE_WOULD_BLOCK`], [`CODE_RESET`], [`CODE_CLOSED`], [`CODE_REFUSED`], or
 /// [`CODE_CQE_ERROR`] |
 /// syndrome.
 pub const CODE_OK: u32 = 0;
@@ -224,6 +224,9 @@ pub const CODE_WOULD_BLOCK: u32 = 12;
 pub const CODE_RESET: u32 = 13;
 /// A send on a socket after its sending side was shut down.
 pub const CODE_CLOSED: u32 = 14;
+/// A socket service could not do the call: the connection was refused or the address did not
+/// resolve (connect), the port is taken (listen), or no listener has that port (accept).
+pub const CODE_REFUSED: u32 = 15;
 
 /// A status code as kernels report it ([`CODE_OK`], ...), for messages: `Code(c).to_string()`.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -251,6 +254,7 @@ impl core::fmt::Display for Code {
             CODE_WOULD_BLOCK => f.write_str("the socket call would block"),
             CODE_RESET => f.write_str("the socket's connection was reset"),
             CODE_CLOSED => f.write_str("a send after the socket's sending side was shut down"),
+            CODE_REFUSED => f.write_str("the socket service refused the call (no listener, address or port)"),
             u32::MAX => f.write_str("no status written (the thread did not finish)"),
             c if c & CODE_CQE_ERROR != 0 => write!(f, "error CQE: {}", Syndrome::from_raw(c as u8)),
             c => write!(f, "unknown status {c:#x}"),

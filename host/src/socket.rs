@@ -39,9 +39,12 @@ use gdaki_devx::HostBuffer;
 use gdaki_layout::socket::{self as layout, DevSocket, DEV_SOCKET_VERSION};
 
 pub use crate::error::SocketFailure;
+
+mod service;
 use crate::error::{check_pow2, Error, Result};
 use crate::handshake::{Channel, Hello};
 use crate::{Access, CompletionQueue, Context, MemoryRegion, QpConfig, QueuePair};
+pub use service::SocketService;
 
 /// Where a socket's receive window and staging ring live.
 #[derive(Debug, Clone, Default)]
@@ -113,6 +116,10 @@ impl SocketFailure {
             SocketError::Post(p) => SocketFailure::Lost(format!("a post failed: {p:?}")),
             SocketError::Lost(w) => SocketFailure::Lost(format!("{w:?}")),
             SocketError::Failed { code } => SocketFailure::Lost(gdaki_device::status::Code(code).to_string()),
+            // The socket service's answers; a socket's own calls never give them.
+            e @ (SocketError::Refused | SocketError::BadArgument) => {
+                SocketFailure::Lost(gdaki_device::status::Code(e.code()).to_string())
+            }
         }
     }
 }

@@ -619,3 +619,129 @@ fn the_checking_client_notices_a_changed_byte() {
         server.join().unwrap();
     }
 }
+
+/// Connection set-up from the device side (GPUnet's `gconnect_in`, `gbind`, `gaccept`), in
+/// CPU mode: threads playing kernels listen, accept, connect, echo and release through two
+/// socket services, a block of them accepts together; the refusals each get their code, and
+/// the services hold nothing at the end.
+#[test]
+fn threads_connect_listen_and_accept_through_a_socket_service() {
+    use gdaki::socket::SocketService;
+    use gdaki_device::scope::Group;
+    use gdaki_device::socket::{Service, Socket as DevSocket, SocketError};
+    type Dev = DevSocket<gdaki_device::Gpu>;
+    let cfg = SocketConfig {
+        timeout: Duration::from_millis(700),
+        ..small(4096)
+    };
+    let any: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let server = SocketService::start(&Context::open(Provider::Soft).unwrap(), any, cfg.clone()).unwrap();
+    let client = SocketService::start(&Context::open(Provider::Soft).unwrap(), any, cfg).unwrap();
+    let (sh, ch) = (server.device_handle() as usize, client.device_handle() as usize);
+    // SAFETY (every from_raw of a service below): its handle in host memory, alive for the test.
+    let svc = |h: usize| unsafe { Service::from_raw(h as *const _) }.unwrap();
+    let data = pattern(9, 50_000);
+
+    let port = svc(sh).listen(0).unwrap();
+    assert_ne!(port, 0);
+    let addr = format!("127.0.0.1:{port}");
+    let group = Group::new(3).unwrap();
+    let buf = std::sync::Mutex::new(vec![0u8; 1000]);
+    std::thread::scope(|scope| {
+        // The server: a block of three accepts together, echoes together (one buffer for the
+        // block, as in shared memory), closes, releases.
+        for r in 0..3 {
+            let (group, buf) = (&group, &buf);
+            scope.spawn(move || {
+                let me = group.block(r).unwrap();
+                let s = svc(sh).accept_with(me, port).unwrap();
+                // SAFETY: the handle the service made for this block, used by it alone.
+                let dev = unsafe { Dev::from_raw(s) }.unwrap();
+                let ptr = buf.lock().unwrap().as_mut_ptr() as usize;
+                // SAFETY: the block's buffer of 1000 bytes, alive for the scope; members write
+                // disjoint parts of it between barriers.
+                let b = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, 1000) };
+                gdaki_device::socket::echo(&dev, me, b).unwrap();
+                dev.close_with(me).unwrap();
+                svc(sh).release_with(me, s).unwrap();
+            });
+        }
+        // The client: one thread receives, another sends.
+        let s = svc(ch).connect(addr.as_bytes()).unwrap();
+        // SAFETY: the handle the service made for this thread, which receives only.
+        let dev = unsafe { Dev::from_raw(s) }.unwrap();
+        let mut back = vec![0u8; data.len()];
+        let writer = {
+            let (data, s) = (&data, s as usize);
+            scope.spawn(move || {
+                // SAFETY: as above; this thread is the socket's only sender.
+                let tx = unsafe { Dev::from_raw(s as *mut _) }.unwrap();
+                let mut at = 0;
+                while at < data.len() {
+                    at += tx.send(&data[at..]).unwrap();
+                }
+                tx.shutdown().unwrap();
+            })
+        };
+        dev.recv_exact_with(gdaki_device::Thread, &mut back).unwrap();
+        writer.join().unwrap();
+        assert_eq!(dev.recv(&mut [0u8; 16]), Ok(0), "the echo ends where the stream did");
+        assert!(back == data, "the echo differs");
+        dev.close_with(gdaki_device::Thread).unwrap();
+        svc(ch).release(s).unwrap();
+    });
+
+    // Refusals: each with its code, the caller's slot given back every time.
+    let c = svc(ch);
+    assert_eq!(c.connect(b""), Err(SocketError::BadArgument));
+    assert_eq!(c.connect(&[b'1'; 65]), Err(SocketError::BadArgument));
+    assert_eq!(c.connect(b"not an address"), Err(SocketError::Refused));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    assert_eq!(
+        c.connect(closed.to_string().as_bytes()),
+        Err(SocketError::Refused),
+        "nobody listens"
+    );
+    assert_eq!(
+        c.accept(port),
+        Err(SocketError::Refused),
+        "the client's service never listened there"
+    );
+    assert_eq!(c.release(std::ptr::null_mut()), Err(SocketError::BadArgument));
+    assert_eq!(
+        c.release(std::ptr::dangling_mut()),
+        Err(SocketError::BadHandle { version: 0 }),
+        "not one of its sockets"
+    );
+    assert_eq!(
+        c.unlisten(port),
+        Err(SocketError::BadArgument),
+        "no listener at that port here"
+    );
+    assert_eq!(svc(sh).listen(port), Err(SocketError::Refused), "the port is taken");
+    let started = Instant::now();
+    assert_eq!(svc(sh).accept(port), Err(SocketError::TimedOut), "nobody connects");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the accept kept the socket timeout"
+    );
+    svc(sh).unlisten(port).unwrap();
+    assert_eq!(svc(sh).accept(port), Err(SocketError::Refused), "no longer listening");
+    assert_eq!((server.held(), client.held()), ((0, 0), (0, 0)));
+    // SAFETY: a null handle is refused before it is read.
+    assert!(matches!(
+        unsafe { Service::from_raw(std::ptr::null()) },
+        Err(SocketError::BadHandle { .. })
+    ));
+    #[repr(C, align(64))]
+    struct Zeroed([u8; 64]);
+    let zero = Zeroed([0; 64]);
+    // SAFETY: 64 readable bytes, aligned as a handle, of another version (0).
+    assert!(matches!(
+        unsafe { Service::from_raw(&zero as *const Zeroed as *const _) },
+        Err(SocketError::BadHandle { version: 0 })
+    ));
+}

@@ -112,6 +112,127 @@ pub const DEV_SOCKET_VERSION: u32 = {
     crate::handle::layout_fingerprint(&[&layout]) << 16 | size_of::<DevSocket>() as u32
 };
 
+/// Slots of a socket service's mailbox by default ([`DevSocketService::slots`]): how many
+/// connects, listens and accepts may be in flight at once.
+pub const SERVICE_SLOTS: u32 = 64;
+/// Bytes of a connect's address text ("host:port", NUL-padded), in [`SocketCall::text`].
+pub const ADDR_TEXT_BYTES: usize = 64;
+
+/// [`SocketCall::op`]: connect to the listener at [`SocketCall::text`] ("host:port").
+pub const CALL_CONNECT: u32 = 1;
+/// [`SocketCall::op`]: listen at [`SocketCall::port`] (0: any free port); answers the port.
+pub const CALL_LISTEN: u32 = 2;
+/// [`SocketCall::op`]: accept a connection at the listener of [`SocketCall::port`].
+pub const CALL_ACCEPT: u32 = 3;
+/// [`SocketCall::op`]: the caller is done with the socket [`SocketCall::arg`] (closed, or to
+/// be dropped): the service frees it.
+pub const CALL_RELEASE: u32 = 4;
+/// [`SocketCall::op`]: stop listening at [`SocketCall::port`].
+pub const CALL_UNLISTEN: u32 = 5;
+
+/// One slot of a socket service's mailbox, in host memory the callers (a GPU's kernels, or CPU
+/// threads) reach. Each word has one writer: the caller fills its half and posts call `n` by
+/// raising `posted` to `n` last (release); the service answers in its half and raises
+/// `answered` to `n` last. A caller that gives up waiting raises `cancelled` to `n`; the
+/// service, seeing that before it answers, undoes the call (closes what it made) and answers
+/// `CODE_TIMEOUT`. Callers take a slot by its lock in [`DevSocketService::locks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct SocketCall {
+    /// The caller's newest call (from 1).
+    pub posted: u64,
+    /// The newest call the caller stopped waiting for.
+    pub cancelled: u64,
+    /// `CALL_*`.
+    pub op: u32,
+    /// The port of a listen, accept or unlisten.
+    pub port: u32,
+    /// The socket handle of a release.
+    pub arg: u64,
+    /// A connect's "host:port", NUL-padded.
+    pub text: [u8; ADDR_TEXT_BYTES],
+    /// Pads the caller's half to two cache lines.
+    pub caller_pad: [u64; 4],
+    /// The newest call answered: `status` and `value` are its answer.
+    pub answered: u64,
+    /// `CODE_OK`, or why the call failed (a `CODE_*` of the device crate).
+    pub status: u32,
+    /// Pads `status`.
+    pub status_pad: u32,
+    /// A connect's or accept's socket handle (a `DevSocket` address the caller reaches), a
+    /// listen's port.
+    pub value: u64,
+    /// Pads the service's half to a cache line.
+    pub service_pad: [u64; 5],
+}
+
+assert_layout!(SocketCall, 192, {
+    posted => 0..8,
+    cancelled => 8..16,
+    op => 16..20,
+    port => 20..24,
+    arg => 24..32,
+    text => 32..96,
+    answered => 128..136,
+    status => 136..140,
+    value => 144..152,
+});
+
+/// A socket service as its callers see it: where the mailbox and the slots' locks are, and
+/// how long a caller waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct DevSocketService {
+    /// The [`SocketCall`] slots (host memory the callers reach).
+    pub calls: u64,
+    /// One u32 lock per slot, in memory every caller shares (GPU memory for a GPU's kernels).
+    pub locks: u64,
+    /// How long a caller waits for a free slot, and for an answer before it gives up (the
+    /// service's own deadline for connects and accepts, and a margin).
+    pub timeout_ns: u64,
+    /// Slots in the mailbox.
+    pub slots: u32,
+    /// [`DEV_SOCKET_SERVICE_VERSION`].
+    pub version: u32,
+    /// Pads the handle to a cache line.
+    pub pad: [u64; 4],
+}
+
+assert_layout!(DevSocketService, 64, {
+    calls => 0..8,
+    locks => 8..16,
+    timeout_ns => 16..24,
+    slots => 24..28,
+    version => 28..32,
+});
+
+/// `DevSocketService::version` of this layout (and of [`SocketCall`]'s): the offsets
+/// fingerprinted in the high 16 bits, the size in the low.
+pub const DEV_SOCKET_SERVICE_VERSION: u32 = {
+    use core::mem::{offset_of, size_of};
+    let service = [
+        size_of::<DevSocketService>(),
+        offset_of!(DevSocketService, calls),
+        offset_of!(DevSocketService, locks),
+        offset_of!(DevSocketService, timeout_ns),
+        offset_of!(DevSocketService, slots),
+        offset_of!(DevSocketService, version),
+    ];
+    let call = [
+        size_of::<SocketCall>(),
+        offset_of!(SocketCall, posted),
+        offset_of!(SocketCall, cancelled),
+        offset_of!(SocketCall, op),
+        offset_of!(SocketCall, port),
+        offset_of!(SocketCall, arg),
+        offset_of!(SocketCall, text),
+        offset_of!(SocketCall, answered),
+        offset_of!(SocketCall, status),
+        offset_of!(SocketCall, value),
+    ];
+    crate::handle::layout_fingerprint(&[&service, &call]) << 16 | size_of::<DevSocketService>() as u32
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -307,6 +307,12 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             "a send after the socket's shutdown",
         ),
         (
+            "GDAKI_CODE_REFUSED",
+            status::CODE_REFUSED as u64,
+            "u",
+            "a socket service refused the call (no listener, address or port)",
+        ),
+        (
             "GDAKI_CODE_CQE_ERROR",
             status::CODE_CQE_ERROR as u64,
             "u",
