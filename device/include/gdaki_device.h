@@ -63,6 +63,8 @@ extern "C" {
 #define GDAKI_ERROR_VALID 9223372036854775808ull
 /** version word of gdaki_dev_socket */
 #define GDAKI_DEV_SOCKET_VERSION 4107600000u
+/** version word of gdaki_dev_socket_service */
+#define GDAKI_DEV_SOCKET_SERVICE_VERSION 1686896704u
 /** gdaki_dev_rq.version of this layout */
 #define GDAKI_DEV_RQ_VERSION 264503552u
 /** most bytes a send_inline carries */
@@ -392,6 +394,38 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_socket {
    */
   uint32_t tail_pad[2];
 } gdaki_dev_socket;
+
+/**
+ * A socket service as its callers see it: where the mailbox and the slots' locks are, and
+ * how long a caller waits.
+ */
+typedef struct GDAKI_ALIGNED(64) gdaki_dev_socket_service {
+  /**
+   * The [`SocketCall`] slots (host memory the callers reach).
+   */
+  uint64_t calls;
+  /**
+   * One u32 lock per slot, in memory every caller shares (GPU memory for a GPU's kernels).
+   */
+  uint64_t locks;
+  /**
+   * How long a caller waits for a free slot, and for an answer before it gives up (the
+   * service's own deadline for connects and accepts, and a margin).
+   */
+  uint64_t timeout_ns;
+  /**
+   * Slots in the mailbox.
+   */
+  uint32_t slots;
+  /**
+   * [`DEV_SOCKET_SERVICE_VERSION`].
+   */
+  uint32_t version;
+  /**
+   * Pads the handle to a cache line.
+   */
+  uint64_t pad[4];
+} gdaki_dev_socket_service;
 
 /** Scratch memory of a block's collectives (block scope). */
 typedef struct GDAKI_ALIGNED(16) gdaki_block_scratch {
@@ -840,6 +874,62 @@ GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_gpu(gdaki_dev_rq *rq, uint64_t ticke
 GDAKI_DEVICE_FN uint32_t gdaki_poll_recv_exclusive(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *bytes, uint32_t *kind, uint32_t *imm);
 GDAKI_DEVICE_FN uint32_t gdaki_poll_recv_cta(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *bytes, uint32_t *kind, uint32_t *imm);
 GDAKI_DEVICE_FN uint32_t gdaki_poll_recv_gpu(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *bytes, uint32_t *kind, uint32_t *imm);
+
+/* The socket service (gdaki_dev_socket_service, from gdaki_socket_service_handle):
+ * connection set-up from kernels, as GPUnet's gconnect_in and gaccept, served by a host
+ * thread; functions are named gdaki_socket_<operation>_<scope>, with no mode (they post
+ * to no queue pair). See docs/sockets.md. */
+
+/** socket_connect: Connects to the socket listener at `addr` ("host:port", NUL-terminated, at most 64
+ * bytes; the host resolves it): `*socket` gets the new socket's handle.
+ * `GDAKI_CODE_REFUSED` when nothing listens there or the address does not resolve. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_connect_thread(const gdaki_dev_socket_service *service, const char *addr, gdaki_dev_socket **socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_connect_warp(const gdaki_dev_socket_service *service, const char *addr, gdaki_dev_socket **socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_connect_block(const gdaki_dev_socket_service *service, gdaki_block_scratch *block_scratch, const char *addr, gdaki_dev_socket **socket);
+#endif
+
+/** socket_listen: Listens at `port` on the service's interface (0: a free port): `*bound` (unless null)
+ * gets the port. `GDAKI_CODE_REFUSED` when the port is taken. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_listen_thread(const gdaki_dev_socket_service *service, uint32_t port, uint32_t *bound);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_listen_warp(const gdaki_dev_socket_service *service, uint32_t port, uint32_t *bound);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_listen_block(const gdaki_dev_socket_service *service, gdaki_block_scratch *block_scratch, uint32_t port, uint32_t *bound);
+#endif
+
+/** socket_accept: Waits (up to the service's socket timeout: `GDAKI_CODE_TIMEOUT`) for a connection at
+ * the listener of `port`: `*socket` gets its handle. `GDAKI_CODE_REFUSED` when nothing
+ * listens at that port. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_accept_thread(const gdaki_dev_socket_service *service, uint32_t port, gdaki_dev_socket **socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_accept_warp(const gdaki_dev_socket_service *service, uint32_t port, gdaki_dev_socket **socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_accept_block(const gdaki_dev_socket_service *service, gdaki_block_scratch *block_scratch, uint32_t port, gdaki_dev_socket **socket);
+#endif
+
+/** socket_unlisten: Stops listening at `port`. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_unlisten_thread(const gdaki_dev_socket_service *service, uint32_t port);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_unlisten_warp(const gdaki_dev_socket_service *service, uint32_t port);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_unlisten_block(const gdaki_dev_socket_service *service, gdaki_block_scratch *block_scratch, uint32_t port);
+#endif
+
+/** socket_release: Hands a socket the service made back to it, to be freed: close it first
+ * (`gdaki_socket_close_*`) and use the handle no more. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_release_thread(const gdaki_dev_socket_service *service, gdaki_dev_socket *socket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_release_warp(const gdaki_dev_socket_service *service, gdaki_dev_socket *socket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_release_block(const gdaki_dev_socket_service *service, gdaki_block_scratch *block_scratch, gdaki_dev_socket *socket);
+#endif
 
 #ifdef __cplusplus
 }

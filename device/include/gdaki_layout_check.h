@@ -91,6 +91,14 @@ GDAKI_OFFSET_CHECK(gdaki_dev_socket, log_rx, 108)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, log_tx, 112)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, version, 116)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, tail_pad, 120)
+GDAKI_ASSERT(sizeof(gdaki_dev_socket_service) == 64, "size of gdaki_dev_socket_service");
+GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_dev_socket_service) == 64, "alignment of gdaki_dev_socket_service");
+GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, calls, 0)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, locks, 8)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, timeout_ns, 16)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, slots, 24)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, version, 28)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, pad, 32)
 GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 322306304u, "handle version");

@@ -145,6 +145,9 @@ c_types!(
     *const u64 => "const uint64_t *",
     *const u8 => "const void *",
     *mut u8 => "void *",
+    *const core::ffi::c_char => "const char *",
+    *mut gdaki_layout::socket::DevSocket => "gdaki_dev_socket *",
+    *mut *mut gdaki_layout::socket::DevSocket => "gdaki_dev_socket **",
 );
 
 /// One parameter of an operation.

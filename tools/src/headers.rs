@@ -15,7 +15,7 @@ use std::path::Path;
 use gdaki_device::ffi::{self, OPERATIONS};
 use gdaki_device::status;
 use gdaki_layout::handle::{self, DevCq, DevQp, DevRemote, DevRq, DoorbellKind};
-use gdaki_layout::socket::{DevSocket, DEV_SOCKET_VERSION};
+use gdaki_layout::socket::{DevSocket, DevSocketService, DEV_SOCKET_SERVICE_VERSION, DEV_SOCKET_VERSION};
 
 /// Where the device header lives, from the workspace root.
 pub const DEVICE_HEADER: &str = "device/include/gdaki_device.h";
@@ -118,6 +118,9 @@ fn layouts() -> Vec<Layout> {
             sent, consumed, credited, flags, state_pad, qp, rx_window, tx_ring, peer_window, rx_lkey,
             tx_lkey, peer_rkey, log_rx, log_tx, version, tail_pad
         }),
+        layout!(DevSocketService as "gdaki_dev_socket_service" {
+            calls, locks, timeout_ns, slots, version, pad
+        }),
     ]
 }
 
@@ -195,6 +198,12 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             DEV_SOCKET_VERSION as u64,
             "u",
             "version word of gdaki_dev_socket",
+        ),
+        (
+            "GDAKI_DEV_SOCKET_SERVICE_VERSION",
+            DEV_SOCKET_SERVICE_VERSION as u64,
+            "u",
+            "version word of gdaki_dev_socket_service",
         ),
         (
             "GDAKI_DEV_RQ_VERSION",
@@ -331,7 +340,13 @@ fn structs(workspace: &Path) -> Result<String, HeaderError> {
         documentation_style: cbindgen::DocumentationStyle::Doxy,
         ..Default::default()
     };
-    cfg.export.include = vec!["DevQp".into(), "DevRq".into(), "DevRemote".into(), "DevSocket".into()];
+    cfg.export.include = vec![
+        "DevQp".into(),
+        "DevRq".into(),
+        "DevRemote".into(),
+        "DevSocket".into(),
+        "DevSocketService".into(),
+    ];
     cfg.export.item_types = vec![cbindgen::ItemType::Structs];
     cfg.layout.aligned_n = Some("GDAKI_ALIGNED".into());
     Ok(cbindgen_on(&crate_dir, cfg)?.trim().to_string())
@@ -400,6 +415,11 @@ pub fn functions() -> Vec<(&'static str, &'static str, String)> {
     for op in ffi::RECV_OPERATIONS {
         for mode in ffi::MODES {
             all.push(("thread", mode, format!("gdaki_{}_{mode}", op.name)));
+        }
+    }
+    for op in ffi::socket::SERVICE_OPERATIONS {
+        for scope in ffi::SCOPES {
+            all.push((scope, "", format!("gdaki_{}_{scope}", op.name)));
         }
     }
     all
@@ -476,6 +496,7 @@ fn cbindgen_on(crate_dir: &Path, mut cfg: cbindgen::Config) -> Result<String, He
         ("DevRq", "gdaki_dev_rq"),
         ("DevRemote", "gdaki_remote_region"),
         ("DevSocket", "gdaki_dev_socket"),
+        ("DevSocketService", "gdaki_dev_socket_service"),
     ] {
         cfg.export.rename.insert(rust.into(), c.into());
     }
@@ -590,6 +611,31 @@ extern "C" {{
             );
         }
     }
+    h.push_str(
+        "\n/* The socket service (gdaki_dev_socket_service, from gdaki_socket_service_handle):\n \
+         * connection set-up from kernels, as GPUnet's gconnect_in and gaccept, served by a host\n \
+         * thread; functions are named gdaki_socket_<operation>_<scope>, with no mode (they post\n \
+         * to no queue pair). See docs/sockets.md. */\n",
+    );
+    for op in ffi::socket::SERVICE_OPERATIONS {
+        let doc: Vec<&str> = op.doc.lines().map(str::trim).collect();
+        let _ = writeln!(h, "\n/** {}: {} */", op.name, doc.join("\n * "));
+        for scope in ffi::SCOPES {
+            let gpu_only = scope != "thread";
+            if gpu_only {
+                h.push_str("#ifdef GDAKI_CUDA\n");
+            }
+            let _ = writeln!(
+                h,
+                "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}({});",
+                op.name,
+                c_params("const gdaki_dev_socket_service *service", op, scope)
+            );
+            if gpu_only {
+                h.push_str("#endif\n");
+            }
+        }
+    }
     h.push_str("\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* GDAKI_DEVICE_H */\n");
     h
 }
@@ -646,7 +692,9 @@ mod tests {
     fn every_operation_has_every_scope_and_mode() {
         assert_eq!(
             functions().len(),
-            (OPERATIONS.len() + ffi::socket::OPERATIONS.len()) * 9 + ffi::RECV_OPERATIONS.len() * 3
+            (OPERATIONS.len() + ffi::socket::OPERATIONS.len()) * 9
+                + ffi::RECV_OPERATIONS.len() * 3
+                + ffi::socket::SERVICE_OPERATIONS.len() * 3
         );
         let put = OPERATIONS.iter().find(|o| o.name == "put").unwrap();
         assert_eq!(

@@ -178,6 +178,13 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
             calls.push_str(&format!("  r += gdaki_{}_{mode}({});\n", op.name, args.join(", ")));
         }
     }
+    for op in gdaki_device::ffi::socket::SERVICE_OPERATIONS {
+        for scope in gdaki_device::ffi::SCOPES {
+            let mut args = vec!["svc"];
+            args.extend(vec!["0"; op.params.len() + usize::from(scope == "block")]);
+            calls.push_str(&format!("  r += gdaki_{}_{scope}({});\n", op.name, args.join(", ")));
+        }
+    }
     let dir = scratch("clang");
     let src = dir.join("all.cu");
     std::fs::write(
@@ -185,7 +192,7 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
         format!(
             "#define __device__ __attribute__((device))\n#define __global__ __attribute__((global))\n\
              #include \"gdaki_layout_check.h\"\n\
-             __global__ void all(gdaki_dev_qp *qp, gdaki_dev_rq *rq, gdaki_dev_socket *sock, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
+             __global__ void all(gdaki_dev_qp *qp, gdaki_dev_rq *rq, gdaki_dev_socket *sock, const gdaki_dev_socket_service *svc, uint32_t *out) {{\n  uint32_t r = 0;\n{calls}  *out = r;\n}}\n"
         ),
     )
     .unwrap();

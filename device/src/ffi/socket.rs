@@ -11,8 +11,8 @@
 //! and block scope every member calls with the same socket, buffer and length, and all get the
 //! same result.
 use super::*;
-use crate::socket::{Socket, SocketError};
-use gdaki_layout::socket::DevSocket;
+use crate::socket::{Service, Socket, SocketError};
+use gdaki_layout::socket::{DevSocket, DevSocketService, ADDR_TEXT_BYTES};
 
 /// What the bodies get: the socket and the calling member's scope.
 pub(crate) struct Scoped<M: Sharing, S: Scope> {
@@ -165,5 +165,192 @@ c_abi! {
     /// posts to the other, so both may destroy their sockets.
     fn socket_close(s) {
         done(s.sock.close_with(s.scope))
+    }
+}
+
+/// The socket service's calls (`gdaki_socket_<operation>_<scope>(gdaki_dev_socket_service
+/// *service, [block scope: gdaki_block_scratch *block_scratch,] params...)`): connection set-up
+/// from kernels ([`crate::socket::Service`]). They post to no queue pair, so they have no mode.
+/// In warp and block scope every member calls with the same arguments and gets the same result
+/// (the leader makes the call).
+macro_rules! service_abi {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            fn $op:ident($svc:ident, $scope:ident $(, $arg:ident: $ty:ty)* $(,)?) $body:block
+        )*
+    ) => {
+        /// The service calls' bodies, generic over scope; each returns a status code.
+        mod service_ops {
+            use super::*;
+            $(
+                $(#[doc = $doc])*
+                ///
+                /// # Safety
+                /// Every pointer argument is null or valid for what the call reads or writes.
+                #[inline(always)]
+                pub(super) unsafe fn $op<S: Scope>($svc: Service, $scope: S $(, $arg: $ty)*) -> u32 $body
+            )*
+        }
+
+        /// The socket service's calls, as the header declares them.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const SERVICE_OPERATIONS: &[Operation] = &[$(Operation {
+            name: stringify!($op),
+            doc: concat!($($doc, "\n"),*),
+            params: &[$(Param { name: stringify!($arg), c_type: <$ty as CType>::C }),*],
+        }),*];
+
+        service_abi!(@scope service_thread, "thread", Thread; $($op($($arg: $ty),*))*);
+        #[cfg(target_arch = "nvptx64")]
+        service_abi!(@scope service_warp, "warp", Warp; $($op($($arg: $ty),*))*);
+        /// The socket service's calls in block scope (`gdaki_socket_<operation>_block`).
+        #[cfg(target_arch = "nvptx64")]
+        pub mod service_block {
+            use super::*;
+            $(
+                #[doc = concat!("`gdaki_", stringify!($op), "_block`, as `gdaki_device.h` documents it.")]
+                ///
+                /// # Safety
+                /// `service` is null or a service handle; `block_scratch` is null or a block
+                /// scratch area every thread of the block passes and no one else uses
+                /// meanwhile; other pointers are null where allowed or valid as the header says.
+                #[export_name = concat!("gdaki_", stringify!($op), "_block")]
+                pub unsafe extern "C" fn $op(
+                    service: *const DevSocketService,
+                    block_scratch: *mut BlockScratch
+                    $(, $arg: $ty)*
+                ) -> u32 {
+                    if block_scratch.is_null() {
+                        return CODE_BAD_ARGUMENT;
+                    }
+                    // SAFETY: per the contract.
+                    let scope = unsafe { Block::new(block_scratch) };
+                    // SAFETY: per the contract.
+                    unsafe { enter_service(service, Ok(scope), |svc, s| service_ops::$op(svc, s $(, $arg)*)) }
+                }
+            )*
+        }
+    };
+    (@scope $module:ident, $suffix:literal, $scope:ty; $($op:ident($($arg:ident: $ty:ty),*))*) => {
+        #[doc = concat!("The socket service's calls in ", $suffix, " scope (`gdaki_socket_<operation>_", $suffix, "`).")]
+        pub mod $module {
+            use super::*;
+            $(
+                #[doc = concat!("`gdaki_", stringify!($op), "_", $suffix, "`, as `gdaki_device.h` documents it.")]
+                ///
+                /// # Safety
+                /// `service` is null or a service handle; other pointers are null where
+                /// allowed or valid as the header says.
+                #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
+                pub unsafe extern "C" fn $op(service: *const DevSocketService $(, $arg: $ty)*) -> u32 {
+                    // SAFETY: per the contract.
+                    unsafe {
+                        enter_service(service, <$scope as Here>::here(), |svc, s| service_ops::$op(svc, s $(, $arg)*))
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// Checks the service handle, then runs `f` with it in the caller's scope.
+///
+/// # Safety
+/// `service` is null or a service handle as [`Service::from_raw`] requires.
+#[inline(always)]
+unsafe fn enter_service<S: Scope>(
+    service: *const DevSocketService,
+    scope: Result<S, u32>,
+    f: impl FnOnce(Service, S) -> u32,
+) -> u32 {
+    let scope = match scope {
+        Ok(scope) => scope,
+        Err(code) => return code,
+    };
+    // SAFETY: per the contract (`from_raw` refuses null and other versions).
+    match unsafe { Service::from_raw(service) } {
+        Ok(svc) => f(svc, scope),
+        Err(e) => e.code(),
+    }
+}
+
+/// A NUL-terminated address of at most [`ADDR_TEXT_BYTES`] bytes, or `None`.
+///
+/// # Safety
+/// `addr` is null or a NUL-terminated string (read up to its NUL, or `ADDR_TEXT_BYTES + 1` bytes).
+#[inline(always)]
+unsafe fn address<'a>(addr: *const core::ffi::c_char) -> Option<&'a [u8]> {
+    if addr.is_null() {
+        return None;
+    }
+    let p = addr as *const u8;
+    let mut len = 0;
+    // SAFETY: bytes up to the NUL, at most one past the longest address (the contract).
+    while len <= ADDR_TEXT_BYTES && unsafe { p.add(len).read() } != 0 {
+        len += 1;
+    }
+    // SAFETY: `len` bytes before the NUL were read above.
+    (len <= ADDR_TEXT_BYTES).then(|| unsafe { core::slice::from_raw_parts(p, len) })
+}
+
+/// The code of a call that made a socket, its handle written to `out`.
+///
+/// # Safety
+/// `out` is null or writable.
+#[inline(always)]
+unsafe fn made(r: Result<*mut DevSocket, SocketError>, out: *mut *mut DevSocket) -> u32 {
+    match r {
+        Ok(s) => {
+            // SAFETY: per the contract.
+            unsafe { give(out, s) };
+            CODE_OK
+        }
+        Err(e) => e.code(),
+    }
+}
+
+service_abi! {
+    /// Connects to the socket listener at `addr` ("host:port", NUL-terminated, at most 64
+    /// bytes; the host resolves it): `*socket` gets the new socket's handle.
+    /// `GDAKI_CODE_REFUSED` when nothing listens there or the address does not resolve.
+    fn socket_connect(svc, scope, addr: *const core::ffi::c_char, socket: *mut *mut DevSocket) {
+        // SAFETY (every body): pointers as the header documents them.
+        let Some(addr) = (unsafe { address(addr) }) else { return CODE_BAD_ARGUMENT };
+        unsafe { made(svc.connect_with(scope, addr), socket) }
+    }
+
+    /// Listens at `port` on the service's interface (0: a free port): `*bound` (unless null)
+    /// gets the port. `GDAKI_CODE_REFUSED` when the port is taken.
+    fn socket_listen(svc, scope, port: u32, bound: *mut u32) {
+        let Ok(port) = u16::try_from(port) else { return CODE_BAD_ARGUMENT };
+        match svc.listen_with(scope, port) {
+            Ok(p) => {
+                // SAFETY: null or writable (the contract).
+                unsafe { give(bound, p as u32) };
+                CODE_OK
+            }
+            Err(e) => e.code(),
+        }
+    }
+
+    /// Waits (up to the service's socket timeout: `GDAKI_CODE_TIMEOUT`) for a connection at
+    /// the listener of `port`: `*socket` gets its handle. `GDAKI_CODE_REFUSED` when nothing
+    /// listens at that port.
+    fn socket_accept(svc, scope, port: u32, socket: *mut *mut DevSocket) {
+        let Ok(port) = u16::try_from(port) else { return CODE_BAD_ARGUMENT };
+        unsafe { made(svc.accept_with(scope, port), socket) }
+    }
+
+    /// Stops listening at `port`.
+    fn socket_unlisten(svc, scope, port: u32) {
+        let Ok(port) = u16::try_from(port) else { return CODE_BAD_ARGUMENT };
+        done(svc.unlisten_with(scope, port))
+    }
+
+    /// Hands a socket the service made back to it, to be freed: close it first
+    /// (`gdaki_socket_close_*`) and use the handle no more.
+    fn socket_release(svc, scope, socket: *mut DevSocket) {
+        done(svc.release_with(scope, socket))
     }
 }

@@ -339,6 +339,12 @@ typedef struct gdaki_socket gdaki_socket;
 typedef struct gdaki_socket_listener gdaki_socket_listener;
 
 /**
+ * Serves kernels' connection set-up (`gdaki_socket_connect_*`, `_listen_*`, `_accept_*`,
+ * `_unlisten_*`, `_release_*` of `gdaki_device.h`): a host thread and the sockets it made.
+ */
+typedef struct gdaki_socket_service gdaki_socket_service;
+
+/**
  * An in-order executor of memory operations: a CUDA stream of the caller's
  * (`gdaki_stream_cuda`) or a CPU thread (`gdaki_stream_cpu`: the same rules without a GPU).
  */
@@ -1345,6 +1351,43 @@ enum gdaki_status gdaki_gpu_socket_destroy(struct gdaki_gpu_socket *gpu_socket);
  * `listener` is NULL or a listener handle with no call in flight, not used after.
  */
 enum gdaki_status gdaki_socket_listener_destroy(struct gdaki_socket_listener *listener);
+
+/**
+ * Starts a socket service on `ctx`'s device into `*service`: its listeners bind `bind` (an IP
+ * address, "0.0.0.0" for every interface; the port comes with each listen), its sockets are
+ * made with `config` (NULL: the defaults). The callers are the kernels of `config->gpu` for
+ * `GDAKI_SOCKET_MEMORY_PINNED` and `_DEVICE` (their sockets are exported to it), or CPU
+ * threads in CPU mode for `GDAKI_SOCKET_MEMORY_HOST`.
+ *
+ * # Safety
+ * `ctx` is NULL or a context handle; `bind` NULL or a NUL-terminated string; `config` NULL
+ * or a readable config; `service` NULL or writable.
+ */
+enum gdaki_status gdaki_socket_service_start(const struct gdaki_context *ctx,
+                                             const char *bind,
+                                             const struct gdaki_socket_config *config,
+                                             struct gdaki_socket_service **service);
+
+/**
+ * The service's device handle: the `gdaki_dev_socket_service *` kernels pass to the
+ * `gdaki_socket_connect_*` ... functions (a GPU address; a host address in CPU mode). Valid
+ * while the service lives.
+ *
+ * # Safety
+ * `service` is NULL or a service handle; `handle` is NULL or writable.
+ */
+enum gdaki_status gdaki_socket_service_handle(const struct gdaki_socket_service *service,
+                                              const gdaki_dev_socket_service **handle);
+
+/**
+ * Stops a service (NULL: nothing): waits for calls in progress (at most the socket timeout)
+ * and frees every socket and listener it made. No kernel may use them any more.
+ *
+ * # Safety
+ * `service` is NULL or a service handle with no call in flight and no kernel using it or its
+ * sockets.
+ */
+enum gdaki_status gdaki_socket_service_destroy(struct gdaki_socket_service *service);
 
 /**
  * A CUDA stream of `gpu` (a `CUstream`, or a `cudaStream_t` of the runtime API, in the GPU's

@@ -4,8 +4,8 @@
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
-use gdaki::socket::{GpuSocket, Socket, SocketConfig, SocketFailure, SocketListener, SocketMemory};
-use gdaki_layout::socket::DevSocket;
+use gdaki::socket::{GpuSocket, Socket, SocketConfig, SocketFailure, SocketListener, SocketMemory, SocketService};
+use gdaki_layout::socket::{DevSocket, DevSocketService};
 
 use crate::context::{gdaki_context, gdaki_gpu, parse_addr};
 use crate::guard::{self, call, gdaki_status, handle, Failure};
@@ -445,5 +445,77 @@ pub unsafe extern "C" fn gdaki_socket_listener_destroy(listener: *mut gdaki_sock
     // SAFETY: the caller's contract.
     call("gdaki_socket_listener_destroy", || unsafe {
         guard::destroy(listener, "listener")
+    })
+}
+
+/// Serves kernels' connection set-up (`gdaki_socket_connect_*`, `_listen_*`, `_accept_*`,
+/// `_unlisten_*`, `_release_*` of `gdaki_device.h`): a host thread and the sockets it made.
+pub struct gdaki_socket_service(guard::Tagged<SocketService>);
+handle!(gdaki_socket_service(SocketService), b"gdakiSSV", "socket_service");
+
+/// Starts a socket service on `ctx`'s device into `*service`: its listeners bind `bind` (an IP
+/// address, "0.0.0.0" for every interface; the port comes with each listen), its sockets are
+/// made with `config` (NULL: the defaults). The callers are the kernels of `config->gpu` for
+/// `GDAKI_SOCKET_MEMORY_PINNED` and `_DEVICE` (their sockets are exported to it), or CPU
+/// threads in CPU mode for `GDAKI_SOCKET_MEMORY_HOST`.
+///
+/// # Safety
+/// `ctx` is NULL or a context handle; `bind` NULL or a NUL-terminated string; `config` NULL
+/// or a readable config; `service` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_socket_service_start(
+    ctx: *const gdaki_context,
+    bind: *const c_char,
+    config: *const gdaki_socket_config,
+    service: *mut *mut gdaki_socket_service,
+) -> gdaki_status {
+    call("gdaki_socket_service_start", || {
+        // SAFETY: the caller's contract.
+        let (c, bind, cfg, out) = unsafe {
+            (
+                guard::borrow(ctx, "ctx")?,
+                guard::text(bind, "bind")?,
+                self::config(config)?,
+                guard::out(service, "service")?,
+            )
+        };
+        let ip = bind
+            .parse()
+            .map_err(|e| Failure::invalid(format!("bind {bind:?} is not an IP address: {e}")))?;
+        out.write(guard::into_handle(SocketService::start(c, ip, cfg)?));
+        Ok(())
+    })
+}
+
+/// The service's device handle: the `gdaki_dev_socket_service *` kernels pass to the
+/// `gdaki_socket_connect_*` ... functions (a GPU address; a host address in CPU mode). Valid
+/// while the service lives.
+///
+/// # Safety
+/// `service` is NULL or a service handle; `handle` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_socket_service_handle(
+    service: *const gdaki_socket_service,
+    handle: *mut *const DevSocketService,
+) -> gdaki_status {
+    call("gdaki_socket_service_handle", || {
+        // SAFETY: the caller's contract.
+        let (s, out) = unsafe { (guard::borrow(service, "service")?, guard::out(handle, "handle")?) };
+        out.write(s.device_handle() as *const DevSocketService);
+        Ok(())
+    })
+}
+
+/// Stops a service (NULL: nothing): waits for calls in progress (at most the socket timeout)
+/// and frees every socket and listener it made. No kernel may use them any more.
+///
+/// # Safety
+/// `service` is NULL or a service handle with no call in flight and no kernel using it or its
+/// sockets.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_socket_service_destroy(service: *mut gdaki_socket_service) -> gdaki_status {
+    // SAFETY: the caller's contract.
+    call("gdaki_socket_service_destroy", || unsafe {
+        guard::destroy(service, "service")
     })
 }

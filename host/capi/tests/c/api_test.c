@@ -691,6 +691,83 @@ static void sockets(void) {
     OK(gdaki_socket_listener_destroy(NULL));
 }
 
+/* A CPU client of a socket the service below accepts: sends a greeting, checks its echo,
+ * shuts down, expects the end of stream. */
+static void *service_client(void *arg) {
+    const char *addr = arg;
+    gdaki_socket_config cfg;
+    gdaki_socket_config_init(&cfg);
+    cfg.rx_bytes = 4096;
+    cfg.timeout_ms = 30000;
+    gdaki_socket *c = NULL;
+    if (gdaki_socket_connect(ctx, addr, &cfg, &c) != GDAKI_STATUS_OK) return NULL;
+    static const char hello[] = "hello, socket service";
+    char back[sizeof hello];
+    size_t n = 0, got = 0;
+    int ok = gdaki_socket_send(c, hello, sizeof hello, 0, &n) == GDAKI_STATUS_OK && n == sizeof hello;
+    while (ok && got < sizeof back) {
+        ok = gdaki_socket_recv(c, back + got, sizeof back - got, 0, &n) == GDAKI_STATUS_OK && n > 0;
+        got += n;
+    }
+    ok = ok && memcmp(back, hello, sizeof hello) == 0 && gdaki_socket_shutdown(c) == GDAKI_STATUS_OK;
+    ok = ok && gdaki_socket_recv(c, back, sizeof back, 0, &n) == GDAKI_STATUS_OK && n == 0;
+    gdaki_socket_destroy(c);
+    return ok ? (void *)1 : NULL;
+}
+
+/* The socket service in CPU mode: this thread plays a kernel that listens, accepts and echoes
+ * through the device functions (thread scope, the gpu mode of the service's sockets), and a
+ * C host socket connects to it. */
+static void socket_service(void) {
+    gdaki_socket_config cfg;
+    OK(gdaki_socket_config_init(&cfg));
+    cfg.rx_bytes = 4096;
+    cfg.timeout_ms = 30000;
+    gdaki_socket_service *svc = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_socket_service_start(ctx, "nowhere", &cfg, &svc));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_service_start(ctx, NULL, &cfg, &svc));
+    OK(gdaki_socket_service_start(ctx, "127.0.0.1", &cfg, &svc));
+    const gdaki_dev_socket_service *h = NULL;
+    OK(gdaki_socket_service_handle(svc, &h));
+    CHECK(h != NULL);
+    uint32_t port = 0;
+    CHECK(gdaki_socket_listen_thread(h, 0, &port) == GDAKI_OK && port != 0);
+    CHECK(gdaki_socket_listen_thread(h, port, NULL) == GDAKI_CODE_REFUSED);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, service_client, addr) == 0);
+    gdaki_dev_socket *s = NULL;
+    CHECK(gdaki_socket_accept_thread(h, port, &s) == GDAKI_OK && s != NULL);
+    char buf[64];
+    uint64_t n = 0;
+    CHECK(gdaki_socket_recv_thread_gpu(s, buf, sizeof buf, &n) == GDAKI_OK && n > 0);
+    CHECK(gdaki_socket_send_all_thread_gpu(s, buf, n) == GDAKI_OK);
+    /* The rest of the greeting, if it came in pieces, then its end. */
+    while (n > 0) {
+        CHECK(gdaki_socket_recv_thread_gpu(s, buf, sizeof buf, &n) == GDAKI_OK);
+        if (n > 0) CHECK(gdaki_socket_send_all_thread_gpu(s, buf, n) == GDAKI_OK);
+    }
+    CHECK(gdaki_socket_close_thread_gpu(s) == GDAKI_OK);
+    CHECK(gdaki_socket_release_thread(h, s) == GDAKI_OK);
+    void *client_ok = NULL;
+    pthread_join(t, &client_ok);
+    CHECK(client_ok != NULL);
+    /* Refusals. */
+    CHECK(gdaki_socket_release_thread(h, s) == GDAKI_CODE_BAD_HANDLE);
+    CHECK(gdaki_socket_release_thread(h, NULL) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_socket_connect_thread(h, NULL, &s) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_socket_connect_thread(h, "no such host:1", &s) == GDAKI_CODE_REFUSED);
+    CHECK(gdaki_socket_accept_thread(h, 1, &s) == GDAKI_CODE_REFUSED);
+    CHECK(gdaki_socket_listen_thread(h, 70000, NULL) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_socket_unlisten_thread(h, port) == GDAKI_OK);
+    CHECK(gdaki_socket_unlisten_thread(h, port) == GDAKI_CODE_BAD_ARGUMENT);
+    CHECK(gdaki_socket_connect_thread(NULL, addr, &s) == GDAKI_CODE_BAD_HANDLE);
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_service_handle(NULL, &h));
+    OK(gdaki_socket_service_destroy(svc));
+    OK(gdaki_socket_service_destroy(NULL));
+}
+
 static void proxy(void) {
     gdaki_proxy *p = NULL;
     EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_proxy_start(0, &p));
@@ -897,6 +974,7 @@ int main(void) {
     two_sided();
     streams();
     sockets();
+    socket_service();
     proxy();
     handshake();
     OK(gdaki_context_destroy(ctx));
