@@ -600,3 +600,66 @@ fn sockets_in_thread_warp_and_block_scope() {
         "bytes each block echoed or checked"
     );
 }
+
+/// Connection set-up from a kernel through a socket service: one block listens and accepts,
+/// another connects to it, in block scope; they echo 64 KiB through the sockets the service
+/// made (rings in GPU memory), close and release them; a third block checks the refusals in
+/// thread and warp scope. The service holds nothing afterwards.
+#[test]
+fn kernels_listen_accept_and_connect_through_a_socket_service() {
+    use gdaki::socket::{SocketConfig, SocketMemory, SocketService};
+    use std::time::Duration;
+    let Some((gpu, _one)) = gpu_or_skip("kernels_listen_accept_and_connect_through_a_socket_service") else {
+        return;
+    };
+    let module = nvrtc_linked(&gpu, "sockets", SOCKET_KERNELS);
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cfg = SocketConfig {
+        rx_bytes: 16384,
+        timeout: Duration::from_secs(30),
+        memory: SocketMemory::Device(gpu.clone()),
+        ..SocketConfig::default()
+    };
+    let service = SocketService::start(&ctx, "127.0.0.1".parse().unwrap(), cfg).unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (threads, len) = (128u32, 65536u64);
+    let status = DeviceBuffer::zeroed(&gpu, 4 * 3 * threads as usize).unwrap();
+    status.write(0, &vec![0xff; 4 * 3 * threads as usize]).unwrap();
+    let port_word = DeviceBuffer::zeroed(&gpu, 4).unwrap();
+    let bufs = DeviceBuffer::zeroed(&gpu, 3 * 2 * len as usize).unwrap();
+    let handle = service.device_handle();
+    // SAFETY: the kernel's parameters are what the Args push; the service's handle lives for
+    // the launch; the buffers hold what the kernel touches.
+    unsafe {
+        module.kernel("cpp_socket_service").unwrap().run(
+            Dims::linear(3, threads),
+            Args::new()
+                .u64(handle)
+                .buffer(&status)
+                .buffer(&port_word)
+                .buffer(&bufs)
+                .u64(len)
+                .u32(closed as u32),
+        )
+    }
+    .unwrap();
+    let mut raw = vec![0u8; 4 * 3 * threads as usize];
+    status.read(0, &mut raw).unwrap();
+    for (t, c) in raw.chunks(4).enumerate() {
+        let c = u32::from_le_bytes(c.try_into().unwrap());
+        assert_eq!(
+            c,
+            0,
+            "block {} thread {}: line {} code {:#x}",
+            t / threads as usize,
+            t % threads as usize,
+            c >> 16,
+            c & 0xffff
+        );
+    }
+    assert_eq!(service.held(), (0, 0), "every socket released, every listener closed");
+}

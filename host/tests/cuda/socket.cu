@@ -117,3 +117,90 @@ extern "C" __global__ void cpp_sockets(gdaki_dev_socket **socks, const uint32_t 
       break;
   }
 }
+
+// Connection set-up from the kernel through a socket service (GPUnet's gbind, gaccept and
+// gconnect_in): block 0 listens and accepts, block 1 connects to it (it learns the port
+// through `port_word`), both in block scope; block 1 sends `len` bytes, block 0 echoes them,
+// block 1 checks them; both close and release, block 0 stops listening. Block 2 checks the
+// refusals in thread and warp scope (`closed_port`: a port nothing listens at).
+extern "C" __global__ void cpp_socket_service(const gdaki_dev_socket_service *svc, uint32_t *status,
+                                              volatile uint32_t *port_word, uint8_t *bufs, uint64_t len,
+                                              uint32_t closed_port) {
+  __shared__ gdaki_block_scratch scratch;
+  __shared__ char addr[32];
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  uint8_t *buf = bufs + blockIdx.x * 2 * len;
+  gdaki_dev_socket *s = 0;
+  if (blockIdx.x == 0) {
+    uint32_t port = 0;
+    GDAKI_TEST_CHECK(gdaki_socket_listen_block(svc, &scratch, 0, &port), GDAKI_OK);
+    if (threadIdx.x == 0) {
+      *port_word = port;
+      __threadfence_system();
+    }
+    GDAKI_TEST_CHECK(gdaki_socket_accept_block(svc, &scratch, port, &s), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_recv_exact_block_gpu(s, &scratch, buf, len), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_send_all_block_gpu(s, &scratch, buf, len), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_close_block_gpu(s, &scratch), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_release_block(svc, &scratch, s), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_unlisten_block(svc, &scratch, port), GDAKI_OK);
+  } else if (blockIdx.x == 1) {
+    if (threadIdx.x == 0) {
+      uint32_t port = 0;
+      for (uint64_t spins = 0; port == 0 && spins < (1ull << 32); spins++) port = *port_word;
+      // "127.0.0.1:<port>"
+      const char prefix[] = "127.0.0.1:";
+      unsigned at = 0;
+      for (; prefix[at] != 0; at++) addr[at] = prefix[at];
+      char digits[8];
+      unsigned n = 0;
+      do {
+        digits[n++] = (char)('0' + port % 10);
+        port /= 10;
+      } while (port != 0);
+      while (n > 0) addr[at++] = digits[--n];
+      addr[at] = 0;
+    }
+    __syncthreads();
+    GDAKI_TEST_CHECK(gdaki_socket_connect_block(svc, &scratch, addr, &s), GDAKI_OK);
+    for (uint64_t i = threadIdx.x; i < len; i += blockDim.x) buf[i] = pattern(i);
+    __syncthreads();
+    GDAKI_TEST_CHECK(gdaki_socket_send_all_block_gpu(s, &scratch, buf, len), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_recv_exact_block_gpu(s, &scratch, buf + len, len), GDAKI_OK);
+    // Checked after the block's last collective call (a thread that left early would leave the
+    // others waiting in it).
+    bool same = true;
+    for (uint64_t i = threadIdx.x; i < len; i += blockDim.x) same &= buf[len + i] == pattern(i);
+    GDAKI_TEST_CHECK(gdaki_socket_close_block_gpu(s, &scratch), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_release_block(svc, &scratch, s), GDAKI_OK);
+    GDAKI_TEST_CHECK(same ? GDAKI_OK : 0xdadau, GDAKI_OK);
+  } else {
+    if (threadIdx.x < 32) {
+      // A warp listens and stops listening together.
+      uint32_t port = 0;
+      GDAKI_TEST_CHECK(gdaki_socket_listen_warp(svc, 0, &port), GDAKI_OK);
+      GDAKI_TEST_CHECK(port != 0 ? GDAKI_OK : 1u, GDAKI_OK);
+      GDAKI_TEST_CHECK(gdaki_socket_unlisten_warp(svc, port), GDAKI_OK);
+    }
+    if (threadIdx.x == 0) {
+      char closed[32] = "127.0.0.1:";
+      unsigned at = 10;
+      char digits[8];
+      unsigned n = 0;
+      uint32_t p = closed_port;
+      do {
+        digits[n++] = (char)('0' + p % 10);
+        p /= 10;
+      } while (p != 0);
+      while (n > 0) closed[at++] = digits[--n];
+      closed[at] = 0;
+      GDAKI_TEST_CHECK(gdaki_socket_connect_thread(svc, closed, &s), GDAKI_CODE_REFUSED);
+      GDAKI_TEST_CHECK(gdaki_socket_accept_thread(svc, closed_port, &s), GDAKI_CODE_REFUSED);
+      GDAKI_TEST_CHECK(gdaki_socket_connect_thread(svc, 0, &s), GDAKI_CODE_BAD_ARGUMENT);
+      GDAKI_TEST_CHECK(gdaki_socket_release_thread(svc, 0), GDAKI_CODE_BAD_ARGUMENT);
+      GDAKI_TEST_CHECK(gdaki_socket_listen_thread(svc, 70000, 0), GDAKI_CODE_BAD_ARGUMENT);
+      GDAKI_TEST_CHECK(gdaki_socket_connect_thread(0, closed, &s), GDAKI_CODE_BAD_HANDLE);
+    }
+  }
+  status[t] = GDAKI_OK;
+}
