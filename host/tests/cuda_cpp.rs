@@ -620,6 +620,7 @@ fn kernels_listen_accept_and_connect_through_a_socket_service() {
         memory: SocketMemory::Device(gpu.clone()),
         ..SocketConfig::default()
     };
+    // The service starts the soft HCA's copy kernel for its GPU-memory rings, before the launch.
     let service = SocketService::start(&ctx, "127.0.0.1".parse().unwrap(), cfg).unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -662,4 +663,9 @@ fn kernels_listen_accept_and_connect_through_a_socket_service() {
         );
     }
     assert_eq!(service.held(), (0, 0), "every socket released, every listener closed");
+    assert_eq!(
+        service.reap(),
+        2,
+        "the released GPU sockets are freed once no kernel runs"
+    );
 }

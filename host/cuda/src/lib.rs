@@ -584,8 +584,11 @@ impl DeviceBuffer {
             ptr: base.next_multiple_of(PAGE as u64),
             len: pages,
         };
+        // Not on the legacy stream, which waits for the application's kernels on blocking
+        // streams: one of them may be waiting for what this allocation is for (a socket a
+        // service makes while its kernel waits in accept).
         // SAFETY: the whole usable range, inside the allocation just made.
-        unsafe { sys::cuMemsetD8_v2(buf.ptr, 0, buf.len) }.result()?;
+        stream::on_private_stream(|s| unsafe { sys::cuMemsetD8Async(buf.ptr, 0, buf.len, s) })?;
         Ok(buf)
     }
 
@@ -625,16 +628,16 @@ impl DeviceBuffer {
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
         self.check(offset, src.len())?;
         self.ctx.bind_to_thread()?;
+        // On a stream of its own, waited for: from pageable memory a copy returns once its
+        // bytes are staged, before the last DMA lands (a kernel on another stream, or a peer
+        // storing into this memory, could see it land later). Not the legacy stream, which
+        // waits for the application's kernels on blocking streams, one of which may be waiting
+        // for this write (a handle a socket service exports while its kernel waits).
         // SAFETY: the destination range lies inside this allocation (checked); `src` is a
-        // valid host slice.
-        unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len()) }.result()?;
-        // From pageable memory the copy returns once its bytes are staged, before the last DMA
-        // lands: a kernel on another stream, or a peer storing into this memory, could see it
-        // land later (and overwrite what they wrote). The copy ran on the legacy stream: wait
-        // for it there.
-        // SAFETY: the null stream is the context's legacy stream, always valid.
-        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }.result()?;
-        Ok(())
+        // valid host slice that outlives the copy (the stream is waited for).
+        stream::on_private_stream(|s| unsafe {
+            sys::cuMemcpyHtoDAsync_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len(), s)
+        })
     }
 
     /// Copies `src` to `offset` on `stream` and waits for that stream: landed when it returns,

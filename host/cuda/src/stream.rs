@@ -30,13 +30,35 @@ pub(crate) fn wait_idle(stream: &CudaStream) -> Result<(), CudaError> {
     poll_idle(stream, None).map(|_| ())
 }
 
+/// Runs `work` on a stream of its own, created non-blocking (so it waits for no kernel of the
+/// application's, as the legacy stream would: a kernel may be waiting for this very work), and
+/// waits for it by polling; the stream is gone when this returns. For the library's own small
+/// copies and fills of device memory, which may run while application kernels do.
+pub(crate) fn on_private_stream(work: impl FnOnce(sys::CUstream) -> sys::CUresult) -> Result<(), CudaError> {
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the caller bound the context.
+    unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }.result()?;
+    let done = work(stream)
+        .result()
+        .map_err(CudaError::from)
+        .and_then(|()| poll_raw(stream, None).map(|_| ()));
+    // SAFETY: created above; its work is done (or failed to be queued).
+    let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+    done
+}
+
 /// Polls `stream` until its work is done (`true`) or `deadline` passes (`false`), pausing a
 /// little longer each time, up to 200 us.
 fn poll_idle(stream: &CudaStream, deadline: Option<std::time::Instant>) -> Result<bool, CudaError> {
+    poll_raw(stream.cu_stream(), deadline)
+}
+
+/// [`poll_idle`] of a raw stream of the bound context.
+fn poll_raw(stream: sys::CUstream, deadline: Option<std::time::Instant>) -> Result<bool, CudaError> {
     let mut pause = Duration::from_micros(5);
     loop {
         // SAFETY: a query of a live stream of the bound context.
-        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+        match unsafe { sys::cuStreamQuery(stream) } {
             sys::CUresult::CUDA_SUCCESS => return Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => {
                 if deadline.is_some_and(|d| std::time::Instant::now() >= d) {

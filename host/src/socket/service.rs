@@ -23,7 +23,7 @@ use tracing::{debug, warn};
 
 use super::{GpuSocket, Socket, SocketConfig, SocketListener, SocketMemory};
 use crate::error::{Error, Result};
-use crate::Context;
+use crate::{Access, Context, MemoryRegion};
 
 /// How long the service thread sleeps when no call is waiting: connection set-up is not a
 /// latency path, and an idle service should cost next to nothing.
@@ -95,11 +95,19 @@ struct Inner {
     gpu: Option<Gpu>,
     bind: IpAddr,
     slots: u32,
+    /// For rings in GPU memory: a region of that GPU held for the service's life, so the soft
+    /// HCA's copy kernel starts with the service, before any kernel that calls it; started
+    /// while such a kernel waits for a connect, it could wait for that kernel (module loading,
+    /// its stream's creation).
+    _copier: Option<MemoryRegion>,
     // The mapping before its buffer (field order is drop order).
     _map: Option<HostMapping>,
     calls: HostBuffer,
     stop: AtomicBool,
     made: Mutex<HashMap<u64, Made>>,
+    /// GPU sockets released (or undone) and not yet freed: freeing GPU memory waits for every
+    /// kernel, the caller's included, so it waits for [`SocketService::reap`] or the drop.
+    released: Mutex<Vec<Made>>,
     listeners: Mutex<HashMap<u16, Arc<SocketListener>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -154,16 +162,22 @@ impl SocketService {
             pad: [0; 4],
         };
         let handle = Placed::new(gpu.as_ref(), "a socket service's handle", bytemuck::bytes_of(&h))?;
+        let copier = match &cfg.memory {
+            SocketMemory::Device(g) => Some(ctx.alloc_device_region(g, 4096, Access::ALL)?),
+            _ => None,
+        };
         let inner = Arc::new(Inner {
             ctx: ctx.clone(),
             cfg,
             gpu,
             bind,
             slots,
+            _copier: copier,
             _map: map,
             calls,
             stop: AtomicBool::new(false),
             made: Mutex::new(HashMap::new()),
+            released: Mutex::new(Vec::new()),
             listeners: Mutex::new(HashMap::new()),
             workers: Mutex::new(Vec::new()),
         });
@@ -193,6 +207,15 @@ impl SocketService {
     pub fn held(&self) -> (usize, usize) {
         (lock(&self.inner.made).len(), lock(&self.inner.listeners).len())
     }
+
+    /// Frees the GPU sockets released since the last call, and says how many. Freeing GPU
+    /// memory waits for every kernel of the process, so the service never does it while
+    /// serving a call (the caller's kernel is running): call this when no kernel runs, or leave
+    /// it to the drop.
+    pub fn reap(&self) -> usize {
+        let gone = std::mem::take(&mut *lock(&self.inner.released));
+        gone.len()
+    }
 }
 
 impl Drop for SocketService {
@@ -207,6 +230,7 @@ impl Drop for SocketService {
         }
         lock(&self.inner.listeners).clear();
         lock(&self.inner.made).clear();
+        lock(&self.inner.released).clear();
     }
 }
 
@@ -285,7 +309,9 @@ impl Inner {
                 op = c.op,
                 "socket service: the caller gave up; undoing the call"
             );
-            drop(made);
+            if let Some(m) = made {
+                self.let_go(m);
+            }
             if c.op == CALL_LISTEN {
                 lock(&self.listeners).remove(&(value as u16));
             }
@@ -343,11 +369,21 @@ impl Inner {
                     .map(|_| (0, None))
                     .ok_or(CODE_BAD_ARGUMENT)
             }
-            CALL_RELEASE => lock(&self.made)
-                .remove(&c.arg)
-                .map(|_| (0, None))
-                .ok_or(CODE_BAD_HANDLE),
+            CALL_RELEASE => {
+                let m = lock(&self.made).remove(&c.arg).ok_or(CODE_BAD_HANDLE)?;
+                self.let_go(m);
+                Ok((0, None))
+            }
             _ => Err(CODE_BAD_ARGUMENT),
+        }
+    }
+
+    /// Frees a socket the callers are done with: a CPU one now, a GPU one at the next
+    /// [`SocketService::reap`] (or the drop), since freeing GPU memory waits for every kernel.
+    fn let_go(&self, m: Made) {
+        match m {
+            Made::Cpu(s) => drop(s),
+            gpu => lock(&self.released).push(gpu),
         }
     }
 
