@@ -1380,6 +1380,18 @@ enum gdaki_status gdaki_socket_service_handle(const struct gdaki_socket_service 
                                               const gdaki_dev_socket_service **handle);
 
 /**
+ * Frees the GPU sockets kernels released since the last call (`*freed`, unless NULL, gets
+ * how many). Freeing GPU memory waits for every kernel of the process, so the service never
+ * does it while it serves a call: call this when no kernel runs (or leave it to the destroy).
+ * CPU-mode sockets are freed at their release.
+ *
+ * # Safety
+ * `service` is NULL or a service handle; `freed` is NULL or writable.
+ */
+enum gdaki_status gdaki_socket_service_reap(const struct gdaki_socket_service *service,
+                                            uint32_t *freed);
+
+/**
  * Stops a service (NULL: nothing): waits for calls in progress (at most the socket timeout)
  * and frees every socket and listener it made. No kernel may use them any more.
  *

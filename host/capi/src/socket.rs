@@ -506,6 +506,30 @@ pub unsafe extern "C" fn gdaki_socket_service_handle(
     })
 }
 
+/// Frees the GPU sockets kernels released since the last call (`*freed`, unless NULL, gets
+/// how many). Freeing GPU memory waits for every kernel of the process, so the service never
+/// does it while it serves a call: call this when no kernel runs (or leave it to the destroy).
+/// CPU-mode sockets are freed at their release.
+///
+/// # Safety
+/// `service` is NULL or a service handle; `freed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_socket_service_reap(
+    service: *const gdaki_socket_service,
+    freed: *mut u32,
+) -> gdaki_status {
+    call("gdaki_socket_service_reap", || {
+        // SAFETY: the caller's contract.
+        let s = unsafe { guard::borrow(service, "service") }?;
+        let n = s.reap();
+        if !freed.is_null() {
+            // SAFETY: writable (the contract).
+            unsafe { freed.write(n.min(u32::MAX as usize) as u32) };
+        }
+        Ok(())
+    })
+}
+
 /// Stops a service (NULL: nothing): waits for calls in progress (at most the socket timeout)
 /// and frees every socket and listener it made. No kernel may use them any more.
 ///

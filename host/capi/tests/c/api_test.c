@@ -764,6 +764,10 @@ static void socket_service(void) {
     CHECK(gdaki_socket_unlisten_thread(h, port) == GDAKI_CODE_BAD_ARGUMENT);
     CHECK(gdaki_socket_connect_thread(NULL, addr, &s) == GDAKI_CODE_BAD_HANDLE);
     EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_service_handle(NULL, &h));
+    uint32_t freed = 99;
+    OK(gdaki_socket_service_reap(svc, &freed));
+    CHECK(freed == 0); /* CPU-mode sockets are freed at their release */
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_socket_service_reap(NULL, &freed));
     OK(gdaki_socket_service_destroy(svc));
     OK(gdaki_socket_service_destroy(NULL));
 }
