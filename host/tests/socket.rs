@@ -745,3 +745,56 @@ fn threads_connect_listen_and_accept_through_a_socket_service() {
         Err(SocketError::BadHandle { version: 0 })
     ));
 }
+
+/// Many callers at once through one socket service (more than it has slots): 80 threads
+/// connect while 80 accept on one listener, each pair echoes its own stream; every call gets
+/// a slot in time, every stream arrives whole, and the services hold nothing afterwards.
+#[test]
+fn many_callers_share_a_socket_service() {
+    use gdaki::socket::SocketService;
+    use gdaki_device::socket::{Service, Socket as DevSocket};
+    type Dev = DevSocket<gdaki_device::Gpu>;
+    const PAIRS: usize = 80;
+    let cfg = SocketConfig {
+        timeout: Duration::from_secs(20),
+        ..small(4096)
+    };
+    let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let server = SocketService::start(&Context::open(Provider::Soft).unwrap(), ip, cfg.clone()).unwrap();
+    let client = SocketService::start(&Context::open(Provider::Soft).unwrap(), ip, cfg).unwrap();
+    let (sh, ch) = (server.device_handle() as usize, client.device_handle() as usize);
+    // SAFETY (every from_raw of a service below): its handle in host memory, alive for the test.
+    let svc = |h: usize| unsafe { Service::from_raw(h as *const _) }.unwrap();
+    let port = svc(sh).listen(0).unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    std::thread::scope(|scope| {
+        for _ in 0..PAIRS {
+            scope.spawn(move || {
+                let s = svc(sh).accept(port).unwrap();
+                // SAFETY: the handle the service made for this thread, used by it alone.
+                let dev = unsafe { Dev::from_raw(s) }.unwrap();
+                let mut buf = [0u8; 512];
+                gdaki_device::socket::echo(&dev, gdaki_device::Thread, &mut buf).unwrap();
+                dev.close_with(gdaki_device::Thread).unwrap();
+                svc(sh).release(s).unwrap();
+            });
+        }
+        for i in 0..PAIRS {
+            let addr = addr.clone();
+            scope.spawn(move || {
+                let s = svc(ch).connect(addr.as_bytes()).unwrap();
+                // SAFETY: as above.
+                let dev = unsafe { Dev::from_raw(s) }.unwrap();
+                let data = pattern(i as u64, 3000 + i);
+                dev.send_all_with(gdaki_device::Thread, &data).unwrap();
+                let mut back = vec![0u8; data.len()];
+                dev.recv_exact_with(gdaki_device::Thread, &mut back).unwrap();
+                assert!(back == data, "pair {i}: the echo differs");
+                dev.close_with(gdaki_device::Thread).unwrap();
+                svc(ch).release(s).unwrap();
+            });
+        }
+    });
+    svc(sh).unlisten(port).unwrap();
+    assert_eq!((server.held(), client.held()), ((0, 0), (0, 0)));
+}

@@ -4,6 +4,47 @@
 //! or an accept may take up to the socket timeout), and its socket handed to the caller as a
 //! handle ready for `gdaki_device::socket::Socket::from_raw`; the service keeps the socket
 //! until the caller releases it. The mailbox protocol is in `gdaki_layout::socket::SocketCall`.
+//!
+//! In CPU mode (rings in host memory) threads play the kernels; on a GPU the config names it
+//! (`SocketMemory::Device(gpu)`) and kernels call the same functions, or the
+//! `gdaki_socket_listen_block` ... of `gdaki_device.h`:
+//!
+//! ```
+//! use gdaki::socket::{Socket, SocketConfig, SocketService};
+//! use gdaki::{Context, Provider};
+//! use gdaki_device::socket::{Service, Socket as DevSocket};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let service = SocketService::start(&Context::open(Provider::Soft)?, "127.0.0.1".parse()?, SocketConfig::default())?;
+//! let handle = service.device_handle() as usize;
+//! // SAFETY: the service's handle (host memory in CPU mode), alive while it is used.
+//! let svc = |h: usize| unsafe { Service::from_raw(h as *const _) }.unwrap();
+//! // What a kernel does: listen, accept, echo what comes, close, release.
+//! let port = svc(handle).listen(0).unwrap();
+//! let server = std::thread::spawn(move || {
+//!     let s = svc(handle).accept(port).unwrap();
+//!     // SAFETY: the handle the service made for this caller, used by it alone.
+//!     let dev = unsafe { DevSocket::<gdaki_device::Gpu>::from_raw(s) }.unwrap();
+//!     let mut buf = [0u8; 64];
+//!     let n = dev.recv(&mut buf).unwrap();
+//!     dev.send_all_with(gdaki_device::Thread, &buf[..n]).unwrap();
+//!     dev.close_with(gdaki_device::Thread).unwrap();
+//!     svc(handle).release(s).unwrap();
+//! });
+//! // A CPU client.
+//! let ctx = Context::open(Provider::Soft)?;
+//! let c = Socket::connect(&ctx, format!("127.0.0.1:{port}").parse()?, SocketConfig::default())?;
+//! c.send_all(b"hello, service")?;
+//! let mut back = [0u8; 14];
+//! let mut got = 0;
+//! while got < back.len() {
+//!     got += c.recv(&mut back[got..])?;
+//! }
+//! assert_eq!(&back, b"hello, service");
+//! c.close()?;
+//! server.join().unwrap();
+//! assert_eq!(service.held(), (0, 1), "the listener stays until unlisten");
+//! # Ok(()) }
+//! ```
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
