@@ -479,6 +479,25 @@ fn two_sided_verbs_in_thread_warp_and_block_scope() {
     assert_eq!(qp.error(), None);
 }
 
+/// Every thread of `blocks` blocks of `threads` left `GDAKI_OK` in `status` (else its
+/// `line << 16 | code`, as `GDAKI_TEST_CHECK` writes it, is reported).
+fn expect_ok(status: &DeviceBuffer, blocks: usize, threads: u32) {
+    let mut raw = vec![0u8; 4 * threads as usize * blocks];
+    status.read(0, &mut raw).unwrap();
+    for (t, c) in raw.chunks(4).enumerate() {
+        let c = u32::from_le_bytes(c.try_into().unwrap());
+        assert_eq!(
+            c,
+            0,
+            "block {} thread {}: line {} code {:#x}",
+            t / threads as usize,
+            t % threads as usize,
+            c >> 16,
+            c & 0xffff
+        );
+    }
+}
+
 #[test]
 fn sockets_in_thread_warp_and_block_scope() {
     use gdaki::socket::{SocketConfig, SocketMemory};
@@ -573,20 +592,7 @@ fn sockets_in_thread_warp_and_block_scope() {
             );
         }
     });
-    let mut raw = vec![0u8; 4 * threads as usize * roles.len()];
-    status.read(0, &mut raw).unwrap();
-    for (t, c) in raw.chunks(4).enumerate() {
-        let c = u32::from_le_bytes(c.try_into().unwrap());
-        assert_eq!(
-            c,
-            0,
-            "block {} thread {}: line {} code {:#x}",
-            t / threads as usize,
-            t % threads as usize,
-            c >> 16,
-            c & 0xffff
-        );
-    }
+    expect_ok(&status, roles.len(), threads);
     let mut raw = vec![0u8; 8 * roles.len()];
     echoed.read(0, &mut raw).unwrap();
     let echoed: Vec<u64> = raw
@@ -648,20 +654,7 @@ fn kernels_listen_accept_and_connect_through_a_socket_service() {
         )
     }
     .unwrap();
-    let mut raw = vec![0u8; 4 * 3 * threads as usize];
-    status.read(0, &mut raw).unwrap();
-    for (t, c) in raw.chunks(4).enumerate() {
-        let c = u32::from_le_bytes(c.try_into().unwrap());
-        assert_eq!(
-            c,
-            0,
-            "block {} thread {}: line {} code {:#x}",
-            t / threads as usize,
-            t % threads as usize,
-            c >> 16,
-            c & 0xffff
-        );
-    }
+    expect_ok(&status, 3, threads);
     assert_eq!(service.held(), (0, 0), "every socket released, every listener closed");
     assert_eq!(
         service.reap(),

@@ -118,6 +118,21 @@ extern "C" __global__ void cpp_sockets(gdaki_dev_socket **socks, const uint32_t 
   }
 }
 
+// Writes "127.0.0.1:<port>" and its NUL into `addr` (32 bytes).
+__device__ static void local_addr(char *addr, uint32_t port) {
+  const char prefix[] = "127.0.0.1:";
+  unsigned at = 0;
+  for (; prefix[at] != 0; at++) addr[at] = prefix[at];
+  char digits[8];
+  unsigned n = 0;
+  do {
+    digits[n++] = (char)('0' + port % 10);
+    port /= 10;
+  } while (port != 0);
+  while (n > 0) addr[at++] = digits[--n];
+  addr[at] = 0;
+}
+
 // Connection set-up from the kernel through a socket service (GPUnet's gbind, gaccept and
 // gconnect_in): block 0 listens and accepts, block 1 connects to it (it learns the port
 // through `port_word`), both in block scope; block 1 sends `len` bytes, block 0 echoes them,
@@ -148,18 +163,7 @@ extern "C" __global__ void cpp_socket_service(const gdaki_dev_socket_service *sv
     if (threadIdx.x == 0) {
       uint32_t port = 0;
       for (uint64_t spins = 0; port == 0 && spins < (1ull << 32); spins++) port = *port_word;
-      // "127.0.0.1:<port>"
-      const char prefix[] = "127.0.0.1:";
-      unsigned at = 0;
-      for (; prefix[at] != 0; at++) addr[at] = prefix[at];
-      char digits[8];
-      unsigned n = 0;
-      do {
-        digits[n++] = (char)('0' + port % 10);
-        port /= 10;
-      } while (port != 0);
-      while (n > 0) addr[at++] = digits[--n];
-      addr[at] = 0;
+      local_addr(addr, port);
     }
     __syncthreads();
     GDAKI_TEST_CHECK(gdaki_socket_connect_block(svc, &scratch, addr, &s), GDAKI_OK);
@@ -183,17 +187,8 @@ extern "C" __global__ void cpp_socket_service(const gdaki_dev_socket_service *sv
       GDAKI_TEST_CHECK(gdaki_socket_unlisten_warp(svc, port), GDAKI_OK);
     }
     if (threadIdx.x == 0) {
-      char closed[32] = "127.0.0.1:";
-      unsigned at = 10;
-      char digits[8];
-      unsigned n = 0;
-      uint32_t p = closed_port;
-      do {
-        digits[n++] = (char)('0' + p % 10);
-        p /= 10;
-      } while (p != 0);
-      while (n > 0) closed[at++] = digits[--n];
-      closed[at] = 0;
+      char closed[32];
+      local_addr(closed, closed_port);
       GDAKI_TEST_CHECK(gdaki_socket_connect_thread(svc, closed, &s), GDAKI_CODE_REFUSED);
       GDAKI_TEST_CHECK(gdaki_socket_accept_thread(svc, closed_port, &s), GDAKI_CODE_REFUSED);
       GDAKI_TEST_CHECK(gdaki_socket_connect_thread(svc, 0, &s), GDAKI_CODE_BAD_ARGUMENT);
