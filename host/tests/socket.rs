@@ -798,3 +798,56 @@ fn many_callers_share_a_socket_service() {
     svc(sh).unlisten(port).unwrap();
     assert_eq!((server.held(), client.held()), ((0, 0), (0, 0)));
 }
+
+/// A caller that gives up before the service answers: the service, finishing the call later,
+/// sees `cancelled` and undoes it (the socket it made is dropped, never handed out), and the
+/// peer's connection ends. Played with a copy of the service's handle whose caller timeout is
+/// far shorter than the service's accept.
+#[test]
+fn a_call_its_caller_gave_up_on_is_undone() {
+    use gdaki::socket::SocketService;
+    use gdaki_device::socket::{Service, SocketError};
+    use gdaki_layout::socket::DevSocketService;
+    let cfg = SocketConfig {
+        timeout: Duration::from_secs(3),
+        ..small(4096)
+    };
+    let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let server = SocketService::start(&Context::open(Provider::Soft).unwrap(), ip, cfg.clone()).unwrap();
+    // SAFETY: the service's handle in host memory (CPU mode), alive for the test.
+    let mut impatient: DevSocketService = unsafe { std::ptr::read(server.device_handle() as *const DevSocketService) };
+    impatient.timeout_ns = 50_000_000;
+    // SAFETY: a copy of the live handle (same mailbox and locks), alive for the test.
+    let svc = unsafe { Service::from_raw(&impatient) }.unwrap();
+    let port = svc.listen(0).unwrap();
+    // The client connects only after the caller gave up waiting (twice 50 ms).
+    let client = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        let c = Socket::connect(
+            &Context::open(Provider::Soft).unwrap(),
+            format!("127.0.0.1:{port}").parse().unwrap(),
+            cfg,
+        )
+        .unwrap();
+        // The server's side was dropped: nothing ever comes, and the stream ends or is lost.
+        let mut buf = [0u8; 8];
+        c.recv(&mut buf)
+    });
+    let started = Instant::now();
+    assert_eq!(svc.accept(port), Err(SocketError::TimedOut));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the caller kept its own timeout"
+    );
+    let ended = client.join().unwrap();
+    assert!(
+        !matches!(ended, Ok(n) if n > 0),
+        "the undone socket sent nothing: {ended:?}"
+    );
+    // Once the service finished the accept, it undid it: no socket held, the listener stays.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.held() != (0, 1) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.held(), (0, 1));
+}
