@@ -85,6 +85,17 @@ impl Default for SocketConfig {
     }
 }
 
+impl SocketMemory {
+    /// The GPU that reaches the rings ([`Pinned`](Self::Pinned) or [`Device`](Self::Device)
+    /// memory of it), or `None` for host memory.
+    pub fn gpu(&self) -> Option<&gdaki_cuda::Gpu> {
+        match self {
+            SocketMemory::Host => None,
+            SocketMemory::Pinned(g) | SocketMemory::Device(g) => Some(g),
+        }
+    }
+}
+
 impl SocketConfig {
     /// `len` bytes of registered memory where [`memory`](Self::memory) says.
     fn alloc(&self, ctx: &Context, len: usize) -> Result<MemoryRegion> {
@@ -512,10 +523,7 @@ impl Socket {
     /// ([`SocketMemory::Pinned`] or [`SocketMemory::Device`] of that GPU): [`Error::Unsupported`]
     /// with the reason if not.
     pub fn reached_by(&self, gpu: &gdaki_cuda::Gpu) -> Result<()> {
-        let reached = match &self.memory {
-            SocketMemory::Pinned(g) | SocketMemory::Device(g) => g.ordinal() == gpu.ordinal(),
-            SocketMemory::Host => false,
-        };
+        let reached = self.memory.gpu().is_some_and(|g| g.ordinal() == gpu.ordinal());
         if reached {
             return Ok(());
         }

@@ -620,13 +620,25 @@ fn the_checking_client_notices_a_changed_byte() {
     }
 }
 
+/// A socket service on its own context, listening on 127.0.0.1, for CPU threads (the rings in
+/// host memory).
+fn local_service(cfg: SocketConfig) -> gdaki::socket::SocketService {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    gdaki::socket::SocketService::start(&ctx, "127.0.0.1".parse().unwrap(), cfg).unwrap()
+}
+
+/// The device view of a CPU-mode service's handle (`SocketService::device_handle`).
+fn svc(handle: usize) -> gdaki_device::socket::Service {
+    // SAFETY: callers pass the handle of a CPU-mode service (host memory) that outlives the use.
+    unsafe { gdaki_device::socket::Service::from_raw(handle as *const _) }.unwrap()
+}
+
 /// Connection set-up from the device side (GPUnet's `gconnect_in`, `gbind`, `gaccept`), in
 /// CPU mode: threads playing kernels listen, accept, connect, echo and release through two
 /// socket services, a block of them accepts together; the refusals each get their code, and
 /// the services hold nothing at the end.
 #[test]
 fn threads_connect_listen_and_accept_through_a_socket_service() {
-    use gdaki::socket::SocketService;
     use gdaki_device::scope::Group;
     use gdaki_device::socket::{Service, Socket as DevSocket, SocketError};
     type Dev = DevSocket<gdaki_device::Gpu>;
@@ -634,12 +646,8 @@ fn threads_connect_listen_and_accept_through_a_socket_service() {
         timeout: Duration::from_millis(700),
         ..small(4096)
     };
-    let any: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let server = SocketService::start(&Context::open(Provider::Soft).unwrap(), any, cfg.clone()).unwrap();
-    let client = SocketService::start(&Context::open(Provider::Soft).unwrap(), any, cfg).unwrap();
+    let (server, client) = (local_service(cfg.clone()), local_service(cfg));
     let (sh, ch) = (server.device_handle() as usize, client.device_handle() as usize);
-    // SAFETY (every from_raw of a service below): its handle in host memory, alive for the test.
-    let svc = |h: usize| unsafe { Service::from_raw(h as *const _) }.unwrap();
     let data = pattern(9, 50_000);
 
     let port = svc(sh).listen(0).unwrap();
@@ -749,20 +757,15 @@ fn threads_connect_listen_and_accept_through_a_socket_service() {
 /// a slot in time, every stream arrives whole, and the services hold nothing afterwards.
 #[test]
 fn many_callers_share_a_socket_service() {
-    use gdaki::socket::SocketService;
-    use gdaki_device::socket::{Service, Socket as DevSocket};
+    use gdaki_device::socket::Socket as DevSocket;
     type Dev = DevSocket<gdaki_device::Gpu>;
     const PAIRS: usize = 80;
     let cfg = SocketConfig {
         timeout: Duration::from_secs(20),
         ..small(4096)
     };
-    let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let server = SocketService::start(&Context::open(Provider::Soft).unwrap(), ip, cfg.clone()).unwrap();
-    let client = SocketService::start(&Context::open(Provider::Soft).unwrap(), ip, cfg).unwrap();
+    let (server, client) = (local_service(cfg.clone()), local_service(cfg));
     let (sh, ch) = (server.device_handle() as usize, client.device_handle() as usize);
-    // SAFETY (every from_raw of a service below): its handle in host memory, alive for the test.
-    let svc = |h: usize| unsafe { Service::from_raw(h as *const _) }.unwrap();
     let port = svc(sh).listen(0).unwrap();
     let addr = format!("127.0.0.1:{port}");
     std::thread::scope(|scope| {
@@ -803,15 +806,13 @@ fn many_callers_share_a_socket_service() {
 /// far shorter than the service's accept.
 #[test]
 fn a_call_its_caller_gave_up_on_is_undone() {
-    use gdaki::socket::SocketService;
     use gdaki_device::socket::{Service, SocketError};
     use gdaki_layout::socket::DevSocketService;
     let cfg = SocketConfig {
         timeout: Duration::from_secs(3),
         ..small(4096)
     };
-    let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let server = SocketService::start(&Context::open(Provider::Soft).unwrap(), ip, cfg.clone()).unwrap();
+    let server = local_service(cfg.clone());
     // SAFETY: the service's handle in host memory (CPU mode), alive for the test.
     let mut impatient: DevSocketService = unsafe { std::ptr::read(server.device_handle() as *const DevSocketService) };
     impatient.timeout_ns = 50_000_000;

@@ -133,7 +133,6 @@ enum Made {
 struct Inner {
     ctx: Context,
     cfg: SocketConfig,
-    gpu: Option<Gpu>,
     bind: IpAddr,
     slots: u32,
     /// For rings in GPU memory: a region of that GPU held for the service's life, so the soft
@@ -175,23 +174,20 @@ impl SocketService {
     /// mapped into it, the sockets exported to it), or CPU threads for [`SocketMemory::Host`].
     pub fn start(ctx: &Context, bind: IpAddr, cfg: SocketConfig) -> Result<SocketService> {
         cfg.log_rx()?;
-        let gpu = match &cfg.memory {
-            SocketMemory::Host => None,
-            SocketMemory::Pinned(g) | SocketMemory::Device(g) => Some(g.clone()),
-        };
+        let gpu = cfg.memory.gpu();
         let slots = SERVICE_SLOTS;
         let calls = HostBuffer::new(
             "a socket service's mailbox",
             slots as usize * std::mem::size_of::<SocketCall>(),
         )?;
-        let map = match &gpu {
+        let map = match gpu {
             // SAFETY: the buffer is page-aligned whole pages, owned by the service, and outlives
             // the mapping (dropped first, by field order).
             Some(g) => Some(unsafe { HostMapping::new(g, calls.as_ptr(), calls.size()) }?),
             None => None,
         };
         let calls_addr = map.as_ref().map_or(calls.addr(), |m| m.device_addr(0));
-        let locks = Placed::new(gpu.as_ref(), "a socket service's locks", &vec![0u8; 4 * slots as usize])?;
+        let locks = Placed::new(gpu, "a socket service's locks", &vec![0u8; 4 * slots as usize])?;
         // A caller waits out the service's connect or accept, and then some.
         let timeout = cfg.timeout.saturating_mul(2) + Duration::from_secs(1);
         let h = DevSocketService {
@@ -202,7 +198,7 @@ impl SocketService {
             version: DEV_SOCKET_SERVICE_VERSION,
             pad: [0; 4],
         };
-        let handle = Placed::new(gpu.as_ref(), "a socket service's handle", bytemuck::bytes_of(&h))?;
+        let handle = Placed::new(gpu, "a socket service's handle", bytemuck::bytes_of(&h))?;
         let copier = match &cfg.memory {
             SocketMemory::Device(g) => Some(ctx.alloc_device_region(g, 4096, Access::ALL)?),
             _ => None,
@@ -210,7 +206,6 @@ impl SocketService {
         let inner = Arc::new(Inner {
             ctx: ctx.clone(),
             cfg,
-            gpu,
             bind,
             slots,
             _copier: copier,
@@ -439,7 +434,7 @@ impl Inner {
 
     /// A made socket as its callers take it: exported to the GPU (kernels), or as it is (CPU).
     fn hand_out(&self, socket: Socket) -> std::result::Result<(u64, Option<Made>), u32> {
-        match &self.gpu {
+        match self.cfg.memory.gpu() {
             Some(gpu) => {
                 let g = socket.into_gpu(gpu).map_err(|e| {
                     warn!("socket service: exporting a socket to GPU {}: {e}", gpu.ordinal());
