@@ -122,7 +122,8 @@ __device__ inline bool agree(bool ok, const Args &a, Block b) {
     return __syncthreads_and(ok && same) != 0;
 }
 
-/* The first member's `v`, to every member (after the coop's barrier). */
+/* The first member's `v`, to every member: a barrier of the coop (the others wait for the
+ * first member's operation here). */
 __device__ inline uint32_t share(uint32_t v, Thread) { return v; }
 __device__ inline uint32_t share(uint32_t v, Warp) { return __shfl_sync(0xffffffffu, v, 0); }
 __device__ inline uint32_t share(uint32_t v, Block b) {
@@ -296,7 +297,6 @@ class Gin {
                 if (s == GDAKI_OK && is_signal(action)) s = signal_now(peer, detail::action(action));
             }
         }
-        detail::sync(coop);
         return detail::share(s, coop);
     }
 

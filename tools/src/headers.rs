@@ -513,6 +513,19 @@ fn cbindgen_on(crate_dir: &Path, mut cfg: cbindgen::Config) -> Result<String, He
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// Writes `decls` of `scope`: warp and block scope inside `#ifdef GDAKI_CUDA` (host builds
+/// declare thread scope only).
+fn in_scope(h: &mut String, scope: &str, decls: impl FnOnce(&mut String)) {
+    let gpu_only = scope != "thread";
+    if gpu_only {
+        h.push_str("#ifdef GDAKI_CUDA\n");
+    }
+    decls(h);
+    if gpu_only {
+        h.push_str("#endif\n");
+    }
+}
+
 fn device_header(structs: &str) -> String {
     let mut h = String::new();
     let _ = write!(
@@ -576,21 +589,16 @@ extern "C" {{
             let _ = write!(h, "\n/** {}: {}", op.name, doc.join("\n * "));
             let _ = writeln!(h, " */");
             for scope in ffi::SCOPES {
-                let gpu_only = scope != "thread";
-                if gpu_only {
-                    h.push_str("#ifdef GDAKI_CUDA\n");
-                }
-                for mode in ffi::MODES {
-                    let _ = writeln!(
-                        h,
-                        "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}_{mode}({});",
-                        op.name,
-                        c_params(handle, op, scope)
-                    );
-                }
-                if gpu_only {
-                    h.push_str("#endif\n");
-                }
+                in_scope(&mut h, scope, |h| {
+                    for mode in ffi::MODES {
+                        let _ = writeln!(
+                            h,
+                            "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}_{mode}({});",
+                            op.name,
+                            c_params(handle, op, scope)
+                        );
+                    }
+                });
             }
         }
     }
@@ -621,19 +629,14 @@ extern "C" {{
         let doc: Vec<&str> = op.doc.lines().map(str::trim).collect();
         let _ = writeln!(h, "\n/** {}: {} */", op.name, doc.join("\n * "));
         for scope in ffi::SCOPES {
-            let gpu_only = scope != "thread";
-            if gpu_only {
-                h.push_str("#ifdef GDAKI_CUDA\n");
-            }
-            let _ = writeln!(
-                h,
-                "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}({});",
-                op.name,
-                c_params("const gdaki_dev_socket_service *service", op, scope)
-            );
-            if gpu_only {
-                h.push_str("#endif\n");
-            }
+            in_scope(&mut h, scope, |h| {
+                let _ = writeln!(
+                    h,
+                    "GDAKI_DEVICE_FN uint32_t gdaki_{}_{scope}({});",
+                    op.name,
+                    c_params("const gdaki_dev_socket_service *service", op, scope)
+                );
+            });
         }
     }
     h.push_str("\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* GDAKI_DEVICE_H */\n");
