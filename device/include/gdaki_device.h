@@ -59,6 +59,8 @@ extern "C" {
 #define GDAKI_DOORBELL_GPU 0u
 /** doorbell_kind: a CPU proxy rings */
 #define GDAKI_DOORBELL_CPU_PROXY 1u
+/** doorbell_kind: the poster rings a host word, a CPU proxy forwards it */
+#define GDAKI_DOORBELL_CPU_ASSISTED 2u
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
 /** version word of gdaki_dev_socket */

@@ -90,7 +90,8 @@ pub enum AtomicOp {
 /// [`Qp::submit`] would.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DoorbellWrites {
-    /// The GPU doorbell: the 32-bit send doorbell record (at `DevQp::sq_dbrec`), then the
+    /// The GPU doorbell (and the CPU-assisted one, whose `DevQp::doorbell` is a host word a
+    /// proxy forwards): the 32-bit send doorbell record (at `DevQp::sq_dbrec`), then the
     /// 8-byte doorbell (at `DevQp::doorbell`). The record goes first: an agent's stores are
     /// ordered, and a HCA that recovers a lost doorbell from the record then finds it current.
     Doorbell {
@@ -112,7 +113,7 @@ impl DoorbellWrites {
     #[inline(always)]
     pub const fn new(kind: DoorbellKind, qpn: u32, pi: u64) -> DoorbellWrites {
         match kind {
-            DoorbellKind::Gpu => DoorbellWrites::Doorbell {
+            DoorbellKind::Gpu | DoorbellKind::CpuAssisted => DoorbellWrites::Doorbell {
                 record: dbrec::wq_counter(pi).to_be(),
                 doorbell: doorbell::word(qpn, pi),
             },
@@ -673,13 +674,15 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub fn submit(&self, pi: u64) -> Result<(), PostError> {
         let kind = DoorbellKind::from_raw(self.k.doorbell_kind);
         match kind {
-            Some(DoorbellKind::Gpu) if !M::SHARED => {
+            // CPU-assisted posters do all a GPU doorbell does; only the doorbell's address is
+            // a host word, which the proxy forwards to the UAR.
+            Some(DoorbellKind::Gpu | DoorbellKind::CpuAssisted) if !M::SHARED => {
                 self.ring(pi);
                 // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
                 unsafe { M::store_release(self.sq_rung(), pi) };
                 Ok(())
             }
-            Some(DoorbellKind::Gpu) => {
+            Some(DoorbellKind::Gpu | DoorbellKind::CpuAssisted) => {
                 let mut deadline = self.deadline();
                 loop {
                     // SAFETY: counters and lock of the live handle.

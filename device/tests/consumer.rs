@@ -193,7 +193,8 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
         let stopping = c.stop.load(Acquire);
         let db = load64(h.doorbell);
         let target = match kind {
-            DoorbellKind::Gpu => {
+            // CPU-assisted posters ring exactly as for a NIC (a proxy forwards the doorbell).
+            DoorbellKind::Gpu | DoorbellKind::CpuAssisted => {
                 let (qpn, pi16) = doorbell::decode(db.to_ne_bytes());
                 if db != 0 && qpn != QPN {
                     return Err(format!("doorbell for QP {qpn:#x}"));
@@ -453,6 +454,14 @@ fn cpu_proxy_handler_publishes_the_producer_index() {
     many_posters::<Gpu>(3, 300, 4, DoorbellKind::CpuProxy);
 }
 
+/// CPU-assisted (rings in GPU memory): the posters write the record and the doorbell image
+/// exactly as for a NIC, only into a host word a proxy forwards.
+#[test]
+fn cpu_assisted_posters_ring_a_host_word_as_they_would_a_nic() {
+    many_posters::<Gpu>(3, 300, 4, DoorbellKind::CpuAssisted);
+    many_posters::<Exclusive>(1, 1000, 3, DoorbellKind::CpuAssisted);
+}
+
 /// Deferred posts: the consumer sees nothing until the commit, which rings once for all of
 /// them; a wait on a deferred ticket, and a post that needs a slot back, ring by themselves.
 fn deferred_posts<M: Sharing>(kind: DoorbellKind) {
@@ -497,6 +506,11 @@ fn deferred_posts_wait_for_the_commit_shared() {
 #[test]
 fn deferred_posts_wait_for_the_commit_cpu_proxy() {
     deferred_posts::<Cta>(DoorbellKind::CpuProxy);
+}
+
+#[test]
+fn deferred_posts_wait_for_the_commit_cpu_assisted() {
+    deferred_posts::<Cta>(DoorbellKind::CpuAssisted);
 }
 
 #[test]

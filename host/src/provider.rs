@@ -25,7 +25,11 @@ pub enum DoorbellHandler {
     /// (named `direct`, as the perftests say).
     #[serde(rename = "direct")]
     Gpu,
-    /// The poster publishes its producer index; a CPU proxy thread rings for it.
+    /// The poster publishes its producer index; a CPU proxy thread rings for it. With the
+    /// rings in host memory the proxy also writes the doorbell record; with them in GPU memory
+    /// (where the CPU cannot write) the poster writes it and rings a host word as it would
+    /// the UAR, and the proxy forwards that doorbell (CPU-assisted, as NVSHMEM's IBGDA does
+    /// without gdrcopy).
     CpuProxy,
 }
 

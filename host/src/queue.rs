@@ -341,12 +341,21 @@ impl Qp {
     }
 
     /// The word posters ring (the doorbell) or publish to (the proxy word), and its kind, for
-    /// `handler`.
+    /// `handler`: where the doorbell record is in GPU memory, which a proxy's CPU cannot write,
+    /// posters ring the proxy word as they would the UAR and the proxy forwards (CPU-assisted).
     fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
         match handler {
             DoorbellHandler::Gpu => (self.uar.uar.reg_addr(), DoorbellKind::Gpu),
+            DoorbellHandler::CpuProxy if self.record_in_gpu_memory() => {
+                (self.proxy_word.addr(), DoorbellKind::CpuAssisted)
+            }
             DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
         }
+    }
+
+    /// Whether the send queue and its doorbell record are in GPU memory.
+    fn record_in_gpu_memory(&self) -> bool {
+        self.umem.mem.gpu().is_some()
     }
 }
 
@@ -554,14 +563,6 @@ impl QueuePair {
                 Some(gdaki_layout::recv::queue_shape(log_receives, r.max_bufs))
             }
         };
-        if let (Rings::Gpu(_), DoorbellHandler::CpuProxy) = (&cfg.rings, cfg.handler) {
-            return Err(Error::Unsupported {
-                what: "a CPU proxy for a queue pair whose rings are in GPU memory",
-                why: "the proxy writes the doorbell record with the CPU: place the rings in host memory \
-                      (Rings::Host) or let the poster ring (DoorbellHandler::Gpu)"
-                    .into(),
-            });
-        }
         // The QPN is not known before CREATE_QP: claim the CQ with 0 and name it after.
         let claim = CqClaim::new(&cq.inner, 0)?;
         // The receive queue's own CQ, as large as the queue: it can never overrun.
@@ -899,20 +900,28 @@ impl QueuePair {
     fn target(&self) -> gdaki_proxy::Target {
         let q = &self.inner;
         let keep: Arc<dyn Send + Sync> = q.clone();
+        let (index, doorbell) = (q.proxy_word.as_ptr() as *const u64, q.uar.uar.reg_addr() as *mut u64);
         // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
-        // are aligned words of memory `keep` keeps: the proxy word, the QP's umem (host memory:
-        // `create` and `fall_back` refuse a proxy for rings in GPU memory) and its UAR page,
-        // which the QP gives back only when it goes. Posters, the proxy and the HCA
-        // access them atomically.
+        // are aligned words of memory `keep` keeps: the proxy word, the QP's umem and its UAR
+        // page, which the QP gives back only when it goes. The record is handed over only where
+        // it is host memory; in GPU memory the posters write it and ring the proxy word as a
+        // doorbell (CPU-assisted, `ring_word`). Posters, the proxy and the HCA access them
+        // atomically.
         unsafe {
-            gdaki_proxy::Target::new(
-                q.qpn,
-                q.proxy_word.as_ptr() as *const u64,
-                (q.sq() + q.sq_dbrec_offset()) as *mut u32,
-                q.uar.uar.reg_addr() as *mut u64,
-                keep,
-            )
+            if q.record_in_gpu_memory() {
+                gdaki_proxy::Target::forwarding(q.qpn, index, doorbell, keep)
+            } else {
+                let record = (q.sq() + q.sq_dbrec_offset()) as *mut u32;
+                gdaki_proxy::Target::new(q.qpn, index, record, doorbell, keep)
+            }
         }
+    }
+
+    /// How posters submit to this QP ([`DoorbellKind`]): what [`handler`](Self::handler) and
+    /// the rings' placement chose ([`DoorbellKind::CpuAssisted`] for a proxy and rings in GPU
+    /// memory).
+    pub fn doorbell_kind(&self) -> DoorbellKind {
+        self.inner.ring_word(self.handler()).1
     }
 
     /// Switches this QP to the library's CPU proxy because its doorbell page cannot be mapped
@@ -923,15 +932,6 @@ impl QueuePair {
         let mut fallback = lock(&self.fallback);
         if fallback.is_some() {
             return Ok(());
-        }
-        if self.rings_in_gpu_memory() {
-            return Err(Error::Unsupported {
-                what: "the CPU proxy fallback for a queue pair whose rings are in GPU memory",
-                why: format!(
-                    "the doorbell page cannot be mapped into the GPU ({why}), and the proxy cannot write a \
-                     doorbell record in GPU memory: place the rings in host memory (Rings::Host)"
-                ),
-            });
         }
         *fallback = Some(crate::doorbell::AutoProxy::ring_for(self.target())?);
         let (doorbell, kind) = self.inner.ring_word(DoorbellHandler::CpuProxy);
@@ -1287,8 +1287,9 @@ mod tests {
 
     /// Rings in GPU memory, on a device that takes GPU umems as a NIC does (the recording
     /// double): the umems are the GPU's memory, every CQE starts invalid there, the handle says
-    /// where the rings are and the export uses them in place; CPU posting and every CPU proxy
-    /// are refused; the first error is read from the GPU ring.
+    /// where the rings are and the export uses them in place; CPU posting is refused; a CPU
+    /// proxy (chosen, or the fallback) only rings, the posters writing the record
+    /// (CPU-assisted); the first error is read from the GPU ring.
     #[test]
     fn rings_in_gpu_memory_are_registered_initialised_and_exported_in_place() {
         let Some(gpu) =
@@ -1316,9 +1317,15 @@ mod tests {
             rings: rings.clone(),
             ..Default::default()
         };
-        let err = ctx.create_qp(&cq, proxied).unwrap_err();
-        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-        assert!(rec.take().is_empty(), "refused before the device is asked");
+        let assisted = ctx.create_qp(&cq, proxied).unwrap();
+        assert_eq!(assisted.doorbell_kind(), DoorbellKind::CpuAssisted);
+        // SAFETY: the handle was written in `create`; read only.
+        let h = unsafe { assisted.device_handle().read() };
+        assert_eq!(h.doorbell_kind, DoorbellKind::CpuAssisted as u8);
+        assert_eq!(h.doorbell, assisted.inner.proxy_word.addr());
+        assert!(!assisted.proxy_target().unwrap().writes_record());
+        drop(assisted);
+        rec.take();
 
         let cfg = QpConfig {
             sq_size: 64,
@@ -1345,10 +1352,14 @@ mod tests {
         assert!(theirs.rings_in_gpu_memory());
         let rings_of = |d: &DevQp| (d.sq_base, d.sq_dbrec, d.cq.cqe_base, d.cq.dbrec);
         assert_eq!(rings_of(&theirs), rings_of(&cpu_handle));
-        // No proxy can take over: it would write the doorbell record with the CPU.
-        let err = qp.fall_back(&crate::doorbell::Unmappable::Modelled).unwrap_err();
-        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-        assert!(!qp.fell_back() && qp.handler() == DoorbellHandler::Gpu);
+        // The fallback keeps the rings where they are: the library's proxy only rings.
+        assert_eq!(qp.doorbell_kind(), DoorbellKind::Gpu);
+        qp.fall_back(&crate::doorbell::Unmappable::Modelled).unwrap();
+        assert!(qp.fell_back() && qp.handler() == DoorbellHandler::CpuProxy);
+        assert_eq!(qp.doorbell_kind(), DoorbellKind::CpuAssisted);
+        // SAFETY: the handle was just written; read only.
+        let h = unsafe { qp.device_handle().read() };
+        assert_eq!(h.doorbell_kind, DoorbellKind::CpuAssisted as u8);
 
         // The first error, from an error CQE in the GPU ring.
         qp.connect(&qp.endpoint()).unwrap();
@@ -1373,6 +1384,93 @@ mod tests {
         assert_eq!(
             rec.take(),
             ["destroy", "free_uar", "umem_dereg", "destroy", "umem_dereg"]
+        );
+    }
+
+    /// CPU-assisted on a GPU (NVSHMEM's mode without gdrcopy): with the rings in GPU memory
+    /// (the recording double, which hands its firmware host stand-ins), kernels write the WQEs
+    /// and the doorbell record there themselves and publish their producer index; a proxy
+    /// rings the UAR with it and never touches the record. Nothing executes the WQEs (no NIC
+    /// behind the double), so the kernel's waits for them time out, as they should.
+    #[test]
+    fn a_proxy_rings_for_kernels_that_write_their_own_record_in_gpu_memory() {
+        let Some(gpu) =
+            crate::devx_tests::gpu_or_skip("a_proxy_rings_for_kernels_that_write_their_own_record_in_gpu_memory")
+        else {
+            return;
+        };
+        let (ctx, _rec) = crate::devx_tests::recording_context_with(true);
+        let rings = Rings::Gpu(gpu.clone());
+        let cq = ctx.create_cq_in(64, &rings).unwrap();
+        let cfg = QpConfig {
+            sq_size: 64,
+            handler: DoorbellHandler::CpuProxy,
+            rings,
+            timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let qp = ctx.create_qp(&cq, cfg).unwrap();
+        assert_eq!(qp.doorbell_kind(), DoorbellKind::CpuAssisted);
+        let proxy = gdaki_proxy::Proxy::start(Default::default()).unwrap();
+        proxy.add(qp.proxy_target().unwrap());
+        let exported = qp.export_gpu(&gpu).unwrap();
+        const THREADS: u32 = 48;
+        let stream = gdaki_cuda::PutStream {
+            dst: gdaki_device::Remote { addr: 0x10000, rkey: 7 },
+            src: gdaki_device::Local { addr: 0x20000, lkey: 9 },
+            len: 8,
+            slots: THREADS as u64,
+            first: 0,
+            iters: 1,
+            threads_per_qp: 0,
+            op: gdaki_cuda::StreamOp::Write,
+        };
+        let launch = gdaki_cuda::DataPathLaunch {
+            scope: gdaki_cuda::KernelScope::Thread,
+            mode: gdaki_cuda::KernelMode::Gpu,
+            grid: 1,
+            block: THREADS,
+        };
+        let run = gpu.run_put(&[&exported], launch, &stream).unwrap();
+        let codes: std::collections::BTreeSet<u32> = run.status.iter().copied().collect();
+        assert_eq!(
+            codes,
+            [gdaki_device::status::CODE_TIMEOUT].into(),
+            "every wait times out, nothing else fails"
+        );
+        let rung = proxy.stop();
+        assert!(rung.doorbells >= 1, "{rung:?}");
+
+        let QueueMemory::Gpu { buf, .. } = &qp.inner.umem.mem else {
+            panic!("the send queue is in GPU memory")
+        };
+        let sq = qp.inner.rq_bytes() as usize;
+        let mut wqes = vec![0u8; 64 * THREADS as usize];
+        buf.read(sq, &mut wqes).unwrap();
+        let mut ids: Vec<u16> = wqes
+            .chunks(64)
+            .map(|w| {
+                let view = gdaki_layout::wqe::WqeView::new_checked(w).unwrap();
+                let wr = gdaki_layout::wqe::WorkRequest::parse(&view).unwrap();
+                assert_eq!((wr.qpn, wr.opcode), (qp.qpn(), gdaki_layout::WqeOpcode::RdmaWrite));
+                wr.wqe_index
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..THREADS as u16).collect::<Vec<_>>());
+        let mut record = [0u8; 4];
+        buf.read(sq + qp.inner.sq_dbrec_offset() as usize, &mut record).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(record),
+            THREADS,
+            "the kernels' record names every WQE"
+        );
+        // SAFETY: the UAR page lives with the QP; the proxy has stopped, so nothing writes it.
+        let db = unsafe { (qp.inner.uar.uar.reg_addr() as *const u64).read_volatile() };
+        assert_eq!(
+            gdaki_layout::doorbell::decode(db.to_ne_bytes()),
+            (qp.qpn(), THREADS as u16),
+            "the proxy rang with the last published index"
         );
     }
 
@@ -1404,6 +1502,7 @@ mod tests {
         // SAFETY: the handle was just written; read only.
         let dev = unsafe { qp.device_handle().read() };
         assert_eq!(dev.doorbell_kind, DoorbellKind::CpuProxy as u8);
+        assert_eq!(qp.doorbell_kind(), DoorbellKind::CpuProxy);
         assert_eq!(dev.doorbell, qp.inner.proxy_word.addr());
 
         let src = ctx.alloc_region(4096, Access::ALL).unwrap();

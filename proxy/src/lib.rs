@@ -20,6 +20,10 @@
 //! (coalescing), under the target's own lock so two rings of one queue pair never go
 //! backwards. Targets are spread over the threads; adding and removing them while the proxy
 //! runs is cheap for the threads (a version check per round).
+//!
+//! CPU-assisted targets ([`Target::forwarding`], for rings in GPU memory, which a CPU cannot
+//! write): posters write the record and their doorbell image themselves, into a host word
+//! instead of the UAR, and the proxy forwards the newest image.
 #![warn(missing_docs)]
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -91,7 +95,9 @@ impl Default for ProxyConfig {
 pub struct Target {
     qpn: u32,
     index: *const u64,
-    dbrec: *mut u32,
+    /// `None`: the posters write the record themselves and `index` holds their doorbell
+    /// image (CPU-assisted: the record is in GPU memory), which the proxy forwards.
+    dbrec: Option<*mut u32>,
     doorbell: *mut u64,
     _keep: Arc<dyn Send + Sync>,
 }
@@ -125,10 +131,33 @@ impl Target {
         Target {
             qpn,
             index,
-            dbrec,
+            dbrec: Some(dbrec),
             doorbell,
             _keep: keep,
         }
+    }
+
+    /// A queue pair whose posters ring as they would ring a NIC, the doorbell record included,
+    /// but store the 8-byte doorbell to the host word `rung` (CPU-assisted, NVSHMEM's mode for
+    /// rings in GPU memory, which the CPU cannot write): the proxy forwards the newest doorbell
+    /// there to `doorbell` and never touches the record.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new), for `rung` (in place of `index`) and `doorbell`.
+    pub unsafe fn forwarding(qpn: u32, rung: *const u64, doorbell: *mut u64, keep: Arc<dyn Send + Sync>) -> Target {
+        Target {
+            qpn,
+            index: rung,
+            dbrec: None,
+            doorbell,
+            _keep: keep,
+        }
+    }
+
+    /// Whether the proxy writes the doorbell record ([`new`](Self::new)) or only forwards the
+    /// posters' doorbells ([`forwarding`](Self::forwarding)).
+    pub fn writes_record(&self) -> bool {
+        self.dbrec.is_some()
     }
 
     /// The queue pair's number.
@@ -136,17 +165,29 @@ impl Target {
         self.qpn
     }
 
-    fn published(&self) -> u64 {
+    /// The newest producer index published, given the last one rung: the word itself, or for
+    /// a forwarding target the 16-bit index of the doorbell image there, extended past `rung`
+    /// (posters are never a ring ahead of what was rung, and a ring holds at most 2^15 WQEs).
+    /// `None` for an image that names another QP (nothing rung yet: the word is still 0).
+    fn published(&self, rung: u64) -> Option<u64> {
         // SAFETY: valid and aligned while the target lives (constructor contract).
-        unsafe { AtomicU64::from_ptr(self.index as *mut u64) }.load(Ordering::Acquire)
+        let word = unsafe { AtomicU64::from_ptr(self.index as *mut u64) }.load(Ordering::Acquire);
+        if self.dbrec.is_some() {
+            return Some(word);
+        }
+        let (qpn, pi) = doorbell::decode(word.to_ne_bytes());
+        (qpn == self.qpn).then(|| rung + pi.wrapping_sub(rung as u16) as u64)
     }
 
-    /// Rings for index `pi`: the doorbell record, then the doorbell (after it, as mlx5 needs).
+    /// Rings for index `pi`: the doorbell record (unless the posters write it), then the
+    /// doorbell (after it, as mlx5 needs).
     fn ring(&self, pi: u64) {
         // SAFETY: as above.
         unsafe {
-            AtomicU32::from_ptr(self.dbrec).store(dbrec::wq_counter(pi).to_be(), Ordering::Release);
-            fence(Ordering::Release);
+            if let Some(record) = self.dbrec {
+                AtomicU32::from_ptr(record).store(dbrec::wq_counter(pi).to_be(), Ordering::Release);
+                fence(Ordering::Release);
+            }
             AtomicU64::from_ptr(self.doorbell).store(doorbell::word(self.qpn, pi), Ordering::Release);
         }
     }
@@ -165,11 +206,10 @@ struct Watched {
 impl Watched {
     /// Rings if the published index moved; returns whether it did.
     fn ring_if_needed(&self) -> bool {
-        let pi = self.target.published();
         let mut rung = lock(&self.rung);
-        if pi <= *rung {
+        let Some(pi) = self.target.published(*rung).filter(|&pi| pi > *rung) else {
             return false;
-        }
+        };
         self.target.ring(pi);
         *rung = pi;
         true
@@ -551,6 +591,42 @@ mod tests {
         for w in qps.iter().chain([&late]) {
             assert_eq!(rung(w).1, 50);
         }
+    }
+
+    /// CPU-assisted targets: the posters' doorbell images are forwarded, newest only and
+    /// never backwards across the 16-bit index's wraps, an image naming another QP is not,
+    /// and the record (the posters', here a value no ring writes) is never touched.
+    #[test]
+    fn forwarding_targets_ring_the_newest_image_across_wraps_and_leave_the_record() {
+        let proxy = Proxy::start(ProxyConfig::default()).unwrap();
+        let w = Arc::new(Words::default());
+        w.dbrec.store(0xdead_beef, Ordering::Release);
+        // SAFETY: the words live as long as the Arc the target keeps.
+        let t = unsafe { Target::forwarding(7, w.index.as_ptr(), w.doorbell.as_ptr(), w.clone()) };
+        assert!(!t.writes_record() && target(&w, 7).writes_record());
+        let id = proxy.add(t);
+        let publish = |pi: u64| w.index.store(doorbell::word(7, pi), Ordering::Release);
+        let wait_rung = |pi: u16| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while rung(&w) != (7, pi) {
+                assert!(std::time::Instant::now() < deadline, "{pi} not rung: {:?}", rung(&w));
+                std::thread::yield_now();
+            }
+        };
+        // Steps of up to a ring (2^15) carry the index across two 16-bit wraps.
+        let mut pi = 0u64;
+        for step in [41u64, 30_000, 32_768, 5, 32_768, 20_000, 32_768, 1] {
+            pi += step;
+            publish(pi);
+            wait_rung(pi as u16);
+        }
+        assert!(pi > 2 * 65_536);
+        // Another QP's image is not this QP's doorbell.
+        w.index.store(doorbell::word(8, pi + 3), Ordering::Release);
+        assert!(proxy.remove(id));
+        assert_eq!(rung(&w), (7, pi as u16));
+        assert_eq!(w.dbrec.load(Ordering::Acquire), 0xdead_beef);
+        assert!(proxy.stop().doorbells >= 8);
     }
 
     #[test]

@@ -14,6 +14,11 @@ pub enum DoorbellKind {
     /// The poster publishes its producer index (a u64, raised monotonically) at
     /// `DevQp::doorbell`; a CPU proxy thread writes the record and rings the doorbell.
     CpuProxy = 1,
+    /// CPU-assisted, for rings in GPU memory (which a proxy cannot write): the poster does
+    /// everything [`Gpu`](Self::Gpu) does, the doorbell record included, but `DevQp::doorbell`
+    /// is a host word; a CPU proxy thread forwards the newest doorbell written there to the
+    /// UAR.
+    CpuAssisted = 2,
 }
 
 impl DevQp {
@@ -37,6 +42,7 @@ impl DoorbellKind {
         match v {
             0 => Some(DoorbellKind::Gpu),
             1 => Some(DoorbellKind::CpuProxy),
+            2 => Some(DoorbellKind::CpuAssisted),
             _ => None,
         }
     }

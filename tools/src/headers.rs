@@ -188,6 +188,12 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             "doorbell_kind: a CPU proxy rings",
         ),
         (
+            "GDAKI_DOORBELL_CPU_ASSISTED",
+            DoorbellKind::CpuAssisted as u64,
+            "u",
+            "doorbell_kind: the poster rings a host word, a CPU proxy forwards it",
+        ),
+        (
             "GDAKI_ERROR_VALID",
             handle::ERROR_VALID,
             "ull",

@@ -436,7 +436,9 @@ typedef struct gdaki_qp_config {
   /**
    * Who rings the doorbell: `GDAKI_DOORBELL_GPU` (default: the poster, a GPU thread or a
    * CPU thread in CPU mode) or `GDAKI_DOORBELL_CPU_PROXY` (posters publish their producer
-   * index, a `gdaki_proxy` rings for them).
+   * index, a `gdaki_proxy` rings for them; with `rings_gpu` the posters write the doorbell
+   * record and ring a host word the proxy forwards, CPU-assisted, and
+   * `GDAKI_DOORBELL_CPU_ASSISTED` asks for the same).
    */
   uint32_t doorbell;
   /**
@@ -498,7 +500,8 @@ typedef struct gdaki_qp_info {
   uint32_t syndrome;
   /**
    * Who rings its doorbell, a `GDAKI_DOORBELL_*` (a GPU export that could not map the
-   * doorbell page switches it to the library's own CPU proxy).
+   * doorbell page switches it to the library's own CPU proxy): `GDAKI_DOORBELL_CPU_ASSISTED`
+   * for a proxy and rings in GPU memory (the posters write the doorbell record).
    */
   uint32_t doorbell;
   /**

@@ -52,21 +52,15 @@ impl gdaki_endpoint {
 }
 
 /// `DoorbellHandler` from a `GDAKI_DOORBELL_*` value of `gdaki_device.h` (the handle's
-/// `doorbell_kind`, which says the same thing).
+/// `doorbell_kind`, which says the same thing). `GDAKI_DOORBELL_CPU_ASSISTED` asks for the
+/// proxy too: whether the posters write the record follows from where the rings are.
 fn handler(raw: u32) -> Result<DoorbellHandler, Failure> {
     match u8::try_from(raw).ok().and_then(DoorbellKind::from_raw) {
         Some(DoorbellKind::Gpu) => Ok(DoorbellHandler::Gpu),
-        Some(DoorbellKind::CpuProxy) => Ok(DoorbellHandler::CpuProxy),
+        Some(DoorbellKind::CpuProxy | DoorbellKind::CpuAssisted) => Ok(DoorbellHandler::CpuProxy),
         None => Err(Failure::invalid(format!(
-            "doorbell {raw} (expected GDAKI_DOORBELL_GPU or GDAKI_DOORBELL_CPU_PROXY)"
+            "doorbell {raw} (expected GDAKI_DOORBELL_GPU, GDAKI_DOORBELL_CPU_PROXY or GDAKI_DOORBELL_CPU_ASSISTED)"
         ))),
-    }
-}
-
-fn doorbell_kind(h: DoorbellHandler) -> u32 {
-    match h {
-        DoorbellHandler::Gpu => DoorbellKind::Gpu as u32,
-        DoorbellHandler::CpuProxy => DoorbellKind::CpuProxy as u32,
     }
 }
 
@@ -94,7 +88,9 @@ pub struct gdaki_qp_config {
     pub sq_size: u32,
     /// Who rings the doorbell: `GDAKI_DOORBELL_GPU` (default: the poster, a GPU thread or a
     /// CPU thread in CPU mode) or `GDAKI_DOORBELL_CPU_PROXY` (posters publish their producer
-    /// index, a `gdaki_proxy` rings for them).
+    /// index, a `gdaki_proxy` rings for them; with `rings_gpu` the posters write the doorbell
+    /// record and ring a host word the proxy forwards, CPU-assisted, and
+    /// `GDAKI_DOORBELL_CPU_ASSISTED` asks for the same).
     pub doorbell: u32,
     /// Largest message of one WQE; bigger puts are split by the device (default 1 GiB).
     pub max_msg_size: u64,
@@ -125,7 +121,10 @@ impl gdaki_qp_config {
         let d = QpConfig::default();
         gdaki_qp_config {
             sq_size: d.sq_size,
-            doorbell: doorbell_kind(d.handler),
+            doorbell: match d.handler {
+                DoorbellHandler::Gpu => DoorbellKind::Gpu as u32,
+                DoorbellHandler::CpuProxy => DoorbellKind::CpuProxy as u32,
+            },
             max_msg_size: d.max_msg_size,
             timeout_ms: d.timeout.as_millis() as u32,
             retry_timeout_ms: d.retry_timeout.as_millis() as u32,
@@ -177,7 +176,8 @@ pub struct gdaki_qp_info {
     /// `MLX5_CQE_SYNDROME_*`; 0x05 is a flush); else 0.
     pub syndrome: u32,
     /// Who rings its doorbell, a `GDAKI_DOORBELL_*` (a GPU export that could not map the
-    /// doorbell page switches it to the library's own CPU proxy).
+    /// doorbell page switches it to the library's own CPU proxy): `GDAKI_DOORBELL_CPU_ASSISTED`
+    /// for a proxy and rings in GPU memory (the posters write the doorbell record).
     pub doorbell: u32,
     /// 1 when its send queue or CQ ring is in GPU memory.
     pub rings_in_gpu_memory: u32,
@@ -328,7 +328,7 @@ pub unsafe extern "C" fn gdaki_qp_query(qp: *const gdaki_qp, info: *mut gdaki_qp
             qpn: q.qpn(),
             state,
             syndrome: q.error().map_or(0, |s| s.raw() as u32),
-            doorbell: doorbell_kind(q.handler()),
+            doorbell: q.doorbell_kind() as u32,
             rings_in_gpu_memory: q.rings_in_gpu_memory() as u32,
         });
         Ok(())

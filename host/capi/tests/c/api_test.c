@@ -779,6 +779,17 @@ static void proxy(void) {
     gdaki_cq *cq = NULL, *cq2 = NULL;
     gdaki_qp *qp = loopback(&cq, GDAKI_DOORBELL_CPU_PROXY);
     gdaki_qp *rung_by_poster = loopback(&cq2, GDAKI_DOORBELL_GPU);
+    /* With rings in host memory the proxy writes the record: not CPU-assisted. */
+    gdaki_qp_info qi;
+    OK(gdaki_qp_query(qp, &qi));
+    CHECK(qi.doorbell == GDAKI_DOORBELL_CPU_PROXY && qi.rings_in_gpu_memory == 0);
+    /* Asking for CPU-assisted asks for the proxy; host rings make it the plain proxy. */
+    gdaki_cq *cq3 = NULL;
+    gdaki_qp *assisted = loopback(&cq3, GDAKI_DOORBELL_CPU_ASSISTED);
+    OK(gdaki_qp_query(assisted, &qi));
+    CHECK(qi.doorbell == GDAKI_DOORBELL_CPU_PROXY);
+    OK(gdaki_qp_destroy(assisted));
+    OK(gdaki_cq_destroy(cq3));
     uint64_t id = 0;
     EXPECT(GDAKI_STATUS_INVALID_STATE, gdaki_proxy_add(p, rung_by_poster, &id));
     OK(gdaki_proxy_add(p, qp, &id));
