@@ -80,11 +80,12 @@ impl Mem {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RingsArg {
-    /// GPU memory on a real NIC in GPU mode when the poster rings, else host memory.
+    /// GPU memory on a real NIC in GPU mode, else host memory.
     Auto,
     /// Host memory (page-locked and mapped into the GPU in GPU mode).
     Host,
-    /// GPU memory, which a NIC reads through a dma-buf export (GPU mode, no --cpu-proxy).
+    /// GPU memory, which a NIC reads through a dma-buf export (GPU mode; with --cpu-proxy the
+    /// posters write the doorbell records and the proxy forwards their doorbells).
     Gpu,
 }
 
@@ -129,8 +130,9 @@ pub struct Common {
     #[arg(long, value_enum, default_value_t = Mem::Auto)]
     pub mem: Mem,
     /// Where the queues' rings live: host (page-locked, mapped into the GPU) or gpu (GPU
-    /// memory; GPU mode without --cpu-proxy, on a NIC: the soft HCA serves host rings only);
-    /// auto: gpu on a real NIC in GPU mode when the poster rings, else host.
+    /// memory; GPU mode, on a NIC: the soft HCA serves host rings only; with --cpu-proxy the
+    /// posters write the doorbell records, CPU-assisted); auto: gpu on a real NIC in GPU
+    /// mode, else host.
     #[arg(long, value_enum, default_value_t = RingsArg::Auto)]
     pub rings: RingsArg,
     /// Execution scope of the posting kernel.
@@ -432,13 +434,8 @@ impl Common {
             }
             (m, _) => m,
         };
-        if self.rings == RingsArg::Gpu {
-            if gpu.is_none() {
-                bail!("--rings gpu: rings in GPU memory need --mode gpu (CPU threads post to host rings)");
-            }
-            if self.cpu_proxy {
-                bail!("--rings gpu with --cpu-proxy: the proxy writes doorbell records with the CPU, which needs --rings host");
-            }
+        if self.rings == RingsArg::Gpu && gpu.is_none() {
+            bail!("--rings gpu: rings in GPU memory need --mode gpu (CPU threads post to host rings)");
         }
         if self.timeout == Some(0) {
             bail!("--timeout 0: at least one second");

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener};
 use anyhow::{bail, Context as _};
 use gdaki::cuda::{Gpu, GpuUuid};
 use gdaki::handshake::{Channel, Hello};
-use gdaki::{Access, Context, ContextOptions, DoorbellHandler, MemoryRegion, Provider, Rings};
+use gdaki::{Access, Context, ContextOptions, MemoryRegion, Provider, Rings};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
@@ -184,12 +184,11 @@ impl Session {
             ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))
                 .context("starting the soft HCA's transport listener")?;
         }
-        // `plan` refused --rings gpu without a GPU or with a proxy; auto places the rings as a
-        // NIC wants them (GPU memory, read through dma-buf) where the poster rings.
-        let poster_rings = plan.handler() == DoorbellHandler::Gpu;
+        // `plan` refused --rings gpu without a GPU; auto places the rings as a NIC wants them
+        // (GPU memory, read through dma-buf), a proxy included (CPU-assisted, as NVSHMEM's).
         let rings = match (common.rings, &gpu) {
             (RingsArg::Gpu, Some(g)) => Rings::Gpu(g.clone()),
-            (RingsArg::Auto, Some(g)) if ctx.provider() == Provider::Mlx5 && poster_rings => Rings::Gpu(g.clone()),
+            (RingsArg::Auto, Some(g)) if ctx.provider() == Provider::Mlx5 => Rings::Gpu(g.clone()),
             _ => Rings::Host,
         };
         Ok(Session {
