@@ -21,6 +21,7 @@
 #define GDAKI_GIN_CUH
 
 #include "gdaki_device.h"
+#include "gdaki_gin_host.h"
 #include "gdaki_p2p.cuh"
 
 #ifndef GDAKI_CUDA
@@ -47,23 +48,6 @@ struct Block {
 struct Exclusive {};
 struct Cta {};
 struct Gpu {};
-
-/** A buffer registered on every peer (a window, as NCCL calls it): this PE's part as a local
- *  operand, and every peer's part as a remote one (a device array indexed by peer, whose
- *  entries the host copies from gdaki_region_remote). */
-struct Window {
-    uint64_t local;
-    uint64_t size;
-    uint32_t lkey;
-    uint32_t npeers;
-    const gdaki_remote_region *peers;
-    /** Where this GPU loads and stores each peer's part (a device array indexed by peer: the
-     *  address gdaki_peer_map_addr gives for that peer's export, 0 for a peer reached through
-     *  its queue pair), or NULL: every peer through queue pairs. For the signal window, map a
-     *  peer's part only where every PE maps it: its words then see one kind of atomic (a
-     *  system-scope atomic is not atomic against an HCA's). */
-    const uint64_t *mapped = nullptr;
-};
 
 /** Remote actions of put, put_value and signal: none, or an atomic add to signal word `id` of
  *  the handle's signal window at the peer, after the data. */

@@ -32,7 +32,7 @@ run() { # NAME COMMAND...: runs it, logs it, counts a failure (only names matchi
   runs=$((runs + 1))
   echo "== $name" >&2
   if timeout "${RUN_TIMEOUT:-300}" "$@" >"$out/logs/$name.log" 2>&1; then
-    grep -E '^gshmem_test:|^ |^gshmem all-to-all|^all-to-all|^\{' "$out/logs/$name.log" || true
+    grep -E '^gshmem_test:|^gin_nccl:|^ |^gshmem all-to-all|^all-to-all|^\{' "$out/logs/$name.log" || true
   else
     fails=$((fails + 1)); echo "FAILED: $name" >&2; tail -30 "$out/logs/$name.log" >&2
   fi
@@ -52,10 +52,13 @@ for heap in device pinned; do
   for n in 2 4; do run "alltoall-$heap-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}"; done
   # The same exchange written against the GIN-shaped handle (load/store, or queue pairs).
   run "alltoall-gin-$heap-mpi2" mpirun --oversubscribe -np 2 "$bin/alltoall" "${a2a[@]}" --api gin
+  # A kernel written for NCCL's GIN device API (gdaki_nccl_gin.cuh): one and two PEs.
+  for n in 1 2; do run "gin-nccl-$heap-mpi$n" mpirun --oversubscribe -np "$n" "$bin/gin_nccl"; done
 done
 export GSHMEM_HEAP=device GSHMEM_P2P=0 GSHMEM_EXPECT_PATH=queue_pair
 run "test-device-qp-mpi2" mpirun --oversubscribe -np 2 "$bin/shmem_test"
 run "alltoall-device-qp-mpi2" mpirun --oversubscribe -np 2 "$bin/alltoall" "${a2a[@]}"
+run "gin-nccl-device-qp-mpi2" mpirun --oversubscribe -np 2 "$bin/gin_nccl"
 unset GSHMEM_P2P
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ ${gpus:-0} -ge 2 ]]; then
@@ -65,6 +68,7 @@ if [[ ${gpus:-0} -ge 2 ]]; then
     run "test-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/shmem_test"
     run "alltoall-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}"
     run "alltoall-gin-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/alltoall" "${a2a[@]}" --api gin
+    run "gin-nccl-gpus-mpi$n" mpirun --oversubscribe -np "$n" "$bin/gin_nccl"
   done
   unset GSHMEM_EXPECT_PATH
   run "vs-nccl-$gpus" "$root/examples/shmem/vs-nccl.sh" "$bin" "$gpus"

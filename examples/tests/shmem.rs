@@ -220,5 +220,18 @@ fn gshmem_runs_on_one_two_and_three_pes_in_cpu_mode() {
             text(&out)
         );
     }
+    // So is the kernel written for NCCL's GIN (gdaki_nccl_gin.cuh), and its flags are checked.
+    for (args, says) in [
+        (&[][..], "needs the GPU build"),
+        (&["-s", "0"][..], "out of range"),
+        (&["--nccl"][..], "unknown argument"),
+    ] {
+        let out = Command::new(bin.join("gin_nccl")).args(args).output().unwrap();
+        assert!(
+            out.status.code() == Some(2) && text(&out).contains(says),
+            "gin_nccl {args:?}: {}",
+            text(&out)
+        );
+    }
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -20,8 +20,12 @@ const KERNELS: &str = include_str!("cuda/c_abi.cu");
 const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
 const TWO_SIDED_KERNELS: &str = include_str!("cuda/two_sided.cu");
 const SOCKET_KERNELS: &str = include_str!("cuda/socket.cu");
-const HEADERS: [(&str, &str); 5] = [
+const HEADERS: [(&str, &str); 6] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
+    (
+        "gdaki_gin_host.h",
+        include_str!("../../device/include/gdaki_gin_host.h"),
+    ),
     (
         "gdaki_layout_check.h",
         include_str!("../../device/include/gdaki_layout_check.h"),

@@ -231,7 +231,9 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
          __device__ void __syncthreads();\n__device__ void __syncwarp(unsigned = 0xffffffffu);\n__device__ int __syncthreads_and(int);\n\
          struct int4 { int x, y, z, w; };\n__device__ int4 __ldcv(const int4 *);\n__device__ char __ldcv(const char *);\n\
          __device__ void __threadfence_system();\nextern const __device__ gdaki_dim blockIdx, blockDim;\n\
-         __device__ unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);\n",
+         __device__ unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);\n\
+         __device__ unsigned long long atomicAdd(unsigned long long *, unsigned long long);\n\
+         __device__ unsigned atomicCAS(unsigned *, unsigned, unsigned);\n",
     )
     .unwrap();
     for kernels in ["c_abi.cu", "gin.cu", "two_sided.cu", "socket.cu"] {
@@ -245,4 +247,13 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
             .arg(&tests)
             .arg(tests.join(kernels)));
     }
+    // A kernel written for NCCL's GIN device API, over gdaki_nccl_gin.cuh (with its stand-ins
+    // for libcu++'s names: no CUDA here).
+    let programs = workspace().join("examples/shmem/programs");
+    run(clang_cuda()
+        .args(["-std=c++17", "-Wall", "-Werror", "-fsyntax-only", "-include"])
+        .arg(&shim)
+        .arg("-I")
+        .arg(include_dir())
+        .arg(programs.join("gin_nccl_kernel.cuh")));
 }

@@ -194,6 +194,9 @@ typedef struct gshmem_window {
     const gdaki_remote_region *peers;
     /** Where this GPU loads and stores every PE's part, indexed by PE; NULL in CPU mode. */
     const uint64_t *mapped;
+    /** The fields above, in GPU memory (host memory in CPU mode): what a kernel written for
+     *  NCCL's GIN takes as an ncclWindow_t (gdaki_nccl_gin.cuh). */
+    const void *device;
 } gshmem_window;
 
 /** Makes the window of `bytes` at symmetric `sym` (inside one gshmem_malloc block or not: any
@@ -202,6 +205,25 @@ typedef struct gshmem_window {
 int gshmem_window_create(void *sym, size_t bytes, gshmem_window *out);
 /** Frees a window's tables and zeroes `w` (a zeroed window: nothing). */
 int gshmem_window_destroy(gshmem_window *w);
+
+/** What a device communicator for NCCL-style GIN kernels holds (gdaki_nccl_gin.cuh). */
+typedef struct gshmem_dev_comm_requirements {
+    /** Signals (ids 0..n-1, zeroed), counters (ids 0..n-1, zeroed) and world barriers. */
+    int gin_signal_count;
+    int gin_counter_count;
+    int world_gin_barrier_count;
+} gshmem_dev_comm_requirements;
+
+struct gdakiDevComm;
+/** Fills `out` (gdaki_gin_host.h's gdakiDevComm, NCCL's ncclDevComm for gdaki_nccl_gin.cuh):
+ *  every PE as a rank, gshmem's queue pairs, a signal window in the heap, local counters,
+ *  shadows and barrier epochs, and an error word. Collective (it allocates from the heap): every
+ *  PE calls with the same requirements. */
+int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, struct gdakiDevComm *out);
+/** The first GDAKI_CODE_* one of the communicator's methods met in a kernel (0: none). */
+int gshmem_dev_comm_error(const struct gdakiDevComm *comm, uint32_t *code);
+/** Frees what gshmem_dev_comm_create made and zeroes `comm`. Collective. */
+int gshmem_dev_comm_destroy(struct gdakiDevComm *comm);
 
 /** Waits until every PE has called it (host side; kernels use gshmem::barrier_all). */
 int gshmem_barrier_all(void);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 
+#include "gdaki_gin_host.h"
 #include "launch.hpp"
 
 using launch::Failures;
@@ -382,7 +383,37 @@ void windows(int np) {
           "%s", gshmem_error());
     CHECK(gshmem_window_create(buf, 8, nullptr) == -1 && std::strstr(gshmem_error(), "out is NULL") != nullptr, "%s",
           gshmem_error());
+    // The window's own fields, where kernels take them (NCCL-style kernels' ncclWindow_t).
+    launch::check(gshmem_window_create(buf + 100, 1000, &w), "gshmem_window_create");
+    const gshmem_window self = table((const gshmem_window *)w.device, 1)[0];
+    CHECK(self.local == w.local && self.size == w.size && self.peers == w.peers && self.device == w.device,
+          "the window's fields in its tables");
+    launch::check(gshmem_window_destroy(&w), "gshmem_window_destroy");
     launch::check(gshmem_free(buf), "gshmem_free");
+
+    // The device communicator of NCCL-style kernels (gdaki_nccl_gin.cuh).
+    gshmem_dev_comm_requirements req{3, 2, 1};
+    gdakiDevComm comm{};
+    launch::check(gshmem_dev_comm_create(&req, &comm), "gshmem_dev_comm_create");
+    CHECK(comm.rank == gshmem_my_pe() && comm.nRanks == np && comm.ginContextCount == 1 && comm.ginSignalCount == 3 &&
+              comm.ginCounterCount == 2 && comm.worldGinBarrierCount == 1 && comm.qps == c.qps,
+          "communicator %d/%d", comm.rank, comm.nRanks);
+    CHECK(comm.signals.size == 5 * 8 && comm.signals.npeers == (uint32_t)np && comm.scratch.size == 8,
+          "signal window of %" PRIu64 " bytes", comm.signals.size);
+    const std::vector<uint64_t> zeros = table(comm.counters, 2 + 3);
+    CHECK(zeros == std::vector<uint64_t>(5, 0), "counters and shadows start at 0");
+    uint32_t code = 7;
+    launch::check(gshmem_dev_comm_error(&comm, &code), "gshmem_dev_comm_error");
+    CHECK(code == 0, "no error yet: %u", code);
+    launch::check(gshmem_dev_comm_destroy(&comm), "gshmem_dev_comm_destroy");
+    CHECK(comm.internal == nullptr && comm.qps == nullptr, "a destroyed communicator is zeroed");
+    CHECK(gshmem_dev_comm_destroy(&comm) == 0, "a zeroed communicator is nothing to destroy");
+    req.gin_signal_count = -1;
+    CHECK(gshmem_dev_comm_create(&req, &comm) == -1 && std::strstr(gshmem_error(), "out of range") != nullptr, "%s",
+          gshmem_error());
+    CHECK(gshmem_dev_comm_create(nullptr, &comm) == -1 && std::strstr(gshmem_error(), "NULL") != nullptr, "%s",
+          gshmem_error());
+    CHECK(gshmem_dev_comm_error(&comm, &code) == -1, "a destroyed communicator has no error word");
 }
 
 } // namespace

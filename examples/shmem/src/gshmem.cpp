@@ -2,6 +2,7 @@
 // every PE (itself included, as a loopback), the tables kernels read, and the heap allocator.
 // Everything goes through gdaki's C API (gdaki.h); no CUDA runtime is needed here.
 #include "gshmem.h"
+#include "gdaki_gin_host.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -610,7 +611,9 @@ int gshmem_window_create(void *sym, size_t bytes, gshmem_window *out) {
         const uint64_t peers_bytes = (n * sizeof(gdaki_remote_region) + 63) / 64 * 64;
         const bool gpu = s.gpu != nullptr;
         gdaki_region *tables = nullptr;
-        const uint64_t total = peers_bytes + (gpu ? n * sizeof(uint64_t) : 0);
+        const uint64_t mapped_bytes = gpu ? (n * sizeof(uint64_t) + 63) / 64 * 64 : 0;
+        // The window's own fields go last, for kernels that take it by pointer.
+        const uint64_t total = peers_bytes + mapped_bytes + sizeof(gshmem_window);
         if (gpu) ok(gdaki_region_alloc_device(s.ctx, s.gpu, total, GDAKI_ACCESS_LOCAL_WRITE, &tables), "gdaki_region_alloc_device");
         else ok(gdaki_region_alloc(s.ctx, total, GDAKI_ACCESS_LOCAL_WRITE, &tables), "gdaki_region_alloc");
         try {
@@ -618,7 +621,7 @@ int gshmem_window_create(void *sym, size_t bytes, gshmem_window *out) {
             ok(gdaki_region_query(tables, &t), "gdaki_region_query");
             ok(gdaki_region_write(tables, 0, peers.data(), n * sizeof(gdaki_remote_region)), "gdaki_region_write");
             gshmem_window w{s.dev.heap_base + off, bytes, s.dev.lkey, n,
-                            reinterpret_cast<const gdaki_remote_region *>(t.addr), nullptr};
+                            reinterpret_cast<const gdaki_remote_region *>(t.addr), nullptr, nullptr};
             if (gpu) {
                 std::vector<uint64_t> mapped(s.peer_heaps);
                 for (uint64_t &m : mapped)
@@ -626,6 +629,8 @@ int gshmem_window_create(void *sym, size_t bytes, gshmem_window *out) {
                 ok(gdaki_region_write(tables, peers_bytes, mapped.data(), n * sizeof(uint64_t)), "gdaki_region_write");
                 w.mapped = reinterpret_cast<const uint64_t *>(t.addr + peers_bytes);
             }
+            w.device = reinterpret_cast<const void *>(t.addr + peers_bytes + mapped_bytes);
+            ok(gdaki_region_write(tables, peers_bytes + mapped_bytes, &w, sizeof w), "gdaki_region_write");
             s.windows[t.addr] = tables;
             *out = w;
         } catch (...) {
@@ -644,6 +649,104 @@ int gshmem_window_destroy(gshmem_window *w) {
         gdaki_region_destroy(it->second);
         s.windows.erase(it);
         *w = gshmem_window{};
+    });
+}
+
+namespace {
+/** What gshmem_dev_comm_create made, for its destroy. */
+struct DevCommParts {
+    void *signals = nullptr, *scratch = nullptr;
+    gshmem_window signal_w{}, scratch_w{};
+    gdaki_region *local = nullptr;
+};
+} // namespace
+
+int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm *out) {
+    return guard("gshmem_dev_comm_create", [&] {
+        State &s = state();
+        if (req == nullptr || out == nullptr) throw Error("req or out is NULL");
+        const int counts[] = {req->gin_signal_count, req->gin_counter_count, req->world_gin_barrier_count};
+        for (int c : counts)
+            if (c < 0 || c > (1 << 20)) throw Error("a count out of range (0 to 2^20): " + std::to_string(c));
+        auto parts = std::make_unique<DevCommParts>();
+        const uint64_t signals = (uint64_t)req->gin_signal_count, counters = (uint64_t)req->gin_counter_count,
+                       barriers = (uint64_t)req->world_gin_barrier_count;
+        // A failure undoes what is local; heap blocks (collective to free) stay until
+        // gshmem_finalize.
+        const auto undo = [&] {
+            gshmem_window_destroy(&parts->signal_w);
+            gshmem_window_destroy(&parts->scratch_w);
+            gdaki_region_destroy(parts->local);
+        };
+        const auto call = [](int rc, const char *what) {
+            if (rc != 0) throw Error(std::string(what) + ": " + gshmem_error());
+        };
+        try {
+            // Symmetric (collective), zeroed: the user's signal words, then one per barrier.
+            parts->signals = gshmem_malloc((signals + barriers) * 8 + 8);
+            parts->scratch = gshmem_malloc(8);
+            if (parts->signals == nullptr || parts->scratch == nullptr) throw Error(gshmem_error());
+            call(gshmem_window_create(parts->signals, (signals + barriers) * 8 + 8, &parts->signal_w),
+                 "the signal window");
+            call(gshmem_window_create(parts->scratch, 8, &parts->scratch_w), "the scratch window");
+            // Local: counters, shadows, barrier epochs, the error word.
+            const uint64_t at_shadows = counters * 8, at_epochs = at_shadows + signals * 8,
+                           at_error = at_epochs + barriers * 4, local_bytes = (at_error + 4 + 63) / 64 * 64;
+            if (s.gpu != nullptr)
+                ok(gdaki_region_alloc_device(s.ctx, s.gpu, local_bytes, GDAKI_ACCESS_LOCAL_WRITE, &parts->local),
+                   "gdaki_region_alloc_device");
+            else
+                ok(gdaki_region_alloc(s.ctx, local_bytes, GDAKI_ACCESS_LOCAL_WRITE, &parts->local), "gdaki_region_alloc");
+            const std::vector<unsigned char> zero(local_bytes);
+            ok(gdaki_region_write(parts->local, 0, zero.data(), zero.size()), "gdaki_region_write");
+            gdaki_region_info li;
+            ok(gdaki_region_query(parts->local, &li), "gdaki_region_query");
+            const gshmem_window &sw = parts->signal_w, &cw = parts->scratch_w;
+            gdakiDevComm c{};
+            c.rank = (int)s.dev.my_pe;
+            c.nRanks = (int)s.dev.n_pes;
+            c.lsaRank = 0;
+            c.lsaSize = 1;
+            c.ginContextCount = 1;
+            c.ginSignalCount = req->gin_signal_count;
+            c.ginCounterCount = req->gin_counter_count;
+            c.worldGinBarrierCount = req->world_gin_barrier_count;
+            c.qps = s.dev.qps;
+            c.signals = gdaki::Window{sw.local, sw.size, sw.lkey, sw.npeers, sw.peers, sw.mapped};
+            c.scratch = gdaki::Window{cw.local, cw.size, cw.lkey, cw.npeers, cw.peers, cw.mapped};
+            c.counters = reinterpret_cast<uint64_t *>(li.addr);
+            c.shadows = reinterpret_cast<uint64_t *>(li.addr + at_shadows);
+            c.barrierEpochs = reinterpret_cast<uint32_t *>(li.addr + at_epochs);
+            c.error = reinterpret_cast<uint32_t *>(li.addr + at_error);
+            c.timeoutNs = 30ull * 1000 * 1000 * 1000;
+            c.internal = parts.get();
+            *out = c;
+            parts.release();
+        } catch (...) {
+            undo();
+            throw;
+        }
+    });
+}
+
+int gshmem_dev_comm_error(const gdakiDevComm *comm, uint32_t *code) {
+    return guard("gshmem_dev_comm_error", [&] {
+        if (comm == nullptr || code == nullptr || comm->internal == nullptr) throw Error("comm or code is NULL");
+        const auto *parts = static_cast<const DevCommParts *>(comm->internal);
+        const uint64_t at = reinterpret_cast<uint64_t>(comm->error) - reinterpret_cast<uint64_t>(comm->counters);
+        ok(gdaki_region_read(parts->local, at, code, sizeof *code), "gdaki_region_read");
+    });
+}
+
+int gshmem_dev_comm_destroy(gdakiDevComm *comm) {
+    return guard("gshmem_dev_comm_destroy", [&] {
+        if (comm == nullptr || comm->internal == nullptr) return;
+        std::unique_ptr<DevCommParts> parts(static_cast<DevCommParts *>(comm->internal));
+        gshmem_window_destroy(&parts->signal_w);
+        gshmem_window_destroy(&parts->scratch_w);
+        gdaki_region_destroy(parts->local);
+        if (gshmem_free(parts->signals) != 0 || gshmem_free(parts->scratch) != 0) throw Error(gshmem_error());
+        *comm = gdakiDevComm{};
     });
 }
 
