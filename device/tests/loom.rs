@@ -105,7 +105,8 @@ fn producer_index(qp: &DevQp, kind: DoorbellKind) -> (u64, u64) {
     arch::from_device_barrier();
     match kind {
         DoorbellKind::CpuProxy => (db, 0),
-        DoorbellKind::Gpu => {
+        // CPU-assisted posters ring a host word exactly as they ring a NIC's doorbell.
+        DoorbellKind::Gpu | DoorbellKind::CpuAssisted => {
             // Rings never wrap here, so the 16-bit indices are the counts.
             let rec = rec as u16 as u64;
             if db == 0 {
