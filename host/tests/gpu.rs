@@ -756,6 +756,78 @@ fn reads_in_one_process_are_gpu_copies_in_order_with_the_writes() {
     assert_eq!(qp.error(), None);
 }
 
+/// SENDs between buffers of GPU memory in one process are GPU copies into the receive's
+/// buffers (each scattered piece one copy), completed once they landed; a receive in host
+/// memory gets the same bytes (by the copier where it maps that memory, else through host
+/// memory). Before, every SEND went through host memory twice (gathered, then scattered).
+#[test]
+fn sends_between_gpu_buffers_are_gpu_copies_into_the_receive() {
+    let Some((gpu, _one)) = gpu_or_skip("sends_between_gpu_buffers_are_gpu_copies_into_the_receive") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    const N: usize = 1 << 20;
+    let src = ctx.alloc_device_region(&gpu, N, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, 2 * N, Access::ALL).unwrap();
+    let host = ctx.alloc_region(N, Access::ALL).unwrap();
+    let data = pattern(9, N);
+    src.write(0, &data).unwrap();
+    let cfg = QpConfig {
+        receive: Some(gdaki::ReceiveConfig { size: 16, max_bufs: 3 }),
+        ..QpConfig::default()
+    };
+    let qp = loopback_qp(&ctx, 64, cfg);
+    // SAFETY: one poster and one receiver (this thread); the QP outlives both.
+    let (tx, rx) = unsafe {
+        (
+            qp.cpu::<gdaki_device::Exclusive>().unwrap(),
+            qp.cpu_receive::<gdaki_device::Exclusive>().unwrap(),
+        )
+    };
+    let copies = || gdaki_soft::copier::Copier::existing(&gpu).unwrap().stats().copies;
+    // Sizes from one byte to the whole buffer, at odd offsets, over three receive buffers
+    // (the last piece shorter than its buffer).
+    for (round, len) in [1usize, 7, 4096, 65_537, N - 3].into_iter().enumerate() {
+        let cut = [len / 3 + 1, len / 3 + 6];
+        let bufs = [
+            (101u64, cut[0] as u32),
+            (N as u64 / 2 + 3, (cut[1] - cut[0]) as u32),
+            (N as u64 + 11, N as u32),
+        ]
+        .map(|(at, n)| gdaki_device::RecvBuf {
+            local: dst.local(at),
+            len: n,
+        });
+        let pieces = bufs.iter().scan(len, |left, b| {
+            let n = (*left).min(b.len as usize);
+            *left -= n;
+            Some(n)
+        });
+        let used = pieces.clone().filter(|&n| n > 0).count() as u64;
+        let before = copies();
+        let r = rx.post_recv(&bufs).unwrap();
+        tx.wait(tx.send(src.local(3), len as u64).unwrap()).unwrap();
+        let got = rx.poll(r).unwrap();
+        assert_eq!(got.bytes as usize, len, "round {round}");
+        assert_eq!(copies() - before, used, "round {round} ({len} bytes): a GPU copy per piece");
+        let mut at = 0usize;
+        for (b, n) in bufs.iter().zip(pieces) {
+            let off = b.local.addr - dst.local(0).addr;
+            assert!(
+                dst.read_vec(off, n).unwrap() == data[3 + at..3 + at + n],
+                "round {round}, piece at {at}"
+            );
+            at += n;
+        }
+    }
+    // Into host memory: the same bytes.
+    let r = rx.post_recv_one(host.local(5), 8192).unwrap();
+    tx.wait(tx.send(src.local(0), 5000).unwrap()).unwrap();
+    assert_eq!(rx.poll(r).unwrap().bytes, 5000);
+    assert!(host.read_vec(5, 5000).unwrap() == data[..5000]);
+    assert_eq!(qp.error(), None);
+}
+
 #[test]
 fn other_kernels_run_while_the_copier_runs() {
     let Some((gpu, _one)) = gpu_or_skip("other_kernels_run_while_the_copier_runs") else {

@@ -34,7 +34,7 @@ use crate::dma::{Dma, DmaFault};
 use crate::error::{Error, Result};
 use crate::ipc::{self, Imports};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp, Message};
+use crate::responder::{self, AtomicOp, Message, SendData};
 use crate::shm::{self, Segment, Side};
 use crate::{Hca, Region, RegionCache};
 use gdaki_devx::util::lock;
@@ -1475,7 +1475,10 @@ fn two_sided(
         Op::Send { len, imm } => {
             bounce.resize(len as usize, 0);
             reader.read_exact(&mut bounce[..], idle)?;
-            Message::Send { data: &bounce[..], imm }
+            Message::Send {
+                data: SendData::Bytes(&bounce[..]),
+                imm,
+            }
         }
         Op::WriteImm { len, imm } => {
             if let Err(s) = write_from_wire(hca, cache, qp.pd, reader, &req, len, bounce, idle)? {

@@ -14,7 +14,7 @@ use crate::completer::Locals;
 use crate::copier::{Copier, Pending, Way};
 use crate::net::{Link, Meta, Sink};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp, Message, Receiving};
+use crate::responder::{self, AtomicOp, Message, Receiving, SendData};
 use crate::{Hca, RegionCache};
 use gdaki_devx::wire::Op;
 use gdaki_devx::Access;
@@ -283,17 +283,32 @@ pub(crate) fn execute(
         Operation::Send { payload } => {
             let (bytes, src) = source(hca, regions, qp, payload, check_len)?;
             settle(copies)?;
-            let data = payload_bytes(&src, wqe, buf)?;
             let imm = (wr.opcode == WqeOpcode::SendImm).then_some(wr.imm);
             match target {
                 Target::Local(peer, tq) => match held.next()? {
                     None => Ok(Executed::NotReady(tq.rnr_delay())),
                     Some(taken) => {
+                        // One buffer of GPU memory: the receive side copies from it in place
+                        // (by the GPU where its copier reaches the receive buffers).
+                        let data = match &src {
+                            Source::Buffers(local) => match &local.items {
+                                [Some((s, region)), None, ..] if region.dma.gpu_copier().is_some() => {
+                                    SendData::InPlace {
+                                        dma: &*region.dma,
+                                        addr: s.addr,
+                                        len: bytes,
+                                    }
+                                }
+                                _ => SendData::Bytes(payload_bytes(&src, wqe, buf)?),
+                            },
+                            Source::Inline { .. } => SendData::Bytes(payload_bytes(&src, wqe, buf)?),
+                        };
                         let msg = Message::Send { data, imm };
                         responder::deliver(peer, regions, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
                     }
                 },
                 Target::Remote(link) => {
+                    let data = payload_bytes(&src, wqe, buf)?;
                     let none = DevRemote { addr: 0, rkey: 0 };
                     link.post(meta, none, Op::Send { len: bytes, imm }, data, Sink::Ack);
                     Ok(Executed::InFlight)

@@ -173,7 +173,7 @@ pub(crate) enum Message<'a> {
     /// A SEND (with immediate data when `imm` is given): `data` is scattered into the receive.
     Send {
         /// The payload.
-        data: &'a [u8],
+        data: SendData<'a>,
         /// The immediate data.
         imm: Option<u32>,
     },
@@ -185,6 +185,43 @@ pub(crate) enum Message<'a> {
         /// The immediate data.
         imm: u32,
     },
+}
+
+/// Where a SEND's payload is.
+#[derive(Clone, Copy)]
+pub(crate) enum SendData<'a> {
+    /// Bytes in host memory (inline, gathered, or received from a remote peer).
+    Bytes(&'a [u8]),
+    /// `len` bytes at `addr` of a requester's region in this process that `dma` moves: a
+    /// receive buffer that the same GPU copier reaches gets them by a GPU copy, never through
+    /// host memory.
+    InPlace {
+        /// The source region's memory.
+        dma: &'a dyn Dma,
+        /// The first byte.
+        addr: u64,
+        /// How many.
+        len: u32,
+    },
+}
+
+impl std::fmt::Debug for SendData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendData::Bytes(b) => write!(f, "Bytes({})", b.len()),
+            SendData::InPlace { addr, len, .. } => write!(f, "InPlace({addr:#x}, {len})"),
+        }
+    }
+}
+
+impl SendData<'_> {
+    /// The payload's length.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            SendData::Bytes(b) => b.len(),
+            SendData::InPlace { len, .. } => *len as usize,
+        }
+    }
 }
 
 /// A QP's receive queue held by a responder: the lock every writer of its receive CQ takes (so
@@ -308,23 +345,51 @@ fn scatter(
         Message::WriteImm { bytes, .. } => return Ok(bytes),
         Message::Send { data, .. } => data,
     };
-    if list.total_len() < data.len() as u64 {
+    let total = data.len();
+    if list.total_len() < total as u64 {
         return Err((Syndrome::LocalLength, Syndrome::RemoteInvalReq));
     }
+    let fault = |_| (Syndrome::LocalAccess, Syndrome::RemoteOp);
+    // The newest GPU copy of the payload not yet waited for (one copier's copies complete in
+    // order, so waiting for its last covers the others).
+    let mut copying: Option<(Arc<Copier>, u64)> = None;
     let mut at = 0usize;
     for s in list.as_slice() {
-        if at == data.len() {
+        if at == total {
             break;
         }
-        let n = (s.length as usize).min(data.len() - at);
+        let n = (s.length as usize).min(total - at);
         let region = hca
             .region(cache, qp.pd, s.lkey, s.addr, n as u64, Access::LOCAL_WRITE)
             .ok_or((Syndrome::LocalProt, Syndrome::RemoteOp))?;
-        region
-            .dma
-            .write(s.addr, &data[at..at + n])
-            .map_err(|_| (Syndrome::LocalAccess, Syndrome::RemoteOp))?;
+        match data {
+            SendData::Bytes(bytes) => region.dma.write(s.addr, &bytes[at..at + n]).map_err(fault)?,
+            SendData::InPlace { .. } if n == 0 => {}
+            SendData::InPlace { dma, addr, .. } => match shared_copier(dma, &*region.dma) {
+                Some(copier) => {
+                    if let Some((other, seq)) = copying.take_if(|(c, _)| !Arc::ptr_eq(c, copier)) {
+                        other.settle(seq).map_err(fault)?;
+                    }
+                    // SAFETY: the receive buffer lies in a live registered region that this
+                    // copier reaches (checked above, with local write), the source in the
+                    // requester's live region it reaches too (`shared_copier`); the two are
+                    // the applications', who may not touch them until the completions say so.
+                    let seq = unsafe { copier.submit_copy(s.addr, addr + at as u64, n as u64) }.map_err(fault)?;
+                    copying = Some((copier.clone(), seq));
+                }
+                None => {
+                    // No copier reaches both: through host memory.
+                    let mut bounce = vec![0u8; n];
+                    dma.read(addr + at as u64, &mut bounce).map_err(fault)?;
+                    region.dma.write(s.addr, &bounce).map_err(fault)?;
+                }
+            },
+        }
         at += n;
     }
-    Ok(data.len() as u32)
+    // The receive completes once its bytes are in place.
+    if let Some((copier, seq)) = copying {
+        copier.settle(seq).map_err(fault)?;
+    }
+    Ok(total as u32)
 }
