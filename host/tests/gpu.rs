@@ -809,7 +809,11 @@ fn sends_between_gpu_buffers_are_gpu_copies_into_the_receive() {
         tx.wait(tx.send(src.local(3), len as u64).unwrap()).unwrap();
         let got = rx.poll(r).unwrap();
         assert_eq!(got.bytes as usize, len, "round {round}");
-        assert_eq!(copies() - before, used, "round {round} ({len} bytes): a GPU copy per piece");
+        assert_eq!(
+            copies() - before,
+            used,
+            "round {round} ({len} bytes): a GPU copy per piece"
+        );
         let mut at = 0usize;
         for (b, n) in bufs.iter().zip(pieces) {
             let off = b.local.addr - dst.local(0).addr;

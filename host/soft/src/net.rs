@@ -1488,8 +1488,9 @@ fn two_sided(
         }
         _ => return Ok(TwoSided::Nak(Syndrome::RemoteInvalReq)),
     };
+    // Bytes from the wire: scattered by the CPU, nothing left copying.
     Ok(match responder::deliver(hca, cache, &mut taken, msg, src_qpn) {
-        Ok(()) => TwoSided::Done,
+        Ok(_) => TwoSided::Done,
         Err(s) => TwoSided::Nak(s),
     })
 }

@@ -304,7 +304,13 @@ pub(crate) fn execute(
                             Source::Inline { .. } => SendData::Bytes(payload_bytes(&src, wqe, buf)?),
                         };
                         let msg = Message::Send { data, imm };
-                        responder::deliver(peer, regions, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
+                        Ok(match responder::deliver(peer, regions, taken, msg, qp.qpn)? {
+                            // Completed (here and at the receive) once the payload's GPU copy
+                            // is done. Later requests need not wait for it: only the receive's
+                            // completion says the bytes are there, so SENDs copy side by side.
+                            Some((copier, seq)) => Executed::Copying { bytes, copier, seq },
+                            None => Executed::Done(bytes),
+                        })
                     }
                 },
                 Target::Remote(link) => {
@@ -329,7 +335,7 @@ pub(crate) fn execute(
                     Some(taken) => {
                         responder::write(peer, regions, tq.pd, remote(r), data)?;
                         let msg = Message::WriteImm { bytes, imm: wr.imm };
-                        responder::deliver(peer, regions, taken, msg, qp.qpn).map(|()| Executed::Done(bytes))
+                        responder::deliver(peer, regions, taken, msg, qp.qpn).map(|_| Executed::Done(bytes))
                     }
                 },
                 Target::Remote(link) => {

@@ -231,6 +231,34 @@ pub(crate) struct Receiving<'q> {
     cursor: std::sync::MutexGuard<'q, RqCursor>,
     qp: &'q SoftQp,
     rq: &'q SoftRq,
+    /// Receives taken whose completions wait, in receive order: the first for its payload's
+    /// GPU copy, the others behind it. Written when the queue is let go (`Drop`), still
+    /// under its lock, so receive CQEs stay in receive order.
+    pending: Vec<PendingReceive>,
+}
+
+/// A receive's completion that waits (see [`Receiving::pending`]).
+struct PendingReceive {
+    index: u64,
+    outcome: RecvOutcome,
+    /// The copy its bytes wait for.
+    copy: Option<(Arc<Copier>, u64)>,
+}
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        for p in self.pending.drain(..) {
+            let mut outcome = p.outcome;
+            if let Some((copier, seq)) = p.copy {
+                if copier.settle(seq).is_err() {
+                    // The bytes may never land (the copier broke): the receive fails.
+                    self.qp.fail(Syndrome::LocalAccess);
+                    outcome = RecvOutcome::Error(Syndrome::LocalAccess);
+                }
+            }
+            completer::complete_receive(self.qp, self.rq, p.index, outcome);
+        }
+    }
 }
 
 impl<'q> Receiving<'q> {
@@ -244,6 +272,7 @@ impl<'q> Receiving<'q> {
             cursor: gdaki_devx::util::lock(&rq.taken),
             qp,
             rq,
+            pending: Vec::new(),
         })
     }
 
@@ -287,50 +316,51 @@ pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrom
 /// error and the responder QP goes to error (its later receives are flushed), as RC does:
 /// too small a receive is a local length error here and an invalid request for the requester;
 /// a malformed receive or a buffer it may not write is a local QP or protection error here and
-/// a remote operation error there. Returns the requester's syndrome.
+/// a remote operation error there. Returns the requester's syndrome, or on success the GPU copy
+/// that is still moving the payload (`InPlace` payloads): the receive completes once it is
+/// done (when `taken` is let go), and the requester's WQE must wait for it too.
 pub(crate) fn deliver(
     hca: &Hca,
     cache: &mut RegionCache,
     taken: &mut Receiving<'_>,
     msg: Message<'_>,
     src_qpn: u32,
-) -> Result<(), Syndrome> {
+) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
     let index = taken.cursor.taken;
     let (qp, rq) = (taken.qp, taken.rq);
-    let outcome = scatter(hca, cache, qp, rq, index, msg);
-    let result = match outcome {
-        Ok(bytes) => {
+    let (outcome, copy, result) = match scatter(hca, cache, qp, rq, index, msg) {
+        Ok((bytes, copy)) => {
             let (opcode, imm) = match msg {
                 Message::Send { imm: None, .. } => (CqeOpcode::RespSend, 0),
                 Message::Send { imm: Some(v), .. } => (CqeOpcode::RespSendImm, v),
                 Message::WriteImm { imm, .. } => (CqeOpcode::RespWrImm, imm),
             };
-            completer::complete_receive(
-                qp,
-                rq,
-                index,
-                RecvOutcome::Success {
-                    bytes,
-                    opcode,
-                    imm,
-                    src_qpn,
-                },
-            );
-            Ok(())
+            let outcome = RecvOutcome::Success {
+                bytes,
+                opcode,
+                imm,
+                src_qpn,
+            };
+            (outcome, copy.clone(), Ok(copy))
         }
         Err((here, there)) => {
             qp.fail(here);
-            completer::complete_receive(qp, rq, index, RecvOutcome::Error(here));
-            Err(there)
+            (RecvOutcome::Error(here), None, Err(there))
         }
     };
+    if copy.is_some() || !taken.pending.is_empty() {
+        taken.pending.push(PendingReceive { index, outcome, copy });
+    } else {
+        completer::complete_receive(qp, rq, index, outcome);
+    }
     taken.cursor.taken += 1;
     taken.cursor.known = taken.cursor.known.saturating_sub(1);
     result
 }
 
-/// Moves a message into receive `index`: its byte count, or the syndromes of the failure
-/// (this side's, the requester's).
+/// Moves a message into receive `index`: its byte count and the GPU copy of its payload still
+/// under way, or the syndromes of the failure (this side's, the requester's).
+#[allow(clippy::type_complexity)]
 fn scatter(
     hca: &Hca,
     cache: &mut RegionCache,
@@ -338,11 +368,11 @@ fn scatter(
     rq: &SoftRq,
     index: u64,
     msg: Message<'_>,
-) -> Result<u32, (Syndrome, Syndrome)> {
+) -> Result<(u32, Option<(Arc<Copier>, u64)>), (Syndrome, Syndrome)> {
     let (wqe, len) = rq.wqe(index);
     let list = gdaki_layout::recv::parse(&wqe[..len]).map_err(|_| (Syndrome::LocalQpOp, Syndrome::RemoteOp))?;
     let data = match msg {
-        Message::WriteImm { bytes, .. } => return Ok(bytes),
+        Message::WriteImm { bytes, .. } => return Ok((bytes, None)),
         Message::Send { data, .. } => data,
     };
     let total = data.len();
@@ -350,8 +380,8 @@ fn scatter(
         return Err((Syndrome::LocalLength, Syndrome::RemoteInvalReq));
     }
     let fault = |_| (Syndrome::LocalAccess, Syndrome::RemoteOp);
-    // The newest GPU copy of the payload not yet waited for (one copier's copies complete in
-    // order, so waiting for its last covers the others).
+    // The newest GPU copy of the payload (one copier's copies complete in order, so its last
+    // one done means all are).
     let mut copying: Option<(Arc<Copier>, u64)> = None;
     let mut at = 0usize;
     for s in list.as_slice() {
@@ -387,9 +417,6 @@ fn scatter(
         }
         at += n;
     }
-    // The receive completes once its bytes are in place.
-    if let Some((copier, seq)) = copying {
-        copier.settle(seq).map_err(fault)?;
-    }
-    Ok(total as u32)
+    // The receive completes once its bytes are in place: the caller waits for the copy.
+    Ok((total as u32, copying))
 }
