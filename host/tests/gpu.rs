@@ -829,6 +829,30 @@ fn sends_between_gpu_buffers_are_gpu_copies_into_the_receive() {
     tx.wait(tx.send(src.local(0), 5000).unwrap()).unwrap();
     assert_eq!(rx.poll(r).unwrap().bytes, 5000);
     assert!(host.read_vec(5, 5000).unwrap() == data[..5000]);
+    // One doorbell for copied SENDs and inline ones in turn: the receives complete in order,
+    // each with its own count and bytes (an inline SEND's receive waits behind a copy's).
+    let batch = tx.deferred();
+    let rs: Vec<u64> = (0..8u64)
+        .map(|i| rx.post_recv_one(dst.local(i * 70_000), 70_000).unwrap())
+        .collect();
+    let lens: Vec<usize> = (0..8).map(|i| if i % 2 == 0 { 60_000 + i } else { 9 + i }).collect();
+    for (i, &len) in lens.iter().enumerate() {
+        if i % 2 == 0 {
+            batch.send(src.local(i as u64), len as u64).unwrap();
+        } else {
+            batch.send_inline(&data[i..i + len]).unwrap();
+        }
+    }
+    batch.commit().unwrap();
+    batch.quiet().unwrap();
+    for (i, (&r, &len)) in rs.iter().zip(&lens).enumerate() {
+        let got = rx.poll(r).unwrap();
+        assert_eq!((got.index, got.bytes as usize), (r, len), "receive {i}");
+        assert!(
+            dst.read_vec(i as u64 * 70_000, len).unwrap() == data[i..i + len],
+            "receive {i}'s bytes"
+        );
+    }
     assert_eq!(qp.error(), None);
 }
 
