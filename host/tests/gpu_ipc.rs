@@ -55,6 +55,9 @@ fn peer_process() {
         return;
     };
     common::log_from_env();
+    if mode == "receive" {
+        return receiving_peer();
+    }
     let ordinal = std::env::var("GDAKI_GPU_IPC_PEER_GPU").map_or(0, |g| g.parse().unwrap());
     let gpu = gdaki::cuda::Gpu::open(ordinal).unwrap();
     let ctx = listening(mode == "on");
@@ -98,6 +101,151 @@ fn peer_process() {
     })
     .unwrap();
     thread::sleep(Duration::from_secs(60));
+}
+
+/// What the SEND test sends: `(offset in the source, length, scatter)`: the receive at
+/// `k * RECV_SLOT` of the peer's device region takes it whole, or in two pieces of which the
+/// first is `scatter` bytes.
+fn sends() -> Vec<(u64, u64, Option<u32>)> {
+    let mut s = vec![(0, 65536, None)];
+    s.extend((0..12u64).map(|k| (k * 4096 + 7, 4093 + k * 1000, (k % 3 == 0).then_some(1000 + k as u32))));
+    s.push(((1 << 20) + 1, (1 << 20) + 5, Some(4096)));
+    s
+}
+/// Where the peer's receives start, `RECV_SLOT` bytes apart (the second piece at +RECV_SLOT/2).
+const RECV_SLOT: u64 = 2 << 20;
+const RECEIVES: usize = 14;
+
+/// The peer of the SEND test: a queue pair with a receive queue, a receive per message of
+/// `sends()` posted in device memory before the requester starts, each message checked where
+/// it landed; then it tells how many copies its copier was handed.
+fn receiving_peer() {
+    let gpu = gdaki::cuda::Gpu::open(0).unwrap();
+    let ctx = listening(true);
+    let dev = ctx
+        .alloc_device_region(&gpu, RECEIVES * RECV_SLOT as usize, Access::ALL)
+        .unwrap();
+    let cfg = QpConfig {
+        receive: Some(gdaki::ReceiveConfig { size: 16, max_bufs: 2 }),
+        ..QpConfig::default()
+    };
+    let q = qp(&ctx, 64, cfg);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("PORT {}", listener.local_addr().unwrap().port());
+    let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
+    let theirs = ch.receive().unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![q.endpoint()],
+        regions: vec![],
+    })
+    .unwrap();
+    q.connect(&theirs.endpoints[0]).unwrap();
+    // SAFETY: this thread is the only receiver; the QP outlives it.
+    let rx = unsafe { q.cpu_receive::<Exclusive>() }.unwrap();
+    let posted: Vec<u64> = sends()
+        .iter()
+        .enumerate()
+        .map(|(k, &(_, len, scatter))| {
+            let base = k as u64 * RECV_SLOT;
+            let bufs = match scatter {
+                None => vec![gdaki_device::RecvBuf {
+                    local: dev.local(base),
+                    len: len as u32,
+                }],
+                Some(first) => vec![
+                    gdaki_device::RecvBuf {
+                        local: dev.local(base),
+                        len: first,
+                    },
+                    gdaki_device::RecvBuf {
+                        local: dev.local(base + RECV_SLOT / 2),
+                        len: RECV_SLOT as u32 / 2,
+                    },
+                ],
+            };
+            rx.post_recv(&bufs).unwrap()
+        })
+        .collect();
+    ch.sync(1).unwrap();
+    let got: Vec<_> = posted.iter().map(|&r| rx.poll(r)).collect();
+    // Copies handed to this side's copier (read before the checks below use it).
+    let copies = Copier::existing(&gpu).map_or(0, |c| c.stats().copies);
+    let src = pattern(5, LEN);
+    let mut ok = true;
+    for (k, (got, &(from, len, scatter))) in got.iter().zip(&sends()).enumerate() {
+        if got.as_ref().map(|g| g.bytes as u64) != Ok(len) {
+            eprintln!("peer: receive {k}: {got:?}, {len} bytes sent");
+            ok = false;
+            continue;
+        }
+        let base = k as u64 * RECV_SLOT;
+        let first = scatter.map_or(len, |f| f as u64);
+        let mut bytes = dev.read_vec(base, first as usize).unwrap();
+        if scatter.is_some() {
+            bytes.extend(dev.read_vec(base + RECV_SLOT / 2, (len - first) as usize).unwrap());
+        }
+        if bytes[..] != src[from as usize..(from + len) as usize] {
+            eprintln!("peer: receive {k}: {len} bytes differ");
+            ok = false;
+        }
+    }
+    ch.sync(2).unwrap();
+    ch.send(&Hello {
+        app: format!("{ok} {copies}").into_bytes(),
+        endpoints: vec![],
+        regions: vec![],
+    })
+    .unwrap();
+    thread::sleep(Duration::from_secs(60));
+}
+
+/// SENDs from device memory to a peer process on the same GPU: the first carries its bytes
+/// (and the allocation's offer), every later one is a CUDA IPC reference that the peer's
+/// copier copies into the receive's buffers (a copy per piece, scattered ones too), and the
+/// sender's completions come once they have landed. Before, every SEND's bytes went through
+/// host memory on both sides.
+#[test]
+fn sends_from_device_memory_go_to_a_peer_process_as_references() {
+    let test = "sends_from_device_memory_go_to_a_peer_process_as_references";
+    let Some((gpu, _one)) = gpu_or_skip(test) else {
+        return;
+    };
+    let peer = spawn_peer("receive", 0);
+    let ctx = listening(true);
+    let src = ctx.alloc_device_region(&gpu, LEN, Access::ALL).unwrap();
+    src.write(0, &pattern(5, LEN)).unwrap();
+    let q = qp(&ctx, 64, QpConfig::default());
+    let (mut ch, theirs) = peer.hello(APP, &q);
+    q.connect(&theirs.endpoints[0]).unwrap();
+    ch.sync(1).unwrap();
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { q.cpu::<Exclusive>() }.unwrap();
+    let all = sends();
+    // The first SEND carries its bytes and the offer; waiting for it also waits for the
+    // peer's answer, which comes before its acknowledgement.
+    dev.wait(dev.send(src.local(all[0].0), all[0].1).unwrap()).unwrap();
+    let posted = || Copier::existing(&gpu).unwrap().stats().posted;
+    let before = posted();
+    for &(from, len, _) in &all[1..] {
+        dev.send(src.local(from), len).unwrap();
+    }
+    dev.quiet().unwrap();
+    assert_eq!(
+        posted() - before,
+        0,
+        "this side's copier read SEND bytes sent as references"
+    );
+    ch.sync(2).unwrap();
+    let verdict = String::from_utf8(ch.receive().expect("the peer's verdict").app).unwrap();
+    let (ok, copies) = verdict.split_once(' ').unwrap();
+    assert_eq!(ok, "true", "the peer received other messages than were sent");
+    let pieces: u64 = all[1..].iter().map(|&(_, _, s)| if s.is_some() { 2 } else { 1 }).sum();
+    assert_eq!(
+        copies.parse::<u64>().unwrap(),
+        pieces,
+        "copies the peer's copier was handed"
+    );
 }
 
 /// The peer, in `mode`, with its memory on GPU `gpu`.

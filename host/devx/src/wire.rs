@@ -32,8 +32,9 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// [`Kind::WriteRef`]; 6: a READ into GPU memory may name the requester's allocation for the
 /// responder to write: [`Kind::ReadRef`]; 7: endpoints carry `rd_atomic`; 8: two-sided
 /// requests, [`Kind::Send`] and [`Kind::WriteImm`], and the "receiver not ready" answer,
-/// [`Kind::RnrNak`]).
-pub const VERSION: u16 = 8;
+/// [`Kind::RnrNak`]; 9: a SEND from GPU memory may travel as a CUDA IPC reference,
+/// [`Kind::SendRef`]).
+pub const VERSION: u16 = 9;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -140,6 +141,9 @@ pub enum Kind {
     /// Transport request: RDMA WRITE with immediate data (head, then the data); it takes the
     /// responder's next receive once the data is written.
     WriteImm = 28,
+    /// Transport request: SEND whose data the responder reads itself from an offered
+    /// allocation ([`Op::SendRef`]); it takes the responder's next receive.
+    SendRef = 29,
     /// Transport response: every request up to `seq` succeeded.
     Ack = 30,
     /// Transport response: READ data.
@@ -177,6 +181,7 @@ impl Kind {
             26 => Kind::ReadRef,
             27 => Kind::Send,
             28 => Kind::WriteImm,
+            29 => Kind::SendRef,
             30 => Kind::Ack,
             31 => Kind::ReadResp,
             32 => Kind::AtomicResp,
@@ -209,6 +214,7 @@ impl Kind {
             Kind::WriteRef | Kind::ReadRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::Send => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8 + MAX_MESSAGE),
             Kind::WriteImm => (REQ_HEAD as u32 + 4, REQ_HEAD as u32 + 4 + MAX_MESSAGE),
+            Kind::SendRef => (REQ_HEAD as u32 + 24, REQ_HEAD as u32 + 24),
             Kind::Ack => (4, 4),
             Kind::ReadResp => (4, 4 + MAX_MESSAGE),
             Kind::AtomicResp => (12, 12),
@@ -680,6 +686,9 @@ pub fn decode_sync(payload: &[u8]) -> Result<u64, WireError> {
 pub const CONNECT_LEN: usize = 8 + 4 + 4 + 4 + 8;
 /// Fixed part of every request: seq, rkey, addr.
 pub const REQ_HEAD: usize = 4 + 4 + 8;
+/// The longest fixed part of a request or response (what a reader holds before the data that
+/// follows it): a [`Kind::SendRef`]'s.
+pub const MAX_FIXED: usize = REQ_HEAD + 24;
 
 /// A requester's opening of a transport connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -916,6 +925,19 @@ pub enum Op {
         /// The immediate data.
         imm: Option<u32>,
     },
+    /// SEND of `len` bytes (with immediate data when `imm` is set) that the responder reads
+    /// from offset `offset` of the requester's allocation `alloc` ([`GpuOffer::id`]), mapped
+    /// with CUDA IPC; the request's address and key are 0.
+    SendRef {
+        /// The allocation, as offered and accepted.
+        alloc: u32,
+        /// Where the data starts in it.
+        offset: u64,
+        /// Data bytes.
+        len: u32,
+        /// The immediate data.
+        imm: Option<u32>,
+    },
     /// RDMA WRITE of `len` bytes with immediate data `imm`.
     WriteImm {
         /// Data bytes after the head.
@@ -945,7 +967,7 @@ impl Request {
         let (what, len) = match self.op {
             Op::Write { len } => ("write length", len),
             Op::Read { len } => ("read length", len),
-            Op::WriteRef { len, .. } | Op::ReadRef { len, .. } => ("referenced length", len),
+            Op::WriteRef { len, .. } | Op::ReadRef { len, .. } | Op::SendRef { len, .. } => ("referenced length", len),
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => ("atomic", 8),
             Op::Send { len, .. } => ("send length", len),
             Op::WriteImm { len, .. } => ("write length", len),
@@ -962,12 +984,18 @@ impl Request {
                 t.extend_from_slice(&swap.to_be_bytes());
                 (Kind::CompareSwap, 0, t)
             }
-            Op::Send { len, imm } => {
-                let mut t = (imm.is_some() as u32).to_be_bytes().to_vec();
-                t.extend_from_slice(&imm.unwrap_or(0).to_be_bytes());
-                (Kind::Send, len, t)
-            }
+            Op::Send { len, imm } => (Kind::Send, len, encode_imm(imm).to_vec()),
             Op::WriteImm { len, imm } => (Kind::WriteImm, len, imm.to_be_bytes().to_vec()),
+            Op::SendRef {
+                alloc,
+                offset,
+                len,
+                imm,
+            } => {
+                let mut t = encode_reference(alloc, offset, len);
+                t.extend_from_slice(&encode_imm(imm));
+                (Kind::SendRef, 0, t)
+            }
         };
         let len = (REQ_HEAD + tail.len()) as u32 + extra;
         let mut out = Vec::with_capacity(HEADER_LEN + REQ_HEAD + tail.len());
@@ -989,6 +1017,7 @@ impl Request {
                 Kind::Send => 8,
                 Kind::FetchAdd => 8,
                 Kind::CompareSwap | Kind::WriteRef | Kind::ReadRef => 16,
+                Kind::SendRef => 24,
                 k => {
                     return Err(WireError::Unexpected {
                         got: k,
@@ -1026,18 +1055,17 @@ impl Request {
                 let (alloc, offset, len) = decode_reference(&mut c, "read length")?;
                 Op::ReadRef { alloc, offset, len }
             }
-            Kind::Send => {
-                let imm = match c.u32("immediate flag")? {
-                    0 => None,
-                    1 => Some(c.u32("immediate data")?),
-                    _ => return Err(invalid("immediate flag", "neither 0 nor 1")),
-                };
-                if imm.is_none() {
-                    c.u32("immediate data")?;
-                }
-                Op::Send {
-                    len: header.len - n as u32,
-                    imm,
+            Kind::Send => Op::Send {
+                imm: decode_imm(&mut c)?,
+                len: header.len - n as u32,
+            },
+            Kind::SendRef => {
+                let (alloc, offset, len) = decode_reference(&mut c, "send length")?;
+                Op::SendRef {
+                    alloc,
+                    offset,
+                    len,
+                    imm: decode_imm(&mut c)?,
                 }
             }
             Kind::WriteImm => Op::WriteImm {
@@ -1051,6 +1079,25 @@ impl Request {
         };
         c.end()?;
         Ok(Request { seq, rkey, addr, op })
+    }
+}
+
+/// A SEND's immediate data on the wire: a flag word (0 or 1), then the value (0 without).
+fn encode_imm(imm: Option<u32>) -> [u8; 8] {
+    let mut t = [0u8; 8];
+    t[..4].copy_from_slice(&(imm.is_some() as u32).to_be_bytes());
+    t[4..].copy_from_slice(&imm.unwrap_or(0).to_be_bytes());
+    t
+}
+
+/// [`encode_imm`]'s reverse; a flag that is neither 0 nor 1 is invalid.
+fn decode_imm(c: &mut Cursor<'_>) -> Result<Option<u32>, WireError> {
+    let flag = c.u32("immediate flag")?;
+    let value = c.u32("immediate data")?;
+    match flag {
+        0 => Ok(None),
+        1 => Ok(Some(value)),
+        _ => Err(invalid("immediate flag", "neither 0 nor 1")),
     }
 }
 
@@ -1244,6 +1291,7 @@ pub fn check_frame(bytes: &[u8]) -> Result<Header, WireError> {
         | Kind::FetchAdd
         | Kind::CompareSwap
         | Kind::Send
+        | Kind::SendRef
         | Kind::WriteImm => {
             let n = Request::fixed_len(h)?;
             Request::decode(h, &payload[..n])?;
@@ -1482,8 +1530,8 @@ mod tests {
         b[0] = b'X';
         assert!(matches!(Header::parse(&b), Err(WireError::BadMagic(_))));
         let mut b = good;
-        b[5] = 9;
-        assert_eq!(Header::parse(&b), Err(WireError::Version { got: 9 }));
+        b[5] = VERSION as u8 + 1;
+        assert_eq!(Header::parse(&b), Err(WireError::Version { got: VERSION + 1 }));
         let mut b = good;
         b[7] = 99;
         assert_eq!(Header::parse(&b), Err(WireError::UnknownKind(99)));
@@ -1491,6 +1539,18 @@ mod tests {
         assert!(matches!(Header::parse(&b), Err(WireError::Length { .. })));
         let b = Header::new(Kind::Hello, u32::MAX).encode();
         assert!(matches!(Header::parse(&b), Err(WireError::Length { .. })));
+    }
+
+    /// Every request's and response's fixed part fits a reader's [`MAX_FIXED`] bytes.
+    #[test]
+    fn fixed_parts_fit_max_fixed() {
+        for k in 0..=u16::MAX {
+            let Ok(kind) = Kind::from_raw(k) else { continue };
+            let h = Header::new(kind, kind.limits().0);
+            for n in [Request::fixed_len(h), Response::fixed_len(h)].into_iter().flatten() {
+                assert!(n <= MAX_FIXED, "{kind:?}: {n} bytes fixed");
+            }
+        }
     }
 
     #[test]
@@ -1516,6 +1576,18 @@ mod tests {
                 imm: Some(0xdead_beef),
             },
             Op::WriteImm { len: 7, imm: 0 },
+            Op::SendRef {
+                alloc: 5,
+                offset: 0x42,
+                len: 9000,
+                imm: Some(7),
+            },
+            Op::SendRef {
+                alloc: 0,
+                offset: 0,
+                len: 1,
+                imm: None,
+            },
         ] {
             let r = Request {
                 seq: 9,

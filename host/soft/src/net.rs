@@ -38,7 +38,7 @@ use crate::responder::{self, AtomicOp, Message, SendData};
 use crate::shm::{self, Segment, Side};
 use crate::{Hca, Region, RegionCache};
 use gdaki_devx::util::lock;
-use gdaki_devx::wire::{self, Header, Kind, Op, Request, Response, WireError, HEADER_LEN};
+use gdaki_devx::wire::{self, Header, Kind, Op, Request, Response, WireError, HEADER_LEN, MAX_FIXED};
 use gdaki_devx::Access;
 use gdaki_devx::QpState;
 
@@ -225,15 +225,21 @@ impl Reader {
         Ok(Header::parse(&h)?)
     }
 
-    /// Reads the fixed part of a frame (at most 32 bytes).
+    /// Reads the fixed part of a frame (at most [`MAX_FIXED`] bytes; a longer one is a protocol
+    /// error, never a panic).
     fn fixed<'b>(
         &mut self,
         n: usize,
-        out: &'b mut [u8; 32],
+        out: &'b mut [u8; MAX_FIXED],
         idle: &mut dyn FnMut() -> Result<(), Fault>,
     ) -> Result<&'b [u8], Fault> {
-        self.read_exact(&mut out[..n], idle)?;
-        Ok(&out[..n])
+        let Some(out) = out.get_mut(..n) else {
+            return Err(Fault::Protocol(format!(
+                "a fixed part of {n} bytes (at most {MAX_FIXED})"
+            )));
+        };
+        self.read_exact(out, idle)?;
+        Ok(out)
     }
 
     /// Reads a whole small payload (handshake-sized frames).
@@ -601,6 +607,7 @@ impl Link {
             | Op::Read { len }
             | Op::ReadRef { len, .. }
             | Op::Send { len, .. }
+            | Op::SendRef { len, .. }
             | Op::WriteImm { len, .. } => len,
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => 8,
         };
@@ -608,7 +615,7 @@ impl Link {
         // a WRITE does, but a FENCE still waits for it.
         let fetches = !matches!(
             op,
-            Op::Write { .. } | Op::WriteRef { .. } | Op::Send { .. } | Op::WriteImm { .. }
+            Op::Write { .. } | Op::WriteRef { .. } | Op::Send { .. } | Op::SendRef { .. } | Op::WriteImm { .. }
         );
         let (rkey, addr) = (remote.rkey, remote.addr);
         let seq = self.next_seq;
@@ -861,7 +868,7 @@ fn receive_loop(reader: &mut Reader, shared: &Shared) -> Result<(), Fault> {
             _ => Ok(()),
         }
     };
-    let mut fixed = [0u8; 32];
+    let mut fixed = [0u8; MAX_FIXED];
     let mut bounce = Vec::new();
     loop {
         let h = reader.header(&mut idle)?;
@@ -1281,7 +1288,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         }
     };
     let mut cache = RegionCache::default();
-    let mut fixed = [0u8; 32];
+    let mut fixed = [0u8; MAX_FIXED];
     let mut bounce = Vec::new();
     let mut expect = c.psn;
     let mut unacked: Option<u32> = None;
@@ -1346,8 +1353,9 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
                 skip_data(&mut reader, req.op, &mut bounce, &mut idle)?;
                 Err(s)
             }
-            (Ok(()), Some(t)) if matches!(req.op, Op::Send { .. } | Op::WriteImm { .. }) => {
-                match two_sided(hca, &mut cache, &t, &mut reader, &mut bounce, req, c.qpn, &mut idle)? {
+            (Ok(()), Some(t)) if matches!(req.op, Op::Send { .. } | Op::SendRef { .. } | Op::WriteImm { .. }) => {
+                let io = (&mut reader, &mut bounce, &mut imports);
+                match two_sided(hca, &mut cache, &t, io, req, c.qpn, &mut idle)? {
                     TwoSided::Done => Ok(true),
                     TwoSided::Nak(s) => Err(s),
                     TwoSided::NotReady(timer) => {
@@ -1450,13 +1458,14 @@ enum TwoSided {
 /// receive is taken first (none: the request and its data are dropped, "receiver not ready"),
 /// then a SEND's data is scattered into it, or a WRITE's written where it says and the receive
 /// completed.
-#[allow(clippy::too_many_arguments)]
+/// A SEND by reference (CUDA IPC) is copied by the GPU from the requester's mapped allocation
+/// into the receive's buffers where one copier reaches both, else through host memory; it is
+/// acknowledged once the copy has landed (`taken` is let go first).
 fn two_sided(
     hca: &Hca,
     cache: &mut RegionCache,
     qp: &SoftQp,
-    reader: &mut Reader,
-    bounce: &mut Vec<u8>,
+    (reader, bounce, imports): (&mut Reader, &mut Vec<u8>, &mut Imports),
     req: Request,
     src_qpn: u32,
     idle: &mut dyn FnMut() -> Result<(), Fault>,
@@ -1485,6 +1494,32 @@ fn two_sided(
                 return Ok(TwoSided::Nak(s));
             }
             Message::WriteImm { bytes: len, imm }
+        }
+        Op::SendRef {
+            alloc,
+            offset,
+            len,
+            imm,
+        } => {
+            let mapped = imports.get(alloc).map_err(Fault::Protocol)?;
+            let Some(at) = mapped.at(offset, len as u64) else {
+                return Err(Fault::Protocol(format!(
+                    "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
+                )));
+            };
+            let data = SendData::InPlace {
+                dma: &mapped.dma,
+                addr: at,
+                len,
+            };
+            let delivered = responder::deliver(hca, cache, &mut taken, Message::Send { data, imm }, src_qpn);
+            // Its copy lands, and the receive completes, before the acknowledgement.
+            drop(taken);
+            return Ok(match delivered {
+                Ok(_) if qp.state() == QpState::Error => TwoSided::Nak(Syndrome::RemoteOp),
+                Ok(_) => TwoSided::Done,
+                Err(s) => TwoSided::Nak(s),
+            });
         }
         _ => return Ok(TwoSided::Nak(Syndrome::RemoteInvalReq)),
     };
@@ -1559,7 +1594,7 @@ fn execute(
         }
         Op::FetchAdd { add } => atomic(hca, cache, pd, w, req.seq, remote, AtomicOp::FetchAdd(add))?,
         // Served by `two_sided` while its QP lives; gone, it takes nothing.
-        Op::Send { .. } | Op::WriteImm { .. } => {
+        Op::Send { .. } | Op::SendRef { .. } | Op::WriteImm { .. } => {
             skip_data(reader, req.op, bounce, idle)?;
             Err(Syndrome::RemoteInvalReq)
         }

@@ -111,17 +111,9 @@ fn gpu_copy(
 /// once the peer's copier has moved the bytes, when the peer has mapped its allocation (see
 /// [`ipc`](crate::ipc)). Whether it was posted (if not, the bytes must travel).
 fn post_reference(link: &mut Link, meta: Meta, r: DevRemote, local: &Locals, way: Way) -> bool {
-    let [Some((s, region)), None, ..] = &local.items else {
+    let Some((alloc, offset, len)) = reference(link, local) else {
         return false;
     };
-    // Zero bytes touch no memory: nothing to refer to.
-    if s.length == 0 {
-        return false;
-    }
-    let Some(at) = link.reference(&*region.dma, s.addr, s.length) else {
-        return false;
-    };
-    let (alloc, offset, len) = (at.alloc, at.offset, at.len);
     let op = match way {
         Way::Write => Op::WriteRef { alloc, offset, len },
         Way::Read => Op::ReadRef { alloc, offset, len },
@@ -221,6 +213,20 @@ impl<'q> HeldReceives<'q> {
     }
 }
 
+/// The CUDA IPC reference (allocation, offset, length) to one local buffer of GPU memory, when
+/// the peer has mapped its allocation (see [`ipc`](crate::ipc)); `None`: the bytes must travel.
+fn reference(link: &mut Link, local: &Locals) -> Option<(u32, u64, u32)> {
+    let [Some((s, region)), None, ..] = &local.items else {
+        return None;
+    };
+    // Zero bytes touch no memory: nothing to refer to.
+    if s.length == 0 {
+        return None;
+    }
+    let at = link.reference(&*region.dma, s.addr, s.length)?;
+    Some((at.alloc, at.offset, at.len))
+}
+
 /// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`, or says why not. `held`
 /// holds the receive queue of a target in this process.
 #[allow(clippy::too_many_arguments)] // the engine's state for one WQE, each distinct
@@ -314,8 +320,22 @@ pub(crate) fn execute(
                     }
                 },
                 Target::Remote(link) => {
-                    let data = payload_bytes(&src, wqe, buf)?;
                     let none = DevRemote { addr: 0, rkey: 0 };
+                    // One buffer of GPU memory to a peer process on this machine: a reference
+                    // that the peer's copier reads (CUDA IPC), once it has mapped the allocation.
+                    if let Source::Buffers(local) = &src {
+                        if let Some((alloc, offset, len)) = reference(link, local) {
+                            let op = Op::SendRef {
+                                alloc,
+                                offset,
+                                len,
+                                imm,
+                            };
+                            link.post(meta, none, op, &[], Sink::Ack);
+                            return Ok(Executed::InFlight);
+                        }
+                    }
+                    let data = payload_bytes(&src, wqe, buf)?;
                     link.post(meta, none, Op::Send { len: bytes, imm }, data, Sink::Ack);
                     Ok(Executed::InFlight)
                 }
