@@ -65,17 +65,8 @@ fn peer_process() {
     let pinned = ctx.alloc_pinned_region(&gpu, HOST_LEN, Access::ALL).unwrap();
     let host = ctx.alloc_region(HOST_LEN, Access::ALL).unwrap();
     let q = qp(&ctx, 64, QpConfig::default());
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    println!("PORT {}", listener.local_addr().unwrap().port());
-    let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
-    let theirs = ch.receive().unwrap();
-    ch.send(&Hello {
-        app: APP.to_vec(),
-        endpoints: vec![q.endpoint()],
-        regions: vec![dev.remote_region(), pinned.remote_region(), host.remote_region()],
-    })
-    .unwrap();
-    q.connect(&theirs.endpoints[0]).unwrap();
+    let regions = vec![dev.remote_region(), pinned.remote_region(), host.remote_region()];
+    let mut ch = serve_hello(&q, regions);
     ch.sync(1).unwrap();
     ch.sync(2).unwrap();
     // Copies this side's copier was handed without waiting: the references (a bounced WRITE
@@ -94,6 +85,12 @@ fn peer_process() {
     }
     // The signal of the put_signal, after its put.
     ok &= dev.load_u64(LEN as u64 - 8).unwrap() == 1;
+    send_verdict(&mut ch, ok, copies);
+}
+
+/// The peer's verdict (`"<ok> <copies>"`), then it stays until the requester is done with it
+/// (the test kills it).
+fn send_verdict(ch: &mut Channel, ok: bool, copies: u64) {
     ch.send(&Hello {
         app: format!("{ok} {copies}").into_bytes(),
         endpoints: vec![],
@@ -130,17 +127,7 @@ fn receiving_peer() {
         ..QpConfig::default()
     };
     let q = qp(&ctx, 64, cfg);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    println!("PORT {}", listener.local_addr().unwrap().port());
-    let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
-    let theirs = ch.receive().unwrap();
-    ch.send(&Hello {
-        app: APP.to_vec(),
-        endpoints: vec![q.endpoint()],
-        regions: vec![],
-    })
-    .unwrap();
-    q.connect(&theirs.endpoints[0]).unwrap();
+    let mut ch = serve_hello(&q, vec![]);
     // SAFETY: this thread is the only receiver; the QP outlives it.
     let rx = unsafe { q.cpu_receive::<Exclusive>() }.unwrap();
     let posted: Vec<u64> = sends()
@@ -191,13 +178,7 @@ fn receiving_peer() {
         }
     }
     ch.sync(2).unwrap();
-    ch.send(&Hello {
-        app: format!("{ok} {copies}").into_bytes(),
-        endpoints: vec![],
-        regions: vec![],
-    })
-    .unwrap();
-    thread::sleep(Duration::from_secs(60));
+    send_verdict(&mut ch, ok, copies);
 }
 
 /// SENDs from device memory to a peer process on the same GPU: the first carries its bytes
@@ -246,6 +227,23 @@ fn sends_from_device_memory_go_to_a_peer_process_as_references() {
         pieces,
         "copies the peer's copier was handed"
     );
+}
+
+/// The peer's side of the handshake: says its port (`PORT <n>`), takes the requester's hello,
+/// answers with `q`'s endpoint and `regions`, and connects `q`.
+fn serve_hello(q: &gdaki::QueuePair, regions: Vec<gdaki::wire::RemoteRegion>) -> Channel {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("PORT {}", listener.local_addr().unwrap().port());
+    let mut ch = Channel::accept(&listener, Duration::from_secs(30)).unwrap();
+    let theirs = ch.receive().unwrap();
+    ch.send(&Hello {
+        app: APP.to_vec(),
+        endpoints: vec![q.endpoint()],
+        regions,
+    })
+    .unwrap();
+    q.connect(&theirs.endpoints[0]).unwrap();
+    ch
 }
 
 /// The peer, in `mode`, with its memory on GPU `gpu`.

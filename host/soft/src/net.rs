@@ -1501,12 +1501,7 @@ fn two_sided(
             len,
             imm,
         } => {
-            let mapped = imports.get(alloc).map_err(Fault::Protocol)?;
-            let Some(at) = mapped.at(offset, len as u64) else {
-                return Err(Fault::Protocol(format!(
-                    "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
-                )));
-            };
+            let (mapped, at) = referenced(imports, ipc::Reference { alloc, offset, len })?;
             let data = SendData::InPlace {
                 dma: &mapped.dma,
                 addr: at,
@@ -1610,6 +1605,19 @@ fn execute(
     })
 }
 
+/// The mapped allocation a reference names and the address of its first byte there; a
+/// reference to an allocation never mapped, or past the mapping's end, is a protocol error.
+fn referenced(imports: &Imports, r: ipc::Reference) -> Result<(Arc<ipc::Import>, u64), Fault> {
+    let ipc::Reference { alloc, offset, len } = r;
+    let mapped = imports.get(alloc).map_err(Fault::Protocol)?;
+    let Some(at) = mapped.at(offset, len as u64) else {
+        return Err(Fault::Protocol(format!(
+            "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
+        )));
+    };
+    Ok((mapped, at))
+}
+
 /// Executes a WRITE or a READ (`way`) whose bytes are at `r` in an allocation of
 /// the peer's mapped here: one GPU copy when the region and the mapping have a copier in common
 /// (waited for before the acknowledgement), else through host memory.
@@ -1624,13 +1632,8 @@ fn by_reference(
     way: Way,
     r: ipc::Reference,
 ) -> Result<Result<bool, Syndrome>, Fault> {
-    let ipc::Reference { alloc, offset, len } = r;
-    let mapped = imports.get(alloc).map_err(Fault::Protocol)?;
-    let Some(at) = mapped.at(offset, len as u64) else {
-        return Err(Fault::Protocol(format!(
-            "a reference to {len} bytes at {offset:#x}, past the end of GPU allocation {alloc}"
-        )));
-    };
+    let len = r.len;
+    let (mapped, at) = referenced(imports, r)?;
     Ok(
         match responder::copy_by_gpu(hca, cache, pd, remote, way, &mapped.dma, at, len as u64) {
             Some(Ok((copier, seq))) => {
