@@ -329,7 +329,7 @@ impl<M: Sharing> Socket<M> {
 
     /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
-        self.on_leader(scope, || {
+        on_leader(scope, || {
             let (sent, _, _, flags) = self.state();
             self.usable(flags, &self.look(layout::ARRIVED))?;
             if flags & SOCKET_SHUT_WR == 0 {
@@ -344,7 +344,7 @@ impl<M: Sharing> Socket<M> {
 
     /// [`reset`](Self::reset) by the group `scope` (its leader posts).
     pub fn reset_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
-        self.on_leader(scope, || {
+        on_leader(scope, || {
             let (.., flags) = self.state();
             if flags & SOCKET_RESET == 0 {
                 self.add_flags(SOCKET_RESET);
@@ -361,8 +361,7 @@ impl<M: Sharing> Socket<M> {
 
     /// [`flush`](Self::flush) by the group `scope` (its leader waits).
     pub fn flush_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
-        self.on_leader(scope, || self.qp.quiet().map(|()| 0).map_err(SocketError::Lost))
-            .map(|_| ())
+        on_leader(scope, || self.qp.quiet().map(|()| 0).map_err(SocketError::Lost)).map(|_| ())
     }
 
     /// [`send_with`](Self::send_with) until all of `data` is sent.
@@ -415,7 +414,7 @@ impl<M: Sharing> Socket<M> {
     /// Waits (bounded) until the peer has shut down and every byte it sent is taken (read or,
     /// here, dropped unread): the second half of an orderly close.
     pub fn wait_end_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
-        self.on_leader(scope, || {
+        on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
                 let (_, consumed, _, flags) = self.state();
@@ -444,20 +443,11 @@ impl<M: Sharing> Socket<M> {
         self.flush_with(scope)
     }
 
-    /// Runs `step` on the leader of `scope` and hands its outcome to every member.
-    fn on_leader<S: Scope>(
-        &self,
-        scope: S,
-        step: impl FnOnce() -> Result<u64, SocketError>,
-    ) -> Result<u64, SocketError> {
-        on_leader(scope, step)
-    }
-
     fn send_in<S: Scope>(&self, scope: S, data: &[u8], mode: Mode) -> Result<usize, SocketError> {
         let cap = 1u64 << self.log_tx;
         let sent = self.state().0;
         // The leader finds room; everyone learns how much.
-        let n = self.on_leader(scope, || {
+        let n = on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
                 let (.., flags) = self.state();
@@ -495,7 +485,7 @@ impl<M: Sharing> Socket<M> {
             )
         };
         scope.sync();
-        self.on_leader(scope, || {
+        on_leader(scope, || {
             let at = sent & (cap - 1);
             let first = n.min(cap - at);
             let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
@@ -518,7 +508,7 @@ impl<M: Sharing> Socket<M> {
         let cap = 1u64 << self.log_rx;
         let (_, consumed, credited, _) = self.state();
         // The leader waits for bytes (or the end); everyone learns how many it takes.
-        let arrived = self.on_leader(scope, || {
+        let arrived = on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
                 let (.., flags) = self.state();
@@ -557,7 +547,7 @@ impl<M: Sharing> Socket<M> {
             )
         };
         scope.sync();
-        self.on_leader(scope, || {
+        on_leader(scope, || {
             let consumed = consumed + n;
             self.set_consumed(consumed);
             // Credit once half a ring is read and not credited: a sender only waits for room
@@ -828,7 +818,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
         }
         BenchRole::RawSend => {
             stamp(0);
-            sock.on_leader(scope, || {
+            on_leader(scope, || {
                 let cap = 1u64 << sock.log_tx;
                 for i in 0..iters as u64 {
                     let off = (i * size) % (cap - size + 1);
@@ -842,7 +832,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             Ok(size * iters as u64)
         }
         BenchRole::RawPing | BenchRole::RawPong => {
-            sock.on_leader(scope, || {
+            on_leader(scope, || {
                 let last = size - 1;
                 // SAFETY: this side's receive ring holds at least `size` bytes (the contract);
                 // the HCA writes its byte `last`.

@@ -13,7 +13,7 @@ use crate::arch;
 use crate::qp::Deadline;
 use crate::scope::{Scope, Thread};
 use crate::sharing::{Gpu, Sharing};
-use crate::status::{CODE_BAD_ARGUMENT, CODE_BAD_HANDLE, CODE_OK, CODE_REFUSED, CODE_TIMEOUT};
+use crate::status::{CODE_BAD_HANDLE, CODE_OK};
 
 /// A socket service's mailbox, as a caller uses it.
 #[derive(Clone, Copy)]
@@ -176,11 +176,8 @@ impl Service {
                 unsafe { Gpu::unlock(self.locks.add(slot as usize)) };
                 return match status {
                     CODE_OK => Ok(value),
-                    CODE_REFUSED => Err(SocketError::Refused),
-                    CODE_BAD_ARGUMENT => Err(SocketError::BadArgument),
-                    CODE_TIMEOUT => Err(SocketError::TimedOut),
                     CODE_BAD_HANDLE => Err(SocketError::BadHandle { version: 0 }),
-                    code => Err(SocketError::Failed { code }),
+                    code => Err(SocketError::from_code(code)),
                 };
             }
             if deadline.expired() {
