@@ -302,7 +302,7 @@ impl Qp {
             qpn: self.qpn,
             log_size: r.log_size,
             log_stride: r.log_stride,
-            flags: if self.umem.mem.gpu().is_some() {
+            flags: if self.queues_in_gpu_memory() {
                 gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY
             } else {
                 0
@@ -346,15 +346,15 @@ impl Qp {
     fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
         match handler {
             DoorbellHandler::Gpu => (self.uar.uar.reg_addr(), DoorbellKind::Gpu),
-            DoorbellHandler::CpuProxy if self.record_in_gpu_memory() => {
+            DoorbellHandler::CpuProxy if self.queues_in_gpu_memory() => {
                 (self.proxy_word.addr(), DoorbellKind::CpuAssisted)
             }
             DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
         }
     }
 
-    /// Whether the send queue and its doorbell record are in GPU memory.
-    fn record_in_gpu_memory(&self) -> bool {
+    /// Whether the work queues and their doorbell record (the QP's umem) are in GPU memory.
+    fn queues_in_gpu_memory(&self) -> bool {
         self.umem.mem.gpu().is_some()
     }
 }
@@ -647,7 +647,7 @@ impl QueuePair {
             doorbell_kind: kind as u8,
             version: gdaki_layout::handle::DEV_QP_VERSION,
             flags: reply.qp_flags()
-                | if qp.umem.mem.gpu().is_some() {
+                | if qp.queues_in_gpu_memory() {
                     gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY
                 } else {
                     0
@@ -908,7 +908,7 @@ impl QueuePair {
         // doorbell (CPU-assisted, `ring_word`). Posters, the proxy and the HCA access them
         // atomically.
         unsafe {
-            if q.record_in_gpu_memory() {
+            if q.queues_in_gpu_memory() {
                 gdaki_proxy::Target::forwarding(q.qpn, index, doorbell, keep)
             } else {
                 let record = (q.sq() + q.sq_dbrec_offset()) as *mut u32;
@@ -949,7 +949,7 @@ impl QueuePair {
 
     /// Whether the send queue or the CQE ring is in GPU memory ([`Rings::Gpu`]).
     pub fn rings_in_gpu_memory(&self) -> bool {
-        self.inner.umem.mem.gpu().is_some()
+        self.inner.queues_in_gpu_memory()
             || self.inner.cq.0.umem.mem.gpu().is_some()
             || self.inner.rq.as_ref().is_some_and(|r| r.cq.0.umem.mem.gpu().is_some())
     }
