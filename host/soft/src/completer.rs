@@ -145,4 +145,12 @@ impl Locals {
     pub(crate) fn iter(&self) -> impl Iterator<Item = &(Sge, Arc<Region>)> {
         self.items.iter().map_while(Option::as_ref)
     }
+
+    /// The buffer, when there is exactly one (what GPU copies and references move in one step).
+    pub(crate) fn single(&self) -> Option<&(Sge, Arc<Region>)> {
+        match &self.items {
+            [Some(one), None, ..] => Some(one),
+            _ => None,
+        }
+    }
 }

@@ -90,7 +90,7 @@ fn gpu_copy(
     local: &Locals,
     way: Way,
 ) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
-    let (Target::Local(peer, tq), [Some((s, region)), None, ..]) = (target, &local.items) else {
+    let (Target::Local(peer, tq), Some((s, region))) = (target, local.single()) else {
         return Ok(None);
     };
     // Plain host memory never pairs with a copier: no target lookup for it.
@@ -216,9 +216,7 @@ impl<'q> HeldReceives<'q> {
 /// The CUDA IPC reference (allocation, offset, length) to one local buffer of GPU memory, when
 /// the peer has mapped its allocation (see [`ipc`](crate::ipc)); `None`: the bytes must travel.
 fn reference(link: &mut Link, local: &Locals) -> Option<(u32, u64, u32)> {
-    let [Some((s, region)), None, ..] = &local.items else {
-        return None;
-    };
+    let (s, region) = local.single()?;
     // Zero bytes touch no memory: nothing to refer to.
     if s.length == 0 {
         return None;
@@ -296,18 +294,17 @@ pub(crate) fn execute(
                     Some(taken) => {
                         // One buffer of GPU memory: the receive side copies from it in place
                         // (by the GPU where its copier reaches the receive buffers).
-                        let data = match &src {
-                            Source::Buffers(local) => match &local.items {
-                                [Some((s, region)), None, ..] if region.dma.gpu_copier().is_some() => {
-                                    SendData::InPlace {
-                                        dma: &*region.dma,
-                                        addr: s.addr,
-                                        len: bytes,
-                                    }
-                                }
-                                _ => SendData::Bytes(payload_bytes(&src, wqe, buf)?),
+                        let in_place = match &src {
+                            Source::Buffers(local) => local.single().filter(|(_, r)| r.dma.gpu_copier().is_some()),
+                            Source::Inline { .. } => None,
+                        };
+                        let data = match in_place {
+                            Some((s, region)) => SendData::InPlace {
+                                dma: &*region.dma,
+                                addr: s.addr,
+                                len: bytes,
                             },
-                            Source::Inline { .. } => SendData::Bytes(payload_bytes(&src, wqe, buf)?),
+                            None => SendData::Bytes(payload_bytes(&src, wqe, buf)?),
                         };
                         let msg = Message::Send { data, imm };
                         Ok(match responder::deliver(peer, regions, taken, msg, qp.qpn)? {
@@ -504,7 +501,7 @@ fn payload_bytes<'a>(src: &Source, wqe: &'a [u8], buf: &'a mut Vec<u8>) -> Resul
         }
         Source::Buffers(list) => list,
     };
-    if let [Some((s, region)), None, ..] = &list.items {
+    if let Some((s, region)) = list.single() {
         if region.dma.host_addressable() {
             // SAFETY: the range was checked against a live, host-addressable region; like
             // DMA, concurrent writes by the application may be torn.
