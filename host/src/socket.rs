@@ -126,9 +126,9 @@ impl SocketFailure {
             SocketError::BadHandle { version } => SocketFailure::Lost(format!("bad socket handle {version:#x}")),
             SocketError::Post(p) => SocketFailure::Lost(format!("a post failed: {p:?}")),
             SocketError::Lost(w) => SocketFailure::Lost(format!("{w:?}")),
-            SocketError::Failed { code } => SocketFailure::Lost(gdaki_device::status::Code(code).to_string()),
-            // The socket service's answers; a socket's own calls never give them.
-            e @ (SocketError::Refused | SocketError::BadArgument) => {
+            // A leader's code, or the socket service's answers (a socket's own calls never
+            // give those).
+            e @ (SocketError::Failed { .. } | SocketError::Refused | SocketError::BadArgument) => {
                 SocketFailure::Lost(gdaki_device::status::Code(e.code()).to_string())
             }
         }
