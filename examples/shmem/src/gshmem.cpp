@@ -658,7 +658,20 @@ struct DevCommParts {
     void *signals = nullptr, *scratch = nullptr;
     gshmem_window signal_w{}, scratch_w{};
     gdaki_region *local = nullptr;
+
+    /** Frees what is this PE's alone (the heap blocks are collective to free). */
+    void free_local() {
+        gshmem_window_destroy(&signal_w);
+        gshmem_window_destroy(&scratch_w);
+        gdaki_region_destroy(local);
+        local = nullptr;
+    }
 };
+
+/** A gshmem window as gdaki_gin.cuh's (the same fields, in order). */
+gdaki::Window gin_window(const gshmem_window &w) {
+    return gdaki::Window{w.local, w.size, w.lkey, w.npeers, w.peers, w.mapped};
+}
 } // namespace
 
 int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm *out) {
@@ -671,23 +684,17 @@ int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm
         auto parts = std::make_unique<DevCommParts>();
         const uint64_t signals = (uint64_t)req->gin_signal_count, counters = (uint64_t)req->gin_counter_count,
                        barriers = (uint64_t)req->world_gin_barrier_count;
-        // A failure undoes what is local; heap blocks (collective to free) stay until
-        // gshmem_finalize.
-        const auto undo = [&] {
-            gshmem_window_destroy(&parts->signal_w);
-            gshmem_window_destroy(&parts->scratch_w);
-            gdaki_region_destroy(parts->local);
-        };
         const auto call = [](int rc, const char *what) {
             if (rc != 0) throw Error(std::string(what) + ": " + gshmem_error());
         };
         try {
-            // Symmetric (collective), zeroed: the user's signal words, then one per barrier.
-            parts->signals = gshmem_malloc((signals + barriers) * 8 + 8);
+            // Symmetric (collective), zeroed: the user's signal words, then one per barrier, and
+            // one more so that no request asks for 0 bytes (which gshmem_malloc refuses).
+            const uint64_t signal_bytes = (signals + barriers) * 8 + 8;
+            parts->signals = gshmem_malloc(signal_bytes);
             parts->scratch = gshmem_malloc(8);
             if (parts->signals == nullptr || parts->scratch == nullptr) throw Error(gshmem_error());
-            call(gshmem_window_create(parts->signals, (signals + barriers) * 8 + 8, &parts->signal_w),
-                 "the signal window");
+            call(gshmem_window_create(parts->signals, signal_bytes, &parts->signal_w), "the signal window");
             call(gshmem_window_create(parts->scratch, 8, &parts->scratch_w), "the scratch window");
             // Local: counters, shadows, barrier epochs, the error word.
             const uint64_t at_shadows = counters * 8, at_epochs = at_shadows + signals * 8,
@@ -701,7 +708,6 @@ int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm
             ok(gdaki_region_write(parts->local, 0, zero.data(), zero.size()), "gdaki_region_write");
             gdaki_region_info li;
             ok(gdaki_region_query(parts->local, &li), "gdaki_region_query");
-            const gshmem_window &sw = parts->signal_w, &cw = parts->scratch_w;
             gdakiDevComm c{};
             c.rank = (int)s.dev.my_pe;
             c.nRanks = (int)s.dev.n_pes;
@@ -712,8 +718,8 @@ int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm
             c.ginCounterCount = req->gin_counter_count;
             c.worldGinBarrierCount = req->world_gin_barrier_count;
             c.qps = s.dev.qps;
-            c.signals = gdaki::Window{sw.local, sw.size, sw.lkey, sw.npeers, sw.peers, sw.mapped};
-            c.scratch = gdaki::Window{cw.local, cw.size, cw.lkey, cw.npeers, cw.peers, cw.mapped};
+            c.signals = gin_window(parts->signal_w);
+            c.scratch = gin_window(parts->scratch_w);
             c.counters = reinterpret_cast<uint64_t *>(li.addr);
             c.shadows = reinterpret_cast<uint64_t *>(li.addr + at_shadows);
             c.barrierEpochs = reinterpret_cast<uint32_t *>(li.addr + at_epochs);
@@ -723,7 +729,8 @@ int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm
             *out = c;
             parts.release();
         } catch (...) {
-            undo();
+            // The heap blocks stay until gshmem_finalize: freeing them is collective.
+            parts->free_local();
             throw;
         }
     });
@@ -742,9 +749,7 @@ int gshmem_dev_comm_destroy(gdakiDevComm *comm) {
     return guard("gshmem_dev_comm_destroy", [&] {
         if (comm == nullptr || comm->internal == nullptr) return;
         std::unique_ptr<DevCommParts> parts(static_cast<DevCommParts *>(comm->internal));
-        gshmem_window_destroy(&parts->signal_w);
-        gshmem_window_destroy(&parts->scratch_w);
-        gdaki_region_destroy(parts->local);
+        parts->free_local();
         if (gshmem_free(parts->signals) != 0 || gshmem_free(parts->scratch) != 0) throw Error(gshmem_error());
         *comm = gdakiDevComm{};
     });
