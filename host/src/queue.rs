@@ -30,14 +30,15 @@ pub enum Rings {
     /// Device memory of this GPU, which a NIC reads through a dma-buf export: kernels on that
     /// GPU write WQEs and poll CQEs in their own memory, and fence at GPU scope before a
     /// doorbell (as DOCA GPUNetIO and NVSHMEM's IBGDA place them). Only kernels on this GPU can
-    /// post ([`QueuePair::cpu`] refuses), and the doorbell must be rung by the poster: the CPU
-    /// proxy cannot write the doorbell record in GPU memory.
+    /// post ([`QueuePair::cpu`] refuses); a CPU proxy only forwards the posters' doorbells,
+    /// since it cannot write the doorbell record in GPU memory (CPU-assisted,
+    /// `DoorbellKind::CpuAssisted`).
     Gpu(gdaki_cuda::Gpu),
 }
 
 impl Rings {
     /// `len` zeroed bytes of queue memory here, page-aligned whole pages.
-    fn alloc(&self, what: &'static str, len: usize) -> Result<QueueMemory> {
+    pub(crate) fn alloc(&self, what: &'static str, len: usize) -> Result<QueueMemory> {
         Ok(match self {
             Rings::Host => QueueMemory::Host(Arc::new(HostBuffer::new(what, len)?)),
             Rings::Gpu(gpu) => QueueMemory::Gpu {

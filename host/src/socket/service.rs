@@ -52,10 +52,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use gdaki_cuda::{DeviceBuffer, Gpu, HostMapping};
+use gdaki_cuda::{Gpu, HostMapping};
 use gdaki_device::status::{CODE_BAD_ARGUMENT, CODE_BAD_HANDLE, CODE_OK, CODE_REFUSED, CODE_TIMEOUT};
 use gdaki_devx::util::lock;
-use gdaki_devx::HostBuffer;
+use gdaki_devx::{HostBuffer, QueueMemory};
 use gdaki_layout::socket::{
     DevSocketService, SocketCall, ADDR_TEXT_BYTES, CALL_ACCEPT, CALL_CONNECT, CALL_LISTEN, CALL_RELEASE, CALL_UNLISTEN,
     DEV_SOCKET_SERVICE_VERSION, SERVICE_SLOTS,
@@ -64,7 +64,7 @@ use tracing::{debug, warn};
 
 use super::{GpuSocket, Socket, SocketConfig, SocketListener, SocketMemory};
 use crate::error::{Error, Result};
-use crate::{Access, Context, MemoryRegion};
+use crate::{Access, Context, MemoryRegion, Rings};
 
 /// How long the service thread sleeps when no call is waiting: connection set-up is not a
 /// latency path, and an idle service should cost next to nothing.
@@ -77,8 +77,8 @@ pub struct SocketService {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
     // The handle and the locks, where the callers read them (dropped after the thread).
-    handle: Placed,
-    _locks: Placed,
+    handle: QueueMemory,
+    _locks: QueueMemory,
 }
 
 impl std::fmt::Debug for SocketService {
@@ -91,35 +91,14 @@ impl std::fmt::Debug for SocketService {
     }
 }
 
-/// Memory the callers reach: GPU memory for a GPU's kernels, host memory for CPU threads.
-enum Placed {
-    Gpu(DeviceBuffer),
-    Host(HostBuffer),
-}
-
-impl Placed {
-    fn new(gpu: Option<&Gpu>, what: &'static str, bytes: &[u8]) -> Result<Placed> {
-        Ok(match gpu {
-            Some(gpu) => {
-                let b = DeviceBuffer::zeroed(gpu, bytes.len())?;
-                b.write(0, bytes)?;
-                Placed::Gpu(b)
-            }
-            None => {
-                let b = HostBuffer::new(what, bytes.len())?;
-                // SAFETY: a fresh buffer of at least `bytes.len()` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.as_ptr(), bytes.len()) };
-                Placed::Host(b)
-            }
-        })
-    }
-
-    fn addr(&self) -> u64 {
-        match self {
-            Placed::Gpu(b) => b.device_addr(),
-            Placed::Host(b) => b.addr(),
-        }
-    }
+/// `bytes` where the callers read them: GPU memory for a GPU's kernels, host memory for CPU
+/// threads.
+fn placed(gpu: Option<&Gpu>, what: &'static str, bytes: &[u8]) -> Result<QueueMemory> {
+    let rings = gpu.map_or(Rings::Host, |g| Rings::Gpu(g.clone()));
+    let mem = rings.alloc(what, bytes.len())?;
+    mem.write(0, bytes)
+        .map_err(Error::device("writing a socket service's tables"))?;
+    Ok(mem)
 }
 
 /// A socket the service made and keeps until it is released (held for its drop: the caller
@@ -187,7 +166,7 @@ impl SocketService {
             None => None,
         };
         let calls_addr = map.as_ref().map_or(calls.addr(), |m| m.device_addr(0));
-        let locks = Placed::new(gpu, "a socket service's locks", &vec![0u8; 4 * slots as usize])?;
+        let locks = placed(gpu, "a socket service's locks", &vec![0u8; 4 * slots as usize])?;
         // A caller waits out the service's connect or accept, and then some.
         let timeout = cfg.timeout.saturating_mul(2) + Duration::from_secs(1);
         let h = DevSocketService {
@@ -198,7 +177,7 @@ impl SocketService {
             version: DEV_SOCKET_SERVICE_VERSION,
             pad: [0; 4],
         };
-        let handle = Placed::new(gpu, "a socket service's handle", bytemuck::bytes_of(&h))?;
+        let handle = placed(gpu, "a socket service's handle", bytemuck::bytes_of(&h))?;
         let copier = match &cfg.memory {
             SocketMemory::Device(g) => Some(ctx.alloc_device_region(g, 4096, Access::ALL)?),
             _ => None,
