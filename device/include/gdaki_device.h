@@ -502,6 +502,27 @@ GDAKI_DEVICE_FN uint32_t gdaki_signal_block_cta(gdaki_dev_qp *qp, gdaki_block_sc
 GDAKI_DEVICE_FN uint32_t gdaki_signal_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, uint64_t signal, uint32_t signal_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
 #endif
 
+/** count_when_done: A counter that advances when an operation of QP `data_qp` completes, the HCA alone doing
+ * it: posts on `qp`, which must be cross-channel (`gdaki_qp_config.cross_channel`), a WAIT
+ * for `data_qp`'s completion of `data_ticket`, then an atomic add of `add` at remote
+ * `counter` (8-byte aligned, key `counter_rkey`; `qp` connected to a QP of its own context
+ * makes it a local counter). The fetched value lands in local `scratch` (key
+ * `scratch_lkey`), never read. `*ticket` gets `qp`'s ticket (the add's). A failed
+ * operation of `data_qp` counts too (its error stays on `data_qp`). */
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_thread_exclusive(gdaki_dev_qp *qp, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_thread_cta(gdaki_dev_qp *qp, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_thread_gpu(gdaki_dev_qp *qp, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_warp_exclusive(gdaki_dev_qp *qp, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_warp_cta(gdaki_dev_qp *qp, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_warp_gpu(gdaki_dev_qp *qp, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_block_exclusive(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_count_when_done_block_gpu(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch, const gdaki_dev_qp *data_qp, uint64_t data_ticket, uint64_t counter, uint32_t counter_rkey, uint64_t add, uint64_t scratch, uint32_t scratch_lkey, uint32_t flags, uint64_t *ticket);
+#endif
+
 /** get: RDMA READ of `len` bytes from remote `src` (key `rkey`) into local `dst` (key `lkey`);
  * the data is there once the ticket has completed. */
 GDAKI_DEVICE_FN uint32_t gdaki_get_thread_exclusive(gdaki_dev_qp *qp, uint64_t dst, uint32_t lkey, uint64_t src, uint32_t rkey, uint64_t len, uint32_t flags, uint64_t *ticket);

@@ -146,6 +146,7 @@ c_types!(
     *const u8 => "const void *",
     *mut u8 => "void *",
     *const core::ffi::c_char => "const char *",
+    *const DevQp => "const gdaki_dev_qp *",
     *mut gdaki_layout::socket::DevSocket => "gdaki_dev_socket *",
     *mut *mut gdaki_layout::socket::DevSocket => "gdaki_dev_socket **",
 );
@@ -346,6 +347,30 @@ c_abi! {
         let (signal, scratch) = (Remote { addr: signal, rkey: signal_rkey }, Local { addr: scratch, lkey: scratch_lkey });
         // SAFETY: `ticket` is null or writable (this function's contract).
         unsafe { posted(qp.signal(signal, add, scratch), ticket) }
+    }
+
+    /// A counter that advances when an operation of QP `data_qp` completes, the HCA alone doing
+    /// it: posts on `qp`, which must be cross-channel (`gdaki_qp_config.cross_channel`), a WAIT
+    /// for `data_qp`'s completion of `data_ticket`, then an atomic add of `add` at remote
+    /// `counter` (8-byte aligned, key `counter_rkey`; `qp` connected to a QP of its own context
+    /// makes it a local counter). The fetched value lands in local `scratch` (key
+    /// `scratch_lkey`), never read. `*ticket` gets `qp`'s ticket (the add's). A failed
+    /// operation of `data_qp` counts too (its error stays on `data_qp`).
+    fn count_when_done(
+        qp, data_qp: *const DevQp, data_ticket: u64, counter: u64, counter_rkey: u32, add: u64,
+        scratch: u64, scratch_lkey: u32, flags: u32, ticket: *mut u64,
+    ) {
+        let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
+        // SAFETY: `data_qp` is null or readable as a handle (this function's contract); the
+        // constant line is written once, before any use.
+        if data_qp.is_null() || unsafe { addr_of!((*data_qp).version).read() } != DEV_QP_VERSION {
+            return CODE_BAD_HANDLE;
+        }
+        // SAFETY: a handle of this layout: its CQ number is a constant field.
+        let cqn = unsafe { addr_of!((*data_qp).cq.cqn).read() };
+        let (counter, scratch) = (Remote { addr: counter, rkey: counter_rkey }, Local { addr: scratch, lkey: scratch_lkey });
+        // SAFETY: `ticket` is null or writable (this function's contract).
+        unsafe { posted(qp.count_after_cqe(cqn, data_ticket, counter, add, scratch), ticket) }
     }
 
     /// RDMA READ of `len` bytes from remote `src` (key `rkey`) into local `dst` (key `lkey`);

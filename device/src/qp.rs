@@ -36,6 +36,7 @@ use gdaki_layout::ctrl::{self, CtrlSeg};
 use gdaki_layout::data::DataSeg;
 use gdaki_layout::handle::QP_FLUSH_AFTER_FETCH;
 use gdaki_layout::raddr::RaddrSeg;
+use gdaki_layout::wait::WaitSeg;
 use gdaki_layout::{
     atomic as atomic_seg, dbrec, doorbell, inline, ring, AtomicReplyOrder, DevQp, DoorbellKind, Segment, WqeOpcode,
 };
@@ -649,6 +650,20 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         );
     }
 
+    /// Writes a WAIT at reserved slot `index`, on a cross-channel QP (`QpConfig::cross_channel`
+    /// on the host; elsewhere the HCA fails it): this QP's send queue stops there until CQ
+    /// `cqn` has produced its CQE of index `cqe` (the low 32 bits travel), then goes on.
+    #[inline(always)]
+    pub fn wqe_prepare_wait(&self, index: u64, cqn: u32, cqe: u64, flags: u8) {
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl(WqeOpcode::Wait, index, ring::DS_WAIT, flags),
+                WaitSeg::new(cqn, cqe).to_words(),
+            ],
+        );
+    }
+
     /// Declares WQEs `start..end` written, in reservation order: waits (bounded) until every
     /// earlier reservation is ready, then advances `sq_ready` to `end`.
     #[inline(always)]
@@ -1237,6 +1252,55 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             return Err(PostError::Misaligned { addr: target.addr });
         }
         Ok(())
+    }
+
+    /// A counter that advances when an operation completes, the HCA alone doing it (DOCA
+    /// GPUNetIO's `*_counter` calls, NCCL GIN's counters): posts on this QP, which must be
+    /// cross-channel (`QpConfig::cross_channel`), a WAIT for `main`'s completion of `ticket`,
+    /// then an atomic add of `add` at the 8-byte aligned `counter`. So `counter` grows by `add`
+    /// only once `ticket` (and every earlier WQE of `main`) has completed, for a put: once the
+    /// peer has the data. Nobody polls `main` for it and the poster goes on at once; a waiter
+    /// watches the counter. Connect this QP to one of the same context (or to itself) for a
+    /// counter in local memory, to a peer's for a remote one. The fetched value lands in the
+    /// 8-byte `scratch` (never read by gdaki). Returns this QP's ticket (the add's).
+    ///
+    /// A CQE counts whatever its status: a failed operation advances the counter too, and
+    /// `main`'s error stays for whoever waits on `main` (a later post's slot reclaim, `quiet`).
+    /// A `ticket` of a deferred post counts once it is committed. Two WQEs per member in group
+    /// scope, each member's WAIT on its own `ticket`.
+    #[inline(always)]
+    pub fn count_when_done<N: Sharing, T: Scope>(
+        &self,
+        main: &Qp<N, T>,
+        ticket: Ticket,
+        counter: Remote,
+        add: u64,
+        scratch: Local,
+    ) -> Result<Ticket, PostError> {
+        // SAFETY: a constant field of `main`'s live handle (its `from_raw`), read by value.
+        let cqn = unsafe { (*main.ptr).cq.cqn };
+        self.count_after_cqe(cqn, ticket, counter, add, scratch)
+    }
+
+    /// [`count_when_done`](Self::count_when_done) by CQ: the WAIT holds until CQ `cqn` has
+    /// produced its CQE of index `cqe` (on a gdaki QP's CQ, its ticket).
+    #[inline(always)]
+    pub fn count_after_cqe(
+        &self,
+        cqn: u32,
+        cqe: u64,
+        counter: Remote,
+        add: u64,
+        scratch: Local,
+    ) -> Result<Ticket, PostError> {
+        self.post_checked(Self::check_atomic_target(counter), 2, |i, k, flags| {
+            if k == 0 {
+                self.wqe_prepare_wait(i, cqn, cqe, flags);
+            } else {
+                self.wqe_prepare_atomic(i, AtomicOp::FetchAdd(add), counter, scratch, flags);
+            }
+            Ok(())
+        })
     }
 
     /// A SEND of `len` bytes from `src`: they land in the buffers of the peer's next receive,

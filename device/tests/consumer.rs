@@ -257,6 +257,9 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                     // This consumer has no receive queue (two-sided verbs are tested against
                     // the soft HCA): a SEND fails as a NIC fails one that no receive takes.
                     Operation::Send { .. } => syndrome = Some(Syndrome::RnrRetryExc),
+                    // One QP and no Core-Direct here (WAITs are tested against the soft HCA):
+                    // failed as a NIC fails a WAIT on a QP that is not a Core-Direct master.
+                    Operation::Wait { .. } => syndrome = Some(Syndrome::LocalQpOp),
                     Operation::Dump { local } => {
                         if local.lkey != LKEY || !check(p.local, local.addr, local.length as u64) {
                             syndrome = Some(Syndrome::LocalProt);

@@ -88,6 +88,12 @@ pub struct QpConfig {
     /// the peer waits before trying again (IB's table: 1 is 0.01 ms, 12 is 0.64 ms, 14 is
     /// 1.28 ms, 0 is 655 ms). Default 12, as rdma-core's tests and perftest set it.
     pub min_rnr_timer: u8,
+    /// A cross-channel QP (Core-Direct master, `qpc.cd_master`): it may post WAIT WQEs, which
+    /// hold its send queue until another QP's CQ has produced a given CQE. What a counter that
+    /// advances when operations complete is made of ([`gdaki_device::Qp::count_when_done`] on
+    /// such a companion QP). Refused on a device without the Core-Direct capability. Default
+    /// off.
+    pub cross_channel: bool,
 }
 
 /// The receive queue of a queue pair ([`QpConfig::receive`]). Its completions go to a CQ of its
@@ -153,6 +159,7 @@ impl Default for QpConfig {
             receive: None,
             rnr_retry: 7,
             min_rnr_timer: 12,
+            cross_channel: false,
         }
     }
 }
@@ -548,6 +555,12 @@ impl QueuePair {
                 max: if cfg.rnr_retry > 7 { 7 } else { 31 },
             });
         }
+        if cfg.cross_channel && !dev.caps.general.cd {
+            return Err(Error::Unsupported {
+                what: "a cross-channel queue pair (QpConfig::cross_channel)",
+                why: "the device does not report the Core-Direct capability (cmd_hca_cap.cd)".into(),
+            });
+        }
         let rq_shape = match cfg.receive {
             None => None,
             Some(r) => {
@@ -603,6 +616,7 @@ impl QueuePair {
                         log_size: r.log_size as u8,
                         log_stride: r.log_stride as u8,
                     }),
+                    cd_master: cfg.cross_channel,
                     ..Default::default()
                 }
                 .encode(),

@@ -5,7 +5,8 @@
 //! the result). The kernels are in `tests/cuda/c_abi.cu`; what they wrote is checked here. The
 //! NCCL GIN-shaped C++ handle (`gdaki_gin.cuh`) is run the first way, from `tests/cuda/gin.cu`,
 //! and so are two-sided verbs (receives, SENDs, immediates) from `tests/cuda/two_sided.cu`
-//! and sockets (echo servers, clients, refusals) from `tests/cuda/socket.cu`.
+//! sockets (echo servers, clients, refusals) from `tests/cuda/socket.cu`, and counters
+//! (a companion QP's WAIT and atomic add) from `tests/cuda/counters.cu`.
 //! Needs a GPU (prints SKIPPED without one); the nvcc way also needs nvcc.
 mod common;
 
@@ -20,6 +21,7 @@ const KERNELS: &str = include_str!("cuda/c_abi.cu");
 const GIN_KERNELS: &str = include_str!("cuda/gin.cu");
 const TWO_SIDED_KERNELS: &str = include_str!("cuda/two_sided.cu");
 const SOCKET_KERNELS: &str = include_str!("cuda/socket.cu");
+const COUNTER_KERNELS: &str = include_str!("cuda/counters.cu");
 const HEADERS: [(&str, &str); 6] = [
     ("gdaki_device.h", include_str!("../../device/include/gdaki_device.h")),
     (
@@ -481,6 +483,63 @@ fn two_sided_verbs_in_thread_warp_and_block_scope() {
         }
     }
     assert_eq!(qp.error(), None);
+}
+
+/// Puts counted by a cross-channel companion (WAIT on the data QP's CQ, then an atomic add) in
+/// thread, warp and block scope: the counter reaches the sum only once every put has
+/// completed, and the data is there.
+#[test]
+fn counters_in_thread_warp_and_block_scope() {
+    let Some((gpu, _one)) = gpu_or_skip("counters_in_thread_warp_and_block_scope") else {
+        return;
+    };
+    let module = nvrtc_linked(&gpu, "counters", COUNTER_KERNELS);
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let data_qp = loopback_qp(&ctx, 256, QpConfig::default());
+    let comp = loopback_qp(
+        &ctx,
+        512,
+        QpConfig {
+            cross_channel: true,
+            ..Default::default()
+        },
+    );
+    let (data_dev, comp_dev) = (data_qp.export_gpu(&gpu).unwrap(), comp.export_gpu(&gpu).unwrap());
+    let mr = ctx.alloc_pinned_region(&gpu, 1 << 18, Access::ALL).unwrap();
+    let data = pattern(29, 8192);
+    mr.write(0, &data).unwrap();
+    let status = DeviceBuffer::zeroed(&gpu, 4 * 256).unwrap();
+    let run = |kernel: &str, threads: u32, args: Args| {
+        status.write(0, &[0xff; 4 * 256]).unwrap();
+        // SAFETY: the kernel's parameters are what `args` pushes; the QPs are used by this
+        // launch alone; the region holds what the kernel touches.
+        unsafe { module.kernel(kernel).unwrap().run(Dims::linear(1, threads), args) }.unwrap();
+        expect_ok(&status, 1, threads);
+    };
+    let args = || {
+        Args::new()
+            .qp(&data_dev)
+            .qp(&comp_dev)
+            .region(&mr)
+            .u32(mr.rkey())
+            .u32(mr.lkey())
+            .buffer(&status)
+    };
+    run("cpp_count_thread", 1, args());
+    assert_eq!(mr.load_u64(131072).unwrap(), 3, "thread scope: counted once done");
+    run("cpp_count_warp", 32, args());
+    run("cpp_count_block", 128, args());
+    let want = 3 + 32 + 128;
+    run(
+        "cpp_await_count",
+        1,
+        Args::new().qp(&comp_dev).region(&mr).u64(want).buffer(&status),
+    );
+    assert_eq!(mr.load_u64(131072).unwrap(), want);
+    let mut got = vec![0u8; 2148 + 32 * 128];
+    mr.read(65536, &mut got).unwrap();
+    assert_eq!(got, data[..got.len()], "every put landed before its count");
+    assert_eq!((data_qp.error(), comp.error()), (None, None));
 }
 
 /// Every thread of `blocks` blocks of `threads` left `GDAKI_OK` in `status` (else its

@@ -60,6 +60,7 @@ pub mod raddr;
 pub mod recv;
 pub mod ring;
 pub mod socket;
+pub mod wait;
 pub mod wqe;
 
 pub use endian::{Be16, Be32, Be64};

@@ -3,7 +3,7 @@
 //! Producer and consumer positions are free-running 64-bit counters (never masked in software);
 //! a slot is the counter modulo the ring size, and what the hardware sees is the counter cut to
 //! its field width (16 bits for WQE indices, 24 for the CQ consumer index).
-use crate::{atomic, cqe, ctrl, data, inline, raddr, SEND_WQE_BB, WQE_DS_UNIT};
+use crate::{atomic, cqe, ctrl, data, inline, raddr, wait, SEND_WQE_BB, WQE_DS_UNIT};
 
 /// The slot of counter `index` in a ring of `1 << log_size` entries.
 #[inline(always)]
@@ -54,6 +54,9 @@ pub const DS_ATOMIC: u8 = ((ctrl::SIZE + raddr::SIZE + atomic::SIZE + data::SIZE
 /// `ds` of a DUMP: control and one data segment (the local byte the HCA reads).
 pub const DS_DUMP: u8 = ((ctrl::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
 
+/// `ds` of a WAIT: control and wait segments.
+pub const DS_WAIT: u8 = ((ctrl::SIZE + wait::SIZE) / WQE_DS_UNIT) as u8;
+
 /// `ds` of a SEND with one data segment.
 pub const DS_SEND: u8 = ((ctrl::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
 
@@ -98,7 +101,7 @@ mod tests {
 
     #[test]
     fn sizes_per_request() {
-        assert_eq!((DS_NOP, DS_RDMA, DS_ATOMIC, DS_DUMP), (1, 3, 4, 2));
+        assert_eq!((DS_NOP, DS_RDMA, DS_ATOMIC, DS_DUMP, DS_WAIT), (1, 3, 4, 2, 2));
         assert_eq!(
             (
                 ds_write_inline(0),

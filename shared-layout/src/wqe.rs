@@ -246,6 +246,15 @@ pub enum Operation {
         /// The local buffer read.
         local: Sge,
     },
+    /// Core-Direct WAIT: the send queue stops here until CQ `cqn` has produced CQE
+    /// `max_index` (see [`crate::wait::WaitSeg::reached`]); a QP may post it only if it was
+    /// created with `qpc.cd_master`.
+    Wait {
+        /// The CQ whose CQEs are counted.
+        cqn: u32,
+        /// The CQE waited for (32 bits of its index).
+        max_index: u32,
+    },
     /// 8-byte fetch-and-add at `remote`; the old value lands in `result`.
     FetchAdd {
         /// Target.
@@ -376,6 +385,14 @@ impl WorkRequest {
                     });
                 }
                 Operation::Dump { local }
+            }
+            WqeOpcode::Wait if ds != crate::ring::DS_WAIT => return Err(bad_ds),
+            WqeOpcode::Wait => {
+                let w: crate::wait::WaitSeg = bytemuck::pod_read_unaligned(seg(1)?);
+                Operation::Wait {
+                    cqn: w.cqn.get(),
+                    max_index: w.max_index.get(),
+                }
             }
             WqeOpcode::RdmaRead => Operation::Read {
                 remote: remote()?,
@@ -547,6 +564,29 @@ mod tests {
                 payload: Payload::Gather(SgeList::default())
             }
         );
+    }
+
+    #[test]
+    fn parses_a_wait_of_exactly_two_units() {
+        let c = CtrlSeg::new(WqeOpcode::Wait, 0, 9, 7, crate::ring::DS_WAIT, CE_CQ_UPDATE, 0);
+        let w = crate::wait::WaitSeg::new(0x42, 0x1_0000_0007);
+        let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&w)]);
+        let wr = WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()).unwrap();
+        assert_eq!(
+            wr.op,
+            Operation::Wait {
+                cqn: 0x42,
+                max_index: 7
+            }
+        );
+        for ds in [1, 3] {
+            let c = CtrlSeg::new(WqeOpcode::Wait, 0, 9, 7, ds, CE_CQ_UPDATE, 0);
+            let buf = wqe(&[bytemuck::bytes_of(&c), bytemuck::bytes_of(&w)]);
+            assert!(matches!(
+                WorkRequest::parse(&WqeView::new_checked(&buf[..]).unwrap()),
+                Err(WqeError::BadDs { .. })
+            ));
+        }
     }
 
     #[test]

@@ -237,11 +237,12 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
                 log_size: (r() % 16) as u8,
                 log_stride: (r() % 8) as u8,
             }),
+            cd_master: r() % 2 == 1,
         };
         let rq = qp.receive.unwrap_or_default();
         writeln!(
             input,
-            "create_qp {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+            "create_qp {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             qp.pd,
             qp.uar_page,
             qp.cqn_snd,
@@ -256,7 +257,8 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             qp.ts_format,
             qp.receive.is_some() as u8,
             rq.log_size,
-            rq.log_stride
+            rq.log_stride,
+            qp.cd_master as u8
         )
         .unwrap();
         expect.push(hex(&qp.encode()));
@@ -393,12 +395,15 @@ fn capabilities_round_trip_through_the_output_mailbox() {
         log_max_cq_sz: 22,
         cqe_version: 1,
         atomic: true,
+        cd: true,
         log_max_msg: 30,
         ..Default::default()
     };
     let mut out = vec![0u8; command::QUERY_HCA_CAP_OUT_BYTES];
     caps.encode(&mut out);
     assert_eq!(GeneralCaps::decode(&out), caps);
+    let at = cmd_hca_cap::CD.within(query_hca_cap_out::CAPABILITY);
+    assert_eq!(gdaki_layout::prm::get(&out, at), 1, "Core-Direct");
     let at = cmd_hca_cap::CQE_VERSION.within(query_hca_cap_out::CAPABILITY);
     assert_eq!(gdaki_layout::prm::get(&out, at), 1);
     let atomic = AtomicCaps {

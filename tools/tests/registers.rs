@@ -21,6 +21,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_atomic_compare_swap", 244),
     ("gdaki_atomic_fetch_add", 237),
     ("gdaki_commit", 60),
+    ("gdaki_count_when_done", 228),
     ("gdaki_get", 235),
     ("gdaki_poll_recv", 116),
     ("gdaki_post_recv", 70),

@@ -479,6 +479,11 @@ typedef struct gdaki_qp_config {
    * default 12).
    */
   uint8_t min_rnr_timer;
+  /**
+   * 1: a cross-channel QP (Core-Direct master), which may post WAIT WQEs on other QPs'
+   * completions: the companion QP of counters (`gdaki_count_when_done_*`). Default 0.
+   */
+  uint8_t cross_channel;
 } gdaki_qp_config;
 
 /**

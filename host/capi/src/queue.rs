@@ -114,6 +114,9 @@ pub struct gdaki_qp_config {
     /// The RNR NAK timer code this QP answers with (IB's table: 1 is 0.01 ms, 12 is 0.64 ms;
     /// default 12).
     pub min_rnr_timer: u8,
+    /// 1: a cross-channel QP (Core-Direct master), which may post WAIT WQEs on other QPs'
+    /// completions: the companion QP of counters (`gdaki_count_when_done_*`). Default 0.
+    pub cross_channel: u8,
 }
 
 impl gdaki_qp_config {
@@ -133,6 +136,7 @@ impl gdaki_qp_config {
             rq_max_bufs: ReceiveConfig::default().max_bufs,
             rnr_retry: d.rnr_retry,
             min_rnr_timer: d.min_rnr_timer,
+            cross_channel: d.cross_channel as u8,
         }
     }
 
@@ -160,6 +164,11 @@ impl gdaki_qp_config {
             }),
             rnr_retry: self.rnr_retry,
             min_rnr_timer: self.min_rnr_timer,
+            cross_channel: match self.cross_channel {
+                0 => false,
+                1 => true,
+                other => return Err(Failure::invalid(format!("cross_channel {other} (expected 0 or 1)"))),
+            },
         })
     }
 }

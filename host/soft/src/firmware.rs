@@ -132,6 +132,7 @@ fn general_caps() -> GeneralCaps {
         roce: true,
         atomic: true,
         cq_oi: true,
+        cd: true,
         log_pg_sz: 12,
         log_max_pd: 24,
         log_max_umem: 24,
@@ -387,6 +388,7 @@ impl SoftDevice {
         let dbrec = t.window(dbr_umem, c(cqc::DBR_ADDR), 8, 8)?;
         let cqn = self.alloc_number(&t)?;
         let cq = Arc::new(SoftCq::new(cqn, log_size, ring, dbrec));
+        self.hca.attach_cq(&cq);
         t.hold(&[ring_umem, dbr_umem]);
         t.cqs.insert(
             cqn,
@@ -533,20 +535,23 @@ impl SoftDevice {
             );
         };
         let caps = general_caps();
-        let qp = Arc::new(SoftQp::new(
-            qpn,
-            secret,
-            q(qpc::PD) as u32,
-            0,
-            sq_log,
-            sq,
-            doorbell,
-            cq.clone(),
-            1 << caps.log_max_msg,
-            Duration::from_secs(4),
-            self.atomic_reply,
-            rq,
-        ));
+        let qp = Arc::new(
+            SoftQp::new(
+                qpn,
+                secret,
+                q(qpc::PD) as u32,
+                0,
+                sq_log,
+                sq,
+                doorbell,
+                cq.clone(),
+                1 << caps.log_max_msg,
+                Duration::from_secs(4),
+                self.atomic_reply,
+                rq,
+            )
+            .with_cd_master(q(qpc::CD_MASTER) == 1),
+        );
         *lock(&cq.qpn) = Some(qpn);
         if rq_shape.is_some() {
             *lock(&rcv_cq.qpn) = Some(qpn);
@@ -858,6 +863,7 @@ impl SoftDevice {
                     );
                 }
                 let e = t.cqs.remove(&number).expect("looked up above");
+                self.hca.detach_cq(number);
                 t.release(&e.umems);
             }
             QP_HANDLE => {

@@ -58,7 +58,7 @@ use gdaki_devx::Access;
 
 use crate::error::Result;
 use engine::Served;
-use objects::SoftQp;
+use objects::{SoftCq, SoftQp};
 
 /// Hashes u32 keys as themselves: keys and QP numbers are random or sequential values this
 /// HCA chose, so there is nothing to defend against, and lookups sit on the per-WQE path.
@@ -202,6 +202,8 @@ pub(crate) struct Hca {
     qps: Mutex<Vec<Arc<Served>>>,
     qps_version: AtomicU64,
     by_qpn: RwLock<KeyMap<Weak<SoftQp>>>,
+    /// Completion queues by number: what a WAIT WQE names.
+    by_cqn: RwLock<KeyMap<Weak<SoftCq>>>,
     next_qpn: AtomicU32,
     /// Serialises atomics at this HCA (as responder).
     pub atomics: Mutex<()>,
@@ -259,6 +261,7 @@ impl Hca {
             qps: Mutex::new(Vec::new()),
             qps_version: AtomicU64::new(0),
             by_qpn: RwLock::new(KeyMap::default()),
+            by_cqn: RwLock::new(KeyMap::default()),
             // QPNs are 24 bits; start somewhere random so two HCAs rarely share numbers.
             next_qpn: AtomicU32::new(0x100 + (random_u32() & 0xffff)),
             atomics: Mutex::new(()),
@@ -443,6 +446,28 @@ impl Hca {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&qpn)
+            .and_then(Weak::upgrade)
+    }
+
+    /// Makes `cq` findable by its number (for WAIT WQEs), until [`Hca::detach_cq`].
+    pub fn attach_cq(&self, cq: &Arc<SoftCq>) {
+        self.by_cqn
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cq.cqn, Arc::downgrade(cq));
+    }
+
+    /// Forgets CQ `cqn`.
+    pub fn detach_cq(&self, cqn: u32) {
+        self.by_cqn.write().unwrap_or_else(|e| e.into_inner()).remove(&cqn);
+    }
+
+    /// The completion queue `cqn`, while it exists.
+    pub fn cq(&self, cqn: u32) -> Option<Arc<SoftCq>> {
+        self.by_cqn
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cqn)
             .and_then(Weak::upgrade)
     }
 

@@ -204,6 +204,8 @@ pub(crate) struct SoftQp {
     pub transport_bound: AtomicBool,
     /// A refused connection to this QP was logged at warn (later ones at debug).
     pub refusal_said: AtomicBool,
+    /// Created with `qpc.cd_master`: it may post WAIT WQEs.
+    pub cd_master: bool,
 }
 
 impl SoftQp {
@@ -247,7 +249,13 @@ impl SoftQp {
             rtr_peer: Mutex::new(None),
             transport_bound: AtomicBool::new(false),
             refusal_said: AtomicBool::new(false),
+            cd_master: false,
         }
+    }
+
+    /// The same QP, a Core-Direct master (`qpc.cd_master`) or not.
+    pub fn with_cd_master(self, on: bool) -> SoftQp {
+        SoftQp { cd_master: on, ..self }
     }
 
     /// The first PSN this QP sends.

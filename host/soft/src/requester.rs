@@ -3,10 +3,12 @@
 //! the payload, hands the request to the peer's responder and lets the completer apply the
 //! answer. Every failure is a syndrome, as a NIC reports it; nothing is written outside a
 //! registered region.
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use gdaki_device::Remote as DevRemote;
 use gdaki_layout::ctrl::FenceMode;
+use gdaki_layout::wait::WaitSeg;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest};
 use gdaki_layout::{Syndrome, WqeOpcode};
 
@@ -364,6 +366,20 @@ pub(crate) fn execute(
                     Ok(Executed::InFlight)
                 }
                 Target::Down(s) => Err(*s),
+            }
+        }
+        // Core-Direct: the send queue stops here until the named CQ has produced the CQE
+        // waited for. Only a QP created as a Core-Direct master may post it, as on a NIC; a CQ
+        // that does not exist (or no longer) fails it.
+        Operation::Wait { cqn, max_index } => {
+            if !qp.cd_master {
+                return Err(Syndrome::LocalQpOp);
+            }
+            let cq = hca.cq(cqn).ok_or(Syndrome::LocalQpOp)?;
+            if WaitSeg::reached(cq.pi.load(Ordering::Acquire), max_index) {
+                Ok(Executed::Done(0))
+            } else {
+                Ok(Executed::Fenced)
             }
         }
         // The HCA reads the local bytes (checked as a NIC checks them) and completes; what

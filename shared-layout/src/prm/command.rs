@@ -265,6 +265,8 @@ pub struct GeneralCaps {
     pub atomic: bool,
     /// CQ overrun-ignore supported.
     pub cq_oi: bool,
+    /// Core-Direct: QPs with `qpc.cd_master` and WAIT WQEs.
+    pub cd: bool,
     /// log2 of the system page size the device uses.
     pub log_pg_sz: u8,
     /// log2 of the number of PDs.
@@ -328,6 +330,7 @@ caps_fields!(GeneralCaps, cmd_hca_cap, {
     roce: ROCE as bool,
     atomic: ATOMIC as bool,
     cq_oi: CQ_OI as bool,
+    cd: CD as bool,
     log_pg_sz: LOG_PG_SZ as u8,
     log_max_pd: LOG_MAX_PD as u8,
     log_max_umem: LOG_MAX_UMEM as u8,
@@ -564,6 +567,8 @@ pub struct CreateQp {
     /// regular RQ at offset 0 of the work-queue umem, the send queue after it
     /// ([`crate::recv`]).
     pub receive: Option<RqShape>,
+    /// `qpc.cd_master`: the QP may post WAIT WQEs (needs the `cd` capability).
+    pub cd_master: bool,
 }
 
 /// The shape of a QP's receive queue (`qpc.log_rq_size`, `qpc.log_rq_stride`).
@@ -591,6 +596,7 @@ impl CreateQp {
         set(&mut b, q(qpc::LOG_PAGE_SIZE), self.log_page_size as u64);
         set(&mut b, q(qpc::LOG_SQ_SIZE), self.log_sq_size as u64);
         set(&mut b, q(qpc::TS_FORMAT), self.ts_format as u64);
+        set(&mut b, q(qpc::CD_MASTER), self.cd_master as u64);
         match self.receive {
             None => {
                 set(&mut b, q(qpc::RQ_TYPE), QPC_RQ_TYPE_ZERO_LEN as u64);

@@ -97,6 +97,8 @@ prm_struct! {
         ROCE = (0x21d, 0x1) "roce";
         ATOMIC = (0x21e, 0x1) "atomic";
         CQ_OI = (0x220, 0x1) "cq_oi";
+        /// Core-Direct: QPs may be created with `qpc.cd_master` and post WAIT WQEs.
+        CD = (0x22c, 0x1) "cd";
         LOG_PG_SZ = (0x258, 0x8) "log_pg_sz";
         LOG_MAX_PD = (0x32b, 0x5) "log_max_pd";
         /// The send queue's timestamp formats (`MLX5_TIMESTAMP_FORMAT_CAP_*`).
@@ -224,6 +226,8 @@ prm_struct! {
         RWE = (0x491, 0x1) "rwe";
         RAE = (0x492, 0x1) "rae";
         PAGE_OFFSET = (0x494, 0x6) "page_offset";
+        /// Core-Direct master: the QP may post WAIT WQEs (on other queues' completions).
+        CD_MASTER = (0x49f, 0x1) "cd_master";
         MIN_RNR_NAK = (0x4a3, 0x5) "min_rnr_nak";
         NEXT_RCV_PSN = (0x4a8, 0x18) "next_rcv_psn";
         CQN_RCV = (0x4e8, 0x18) "cqn_rcv";
