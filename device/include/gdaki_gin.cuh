@@ -134,14 +134,15 @@ struct Collective;
     template <>                                                                                               \
     struct Post<ModeT> {                                                                                      \
         static __device__ uint32_t put(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src,           \
-                                       uint32_t lkey, uint64_t len, uint32_t flags) {                         \
-            return gdaki_put_thread_##mode(qp, dst, rkey, src, lkey, len, flags, nullptr);                    \
+                                       uint32_t lkey, uint64_t len, uint32_t flags, uint64_t *ticket = nullptr) { \
+            return gdaki_put_thread_##mode(qp, dst, rkey, src, lkey, len, flags, ticket);                     \
         }                                                                                                     \
         static __device__ uint32_t put_signal(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, uint64_t src,    \
                                               uint32_t lkey, uint64_t len, uint64_t signal, uint32_t signal_rkey, \
-                                              uint64_t add, uint64_t scratch, uint32_t scratch_lkey) {        \
+                                              uint64_t add, uint64_t scratch, uint32_t scratch_lkey,          \
+                                              uint64_t *ticket) {                                             \
             return gdaki_put_signal_thread_##mode(qp, dst, rkey, src, lkey, len, signal, signal_rkey, add,    \
-                                                  scratch, scratch_lkey, 0u, nullptr);                        \
+                                                  scratch, scratch_lkey, 0u, ticket);                         \
         }                                                                                                     \
         static __device__ uint32_t put_inline(gdaki_dev_qp *qp, uint64_t dst, uint32_t rkey, const void *data, \
                                               uint32_t len, uint32_t flags) {                                 \
@@ -213,10 +214,13 @@ class Gin {
 
     /** `bytes` from `src` at `src_offset` to `peer`'s part of `dst` at `dst_offset`, then the
      *  remote action. Through a queue pair the source may be reused only after flush(); to a
-     *  mapped peer the bytes are there when the call returns. */
+     *  mapped peer the bytes are there when the call returns. Through a queue pair the coop's
+     *  first member gets the put's ticket on that queue pair in `*ticket` (unless NULL; to a
+     *  mapped peer it is left alone). */
     template <class Action = None, class Coop = Thread>
     __device__ uint32_t put(uint32_t peer, const Window &dst, uint64_t dst_offset, const Window &src,
-                            uint64_t src_offset, uint64_t bytes, Action action = Action{}, Coop coop = Coop{}) const {
+                            uint64_t src_offset, uint64_t bytes, Action action = Action{}, Coop coop = Coop{},
+                            uint64_t *ticket = nullptr) const {
         bool ok = peer_ok(peer, dst) && fits(dst.peers[peer].len, dst_offset, bytes) &&
                   fits(src.size, src_offset, bytes) && action_ok(peer, action);
         const detail::Args args{{peer, dst_offset, src_offset, bytes, detail::action_word(action),
@@ -237,10 +241,10 @@ class Gin {
             const gdaki_remote_region &to = dst.peers[peer];
             const uint64_t at = to.addr + dst_offset, from = src.local + src_offset;
             if (!is_signal(action)) {
-                s = detail::Post<Mode>::put(qps_[peer], at, to.rkey, from, src.lkey, bytes, 0u);
+                s = detail::Post<Mode>::put(qps_[peer], at, to.rkey, from, src.lkey, bytes, 0u, ticket);
             } else if (detail::mapped(signals_, peer) != 0) {
                 /* The signal by a store must wait for the data's completion. */
-                s = detail::Post<Mode>::put(qps_[peer], at, to.rkey, from, src.lkey, bytes, 0u);
+                s = detail::Post<Mode>::put(qps_[peer], at, to.rkey, from, src.lkey, bytes, 0u, ticket);
                 if (s == GDAKI_OK) s = detail::Post<Mode>::quiet(qps_[peer]);
                 if (s == GDAKI_OK) s = signal_now(peer, detail::action(action));
             } else {
@@ -248,7 +252,7 @@ class Gin {
                 const gdaki_remote_region &sig = signals_.peers[peer];
                 s = detail::Post<Mode>::put_signal(qps_[peer], at, to.rkey, from, src.lkey, bytes,
                                                    sig.addr + (uint64_t)a.id * 8, sig.rkey, a.value, scratch_.local,
-                                                   scratch_.lkey);
+                                                   scratch_.lkey, ticket);
             }
         }
         return detail::share(s, coop);

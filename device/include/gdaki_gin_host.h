@@ -62,6 +62,13 @@ struct gdakiDevComm {
     uint32_t *error;
     /** How long a wait with no queue pair deadline of its own waits before it gives up. */
     uint64_t timeoutNs;
+    /** A cross-channel queue pair of this rank connected to itself, or NULL: through it a
+     *  counter advances when a put completes, the HCA alone doing it (a WAIT on the put's queue
+     *  pair, then an add; gdaki_count_when_done). Without it a counted put waits for its own
+     *  completion. */
+    gdaki_dev_qp *counterQp;
+    /** The remote key of the counters' memory, for the companion's adds. */
+    uint32_t counterRkey;
     /** The creator's bookkeeping. */
     void *internal;
 };

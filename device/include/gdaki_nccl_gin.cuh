@@ -248,21 +248,30 @@ GDAKI_NCCL_VA_ACTION(ncclGin_WeakVASignalAdd, (SignalAdd{va_id(a.signalOffset), 
 GDAKI_NCCL_VA_ACTION(ncclGin_VASignalAdd, (SignalAdd{va_id(a.signalOffset), a.value}))
 #undef GDAKI_NCCL_VA_ACTION
 
-/* The local action, by the coop's first member once the put succeeded: a counter waits for the
- * put's completion on the peer's queue pair (its source is then consumed; to a mapped peer the
- * copy is already done), then counts. */
-__device__ inline uint32_t local(const gdakiDevComm &, int, ncclGin_None) { return GDAKI_OK; }
-__device__ inline uint32_t count(const gdakiDevComm &c, int peer, ncclGinCounter_t id) {
+/* The local action, by the coop's first member once the put succeeded (`ticket`: the put's on
+ * the peer's queue pair, ~0 to a mapped peer, whose copy is already done). Through a queue pair
+ * the communicator's counter QP posts a WAIT for the put's completion and an add to the
+ * counter, and the caller goes on: the counter moves once the source is consumed. Without a
+ * counter QP the member waits for the put, then counts. */
+__device__ inline uint32_t local(const gdakiDevComm &, int, ncclGin_None, uint64_t) { return GDAKI_OK; }
+__device__ inline uint32_t count(const gdakiDevComm &c, int peer, ncclGinCounter_t id, uint64_t ticket) {
     if (id >= (uint32_t)c.ginCounterCount) return GDAKI_CODE_BAD_ARGUMENT;
-    if (c.qps[peer] != nullptr) {
-        const uint32_t s = gdaki_quiet_thread_gpu(c.qps[peer]);
+    if (c.qps[peer] != nullptr && ticket != ~0ull) {
+        if (c.counterQp != nullptr)
+            return gdaki_count_when_done_thread_gpu(c.counterQp, c.qps[peer], ticket, (uint64_t)&c.counters[id],
+                                                    c.counterRkey, 1, c.scratch.local, c.scratch.lkey, 0u, nullptr);
+        const uint32_t s = gdaki_wait_thread_gpu(c.qps[peer], ticket);
         if (s != GDAKI_OK) return s;
     }
     atomicAdd((unsigned long long *)&c.counters[id], 1ull);
     return GDAKI_OK;
 }
-__device__ inline uint32_t local(const gdakiDevComm &c, int peer, ncclGin_WeakCounterInc a) { return count(c, peer, a.counter); }
-__device__ inline uint32_t local(const gdakiDevComm &c, int peer, ncclGin_CounterInc a) { return count(c, peer, a.counter); }
+__device__ inline uint32_t local(const gdakiDevComm &c, int peer, ncclGin_WeakCounterInc a, uint64_t ticket) {
+    return count(c, peer, a.counter, ticket);
+}
+__device__ inline uint32_t local(const gdakiDevComm &c, int peer, ncclGin_CounterInc a, uint64_t ticket) {
+    return count(c, peer, a.counter, ticket);
+}
 template <class A>
 struct is_none {
     static constexpr bool value = false;
@@ -328,10 +337,11 @@ struct ncclGin {
         const int to = ncclTeamRankToWorld(comm, team, peer);
         const auto co = gdaki::nccl::coop(coop);
         const gdaki::Window dst = window(dstWnd), src = window(srcWnd);
+        uint64_t ticket = ~0ull;
         uint32_t s = with(comm, remoteAction, [&](const gdaki::Gin<gdaki::Gpu> &g, auto a) {
-            return g.put((uint32_t)to, dst, dstOffset, src, srcOffset, bytes, a, co);
+            return g.put((uint32_t)to, dst, dstOffset, src, srcOffset, bytes, a, co, &ticket);
         });
-        finish(to, s, localAction, co);
+        finish(to, s, localAction, co, ticket);
     }
 
     /** A value of at most 8 bytes to team rank `peer`'s part of `dstWnd` at `dstOffset`, then
@@ -520,9 +530,9 @@ struct ncclGin {
     }
     /* After the put: the local action (first member, after the put succeeded), shared. */
     template <typename LocalAction, typename Co>
-    __device__ void finish(int to, uint32_t s, LocalAction a, Co co) const {
+    __device__ void finish(int to, uint32_t s, LocalAction a, Co co, uint64_t ticket) const {
         if (!gdaki::nccl::is_none<LocalAction>::value) {
-            if (gdaki::detail::rank(co) == 0 && s == GDAKI_OK) s = gdaki::nccl::local(comm, to, a);
+            if (gdaki::detail::rank(co) == 0 && s == GDAKI_OK) s = gdaki::nccl::local(comm, to, a, ticket);
             s = gdaki::detail::share(s, co);
         }
         gdaki::nccl::note(comm, s);

@@ -217,7 +217,8 @@ typedef struct gshmem_dev_comm_requirements {
 struct gdakiDevComm;
 /** Fills `out` (gdaki_gin_host.h's gdakiDevComm, NCCL's ncclDevComm for gdaki_nccl_gin.cuh):
  *  every PE as a rank, gshmem's queue pairs, a signal window in the heap, local counters,
- *  shadows and barrier epochs, and an error word. Collective (it allocates from the heap): every
+ *  shadows and barrier epochs, an error word, and (with counters) a cross-channel queue pair of
+ *  its own through which the HCA advances a counter once its put has completed. Collective (it allocates from the heap): every
  *  PE calls with the same requirements. */
 int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, struct gdakiDevComm *out);
 /** The first GDAKI_CODE_* one of the communicator's methods met in a kernel (0: none). */

@@ -405,9 +405,37 @@ void windows(int np) {
     uint32_t code = 7;
     launch::check(gshmem_dev_comm_error(&comm, &code), "gshmem_dev_comm_error");
     CHECK(code == 0, "no error yet: %u", code);
+    CHECK(comm.counterQp != nullptr, "counters come with a counter queue pair");
+#if !defined(GDAKI_CUDA)
+    {
+        // In CPU mode the handles are host ones: a put to this PE, counted by the counter QP (a
+        // WAIT for the put's completion, then an add of 5 to counter 1), as a kernel's would be.
+        uint64_t *block = (uint64_t *)gshmem_malloc(8);
+        const uint64_t at = (uint64_t)block - c.heap_base;
+        const uint64_t word = 0x1122334455667788ull;
+        uint64_t ticket = 0;
+        gdaki_dev_qp *self = c.qps[gshmem_my_pe()];
+        CHECK(gdaki_put_inline_thread_gpu(self, c.heaps[gshmem_my_pe()].addr + at, c.heaps[gshmem_my_pe()].rkey, &word,
+                                          8, 0, &ticket) == 0,
+              "a put to self");
+        CHECK(gdaki_count_when_done_thread_gpu(comm.counterQp, self, ticket, (uint64_t)&comm.counters[1],
+                                               comm.counterRkey, 5, comm.scratch.local, comm.scratch.lkey, 0,
+                                               nullptr) == 0,
+              "a count when it is done");
+        CHECK(gdaki_wait_signal_thread_gpu(comm.counterQp, &comm.counters[1], 5) == 0 &&
+                  table(comm.counters, 2)[1] == 5,
+              "the counter reads 5");
+        CHECK(table(block, 1)[0] == word, "the counted put landed");
+        launch::check(gshmem_free(block), "gshmem_free");
+    }
+#endif
     launch::check(gshmem_dev_comm_destroy(&comm), "gshmem_dev_comm_destroy");
     CHECK(comm.internal == nullptr && comm.qps == nullptr, "a destroyed communicator is zeroed");
     CHECK(gshmem_dev_comm_destroy(&comm) == 0, "a zeroed communicator is nothing to destroy");
+    gshmem_dev_comm_requirements no_counters{1, 0, 0};
+    launch::check(gshmem_dev_comm_create(&no_counters, &comm), "gshmem_dev_comm_create");
+    CHECK(comm.counterQp == nullptr, "no counters, no counter queue pair");
+    launch::check(gshmem_dev_comm_destroy(&comm), "gshmem_dev_comm_destroy");
     req.gin_signal_count = -1;
     CHECK(gshmem_dev_comm_create(&req, &comm) == -1 && std::strstr(gshmem_error(), "out of range") != nullptr, "%s",
           gshmem_error());

@@ -156,6 +156,10 @@ struct State {
     int gpu_sharers = 1;
     /** The tables of live windows, by the address of their peers table. */
     std::map<uint64_t, gdaki_region *> windows;
+    /** How the peers' queue pairs were made (a device communicator's counter QP copies it). */
+    gdaki_qp_config qp_config{};
+    /** The peers' CQs' size. */
+    uint32_t cq_size = 0;
 
     ~State() {
         for (auto &w : windows) gdaki_region_destroy(w.second);
@@ -358,6 +362,8 @@ void init(const gshmem_options *given) {
     config.timeout_ms = o.wait_timeout_ms;
     config.retry_timeout_ms = std::min<uint32_t>(config.retry_timeout_ms, o.wait_timeout_ms / 2);
     config.rings_gpu = rings;
+    s->qp_config = config;
+    s->cq_size = o.sq_size;
     s->peers.resize(n);
     std::vector<unsigned char> mine(sizeof(Card) + n * sizeof(gdaki_endpoint));
     Card card{CARD_MAGIC, GSHMEM_CTX_VERSION, n, (uint32_t)kind, (uint64_t)o.heap_bytes, {}, 0, 0, {}, {}};
@@ -658,13 +664,39 @@ struct DevCommParts {
     void *signals = nullptr, *scratch = nullptr;
     gshmem_window signal_w{}, scratch_w{};
     gdaki_region *local = nullptr;
+    /** The counter QP: cross-channel, connected to itself. */
+    Peer counter{};
 
     /** Frees what is this PE's alone (the heap blocks are collective to free). */
     void free_local() {
         gshmem_window_destroy(&signal_w);
         gshmem_window_destroy(&scratch_w);
+        // The QP goes before the counters its adds target, the export before its QP.
+        gdaki_gpu_qp_destroy(counter.exported);
+        gdaki_qp_destroy(counter.qp);
+        gdaki_cq_destroy(counter.cq);
+        counter = Peer{};
         gdaki_region_destroy(local);
         local = nullptr;
+    }
+
+    /** The counter QP of this PE (`s`'s queue pair settings, cross-channel), connected to
+     *  itself: its WAITs hold its adds to the counters until the peers' puts complete. Each
+     *  count takes two of its WQEs. */
+    void make_counter_qp(const State &s) {
+        gdaki_qp_config config = s.qp_config;
+        config.cross_channel = 1;
+        ok(gdaki_cq_create(s.ctx, s.cq_size, config.rings_gpu, &counter.cq), "counter QP: gdaki_cq_create");
+        ok(gdaki_qp_create(s.ctx, counter.cq, &config, &counter.qp), "counter QP: gdaki_qp_create");
+        gdaki_endpoint ep;
+        ok(gdaki_qp_endpoint(counter.qp, &ep), "gdaki_qp_endpoint");
+        ok(gdaki_qp_connect(counter.qp, &ep), "counter QP: gdaki_qp_connect");
+        if (s.gpu != nullptr) {
+            ok(gdaki_qp_export_gpu(counter.qp, s.gpu, &counter.exported), "counter QP: gdaki_qp_export_gpu");
+            ok(gdaki_gpu_qp_handle(counter.exported, &counter.handle), "gdaki_gpu_qp_handle");
+        } else {
+            ok(gdaki_qp_host_handle(counter.qp, &counter.handle), "gdaki_qp_host_handle");
+        }
     }
 };
 
@@ -699,11 +731,14 @@ int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm
             // Local: counters, shadows, barrier epochs, the error word.
             const uint64_t at_shadows = counters * 8, at_epochs = at_shadows + signals * 8,
                            at_error = at_epochs + barriers * 4, local_bytes = (at_error + 4 + 63) / 64 * 64;
+            // The counter QP's adds land in the counters: remote atomics, by this PE's QP alone
+            // (the key never leaves the PE).
+            const uint32_t access = GDAKI_ACCESS_LOCAL_WRITE | GDAKI_ACCESS_REMOTE_ATOMIC;
             if (s.gpu != nullptr)
-                ok(gdaki_region_alloc_device(s.ctx, s.gpu, local_bytes, GDAKI_ACCESS_LOCAL_WRITE, &parts->local),
+                ok(gdaki_region_alloc_device(s.ctx, s.gpu, local_bytes, access, &parts->local),
                    "gdaki_region_alloc_device");
             else
-                ok(gdaki_region_alloc(s.ctx, local_bytes, GDAKI_ACCESS_LOCAL_WRITE, &parts->local), "gdaki_region_alloc");
+                ok(gdaki_region_alloc(s.ctx, local_bytes, access, &parts->local), "gdaki_region_alloc");
             const std::vector<unsigned char> zero(local_bytes);
             ok(gdaki_region_write(parts->local, 0, zero.data(), zero.size()), "gdaki_region_write");
             gdaki_region_info li;
@@ -725,6 +760,11 @@ int gshmem_dev_comm_create(const gshmem_dev_comm_requirements *req, gdakiDevComm
             c.barrierEpochs = reinterpret_cast<uint32_t *>(li.addr + at_epochs);
             c.error = reinterpret_cast<uint32_t *>(li.addr + at_error);
             c.timeoutNs = 30ull * 1000 * 1000 * 1000;
+            if (counters > 0) {
+                parts->make_counter_qp(s);
+                c.counterQp = parts->counter.handle;
+                c.counterRkey = li.rkey;
+            }
             c.internal = parts.get();
             *out = c;
             parts.release();
