@@ -20,6 +20,8 @@ use crate::provider::DoorbellHandler;
 pub use gdaki_devx::qp::{Endpoint, QpState, MAX_CQ_SIZE, MAX_SQ_SIZE};
 use gdaki_devx::{DeviceError, HostBuffer, Owned, OwnedUar, QueueMemory, Umem};
 
+mod reset;
+
 /// Where a queue's ring and doorbell record live.
 #[derive(Debug, Clone, Default)]
 pub enum Rings {
@@ -271,6 +273,10 @@ pub(crate) struct Qp {
     peer_rd_atomic: AtomicU8,
     /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
     proxy_word: Arc<HostBuffer>,
+    /// After a reset: the next ticket, which the next connect realigns the send queue with.
+    pad: Mutex<Option<u64>>,
+    /// The handles of live GPU exports, whose counters a reset rewrites.
+    exports: Mutex<Vec<std::sync::Weak<gdaki_cuda::DeviceBuffer>>>,
     ctx: Arc<ContextInner>,
 }
 
@@ -647,6 +653,8 @@ impl QueuePair {
             min_rnr_timer: cfg.min_rnr_timer,
             peer_rd_atomic: AtomicU8::new(0),
             proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
+            pad: Mutex::new(None),
+            exports: Mutex::new(Vec::new()),
             ctx: ctx.clone(),
         });
         let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
@@ -866,11 +874,17 @@ impl QueuePair {
         self.modify(&command::object_command(Opcode::Qp2Err, self.qpn()), QpState::Error)
     }
 
-    /// RESET → INIT → RTR → RTS against `peer`.
+    /// RESET → INIT → RTR → RTS against `peer`. After a [`reset`](Self::reset) the send
+    /// queue is then realigned with its CQ before this returns (a few NOPs: see `reset`).
     pub fn connect(&self, peer: &Endpoint) -> Result<()> {
         self.to_init()?;
         self.to_rtr(peer)?;
-        self.to_rts()
+        self.to_rts()?;
+        if let Some(next) = self.pending_pad() {
+            self.realign(next)?;
+            *lock(&self.inner.pad) = None;
+        }
+        Ok(())
     }
 
     /// The exported device handle. Valid while this QP lives; posters use it through
@@ -1026,7 +1040,8 @@ impl QueuePair {
 /// lives in GPU memory. Kernels take
 /// [`device_handle`](Self::device_handle) as their `*mut DevQp`.
 pub struct GpuQp {
-    handle: gdaki_cuda::DeviceBuffer,
+    /// Shared with the QP's list of exports, which a reset rewrites.
+    handle: Arc<gdaki_cuda::DeviceBuffer>,
     /// The `DevRq` in GPU memory, for a QP with a receive queue.
     recv_handle: Option<gdaki_cuda::DeviceBuffer>,
     /// What `handle` was written with: the GPU's addresses of the rings, records and doorbell
@@ -1240,8 +1255,13 @@ impl QueuePair {
             };
         dev.cq.cqe_base = cqe_base;
         dev.cq.dbrec = cqe_base + (cq.dbrec() - cq.ring());
-        let handle = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?;
+        let handle = Arc::new(gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?);
         handle.write(0, bytemuck::bytes_of(&dev))?;
+        {
+            let mut exports = lock(&q.exports);
+            exports.retain(|e| e.strong_count() > 0);
+            exports.push(Arc::downgrade(&handle));
+        }
         let (recv_handle, recv_view) = match (&q.rq, rcqe_base) {
             (Some(r), Some(base)) => {
                 let timeout = Duration::from_nanos(dev.timeout_ns);

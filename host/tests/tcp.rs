@@ -574,9 +574,23 @@ fn two_processes_then_the_peer_is_killed(carrier: Carrier) {
     dev.wait(dev.get(mr.local(128 << 10), at(0), 64 << 10).unwrap())
         .unwrap();
     assert_eq!(mr.read_vec(128 << 10, 64 << 10).unwrap(), pattern(42, 64 << 10));
-    // WRITE (in pieces, unsignaled but for the last), atomics, put_signal.
+    // WRITE (in pieces), each counted by a cross-channel companion of this context once the
+    // peer has acknowledged it (a WAIT on this QP's CQ, then an add to a local word).
+    let companion = qp(
+        &ctx,
+        64,
+        QpConfig {
+            cross_channel: true,
+            ..Default::default()
+        },
+    );
+    companion.connect(&companion.endpoint()).unwrap();
+    let counts = unsafe { companion.cpu::<Exclusive>() }.unwrap();
     for k in 0..16u64 {
-        dev.put(at((64 << 10) + k * 4096), mr.local(k * 4096), 4096).unwrap();
+        let t = dev.put(at((64 << 10) + k * 4096), mr.local(k * 4096), 4096).unwrap();
+        counts
+            .count_when_done(&dev, t, mr.remote(600 << 10), 1, mr.local(608 << 10))
+            .unwrap();
     }
     assert_eq!(dev.atomic_fetch_add(at(256 << 10), 2, mr.local(512 << 10)).unwrap(), 0);
     dev.wait(
@@ -585,6 +599,8 @@ fn two_processes_then_the_peer_is_killed(carrier: Carrier) {
     )
     .unwrap();
     dev.quiet().unwrap();
+    counts.quiet().unwrap();
+    assert_eq!(mr.load_u64(600 << 10).unwrap(), 16, "every put counted");
     ch.sync(2).unwrap();
     ch.sync(3).expect("the peer found the data it was sent");
     // Kill the peer: the next operations end in transport errors, within the retry timeout.

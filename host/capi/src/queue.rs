@@ -317,6 +317,25 @@ pub unsafe extern "C" fn gdaki_qp_connect(qp: *const gdaki_qp, peer: *const gdak
     })
 }
 
+/// Back to RESET from any state, after an error for instance: what is outstanding is flushed
+/// and its completions consumed, then 2RST. `gdaki_qp_connect` (the peer resets and connects
+/// too) makes the QP post again through the same handles (the host one and every GPU export),
+/// its tickets going on. A QP with a receive queue or rings in GPU memory is
+/// `GDAKI_STATUS_UNSUPPORTED`.
+///
+/// # Safety
+/// `qp` is NULL or a QP handle, and nothing (host thread or kernel) posts on it or waits on it
+/// from this call until `gdaki_qp_connect` has returned.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_qp_reset(qp: *const gdaki_qp) -> gdaki_status {
+    call("gdaki_qp_reset", || {
+        // SAFETY: the caller's contract.
+        let q = unsafe { guard::borrow(qp, "qp")? };
+        // SAFETY: nothing posts meanwhile (the caller's contract).
+        Ok(unsafe { q.reset() }?)
+    })
+}
+
 /// The queue pair's number, state, error syndrome and doorbell handler.
 ///
 /// # Safety

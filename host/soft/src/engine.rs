@@ -340,8 +340,10 @@ fn drain(qp: &SoftQp, deferred: &mut VecDeque<Deferred>) {
 /// Returns whether there was anything (new WQEs, or completions still waiting).
 fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB], scratch: &mut Scratch) -> bool {
     let qp = &*served.qp;
-    let db = qp.doorbell().load(Ordering::Acquire);
     let mut progress = lock(&served.progress);
+    // Read under the lock: a 2RST resets the progress and clears the word under it, so the
+    // word and the progress it is compared with are of one queue.
+    let db = qp.doorbell().load(Ordering::Acquire);
     drain(qp, &mut progress.deferred);
     if qp.state() == QpState::Error {
         completer::flush_receives(qp);

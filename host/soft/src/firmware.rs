@@ -611,7 +611,18 @@ impl SoftDevice {
                 qp.fail(Syndrome::WrFlush);
                 return Ok(handle);
             }
-            return refuse(CmdStatus::BadOp, FwSyndrome::Unsupported, "2RST is not modelled");
+            // 2RST from any state: the send queue starts again at WQE 0, as a NIC's hardware
+            // counter does; the CQs keep their places. WQEs still outstanding are dropped
+            // without CQEs (the library drains the QP first). The engine's progress is reset
+            // under its lock, so no WQE of the old queue executes after this.
+            let served = self.hca.served(&qp);
+            let mut progress = served.as_ref().map(|s| lock(&s.progress));
+            let old = progress.as_deref_mut().map(std::mem::take);
+            qp.reset();
+            drop(progress);
+            // The old link (a remote peer's connection) closes outside the engine's lock.
+            drop(old);
+            return Ok(handle);
         }
         Self::need(input, modify_qp_in::BYTES)?;
         let qp = self.qp_of(handle, input, modify_qp_in::QPN)?;

@@ -343,6 +343,22 @@ impl SoftQp {
         self.set_state(QpState::Error);
     }
 
+    /// 2RST: back to RESET as a new QP is, its error, RTR peer and transport binding
+    /// forgotten, the receive queue's place back at 0 and the doorbell word cleared (the engine
+    /// acts on changes of the word; a QP's doorbell always names it, so it never reads 0).
+    /// The engine's progress on the send queue is reset by the caller.
+    pub fn reset(&self) {
+        self.set_state(QpState::Reset);
+        *lock(&self.first_error) = None;
+        *lock(&self.rtr_peer) = None;
+        self.transport_bound.store(false, Ordering::Release);
+        self.refusal_said.store(false, Ordering::Release);
+        if let Some(rq) = &self.rq {
+            *lock(&rq.taken) = RqCursor::default();
+        }
+        self.doorbell().store(0, Ordering::Release);
+    }
+
     /// The doorbell word.
     pub fn doorbell(&self) -> &AtomicU64 {
         // SAFETY: the UAR buffer is at least 8 bytes, page-aligned, and lives as long as self.

@@ -313,6 +313,19 @@ static void data_path(void) {
     OK(gdaki_qp_query(qp, &info));
     CHECK(info.state == GDAKI_QP_STATE_ERROR && info.syndrome == (code & 0xff));
 
+    /* Reset after the error, connected again: the same handle posts on. */
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_qp_reset(NULL));
+    OK(gdaki_qp_reset(qp));
+    OK(gdaki_qp_query(qp, &info));
+    CHECK(info.state == GDAKI_QP_STATE_RESET);
+    gdaki_endpoint again;
+    OK(gdaki_qp_endpoint(qp, &again));
+    OK(gdaki_qp_connect(qp, &again));
+    CHECK(gdaki_put_inline_thread_exclusive(h, d.addr + 32, d.rkey, word, sizeof word, 0, &ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    OK(gdaki_region_read(dst, 32, back, sizeof back));
+    CHECK(memcmp(back, word, sizeof word) == 0);
+
     /* A second protection domain: its region's key is refused by a QP of the first. */
     gdaki_context *tenant = NULL;
     EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_alloc_pd(ctx, NULL));

@@ -1,0 +1,226 @@
+//! Resetting a queue pair (DOCA GPUNetIO's QP reset): after an error, back to RESET and
+//! connected again, with the same handles (the CPU one and every GPU export), without
+//! recreating anything.
+//!
+//! 2RST starts the send queue again at WQE 0, as a NIC's hardware counter does, while the CQ
+//! keeps its place. gdaki's tickets are CQE indices and WQE indices at once (every WQE is one
+//! building block and signalled), so after a reset the two must agree again in what the HCA
+//! sees of them: the 16-bit WQE counter, the ring slot and the doorbell. Once connected, the
+//! library posts NOPs without CQEs until the send queue's counter equals the CQ's modulo 2^16
+//! (every ring size divides it), one signalled NOP closing each ring's worth, then sets the
+//! handles' counters to the CQ's: the posters' code is the same before and after, and no
+//! hot-path field was added for it.
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use gdaki_device::Exclusive;
+use gdaki_layout::ctrl::{CtrlSeg, CE_CQ_UPDATE};
+use gdaki_layout::handle::NO_ERROR;
+use gdaki_layout::prm::{command, Opcode};
+use gdaki_layout::{dbrec, doorbell, ring, CqeOpcode, DevQp, Segment, WqeOpcode};
+
+use super::QueuePair;
+use crate::error::{Error, Result};
+use crate::lock;
+use gdaki_devx::QpState;
+
+/// Byte offsets of the hot counters in a `DevQp` (the exports are rewritten there).
+const HOT: std::ops::Range<usize> = 0..std::mem::offset_of!(DevQp, lock_pad);
+
+impl QueuePair {
+    /// Back to RESET from any state: whatever is outstanding is flushed (and its completions
+    /// consumed), then 2RST. [`connect`](Self::connect) to the peer (which resets and connects
+    /// too: RC needs both sides) makes the QP post again, through the same handles: the CPU
+    /// one, views from [`cpu`](Self::cpu) and every GPU export keep working, their tickets
+    /// going on from where they were. Refused for a QP with a receive queue or with rings in
+    /// GPU memory (the CPU cannot realign those; see `docs/devx-provider.md`).
+    ///
+    /// # Safety
+    /// No poster (CPU thread or kernel) uses the QP's handles from this call until `connect`
+    /// has returned: the handles' counters are rewritten meanwhile.
+    pub unsafe fn reset(&self) -> Result<()> {
+        if self.inner.rq.is_some() || self.rings_in_gpu_memory() {
+            return Err(Error::Unsupported {
+                what: "resetting a queue pair with a receive queue or rings in GPU memory",
+                why: "its receive counter cannot be realigned with its CQ, or the CPU cannot write the rings; \
+                      destroy and create it again"
+                    .into(),
+            });
+        }
+        let next = match self.state() {
+            QpState::Reset => self.pending_pad().unwrap_or_else(|| self.reserved()),
+            _ => {
+                self.to_error()?;
+                self.drain()?
+            }
+        };
+        self.modify(&command::object_command(Opcode::Qp2Rst, self.qpn()), QpState::Reset)?;
+        // The record's counters start again with the queues.
+        let record = (self.inner.sq() + (64u64 << self.inner.sq_log)) as *const AtomicU64;
+        // SAFETY: the QP's doorbell record (8-byte aligned, after the send queue in its umem,
+        // host memory: refused above otherwise), alive with the QP.
+        unsafe { &*record }.store(0, Ordering::Release);
+        *lock(&self.inner.pad) = Some(next);
+        tracing::debug!(qpn = format_args!("{:#x}", self.qpn()), next, "queue pair reset");
+        Ok(())
+    }
+
+    /// The next ticket a pending reset left (realigned at the next connect), if any.
+    pub(super) fn pending_pad(&self) -> Option<u64> {
+        *lock(&self.inner.pad)
+    }
+
+    /// WQEs reserved on the CPU handle.
+    fn reserved(&self) -> u64 {
+        // SAFETY: the handle lives with self; its counter is read atomically.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.device_handle()).sq_reserved)) }
+            .load(Ordering::Acquire)
+    }
+
+    /// Rings what was posted and not rung, then consumes every completion up to the last WQE
+    /// reserved (flushed, the QP being in error). Returns the next ticket.
+    fn drain(&self) -> Result<u64> {
+        // SAFETY: host rings (checked by the caller); no other poster (reset's contract).
+        let dev = unsafe { self.cpu::<Exclusive>() }?;
+        // Ringing a QP in error only flushes what was pending.
+        let _ = dev.commit();
+        let reserved = dev.reserved();
+        let timeout = self.timeout();
+        let started = Instant::now();
+        while dev.consumed() < reserved {
+            if dev.poll_one().is_none() {
+                if started.elapsed() > timeout {
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "flushing queue pair {:#x} before its reset ({} of {reserved} WQEs completed)",
+                            self.qpn(),
+                            dev.consumed()
+                        ),
+                        after: timeout,
+                    });
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(reserved)
+    }
+
+    /// The bound of the QP's waits, from its handle.
+    fn timeout(&self) -> std::time::Duration {
+        // SAFETY: a constant field of the live handle.
+        std::time::Duration::from_nanos(unsafe { (*self.device_handle()).timeout_ns })
+    }
+
+    /// After a reset, once in RTS: realigns the send queue with the CQ (module doc), then sets
+    /// every handle's counters to the next ticket.
+    pub(super) fn realign(&self, next: u64) -> Result<()> {
+        let h = self.device_handle();
+        // SAFETY: constant fields of the live CPU handle.
+        let (sq_log, cq_log, cqe_base, cq_rec) =
+            unsafe { ((*h).sq_log_size, (*h).cq.log_size, (*h).cq.cqe_base, (*h).cq.dbrec) };
+        let size = 1u64 << sq_log;
+        let (mut hw, mut cq) = (0u64, next);
+        let started = Instant::now();
+        loop {
+            // Unsignalled NOPs still needed: each signalled one moves both counters.
+            let d = cq.wrapping_sub(hw) & dbrec::WQ_COUNTER_MASK as u64;
+            if d == 0 {
+                break;
+            }
+            let n = d.min(size - 1);
+            for i in 0..=n {
+                let flags = if i == n { CE_CQ_UPDATE } else { 0 };
+                let words =
+                    CtrlSeg::new(WqeOpcode::Nop, 0, (hw + i) as u16, self.qpn(), ring::DS_NOP, flags, 0).to_words();
+                let slot = (self.inner.sq() + ring::wqe_offset(hw + i, sq_log)) as *const AtomicU64;
+                for (k, w) in words.iter().enumerate() {
+                    // SAFETY: a 64-byte slot of the QP's send queue in host memory, which no
+                    // poster touches now (reset's contract); the HCA reads it after the doorbell.
+                    unsafe { &*slot.add(k) }.store(*w, Ordering::Relaxed);
+                }
+            }
+            hw += n + 1;
+            self.ring_realigning(hw);
+            self.await_cqe(cqe_base, cq_log, cq, started)?;
+            cq += 1;
+            // SAFETY: the CQ's doorbell record (host memory), 4-byte aligned.
+            unsafe { &*(cq_rec as *const AtomicU32) }.store(dbrec::cq_ci(cq).to_be(), Ordering::Release);
+        }
+        self.set_counters(cq)?;
+        tracing::debug!(
+            qpn = format_args!("{:#x}", self.qpn()),
+            next = cq,
+            padded = hw,
+            "queue pair realigned"
+        );
+        Ok(())
+    }
+
+    /// Rings for `pi` WQEs as a poster would: the record, then the doorbell register.
+    fn ring_realigning(&self, pi: u64) {
+        let record = (self.inner.sq() + self.inner.sq_dbrec_offset()) as *const AtomicU32;
+        // SAFETY: the send word of the QP's record (host memory) and its doorbell register,
+        // mapped for the QP's life, each written atomically as the HCA expects.
+        unsafe {
+            (*record).store(dbrec::wq_counter(pi).to_be(), Ordering::Release);
+            (*(self.inner.uar.uar.reg_addr() as *const AtomicU64))
+                .store(doorbell::word(self.qpn(), pi), Ordering::Release);
+        }
+    }
+
+    /// Waits for CQE `index` of the send CQ (a realigning NOP's): a success.
+    fn await_cqe(&self, cqe_base: u64, log: u32, index: u64, started: Instant) -> Result<()> {
+        let timeout = self.timeout();
+        let slot = cqe_base + ring::cqe_offset(index, log);
+        loop {
+            // SAFETY: a CQE of the QP's CQ in host memory; its last word (op_own last) is
+            // written by the HCA with release.
+            let last = unsafe { &*((slot + 56) as *const AtomicU64) }.load(Ordering::Acquire);
+            let op_own = last.to_ne_bytes()[7];
+            if ring::cqe_ready(op_own, index, log) {
+                // SAFETY: the whole CQE, written before its last word.
+                let bytes: [u8; 64] = unsafe { std::ptr::read_volatile(slot as *const [u8; 64]) };
+                let cqe: gdaki_layout::cqe::Cqe64 = bytemuck::cast(bytes);
+                return match cqe.opcode() {
+                    CqeOpcode::Req => Ok(()),
+                    _ => Err(Error::QpError {
+                        qpn: self.qpn(),
+                        syndrome: cqe.as_error().syndrome(),
+                    }),
+                };
+            }
+            if started.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: format!("realigning queue pair {:#x} after its reset", self.qpn()),
+                    after: timeout,
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Sets the hot counters of the CPU handle and of every live GPU export to `next`: nothing
+    /// reserved, ready or rung past it, every CQE before it consumed, no error.
+    fn set_counters(&self, next: u64) -> Result<()> {
+        let h = self.device_handle();
+        // SAFETY: the CPU handle's hot words, which no poster uses now (reset's contract).
+        unsafe {
+            (*h).sq_reserved = next;
+            (*h).sq_ready = next;
+            (*h).sq_rung = next;
+            (*h).db_lock = 0;
+            (*h).cq.consumed = next;
+            (*h).cq.error = NO_ERROR;
+        }
+        // SAFETY: as above, read back whole.
+        let fresh = unsafe { h.read() };
+        let bytes = bytemuck::bytes_of(&fresh);
+        let cq_at = std::mem::offset_of!(DevQp, cq);
+        let cq_hot = cq_at..cq_at + std::mem::offset_of!(gdaki_layout::DevCq, hot_pad);
+        for export in lock(&self.inner.exports).iter().filter_map(std::sync::Weak::upgrade) {
+            export.write(HOT.start, &bytes[HOT])?;
+            export.write(cq_hot.start, &bytes[cq_hot.clone()])?;
+        }
+        Ok(())
+    }
+}
