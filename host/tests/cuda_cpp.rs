@@ -540,6 +540,20 @@ fn counters_in_thread_warp_and_block_scope() {
     mr.read(65536, &mut got).unwrap();
     assert_eq!(got, data[..got.len()], "every put landed before its count");
     assert_eq!((data_qp.error(), comp.error()), (None, None));
+
+    // The data QP to error, reset and connected again: the same GPU export posts on (its
+    // counters taken over and rewritten by the reset), counted as before.
+    data_qp.to_error().unwrap();
+    // SAFETY: no kernel runs on the QP until the connect has returned.
+    unsafe { data_qp.reset() }.unwrap();
+    data_qp.connect(&data_qp.endpoint()).unwrap();
+    mr.write(65536, &[0; 100]).unwrap();
+    run("cpp_count_thread", 1, args());
+    assert_eq!(mr.load_u64(131072).unwrap(), want + 3, "counted after the reset");
+    let mut again = vec![0u8; 100];
+    mr.read(65536, &mut again).unwrap();
+    assert_eq!(again, data[..100], "a put through the export after the reset");
+    assert_eq!((data_qp.error(), comp.error()), (None, None));
 }
 
 /// Every thread of `blocks` blocks of `threads` left `GDAKI_OK` in `status` (else its

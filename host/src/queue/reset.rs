@@ -47,6 +47,9 @@ impl QueuePair {
                     .into(),
             });
         }
+        // The handle that posted (a GPU export's, when kernels did) is the one whose counters
+        // went furthest: the CPU handle takes them, then drains through them.
+        self.adopt_furthest_export()?;
         let next = match self.state() {
             QpState::Reset => self.pending_pad().unwrap_or_else(|| self.reserved()),
             _ => {
@@ -62,6 +65,34 @@ impl QueuePair {
         unsafe { &*record }.store(0, Ordering::Release);
         *lock(&self.inner.pad) = Some(next);
         tracing::debug!(qpn = format_args!("{:#x}", self.qpn()), next, "queue pair reset");
+        Ok(())
+    }
+
+    /// Copies into the CPU handle the hot words (the QP's and its CQ's) of the live GPU export
+    /// that reserved the most, if one reserved more than the CPU handle: only one handle posts
+    /// at a time, so that one holds the QP's true counters.
+    fn adopt_furthest_export(&self) -> Result<()> {
+        let h = self.device_handle();
+        let cq_at = std::mem::offset_of!(DevQp, cq);
+        let cq_hot = cq_at..cq_at + std::mem::offset_of!(gdaki_layout::DevCq, hot_pad);
+        let mut best: Option<[u8; std::mem::size_of::<DevQp>()]> = None;
+        let mut most = self.reserved();
+        for export in lock(&self.inner.exports).iter().filter_map(std::sync::Weak::upgrade) {
+            let mut raw = [0u8; std::mem::size_of::<DevQp>()];
+            export.read(0, &mut raw)?;
+            let theirs: DevQp = bytemuck::pod_read_unaligned(&raw);
+            if theirs.sq_reserved > most {
+                most = theirs.sq_reserved;
+                best = Some(raw);
+            }
+        }
+        if let Some(raw) = best {
+            // SAFETY: the CPU handle's bytes (host memory, alive with self), which no poster
+            // uses now (reset's contract): its hot words take the export's.
+            let mine = unsafe { std::slice::from_raw_parts_mut(h as *mut u8, std::mem::size_of::<DevQp>()) };
+            mine[HOT].copy_from_slice(&raw[HOT]);
+            mine[cq_hot.clone()].copy_from_slice(&raw[cq_hot]);
+        }
         Ok(())
     }
 
