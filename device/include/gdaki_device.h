@@ -68,7 +68,7 @@ extern "C" {
 /** version word of gdaki_dev_socket_service */
 #define GDAKI_DEV_SOCKET_SERVICE_VERSION 1686896704u
 /** gdaki_dev_rq.version of this layout */
-#define GDAKI_DEV_RQ_VERSION 264503552u
+#define GDAKI_DEV_RQ_VERSION 929825024u
 /** most bytes a send_inline carries */
 #define GDAKI_MAX_SEND_INLINE 44u
 /** poll_recv kind: a SEND */
@@ -253,9 +253,15 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_rq {
    */
   uint64_t rq_ready;
   /**
+   * Hot: the receive index the queue's WQE 0 and record count 0 stand for: 0, or where a
+   * QP reset started the hardware's receive counter again (the receive CQ keeps its place,
+   * and receive indices are its CQE indices). Changes only while nobody posts.
+   */
+  uint64_t index_base;
+  /**
    * Pads the hot line.
    */
-  uint64_t hot_pad[6];
+  uint64_t hot_pad[5];
   /**
    * Address of receive WQE 0 (`1 << log_size` WQEs of `16 << log_stride` bytes).
    */

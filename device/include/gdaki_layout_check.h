@@ -55,7 +55,8 @@ GDAKI_ASSERT(sizeof(gdaki_dev_rq) == 256, "size of gdaki_dev_rq");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_dev_rq) == 64, "alignment of gdaki_dev_rq");
 GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_reserved, 0)
 GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_ready, 8)
-GDAKI_OFFSET_CHECK(gdaki_dev_rq, hot_pad, 16)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, index_base, 16)
+GDAKI_OFFSET_CHECK(gdaki_dev_rq, hot_pad, 24)
 GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_base, 64)
 GDAKI_OFFSET_CHECK(gdaki_dev_rq, rq_dbrec, 72)
 GDAKI_OFFSET_CHECK(gdaki_dev_rq, timeout_ns, 80)

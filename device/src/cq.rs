@@ -43,6 +43,9 @@ impl Consts {
 pub(crate) struct Cq<M: Sharing> {
     ptr: *mut DevCq,
     k: Consts,
+    /// What the WQE counter of CQE `i` holds is `i - base` (16 bits of it): 0 on a send CQ
+    /// (its QP's send queue is realigned after a reset), a receive queue's `index_base` on its.
+    base: u64,
     _mode: PhantomData<M>,
 }
 
@@ -56,8 +59,22 @@ impl<M: Sharing> Cq<M> {
         Cq {
             ptr,
             k,
+            base: 0,
             _mode: PhantomData,
         }
+    }
+
+    /// The same CQ, whose CQE `i` carries the WQE counter of `i - base` (a receive CQ after a
+    /// reset of its QP: see `DevRq::index_base`).
+    #[inline(always)]
+    pub(crate) const fn with_base(self, base: u64) -> Self {
+        Cq { base, ..self }
+    }
+
+    /// The WQE counter CQE `index` carries.
+    #[inline(always)]
+    const fn counter(&self, index: u64) -> u16 {
+        index.wrapping_sub(self.base) as u16
     }
 
     /// The count of consumed CQEs (`DevCq::consumed`).
@@ -95,7 +112,7 @@ impl<M: Sharing> Cq<M> {
     #[inline(always)]
     pub(crate) fn written(&self, index: u64) -> bool {
         let tail = self.peek(index);
-        ring::cqe_ready(tail.op_own(), index, self.k.log_size) && tail.wqe_counter() == index as u16
+        ring::cqe_ready(tail.op_own(), index, self.k.log_size) && tail.wqe_counter() == self.counter(index)
     }
 
     /// Looks at the CQE of `index` once: `None` if not written yet, else its outcome, consuming
@@ -139,7 +156,7 @@ impl<M: Sharing> Cq<M> {
         // Its WQE counter does not match (rings are at most 2^15 entries). The counter and
         // op_own come from one load; were they ever torn, a stale counter reads as "not yet"
         // and a stale owner bit fails the check above, so a CQE is never taken for another.
-        if tail.wqe_counter() != index as u16 {
+        if tail.wqe_counter() != self.counter(index) {
             return None;
         }
         // What the HCA wrote before this CQE (a READ's data, say) is visible after it.

@@ -185,6 +185,14 @@ impl<M: Sharing> Rq<M> {
         unsafe { addr_of_mut!((*self.ptr).rq_reserved) }
     }
 
+    /// The receive index the hardware's counter 0 stands for ([`DevRq::index_base`]).
+    #[inline(always)]
+    fn base(&self) -> u64 {
+        // SAFETY: a word of the live handle (its hot line, which posting touches anyway). It
+        // changes only while nobody posts or polls (a reset), so a plain load does.
+        unsafe { arch::load_u64_volatile(addr_of_mut!((*self.ptr).index_base)) }
+    }
+
     #[inline(always)]
     fn ready(&self) -> *mut u64 {
         // SAFETY: `ptr` is valid per `from_raw`; only the field's address is taken.
@@ -195,7 +203,7 @@ impl<M: Sharing> Rq<M> {
     #[inline(always)]
     fn cq(&self) -> Cq<M> {
         // SAFETY: `ptr` is valid per `from_raw`; the CQ's addresses come from its constants.
-        unsafe { Cq::new(addr_of_mut!((*self.ptr).cq), self.k.cq) }
+        unsafe { Cq::new(addr_of_mut!((*self.ptr).cq), self.k.cq) }.with_base(self.base())
     }
 
     /// Runs `look` until it answers, bounded by the handle's timeout (reported for `index`).
@@ -221,8 +229,9 @@ impl<M: Sharing> Rq<M> {
         }
         check_len(bufs.iter().copied())?;
         let index = self.claim(1)?;
-        self.write_wqe(index, bufs);
-        self.mark_ready(index, 1)?;
+        let base = self.base();
+        self.write_wqe(index - base, bufs);
+        self.mark_ready(index, 1, base)?;
         Ok(index)
     }
 
@@ -248,10 +257,11 @@ impl<M: Sharing> Rq<M> {
             return Ok(unsafe { M::load_acquire(self.reserved()) });
         }
         let index = self.claim(n as u64)?;
+        let base = self.base();
         for i in 0..n {
-            self.write_wqe(index + i as u64, &[buf(i)]);
+            self.write_wqe(index + i as u64 - base, &[buf(i)]);
         }
-        self.mark_ready(index, n as u64)?;
+        self.mark_ready(index, n as u64, base)?;
         Ok(index)
     }
 
@@ -274,11 +284,11 @@ impl<M: Sharing> Rq<M> {
         Ok(index)
     }
 
-    /// Writes receive `index`'s WQE: one data segment per buffer, then a terminator where
-    /// the stride has room.
+    /// Writes the WQE of the receive whose hardware index (its index less the base) is `hw`:
+    /// one data segment per buffer, then a terminator where the stride has room.
     #[inline(always)]
-    fn write_wqe(&self, index: u64, bufs: &[RecvBuf]) {
-        let wqe = self.k.rq_base + recv::wqe_offset(index, self.k.log_size, self.k.log_stride);
+    fn write_wqe(&self, hw: u64, bufs: &[RecvBuf]) {
+        let wqe = self.k.rq_base + recv::wqe_offset(hw, self.k.log_size, self.k.log_stride);
         for i in 0..self.max_bufs().min(bufs.len() + 1) {
             let seg = match bufs.get(i) {
                 Some(b) => DataSeg::new(b.len, b.local.lkey, b.local.addr),
@@ -301,10 +311,10 @@ impl<M: Sharing> Rq<M> {
         })
     }
 
-    /// In reservation order: announces receives `index..index + n` in the doorbell record,
-    /// then in `rq_ready`. The record only moves forwards: each poster writes it after the one
-    /// before has (`rq_ready` says so).
-    fn mark_ready(&self, index: u64, n: u64) -> Result<(), WaitError> {
+    /// In reservation order: announces receives `index..index + n` in the doorbell record (as
+    /// the hardware counts them: less `base`), then in `rq_ready`. The record only moves
+    /// forwards: each poster writes it after the one before has (`rq_ready` says so).
+    fn mark_ready(&self, index: u64, n: u64, base: u64) -> Result<(), WaitError> {
         if M::SHARED {
             // SAFETY: a counter of the live handle.
             self.until(index, || {
@@ -320,7 +330,11 @@ impl<M: Sharing> Rq<M> {
         }
         // SAFETY: the receive word of the live QP's doorbell record, 4-byte aligned.
         unsafe {
-            arch::store_dbrec(self.k.rq_dbrec as *mut u32, dbrec::wq_counter(next).to_be(), self.k.gpu);
+            arch::store_dbrec(
+                self.k.rq_dbrec as *mut u32,
+                dbrec::wq_counter(next - base).to_be(),
+                self.k.gpu,
+            );
             M::store_release(self.ready(), next);
         }
         Ok(())

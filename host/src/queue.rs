@@ -277,6 +277,8 @@ pub(crate) struct Qp {
     pad: Mutex<Option<u64>>,
     /// The handles of live GPU exports, whose counters a reset rewrites.
     exports: Mutex<Vec<std::sync::Weak<gdaki_cuda::DeviceBuffer>>>,
+    /// The receive handles of live GPU exports, likewise.
+    recv_exports: Mutex<Vec<std::sync::Weak<gdaki_cuda::DeviceBuffer>>>,
     ctx: Arc<ContextInner>,
 }
 
@@ -655,6 +657,7 @@ impl QueuePair {
             proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
             pad: Mutex::new(None),
             exports: Mutex::new(Vec::new()),
+            recv_exports: Mutex::new(Vec::new()),
             ctx: ctx.clone(),
         });
         let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
@@ -1043,7 +1046,7 @@ pub struct GpuQp {
     /// Shared with the QP's list of exports, which a reset rewrites.
     handle: Arc<gdaki_cuda::DeviceBuffer>,
     /// The `DevRq` in GPU memory, for a QP with a receive queue.
-    recv_handle: Option<gdaki_cuda::DeviceBuffer>,
+    recv_handle: Option<Arc<gdaki_cuda::DeviceBuffer>>,
     /// What `handle` was written with: the GPU's addresses of the rings, records and doorbell
     /// (what a CUDA stream's memory operations store to and wait on).
     view: DevQp,
@@ -1265,9 +1268,23 @@ impl QueuePair {
         let (recv_handle, recv_view) = match (&q.rq, rcqe_base) {
             (Some(r), Some(base)) => {
                 let timeout = Duration::from_nanos(dev.timeout_ns);
-                let dev_rq = q.dev_rq(r, wq, base, timeout);
-                let h = gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevRq>())?;
+                let mut dev_rq = q.dev_rq(r, wq, base, timeout);
+                // The hot words as the CPU handle has them (a reset's base among them), as the
+                // send side's export copies the CPU handle.
+                if let Some(cpu) = self.receive_handle() {
+                    // SAFETY: the CPU receive handle, alive with self, read whole.
+                    let now = unsafe { cpu.read() };
+                    (dev_rq.rq_reserved, dev_rq.rq_ready, dev_rq.index_base) =
+                        (now.rq_reserved, now.rq_ready, now.index_base);
+                    (dev_rq.cq.consumed, dev_rq.cq.error) = (now.cq.consumed, now.cq.error);
+                }
+                let h = Arc::new(gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevRq>())?);
                 h.write(0, bytemuck::bytes_of(&dev_rq))?;
+                {
+                    let mut exports = lock(&q.recv_exports);
+                    exports.retain(|e| e.strong_count() > 0);
+                    exports.push(Arc::downgrade(&h));
+                }
                 (Some(h), Some(dev_rq))
             }
             _ => (None, None),

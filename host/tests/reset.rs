@@ -4,7 +4,7 @@
 mod common;
 use common::{pattern, qp};
 
-use gdaki::{Access, Context, Error, Provider, QpConfig, QpState, QueuePair, ReceiveConfig};
+use gdaki::{Access, Context, Provider, QpConfig, QpState, QueuePair, ReceiveConfig};
 use gdaki_device::{Exclusive, WaitError};
 use gdaki_layout::Syndrome;
 
@@ -115,21 +115,59 @@ fn a_healthy_or_fresh_queue_pair_resets() {
     assert_eq!(&got, b"after");
 }
 
-/// A receive queue's counter cannot be realigned with its CQ: refused, nothing changed.
+/// A QP with a receive queue: the receives posted before the reset are flushed (the reset
+/// consumes their completions), and the
+/// same views post receives and SENDs after it, across several laps of both queues (the
+/// receive handle's base keeps the hardware's count from 0 and the tickets going on).
 #[test]
-fn a_queue_pair_with_a_receive_queue_is_not_reset() {
+fn a_queue_pair_with_a_receive_queue_resets_and_receives_on() {
     let ctx = Context::open(Provider::Soft).unwrap();
     let q = qp(
         &ctx,
         16,
         QpConfig {
-            receive: Some(ReceiveConfig::default()),
+            receive: Some(ReceiveConfig { size: 8, max_bufs: 1 }),
+            min_rnr_timer: 1,
             ..Default::default()
         },
     );
     q.connect(&q.endpoint()).unwrap();
-    // SAFETY: no poster.
-    let err = unsafe { q.reset() }.unwrap_err();
-    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-    assert_eq!(q.state(), QpState::Rts);
+    let mr = ctx.alloc_region(1 << 16, Access::ALL).unwrap();
+    let data = pattern(11, 4096);
+    mr.write(0, &data).unwrap();
+    // SAFETY: the views do not outlive the QP; this thread alone uses them.
+    let (sq, rq) = unsafe { (q.cpu::<Exclusive>().unwrap(), q.cpu_receive::<Exclusive>().unwrap()) };
+    let round = |from: u64, messages: u64| {
+        for m in from..from + messages {
+            let r = rq.post_recv_one(mr.local(8192 + (m % 8) * 512), 512).unwrap();
+            sq.wait(sq.send_imm(mr.local((m % 8) * 256), 256, m as u32).unwrap())
+                .unwrap();
+            let got = rq.poll(r).unwrap();
+            assert_eq!(got.imm(), Some(m as u32), "message {m}");
+            let mut back = vec![0u8; 256];
+            mr.read(8192 + (m % 8) * 512, &mut back).unwrap();
+            assert_eq!(back, data[(m % 8) as usize * 256..][..256], "message {m}");
+        }
+    };
+    round(0, 13);
+    // Two receives left posted, then an error.
+    let waiting = [
+        rq.post_recv_one(mr.local(8192), 512).unwrap(),
+        rq.post_recv_one(mr.local(8704), 512).unwrap(),
+    ];
+    let bad = gdaki_device::Remote {
+        addr: mr.remote(0).addr,
+        rkey: mr.rkey() ^ 0x5a5a,
+    };
+    assert!(sq.wait(sq.put(bad, mr.local(0), 8).unwrap()).is_err());
+    // SAFETY: nothing posts until the connect has returned.
+    unsafe { q.reset() }.unwrap();
+    q.connect(&q.endpoint()).unwrap();
+    // The two posted before were flushed and their completions consumed by the reset: the next
+    // receive's ticket follows them.
+    assert_eq!(rq.post_recv_one(mr.local(8192), 512).unwrap(), waiting[1] + 1);
+    sq.wait(sq.send_imm(mr.local(0), 256, 77).unwrap()).unwrap();
+    assert_eq!(rq.poll(waiting[1] + 1).unwrap().imm(), Some(77));
+    round(16, 21);
+    assert_eq!(q.error(), None);
 }

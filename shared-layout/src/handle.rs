@@ -305,12 +305,13 @@ pub struct DevQp {
 }
 
 /// [`DevRq`]'s size and its fields' offsets.
-const DEV_RQ_LAYOUT: [usize; 12] = {
+const DEV_RQ_LAYOUT: [usize; 13] = {
     use core::mem::{offset_of, size_of};
     [
         size_of::<DevRq>(),
         offset_of!(DevRq, rq_reserved),
         offset_of!(DevRq, rq_ready),
+        offset_of!(DevRq, index_base),
         offset_of!(DevRq, rq_base),
         offset_of!(DevRq, rq_dbrec),
         offset_of!(DevRq, timeout_ns),
@@ -336,8 +337,12 @@ pub struct DevRq {
     pub rq_reserved: u64,
     /// Hot: receives whose WQEs are written and announced in the doorbell record, in order.
     pub rq_ready: u64,
+    /// Hot: the receive index the queue's WQE 0 and record count 0 stand for: 0, or where a
+    /// QP reset started the hardware's receive counter again (the receive CQ keeps its place,
+    /// and receive indices are its CQE indices). Changes only while nobody posts.
+    pub index_base: u64,
     /// Pads the hot line.
-    pub hot_pad: [u64; 6],
+    pub hot_pad: [u64; 5],
     /// Address of receive WQE 0 (`1 << log_size` WQEs of `16 << log_stride` bytes).
     pub rq_base: u64,
     /// Address of the receive word of the QP doorbell record (record + 0).
@@ -374,6 +379,7 @@ const _: () = {
     use core::mem::{align_of, offset_of, size_of};
     assert!(size_of::<DevRq>() == 256 && align_of::<DevRq>() == 64);
     assert!(offset_of!(DevRq, rq_reserved) == 0 && offset_of!(DevRq, rq_ready) == 8);
+    assert!(offset_of!(DevRq, index_base) == 16);
     assert!(offset_of!(DevRq, rq_base) == 64 && offset_of!(DevRq, rq_dbrec) == 72);
     assert!(offset_of!(DevRq, timeout_ns) == 80 && offset_of!(DevRq, qpn) == 88);
     assert!(offset_of!(DevRq, log_size) == 92 && offset_of!(DevRq, log_stride) == 96);

@@ -110,7 +110,7 @@ fn layouts() -> Vec<Layout> {
             const_pad, cq
         }),
         layout!(DevRq as "gdaki_dev_rq" {
-            rq_reserved, rq_ready, hot_pad, rq_base, rq_dbrec, timeout_ns, qpn, log_size, log_stride,
+            rq_reserved, rq_ready, index_base, hot_pad, rq_base, rq_dbrec, timeout_ns, qpn, log_size, log_stride,
             flags, version_pad, version, const_pad, cq
         }),
         layout!(DevRemote as "gdaki_remote_region" { addr, len, rkey, reserved }),

@@ -975,8 +975,8 @@ enum gdaki_status gdaki_qp_connect(const struct gdaki_qp *qp, const struct gdaki
  * Back to RESET from any state, after an error for instance: what is outstanding is flushed
  * and its completions consumed, then 2RST. `gdaki_qp_connect` (the peer resets and connects
  * too) makes the QP post again through the same handles (the host one and every GPU export),
- * its tickets going on. A QP with a receive queue or rings in GPU memory is
- * `GDAKI_STATUS_UNSUPPORTED`.
+ * its tickets going on; receives posted before are flushed, their completions consumed. A QP
+ * with rings in GPU memory is `GDAKI_STATUS_UNSUPPORTED`.
  *
  * # Safety
  * `qp` is NULL or a QP handle, and nothing (host thread or kernel) posts on it or waits on it

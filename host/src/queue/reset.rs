@@ -9,15 +9,17 @@
 //! library posts NOPs without CQEs until the send queue's counter equals the CQ's modulo 2^16
 //! (every ring size divides it), one signalled NOP closing each ring's worth, then sets the
 //! handles' counters to the CQ's: the posters' code is the same before and after, and no
-//! hot-path field was added for it.
+//! hot-path field was added for it. The receive side cannot be padded so (a receive completes
+//! only when a message takes it): its handle keeps a base instead (`DevRq::index_base`, in the
+//! hot line posting reads anyway), which receives are posted and counted in the record less.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use gdaki_device::Exclusive;
+use gdaki_device::{Exclusive, WaitError};
 use gdaki_layout::ctrl::{CtrlSeg, CE_CQ_UPDATE};
 use gdaki_layout::handle::NO_ERROR;
 use gdaki_layout::prm::{command, Opcode};
-use gdaki_layout::{dbrec, doorbell, ring, CqeOpcode, DevQp, Segment, WqeOpcode};
+use gdaki_layout::{dbrec, doorbell, ring, CqeOpcode, DevQp, DevRq, Segment, WqeOpcode};
 
 use super::QueuePair;
 use crate::error::{Error, Result};
@@ -32,28 +34,30 @@ impl QueuePair {
     /// consumed), then 2RST. [`connect`](Self::connect) to the peer (which resets and connects
     /// too: RC needs both sides) makes the QP post again, through the same handles: the CPU
     /// one, views from [`cpu`](Self::cpu) and every GPU export keep working, their tickets
-    /// going on from where they were. Refused for a QP with a receive queue or with rings in
-    /// GPU memory (the CPU cannot realign those; see `docs/devx-provider.md`).
+    /// going on from where they were; receives posted before are flushed, their completions
+    /// consumed by the reset as the sends' are.
+    /// Refused for a QP with rings in GPU memory (the CPU writes the NOPs that realign the send
+    /// queue; see `docs/devx-provider.md`).
     ///
     /// # Safety
     /// No poster (CPU thread or kernel) uses the QP's handles from this call until `connect`
     /// has returned: the handles' counters are rewritten meanwhile.
     pub unsafe fn reset(&self) -> Result<()> {
-        if self.inner.rq.is_some() || self.rings_in_gpu_memory() {
+        if self.rings_in_gpu_memory() {
             return Err(Error::Unsupported {
-                what: "resetting a queue pair with a receive queue or rings in GPU memory",
-                why: "its receive counter cannot be realigned with its CQ, or the CPU cannot write the rings; \
-                      destroy and create it again"
-                    .into(),
+                what: "resetting a queue pair with rings in GPU memory",
+                why: "the CPU writes the NOPs that realign the send queue: destroy and create it again".into(),
             });
         }
         // The handle that posted (a GPU export's, when kernels did) is the one whose counters
         // went furthest: the CPU handle takes them, then drains through them.
         self.adopt_furthest_export()?;
+        self.adopt_furthest_receive_export()?;
         let next = match self.state() {
             QpState::Reset => self.pending_pad().unwrap_or_else(|| self.reserved()),
             _ => {
                 self.to_error()?;
+                self.drain_receives()?;
                 self.drain()?
             }
         };
@@ -63,6 +67,7 @@ impl QueuePair {
         // SAFETY: the QP's doorbell record (8-byte aligned, after the send queue in its umem,
         // host memory: refused above otherwise), alive with the QP.
         unsafe { &*record }.store(0, Ordering::Release);
+        self.rebase_receives()?;
         *lock(&self.inner.pad) = Some(next);
         tracing::debug!(qpn = format_args!("{:#x}", self.qpn()), next, "queue pair reset");
         Ok(())
@@ -92,6 +97,99 @@ impl QueuePair {
             let mine = unsafe { std::slice::from_raw_parts_mut(h as *mut u8, std::mem::size_of::<DevQp>()) };
             mine[HOT].copy_from_slice(&raw[HOT]);
             mine[cq_hot.clone()].copy_from_slice(&raw[cq_hot]);
+        }
+        Ok(())
+    }
+
+    /// [`adopt_furthest_export`](Self::adopt_furthest_export) for the receive handles.
+    fn adopt_furthest_receive_export(&self) -> Result<()> {
+        let Some(h) = self.receive_handle() else { return Ok(()) };
+        // SAFETY: the CPU receive handle, alive with self; no poster now (reset's contract).
+        let mut most = unsafe { (*h).rq_reserved };
+        let mut best: Option<DevRq> = None;
+        for export in lock(&self.inner.recv_exports)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            let mut raw = [0u8; std::mem::size_of::<DevRq>()];
+            export.read(0, &mut raw)?;
+            let theirs: DevRq = bytemuck::pod_read_unaligned(&raw);
+            if theirs.rq_reserved > most {
+                most = theirs.rq_reserved;
+                best = Some(theirs);
+            }
+        }
+        if let Some(t) = best {
+            // SAFETY: as above.
+            unsafe {
+                (*h).rq_reserved = t.rq_reserved;
+                (*h).rq_ready = t.rq_ready;
+                (*h).index_base = t.index_base;
+                (*h).cq.consumed = t.cq.consumed;
+                (*h).cq.error = t.cq.error;
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumes the completions of every receive posted (flushed, the QP being in error).
+    fn drain_receives(&self) -> Result<()> {
+        if self.receive_handle().is_none() {
+            return Ok(());
+        }
+        // SAFETY: host rings (checked by the caller); no other poster (reset's contract).
+        let rq = unsafe { self.cpu_receive::<Exclusive>() }?;
+        let h = self.receive_handle().expect("checked above");
+        // SAFETY: the CPU receive handle's counters, read atomically.
+        let (consumed, reserved) = unsafe {
+            (
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*h).cq.consumed)).load(Ordering::Acquire),
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*h).rq_reserved)).load(Ordering::Acquire),
+            )
+        };
+        for index in consumed..reserved {
+            match rq.poll(index) {
+                // A flushed receive is what a QP in error gives back; a timeout is not.
+                Ok(_) | Err(WaitError::Cqe(_)) => {}
+                Err(e) => {
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "flushing the receives of queue pair {:#x} before its reset ({e})",
+                            self.qpn()
+                        ),
+                        after: self.timeout(),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After 2RST the hardware counts receives from 0 again while the receive CQ keeps its
+    /// place: every receive handle's base becomes the next receive index (receives are posted
+    /// at their index less the base, the record counts from it), nothing consumed past it, no
+    /// error.
+    fn rebase_receives(&self) -> Result<()> {
+        let Some(h) = self.receive_handle() else { return Ok(()) };
+        // SAFETY: the CPU receive handle, alive with self; no poster now (reset's contract).
+        let fresh = unsafe {
+            let next = (*h).rq_reserved;
+            (*h).rq_ready = next;
+            (*h).index_base = next;
+            (*h).cq.consumed = next;
+            (*h).cq.error = NO_ERROR;
+            h.read()
+        };
+        let bytes = bytemuck::bytes_of(&fresh);
+        let hot = 0..std::mem::offset_of!(DevRq, hot_pad);
+        let cq_at = std::mem::offset_of!(DevRq, cq);
+        let cq_hot = cq_at..cq_at + std::mem::offset_of!(gdaki_layout::DevCq, hot_pad);
+        for export in lock(&self.inner.recv_exports)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            export.write(hot.start, &bytes[hot.clone()])?;
+            export.write(cq_hot.start, &bytes[cq_hot.clone()])?;
         }
         Ok(())
     }
