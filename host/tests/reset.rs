@@ -171,3 +171,32 @@ fn a_queue_pair_with_a_receive_queue_resets_and_receives_on() {
     round(16, 21);
     assert_eq!(q.error(), None);
 }
+
+/// Receives posted before a first connect, then a reset of the fresh QP: they are flushed and
+/// consumed too, so the receive CQ accounts for them and later receives complete in place.
+#[test]
+fn receives_posted_before_the_first_connect_are_flushed_by_a_reset() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let q = qp(
+        &ctx,
+        16,
+        QpConfig {
+            receive: Some(ReceiveConfig { size: 8, max_bufs: 1 }),
+            ..Default::default()
+        },
+    );
+    let mr = ctx.alloc_region(1 << 16, Access::ALL).unwrap();
+    // SAFETY: the views do not outlive the QP; this thread alone uses them.
+    let (sq, rq) = unsafe { (q.cpu::<Exclusive>().unwrap(), q.cpu_receive::<Exclusive>().unwrap()) };
+    for i in 0..3 {
+        rq.post_recv_one(mr.local(4096 * i), 4096).unwrap();
+    }
+    // SAFETY: nothing posts until the connect has returned.
+    unsafe { q.reset() }.unwrap();
+    q.connect(&q.endpoint()).unwrap();
+    let r = rq.post_recv_one(mr.local(0), 4096).unwrap();
+    assert_eq!(r, 3, "the three flushed receives are behind");
+    sq.wait(sq.send_inline(b"after").unwrap()).unwrap();
+    assert_eq!(rq.poll(r).unwrap().bytes, 5);
+    assert_eq!(q.error(), None);
+}

@@ -53,9 +53,12 @@ impl QueuePair {
         // went furthest: the CPU handle takes them, then drains through them.
         self.adopt_furthest_export()?;
         self.adopt_furthest_receive_export()?;
-        let next = match self.state() {
-            QpState::Reset => self.pending_pad().unwrap_or_else(|| self.reserved()),
-            _ => {
+        let next = match self.pending_pad() {
+            // Reset again before a connect: nothing can have been posted since.
+            Some(next) => next,
+            // From any state, RESET included (receives may be posted before a first connect):
+            // what is outstanding completes flushed, so the CQs account for every WQE.
+            None => {
                 self.to_error()?;
                 self.drain_receives()?;
                 self.drain()?
