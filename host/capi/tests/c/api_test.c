@@ -326,6 +326,38 @@ static void data_path(void) {
     OK(gdaki_region_read(dst, 32, back, sizeof back));
     CHECK(memcmp(back, word, sizeof word) == 0);
 
+    /* A counter: a cross-channel companion adds to a word once the put it waits for is done. */
+    {
+        gdaki_qp_config cc;
+        OK(gdaki_qp_config_init(&cc));
+        CHECK(cc.cross_channel == 0);
+        cc.sq_size = 64;
+        cc.cross_channel = 2;
+        gdaki_cq *ccq = NULL;
+        OK(gdaki_cq_create(ctx, 64, NULL, &ccq));
+        gdaki_qp *comp = NULL;
+        EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_create(ctx, ccq, &cc, &comp));
+        cc.cross_channel = 1;
+        OK(gdaki_qp_create(ctx, ccq, &cc, &comp));
+        gdaki_endpoint ce;
+        OK(gdaki_qp_endpoint(comp, &ce));
+        OK(gdaki_qp_connect(comp, &ce));
+        gdaki_dev_qp *ch = NULL;
+        OK(gdaki_qp_host_handle(comp, &ch));
+        uint64_t zero8 = 0, counted = 0, now8 = 0;
+        OK(gdaki_region_write(dst, 4096 + 64, &zero8, sizeof zero8));
+        CHECK(gdaki_put_inline_thread_exclusive(h, d.addr + 48, d.rkey, word, sizeof word, 0, &ticket) == GDAKI_OK);
+        CHECK(gdaki_count_when_done_thread_exclusive(ch, h, ticket, d.addr + 4096 + 64, d.rkey, 7, s.addr + 8192,
+                                                     s.lkey, 0, &counted) == GDAKI_OK);
+        CHECK(gdaki_count_when_done_thread_exclusive(ch, NULL, ticket, d.addr + 4096 + 64, d.rkey, 7, s.addr + 8192,
+                                                     s.lkey, 0, NULL) == GDAKI_CODE_BAD_HANDLE);
+        CHECK(gdaki_wait_thread_exclusive(ch, counted) == GDAKI_OK);
+        OK(gdaki_region_read(dst, 4096 + 64, &now8, sizeof now8));
+        CHECK(now8 == 7);
+        OK(gdaki_qp_destroy(comp));
+        OK(gdaki_cq_destroy(ccq));
+    }
+
     /* A second protection domain: its region's key is refused by a QP of the first. */
     gdaki_context *tenant = NULL;
     EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_alloc_pd(ctx, NULL));
