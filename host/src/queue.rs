@@ -276,9 +276,9 @@ pub(crate) struct Qp {
     /// After a reset: the next ticket, which the next connect realigns the send queue with.
     pad: Mutex<Option<u64>>,
     /// The handles of live GPU exports, whose counters a reset rewrites.
-    exports: Mutex<Vec<std::sync::Weak<gdaki_cuda::DeviceBuffer>>>,
+    exports: reset::Exports,
     /// The receive handles of live GPU exports, likewise.
-    recv_exports: Mutex<Vec<std::sync::Weak<gdaki_cuda::DeviceBuffer>>>,
+    recv_exports: reset::Exports,
     ctx: Arc<ContextInner>,
 }
 
@@ -656,8 +656,8 @@ impl QueuePair {
             peer_rd_atomic: AtomicU8::new(0),
             proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
             pad: Mutex::new(None),
-            exports: Mutex::new(Vec::new()),
-            recv_exports: Mutex::new(Vec::new()),
+            exports: Default::default(),
+            recv_exports: Default::default(),
             ctx: ctx.clone(),
         });
         let handle = HostBuffer::new("a device QP handle", std::mem::size_of::<DevQp>())?;
@@ -1260,11 +1260,7 @@ impl QueuePair {
         dev.cq.dbrec = cqe_base + (cq.dbrec() - cq.ring());
         let handle = Arc::new(gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevQp>())?);
         handle.write(0, bytemuck::bytes_of(&dev))?;
-        {
-            let mut exports = lock(&q.exports);
-            exports.retain(|e| e.strong_count() > 0);
-            exports.push(Arc::downgrade(&handle));
-        }
+        q.exports.add(&handle);
         let (recv_handle, recv_view) = match (&q.rq, rcqe_base) {
             (Some(r), Some(base)) => {
                 let timeout = Duration::from_nanos(dev.timeout_ns);
@@ -1280,11 +1276,7 @@ impl QueuePair {
                 }
                 let h = Arc::new(gdaki_cuda::DeviceBuffer::zeroed(gpu, std::mem::size_of::<DevRq>())?);
                 h.write(0, bytemuck::bytes_of(&dev_rq))?;
-                {
-                    let mut exports = lock(&q.recv_exports);
-                    exports.retain(|e| e.strong_count() > 0);
-                    exports.push(Arc::downgrade(&h));
-                }
+                q.recv_exports.add(&h);
                 (Some(h), Some(dev_rq))
             }
             _ => (None, None),

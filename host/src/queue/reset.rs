@@ -12,22 +12,112 @@
 //! hot-path field was added for it. The receive side cannot be padded so (a receive completes
 //! only when a message takes it): its handle keeps a base instead (`DevRq::index_base`, in the
 //! hot line posting reads anyway), which receives are posted and counted in the record less.
+use std::mem::{offset_of, size_of};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use gdaki_device::{Exclusive, WaitError};
 use gdaki_layout::ctrl::{CtrlSeg, CE_CQ_UPDATE};
 use gdaki_layout::handle::NO_ERROR;
 use gdaki_layout::prm::{command, Opcode};
-use gdaki_layout::{dbrec, doorbell, ring, CqeOpcode, DevQp, DevRq, Segment, WqeOpcode};
+use gdaki_layout::{dbrec, doorbell, ring, CqeOpcode, DevCq, DevQp, DevRq, Segment, WqeOpcode};
 
 use super::QueuePair;
 use crate::error::{Error, Result};
 use crate::lock;
 use gdaki_devx::QpState;
 
-/// Byte offsets of the hot counters in a `DevQp` (the exports are rewritten there).
-const HOT: std::ops::Range<usize> = 0..std::mem::offset_of!(DevQp, lock_pad);
+/// The live GPU copies of one kind of a QP's handles (its `DevQp`s or its `DevRq`s), which a
+/// reset reads back and rewrites.
+#[derive(Default)]
+pub(super) struct Exports(Mutex<Vec<Weak<gdaki_cuda::DeviceBuffer>>>);
+
+impl Exports {
+    /// Adds an export's handle (and forgets the gone ones).
+    pub(super) fn add(&self, handle: &Arc<gdaki_cuda::DeviceBuffer>) {
+        let mut live = lock(&self.0);
+        live.retain(|e| e.strong_count() > 0);
+        live.push(Arc::downgrade(handle));
+    }
+
+    fn live(&self) -> Vec<Arc<gdaki_cuda::DeviceBuffer>> {
+        lock(&self.0).iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// A handle whose hot words (its counters and its CQ's) a reset moves between the CPU handle
+/// and the exports.
+trait Hot: bytemuck::Pod {
+    /// Their byte ranges: the handle's hot line up to its padding, then its CQ's.
+    const HOT: [Range<usize>; 2];
+    /// Slots reserved through this handle: the one that reserved most is the one that posted.
+    fn reserved(&self) -> u64;
+}
+
+/// The byte range of a `DevCq`'s hot words at `at`.
+const fn cq_hot(at: usize) -> Range<usize> {
+    at..at + offset_of!(DevCq, hot_pad)
+}
+
+impl Hot for DevQp {
+    const HOT: [Range<usize>; 2] = [0..offset_of!(DevQp, lock_pad), cq_hot(offset_of!(DevQp, cq))];
+    fn reserved(&self) -> u64 {
+        self.sq_reserved
+    }
+}
+
+impl Hot for DevRq {
+    const HOT: [Range<usize>; 2] = [0..offset_of!(DevRq, hot_pad), cq_hot(offset_of!(DevRq, cq))];
+    fn reserved(&self) -> u64 {
+        self.rq_reserved
+    }
+}
+
+/// Copies into the CPU handle `cpu` the hot words of the export that reserved the most, if
+/// one reserved more than `cpu`: only one handle posts at a time, so that one holds the QP's
+/// true counters.
+///
+/// # Safety
+/// `cpu` is a live CPU handle that no poster uses now (reset's contract).
+unsafe fn adopt_furthest<H: Hot>(cpu: *mut H, exports: &Exports) -> Result<()> {
+    // SAFETY: the caller's contract.
+    let mut most = unsafe { cpu.read() }.reserved();
+    let mut best = None;
+    for export in exports.live() {
+        let mut theirs = H::zeroed();
+        export.read(0, bytemuck::bytes_of_mut(&mut theirs))?;
+        if theirs.reserved() > most {
+            most = theirs.reserved();
+            best = Some(theirs);
+        }
+    }
+    if let Some(theirs) = best {
+        // SAFETY: the caller's contract: the CPU handle's bytes, alive, unused now.
+        let mine = unsafe { std::slice::from_raw_parts_mut(cpu as *mut u8, size_of::<H>()) };
+        for r in H::HOT {
+            mine[r.clone()].copy_from_slice(&bytemuck::bytes_of(&theirs)[r]);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the CPU handle `cpu`'s hot words into every export.
+///
+/// # Safety
+/// As [`adopt_furthest`].
+unsafe fn publish<H: Hot>(cpu: *const H, exports: &Exports) -> Result<()> {
+    // SAFETY: the caller's contract.
+    let fresh = unsafe { cpu.read() };
+    let bytes = bytemuck::bytes_of(&fresh);
+    for export in exports.live() {
+        for r in H::HOT {
+            export.write(r.start, &bytes[r])?;
+        }
+    }
+    Ok(())
+}
 
 impl QueuePair {
     /// Back to RESET from any state: whatever is outstanding is flushed (and its completions
@@ -51,8 +141,11 @@ impl QueuePair {
         }
         // The handle that posted (a GPU export's, when kernels did) is the one whose counters
         // went furthest: the CPU handle takes them, then drains through them.
-        self.adopt_furthest_export()?;
-        self.adopt_furthest_receive_export()?;
+        // SAFETY (both): the live CPU handles, which no poster uses now (this call's contract).
+        unsafe { adopt_furthest(self.device_handle(), &self.inner.exports) }?;
+        if let Some(h) = self.receive_handle() {
+            unsafe { adopt_furthest(h, &self.inner.recv_exports) }?;
+        }
         let next = match self.pending_pad() {
             // Reset again before a connect: nothing can have been posted since.
             Some(next) => next,
@@ -73,65 +166,6 @@ impl QueuePair {
         self.rebase_receives()?;
         *lock(&self.inner.pad) = Some(next);
         tracing::debug!(qpn = format_args!("{:#x}", self.qpn()), next, "queue pair reset");
-        Ok(())
-    }
-
-    /// Copies into the CPU handle the hot words (the QP's and its CQ's) of the live GPU export
-    /// that reserved the most, if one reserved more than the CPU handle: only one handle posts
-    /// at a time, so that one holds the QP's true counters.
-    fn adopt_furthest_export(&self) -> Result<()> {
-        let h = self.device_handle();
-        let cq_at = std::mem::offset_of!(DevQp, cq);
-        let cq_hot = cq_at..cq_at + std::mem::offset_of!(gdaki_layout::DevCq, hot_pad);
-        let mut best: Option<[u8; std::mem::size_of::<DevQp>()]> = None;
-        let mut most = self.reserved();
-        for export in lock(&self.inner.exports).iter().filter_map(std::sync::Weak::upgrade) {
-            let mut raw = [0u8; std::mem::size_of::<DevQp>()];
-            export.read(0, &mut raw)?;
-            let theirs: DevQp = bytemuck::pod_read_unaligned(&raw);
-            if theirs.sq_reserved > most {
-                most = theirs.sq_reserved;
-                best = Some(raw);
-            }
-        }
-        if let Some(raw) = best {
-            // SAFETY: the CPU handle's bytes (host memory, alive with self), which no poster
-            // uses now (reset's contract): its hot words take the export's.
-            let mine = unsafe { std::slice::from_raw_parts_mut(h as *mut u8, std::mem::size_of::<DevQp>()) };
-            mine[HOT].copy_from_slice(&raw[HOT]);
-            mine[cq_hot.clone()].copy_from_slice(&raw[cq_hot]);
-        }
-        Ok(())
-    }
-
-    /// [`adopt_furthest_export`](Self::adopt_furthest_export) for the receive handles.
-    fn adopt_furthest_receive_export(&self) -> Result<()> {
-        let Some(h) = self.receive_handle() else { return Ok(()) };
-        // SAFETY: the CPU receive handle, alive with self; no poster now (reset's contract).
-        let mut most = unsafe { (*h).rq_reserved };
-        let mut best: Option<DevRq> = None;
-        for export in lock(&self.inner.recv_exports)
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-        {
-            let mut raw = [0u8; std::mem::size_of::<DevRq>()];
-            export.read(0, &mut raw)?;
-            let theirs: DevRq = bytemuck::pod_read_unaligned(&raw);
-            if theirs.rq_reserved > most {
-                most = theirs.rq_reserved;
-                best = Some(theirs);
-            }
-        }
-        if let Some(t) = best {
-            // SAFETY: as above.
-            unsafe {
-                (*h).rq_reserved = t.rq_reserved;
-                (*h).rq_ready = t.rq_ready;
-                (*h).index_base = t.index_base;
-                (*h).cq.consumed = t.cq.consumed;
-                (*h).cq.error = t.cq.error;
-            }
-        }
         Ok(())
     }
 
@@ -175,38 +209,19 @@ impl QueuePair {
     fn rebase_receives(&self) -> Result<()> {
         let Some(h) = self.receive_handle() else { return Ok(()) };
         // SAFETY: the CPU receive handle, alive with self; no poster now (reset's contract).
-        let fresh = unsafe {
+        unsafe {
             let next = (*h).rq_reserved;
             (*h).rq_ready = next;
             (*h).index_base = next;
             (*h).cq.consumed = next;
             (*h).cq.error = NO_ERROR;
-            h.read()
-        };
-        let bytes = bytemuck::bytes_of(&fresh);
-        let hot = 0..std::mem::offset_of!(DevRq, hot_pad);
-        let cq_at = std::mem::offset_of!(DevRq, cq);
-        let cq_hot = cq_at..cq_at + std::mem::offset_of!(gdaki_layout::DevCq, hot_pad);
-        for export in lock(&self.inner.recv_exports)
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-        {
-            export.write(hot.start, &bytes[hot.clone()])?;
-            export.write(cq_hot.start, &bytes[cq_hot.clone()])?;
+            publish(h, &self.inner.recv_exports)
         }
-        Ok(())
     }
 
     /// The next ticket a pending reset left (realigned at the next connect), if any.
     pub(super) fn pending_pad(&self) -> Option<u64> {
         *lock(&self.inner.pad)
-    }
-
-    /// WQEs reserved on the CPU handle.
-    fn reserved(&self) -> u64 {
-        // SAFETY: the handle lives with self; its counter is read atomically.
-        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.device_handle()).sq_reserved)) }
-            .load(Ordering::Acquire)
     }
 
     /// Rings what was posted and not rung, then consumes every completion up to the last WQE
@@ -343,16 +358,7 @@ impl QueuePair {
             (*h).db_lock = 0;
             (*h).cq.consumed = next;
             (*h).cq.error = NO_ERROR;
+            publish(h, &self.inner.exports)
         }
-        // SAFETY: as above, read back whole.
-        let fresh = unsafe { h.read() };
-        let bytes = bytemuck::bytes_of(&fresh);
-        let cq_at = std::mem::offset_of!(DevQp, cq);
-        let cq_hot = cq_at..cq_at + std::mem::offset_of!(gdaki_layout::DevCq, hot_pad);
-        for export in lock(&self.inner.exports).iter().filter_map(std::sync::Weak::upgrade) {
-            export.write(HOT.start, &bytes[HOT])?;
-            export.write(cq_hot.start, &bytes[cq_hot.clone()])?;
-        }
-        Ok(())
     }
 }
