@@ -132,6 +132,24 @@ struct Peer {
     gdaki_qp *qp = nullptr;
     gdaki_gpu_qp *exported = nullptr;
     gdaki_dev_qp *handle = nullptr;
+
+    /** The handle posters take: exported to `gpu`, or the host one in CPU mode (gpu NULL). */
+    void publish(gdaki_gpu *gpu) {
+        if (gpu != nullptr) {
+            ok(gdaki_qp_export_gpu(qp, gpu, &exported), "gdaki_qp_export_gpu");
+            ok(gdaki_gpu_qp_handle(exported, &handle), "gdaki_gpu_qp_handle");
+        } else {
+            ok(gdaki_qp_host_handle(qp, &handle), "gdaki_qp_host_handle");
+        }
+    }
+
+    /** Frees the export before its queue pair, the queue pair before its CQ (each takes NULL). */
+    void destroy() {
+        gdaki_gpu_qp_destroy(exported);
+        gdaki_qp_destroy(qp);
+        gdaki_cq_destroy(cq);
+        *this = Peer{};
+    }
 };
 
 struct State {
@@ -164,12 +182,7 @@ struct State {
     ~State() {
         for (auto &w : windows) gdaki_region_destroy(w.second);
         for (gdaki_peer_map *m : maps) gdaki_peer_map_destroy(m);
-        // Exports before their queue pairs, queue pairs before their CQs; every destroy takes NULL.
-        for (Peer &p : peers) {
-            gdaki_gpu_qp_destroy(p.exported);
-            gdaki_qp_destroy(p.qp);
-            gdaki_cq_destroy(p.cq);
-        }
+        for (Peer &p : peers) p.destroy();
         gdaki_region_destroy(tables);
         gdaki_region_destroy(heap);
         gdaki_gpu_destroy(gpu);
@@ -425,12 +438,7 @@ void init(const gshmem_options *given) {
     s->handles.resize(n);
     for (uint32_t pe = 0; pe < n; pe++) {
         Peer &p = s->peers[pe];
-        if (s->gpu != nullptr) {
-            ok(gdaki_qp_export_gpu(p.qp, s->gpu, &p.exported), "gdaki_qp_export_gpu");
-            ok(gdaki_gpu_qp_handle(p.exported, &p.handle), "gdaki_gpu_qp_handle");
-        } else {
-            ok(gdaki_qp_host_handle(p.qp, &p.handle), "gdaki_qp_host_handle");
-        }
+        p.publish(s->gpu);
         s->handles[pe] = p.handle;
     }
     s->dev.version = GSHMEM_CTX_VERSION;
@@ -671,11 +679,8 @@ struct DevCommParts {
     void free_local() {
         gshmem_window_destroy(&signal_w);
         gshmem_window_destroy(&scratch_w);
-        // The QP goes before the counters its adds target, the export before its QP.
-        gdaki_gpu_qp_destroy(counter.exported);
-        gdaki_qp_destroy(counter.qp);
-        gdaki_cq_destroy(counter.cq);
-        counter = Peer{};
+        // The counter QP goes before the counters its adds target.
+        counter.destroy();
         gdaki_region_destroy(local);
         local = nullptr;
     }
@@ -691,12 +696,7 @@ struct DevCommParts {
         gdaki_endpoint ep;
         ok(gdaki_qp_endpoint(counter.qp, &ep), "gdaki_qp_endpoint");
         ok(gdaki_qp_connect(counter.qp, &ep), "counter QP: gdaki_qp_connect");
-        if (s.gpu != nullptr) {
-            ok(gdaki_qp_export_gpu(counter.qp, s.gpu, &counter.exported), "counter QP: gdaki_qp_export_gpu");
-            ok(gdaki_gpu_qp_handle(counter.exported, &counter.handle), "gdaki_gpu_qp_handle");
-        } else {
-            ok(gdaki_qp_host_handle(counter.qp, &counter.handle), "gdaki_qp_host_handle");
-        }
+        counter.publish(s.gpu);
     }
 };
 
