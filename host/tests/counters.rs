@@ -6,7 +6,7 @@ mod common;
 use common::{pattern, qp};
 use std::time::{Duration, Instant};
 
-use gdaki::{Access, Context, Error, Provider, QpConfig, QueuePair};
+use gdaki::{Access, Context, Error, MemoryRegion, Provider, QpConfig, QueuePair};
 use gdaki_device::{Exclusive, WaitError};
 use gdaki_layout::Syndrome;
 
@@ -22,6 +22,44 @@ fn companion(ctx: &Context) -> QueuePair {
     );
     c.connect(&c.endpoint()).unwrap();
     c
+}
+
+/// A data QP of one context connected to a peer QP of another, a companion beside the data QP,
+/// `bytes` of `pattern(seed)` at `src`, as many at `dst` on the peer's side, and a counter page.
+struct Rig {
+    main: QueuePair,
+    comp: QueuePair,
+    src: MemoryRegion,
+    dst: MemoryRegion,
+    counter: MemoryRegion,
+    data: Vec<u8>,
+    // Bound by the tests (a `..` would drop them at once): the QPs and regions above need
+    // their contexts and the peer QP.
+    _peer: QueuePair,
+    _contexts: (Context, Context),
+}
+
+fn rig(bytes: usize, seed: u64) -> Rig {
+    let (a, b) = (
+        Context::open(Provider::Soft).unwrap(),
+        Context::open(Provider::Soft).unwrap(),
+    );
+    let (main, peer) = (qp(&a, 64, QpConfig::default()), qp(&b, 64, QpConfig::default()));
+    main.connect(&peer.endpoint()).unwrap();
+    peer.connect(&main.endpoint()).unwrap();
+    let data = pattern(seed, bytes);
+    let src = a.alloc_region(bytes, Access::ALL).unwrap();
+    src.write(0, &data).unwrap();
+    Rig {
+        comp: companion(&a),
+        src,
+        dst: b.alloc_region(bytes, Access::ALL).unwrap(),
+        counter: a.alloc_region(4096, Access::ALL).unwrap(),
+        main,
+        data,
+        _peer: peer,
+        _contexts: (a, b),
+    }
 }
 
 /// Polls the 8 bytes at `offset` of `mr` until they read `want` (or 10 s pass).
@@ -41,19 +79,16 @@ fn await_u64(mr: &gdaki::MemoryRegion, offset: u64, want: u64) -> u64 {
 /// rung, the counter reads what was added, and the data is there before it.
 #[test]
 fn a_counter_advances_only_once_the_operation_it_waits_for_has_completed() {
-    let (a, b) = (
-        Context::open(Provider::Soft).unwrap(),
-        Context::open(Provider::Soft).unwrap(),
-    );
-    let (main, peer) = (qp(&a, 64, QpConfig::default()), qp(&b, 64, QpConfig::default()));
-    main.connect(&peer.endpoint()).unwrap();
-    peer.connect(&main.endpoint()).unwrap();
-    let comp = companion(&a);
-    let src = a.alloc_region(1 << 16, Access::ALL).unwrap();
-    let dst = b.alloc_region(1 << 16, Access::ALL).unwrap();
-    let counter = a.alloc_region(4096, Access::ALL).unwrap();
-    let data = pattern(3, 1 << 16);
-    src.write(0, &data).unwrap();
+    let Rig {
+        main,
+        comp,
+        src,
+        dst,
+        counter,
+        data,
+        _peer,
+        _contexts,
+    } = rig(1 << 16, 3);
     // SAFETY: the views do not outlive their QPs; this thread alone posts.
     let (m, c) = unsafe { (main.cpu::<Exclusive>().unwrap(), comp.cpu::<Exclusive>().unwrap()) };
 
@@ -90,19 +125,16 @@ fn a_counter_advances_only_once_the_operation_it_waits_for_has_completed() {
 /// comes after its put's CQE. (Across processes: `tcp.rs`, over TCP and shared memory.)
 #[test]
 fn each_large_put_is_counted_after_its_completion() {
-    let (a, b) = (
-        Context::open(Provider::Soft).unwrap(),
-        Context::open(Provider::Soft).unwrap(),
-    );
-    let (main, peer) = (qp(&a, 64, QpConfig::default()), qp(&b, 64, QpConfig::default()));
-    main.connect(&peer.endpoint()).unwrap();
-    peer.connect(&main.endpoint()).unwrap();
-    let comp = companion(&a);
-    let src = a.alloc_region(1 << 20, Access::ALL).unwrap();
-    let dst = b.alloc_region(1 << 20, Access::ALL).unwrap();
-    let counter = a.alloc_region(4096, Access::ALL).unwrap();
-    let data = pattern(9, 1 << 20);
-    src.write(0, &data).unwrap();
+    let Rig {
+        main,
+        comp,
+        src,
+        dst,
+        counter,
+        data,
+        _peer,
+        _contexts,
+    } = rig(1 << 20, 9);
     // SAFETY: as above.
     let (m, c) = unsafe { (main.cpu::<Exclusive>().unwrap(), comp.cpu::<Exclusive>().unwrap()) };
     for round in 1..=20u64 {
