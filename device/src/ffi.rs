@@ -82,6 +82,16 @@ unsafe fn posted(r: Result<Ticket, PostError>, ticket: *mut u64) -> u32 {
     }
 }
 
+/// Whether `qp` is a queue-pair handle of this layout (its version word matches).
+///
+/// # Safety
+/// `qp` is null or points to readable memory of a `DevQp`'s size.
+#[inline(always)]
+unsafe fn is_qp_handle(qp: *const DevQp) -> bool {
+    // SAFETY: readable per the contract; the constant line is written once, before any use.
+    !qp.is_null() && unsafe { addr_of!((*qp).version).read() } == DEV_QP_VERSION
+}
+
 /// Checks the handle, then runs `f` with it in the caller's scope.
 ///
 /// # Safety
@@ -89,8 +99,8 @@ unsafe fn posted(r: Result<Ticket, PostError>, ticket: *mut u64) -> u32 {
 /// it is an exported handle as [`Qp::from_raw`] requires, used in mode `M` by scope `S`.
 #[inline(always)]
 unsafe fn enter<M: Sharing, S: Scope>(qp: *mut DevQp, scope: Result<S, u32>, f: impl FnOnce(Qp<M, S>) -> u32) -> u32 {
-    // SAFETY: readable per the contract; the constant line is written once, before any use.
-    if qp.is_null() || unsafe { addr_of!((*qp).version).read() } != DEV_QP_VERSION {
+    // SAFETY: the contract.
+    if !unsafe { is_qp_handle(qp) } {
         return CODE_BAD_HANDLE;
     }
     match scope {
@@ -361,9 +371,8 @@ c_abi! {
         scratch: u64, scratch_lkey: u32, flags: u32, ticket: *mut u64,
     ) {
         let Some(qp) = flagged(qp, flags) else { return CODE_BAD_ARGUMENT };
-        // SAFETY: `data_qp` is null or readable as a handle (this function's contract); the
-        // constant line is written once, before any use.
-        if data_qp.is_null() || unsafe { addr_of!((*data_qp).version).read() } != DEV_QP_VERSION {
+        // SAFETY: `data_qp` is null or readable as a handle (this function's contract).
+        if !unsafe { is_qp_handle(data_qp) } {
             return CODE_BAD_HANDLE;
         }
         // SAFETY: a handle of this layout: its CQ number is a constant field.
