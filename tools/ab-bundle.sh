@@ -6,8 +6,8 @@
 #
 #   tools/ab-bundle.sh [-o DIR] REV...          (default DIR: ab-bundle, ignored by git)
 #   then, on the GPU machine:
-#   DIR/run.sh ROUNDS PROGRAM [ARGS...]         PROGRAM: put_bw, write_lat, bench-gpu_posting,
-#                                               bench-gpu_copier
+#   DIR/run.sh ROUNDS PROGRAM [ARGS...]         PROGRAM: put_bw, write_lat, sock_bw, sock_lat,
+#                                               bench-gpu_posting, bench-gpu_copier
 #
 # With the device tool of this workplace (about 10 MB per revision: five fit in its carry):
 #   run(command="ab-bundle/run.sh 3 put_bw -s 65536 -n 20000", carry=["ab-bundle"])
@@ -37,11 +37,16 @@ for rev in "$@"; do
     cd "$work/$short"
     cargo build --release --locked -q -p gdaki-examples --bin put_bw --bin write_lat
     cp "$CARGO_TARGET_DIR/release/put_bw" "$CARGO_TARGET_DIR/release/write_lat" "$work/"
+    # The socket perftests, where the revision has them.
+    for b in sock_bw sock_lat; do
+      cargo build --release --locked -q -p gdaki-examples --bin $b 2>/dev/null \
+        && cp "$CARGO_TARGET_DIR/release/$b" "$work/"
+    done
     cargo bench --locked -q -p gdaki --bench gpu_posting --bench gpu_copier --no-run --message-format=json 2>/dev/null \
       | "$root/tools/bench-executables.py" | while read -r exe name; do cp "$exe" "$work/bench-$name"; done
   )
   mkdir -p "$dir/$short"
-  for b in put_bw write_lat bench-gpu_posting bench-gpu_copier; do
+  for b in put_bw write_lat sock_bw sock_lat bench-gpu_posting bench-gpu_copier; do
     [[ -f $work/$b ]] || { echo "ab-bundle: $short has no $b" >&2; continue; }
     strip --strip-debug "$work/$b"
     gzip -c "$work/$b" >"$dir/$short/$b.gz"

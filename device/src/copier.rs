@@ -377,6 +377,62 @@ mod gpu {
         arch::warp_sync(FULL_WARP);
     }
 
+    /// Whether every descriptor from `first` (or, if later, the oldest one whose slot `k` has
+    /// not reused) through `m` is done, for store `k` ordered after them. A slot is reused only
+    /// once its descriptor was answered, so only the last ring's worth needs a look; the lanes
+    /// look at 32 at a time. `m` is clamped below `k` (a store never waits for itself or a later
+    /// one). Uniform across the warp; every lane calls this together.
+    ///
+    /// # Safety
+    /// As for [`serve`].
+    #[inline(always)]
+    unsafe fn done_through(work: &Work, first: u64, k: u64, m: u64, lane: u64) -> bool {
+        let ring = RING_SLOTS as u64;
+        let lo = if k + 1 > ring && k + 1 - ring > first {
+            k + 1 - ring
+        } else {
+            first
+        };
+        let m = if m < k { m } else { k.saturating_sub(1) };
+        let mut j = lo;
+        while j <= m {
+            let mine = j + lane;
+            // SAFETY: the slot of the work area (contract).
+            let done = mine > m || unsafe { ld_acquire_gpu(work.completed.add((mine & MASK) as usize)) } >= mine;
+            if arch::ballot(FULL_WARP, done) != FULL_WARP {
+                return false;
+            }
+            j += 32;
+        }
+        true
+    }
+
+    /// Orders this warp's next stores after what [`done_through`] acquired in every lane: the
+    /// lanes meet (a warp barrier orders memory among them), then lane 0 fences.
+    #[inline(always)]
+    fn after_acquired(lane: u64) {
+        arch::warp_sync(FULL_WARP);
+        if lane == 0 {
+            fence_gpu();
+        }
+    }
+
+    /// Waits until every descriptor up to `m` is done (see [`done_through`]), for store `k`,
+    /// then orders the warp's next stores after them. Cannot deadlock, as [`wait_done`].
+    ///
+    /// # Safety
+    /// As for [`serve`]; every lane of the warp calls this together.
+    #[inline(always)]
+    unsafe fn wait_through(work: &Work, first: u64, k: u64, m: u64, lane: u64) {
+        let mut polls = 0u32;
+        // SAFETY: the caller's contract.
+        while !unsafe { done_through(work, first, k, m, lane) } {
+            polls = polls.wrapping_add(1);
+            arch::backoff(polls / 64);
+        }
+        after_acquired(lane);
+    }
+
     /// When descriptor `k` was seen and started (GPU global timer), for its answer's stamps.
     #[derive(Clone, Copy)]
     struct Times {
@@ -531,6 +587,11 @@ mod gpu {
                 if (op == OP_COPY || op == OP_COPY_LIST) && arg1 >= first {
                     // SAFETY: the work area (contract).
                     unsafe { wait_done(work, arg1, lane) };
+                }
+                // A store ordered after the descriptors before it lands once they are all done.
+                if op == OP_STORE && arg1 >= first {
+                    // SAFETY: the work area (contract).
+                    unsafe { wait_through(work, first, k, arg1, lane) };
                 }
                 let t = Times {
                     seen: shfl_u64(FULL_WARP, d.seen, i),
@@ -733,6 +794,14 @@ mod gpu {
         }
         if arch::ballot(FULL_WARP, free) & 1 == 0 {
             return false;
+        }
+        // Likewise a store ordered after every descriptor up to `arg1`.
+        if op == OP_STORE && arg1 >= first {
+            // SAFETY: the work area (contract).
+            if !unsafe { done_through(work, first, n, arg1, lane) } {
+                return false;
+            }
+            after_acquired(lane);
         }
         let (dst, src, arg0) = (
             shfl_u64(FULL_WARP, d.dst, 0),

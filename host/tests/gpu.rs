@@ -1102,6 +1102,65 @@ fn copier_orders_what_needs_order() {
     assert_eq!(qp.error(), None);
 }
 
+/// An inline WRITE into GPU memory behind a put's GPU copy is a store the copier lands after
+/// the copy, without the engine waiting for the copy first: an observer on the GPU (a stream
+/// that waits for the flag, then copies the put's target) finds the whole put each round. If
+/// the copier served the store unordered, the observer would copy the target while the put
+/// still wrote it (a 4 MiB copy takes microseconds; a store, one).
+#[test]
+fn inline_flags_land_after_the_puts_before_them() {
+    use cudarc::driver::sys;
+    use gdaki::cuda::{stream_wait_u32, StreamWait};
+    let Some((gpu, _one)) = gpu_or_skip("inline_flags_land_after_the_puts_before_them") else {
+        return;
+    };
+    const N: usize = 4 << 20;
+    const ROUNDS: u32 = 20;
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let src = ctx.alloc_device_region(&gpu, 2 * N, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, N, Access::ALL).unwrap();
+    let flag = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let seen = cuda::DeviceBuffer::zeroed(&gpu, N).unwrap();
+    let data = pattern(9, 2 * N);
+    src.write(0, &data).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
+    let observer = gpu.context().new_stream().unwrap();
+    let stores = || gdaki_soft::copier::Copier::existing(&gpu).unwrap().stats().stores;
+    let before = stores();
+    for round in 1..=ROUNDS {
+        // The observer first: it waits for this round's flag, then copies the target.
+        gpu.context().bind_to_thread().unwrap();
+        // SAFETY: the flag word and both ranges lie in live allocations of this GPU until the
+        // stream is idle (synchronised below, before the next round).
+        unsafe {
+            stream_wait_u32(&observer, flag.remote(0).addr, StreamWait::Geq, round).unwrap();
+            sys::cuMemcpyDtoDAsync_v2(seen.device_addr(), dst.remote(0).addr, N, observer.cu_stream())
+                .result()
+                .unwrap();
+        }
+        // Each round puts the other half of `src`, so a stale or torn target shows.
+        let from = (round as usize % 2) * N;
+        dev.put(dst.remote(0), src.local(from as u64), N as u64).unwrap();
+        let t = dev.put_inline(flag.remote(0), &round.to_ne_bytes()).unwrap();
+        dev.wait(t).unwrap();
+        observer.synchronize().unwrap();
+        let mut got = vec![0u8; N];
+        seen.read(0, &mut got).unwrap();
+        assert!(
+            got == data[from..from + N],
+            "round {round}: the flag landed before the put's bytes"
+        );
+    }
+    assert_eq!(
+        stores() - before,
+        u64::from(ROUNDS),
+        "each flag was a store behind the put's copy"
+    );
+    assert_eq!(qp.error(), None);
+}
+
 /// GPU memory reaches a NIC through a dma-buf export of whole pages: device buffers start on a
 /// page and span whole pages, they export where the GPU supports dma-buf, and a range that does
 /// not start and end on page boundaries is refused with a clear error before the driver is asked.

@@ -21,7 +21,9 @@ pub const OP_COPY_LIST: u32 = 4;
 /// [`CopyDesc::op`]: store the `len` bytes (1 to [`STORE_MAX`]) carried in the descriptor
 /// itself, [`CopyDesc::src`] then [`CopyDesc::arg0`] in memory order, at `dst`. A small write
 /// from host memory (an inline WRITE, a signal word) goes this way: the kernel reads nothing
-/// but the descriptor, where a copy from the bounce buffer costs a second PCIe read.
+/// but the descriptor, where a copy from the bounce buffer costs a second PCIe read. With
+/// [`CopyDesc::arg1`] non-zero, the store lands only once every descriptor up to `arg1` is done
+/// (a put's inline flag after the put's copies, without the host waiting for them).
 pub const OP_STORE: u32 = 6;
 
 /// Most bytes an [`OP_STORE`] carries.
@@ -77,7 +79,8 @@ pub struct CopyDesc {
     pub arg0: u64,
     /// Second operand (compare-and-swap); for [`OP_COPY`] and [`OP_COPY_LIST`], the
     /// descriptor that must be done before this one starts (0: none): a copy onto bytes an
-    /// earlier copy still writes is ordered after it on the GPU, without the host waiting.
+    /// earlier copy still writes is ordered after it on the GPU, without the host waiting; for
+    /// [`OP_STORE`], the last of the descriptors that must all be done before it (0: none).
     pub arg1: u64,
     /// `OP_*`.
     pub op: u32,

@@ -127,6 +127,8 @@ pub struct CopierStats {
     /// Copies onto bytes several unordered earlier copies still wrote: the host waited for
     /// them.
     pub overlap_waits: u64,
+    /// Small writes queued behind every earlier descriptor ([`Copier::submit_store`]).
+    pub stores: u64,
 }
 
 impl std::fmt::Debug for Copier {
@@ -681,6 +683,38 @@ impl Copier {
             .map(|_| ())
     }
 
+    /// Queues a write of `data` (1 to [`STORE_MAX`] bytes, carried in the descriptor) to `addr`
+    /// that lands once every descriptor posted before it is done, and returns without waiting:
+    /// its sequence number, for [`done`](Self::done). What [`store`](Self::store) does, with
+    /// the waiting left to the GPU: an inline WRITE after a put's copies (a message's length
+    /// after its bytes) costs the engine no round trip to the GPU.
+    ///
+    /// # Safety
+    /// `addr..addr + data.len()` is writable by this copier's GPU (device memory of it, or host
+    /// memory mapped into it), and nothing else accesses it until the store is done.
+    pub unsafe fn submit_store(&self, addr: u64, data: &[u8]) -> Result<u64, DmaFault> {
+        if data.is_empty() || data.len() > STORE_MAX {
+            return Err(fault("store", "not 1 to 16 bytes"));
+        }
+        let mut carried = [0u8; STORE_MAX];
+        carried[..data.len()].copy_from_slice(data);
+        let word = |i: usize| u64::from_ne_bytes(carried[i..i + 8].try_into().unwrap_or_default());
+        let mut st = self.running(lock(&self.state))?;
+        // After the open list too: it is posted first, so it is among the descriptors before.
+        self.flush_open(&mut st)?;
+        let after = st.next - 1;
+        let n = self.post_now(
+            &mut st,
+            desc(OP_STORE, addr, word(0), data.len() as u64, word(8), after),
+        )?;
+        let end = addr + data.len() as u64;
+        // Ordered after everything, so after every copy onto its bytes too: a later copy onto
+        // them is ordered after it.
+        st.inflight.push(n, addr, end, after);
+        st.stats.stores += 1;
+        Ok(n)
+    }
+
     /// Moves `len` bytes between device memory at `dev` and host memory at `host`, through the
     /// bounce buffer, a chunk at a time; writes of at most [`STORE_MAX`] bytes travel in the
     /// descriptor instead ([`store`](Self::store)).
@@ -796,6 +830,26 @@ impl Pending {
         match self.way {
             Some(w) if w != way => self.settle(),
             _ => Ok(()),
+        }
+    }
+
+    /// Before a store through `copier` ordered after its earlier descriptors
+    /// ([`Copier::submit_store`]): waits for the pending copies on other copiers, which that
+    /// order does not cover, and for pending READs' (what is pending is then one way only).
+    pub fn before_store(&mut self, copier: &Arc<Copier>) -> Result<(), DmaFault> {
+        let elsewhere = self.copies.iter().any(|(c, _)| !Arc::ptr_eq(c, copier));
+        if elsewhere || self.way == Some(Way::Read) {
+            self.settle()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The copier of the pending copies when they are all on one.
+    pub fn only_copier(&self) -> Option<&Arc<Copier>> {
+        match self.copies.as_slice() {
+            [(c, _)] => Some(c),
+            _ => None,
         }
     }
 

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use gdaki_layout::copy::STORE_MAX;
 use gdaki_layout::Syndrome;
 use tracing::{debug, info, warn};
 
@@ -1345,6 +1346,8 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
         match req.op {
             Op::WriteRef { .. } => imports.pending().before(Way::Write).map_err(copy_failed)?,
             Op::ReadRef { .. } => imports.pending().before(Way::Read).map_err(copy_failed)?,
+            // A few bytes may be stored by the GPU behind its copies (`execute` decides).
+            Op::Write { len } if len as usize <= STORE_MAX => {}
             // What the CPU executes, and any answer with data, comes after the GPU's copies.
             _ => imports.settle().map_err(copy_failed)?,
         }
@@ -1567,6 +1570,21 @@ fn execute(
         Op::ReadRef { alloc, offset, len } => {
             let r = ipc::Reference { alloc, offset, len };
             by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r)?
+        }
+        Op::Write { len } if len as usize <= STORE_MAX => {
+            // An inline WRITE (a flag, a length): stored by the GPU behind the copies before
+            // it where one copier reaches the target, else written once they are done.
+            let mut data = [0u8; STORE_MAX];
+            let data = &mut data[..len as usize];
+            reader.read_exact(data, idle)?;
+            let pending = imports.pending();
+            match responder::store_by_gpu(hca, cache, pd, remote, data, pending, Syndrome::RemoteOp) {
+                Some(stored) => stored.map(|_| true),
+                None => {
+                    imports.settle().map_err(copy_failed)?;
+                    responder::write(hca, cache, pd, remote, data).map(|()| true)
+                }
+            }
         }
         Op::Write { len } => write_from_wire(hca, cache, pd, reader, &req, len, bounce, idle)?.map(|()| true),
         Op::Read { len } => {

@@ -397,6 +397,17 @@ pub(crate) fn execute(
                     return Ok(Executed::Copying { bytes, copier, seq });
                 }
             }
+            if let (Source::Inline { .. }, Target::Local(peer, tq)) = (&src, &mut *target) {
+                // A few inline bytes into GPU memory (or behind the GPU copies before them): a
+                // store by the GPU, after those copies, without the engine waiting for them.
+                let data = payload_bytes(&src, wqe, buf)?;
+                let store =
+                    responder::store_by_gpu(peer, regions, tq.pd, remote(r), data, copies, Syndrome::LocalAccess);
+                if let Some(store) = store {
+                    let (copier, seq) = store?;
+                    return Ok(Executed::Copying { bytes, copier, seq });
+                }
+            }
             settle(copies)?;
             if let (Source::Buffers(local), Target::Remote(link)) = (&src, &mut *target) {
                 // GPU memory to a peer process on this machine: a reference that the peer's

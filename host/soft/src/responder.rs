@@ -2,13 +2,14 @@
 //! NIC checks (the target QP's state, the rkey, bounds, access rights, atomic alignment) and
 //! answering with a NAK syndrome instead of touching memory when a check fails.
 use gdaki_device::Remote;
+use gdaki_layout::copy::STORE_MAX;
 use gdaki_layout::{CqeOpcode, Syndrome};
 use tracing::warn;
 
 use std::sync::Arc;
 
 use crate::completer::{self, RecvOutcome};
-use crate::copier::{Copier, Way};
+use crate::copier::{Copier, Pending, Way};
 use crate::dma::shared_copier;
 use crate::dma::Dma;
 use crate::objects::{RqCursor, SoftQp, SoftRq};
@@ -116,6 +117,51 @@ pub(crate) fn copy_by_gpu(
     // application's, as with a NIC's DMA.
     Some(match unsafe { copier.submit_copy(dst, src, len) } {
         Ok(seq) => Ok((copier, seq)),
+        Err(_) => Err(Syndrome::RemoteOp),
+    })
+}
+
+/// An RDMA WRITE of `data` (at most [`STORE_MAX`] bytes: an inline WRITE, a flag) into the
+/// region at `remote`, handed to a GPU copier as a store that lands after every descriptor
+/// posted to it before (see [`Copier::submit_store`]) and added to `pending`: the copier and
+/// the store's sequence number, not waited for. Taken when the region is device memory (its
+/// copier), or host memory mapped into the GPU of the copier that `pending`'s copies are on
+/// (which the WRITE must follow; else the CPU writes it once they are done). Copies pending on
+/// other copiers are waited for first (a failure there is `settle_failed`). `None`: not such a
+/// WRITE (the caller writes the bytes itself, after settling what is pending).
+pub(crate) fn store_by_gpu(
+    hca: &Hca,
+    cache: &mut RegionCache,
+    pd: u32,
+    remote: Remote,
+    data: &[u8],
+    pending: &mut Pending,
+    settle_failed: Syndrome,
+) -> Option<Result<(Arc<Copier>, u64), Syndrome>> {
+    if data.is_empty() || data.len() > STORE_MAX {
+        return None;
+    }
+    let len = data.len() as u64;
+    let region = match hca.region(cache, pd, remote.rkey, remote.addr, len, Access::REMOTE_WRITE) {
+        Some(r) => r.clone(),
+        None => return Some(Err(Syndrome::RemoteAccess)),
+    };
+    let copier = match (region.dma.gpu_copier(), pending.only_copier()) {
+        (Some(own), _) => own.clone(),
+        (None, Some(p)) if region.dma.gpu_mapped() => p.clone(),
+        _ => return None,
+    };
+    if pending.before_store(&copier).is_err() {
+        return Some(Err(settle_failed));
+    }
+    // SAFETY: the bytes lie in a live registered region with the remote-write right that this
+    // copier's GPU reaches (checked above); concurrent access is the application's, as with a
+    // NIC's DMA.
+    Some(match unsafe { copier.submit_store(remote.addr, data) } {
+        Ok(seq) => {
+            pending.add(&copier, seq, Way::Write);
+            Ok((copier, seq))
+        }
         Err(_) => Err(Syndrome::RemoteOp),
     })
 }
