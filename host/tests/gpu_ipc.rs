@@ -40,12 +40,17 @@ fn writes() -> Vec<(usize, u64, u64, u64)> {
     // Odd sizes and offsets, one GPU copy each on the peer.
     w.extend((0..16u64).map(|k| (0, 65536 + k * 4096 + 3, k * 4096 + 7, 4093)));
     // Large (more than the copier's bounce buffer).
-    w.push((0, 1 << 20, (1 << 20) + 1, (2 << 20) + 5));
+    w.push(OBSERVED);
     // Into host memory the peer's GPU maps (one GPU copy) and into plain host memory (bounced).
     w.push((1, 5, 11, 40_000));
     w.push((2, 9, 13, 30_000));
     w
 }
+
+/// The large WRITE of [`writes`] that the peer's observer checks once [`FLAG`] is set.
+const OBSERVED: (usize, u64, u64, u64) = (0, 1 << 20, (1 << 20) + 1, (2 << 20) + 5);
+/// Where in the peer's device region the requester's inline flag goes, after every WRITE.
+const FLAG: u64 = LEN as u64 - 16;
 
 /// The peer process (runs only when spawned by the tests below): serves, then checks what it
 /// was sent, and tells how many copies its copier was handed.
@@ -66,6 +71,26 @@ fn peer_process() {
     let host = ctx.alloc_region(HOST_LEN, Access::ALL).unwrap();
     let q = qp(&ctx, 64, QpConfig::default());
     let regions = vec![dev.remote_region(), pinned.remote_region(), host.remote_region()];
+    // An observer on this GPU: once the requester's flag lands, it copies what the large WRITE
+    // before the flag wrote, which must be all there (the flag is stored after the copies).
+    let (_, at, from, len) = OBSERVED;
+    let seen = gdaki::cuda::DeviceBuffer::zeroed(&gpu, len as usize).unwrap();
+    let observer = gpu.context().new_stream().unwrap();
+    gpu.context().bind_to_thread().unwrap();
+    // SAFETY: the flag word and both ranges lie in live allocations of this GPU, which outlive
+    // the stream's work (synchronised below).
+    unsafe {
+        use gdaki::cuda::{stream_wait_u32, StreamWait};
+        stream_wait_u32(&observer, dev.remote(FLAG).addr, StreamWait::Geq, 1).unwrap();
+        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(
+            seen.device_addr(),
+            dev.remote(at).addr,
+            len as usize,
+            observer.cu_stream(),
+        )
+        .result()
+        .unwrap();
+    }
     let mut ch = serve_hello(&q, regions);
     ch.sync(1).unwrap();
     ch.sync(2).unwrap();
@@ -85,6 +110,20 @@ fn peer_process() {
     }
     // The signal of the put_signal, after its put.
     ok &= dev.load_u64(LEN as u64 - 8).unwrap() == 1;
+    observer.synchronize().unwrap();
+    let mut got = vec![0u8; len as usize];
+    seen.read(0, &mut got).unwrap();
+    if got[..] != src[from as usize..(from + len) as usize] {
+        eprintln!("peer: the flag landed before the WRITE before it");
+        ok = false;
+    }
+    // The flag (inline bytes into device memory) was a store by the copier, whichever way the
+    // WRITEs before it came.
+    let stores = Copier::existing(&gpu).map_or(0, |c| c.stats().stores);
+    if stores == 0 {
+        eprintln!("peer: the flag was not a copier store");
+        ok = false;
+    }
     send_verdict(&mut ch, ok, copies);
 }
 
@@ -297,6 +336,8 @@ fn run(test: &str, mode: &str, ipc: bool, bad: Bad, peer_gpu: usize) -> Option<(
     for &(t, off, from, len) in &w[1..] {
         dev.put(at(t, off), src.local(from), len).unwrap();
     }
+    // The peer's observer waits for this flag, then checks the WRITEs before it landed.
+    dev.put_inline(at(0, FLAG), &1u32.to_ne_bytes()).unwrap();
     // Each range back where it came from in `src`, through the peer's memory.
     for &(t, off, from, len) in &w[1..] {
         dev.get(back.local(from), at(t, off), len).unwrap();
