@@ -880,18 +880,6 @@ impl Pending {
         result
     }
 
-    /// Whether every pending copy is done (then lets go of them), without waiting; `Err` once
-    /// a copier broke.
-    pub fn done(&mut self) -> Result<bool, DmaFault> {
-        for (copier, seq) in &self.copies {
-            if !copier.done(*seq)? {
-                return Ok(false);
-            }
-        }
-        self.release_done();
-        Ok(true)
-    }
-
     /// Hands the small copies gathered so far to their copiers' kernels (see
     /// [`Copier::flush`]).
     pub fn flush(&self) {

@@ -175,16 +175,6 @@ impl Reader {
         self.end - self.pos
     }
 
-    /// Whether more has come than was read, without waiting: `None` where the transport cannot
-    /// tell without a system call per look (TCP).
-    fn has_news(&self) -> Option<bool> {
-        match &self.s {
-            _ if self.buffered() > 0 => Some(true),
-            Inbound::Shm(rx) => Some(rx.has_news()),
-            Inbound::Tcp(_) => None,
-        }
-    }
-
     /// Reads from the shared ring `rx` from now on. Nothing may be left over from the socket:
     /// the peer sends nothing after the frame that switched.
     fn switch(&mut self, rx: shm::Rx) -> Result<(), Fault> {
@@ -1312,13 +1302,10 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             // memory is then released by the thread that dropped it), and acknowledge what
             // was executed.
             cache = RegionCache::default();
-            // What is acknowledged has landed. The next request may come before it has: it is
-            // executed meanwhile, and a later acknowledgement covers this one.
-            if let Some(seq) = unacked {
-                if landed_or_next(&mut imports, &reader)? {
-                    w.write_all(&Response::Ack { seq }.encode_head().map_err(io::Error::other)?)?;
-                    unacked = None;
-                }
+            if let Some(seq) = unacked.take() {
+                // What is acknowledged has landed.
+                imports.settle().map_err(copy_failed)?;
+                w.write_all(&Response::Ack { seq }.encode_head().map_err(io::Error::other)?)?;
             }
             w.flush()?;
         }
@@ -1416,35 +1403,6 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             }
         }
     }
-}
-
-/// How long a responder with nothing to read looks for its pending copies to land or for the
-/// next request before it just waits for the copies: a stream's next request usually comes
-/// within this, and its copies then overlap those before.
-const LANDED_SPIN: Duration = Duration::from_micros(200);
-
-/// Waits until the copies pending for the requests executed so far are done (`true`), unless
-/// the next request arrives first (`false`: it is executed while they land). Only where the
-/// transport tells without a system call (shared memory); elsewhere, and after
-/// [`LANDED_SPIN`], it just waits for the copies.
-fn landed_or_next(imports: &mut Imports, reader: &Reader) -> Result<bool, Fault> {
-    if reader.has_news().is_some() {
-        let start = Instant::now();
-        loop {
-            if imports.pending().done().map_err(copy_failed)? {
-                return Ok(true);
-            }
-            if reader.has_news() == Some(true) {
-                return Ok(false);
-            }
-            if start.elapsed() > LANDED_SPIN {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
-    imports.settle().map_err(copy_failed)?;
-    Ok(true)
 }
 
 /// Reads and drops the data that follows a request's head (WRITEs and SENDs carry some).

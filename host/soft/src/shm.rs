@@ -482,15 +482,6 @@ impl Rx {
         &self.watch
     }
 
-    /// Whether a read would find something at once: bytes, the end of the stream or a broken
-    /// ring (which the read then reports). Never waits.
-    pub fn has_news(&self) -> bool {
-        let ctl = self.seg.ctl(self.dir);
-        !matches!(self.available(), Ok(0))
-            || ctl.reader_closed.load(Ordering::Acquire) != 0
-            || ctl.writer_closed.load(Ordering::Acquire) != 0
-    }
-
     fn available(&self) -> io::Result<usize> {
         let tail = self.seg.ctl(self.dir).tail.load(Ordering::Acquire);
         match tail.wrapping_sub(self.head) {
