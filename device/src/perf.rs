@@ -4,7 +4,7 @@
 use gdaki_layout::perf::{PingPongSide, StreamOp};
 
 use crate::arch;
-use crate::qp::{Local, Qp, Remote};
+use crate::qp::{Local, Qp, Remote, MAX_INLINE, MAX_SEND_INLINE};
 use crate::rq::{RecvBuf, Rq};
 use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
@@ -162,6 +162,12 @@ pub fn post_only<M: Sharing, S: Scope>(
 /// A message is only rewritten after the peer's answer arrived, which the peer sent after
 /// receiving it, so the HCA never reads a post buffer being changed.
 ///
+/// A message of at most `side.inline_max` bytes (and at most what one WQE carries inline:
+/// [`MAX_INLINE`](crate::qp::MAX_INLINE) for a WRITE, [`MAX_SEND_INLINE`](crate::qp::MAX_SEND_INLINE)
+/// for a SEND) travels inline (perftest's latency tests do so by default): the post buffer's
+/// bytes are read once, before the first round, and each round only its flag changes, in the
+/// WQE and in the post buffer alike.
+///
 /// With `side.rq` set (`write_lat --send`, perftest's `ib_send_lat`) the messages are SENDs and
 /// each side waits for the completion of its next receive instead of a flag. It keeps
 /// [`RECEIVES_AHEAD`] receives into its poll buffer posted and reposts the one a message took
@@ -201,6 +207,15 @@ pub unsafe fn ping_pong<M: Sharing>(
         lkey: side.poll_lkey,
     };
     let recv_len = side.recv_len.max(size).min(u32::MAX as u64) as u32;
+    // Inline messages: the post buffer's bytes, read once (from host memory a read costs a PCIe
+    // round trip; one per round would be on the round trip's path).
+    let inline_cap = if rq.is_some() { MAX_SEND_INLINE } else { MAX_INLINE };
+    let inline = size <= side.inline_max as u64 && size as usize <= inline_cap;
+    let mut carried = [0u8; MAX_SEND_INLINE];
+    if inline {
+        // SAFETY: the post buffer holds `size` bytes (caller's contract), at most `carried`'s.
+        unsafe { core::ptr::copy_nonoverlapping(side.post as *const u8, carried.as_mut_ptr(), size as usize) };
+    }
     // The next message: its flag in the poll buffer, or the completion of the next receive.
     let arrived = |flag: u8| -> Result<(), PostError> {
         match rq {
@@ -232,7 +247,15 @@ pub unsafe fn ping_pong<M: Sharing>(
         // SAFETY: the post buffer is valid; the put's barrier makes the byte visible to the
         // HCA before its doorbell.
         unsafe { post_flag.write_volatile(flag) };
-        if rq.is_some() {
+        if inline {
+            carried[size as usize - 1] = flag;
+            let data = &carried[..size as usize];
+            if rq.is_some() {
+                qp.send_inline(data)?;
+            } else {
+                qp.put_inline(dst, data)?;
+            }
+        } else if rq.is_some() {
             qp.send(src, size)?;
         } else {
             qp.put(dst, src, size)?;

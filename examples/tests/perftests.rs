@@ -917,6 +917,41 @@ fn write_lat_json_and_server_client() {
     }
 }
 
+/// `write_lat -I` (perftest's inline size): by default a message that fits one WQE goes
+/// inline (28 bytes for a WRITE, 44 for a SEND), as the header and the JSON say; `-I 0` turns
+/// it off; more than a WQE carries, or any with `--stream`, is refused with the reason.
+#[test]
+fn write_lat_sends_small_messages_inline_as_perftest_does() {
+    let out = ok("write_lat", &["--mode", "cpu", "-s", "8", "-n", "50"]);
+    assert!(out.contains("messages of up to 28 bytes travel in their WQE"), "{out}");
+    assert!(
+        out.contains("Validation: every size's messages arrived intact"),
+        "{out}"
+    );
+    for (args, want) in [
+        (&["-s", "8"][..], 28),
+        (&["-s", "8", "--send"], 44),
+        (&["-s", "8", "-I", "0"], 0),
+        (&["-s", "32", "-I", "16"], 16),
+    ] {
+        let mut all = vec!["--mode", "cpu", "-n", "50", "--json"];
+        all.extend(args);
+        let v: serde_json::Value = serde_json::from_str(&ok("write_lat", &all)).unwrap();
+        assert_eq!(v["params"]["inline_size"], want, "{args:?}");
+    }
+    for (args, why) in [
+        (&["-I", "29"][..], "at most 28 bytes inline for a WRITE"),
+        (&["-I", "45", "--send"], "at most 44 bytes inline for a SEND"),
+        (&["-I", "8", "--stream"], "--stream writes its WQEs ahead"),
+    ] {
+        let mut all = vec!["--mode", "cpu", "-s", "8", "-n", "50"];
+        all.extend(args);
+        let out = run("write_lat", &all);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}");
+    }
+}
+
 /// `put_bw --stream`: messages posted from one CPU stream per QP, every verb, several QPs, a
 /// sweep, JSON, server and client; shaping a kernel launch is refused.
 #[test]

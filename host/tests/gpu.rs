@@ -339,7 +339,32 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
         remote: peer_poll.remote(0),
         initiator,
         send: false,
+        inline_max: 0,
     };
+    // Messages that fit their WQE go inline (perftest's -I): each side's bytes, read once from
+    // its post buffer, with each round's flag.
+    const INLINE: u64 = 24;
+    let inline = [
+        cuda::WriteLatSide {
+            inline_max: 28,
+            ..side(&ga, a_post, a_poll, b_poll, true)
+        },
+        cuda::WriteLatSide {
+            inline_max: 28,
+            ..side(&gb, b_post, b_poll, a_poll, false)
+        },
+    ];
+    let run = gpu.run_write_lat(&inline, INLINE, 40).unwrap();
+    assert_eq!(run.status, vec![CODE_OK, CODE_OK]);
+    for (poll, from) in [(a_poll, 2), (b_poll, 1)] {
+        let mut want = pattern(from, INLINE as usize - 1);
+        want.push(40);
+        assert_eq!(poll.read_vec(0, INLINE as usize).unwrap(), want, "inline messages");
+        poll.write(0, &[0; SIZE as usize]).unwrap();
+    }
+    for (post, from) in [(a_post, 1), (b_post, 2)] {
+        post.write(0, &pattern(from, SIZE as usize - 1)).unwrap();
+    }
     let sides = [
         side(&ga, a_post, a_poll, b_poll, true),
         side(&gb, b_post, b_poll, a_poll, false),

@@ -639,3 +639,81 @@ fn a_large_region_is_zeroed_lazily() {
     // More than the address space can hold: an error, not an abort.
     assert!(ctx.alloc_region(usize::MAX - 4096, Access::ALL).is_err());
 }
+
+/// write_lat's ping-pong (perftest's `-I`) sends a message that fits its WQE inline: the HCA
+/// never reads the post buffer, so a post buffer key the HCA would refuse goes unnoticed, and
+/// the peer still gets the buffer's bytes with each round's flag. Without inline the same key
+/// fails the first message (the test of the test: the key is really bad).
+#[test]
+fn ping_pong_messages_up_to_inline_max_travel_in_their_wqe() {
+    use gdaki_layout::perf::PingPongSide;
+    const SIZE: u64 = 24;
+    const ITERS: u32 = 50;
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cfg = QpConfig {
+        timeout: Duration::from_secs(5),
+        retry_timeout: Duration::from_secs(4),
+        ..QpConfig::default()
+    };
+    // Each side's outcome, and the initiator's QP error.
+    let run = |inline_max: u32| -> (Vec<Result<(), PostError>>, Option<Syndrome>) {
+        let (a, b) = (qp(&ctx, 64, cfg.clone()), qp(&ctx, 64, cfg.clone()));
+        a.connect(&b.endpoint()).unwrap();
+        b.connect(&a.endpoint()).unwrap();
+        let region = || ctx.alloc_region(SIZE as usize, Access::ALL).unwrap();
+        let (posts, polls) = ([region(), region()], [region(), region()]);
+        for (k, p) in posts.iter().enumerate() {
+            p.write(0, &pattern(k as u64, SIZE as usize)).unwrap();
+        }
+        let side = |k: usize| PingPongSide {
+            qp: 0,
+            post: posts[k].addr(),
+            poll: polls[k].addr(),
+            remote: polls[1 - k].remote(0).addr,
+            // Not the post buffer's key: the HCA refuses a WQE that gathers with it.
+            lkey: posts[k].lkey() ^ 0x5a00,
+            rkey: polls[1 - k].remote(0).rkey,
+            initiator: (k == 0) as u32,
+            poll_lkey: polls[k].lkey(),
+            times: 0,
+            posted: 0,
+            rq: 0,
+            recv_len: SIZE,
+            inline_max,
+            pad: 0,
+        };
+        let results = thread::scope(|s| {
+            let workers: Vec<_> = [&a, &b]
+                .into_iter()
+                .enumerate()
+                .map(|(k, q)| {
+                    let side = side(k);
+                    s.spawn(move || {
+                        // SAFETY: this thread is the QP's only poster; the side's buffers are
+                        // live regions of SIZE bytes with a zeroed flag; no time stamps.
+                        unsafe {
+                            let dev = q.cpu::<Exclusive>().unwrap();
+                            gdaki_device::perf::ping_pong(dev, &side, SIZE, ITERS)
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect::<Vec<_>>()
+        });
+        if results.iter().all(Result::is_ok) {
+            for (k, poll) in polls.iter().enumerate() {
+                // The peer's buffer, with the last round's flag.
+                let mut want = pattern(1 - k as u64, SIZE as usize);
+                want[SIZE as usize - 1] = ITERS as u8;
+                assert_eq!(poll.read_vec(0, SIZE as usize).unwrap(), want, "side {k}");
+            }
+        }
+        (results, a.error())
+    };
+    let (inline, error) = run(28);
+    assert!(inline.iter().all(Result::is_ok), "{inline:?}, QP error {error:?}");
+    // Without inline the first message fails at its gather (and the wait for its answer times out).
+    let (without, error) = run(0);
+    assert!(without.iter().all(Result::is_err), "{without:?}");
+    assert_eq!(error, Some(Syndrome::LocalProt));
+}

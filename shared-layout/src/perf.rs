@@ -36,11 +36,18 @@ pub struct PingPongSide {
     pub rq: u64,
     /// Bytes each receive offers (the poll buffer's length, at least every size sent).
     pub recv_len: u64,
+    /// Messages of at most this many bytes travel inline in their WQE (perftest's `-I`): the
+    /// post buffer's bytes are read once, before the first message, and only the flag byte
+    /// changes. 0: none (every message is gathered from `post` by the HCA).
+    pub inline_max: u32,
+    /// Pads to 8 bytes.
+    pub pad: u32,
 }
 
 const _: () = {
     use core::mem::{offset_of, size_of};
-    assert!(size_of::<PingPongSide>() == 80);
+    assert!(size_of::<PingPongSide>() == 88);
+    assert!(offset_of!(PingPongSide, inline_max) == 80);
     assert!(offset_of!(PingPongSide, lkey) == 32 && offset_of!(PingPongSide, times) == 48);
     assert!(offset_of!(PingPongSide, posted) == 56 && offset_of!(PingPongSide, rq) == 64);
 };

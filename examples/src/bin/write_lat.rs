@@ -18,6 +18,7 @@ use gdaki::cuda::WriteLatSide;
 use gdaki::handshake::Hello;
 use gdaki::stream::{Store, StreamError, StreamQp, WorkRequest};
 use gdaki::{CompletionQueue, MemoryRegion, QpConfig, QueuePair, ReceiveConfig};
+use gdaki_device::qp::{MAX_INLINE, MAX_SEND_INLINE};
 use gdaki_device::status::Code;
 use gdaki_device::{Exclusive, RecvBuf};
 use gdaki_examples::cli::{Common, Plan, Role};
@@ -46,9 +47,31 @@ struct Cli {
     /// timed by events on the streams (docs/stream.md).
     #[arg(long)]
     stream: bool,
+    /// Messages of at most this many bytes travel inline in their WQE, as perftest's `-I`
+    /// (default: as many as one WQE carries, 28 bytes for a WRITE and 44 for a SEND, as
+    /// perftest's latency tests inline by default); 0: never. Not with `--stream`, whose WQEs
+    /// are written ahead from the buffers.
+    #[arg(short = 'I', long = "inline-size", value_name = "BYTES")]
+    inline_size: Option<u32>,
 }
 
 impl Cli {
+    /// Messages of at most this many bytes travel inline (`-I`, checked against what one WQE
+    /// carries; `--stream` posts none).
+    fn inline_max(&self) -> anyhow::Result<u32> {
+        let cap = if self.send { MAX_SEND_INLINE } else { MAX_INLINE } as u32;
+        match (self.inline_size, self.stream) {
+            (Some(n), true) if n > 0 => bail!("--inline-size {n}: --stream writes its WQEs ahead, from the buffers"),
+            (_, true) => Ok(0),
+            (Some(n), false) if n > cap => bail!(
+                "--inline-size {n}: one WQE carries at most {cap} bytes inline for {}",
+                if self.send { "a SEND" } else { "a WRITE" }
+            ),
+            (Some(n), false) => Ok(n),
+            (None, false) => Ok(cap),
+        }
+    }
+
     /// The test's name, in the handshake (both sides must run the same) and the progress.
     fn test(&self) -> &'static str {
         match (self.send, self.stream) {
@@ -88,6 +111,8 @@ struct Params {
     /// `-D`: each size ran for this many seconds, in rounds of `iterations`.
     duration_s: Option<u64>,
     sizes: Vec<u64>,
+    /// `-I`: messages of at most this many bytes went inline (0: none).
+    inline_size: u32,
 }
 
 /// The references, in microseconds (medians).
@@ -224,6 +249,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let inline_max = cli.inline_max()?;
     let mut plan = cli.common.plan(2, 1000, || gdaki::cuda::why_unusable(cli.common.gpu))?;
     eprintln!("write_lat: {}", plan.mode_line);
     if plan.gpu.is_some() && plan.mem == gdaki_examples::cli::Mem::Host {
@@ -346,6 +372,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         iterations: plan.iters,
         duration_s: plan.duration.map(|d| d.as_secs()),
         sizes: plan.sizes.clone(),
+        inline_size: inline_max,
     };
     if !cli.common.json {
         print_header(&session, &plan, &params, &sides, address_lines, cli.send);
@@ -384,6 +411,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             remote: *to,
                             initiator: s.initiator,
                             send: cli.send,
+                            inline_max,
                         })
                         .collect();
                     let run = gpu.run_write_lat(&dev, size, plan.iters)?;
@@ -396,7 +424,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     run.times.into_iter().zip(run.posted).map(Stamps::from).collect()
                 }
-                (None, None) => cpu_ping_pong(&sides, size, plan.iters, cli.send)?,
+                (None, None) => cpu_ping_pong(&sides, size, plan.iters, cli.send, inline_max)?,
             };
             session.agree(step(), Ok(()))?; // both sides done
                                             // Every side received the other's message and the last flag.
@@ -493,7 +521,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// The side as the device code runs it, in CPU mode (`qp` 0: the caller passes its own view);
 /// two-sided with `send`.
-fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64, send: bool) -> PingPongSide {
+fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64, send: bool, inline_max: u32) -> PingPongSide {
     PingPongSide {
         qp,
         post: s.post.addr(),
@@ -510,6 +538,8 @@ fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64, send: bool) -> Pi
             _ => 0,
         },
         recv_len: s.poll.len(),
+        inline_max,
+        pad: 0,
     }
 }
 
@@ -520,6 +550,7 @@ fn cpu_ping_pong(
     size: u64,
     iters: u32,
     send: bool,
+    inline_max: u32,
 ) -> anyhow::Result<Vec<Stamps>> {
     std::thread::scope(|sc| {
         let workers: Vec<_> = sides
@@ -530,7 +561,7 @@ fn cpu_ping_pong(
                         sent: vec![0u64; iters as usize],
                         posted: vec![0u64; iters as usize],
                     };
-                    let mut side = ping_pong_side(s, *to, 0, send);
+                    let mut side = ping_pong_side(s, *to, 0, send, inline_max);
                     side.times = stamps.sent.as_mut_ptr() as u64;
                     side.posted = stamps.posted.as_mut_ptr() as u64;
                     // SAFETY: this thread is the QP's only poster (exclusive) and, two-sided,
@@ -800,6 +831,13 @@ fn print_header(
     lines.extend([
         ("Number of qps", "1".into()),
         ("Memory", p.memory.into()),
+        (
+            "Inline data",
+            match p.inline_size {
+                0 => "none: the HCA reads every message from the post buffer".into(),
+                n => format!("messages of up to {n} bytes travel in their WQE (-I)"),
+            },
+        ),
         (
             "Iterations",
             match p.duration_s {

@@ -161,6 +161,9 @@ pub struct WriteLatSide<'a> {
     /// Two-sided (`write_lat --send`): the messages are SENDs, taken by receives the kernel
     /// posts into `poll` on the QP's receive queue (which it must have).
     pub send: bool,
+    /// Messages of at most this many bytes travel inline in their WQE (perftest's `-I`; see
+    /// `gdaki_device::perf::ping_pong`); 0: none.
+    pub inline_max: u32,
 }
 
 impl Gpu {
@@ -282,6 +285,8 @@ impl Gpu {
                 posted: posted_base + (i * per_side * 8) as u64,
                 rq: if s.send { s.qp.receive_handle().unwrap_or(0) } else { 0 },
                 recv_len: s.poll.len(),
+                inline_max: s.inline_max,
+                pad: 0,
             })
             .collect();
         let sides_dev = stream.clone_htod(bytemuck::cast_slice::<PingPongSide, u8>(&dev))?;
