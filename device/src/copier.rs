@@ -377,23 +377,26 @@ mod gpu {
         arch::warp_sync(FULL_WARP);
     }
 
-    /// Whether every descriptor from `first` (or, if later, the oldest one whose slot `k` has
-    /// not reused) through `m` is done, for store `k` ordered after them. A slot is reused only
-    /// once its descriptor was answered, so only the last ring's worth needs a look; the lanes
-    /// look at 32 at a time. `m` is clamped below `k` (a store never waits for itself or a later
-    /// one). Uniform across the warp; every lane calls this together.
+    /// Whether the `span` descriptors up to `m` (0: all) are done, for store `k` ordered after
+    /// them: those from `first` on, and only the last ring's worth (a slot is reused only once
+    /// its descriptor was answered, so older ones are done). The lanes look at 32 at a time. `m`
+    /// is clamped below `k` (a store never waits for itself or a later one). Uniform across the
+    /// warp; every lane calls this together.
     ///
     /// # Safety
     /// As for [`serve`].
     #[inline(always)]
-    unsafe fn done_through(work: &Work, first: u64, k: u64, m: u64, lane: u64) -> bool {
+    unsafe fn done_through(work: &Work, first: u64, k: u64, m: u64, span: u32, lane: u64) -> bool {
         let ring = RING_SLOTS as u64;
-        let lo = if k + 1 > ring && k + 1 - ring > first {
+        let m = if m < k { m } else { k.saturating_sub(1) };
+        let mut lo = if k + 1 > ring && k + 1 - ring > first {
             k + 1 - ring
         } else {
             first
         };
-        let m = if m < k { m } else { k.saturating_sub(1) };
+        if span != 0 && m + 1 > span as u64 && m + 1 - span as u64 > lo {
+            lo = m + 1 - span as u64;
+        }
         let mut j = lo;
         while j <= m {
             let mine = j + lane;
@@ -423,10 +426,10 @@ mod gpu {
     /// # Safety
     /// As for [`serve`]; every lane of the warp calls this together.
     #[inline(always)]
-    unsafe fn wait_through(work: &Work, first: u64, k: u64, m: u64, lane: u64) {
+    unsafe fn wait_through(work: &Work, first: u64, k: u64, m: u64, span: u32, lane: u64) {
         let mut polls = 0u32;
         // SAFETY: the caller's contract.
-        while !unsafe { done_through(work, first, k, m, lane) } {
+        while !unsafe { done_through(work, first, k, m, span, lane) } {
             polls = polls.wrapping_add(1);
             arch::backoff(polls / 64);
         }
@@ -591,7 +594,7 @@ mod gpu {
                 // A store ordered after the descriptors before it lands once they are all done.
                 if op == OP_STORE && arg1 >= first {
                     // SAFETY: the work area (contract).
-                    unsafe { wait_through(work, first, k, arg1, lane) };
+                    unsafe { wait_through(work, first, k, arg1, arch::shfl_idx(FULL_WARP, d.span, i), lane) };
                 }
                 let t = Times {
                     seen: shfl_u64(FULL_WARP, d.seen, i),
@@ -797,8 +800,9 @@ mod gpu {
         }
         // Likewise a store ordered after every descriptor up to `arg1`.
         if op == OP_STORE && arg1 >= first {
+            let span = arch::shfl_idx(FULL_WARP, d.span, 0);
             // SAFETY: the work area (contract).
-            if !unsafe { done_through(work, first, n, arg1, lane) } {
+            if !unsafe { done_through(work, first, n, arg1, span, lane) } {
                 return false;
             }
             after_acquired(lane);

@@ -84,8 +84,10 @@ pub struct CopyDesc {
     pub arg1: u64,
     /// `OP_*`.
     pub op: u32,
-    /// Pads to 64 bytes.
-    pub pad: u32,
+    /// For an [`OP_STORE`] ordered after `arg1`: how many descriptors up to `arg1` it waits
+    /// for (`arg1 - span + 1 ..= arg1`, the ones the host has not seen answered; 0: every one
+    /// still in the ring). Else 0.
+    pub span: u32,
     /// The host leaves it 0; in the kernel's mirror, when the descriptor was seen (GPU global
     /// timer, ns), for [`CopyDone::stamps`].
     pub seen: u64,

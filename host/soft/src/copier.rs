@@ -150,7 +150,7 @@ fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc
         arg0,
         arg1,
         op,
-        pad: 0,
+        span: 0,
         seen: 0,
     }
 }
@@ -702,11 +702,18 @@ impl Copier {
         let mut st = self.running(lock(&self.state))?;
         // After the open list too: it is posted first, so it is among the descriptors before.
         self.flush_open(&mut st)?;
-        let after = st.next - 1;
-        let n = self.post_now(
-            &mut st,
-            desc(OP_STORE, addr, word(0), data.len() as u64, word(8), after),
-        )?;
+        // The kernel looks only at those the host has not seen answered (none: no wait at all);
+        // a look at every slot of the ring cost a lone store microseconds.
+        let last = st.next - 1;
+        self.answered_through(last);
+        let through = self.through.load(Ordering::Acquire);
+        let mut d = desc(OP_STORE, addr, word(0), data.len() as u64, word(8), 0);
+        if through < last {
+            d.arg1 = last;
+            d.span = (last - through).min(RING_SLOTS as u64) as u32;
+        }
+        let after = d.arg1;
+        let n = self.post_now(&mut st, d)?;
         let end = addr + data.len() as u64;
         // Ordered after everything, so after every copy onto its bytes too: a later copy onto
         // them is ordered after it.
