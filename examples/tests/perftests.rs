@@ -917,20 +917,22 @@ fn write_lat_json_and_server_client() {
     }
 }
 
-/// `write_lat -I` (perftest's inline size): by default a message that fits one WQE goes
-/// inline (28 bytes for a WRITE, 44 for a SEND), as the header and the JSON say; `-I 0` turns
-/// it off; more than a WQE carries, or any with `--stream`, is refused with the reason.
+/// `write_lat -I` (perftest's inline size): messages that fit are sent inline (up to 28 bytes
+/// for a WRITE, 44 for a SEND), as the header and the JSON say; none by default; more than a
+/// WQE carries, or any with `--stream`, is refused with the reason.
 #[test]
-fn write_lat_sends_small_messages_inline_as_perftest_does() {
-    let out = ok("write_lat", &["--mode", "cpu", "-s", "8", "-n", "50"]);
+fn write_lat_sends_small_messages_inline_with_dash_i() {
+    let out = ok("write_lat", &["--mode", "cpu", "-s", "8", "-n", "50", "-I", "28"]);
     assert!(out.contains("messages of up to 28 bytes travel in their WQE"), "{out}");
     assert!(
         out.contains("Validation: every size's messages arrived intact"),
         "{out}"
     );
+    let out = ok("write_lat", &["--mode", "cpu", "-s", "8", "-n", "50"]);
+    assert!(out.contains("Inline data           : none"), "{out}");
     for (args, want) in [
-        (&["-s", "8"][..], 28),
-        (&["-s", "8", "--send"], 44),
+        (&["-s", "8"][..], 0),
+        (&["-s", "8", "--send", "-I", "44"], 44),
         (&["-s", "8", "-I", "0"], 0),
         (&["-s", "32", "-I", "16"], 16),
     ] {

@@ -47,10 +47,11 @@ struct Cli {
     /// timed by events on the streams (docs/stream.md).
     #[arg(long)]
     stream: bool,
-    /// Messages of at most this many bytes travel inline in their WQE, as perftest's `-I`
-    /// (default: as many as one WQE carries, 28 bytes for a WRITE and 44 for a SEND, as
-    /// perftest's latency tests inline by default); 0: never. Not with `--stream`, whose WQEs
-    /// are written ahead from the buffers.
+    /// Messages of at most this many bytes travel inline in their WQE, as perftest's `-I`: at
+    /// most what one WQE carries, 28 bytes for a WRITE and 44 for a SEND (default 0: none;
+    /// perftest's latency tests inline by default, but through the soft HCA an inline message
+    /// measured slower except into another GPU's memory: docs/figures.md). Not with `--stream`,
+    /// whose WQEs are written ahead from the buffers.
     #[arg(short = 'I', long = "inline-size", value_name = "BYTES")]
     inline_size: Option<u32>,
 }
@@ -68,7 +69,7 @@ impl Cli {
                 if self.send { "a SEND" } else { "a WRITE" }
             ),
             (Some(n), false) => Ok(n),
-            (None, false) => Ok(cap),
+            (None, false) => Ok(0),
         }
     }
 
