@@ -685,7 +685,7 @@ impl Copier {
 
     /// Queues a write of `data` (1 to [`STORE_MAX`] bytes, carried in the descriptor) to `addr`
     /// that lands once every descriptor posted before it is done, and returns without waiting:
-    /// its sequence number, for [`done`](Self::done). What [`store`](Self::store) does, with
+    /// its sequence number, for [`done`](Self::done). What the synchronous `store` does, with
     /// the waiting left to the GPU: an inline WRITE after a put's copies (a message's length
     /// after its bytes) costs the engine no round trip to the GPU.
     ///
