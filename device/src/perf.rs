@@ -163,7 +163,7 @@ pub fn post_only<M: Sharing, S: Scope>(
 /// receiving it, so the HCA never reads a post buffer being changed.
 ///
 /// A message of at most `side.inline_max` bytes (and at most what one WQE carries inline:
-/// [`MAX_INLINE`](crate::qp::MAX_INLINE) for a WRITE, [`MAX_SEND_INLINE`](crate::qp::MAX_SEND_INLINE)
+/// [`MAX_INLINE`] for a WRITE, [`MAX_SEND_INLINE`]
 /// for a SEND) travels inline (perftest's latency tests do so by default): the post buffer's
 /// bytes are read once, before the first round, and each round only its flag changes, in the
 /// WQE and in the post buffer alike.
