@@ -717,3 +717,46 @@ fn ping_pong_messages_up_to_inline_max_travel_in_their_wqe() {
     assert!(without.iter().all(Result::is_err), "{without:?}");
     assert_eq!(error, Some(Syndrome::LocalProt));
 }
+
+/// The doorbell register takes what rdma-core stores there (the last WQE's control segment's
+/// first 8 bytes) and a BlueFlame write (the whole 64-byte WQE), not only gdaki's producer
+/// index: the soft HCA then executes up to the end of that WQE, as a ConnectX does.
+#[test]
+fn a_control_segment_written_to_the_doorbell_rings_it() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
+    let mr = ctx.alloc_region(4096, Access::ALL).unwrap();
+    mr.write(0, &pattern(3, 512)).unwrap();
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
+    // SAFETY: the live QP's exported handle.
+    let h = unsafe { qp.device_handle().read() };
+    for (k, whole) in [(0u64, false), (1, true), (2, false)] {
+        let i = dev.reserve(1).unwrap();
+        dev.wqe_prepare_write(i, mr.remote(1024 + k * 64), mr.local(k * 64), 64, 0);
+        dev.mark_ready(i, i + 1).unwrap();
+        let wqe = dev.wqe_ptr(i) as *const u64;
+        // SAFETY: the WQE's 64 bytes in the send queue, and the doorbell register of the QP's
+        // UAR page (64 bytes: a BlueFlame write's size); the first word, which the HCA watches,
+        // goes last, as a BlueFlame burst lands whole.
+        unsafe {
+            let db = h.doorbell as *mut u64;
+            if whole {
+                for w in (1..8).rev() {
+                    db.add(w).write_volatile(wqe.add(w).read_volatile());
+                }
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            db.write_volatile(wqe.read_volatile());
+        }
+        dev.note_rung(i + 1);
+        dev.wait(i).unwrap();
+        let k = k as usize;
+        assert_eq!(
+            mr.read_vec(1024 + 64 * k as u64, 64).unwrap(),
+            pattern(3, 512)[64 * k..64 * k + 64],
+            "WRITE {k} (BlueFlame: {whole})"
+        );
+    }
+    assert_eq!(qp.error(), None);
+}

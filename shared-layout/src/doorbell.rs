@@ -32,6 +32,22 @@ pub const fn decode(value: [u8; SIZE]) -> (u32, u16) {
     (qpn >> ctrl::QPN_SHIFT, (idx >> ctrl::WQE_INDEX_SHIFT) as u16)
 }
 
+/// What a store to the doorbell announces: (QP number, producer index). gdaki's doorbell (and
+/// DOCA's) carries the producer index itself, with `ds` 0. rdma-core's carries the first 8
+/// bytes of the last WQE's control segment, as does a BlueFlame write of that WQE into the
+/// doorbell register: its own index and, in `ds`, its size, so the producer index is where that
+/// WQE ends.
+#[inline(always)]
+pub const fn producer(value: [u8; SIZE]) -> (u32, u16) {
+    let (qpn, idx) = decode(value);
+    let ds = u32::from_be_bytes([value[4], value[5], value[6], value[7]]) & ctrl::DS_MASK;
+    if ds == 0 {
+        (qpn, idx)
+    } else {
+        (qpn, idx.wrapping_add(crate::ring::wqebbs(ds) as u16))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -39,5 +55,23 @@ mod tests {
         let v = super::value(0x0012_3456, 0x0000_01ab_cdef);
         assert_eq!(v, [0x00, 0xcd, 0xef, 0x00, 0x12, 0x34, 0x56, 0x00]);
         assert_eq!(super::decode(v), (0x0012_3456, 0xcdef));
+    }
+
+    /// A control segment's first 8 bytes (rdma-core's doorbell, a BlueFlame write) announce the
+    /// end of that WQE; gdaki's doorbell announces its index as it is.
+    #[test]
+    fn a_control_segment_announces_where_its_wqe_ends() {
+        use crate::ctrl;
+        let ctrl_word = |idx: u16, ds: u8| {
+            let hi = ctrl::opmod_idx_opcode(0, idx, 0x08).to_be_bytes();
+            let lo = ctrl::qpn_ds(0x12, ds).to_be_bytes();
+            [hi[0], hi[1], hi[2], hi[3], lo[0], lo[1], lo[2], lo[3]]
+        };
+        // One building block (3 segments), two (5), four (13); and across the 16-bit wrap.
+        assert_eq!(super::producer(ctrl_word(7, 3)), (0x12, 8));
+        assert_eq!(super::producer(ctrl_word(7, 5)), (0x12, 9));
+        assert_eq!(super::producer(ctrl_word(7, 13)), (0x12, 11));
+        assert_eq!(super::producer(ctrl_word(0xffff, 3)), (0x12, 0));
+        assert_eq!(super::producer(super::value(0x12, 8)), (0x12, 8));
     }
 }

@@ -353,7 +353,8 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
     }
     if db != progress.last_doorbell {
         progress.last_doorbell = db;
-        let (qpn, pi) = doorbell::decode(db.to_ne_bytes());
+        // gdaki's producer index, or a control segment's (rdma-core's doorbell, BlueFlame).
+        let (qpn, pi) = doorbell::producer(db.to_ne_bytes());
         if qpn != qp.qpn {
             warn!(
                 qpn = format_args!("{:#x}", qp.qpn),
