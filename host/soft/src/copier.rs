@@ -155,6 +155,16 @@ fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc
     }
 }
 
+/// An [`OP_STORE`]'s bytes (at most [`STORE_MAX`]) as the descriptor carries them: `src`, then
+/// `arg0`, in memory order, zero-padded.
+fn carried(data: &[u8]) -> [u64; 2] {
+    let mut bytes = [0u8; STORE_MAX];
+    let n = data.len().min(STORE_MAX);
+    bytes[..n].copy_from_slice(&data[..n]);
+    let word = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().unwrap_or_default());
+    [word(0), word(8)]
+}
+
 fn fault(what: &str, e: impl std::fmt::Display) -> DmaFault {
     error!("GPU copier: {what}: {e}");
     DmaFault
@@ -676,10 +686,8 @@ impl Copier {
         if data.is_empty() {
             return Ok(());
         }
-        let mut carried = [0u8; STORE_MAX];
-        carried[..data.len()].copy_from_slice(data);
-        let word = |i: usize| u64::from_ne_bytes(carried[i..i + 8].try_into().unwrap_or_default());
-        self.run(OP_STORE, addr, word(0), data.len() as u64, word(8), 0)
+        let [first, second] = carried(data);
+        self.run(OP_STORE, addr, first, data.len() as u64, second, 0)
             .map(|_| ())
     }
 
@@ -696,9 +704,7 @@ impl Copier {
         if data.is_empty() || data.len() > STORE_MAX {
             return Err(fault("store", "not 1 to 16 bytes"));
         }
-        let mut carried = [0u8; STORE_MAX];
-        carried[..data.len()].copy_from_slice(data);
-        let word = |i: usize| u64::from_ne_bytes(carried[i..i + 8].try_into().unwrap_or_default());
+        let [first, second] = carried(data);
         let mut st = self.running(lock(&self.state))?;
         // After the open list too: it is posted first, so it is among the descriptors before.
         self.flush_open(&mut st)?;
@@ -707,7 +713,7 @@ impl Copier {
         let last = st.next - 1;
         self.answered_through(last);
         let through = self.through.load(Ordering::Acquire);
-        let mut d = desc(OP_STORE, addr, word(0), data.len() as u64, word(8), 0);
+        let mut d = desc(OP_STORE, addr, first, data.len() as u64, second, 0);
         if through < last {
             d.arg1 = last;
             d.span = (last - through).min(RING_SLOTS as u64) as u32;

@@ -35,7 +35,7 @@ use crate::dma::{Dma, DmaFault};
 use crate::error::{Error, Result};
 use crate::ipc::{self, Imports};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp, Message, SendData};
+use crate::responder::{self, AtomicOp, Message, SendData, SmallWrite};
 use crate::shm::{self, Segment, Side};
 use crate::{Hca, Region, RegionCache};
 use gdaki_devx::util::lock;
@@ -1347,7 +1347,7 @@ fn serve(hca: &Arc<Hca>, stream: TcpStream) -> Result<(), Fault> {
             Op::WriteRef { .. } => imports.pending().before(Way::Write).map_err(copy_failed)?,
             Op::ReadRef { .. } => imports.pending().before(Way::Read).map_err(copy_failed)?,
             // A few bytes may be stored by the GPU behind its copies (`execute` decides).
-            Op::Write { len } if len as usize <= STORE_MAX => {}
+            Op::Write { len } if (1..=STORE_MAX).contains(&(len as usize)) => {}
             // What the CPU executes, and any answer with data, comes after the GPU's copies.
             _ => imports.settle().map_err(copy_failed)?,
         }
@@ -1571,19 +1571,20 @@ fn execute(
             let r = ipc::Reference { alloc, offset, len };
             by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r)?
         }
-        Op::Write { len } if len as usize <= STORE_MAX => {
+        Op::Write { len } if (1..=STORE_MAX).contains(&(len as usize)) => {
             // An inline WRITE (a flag, a length): stored by the GPU behind the copies before
             // it where one copier reaches the target, else written once they are done.
             let mut data = [0u8; STORE_MAX];
             let data = &mut data[..len as usize];
             reader.read_exact(data, idle)?;
             let pending = imports.pending();
-            match responder::store_by_gpu(hca, cache, pd, remote, data, pending, Syndrome::RemoteOp) {
-                Some(stored) => stored.map(|_| true),
-                None => {
+            match responder::write_small(hca, cache, pd, remote, data, pending, Syndrome::RemoteOp) {
+                Ok(SmallWrite::Stored(..)) => Ok(true),
+                Ok(SmallWrite::Cpu(region)) => {
                     imports.settle().map_err(copy_failed)?;
-                    responder::write(hca, cache, pd, remote, data).map(|()| true)
+                    responder::write_into(region, remote.addr, data).map(|()| true)
                 }
+                Err(s) => Err(s),
             }
         }
         Op::Write { len } => write_from_wire(hca, cache, pd, reader, &req, len, bounce, idle)?.map(|()| true),

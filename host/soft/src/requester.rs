@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use gdaki_device::Remote as DevRemote;
+use gdaki_layout::copy::STORE_MAX;
 use gdaki_layout::ctrl::FenceMode;
 use gdaki_layout::wait::WaitSeg;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest};
@@ -16,7 +17,7 @@ use crate::completer::Locals;
 use crate::copier::{Copier, Pending, Way};
 use crate::net::{Link, Meta, Sink};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp, Message, Receiving, SendData};
+use crate::responder::{self, AtomicOp, Message, Receiving, SendData, SmallWrite};
 use crate::{Hca, RegionCache};
 use gdaki_devx::wire::Op;
 use gdaki_devx::Access;
@@ -401,11 +402,16 @@ pub(crate) fn execute(
                 // A few inline bytes into GPU memory (or behind the GPU copies before them): a
                 // store by the GPU, after those copies, without the engine waiting for them.
                 let data = payload_bytes(&src, wqe, buf)?;
-                let store =
-                    responder::store_by_gpu(peer, regions, tq.pd, remote(r), data, copies, Syndrome::LocalAccess);
-                if let Some(store) = store {
-                    let (copier, seq) = store?;
-                    return Ok(Executed::Copying { bytes, copier, seq });
+                if (1..=STORE_MAX).contains(&data.len()) {
+                    let to = remote(r);
+                    let fail = Syndrome::LocalAccess; // as `settle` says it
+                    return match responder::write_small(peer, regions, tq.pd, to, data, copies, fail)? {
+                        SmallWrite::Stored(copier, seq) => Ok(Executed::Copying { bytes, copier, seq }),
+                        SmallWrite::Cpu(region) => {
+                            settle(copies)?;
+                            responder::write_into(region, to.addr, data).map(|()| Executed::Done(bytes))
+                        }
+                    };
                 }
             }
             settle(copies)?;

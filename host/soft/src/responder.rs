@@ -2,7 +2,6 @@
 //! NIC checks (the target QP's state, the rkey, bounds, access rights, atomic alignment) and
 //! answering with a NAK syndrome instead of touching memory when a check fails.
 use gdaki_device::Remote;
-use gdaki_layout::copy::STORE_MAX;
 use gdaki_layout::{CqeOpcode, Syndrome};
 use tracing::warn;
 
@@ -13,7 +12,7 @@ use crate::copier::{Copier, Pending, Way};
 use crate::dma::shared_copier;
 use crate::dma::Dma;
 use crate::objects::{RqCursor, SoftQp, SoftRq};
-use crate::{Hca, RegionCache};
+use crate::{Hca, Region, RegionCache};
 use gdaki_devx::Access;
 use gdaki_devx::QpState;
 
@@ -74,7 +73,7 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, pd: u32, remote: Remote,
             Access::REMOTE_WRITE,
         )
         .ok_or(Syndrome::RemoteAccess)?;
-    r.dma.write(remote.addr, data).map_err(|_| Syndrome::RemoteOp)
+    write_into(r, remote.addr, data)
 }
 
 /// An RDMA WRITE into (`Way::Write`) or READ from (`Way::Read`) the region at `remote`, of
@@ -121,49 +120,53 @@ pub(crate) fn copy_by_gpu(
     })
 }
 
-/// An RDMA WRITE of `data` (at most [`STORE_MAX`] bytes: an inline WRITE, a flag) into the
-/// region at `remote`, handed to a GPU copier as a store that lands after every descriptor
-/// posted to it before (see [`Copier::submit_store`]) and added to `pending`: the copier and
-/// the store's sequence number, not waited for. Taken when the region is device memory (its
-/// copier), or host memory mapped into the GPU of the copier that `pending`'s copies are on
-/// (which the WRITE must follow; else the CPU writes it once they are done). Copies pending on
-/// other copiers are waited for first (a failure there is `settle_failed`). `None`: not such a
-/// WRITE (the caller writes the bytes itself, after settling what is pending).
-pub(crate) fn store_by_gpu(
+/// Where a small WRITE ([`write_small`]) goes.
+pub(crate) enum SmallWrite<'c> {
+    /// Handed to this GPU copier as store `.1`, which lands after the copies pending before it
+    /// (and was added to them); not waited for.
+    Stored(Arc<Copier>, u64),
+    /// For the caller to write with the CPU into this region (checked for the WRITE), once
+    /// the copies pending before it are done.
+    Cpu(&'c Arc<Region>),
+}
+
+/// An RDMA WRITE of `data` (1 to [`STORE_MAX`](gdaki_layout::copy::STORE_MAX) bytes: an inline WRITE, a flag) into the region
+/// at `remote`, checked as any WRITE (a bad key, range or right is `RemoteAccess`). Where the
+/// region is device memory (its copier), or host memory mapped into the GPU of the copier that
+/// `pending`'s copies are on, it is a store that copier lands after every descriptor posted to
+/// it before (see [`Copier::submit_store`]), so nobody waits for those copies; copies pending on
+/// other copiers are waited for first (a failure there is `settle_failed`). Else the caller
+/// writes it ([`SmallWrite::Cpu`]), after settling what is pending.
+pub(crate) fn write_small<'c>(
     hca: &Hca,
-    cache: &mut RegionCache,
+    cache: &'c mut RegionCache,
     pd: u32,
     remote: Remote,
     data: &[u8],
     pending: &mut Pending,
     settle_failed: Syndrome,
-) -> Option<Result<(Arc<Copier>, u64), Syndrome>> {
-    if data.is_empty() || data.len() > STORE_MAX {
-        return None;
-    }
+) -> Result<SmallWrite<'c>, Syndrome> {
     let len = data.len() as u64;
-    let region = match hca.region(cache, pd, remote.rkey, remote.addr, len, Access::REMOTE_WRITE) {
-        Some(r) => r.clone(),
-        None => return Some(Err(Syndrome::RemoteAccess)),
-    };
+    let region = hca
+        .region(cache, pd, remote.rkey, remote.addr, len, Access::REMOTE_WRITE)
+        .ok_or(Syndrome::RemoteAccess)?;
     let copier = match (region.dma.gpu_copier(), pending.only_copier()) {
         (Some(own), _) => own.clone(),
         (None, Some(p)) if region.dma.gpu_mapped() => p.clone(),
-        _ => return None,
+        _ => return Ok(SmallWrite::Cpu(region)),
     };
-    if pending.before_store(&copier).is_err() {
-        return Some(Err(settle_failed));
-    }
+    pending.before_store(&copier).map_err(|_| settle_failed)?;
     // SAFETY: the bytes lie in a live registered region with the remote-write right that this
     // copier's GPU reaches (checked above); concurrent access is the application's, as with a
     // NIC's DMA.
-    Some(match unsafe { copier.submit_store(remote.addr, data) } {
-        Ok(seq) => {
-            pending.add(&copier, seq, Way::Write);
-            Ok((copier, seq))
-        }
-        Err(_) => Err(Syndrome::RemoteOp),
-    })
+    let seq = unsafe { copier.submit_store(remote.addr, data) }.map_err(|_| Syndrome::RemoteOp)?;
+    pending.add(&copier, seq, Way::Write);
+    Ok(SmallWrite::Stored(copier, seq))
+}
+
+/// The CPU's write of `data` at `addr` into `region` (checked for it by the caller).
+pub(crate) fn write_into(region: &Region, addr: u64, data: &[u8]) -> Result<(), Syndrome> {
+    region.dma.write(addr, data).map_err(|_| Syndrome::RemoteOp)
 }
 
 /// RDMA READ of `out.len()` bytes at `remote` into `out`.
