@@ -96,8 +96,9 @@ pub enum DoorbellWrites {
     /// 8-byte doorbell (at `DevQp::doorbell`). The record goes first: an agent's stores are
     /// ordered, and a HCA that recovers a lost doorbell from the record then finds it current.
     Doorbell {
-        /// The record's word (big-endian counter, as stored).
-        record: u32,
+        /// The record's word (big-endian counter, as stored); `None` for a reliable doorbell
+        /// (no record: [`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD)).
+        record: Option<u32>,
         /// The doorbell's 8 bytes as one word.
         doorbell: u64,
     },
@@ -110,12 +111,17 @@ pub enum DoorbellWrites {
 }
 
 impl DoorbellWrites {
-    /// What ringing QP `qpn` for producer index `pi` stores through a doorbell of `kind`.
+    /// What ringing QP `qpn` for producer index `pi` stores through a doorbell of `kind`,
+    /// `with_record` or (a reliable doorbell) without the doorbell record.
     #[inline(always)]
-    pub const fn new(kind: DoorbellKind, qpn: u32, pi: u64) -> DoorbellWrites {
+    pub const fn new(kind: DoorbellKind, qpn: u32, pi: u64, with_record: bool) -> DoorbellWrites {
         match kind {
             DoorbellKind::Gpu | DoorbellKind::CpuAssisted => DoorbellWrites::Doorbell {
-                record: dbrec::wq_counter(pi).to_be(),
+                record: if with_record {
+                    Some(dbrec::wq_counter(pi).to_be())
+                } else {
+                    None
+                },
                 doorbell: doorbell::word(qpn, pi),
             },
             DoorbellKind::CpuProxy => DoorbellWrites::Proxy { index: pi },
@@ -759,12 +765,13 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// One fence less than record, fence, doorbell with a release store to the record, and the
     /// doorbell leaves a fence earlier: a put's one-way latency through the soft HCA went from
     /// 8.0 to 5.5 us on an H100 (docs/figures.md).
+    ///
+    /// A QP with a reliable doorbell ([`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD)) has no recovery to cover:
+    /// fence, doorbell.
     #[inline(always)]
     pub fn ring(&self, pi: u64) {
         // SAFETY: the record and doorbell addresses come from the live handle.
         unsafe {
-            let record = self.k.sq_dbrec as *mut u32;
-            let counter = dbrec::wq_counter(pi).to_be();
             let doorbell = self.k.doorbell as *mut u64;
             let word = doorbell::word(self.qpn(), pi);
             // The fences' scope is the memory the HCA reads the WQEs and the record from.
@@ -778,7 +785,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             };
             fence();
             arch::mmio_store(doorbell, word);
-            arch::store_dbrec(record, counter, gpu);
+            // A QP without a record has none in its handle (address 0, with the flag): the
+            // address is needed here anyway, where testing the flag kept another value live
+            // across every post and cost the shared paths up to 7 registers.
+            let record = self.k.sq_dbrec as *mut u32;
+            if record.is_null() {
+                return;
+            }
+            arch::store_dbrec(record, dbrec::wq_counter(pi).to_be(), gpu);
             fence();
             arch::mmio_store(doorbell, word);
         }

@@ -11,7 +11,9 @@ use gdaki_device::scope::Group;
 use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Scope, Sharing, WaitError};
 use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::ctrl::FenceMode;
-use gdaki_layout::handle::{QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH, QP_RINGS_IN_GPU_MEMORY};
+use gdaki_layout::handle::{
+    QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH, QP_NO_DOORBELL_RECORD, QP_RINGS_IN_GPU_MEMORY,
+};
 use gdaki_layout::wqe::{Operation, Payload, WorkRequest, WqeView};
 use gdaki_layout::{dbrec, doorbell, ring, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
 
@@ -57,6 +59,8 @@ struct Harness {
 #[derive(Clone, Copy)]
 struct Ptrs {
     qp: *mut DevQp,
+    /// The send word of the QP's doorbell record (also where a handle without one names none).
+    record: u64,
     remote: (u64, u64),
     local: (u64, u64),
 }
@@ -113,6 +117,7 @@ impl Harness {
         });
         let ptrs = Ptrs {
             qp: &mut *s.qp,
+            record: s.qp.sq_dbrec,
             remote: (s.remote.as_ptr() as u64, (s.remote.len() * 64) as u64),
             local: (s.local.as_ptr() as u64, (s.local.len() * 64) as u64),
         };
@@ -130,9 +135,13 @@ impl Harness {
         }
     }
 
-    /// Sets the handle's `QP_*` flags (before anything is posted).
+    /// Sets the handle's `QP_*` flags (before anything is posted); a QP without a doorbell
+    /// record names none in its handle, as the host library writes it.
     fn with_flags(mut self, flags: u8) -> Self {
         self.setup.qp.flags = flags;
+        if flags & QP_NO_DOORBELL_RECORD != 0 {
+            self.setup.qp.sq_dbrec = 0;
+        }
         self
     }
 
@@ -212,12 +221,16 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
                 // producer index with nothing above it. It follows the doorbell (DOCA's order:
                 // the doorbell is rung first and again after the record), so it may trail it
                 // here; once the posters are done it holds the last index (checked at stop).
-                let dbr = u32::from_be(unsafe { AtomicU32::from_ptr(h.sq_dbrec as *mut u32) }.load(Acquire));
+                let dbr = u32::from_be(unsafe { AtomicU32::from_ptr(p.record as *mut u32) }.load(Acquire));
+                // A reliable doorbell's QP has no record: nothing may write it.
+                if h.no_doorbell_record() && dbr != 0 {
+                    return Err(format!("doorbell record {dbr:#x} written on a QP without one"));
+                }
                 if dbr > 0xffff {
                     return Err(format!("doorbell record {dbr:#x} holds more than 16 bits"));
                 }
                 let target = done + pi16.wrapping_sub(done as u16) as u64;
-                if stopping && target == done && db != 0 && dbr as u16 != pi16 {
+                if stopping && target == done && db != 0 && dbr as u16 != pi16 && !h.no_doorbell_record() {
                     return Err(format!("doorbell record {dbr:#x} behind the last doorbell {pi16:#x}"));
                 }
                 target
@@ -347,8 +360,16 @@ fn pattern(off: usize, len: usize) -> Vec<u8> {
 
 /// Many threads post puts of varied sizes into one QP; every byte lands, WQEs arrive in order.
 fn many_posters<M: Sharing>(threads: usize, per_thread: usize, sq_log: u32, kind: DoorbellKind) {
+    many_posters_flagged::<M>(threads, per_thread, sq_log, kind, 0)
+}
+
+/// [`many_posters`] into a QP whose handle carries `flags`.
+fn many_posters_flagged<M: Sharing>(threads: usize, per_thread: usize, sq_log: u32, kind: DoorbellKind, flags: u8) {
     let chunk = 256usize;
-    let h = Harness::new(sq_log, kind, 1 << 30, threads * per_thread * chunk);
+    let mut h = Harness::new(sq_log, kind, 1 << 30, threads * per_thread * chunk);
+    if flags != 0 {
+        h = h.with_flags(flags);
+    }
     thread::scope(|s| {
         for t in 0..threads {
             let h = &h;
@@ -463,6 +484,18 @@ fn cpu_proxy_handler_publishes_the_producer_index() {
 fn cpu_assisted_posters_ring_a_host_word_as_they_would_a_nic() {
     many_posters::<Gpu>(3, 300, 4, DoorbellKind::CpuAssisted);
     many_posters::<Exclusive>(1, 1000, 3, DoorbellKind::CpuAssisted);
+}
+
+/// A reliable doorbell (no doorbell record): posters in every sharing mode, and through a
+/// CPU-assisted proxy word, ring with the doorbell alone; the consumer, which executes by the
+/// doorbell, fails the test if anything writes the record.
+#[test]
+fn a_reliable_doorbell_never_writes_the_record() {
+    many_posters_flagged::<Exclusive>(1, 2000, 3, DoorbellKind::Gpu, QP_NO_DOORBELL_RECORD);
+    many_posters_flagged::<Gpu>(4, 300, 4, DoorbellKind::Gpu, QP_NO_DOORBELL_RECORD);
+    many_posters_flagged::<Cta>(2, 300, 2, DoorbellKind::CpuAssisted, QP_NO_DOORBELL_RECORD);
+    let rings = QP_NO_DOORBELL_RECORD | QP_RINGS_IN_GPU_MEMORY;
+    many_posters_flagged::<Exclusive>(1, 500, 3, DoorbellKind::Gpu, rings);
 }
 
 /// Deferred posts: the consumer sees nothing until the commit, which rings once for all of

@@ -152,6 +152,13 @@ impl Context {
         self.inner.device.report()
     }
 
+    /// Whether queue pairs may be created with a reliable doorbell
+    /// ([`QpConfig::reliable_doorbell`](crate::QpConfig::reliable_doorbell)): the device reports
+    /// `cmd_hca_cap_2.send_dbr_mode_no_dbr_ext` (ConnectX-8 and later; the soft HCA does).
+    pub fn supports_reliable_doorbell(&self) -> bool {
+        self.inner.device.caps.general2.send_dbr_mode_no_dbr_ext
+    }
+
     /// The provider in use (never `Auto`).
     pub fn provider(&self) -> Provider {
         self.provider

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use gdaki_devx::*;
 use gdaki_layout::prm::command::{self, AddressPath, AtomicCaps};
-use gdaki_layout::prm::{CmdError, Opcode};
+use gdaki_layout::prm::layout::cmd_in;
+use gdaki_layout::prm::{self, CmdError, Opcode};
 use gdaki_soft::SoftDevice;
 
 use crate::{lock, Access, Context, ContextOptions, Provider, QpConfig, QpState};
@@ -23,6 +24,10 @@ pub(crate) struct Recording {
     stand_in_for_gpu_umems: bool,
     /// Every modify command's input mailbox, in order.
     modifies: Mutex<Vec<Vec<u8>>>,
+    /// Every create command's input mailbox, in order.
+    creates: Mutex<Vec<Vec<u8>>>,
+    /// Answer the second general capabilities without the reliable doorbell, as a ConnectX-7.
+    no_reliable_doorbell: bool,
 }
 
 impl Recording {
@@ -32,6 +37,7 @@ impl Recording {
     fn create(&self, input: &[u8], out: &mut [u8]) -> Result<u64, DeviceError> {
         let op = command::opcode(input);
         self.note(op.name());
+        lock(&self.creates).push(input.to_vec());
         if *lock(&self.refuse) == Some(op) {
             let error = CmdError {
                 opcode: op,
@@ -54,7 +60,12 @@ impl Recording {
 impl Device for Recording {
     fn general_cmd(&self, input: &[u8], out: &mut [u8]) -> Result<(), DeviceError> {
         self.note(command::opcode(input).name());
-        self.inner.general_cmd(input, out)
+        self.inner.general_cmd(input, out)?;
+        let kind = command::cap_query(prm::get(input, cmd_in::OP_MOD) as u16).0;
+        if self.no_reliable_doorbell && kind == command::CapType::General2 as u16 {
+            command::GeneralCaps2::default().encode(out);
+        }
+        Ok(())
     }
     fn alloc_pd(&self) -> Result<u32, DeviceError> {
         self.note("alloc_pd");
@@ -151,12 +162,20 @@ fn recording_context() -> (Context, Arc<Recording>) {
 
 /// A context on a [`Recording`] device; `stand_in_for_gpu_umems`: see there.
 pub(crate) fn recording_context_with(stand_in_for_gpu_umems: bool) -> (Context, Arc<Recording>) {
+    recording_context_of(stand_in_for_gpu_umems, false)
+}
+
+/// A context on a [`Recording`] device, which withholds the reliable doorbell if
+/// `no_reliable_doorbell`.
+fn recording_context_of(stand_in_for_gpu_umems: bool, no_reliable_doorbell: bool) -> (Context, Arc<Recording>) {
     let rec = Arc::new(Recording {
         inner: Arc::new(SoftDevice::open(Default::default(), Default::default(), Default::default()).unwrap()),
         calls: Mutex::new(Vec::new()),
         refuse: Mutex::new(None),
         stand_in_for_gpu_umems,
         modifies: Mutex::new(Vec::new()),
+        creates: Mutex::new(Vec::new()),
+        no_reliable_doorbell,
     });
     let ctx = Context::open_on(rec.clone(), ContextOptions::default(), Provider::Soft).unwrap();
     (ctx, rec)
@@ -173,6 +192,7 @@ fn queues_send_the_devx_sequence_a_connectx_expects() {
             "QUERY_HCA_CAP",
             "QUERY_HCA_CAP",
             "QUERY_HCA_CAP", // RoCE's: the soft device's port is Ethernet
+            "QUERY_HCA_CAP", // the second general ones: the soft device has them
             "query_eqn",
             "query_port",
             "alloc_uar",
@@ -234,6 +254,54 @@ fn queues_send_the_devx_sequence_a_connectx_expects() {
         ["dealloc_pd", "free_uar"],
         "the PD, then the CQs' UAR page go with the context"
     );
+}
+
+/// A reliable doorbell reaches the device as `qpc.send_dbr_mode` NO_DBR_EXT and the handle's
+/// `QP_NO_DOORBELL_RECORD`; without the capability (a
+/// ConnectX-7) it is refused before anything is created, and it is off by default.
+#[test]
+fn a_reliable_doorbell_is_asked_of_the_device_only_where_it_has_one() {
+    use gdaki_layout::handle::QP_NO_DOORBELL_RECORD;
+    use gdaki_layout::prm::layout::{create_qp_in, qpc};
+    assert!(!QpConfig::default().reliable_doorbell);
+    let (ctx, rec) = recording_context();
+    assert!(ctx.supports_reliable_doorbell());
+    let dbr_mode = |rec: &Recording| {
+        let creates = lock(&rec.creates);
+        let qp = creates
+            .iter()
+            .rev()
+            .find(|c| command::opcode(c) == Opcode::CreateQp)
+            .unwrap();
+        prm::get(qp, qpc::SEND_DBR_MODE.within(create_qp_in::QPC)) as u8
+    };
+    for reliable in [false, true] {
+        let cfg = QpConfig {
+            sq_size: 16,
+            reliable_doorbell: reliable,
+            ..Default::default()
+        };
+        let qp = ctx.create_qp(&ctx.create_cq(16).unwrap(), cfg).unwrap();
+        assert_eq!(dbr_mode(&rec), reliable as u8, "send_dbr_mode");
+        // SAFETY: the CPU handle, read whole.
+        let h = unsafe { qp.device_handle().read() };
+        assert_eq!(h.flags & QP_NO_DOORBELL_RECORD != 0, reliable);
+    }
+    let (ctx, rec) = recording_context_of(false, true);
+    assert!(!ctx.supports_reliable_doorbell());
+    let cq = ctx.create_cq(16).unwrap();
+    rec.take();
+    let cfg = QpConfig {
+        sq_size: 16,
+        reliable_doorbell: true,
+        ..Default::default()
+    };
+    let err = ctx.create_qp(&cq, cfg).unwrap_err();
+    assert!(
+        matches!(err, crate::Error::Unsupported { .. }) && err.to_string().contains("send_dbr_mode_no_dbr_ext"),
+        "{err}"
+    );
+    assert!(rec.take().is_empty(), "nothing asked of the device");
 }
 
 /// The report names what gdaki needs and judges each requirement: the soft device meets

@@ -96,6 +96,15 @@ pub struct QpConfig {
     /// such a companion QP). Refused on a device without the Core-Direct capability. Default
     /// off.
     pub cross_channel: bool,
+    /// A reliable doorbell (DOCA GPUNetIO 2.0's `GPU_SM_NO_DBR`, NCCL's
+    /// `NCCL_GDAKI_USE_RELIABLE_DB`): the QP is created with `qpc.send_dbr_mode` `NO_DBR_EXT`,
+    /// so the HCA takes each doorbell as it comes and never reads the send doorbell record.
+    /// Posters (and a proxy) then ring once, at the register for such QPs, and never write the
+    /// record: one store to PCIe per post instead of three. Refused on a device without the
+    /// capability (`cmd_hca_cap_2.send_dbr_mode_no_dbr_ext`: ConnectX-8; the soft HCA has it);
+    /// [`Context::supports_reliable_doorbell`](crate::Context::supports_reliable_doorbell)
+    /// says beforehand. Default off.
+    pub reliable_doorbell: bool,
 }
 
 /// The receive queue of a queue pair ([`QpConfig::receive`]). Its completions go to a CQ of its
@@ -162,6 +171,7 @@ impl Default for QpConfig {
             rnr_retry: 7,
             min_rnr_timer: 12,
             cross_channel: false,
+            reliable_doorbell: false,
         }
     }
 }
@@ -271,6 +281,8 @@ pub(crate) struct Qp {
     /// The RTR peer's READ/atomic responder resources (its endpoint's `rd_atomic`), which
     /// bound this QP's `log_sra_max` at RTR2RTS.
     peer_rd_atomic: AtomicU8,
+    /// Created without a doorbell record ([`QpConfig::reliable_doorbell`]).
+    reliable_doorbell: bool,
     /// CPU-proxy QPs: the u64 producer index posters publish for the proxy.
     proxy_word: Arc<HostBuffer>,
     /// After a reset: the next ticket, which the next connect realigns the send queue with.
@@ -361,12 +373,39 @@ impl Qp {
     /// posters ring the proxy word as they would the UAR and the proxy forwards (CPU-assisted).
     fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
         match handler {
-            DoorbellHandler::Gpu => (self.uar.uar.reg_addr(), DoorbellKind::Gpu),
+            DoorbellHandler::Gpu => (self.uar.uar.base + self.doorbell_offset(), DoorbellKind::Gpu),
             DoorbellHandler::CpuProxy if self.queues_in_gpu_memory() => {
                 (self.proxy_word.addr(), DoorbellKind::CpuAssisted)
             }
             DoorbellHandler::CpuProxy => (self.proxy_word.addr(), DoorbellKind::CpuProxy),
         }
+    }
+
+    /// `DevQp::sq_dbrec` for a send queue at `sq` (in the address space of the handle's
+    /// posters): the send word of its record, or 0 for a QP without one
+    /// ([`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD), which the
+    /// device code tells by this address: it needs the address to ring anyway).
+    fn sq_dbrec_for_posters(&self, sq: u64) -> u64 {
+        if self.reliable_doorbell {
+            0
+        } else {
+            sq + self.sq_dbrec_offset()
+        }
+    }
+
+    /// Where in the UAR page this QP's doorbell register is: the reliable doorbell's own
+    /// register for a QP without a record.
+    fn doorbell_offset(&self) -> u64 {
+        if self.reliable_doorbell {
+            self.uar.uar.dbr_less_offset
+        } else {
+            self.uar.uar.reg_offset
+        }
+    }
+
+    /// The CPU address of this QP's doorbell register.
+    pub(crate) fn doorbell_addr(&self) -> u64 {
+        self.uar.uar.base + self.doorbell_offset()
     }
 
     /// Whether the work queues and their doorbell record (the QP's umem) are in GPU memory.
@@ -569,6 +608,14 @@ impl QueuePair {
                 why: "the device does not report the Core-Direct capability (cmd_hca_cap.cd)".into(),
             });
         }
+        if cfg.reliable_doorbell && !dev.caps.general2.send_dbr_mode_no_dbr_ext {
+            return Err(Error::Unsupported {
+                what: "a reliable doorbell (QpConfig::reliable_doorbell)",
+                why: "the device does not take doorbells without a record \
+                      (cmd_hca_cap_2.send_dbr_mode_no_dbr_ext: ConnectX-8 and later)"
+                    .into(),
+            });
+        }
         let rq_shape = match cfg.receive {
             None => None,
             Some(r) => {
@@ -625,6 +672,11 @@ impl QueuePair {
                         log_stride: r.log_stride as u8,
                     }),
                     cd_master: cfg.cross_channel,
+                    send_dbr_mode: if cfg.reliable_doorbell {
+                        command::QPC_SEND_DBR_MODE_NO_DBR_EXT
+                    } else {
+                        command::QPC_SEND_DBR_MODE_DBR_VALID
+                    },
                     ..Default::default()
                 }
                 .encode(),
@@ -654,6 +706,7 @@ impl QueuePair {
             rnr_retry: cfg.rnr_retry,
             min_rnr_timer: cfg.min_rnr_timer,
             peer_rd_atomic: AtomicU8::new(0),
+            reliable_doorbell: cfg.reliable_doorbell,
             proxy_word: Arc::new(HostBuffer::new("a proxy producer index", 64)?),
             pad: Mutex::new(None),
             exports: Default::default(),
@@ -664,7 +717,7 @@ impl QueuePair {
         let (doorbell, kind) = qp.ring_word(cfg.handler);
         let dev_qp = DevQp {
             sq_base: qp.sq(),
-            sq_dbrec: qp.sq() + qp.sq_dbrec_offset(),
+            sq_dbrec: qp.sq_dbrec_for_posters(qp.sq()),
             doorbell,
             max_msg_size: cfg.max_msg_size,
             timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
@@ -675,6 +728,11 @@ impl QueuePair {
             flags: reply.qp_flags()
                 | if qp.queues_in_gpu_memory() {
                     gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY
+                } else {
+                    0
+                }
+                | if cfg.reliable_doorbell {
+                    gdaki_layout::handle::QP_NO_DOORBELL_RECORD
                 } else {
                     0
                 },
@@ -932,7 +990,7 @@ impl QueuePair {
     fn target(&self) -> gdaki_proxy::Target {
         let q = &self.inner;
         let keep: Arc<dyn Send + Sync> = q.clone();
-        let (index, doorbell) = (q.proxy_word.as_ptr() as *const u64, q.uar.uar.reg_addr() as *mut u64);
+        let (index, doorbell) = (q.proxy_word.as_ptr() as *const u64, q.doorbell_addr() as *mut u64);
         // SAFETY: the proxy word, the send word of the doorbell record and the doorbell word
         // are aligned words of memory `keep` keeps: the proxy word, the QP's umem and its UAR
         // page, which the QP gives back only when it goes. The record is handed over only where
@@ -942,6 +1000,8 @@ impl QueuePair {
         unsafe {
             if q.queues_in_gpu_memory() {
                 gdaki_proxy::Target::forwarding(q.qpn, index, doorbell, keep)
+            } else if q.reliable_doorbell {
+                gdaki_proxy::Target::without_record(q.qpn, index, doorbell, keep)
             } else {
                 let record = (q.sq() + q.sq_dbrec_offset()) as *mut u32;
                 gdaki_proxy::Target::new(q.qpn, index, record, doorbell, keep)
@@ -1249,11 +1309,11 @@ impl QueuePair {
             );
         }
         dev.sq_base = sq;
-        dev.sq_dbrec = sq + q.sq_dbrec_offset();
+        dev.sq_dbrec = q.sq_dbrec_for_posters(sq);
         // The doorbell register's place in the page (the proxy word when it fell back).
         dev.doorbell = doorbell_base
             + match self.handler() {
-                DoorbellHandler::Gpu => q.uar.uar.reg_offset,
+                DoorbellHandler::Gpu => q.doorbell_offset(),
                 DoorbellHandler::CpuProxy => 0,
             };
         dev.cq.cqe_base = cqe_base;
@@ -1510,7 +1570,7 @@ mod tests {
             "the kernels' record names every WQE"
         );
         // SAFETY: the UAR page lives with the QP; the proxy has stopped, so nothing writes it.
-        let db = unsafe { (qp.inner.uar.uar.reg_addr() as *const u64).read_volatile() };
+        let db = unsafe { (qp.inner.doorbell_addr() as *const u64).read_volatile() };
         assert_eq!(
             gdaki_layout::doorbell::decode(db.to_ne_bytes()),
             (qp.qpn(), THREADS as u16),
@@ -1573,5 +1633,73 @@ mod tests {
             !crate::doorbell::shared_proxy_runs(),
             "the last QP that fell back stops the proxy"
         );
+    }
+
+    /// A reliable doorbell (no doorbell record): posters ringing themselves (one thread, and four
+    /// sharing the QP) and a CPU proxy ringing for them move every byte, through a QP reset and
+    /// its realignment too, and nothing ever writes the QP's send doorbell record.
+    #[test]
+    fn a_reliable_doorbell_moves_data_and_never_writes_the_record() {
+        use gdaki_device::Gpu;
+        use std::thread;
+        let ctx = Context::open(Provider::Soft).unwrap();
+        assert!(ctx.supports_reliable_doorbell());
+        let mr = ctx.alloc_region(1 << 16, Access::ALL).unwrap();
+        let data: Vec<u8> = (0..1u32 << 15).map(|i| (i * 7 + i / 251) as u8).collect();
+        mr.write(0, &data).unwrap();
+        let record = |qp: &QueuePair| {
+            // SAFETY: the live QP's handle, read whole.
+            let h = unsafe { qp.device_handle().read() };
+            assert_ne!(h.flags & gdaki_layout::handle::QP_NO_DOORBELL_RECORD, 0);
+            assert_eq!(h.sq_dbrec, 0, "the handle names no record");
+            // SAFETY: the send word of the record, an aligned u32 of the QP's umem (host memory),
+            // which the QP keeps.
+            unsafe { ((qp.inner.sq() + qp.inner.sq_dbrec_offset()) as *const u32).read_volatile() }
+        };
+        for handler in [DoorbellHandler::Gpu, DoorbellHandler::CpuProxy] {
+            let cfg = QpConfig {
+                handler,
+                reliable_doorbell: true,
+                ..Default::default()
+            };
+            let qp = ctx
+                .create_qp(&ctx.create_cq(16).unwrap(), QpConfig { sq_size: 16, ..cfg })
+                .unwrap();
+            qp.connect(&qp.endpoint()).unwrap();
+            let proxy = (handler == DoorbellHandler::CpuProxy).then(|| {
+                let p = gdaki_proxy::Proxy::start(Default::default()).unwrap();
+                p.add(qp.proxy_target().unwrap());
+                p
+            });
+            let round = |base: u64| {
+                thread::scope(|s| {
+                    for t in 0..4u64 {
+                        let (qp, mr) = (&qp, &mr);
+                        s.spawn(move || {
+                            // SAFETY: posters share the QP through the GPU-scope (shared) handle;
+                            // the QP outlives them.
+                            let dev = unsafe { qp.cpu::<Gpu>() }.unwrap();
+                            for i in 0..64u64 {
+                                let off = (t * 64 + i) * 16;
+                                dev.put(mr.remote(base + off), mr.local(off), 16).unwrap();
+                            }
+                            dev.quiet().unwrap();
+                        });
+                    }
+                });
+                let mut got = vec![0; 4096];
+                mr.read(base, &mut got).unwrap();
+                assert_eq!(got, data[..4096], "{handler:?}");
+            };
+            round(1 << 15);
+            // SAFETY: nobody posts until connect returns.
+            unsafe { qp.reset() }.unwrap();
+            qp.connect(&qp.endpoint()).unwrap();
+            mr.write(1 << 15, &[0; 4096]).unwrap();
+            round(1 << 15);
+            assert_eq!(record(&qp), 0, "{handler:?}: the record was written");
+            drop(proxy);
+            assert_eq!(qp.error(), None);
+        }
     }
 }

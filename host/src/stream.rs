@@ -750,6 +750,8 @@ pub struct StreamQp<'q> {
     space: Space,
     kind: DoorbellKind,
     qpn: u32,
+    /// The record is written before the doorbell (clear for a reliable doorbell).
+    with_record: bool,
     /// The executor's addresses of the send doorbell record, the doorbell (or proxy word) and
     /// CQE 0.
     record: u64,
@@ -877,6 +879,7 @@ impl<'q> StreamQp<'q> {
             space,
             kind,
             qpn: view.qpn,
+            with_record: !view.no_doorbell_record(),
             record: view.sq_dbrec,
             doorbell: view.doorbell,
             cqe_base: view.cq.cqe_base,
@@ -957,17 +960,18 @@ impl<'q> StreamQp<'q> {
     /// The stores that ring the doorbell for every WQE before `end`: the record, then the
     /// doorbell; through a CPU proxy the producer index into the proxy's word.
     fn doorbell_stores(&self, end: u64) -> Vec<Store> {
-        match DoorbellWrites::new(self.kind, self.qpn, end) {
-            DoorbellWrites::Doorbell { record, doorbell } => vec![
-                Store::U32 {
+        match DoorbellWrites::new(self.kind, self.qpn, end, self.with_record) {
+            DoorbellWrites::Doorbell { record, doorbell } => record
+                .map(|value| Store::U32 {
                     addr: self.record,
-                    value: record,
-                },
-                Store::U64 {
+                    value,
+                })
+                .into_iter()
+                .chain([Store::U64 {
                     addr: self.doorbell,
                     value: doorbell,
-                },
-            ],
+                }])
+                .collect(),
             DoorbellWrites::Proxy { index } => vec![Store::U64 {
                 addr: self.doorbell,
                 value: index,

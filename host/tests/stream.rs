@@ -584,6 +584,44 @@ fn a_cuda_streams_wait_ends_on_an_error_completion() {
     assert!(matches!(sq.completed(after), Err(StreamError::Completion(_))));
 }
 
+/// A reliable doorbell's queue pair has no record: a stream's post is the doorbell alone, and
+/// the put lands and completes through it.
+#[test]
+fn with_a_reliable_doorbell_the_stream_stores_the_doorbell_alone() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cfg = QpConfig {
+        reliable_doorbell: true,
+        ..QpConfig::default()
+    };
+    let qp = loopback_qp(&ctx, 64, cfg);
+    let mr = ctx.alloc_region(1 << 20, Access::ALL).unwrap();
+    // SAFETY: the handle lives as long as the QP.
+    let h = unsafe { qp.device_handle().read() };
+    let mut r = Recorder::default();
+    // SAFETY: the only poster of `qp`; what `r` records is stored for real below, once.
+    let mut sq = unsafe { StreamQp::new(&qp, None) }.unwrap();
+    let data = pattern(12, 4096);
+    mr.write(0, &data).unwrap();
+    let t = sq.put(&mut r, mr.remote(65536), mr.local(0), 4096).unwrap();
+    assert_eq!(
+        r.stores,
+        [Store::U64 {
+            addr: h.doorbell,
+            value: doorbell::word(h.qpn, 1),
+        }]
+    );
+    // The recorded stores, executed: the HCA takes the put from the doorbell alone.
+    let mut s = stream();
+    // SAFETY: the doorbell word of the live QP, as the post made it.
+    unsafe { s.store(&r.stores) }.unwrap();
+    sq.wait(&mut s, t).unwrap();
+    s.synchronize().unwrap();
+    assert!(sq.completed(t).unwrap());
+    let mut got = vec![0; 4096];
+    mr.read(65536, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
 /// Through a CPU proxy the stream stores the producer index into the proxy's word (one store),
 /// and the proxy rings: the data lands and the wait ends.
 #[test]

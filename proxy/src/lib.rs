@@ -95,11 +95,21 @@ impl Default for ProxyConfig {
 pub struct Target {
     qpn: u32,
     index: *const u64,
-    /// `None`: the posters write the record themselves and `index` holds their doorbell
-    /// image (CPU-assisted: the record is in GPU memory), which the proxy forwards.
-    dbrec: Option<*mut u32>,
+    record: Record,
     doorbell: *mut u64,
     _keep: Arc<dyn Send + Sync>,
+}
+
+/// Who writes a target's doorbell record, and what its posters publish.
+#[derive(Clone, Copy)]
+enum Record {
+    /// The proxy, at this address, from the producer index the posters publish.
+    Proxy(*mut u32),
+    /// Nobody: a reliable doorbell (the QP has no record); posters publish the producer index.
+    None,
+    /// The posters themselves, and they publish their doorbell image (CPU-assisted: the record
+    /// is in GPU memory), which the proxy forwards.
+    Posters,
 }
 
 // SAFETY: the addresses stay valid while `_keep` lives (constructor contract); every access is
@@ -131,7 +141,27 @@ impl Target {
         Target {
             qpn,
             index,
-            dbrec: Some(dbrec),
+            record: Record::Proxy(dbrec),
+            doorbell,
+            _keep: keep,
+        }
+    }
+
+    /// A queue pair with a reliable doorbell (created without a doorbell record): the proxy
+    /// rings for the producer index posters publish at `index`, and writes no record.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new), for `index` and `doorbell`.
+    pub unsafe fn without_record(
+        qpn: u32,
+        index: *const u64,
+        doorbell: *mut u64,
+        keep: Arc<dyn Send + Sync>,
+    ) -> Target {
+        Target {
+            qpn,
+            index,
+            record: Record::None,
             doorbell,
             _keep: keep,
         }
@@ -148,16 +178,17 @@ impl Target {
         Target {
             qpn,
             index: rung,
-            dbrec: None,
+            record: Record::Posters,
             doorbell,
             _keep: keep,
         }
     }
 
-    /// Whether the proxy writes the doorbell record ([`new`](Self::new)) or only forwards the
-    /// posters' doorbells ([`forwarding`](Self::forwarding)).
+    /// Whether the proxy writes the doorbell record ([`new`](Self::new)), or the posters
+    /// write it ([`forwarding`](Self::forwarding)) or the QP has none
+    /// ([`without_record`](Self::without_record)).
     pub fn writes_record(&self) -> bool {
-        self.dbrec.is_some()
+        matches!(self.record, Record::Proxy(_))
     }
 
     /// The queue pair's number.
@@ -172,7 +203,7 @@ impl Target {
     fn published(&self, rung: u64) -> Option<u64> {
         // SAFETY: valid and aligned while the target lives (constructor contract).
         let word = unsafe { AtomicU64::from_ptr(self.index as *mut u64) }.load(Ordering::Acquire);
-        if self.dbrec.is_some() {
+        if !matches!(self.record, Record::Posters) {
             return Some(word);
         }
         let (qpn, pi) = doorbell::decode(word.to_ne_bytes());
@@ -184,7 +215,7 @@ impl Target {
     fn ring(&self, pi: u64) {
         // SAFETY: as above.
         unsafe {
-            if let Some(record) = self.dbrec {
+            if let Record::Proxy(record) = self.record {
                 AtomicU32::from_ptr(record).store(dbrec::wq_counter(pi).to_be(), Ordering::Release);
                 fence(Ordering::Release);
             }

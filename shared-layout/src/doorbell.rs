@@ -6,6 +6,9 @@ use crate::ctrl;
 /// Offset of the doorbell register in a UAR page (`MLX5_BF_OFFSET`); rdma-core's
 /// `mlx5dv_devx_uar::reg_addr` already points here.
 pub const UAR_DOORBELL_OFFSET: usize = 0x800;
+/// Offset in a UAR page of the doorbell register of QPs created without a doorbell record
+/// (`qpc.send_dbr_mode` `NO_DBR_EXT`): DOCA's `DOCA_VERBS_UAR_DBR_LESS_DB_OFFSET`.
+pub const UAR_DBR_LESS_OFFSET: usize = 0x600;
 /// Size of the doorbell write.
 pub const SIZE: usize = 8;
 

@@ -238,11 +238,15 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
                 log_stride: (r() % 8) as u8,
             }),
             cd_master: r() % 2 == 1,
+            send_dbr_mode: [
+                command::QPC_SEND_DBR_MODE_DBR_VALID,
+                command::QPC_SEND_DBR_MODE_NO_DBR_EXT,
+            ][(r() % 2) as usize],
         };
         let rq = qp.receive.unwrap_or_default();
         writeln!(
             input,
-            "create_qp {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+            "create_qp {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             qp.pd,
             qp.uar_page,
             qp.cqn_snd,
@@ -258,7 +262,8 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             qp.receive.is_some() as u8,
             rq.log_size,
             rq.log_stride,
-            qp.cd_master as u8
+            qp.cd_master as u8,
+            qp.send_dbr_mode
         )
         .unwrap();
         expect.push(hex(&qp.encode()));
@@ -374,7 +379,7 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
         writeln!(input, "object {} {n}", op.raw()).unwrap();
         expect.push(hex(&command::object_command(op, n)));
     }
-    for kind in [CapType::General, CapType::Atomic] {
+    for kind in [CapType::General, CapType::Atomic, CapType::General2] {
         writeln!(input, "query_cap {}", kind as u16).unwrap();
         expect.push(hex(&command::query_hca_cap(kind)));
     }
@@ -388,8 +393,8 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
 /// The capability readers and the firmware's writers agree, and read what the PRM says.
 #[test]
 fn capabilities_round_trip_through_the_output_mailbox() {
-    use gdaki_layout::prm::command::{AtomicCaps, GeneralCaps};
-    use gdaki_layout::prm::layout::{cmd_hca_cap, query_hca_cap_out};
+    use gdaki_layout::prm::command::{AtomicCaps, GeneralCaps, GeneralCaps2};
+    use gdaki_layout::prm::layout::{cmd_hca_cap, cmd_hca_cap_2, query_hca_cap_out};
     let caps = GeneralCaps {
         log_max_qp_sz: 15,
         log_max_cq_sz: 22,
@@ -406,6 +411,19 @@ fn capabilities_round_trip_through_the_output_mailbox() {
     assert_eq!(gdaki_layout::prm::get(&out, at), 1, "Core-Direct");
     let at = cmd_hca_cap::CQE_VERSION.within(query_hca_cap_out::CAPABILITY);
     assert_eq!(gdaki_layout::prm::get(&out, at), 1);
+    assert!(!GeneralCaps::decode(&out).hca_cap_2);
+    // The second capabilities: the reliable doorbell's bit, alone at its place.
+    let two = GeneralCaps2 {
+        send_dbr_mode_no_dbr_ext: true,
+    };
+    let mut out = vec![0u8; command::QUERY_HCA_CAP_OUT_BYTES];
+    two.encode(&mut out);
+    assert_eq!(GeneralCaps2::decode(&out), two);
+    let at = cmd_hca_cap_2::SEND_DBR_MODE_NO_DBR_EXT.within(query_hca_cap_out::CAPABILITY);
+    assert_eq!(gdaki_layout::prm::get(&out, at), 1);
+    assert_eq!(out.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
+    // rdma-core's CmdHcaCap2: bit 1 of byte 0x5c of the capability (byte 0x10 of the output).
+    assert_eq!(out[0x10 + 0x5c], 0x40);
     let atomic = AtomicCaps {
         reply_mode: 1,
         host_order_supported: true,

@@ -20,7 +20,7 @@ const PYPI_VERSION: &str = "13.0.88";
 const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_atomic_compare_swap", 244),
     ("gdaki_atomic_fetch_add", 237),
-    ("gdaki_commit", 60),
+    ("gdaki_commit", 61),
     ("gdaki_count_when_done", 228),
     ("gdaki_get", 235),
     ("gdaki_poll_recv", 116),
@@ -50,7 +50,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_try_recv", 254),
     ("gdaki_socket_try_send", 254),
     ("gdaki_socket_unlisten", 62),
-    ("gdaki_wait", 118),
+    ("gdaki_wait", 124),
     ("gdaki_wait_signal", 36),
     ("gdaki_write_imm", 214),
 ];

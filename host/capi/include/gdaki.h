@@ -484,6 +484,12 @@ typedef struct gdaki_qp_config {
    * completions: the companion QP of counters (`gdaki_count_when_done_*`). Default 0.
    */
   uint8_t cross_channel;
+  /**
+   * 1: a reliable doorbell (no doorbell record: posters ring once; ConnectX-8 and the soft
+   * HCA; refused with GDAKI_ERR_UNSUPPORTED elsewhere, see
+   * `gdaki_context_supports_reliable_doorbell`). Default 0.
+   */
+  uint8_t reliable_doorbell;
 } gdaki_qp_config;
 
 /**
@@ -704,6 +710,16 @@ enum gdaki_status gdaki_context_alloc_pd(const struct gdaki_context *ctx,
  */
 enum gdaki_status gdaki_context_provider(const struct gdaki_context *ctx,
                                          enum gdaki_provider *provider);
+
+/**
+ * Whether the context's device takes queue pairs with a reliable doorbell
+ * (`gdaki_qp_config.reliable_doorbell`): 1 or 0 into `*supported`.
+ *
+ * # Safety
+ * `ctx` is NULL or a context handle; `supported` is NULL or writable.
+ */
+enum gdaki_status gdaki_context_supports_reliable_doorbell(const struct gdaki_context *ctx,
+                                                           uint8_t *supported);
 
 /**
  * The RDMA device's name ("mlx5_0", "soft") into `buf` of `cap` bytes, NUL-terminated; its

@@ -188,6 +188,24 @@ pub unsafe extern "C" fn gdaki_context_provider(
     })
 }
 
+/// Whether the context's device takes queue pairs with a reliable doorbell
+/// (`gdaki_qp_config.reliable_doorbell`): 1 or 0 into `*supported`.
+///
+/// # Safety
+/// `ctx` is NULL or a context handle; `supported` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_context_supports_reliable_doorbell(
+    ctx: *const gdaki_context,
+    supported: *mut u8,
+) -> gdaki_status {
+    call("gdaki_context_supports_reliable_doorbell", || {
+        // SAFETY: the caller's contract.
+        let (c, out) = unsafe { (guard::borrow(ctx, "ctx")?, guard::out(supported, "supported")?) };
+        out.write(c.supports_reliable_doorbell() as u8);
+        Ok(())
+    })
+}
+
 /// The RDMA device's name ("mlx5_0", "soft") into `buf` of `cap` bytes, NUL-terminated; its
 /// length (without the NUL) into `*len` when `len` is not NULL. `buf` NULL with `cap` 0 asks
 /// for the length (`GDAKI_STATUS_BUFFER_TOO_SMALL`).

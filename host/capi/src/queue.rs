@@ -117,6 +117,10 @@ pub struct gdaki_qp_config {
     /// 1: a cross-channel QP (Core-Direct master), which may post WAIT WQEs on other QPs'
     /// completions: the companion QP of counters (`gdaki_count_when_done_*`). Default 0.
     pub cross_channel: u8,
+    /// 1: a reliable doorbell (no doorbell record: posters ring once; ConnectX-8 and the soft
+    /// HCA; refused with GDAKI_ERR_UNSUPPORTED elsewhere, see
+    /// `gdaki_context_supports_reliable_doorbell`). Default 0.
+    pub reliable_doorbell: u8,
 }
 
 impl gdaki_qp_config {
@@ -137,6 +141,7 @@ impl gdaki_qp_config {
             rnr_retry: d.rnr_retry,
             min_rnr_timer: d.min_rnr_timer,
             cross_channel: d.cross_channel as u8,
+            reliable_doorbell: d.reliable_doorbell as u8,
         }
     }
 
@@ -168,6 +173,11 @@ impl gdaki_qp_config {
                 0 => false,
                 1 => true,
                 other => return Err(Failure::invalid(format!("cross_channel {other} (expected 0 or 1)"))),
+            },
+            reliable_doorbell: match self.reliable_doorbell {
+                0 => false,
+                1 => true,
+                other => return Err(Failure::invalid(format!("reliable_doorbell {other} (expected 0 or 1)"))),
             },
         })
     }

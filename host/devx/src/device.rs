@@ -2,7 +2,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use gdaki_layout::prm::command::{AddressPath, AtomicCaps, GeneralCaps, RoceCaps};
+use gdaki_layout::prm::command::{AddressPath, AtomicCaps, GeneralCaps, GeneralCaps2, RoceCaps};
 use gdaki_layout::prm::CmdError;
 
 use crate::access::Access;
@@ -90,6 +90,9 @@ pub struct Uar {
     pub base: u64,
     /// Where in the page doorbells are written (a ConnectX's register sits past the start).
     pub reg_offset: u64,
+    /// Where in the page the doorbells of QPs without a doorbell record are written (a
+    /// ConnectX's "DBR-less" register, [`gdaki_layout::doorbell::UAR_DBR_LESS_OFFSET`]).
+    pub dbr_less_offset: u64,
     /// Size of the mapping in bytes.
     pub size: usize,
     /// The page is device registers (a NIC's BAR), which a GPU maps as IO memory; else
@@ -101,6 +104,11 @@ impl Uar {
     /// The doorbell register's CPU address.
     pub fn reg_addr(&self) -> u64 {
         self.base + self.reg_offset
+    }
+
+    /// The CPU address of the doorbell register of QPs without a doorbell record.
+    pub fn dbr_less_addr(&self) -> u64 {
+        self.base + self.dbr_less_offset
     }
 }
 
@@ -222,6 +230,8 @@ pub struct Port {
 pub struct Caps {
     /// General capabilities.
     pub general: GeneralCaps,
+    /// The second general capabilities (all off where the device has none).
+    pub general2: GeneralCaps2,
     /// Atomic capabilities.
     pub atomic: AtomicCaps,
     /// RoCE capabilities, where the port is Ethernet.
@@ -261,6 +271,7 @@ mod tests {
                 atomic: on,
                 ..Default::default()
             },
+            general2: Default::default(),
             atomic,
             roce: None,
         };

@@ -9,7 +9,7 @@
 //! (`RUST_LOG=gdaki::devx=debug`).
 use std::sync::Arc;
 
-use gdaki_layout::prm::command::{self, AtomicCaps, CapType, GeneralCaps, RoceCaps};
+use gdaki_layout::prm::command::{self, AtomicCaps, CapType, GeneralCaps, GeneralCaps2, RoceCaps};
 use gdaki_layout::prm::Opcode;
 
 use crate::device::{Caps, Device, DeviceError, LinkLayer, Memory, MemoryKind, Object, Port, Uar};
@@ -48,8 +48,8 @@ impl Devx {
         checked
     }
 
-    /// `QUERY_HCA_CAP` of the general and atomic capabilities, and the RoCE ones where the
-    /// port is Ethernet.
+    /// `QUERY_HCA_CAP` of the general and atomic capabilities, the RoCE ones where the port is
+    /// Ethernet, and the second general ones where the device has them.
     pub fn query_caps(&self) -> Result<Caps, DeviceError> {
         let query = |kind| -> Result<Vec<u8>, DeviceError> {
             let input = command::query_hca_cap(kind);
@@ -66,7 +66,18 @@ impl Devx {
         } else {
             None
         };
-        Ok(Caps { general, atomic, roce })
+        // As the kernel: the second capabilities only where the first say they are there.
+        let general2 = if general.hca_cap_2 {
+            GeneralCaps2::decode(&query(CapType::General2)?)
+        } else {
+            GeneralCaps2::default()
+        };
+        Ok(Caps {
+            general,
+            general2,
+            atomic,
+            roce,
+        })
     }
 
     /// Creates an object from `input`.

@@ -621,6 +621,7 @@ impl Device for Mlx5Device {
             page: u.page_id,
             base,
             reg_offset: u.reg_addr as u64 - base,
+            dbr_less_offset: gdaki_layout::doorbell::UAR_DBR_LESS_OFFSET as u64,
             size: 4096,
             io: true,
         })

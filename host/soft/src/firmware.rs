@@ -119,6 +119,7 @@ const EQN: u32 = 0;
 /// What the soft device reports (and enforces).
 fn general_caps() -> GeneralCaps {
     GeneralCaps {
+        hca_cap_2: true,
         log_max_qp_sz: gdaki_devx::MAX_SQ_SIZE.trailing_zeros() as u8,
         log_max_qp: 24,
         log_max_cq_sz: gdaki_devx::MAX_CQ_SIZE.trailing_zeros() as u8,
@@ -139,6 +140,15 @@ fn general_caps() -> GeneralCaps {
         // A real-time clock only, as some ConnectX configurations have: a QP asking for the
         // free-running one is refused (CREATE_QP below), as there.
         sq_ts_format: command::TS_FORMAT_CAP_REAL_TIME,
+    }
+}
+
+/// What the soft device reports in its second general capabilities: QPs without a doorbell
+/// record, as a ConnectX-8 (the engine never reads a send record: the doorbell carries the
+/// producer index).
+fn general_caps_2() -> command::GeneralCaps2 {
+    command::GeneralCaps2 {
+        send_dbr_mode_no_dbr_ext: true,
     }
 }
 
@@ -419,6 +429,17 @@ impl SoftDevice {
                 CmdStatus::BadParam,
                 FwSyndrome::Unsupported,
                 "timestamp format free-running: the device's clock is real-time only",
+            );
+        }
+        // NO_DBR_INT (2) is for a DPA's own queues, 3 is reserved.
+        let dbr_mode = q(qpc::SEND_DBR_MODE) as u8;
+        if dbr_mode != command::QPC_SEND_DBR_MODE_DBR_VALID
+            && !(dbr_mode == command::QPC_SEND_DBR_MODE_NO_DBR_EXT && general_caps_2().send_dbr_mode_no_dbr_ext)
+        {
+            return refuse(
+                CmdStatus::BadParam,
+                FwSyndrome::Unsupported,
+                format!("send_dbr_mode {dbr_mode}: only 0 (record) and 1 (no record, rung by software)"),
             );
         }
         if get(input, create_qp_in::WQ_UMEM_VALID) != 1 || q(qpc::DBR_UMEM_VALID) != 1 {
@@ -958,6 +979,7 @@ impl Device for SoftDevice {
                 (0, _) => general_caps().encode(out),
                 (3, _) => self.atomic_caps().encode(out),
                 (4, _) => roce_caps().encode(out),
+                (0x20, _) => general_caps_2().encode(out),
                 (kind, _) => {
                     return refuse(
                         CmdStatus::BadParam,
@@ -1011,6 +1033,8 @@ impl Device for SoftDevice {
             page: index,
             base: page.addr(),
             reg_offset: 0,
+            // One word rings a QP here, with a record or without.
+            dbr_less_offset: 0,
             size: page.size(),
             io: false,
         };

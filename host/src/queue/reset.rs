@@ -303,14 +303,17 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Rings for `pi` WQEs as a poster would: the record, then the doorbell register.
+    /// Rings for `pi` WQEs as a poster would: the record (unless the QP has none), then the
+    /// doorbell register.
     fn ring_realigning(&self, pi: u64) {
         let record = (self.inner.sq() + self.inner.sq_dbrec_offset()) as *const AtomicU32;
         // SAFETY: the send word of the QP's record (host memory) and its doorbell register,
         // mapped for the QP's life, each written atomically as the HCA expects.
         unsafe {
-            (*record).store(dbrec::wq_counter(pi).to_be(), Ordering::Release);
-            (*(self.inner.uar.uar.reg_addr() as *const AtomicU64))
+            if !self.inner.reliable_doorbell {
+                (*record).store(dbrec::wq_counter(pi).to_be(), Ordering::Release);
+            }
+            (*(self.inner.doorbell_addr() as *const AtomicU64))
                 .store(doorbell::word(self.qpn(), pi), Ordering::Release);
         }
     }

@@ -1,7 +1,7 @@
 //! Whole command mailboxes: opcodes, op_mods, status codes, and typed builders that encode a
 //! command's input from its parameters (each one field by field through [`layout`](super::layout)), plus the
 //! readers for what the device answers. The soft device's firmware decodes the same fields.
-use super::layout::{ads, atomic_caps, cmd_hca_cap, cmd_in, cmd_out, cqc, create_cq_in, create_qp_in};
+use super::layout::{ads, atomic_caps, cmd_hca_cap, cmd_hca_cap_2, cmd_in, cmd_out, cqc, create_cq_in, create_qp_in};
 use super::layout::{modify_qp_in, object_in, qpc, query_hca_cap_out, roce_cap};
 use super::{get, set, set_bytes, Bits};
 
@@ -220,6 +220,9 @@ pub enum CapType {
     Atomic = 3,
     /// RoCE capabilities ([`roce_cap`]).
     Roce = 4,
+    /// The second general capabilities ([`cmd_hca_cap_2`]; only where
+    /// [`GeneralCaps::hca_cap_2`] says the device has them).
+    General2 = 0x20,
 }
 
 /// `QUERY_HCA_CAP` of the current (not maximum) capabilities of `kind`: op_mod is
@@ -239,6 +242,8 @@ pub const QUERY_HCA_CAP_OUT_BYTES: usize = query_hca_cap_out::BYTES;
 /// The general capabilities gdaki checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GeneralCaps {
+    /// The device answers for [`CapType::General2`].
+    pub hca_cap_2: bool,
     /// log2 of the largest queue in WQEs.
     pub log_max_qp_sz: u8,
     /// log2 of the number of QPs.
@@ -317,6 +322,7 @@ impl CapValue for u16 {
 }
 
 caps_fields!(GeneralCaps, cmd_hca_cap, {
+    hca_cap_2: HCA_CAP_2 as bool,
     log_max_qp_sz: LOG_MAX_QP_SZ as u8,
     log_max_qp: LOG_MAX_QP as u8,
     log_max_cq_sz: LOG_MAX_CQ_SZ as u8,
@@ -336,6 +342,23 @@ caps_fields!(GeneralCaps, cmd_hca_cap, {
     log_max_umem: LOG_MAX_UMEM as u8,
     sq_ts_format: SQ_TS_FORMAT as u8,
 });
+
+/// The second general capabilities gdaki reads (a device with [`GeneralCaps::hca_cap_2`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GeneralCaps2 {
+    /// QPs may be rung without a doorbell record ([`QPC_SEND_DBR_MODE_NO_DBR_EXT`]).
+    pub send_dbr_mode_no_dbr_ext: bool,
+}
+
+caps_fields!(GeneralCaps2, cmd_hca_cap_2, {
+    send_dbr_mode_no_dbr_ext: SEND_DBR_MODE_NO_DBR_EXT as bool,
+});
+
+/// `qpc.send_dbr_mode`: the HCA reads the send doorbell record (every device).
+pub const QPC_SEND_DBR_MODE_DBR_VALID: u8 = 0x0;
+/// `qpc.send_dbr_mode`: the doorbell alone announces WQEs, the record is never read
+/// ([`GeneralCaps2::send_dbr_mode_no_dbr_ext`]).
+pub const QPC_SEND_DBR_MODE_NO_DBR_EXT: u8 = 0x1;
 
 /// The RoCE capabilities gdaki reads (a device whose port is Ethernet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -569,6 +592,9 @@ pub struct CreateQp {
     pub receive: Option<RqShape>,
     /// `qpc.cd_master`: the QP may post WAIT WQEs (needs the `cd` capability).
     pub cd_master: bool,
+    /// `qpc.send_dbr_mode` ([`QPC_SEND_DBR_MODE_DBR_VALID`] or, with the capability,
+    /// [`QPC_SEND_DBR_MODE_NO_DBR_EXT`]).
+    pub send_dbr_mode: u8,
 }
 
 /// The shape of a QP's receive queue (`qpc.log_rq_size`, `qpc.log_rq_stride`).
@@ -597,6 +623,7 @@ impl CreateQp {
         set(&mut b, q(qpc::LOG_SQ_SIZE), self.log_sq_size as u64);
         set(&mut b, q(qpc::TS_FORMAT), self.ts_format as u64);
         set(&mut b, q(qpc::CD_MASTER), self.cd_master as u64);
+        set(&mut b, q(qpc::SEND_DBR_MODE), self.send_dbr_mode as u64);
         match self.receive {
             None => {
                 set(&mut b, q(qpc::RQ_TYPE), QPC_RQ_TYPE_ZERO_LEN as u64);

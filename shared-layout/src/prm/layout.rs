@@ -82,6 +82,8 @@ prm_struct! {
 prm_struct! {
     /// `cmd_hca_cap`: the general device capabilities (capability type 0).
     cmd_hca_cap, 0x800, {
+        /// The device answers `QUERY_HCA_CAP` for [`cmd_hca_cap_2`](super::cmd_hca_cap_2).
+        HCA_CAP_2 = (0x20, 0x1) "hca_cap_2";
         LOG_MAX_QP_SZ = (0x88, 0x8) "log_max_qp_sz";
         LOG_MAX_QP = (0x9b, 0x5) "log_max_qp";
         LOG_MAX_CQ_SZ = (0xc8, 0x8) "log_max_cq_sz";
@@ -104,6 +106,17 @@ prm_struct! {
         /// The send queue's timestamp formats (`MLX5_TIMESTAMP_FORMAT_CAP_*`).
         SQ_TS_FORMAT = (0x440, 0x2) "sq_ts_format";
         LOG_MAX_UMEM = (0x46b, 0x5) "log_max_umem";
+    }
+}
+
+prm_struct! {
+    /// `cmd_hca_cap_2`: the second general capabilities (capability type 0x20). Newer than
+    /// Debian's kernel header, whose `reserved_at_260` holds the field; its place is rdma-core's
+    /// (`tests/mlx5_prm_structs.py`, `CmdHcaCap2`).
+    cmd_hca_cap_2, 0x800, {
+        /// QPs may be created with `qpc.send_dbr_mode` 1: rung by the doorbell alone, with no
+        /// doorbell record (DOCA's reliable doorbell; ConnectX-8).
+        SEND_DBR_MODE_NO_DBR_EXT = (0x2e1, 0x1) "reserved_at_260";
     }
 }
 
@@ -210,6 +223,10 @@ prm_struct! {
         /// `MLX5_TIMESTAMP_FORMAT_*`: the clock CQE timestamps come from.
         TS_FORMAT = (0x58, 0x2) "ts_format";
         UAR_PAGE = (0x68, 0x18) "uar_page";
+        /// 0: the HCA reads the send doorbell record; 1 (`NO_DBR_EXT`): the doorbell alone
+        /// announces WQEs and the record is never read. Newer than Debian's kernel header
+        /// (rdma-core's `mlx5_ifc_qpc_bits`, DOCA's `doca_verbs_qp_send_dbr_mode`).
+        SEND_DBR_MODE = (0x80, 0x2) "reserved_at_80";
         USER_INDEX = (0x88, 0x18) "user_index";
         LOG_PAGE_SIZE = (0xa3, 0x5) "log_page_size";
         REMOTE_QPN = (0xa8, 0x18) "remote_qpn";
@@ -327,6 +344,7 @@ pub const STRUCTURES: &[Checked] = &[
     ("query_hca_cap_in", query_hca_cap_in::SIZE, query_hca_cap_in::FIELDS),
     ("query_hca_cap_out", query_hca_cap_out::SIZE, query_hca_cap_out::FIELDS),
     ("cmd_hca_cap", cmd_hca_cap::SIZE, cmd_hca_cap::FIELDS),
+    ("cmd_hca_cap_2", cmd_hca_cap_2::SIZE, cmd_hca_cap_2::FIELDS),
     ("atomic_caps", atomic_caps::SIZE, atomic_caps::FIELDS),
     ("roce_cap", roce_cap::SIZE, roce_cap::FIELDS),
     ("cqc", cqc::SIZE, cqc::FIELDS),

@@ -7,7 +7,7 @@
  *   create_cq  log_size uar_page eqn umem_id umem_offset dbr_umem_id dbr_offset log_page_size oi
  *   create_qp  pd uar_page cqn_snd cqn_rcv log_sq_size user_index umem_id umem_offset
  *              dbr_umem_id dbr_offset log_page_size ts_format rq log_rq_size log_rq_stride
- *              cd_master
+ *              cd_master send_dbr_mode
  *              (rq 0: send-only, a zero-length RQ; 1: a regular RQ of that shape)
  *   rst2init   qpn port pkey_index rre rwe rae atomic_mode
  *   init2rtr   qpn mtu log_msg_max remote_qpn next_rcv_psn min_rnr_nak log_rra_max
@@ -74,12 +74,12 @@ int main(void) {
 			print(b, DEVX_ST_SZ_BYTES(create_cq_in));
 		} else if (!strcmp(kind, "create_qp")) {
 			uint64_t pd, uar, snd, rcv, log_sq, uidx, umem, umem_off, dbr_umem, dbr_off, lps, ts, rq, log_rq,
-				rq_stride, cd_master;
+				rq_stride, cd_master, send_dbr_mode;
 			if (scanf("%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
 				  " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
-				  " %" SCNu64 " %" SCNu64,
+				  " %" SCNu64 " %" SCNu64 " %" SCNu64,
 				  &pd, &uar, &snd, &rcv, &log_sq, &uidx, &umem, &umem_off, &dbr_umem, &dbr_off, &lps, &ts,
-				  &rq, &log_rq, &rq_stride, &cd_master) != 16)
+				  &rq, &log_rq, &rq_stride, &cd_master, &send_dbr_mode) != 17)
 				return 2;
 			DEVX_SET(create_qp_in, b, opcode, MLX5_CMD_OP_CREATE_QP);
 			DEVX_SET(create_qp_in, b, wq_umem_valid, 1);
@@ -95,6 +95,8 @@ int main(void) {
 			DEVX_SET(qpc, qpc, log_sq_size, log_sq);
 			DEVX_SET(qpc, qpc, ts_format, ts);
 			DEVX_SET(qpc, qpc, cd_master, cd_master);
+			/* rdma-core's qpc.send_dbr_mode (bits 0x80..0x82), reserved_at_80 in the kernel's */
+			set_raw(qpc, 0x80, 2, send_dbr_mode);
 			if (rq) {
 				DEVX_SET(qpc, qpc, rq_type, 0 /* MLX5_NON_ZERO_RQ */);
 				DEVX_SET(qpc, qpc, log_rq_size, log_rq);

@@ -358,6 +358,36 @@ static void data_path(void) {
         OK(gdaki_cq_destroy(ccq));
     }
 
+    /* A reliable doorbell: the soft HCA takes one; posts ring with the doorbell alone. */
+    {
+        uint8_t supported = 9;
+        EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_supports_reliable_doorbell(ctx, NULL));
+        OK(gdaki_context_supports_reliable_doorbell(ctx, &supported));
+        CHECK(supported == 1);
+        gdaki_qp_config rc;
+        OK(gdaki_qp_config_init(&rc));
+        CHECK(rc.reliable_doorbell == 0);
+        rc.sq_size = 64;
+        rc.reliable_doorbell = 2;
+        gdaki_cq *rcq = NULL;
+        OK(gdaki_cq_create(ctx, 64, NULL, &rcq));
+        gdaki_qp *rqp = NULL;
+        EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_qp_create(ctx, rcq, &rc, &rqp));
+        rc.reliable_doorbell = 1;
+        OK(gdaki_qp_create(ctx, rcq, &rc, &rqp));
+        gdaki_endpoint re;
+        OK(gdaki_qp_endpoint(rqp, &re));
+        OK(gdaki_qp_connect(rqp, &re));
+        gdaki_dev_qp *rh = NULL;
+        OK(gdaki_qp_host_handle(rqp, &rh));
+        CHECK(gdaki_put_inline_thread_exclusive(rh, d.addr + 64, d.rkey, word, sizeof word, 0, &ticket) == GDAKI_OK);
+        CHECK(gdaki_wait_thread_exclusive(rh, ticket) == GDAKI_OK);
+        OK(gdaki_region_read(dst, 64, back, sizeof back));
+        CHECK(memcmp(back, word, sizeof word) == 0);
+        OK(gdaki_qp_destroy(rqp));
+        OK(gdaki_cq_destroy(rcq));
+    }
+
     /* A second protection domain: its region's key is refused by a QP of the first. */
     gdaki_context *tenant = NULL;
     EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_context_alloc_pd(ctx, NULL));
