@@ -145,6 +145,11 @@ pub struct Common {
     /// CPU proxy threads (with --cpu-proxy).
     #[arg(long, default_value_t = 1)]
     pub proxy_threads: usize,
+    /// A reliable doorbell (DOCA's GPU_SM_NO_DBR, NCCL's NCCL_GDAKI_USE_RELIABLE_DB): queue
+    /// pairs without a doorbell record, rung by the doorbell alone. Needs a device that has it
+    /// (ConnectX-8; the soft HCA does).
+    #[arg(long)]
+    pub reliable_doorbell: bool,
     /// Seconds to wait for the peer during setup and for each wait of the data path (10). A
     /// server waits for its client this long only when the flag is given; without it, for
     /// ever, as perftest's servers do.
@@ -251,6 +256,15 @@ impl Plan {
 
     /// The header block's handler line.
     pub fn handler_line(&self) -> String {
+        let line = self.handler_said();
+        if self.reliable_doorbell {
+            format!("{line}, reliable doorbell (no doorbell record)")
+        } else {
+            line
+        }
+    }
+
+    fn handler_said(&self) -> String {
         match self.proxy_threads {
             Some(n) => format!(
                 "{} ({n} proxy thread{})",
@@ -307,6 +321,8 @@ pub struct Plan {
     pub mem: Mem,
     /// CPU proxy threads ringing the doorbells, or `None`: the posters ring.
     pub proxy_threads: Option<usize>,
+    /// `--reliable-doorbell`: queue pairs without a doorbell record.
+    pub reliable_doorbell: bool,
     /// Whether the doorbell page could not be mapped into the GPU, so the library's fallback
     /// proxy rings instead of the posters (found when the QPs are exported).
     pub fell_back: bool,
@@ -450,6 +466,7 @@ impl Common {
             scope: self.scope,
             mem,
             proxy_threads: self.cpu_proxy.then_some(self.proxy_threads),
+            reliable_doorbell: self.reliable_doorbell,
             fell_back: false,
             timeout: Duration::from_secs(self.timeout.unwrap_or(DEFAULT_TIMEOUT_S)),
             accept_wait: self.timeout.map(Duration::from_secs),

@@ -868,6 +868,46 @@ fn both_perftests_run_with_the_cpu_proxy() {
     assert_eq!(v["params"]["handler"], "cpu-proxy");
 }
 
+/// `--reliable-doorbell`: queue pairs without a doorbell record, posters ringing (CPU threads
+/// here; the GPU test below in kernels) and a CPU proxy ringing; the header and JSON say so.
+#[test]
+fn both_perftests_run_with_a_reliable_doorbell() {
+    let out = ok(
+        "put_bw",
+        &[
+            "--mode",
+            "cpu",
+            "--reliable-doorbell",
+            "-s",
+            "64",
+            "-n",
+            "2000",
+            "-q",
+            "2",
+        ],
+    );
+    assert!(out.contains("reliable doorbell (no doorbell record)"), "{out}");
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let out = ok(
+        "write_lat",
+        &[
+            "--mode",
+            "cpu",
+            "--reliable-doorbell",
+            "--cpu-proxy",
+            "-n",
+            "50",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["reliable_doorbell"], true, "{out}");
+    assert_eq!(v["params"]["handler"], "cpu-proxy");
+    let out = ok("write_lat", &["--mode", "cpu", "-n", "50", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["reliable_doorbell"], false, "{out}");
+}
+
 // ------------------------------------------------------------------------------ write_lat
 
 #[test]

@@ -159,6 +159,8 @@ struct Params {
     gpu: Option<String>,
     scope: Scope,
     handler: &'static str,
+    /// `--reliable-doorbell`: the queue pairs have no doorbell record.
+    reliable_doorbell: bool,
     /// Where the queues' rings are: `host` or `gpu`.
     rings: &'static str,
     qps: u32,
@@ -291,6 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
         handler: plan.handler(),
+        reliable_doorbell: plan.reliable_doorbell,
         rings: session.rings.clone(),
         receive: cli.receive()?,
         // Receives are kept posted: a SEND that finds none waits 10 us and is tried again.
@@ -1252,6 +1255,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         gpu: session.gpu_label(cli.common.gpu),
         scope: plan.scope,
         handler: plan.handler_name(),
+        reliable_doorbell: plan.reliable_doorbell,
         rings: session.rings_name(),
         qps: cli.qps,
         tx_depth: plan.tx_depth,

@@ -104,6 +104,8 @@ struct Params {
     mode: &'static str,
     gpu: Option<String>,
     handler: &'static str,
+    /// `--reliable-doorbell`: the queue pairs have no doorbell record.
+    reliable_doorbell: bool,
     /// Where the queues' rings are: `host` or `gpu`.
     rings: &'static str,
     memory: &'static str,
@@ -263,6 +265,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         timeout: plan.timeout,
         retry_timeout: plan.timeout.mul_f64(0.8),
         handler: plan.handler(),
+        reliable_doorbell: plan.reliable_doorbell,
         rings: session.rings.clone(),
         // A few receives are ever posted (the ping-pong keeps two ahead); a message that
         // found none would be tried again after 10 us.
@@ -368,6 +371,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         mode: if session.gpu.is_some() { "gpu" } else { "cpu" },
         gpu: session.gpu_label(cli.common.gpu),
         handler: plan.handler_name(),
+        reliable_doorbell: plan.reliable_doorbell,
         rings: session.rings_name(),
         memory: plan.mem.describe(),
         iterations: plan.iters,
