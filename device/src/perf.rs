@@ -188,6 +188,11 @@ pub unsafe fn ping_pong<M: Sharing>(
     iters: u32,
 ) -> Result<(), PostError> {
     let size = size.max(1);
+    let qp = if side.flags & gdaki_layout::perf::PING_PONG_BLUEFLAME != 0 {
+        qp.blueflame()
+    } else {
+        qp
+    };
     let post_flag = (side.post + size - 1) as *mut u8;
     let poll_flag = (side.poll + size - 1) as *const u8;
     let dst = Remote {

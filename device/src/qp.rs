@@ -174,6 +174,8 @@ pub struct Qp<M: Sharing, S: Scope = Thread> {
     defer: bool,
     /// Fence-mode bits the first WQE of each post carries (see [`Qp::fenced`]).
     fence: u8,
+    /// A lone WQE is rung by a BlueFlame write of itself (see [`Qp::blueflame`]).
+    blueflame: bool,
     _mode: PhantomData<M>,
 }
 
@@ -275,6 +277,7 @@ impl<M: Sharing> Qp<M, Thread> {
             scope: Thread,
             defer: false,
             fence: 0,
+            blueflame: false,
             _mode: PhantomData,
         }
     }
@@ -290,6 +293,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             scope,
             defer: self.defer,
             fence: self.fence,
+            blueflame: self.blueflame,
             _mode: PhantomData,
         }
     }
@@ -321,6 +325,24 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     pub const fn fenced(self) -> Self {
         Qp {
             fence: ctrl::FM_FENCE,
+            ..self
+        }
+    }
+
+    /// The same QP rung by BlueFlame where that can help: a post of one WQE through the
+    /// returned handle, exclusive and rung by the poster itself ([`DoorbellKind::Gpu`]), writes
+    /// the whole 64-byte WQE into the doorbell register instead of the 8-byte doorbell (after
+    /// the doorbell record, as a ConnectX needs it), so a NIC need not fetch the WQE from the
+    /// send queue before it starts: the write the latency of a lone small put waits on.
+    /// Anything else (several WQEs rung at once, shared handles, a proxy) rings as usual, as
+    /// rdma-core's `mlx5_post_send` uses BlueFlame only for a lone WQE. The WQE is still
+    /// written to the send queue. DOCA GPUNetIO's `submit_bf`; its register is the UAR's
+    /// doorbell register, which on a ConnectX must belong to a BlueFlame (write-combining)
+    /// UAR page for the 64 bytes to travel as one write.
+    #[inline(always)]
+    pub const fn blueflame(self) -> Self {
+        Qp {
+            blueflame: true,
             ..self
         }
     }
@@ -697,6 +719,12 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         match kind {
             // CPU-assisted posters do all a GPU doorbell does; only the doorbell's address is
             // a host word, which the proxy forwards to the UAR.
+            Some(DoorbellKind::Gpu) if !M::SHARED && self.blueflame && self.lone_wqe(pi) => {
+                self.ring_blueflame(pi);
+                // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+                unsafe { M::store_release(self.sq_rung(), pi) };
+                Ok(())
+            }
             Some(DoorbellKind::Gpu | DoorbellKind::CpuAssisted) if !M::SHARED => {
                 self.ring(pi);
                 // SAFETY: a counter (or the lock) of the live handle (`from_raw`), touched only through `M`'s atomics.
@@ -795,6 +823,48 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             arch::store_dbrec(record, dbrec::wq_counter(pi).to_be(), gpu);
             fence();
             arch::mmio_store(doorbell, word);
+        }
+    }
+
+    /// Whether ringing for `pi` announces exactly one WQE (exclusive use: `sq_rung` is ours).
+    #[inline(always)]
+    fn lone_wqe(&self, pi: u64) -> bool {
+        // SAFETY: a counter of the live handle.
+        (unsafe { M::load_acquire(self.sq_rung()) }) + 1 == pi
+    }
+
+    /// [`ring`](Self::ring) for the lone WQE `pi - 1` as a BlueFlame write: fence, record (if
+    /// the QP has one), fence, then the WQE's 64 bytes into the doorbell register, its control
+    /// segment first (whose first 8 bytes are what rdma-core rings with: its index and size, so
+    /// the HCA knows where the send queue ends). Exclusive use, or the holder of the lock.
+    #[inline(always)]
+    fn ring_blueflame(&self, pi: u64) {
+        let wqe = self.wqe_ptr(pi - 1) as *const u64;
+        // SAFETY: the record, the doorbell register (a BlueFlame register of at least 64
+        // bytes, the handle's contract for a poster-rung QP) and the WQE's block of the live
+        // send queue, which this poster wrote and marked ready.
+        unsafe {
+            let gpu = self.k.rings_in_gpu_memory;
+            let fence = || {
+                if gpu {
+                    arch::to_device_barrier_gpu()
+                } else {
+                    arch::to_device_barrier()
+                }
+            };
+            fence();
+            let record = self.k.sq_dbrec as *mut u32;
+            if !record.is_null() {
+                arch::store_dbrec(record, dbrec::wq_counter(pi).to_be(), gpu);
+                fence();
+            }
+            // Read back with plain loads (this thread wrote it): from GPU memory an L2 hit, from
+            // host memory eight reads across PCIe, which is why BlueFlame belongs with rings in
+            // GPU memory (docs/connectx-conformance.md).
+            let register = self.k.doorbell as *mut u64;
+            for i in 0..gdaki_layout::SEND_WQE_BB / 8 {
+                arch::mmio_store(register.add(i), wqe.add(i).read());
+            }
         }
     }
 

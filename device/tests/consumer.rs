@@ -32,7 +32,8 @@ struct Setup {
     cq: Vec<Line>,
     qp_dbrec: Box<[u32; 2]>,
     cq_dbrec: Box<[u32; 2]>,
-    doorbell: Box<u64>,
+    /// The doorbell register: 64 bytes, a BlueFlame write's size.
+    doorbell: Box<Line>,
     remote: Vec<Line>,
     local: Vec<Line>,
 }
@@ -79,7 +80,7 @@ impl Harness {
             cq,
             qp_dbrec: Box::new([0; 2]),
             cq_dbrec: Box::new([0; 2]),
-            doorbell: Box::new(0),
+            doorbell: Box::new(Line([0; 64])),
             remote: lines(remote_bytes),
             local: lines(remote_bytes),
         });
@@ -93,7 +94,7 @@ impl Harness {
         *s.qp = DevQp {
             sq_base: s.sq.as_ptr() as u64,
             sq_dbrec: unsafe { s.qp_dbrec.as_ptr().add(dbrec::SND_DBR) } as u64,
-            doorbell: &*s.doorbell as *const u64 as u64,
+            doorbell: s.doorbell.0.as_ptr() as u64,
             max_msg_size: max_msg,
             timeout_ns: 2_000_000_000,
             qpn: QPN,
@@ -204,14 +205,17 @@ fn run_consumer(c: &Consumer, p: Ptrs) -> Result<(), String> {
         let target = match kind {
             // CPU-assisted posters ring exactly as for a NIC (a proxy forwards the doorbell).
             DoorbellKind::Gpu | DoorbellKind::CpuAssisted => {
-                let (qpn, pi16) = doorbell::decode(db.to_ne_bytes());
+                // gdaki's doorbell, or a BlueFlame write whose first 8 bytes are the lone WQE's
+                // control segment (`ds` not 0): then it announces the end of that WQE.
+                let (qpn, pi16) = doorbell::producer(db.to_ne_bytes());
                 if db != 0 && qpn != QPN {
                     return Err(format!("doorbell for QP {qpn:#x}"));
                 }
+                let blueflame = db.to_ne_bytes()[7] != 0;
                 // The doorbell is the 8-byte image NVSHMEM's `ibgda_ring_db` stores:
                 // {htobe32(pi << 8), htobe32(qpn << 8)}, pi the 16-bit producer index.
                 let image = [((pi16 as u32) << 8).to_be_bytes(), (QPN << 8).to_be_bytes()].concat();
-                if db != 0 && db.to_ne_bytes()[..] != image[..] {
+                if db != 0 && !blueflame && db.to_ne_bytes()[..] != image[..] {
                     return Err(format!(
                         "doorbell {:02x?} is not the image {image:02x?}",
                         db.to_ne_bytes()
@@ -496,6 +500,42 @@ fn a_reliable_doorbell_never_writes_the_record() {
     many_posters_flagged::<Cta>(2, 300, 2, DoorbellKind::CpuAssisted, QP_NO_DOORBELL_RECORD);
     let rings = QP_NO_DOORBELL_RECORD | QP_RINGS_IN_GPU_MEMORY;
     many_posters_flagged::<Exclusive>(1, 500, 3, DoorbellKind::Gpu, rings);
+}
+
+/// BlueFlame (`Qp::blueflame`): a lone WQE is rung by writing all 64 of its bytes into the
+/// doorbell register, after the record; several WQEs rung at once (a deferred batch) ring with
+/// the plain doorbell. The consumer executes by either; every byte lands.
+#[test]
+fn a_lone_wqe_is_rung_by_a_blueflame_write_of_itself() {
+    for flags in [0, QP_NO_DOORBELL_RECORD] {
+        let mut h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 1 << 14);
+        if flags != 0 {
+            h = h.with_flags(flags);
+        }
+        let register = h.setup.doorbell.0.as_ptr() as *const u64;
+        let read_register = || -> [u64; 8] { std::array::from_fn(|i| unsafe { register.add(i).read_volatile() }) };
+        let qp = h.qp::<Exclusive>().blueflame();
+        for i in 0..40u64 {
+            let t = qp.put(h.remote(i * 64), h.local(i * 64), 64).unwrap();
+            qp.wait(t).unwrap();
+            // The register holds WQE `t` whole, as the send queue does.
+            let wqe = qp.wqe_ptr(t) as *const u64;
+            let in_sq: [u64; 8] = std::array::from_fn(|k| unsafe { wqe.add(k).read_volatile() });
+            assert_eq!(read_register(), in_sq, "put {i}");
+        }
+        // A deferred batch of three: one plain doorbell for all of them.
+        let batch = qp.deferred();
+        let mut last = 0;
+        for i in 40..43u64 {
+            last = batch.put(h.remote(i * 64), h.local(i * 64), 64).unwrap();
+        }
+        batch.commit().unwrap();
+        qp.wait(last).unwrap();
+        assert_eq!(read_register()[0], doorbell::word(QPN, last + 1), "a plain doorbell");
+        assert_eq!(&h.remote_bytes()[..43 * 64], &h.local_bytes()[..43 * 64]);
+        let seen = h.finish();
+        assert_eq!(seen.len(), 43);
+    }
 }
 
 /// Deferred posts: the consumer sees nothing until the commit, which rings once for all of

@@ -910,6 +910,39 @@ fn both_perftests_run_with_a_reliable_doorbell() {
 
 // ------------------------------------------------------------------------------ write_lat
 
+/// `--blueflame`: each message rung by a BlueFlame write of its WQE, which the soft HCA takes
+/// as a doorbell; the header and JSON say so, and a ring the poster does not do is refused.
+#[test]
+fn write_lat_rings_with_blueflame_writes() {
+    let out = ok("write_lat", &["--mode", "cpu", "--blueflame", "-n", "200"]);
+    assert!(out.contains("a BlueFlame write of each message's WQE"), "{out}");
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let out = ok(
+        "write_lat",
+        &[
+            "--mode",
+            "cpu",
+            "--blueflame",
+            "-s",
+            "16",
+            "-I",
+            "16",
+            "-n",
+            "100",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["blueflame"], true, "{out}");
+    let out = run(
+        "write_lat",
+        &["--mode", "cpu", "--blueflame", "--cpu-proxy", "-n", "10"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--blueflame") && err.contains("--cpu-proxy"), "{err}");
+}
+
 #[test]
 fn write_lat_loopback_prints_a_perftest_table() {
     let out = ok("write_lat", &["--mode", "cpu", "-n", "100"]);

@@ -340,6 +340,7 @@ fn write_lat_kernel_ping_pongs_between_two_qps() {
         initiator,
         send: false,
         inline_max: 0,
+        blueflame: false,
     };
     // Messages that fit their WQE go inline (perftest's -I): each side's bytes, read once from
     // its post buffer, with each round's flag.

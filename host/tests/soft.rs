@@ -680,7 +680,7 @@ fn ping_pong_messages_up_to_inline_max_travel_in_their_wqe() {
             rq: 0,
             recv_len: SIZE,
             inline_max,
-            pad: 0,
+            flags: 0,
         };
         let results = thread::scope(|s| {
             let workers: Vec<_> = [&a, &b]
@@ -756,6 +756,50 @@ fn a_control_segment_written_to_the_doorbell_rings_it() {
             mr.read_vec(1024 + 64 * k as u64, 64).unwrap(),
             pattern(3, 512)[64 * k..64 * k + 64],
             "WRITE {k} (BlueFlame: {whole})"
+        );
+    }
+    assert_eq!(qp.error(), None);
+}
+
+/// A poster's BlueFlame writes (`Qp::blueflame`: the lone WQE's 64 bytes into the doorbell
+/// register) ring the soft HCA as a doorbell does: puts, inline puts and reads land, and a
+/// deferred batch rung with the plain doorbell between them too.
+#[test]
+fn blueflame_writes_from_a_poster_ring_the_soft_hca() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
+    let mr = ctx.alloc_region(1 << 16, Access::ALL).unwrap();
+    mr.write(0, &pattern(5, 4096)).unwrap();
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap().blueflame();
+    for i in 0..50u64 {
+        let t = match i % 3 {
+            0 => dev.put(mr.remote(8192 + i * 64), mr.local(i * 64), 64),
+            1 => dev.put_inline(mr.remote(8192 + i * 64), &pattern(5, 4096)[i as usize * 64..][..28]),
+            _ => dev.get(mr.local(16384 + i * 64), mr.remote(i * 64), 64),
+        }
+        .unwrap();
+        dev.wait(t).unwrap();
+    }
+    let batch = dev.deferred();
+    let mut last = 0;
+    for i in 50..60u64 {
+        last = batch.put(mr.remote(8192 + i * 64), mr.local(i * 64), 64).unwrap();
+    }
+    batch.commit().unwrap();
+    dev.wait(last).unwrap();
+    let src = pattern(5, 4096);
+    for i in 0..60usize {
+        let (at, len) = match i % 3 {
+            _ if i >= 50 => (8192 + i * 64, 64),
+            0 => (8192 + i * 64, 64),
+            1 => (8192 + i * 64, 28),
+            _ => (16384 + i * 64, 64),
+        };
+        assert_eq!(
+            mr.read_vec(at as u64, len).unwrap(),
+            src[i * 64..][..len],
+            "operation {i}"
         );
     }
     assert_eq!(qp.error(), None);

@@ -40,9 +40,13 @@ pub struct PingPongSide {
     /// post buffer's bytes are read once, before the first message, and only the flag byte
     /// changes. 0: none (every message is gathered from `post` by the HCA).
     pub inline_max: u32,
-    /// Pads to 8 bytes.
-    pub pad: u32,
+    /// `PING_PONG_*` flags ([`PING_PONG_BLUEFLAME`]).
+    pub flags: u32,
 }
+
+/// `PingPongSide::flags`: each message is rung by a BlueFlame write of its WQE
+/// (`gdaki_device::Qp::blueflame`; `write_lat --blueflame`).
+pub const PING_PONG_BLUEFLAME: u32 = 1 << 0;
 
 const _: () = {
     use core::mem::{offset_of, size_of};

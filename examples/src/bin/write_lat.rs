@@ -54,6 +54,11 @@ struct Cli {
     /// whose WQEs are written ahead from the buffers.
     #[arg(short = 'I', long = "inline-size", value_name = "BYTES")]
     inline_size: Option<u32>,
+    /// Ring each message with a BlueFlame write of its WQE (the WQE's 64 bytes into the
+    /// doorbell register, DOCA's `submit_bf`) instead of the 8-byte doorbell. Not with
+    /// --cpu-proxy or --stream, which do not ring from the poster.
+    #[arg(long)]
+    blueflame: bool,
 }
 
 impl Cli {
@@ -116,6 +121,8 @@ struct Params {
     sizes: Vec<u64>,
     /// `-I`: messages of at most this many bytes went inline (0: none).
     inline_size: u32,
+    /// `--blueflame`: each message was rung by a BlueFlame write of its WQE.
+    blueflame: bool,
 }
 
 /// The references, in microseconds (medians).
@@ -253,6 +260,12 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let inline_max = cli.inline_max()?;
+    if cli.blueflame && (cli.stream || cli.common.cpu_proxy) {
+        bail!(
+            "--blueflame: the poster writes its WQE into the doorbell register, and with {} it does not ring",
+            if cli.stream { "--stream" } else { "--cpu-proxy" }
+        );
+    }
     let mut plan = cli.common.plan(2, 1000, || gdaki::cuda::why_unusable(cli.common.gpu))?;
     eprintln!("write_lat: {}", plan.mode_line);
     if plan.gpu.is_some() && plan.mem == gdaki_examples::cli::Mem::Host {
@@ -378,6 +391,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         duration_s: plan.duration.map(|d| d.as_secs()),
         sizes: plan.sizes.clone(),
         inline_size: inline_max,
+        blueflame: cli.blueflame,
     };
     if !cli.common.json {
         print_header(&session, &plan, &params, &sides, address_lines, cli.send);
@@ -417,6 +431,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             initiator: s.initiator,
                             send: cli.send,
                             inline_max,
+                            blueflame: cli.blueflame,
                         })
                         .collect();
                     let run = gpu.run_write_lat(&dev, size, plan.iters)?;
@@ -429,7 +444,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     run.times.into_iter().zip(run.posted).map(Stamps::from).collect()
                 }
-                (None, None) => cpu_ping_pong(&sides, size, plan.iters, cli.send, inline_max)?,
+                (None, None) => cpu_ping_pong(&sides, size, plan.iters, cli.send, inline_max, cli.blueflame)?,
             };
             session.agree(step(), Ok(()))?; // both sides done
                                             // Every side received the other's message and the last flag.
@@ -526,7 +541,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// The side as the device code runs it, in CPU mode (`qp` 0: the caller passes its own view);
 /// two-sided with `send`.
-fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64, send: bool, inline_max: u32) -> PingPongSide {
+fn ping_pong_side(
+    s: &Side,
+    to: gdaki_device::Remote,
+    qp: u64,
+    send: bool,
+    inline_max: u32,
+    blueflame: bool,
+) -> PingPongSide {
     PingPongSide {
         qp,
         post: s.post.addr(),
@@ -544,7 +566,11 @@ fn ping_pong_side(s: &Side, to: gdaki_device::Remote, qp: u64, send: bool, inlin
         },
         recv_len: s.poll.len(),
         inline_max,
-        pad: 0,
+        flags: if blueflame {
+            gdaki_layout::perf::PING_PONG_BLUEFLAME
+        } else {
+            0
+        },
     }
 }
 
@@ -556,6 +582,7 @@ fn cpu_ping_pong(
     iters: u32,
     send: bool,
     inline_max: u32,
+    blueflame: bool,
 ) -> anyhow::Result<Vec<Stamps>> {
     std::thread::scope(|sc| {
         let workers: Vec<_> = sides
@@ -566,7 +593,7 @@ fn cpu_ping_pong(
                         sent: vec![0u64; iters as usize],
                         posted: vec![0u64; iters as usize],
                     };
-                    let mut side = ping_pong_side(s, *to, 0, send, inline_max);
+                    let mut side = ping_pong_side(s, *to, 0, send, inline_max, blueflame);
                     side.times = stamps.sent.as_mut_ptr() as u64;
                     side.posted = stamps.posted.as_mut_ptr() as u64;
                     // SAFETY: this thread is the QP's only poster (exclusive) and, two-sided,
@@ -841,6 +868,14 @@ fn print_header(
             match p.inline_size {
                 0 => "none: the HCA reads every message from the post buffer".into(),
                 n => format!("messages of up to {n} bytes travel in their WQE (-I)"),
+            },
+        ),
+        (
+            "Doorbell",
+            if p.blueflame {
+                "a BlueFlame write of each message's WQE (--blueflame)".into()
+            } else {
+                "8 bytes".into()
             },
         ),
         (

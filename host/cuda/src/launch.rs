@@ -164,6 +164,8 @@ pub struct WriteLatSide<'a> {
     /// Messages of at most this many bytes travel inline in their WQE (perftest's `-I`; see
     /// `gdaki_device::perf::ping_pong`); 0: none.
     pub inline_max: u32,
+    /// Each message is rung by a BlueFlame write of its WQE (`gdaki_device::Qp::blueflame`).
+    pub blueflame: bool,
 }
 
 impl Gpu {
@@ -286,7 +288,11 @@ impl Gpu {
                 rq: if s.send { s.qp.receive_handle().unwrap_or(0) } else { 0 },
                 recv_len: s.poll.len(),
                 inline_max: s.inline_max,
-                pad: 0,
+                flags: if s.blueflame {
+                    gdaki_layout::perf::PING_PONG_BLUEFLAME
+                } else {
+                    0
+                },
             })
             .collect();
         let sides_dev = stream.clone_htod(bytemuck::cast_slice::<PingPongSide, u8>(&dev))?;
