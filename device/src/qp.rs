@@ -794,8 +794,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// doorbell leaves a fence earlier: a put's one-way latency through the soft HCA went from
     /// 8.0 to 5.5 us on an H100 (docs/figures.md).
     ///
-    /// A QP with a reliable doorbell ([`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD)) has no recovery to cover:
-    /// fence, doorbell.
+    /// A QP with a reliable doorbell ([`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD))
+    /// has no recovery to cover: fence, doorbell, fence.
     #[inline(always)]
     pub fn ring(&self, pi: u64) {
         // SAFETY: the record and doorbell addresses come from the live handle.
@@ -818,6 +818,10 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             // across every post and cost the shared paths up to 7 registers.
             let record = self.k.sq_dbrec as *mut u32;
             if record.is_null() {
+                // The fence after pushes the doorbell out at once: without it, write_lat 8 B
+                // took 4.5-4.8 us (t_typical) through the soft HCA on an H100, with it 4.2-4.3,
+                // as with the record's fence in between (docs/figures.md).
+                fence();
                 return;
             }
             arch::store_dbrec(record, dbrec::wq_counter(pi).to_be(), gpu);

@@ -29,7 +29,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_put", 235),
     ("gdaki_put_inline", 213),
     ("gdaki_put_signal", 245),
-    ("gdaki_quiet", 157),
+    ("gdaki_quiet", 158),
     ("gdaki_recv_arrived", 36),
     ("gdaki_send", 220),
     ("gdaki_send_imm", 213),
