@@ -802,15 +802,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         unsafe {
             let doorbell = self.k.doorbell as *mut u64;
             let word = doorbell::word(self.qpn(), pi);
-            // The fences' scope is the memory the HCA reads the WQEs and the record from.
-            let gpu = self.k.rings_in_gpu_memory;
-            let fence = || {
-                if gpu {
-                    arch::to_device_barrier_gpu()
-                } else {
-                    arch::to_device_barrier()
-                }
-            };
+            let (gpu, fence) = (self.k.rings_in_gpu_memory, || self.doorbell_fence());
             fence();
             arch::mmio_store(doorbell, word);
             // A QP without a record has none in its handle (address 0, with the flag): the
@@ -827,6 +819,17 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             arch::store_dbrec(record, dbrec::wq_counter(pi).to_be(), gpu);
             fence();
             arch::mmio_store(doorbell, word);
+        }
+    }
+
+    /// The fence before a doorbell (and between record and doorbell): its scope is the memory
+    /// the HCA reads the WQEs and the record from.
+    #[inline(always)]
+    fn doorbell_fence(&self) {
+        if self.k.rings_in_gpu_memory {
+            arch::to_device_barrier_gpu()
+        } else {
+            arch::to_device_barrier()
         }
     }
 
@@ -848,14 +851,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         // bytes, the handle's contract for a poster-rung QP) and the WQE's block of the live
         // send queue, which this poster wrote and marked ready.
         unsafe {
-            let gpu = self.k.rings_in_gpu_memory;
-            let fence = || {
-                if gpu {
-                    arch::to_device_barrier_gpu()
-                } else {
-                    arch::to_device_barrier()
-                }
-            };
+            let (gpu, fence) = (self.k.rings_in_gpu_memory, || self.doorbell_fence());
             fence();
             let record = self.k.sq_dbrec as *mut u32;
             if !record.is_null() {
