@@ -810,9 +810,9 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             // across every post and cost the shared paths up to 7 registers.
             let record = self.k.sq_dbrec as *mut u32;
             if record.is_null() {
-                // The fence after pushes the doorbell out at once: without it, write_lat 8 B
-                // took 4.5-4.8 us (t_typical) through the soft HCA on an H100, with it 4.2-4.3,
-                // as with the record's fence in between (docs/figures.md).
+                // The fence after it sends the doorbell on at once: without it write_lat 8 B
+                // measured 4.5-4.8 us (t_typical, soft HCA, H100), with it 4.2-4.3, in one run
+                // (docs/figures.md, with a later run where both modes were within noise).
                 fence();
                 return;
             }
