@@ -320,9 +320,22 @@ fn the_device_report_judges_each_requirement() {
     .unwrap();
     opened.caps.general.log_max_qp_sz = 10;
     opened.caps.atomic.operations = AtomicCaps::FETCH_ADD;
+    // A ConnectX-7: no reliable doorbell; and a device without Core-Direct.
+    opened.caps.general2.send_dbr_mode_no_dbr_ext = false;
+    opened.caps.general.cd = false;
     let rep = opened.report();
     let unmet: Vec<_> = rep.requirements.iter().filter(|r| !r.met).map(|r| r.what).collect();
-    assert_eq!(unmet, ["atomics on RC QPs", "send queue size"]);
+    assert_eq!(
+        unmet,
+        [
+            "atomics on RC QPs",
+            "Core-Direct WAIT",
+            "reliable doorbell",
+            "send queue size"
+        ]
+    );
+    let rd = rep.requirements.iter().find(|r| r.what == "reliable doorbell").unwrap();
+    assert!(rd.without.contains("reliable_doorbell is refused"), "{rd:?}");
     // Each limit says what it costs: a smaller send queue limits -t, not the message size.
     let sq = rep.requirements.iter().find(|r| r.what == "send queue size").unwrap();
     assert!(

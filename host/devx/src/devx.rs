@@ -256,6 +256,25 @@ impl Opened {
                 met: a.reply_mode <= 1,
                 without: "",
             },
+            Requirement {
+                what: "Core-Direct WAIT",
+                needed: "cmd_hca_cap.cd, for counters the HCA advances".into(),
+                found: if g.cd { "supported" } else { "not supported" }.into(),
+                met: g.cd,
+                without: "cross-channel queue pairs, and so counters (count_when_done), are refused",
+            },
+            Requirement {
+                what: "reliable doorbell",
+                needed: "cmd_hca_cap_2.send_dbr_mode_no_dbr_ext, for queue pairs without a doorbell record".into(),
+                found: if self.caps.general2.send_dbr_mode_no_dbr_ext {
+                    "supported"
+                } else {
+                    "not supported"
+                }
+                .into(),
+                met: self.caps.general2.send_dbr_mode_no_dbr_ext,
+                without: "QpConfig::reliable_doorbell is refused; posters write the doorbell record as always",
+            },
             size(
                 "send queue size",
                 "WQEs",
