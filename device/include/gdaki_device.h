@@ -55,8 +55,6 @@ extern "C" {
 #define GDAKI_QP_FLUSH_AFTER_FETCH 2u
 /** flags: rings in GPU memory */
 #define GDAKI_QP_RINGS_IN_GPU_MEMORY 4u
-/** flags: reliable doorbell, no doorbell record */
-#define GDAKI_QP_NO_DOORBELL_RECORD 8u
 /** doorbell_kind: the poster rings */
 #define GDAKI_DOORBELL_GPU 0u
 /** doorbell_kind: a CPU proxy rings */
@@ -188,7 +186,7 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_qp {
   uint64_t sq_base;
   /**
    * Address of the send word of the QP doorbell record (record + 4); 0 for a QP without a
-   * record ([`QP_NO_DOORBELL_RECORD`]).
+   * record ([`DevQp::no_doorbell_record`]).
    */
   uint64_t sq_dbrec;
   /**
@@ -218,7 +216,7 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_qp {
   uint8_t doorbell_kind;
   /**
    * `QP_*` flags ([`QP_ATOMIC_REPLY_HOST_ORDER`], [`QP_FLUSH_AFTER_FETCH`],
-   * [`QP_RINGS_IN_GPU_MEMORY`], [`QP_NO_DOORBELL_RECORD`]).
+   * [`QP_RINGS_IN_GPU_MEMORY`]).
    */
   uint8_t flags;
   /**

@@ -97,7 +97,7 @@ pub enum DoorbellWrites {
     /// ordered, and a HCA that recovers a lost doorbell from the record then finds it current.
     Doorbell {
         /// The record's word (big-endian counter, as stored); `None` for a reliable doorbell
-        /// (no record: [`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD)).
+        /// (no record: [`DevQp::no_doorbell_record`]).
         record: Option<u32>,
         /// The doorbell's 8 bytes as one word.
         doorbell: u64,
@@ -794,8 +794,8 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// doorbell leaves a fence earlier: a put's one-way latency through the soft HCA went from
     /// 8.0 to 5.5 us on an H100 (docs/figures.md).
     ///
-    /// A QP with a reliable doorbell ([`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD))
-    /// has no recovery to cover: fence, doorbell, fence.
+    /// A QP with a reliable doorbell ([`DevQp::no_doorbell_record`]) has no recovery to cover:
+    /// fence, doorbell, fence.
     #[inline(always)]
     pub fn ring(&self, pi: u64) {
         // SAFETY: the record and doorbell addresses come from the live handle.
@@ -805,9 +805,9 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             let (gpu, fence) = (self.k.rings_in_gpu_memory, || self.doorbell_fence());
             fence();
             arch::mmio_store(doorbell, word);
-            // A QP without a record has none in its handle (address 0, with the flag): the
-            // address is needed here anyway, where testing the flag kept another value live
-            // across every post and cost the shared paths up to 7 registers.
+            // A QP without a record names none in its handle (address 0): the address is needed
+            // here anyway, where testing a flag kept another value live across every post and
+            // cost the shared paths up to 7 registers.
             let record = self.k.sq_dbrec as *mut u32;
             if record.is_null() {
                 // The fence after it sends the doorbell on at once: without it write_lat 8 B

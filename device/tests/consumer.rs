@@ -11,9 +11,7 @@ use gdaki_device::scope::Group;
 use gdaki_device::{AtomicOp, Cta, Exclusive, Gpu, Local, PostError, Qp, Remote, Scope, Sharing, WaitError};
 use gdaki_layout::cqe::{Cqe64, ErrCqe};
 use gdaki_layout::ctrl::FenceMode;
-use gdaki_layout::handle::{
-    QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH, QP_NO_DOORBELL_RECORD, QP_RINGS_IN_GPU_MEMORY,
-};
+use gdaki_layout::handle::{QP_ATOMIC_REPLY_HOST_ORDER, QP_FLUSH_AFTER_FETCH, QP_RINGS_IN_GPU_MEMORY};
 use gdaki_layout::wqe::{Operation, Payload, WorkRequest, WqeView};
 use gdaki_layout::{dbrec, doorbell, ring, AtomicReplyOrder, DevCq, DevQp, DoorbellKind, Syndrome, WqeOpcode};
 
@@ -136,13 +134,16 @@ impl Harness {
         }
     }
 
-    /// Sets the handle's `QP_*` flags (before anything is posted); a QP without a doorbell
-    /// record names none in its handle, as the host library writes it.
+    /// Sets the handle's `QP_*` flags (before anything is posted).
     fn with_flags(mut self, flags: u8) -> Self {
         self.setup.qp.flags = flags;
-        if flags & QP_NO_DOORBELL_RECORD != 0 {
-            self.setup.qp.sq_dbrec = 0;
-        }
+        self
+    }
+
+    /// A reliable doorbell's handle (before anything is posted): it names no record, as the
+    /// host library writes it. The consumer still watches the record's memory.
+    fn without_record(mut self) -> Self {
+        self.setup.qp.sq_dbrec = 0;
         self
     }
 
@@ -364,15 +365,22 @@ fn pattern(off: usize, len: usize) -> Vec<u8> {
 
 /// Many threads post puts of varied sizes into one QP; every byte lands, WQEs arrive in order.
 fn many_posters<M: Sharing>(threads: usize, per_thread: usize, sq_log: u32, kind: DoorbellKind) {
-    many_posters_flagged::<M>(threads, per_thread, sq_log, kind, 0)
+    many_posters_with::<M>(threads, per_thread, sq_log, kind, 0, true)
 }
 
-/// [`many_posters`] into a QP whose handle carries `flags`.
-fn many_posters_flagged<M: Sharing>(threads: usize, per_thread: usize, sq_log: u32, kind: DoorbellKind, flags: u8) {
+/// [`many_posters`] into a QP whose handle carries `flags`, and a doorbell record or none.
+fn many_posters_with<M: Sharing>(
+    threads: usize,
+    per_thread: usize,
+    sq_log: u32,
+    kind: DoorbellKind,
+    flags: u8,
+    record: bool,
+) {
     let chunk = 256usize;
-    let mut h = Harness::new(sq_log, kind, 1 << 30, threads * per_thread * chunk);
-    if flags != 0 {
-        h = h.with_flags(flags);
+    let mut h = Harness::new(sq_log, kind, 1 << 30, threads * per_thread * chunk).with_flags(flags);
+    if !record {
+        h = h.without_record();
     }
     thread::scope(|s| {
         for t in 0..threads {
@@ -495,11 +503,10 @@ fn cpu_assisted_posters_ring_a_host_word_as_they_would_a_nic() {
 /// doorbell, fails the test if anything writes the record.
 #[test]
 fn a_reliable_doorbell_never_writes_the_record() {
-    many_posters_flagged::<Exclusive>(1, 2000, 3, DoorbellKind::Gpu, QP_NO_DOORBELL_RECORD);
-    many_posters_flagged::<Gpu>(4, 300, 4, DoorbellKind::Gpu, QP_NO_DOORBELL_RECORD);
-    many_posters_flagged::<Cta>(2, 300, 2, DoorbellKind::CpuAssisted, QP_NO_DOORBELL_RECORD);
-    let rings = QP_NO_DOORBELL_RECORD | QP_RINGS_IN_GPU_MEMORY;
-    many_posters_flagged::<Exclusive>(1, 500, 3, DoorbellKind::Gpu, rings);
+    many_posters_with::<Exclusive>(1, 2000, 3, DoorbellKind::Gpu, 0, false);
+    many_posters_with::<Gpu>(4, 300, 4, DoorbellKind::Gpu, 0, false);
+    many_posters_with::<Cta>(2, 300, 2, DoorbellKind::CpuAssisted, 0, false);
+    many_posters_with::<Exclusive>(1, 500, 3, DoorbellKind::Gpu, QP_RINGS_IN_GPU_MEMORY, false);
 }
 
 /// BlueFlame (`Qp::blueflame`): a lone WQE is rung by writing all 64 of its bytes into the
@@ -507,10 +514,10 @@ fn a_reliable_doorbell_never_writes_the_record() {
 /// the plain doorbell. The consumer executes by either; every byte lands.
 #[test]
 fn a_lone_wqe_is_rung_by_a_blueflame_write_of_itself() {
-    for flags in [0, QP_NO_DOORBELL_RECORD] {
+    for record in [true, false] {
         let mut h = Harness::new(3, DoorbellKind::Gpu, 1 << 20, 1 << 14);
-        if flags != 0 {
-            h = h.with_flags(flags);
+        if !record {
+            h = h.without_record();
         }
         let register = h.setup.doorbell.0.as_ptr() as *const u64;
         let read_register = || -> [u64; 8] { std::array::from_fn(|i| unsafe { register.add(i).read_volatile() }) };

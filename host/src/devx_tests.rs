@@ -256,12 +256,11 @@ fn queues_send_the_devx_sequence_a_connectx_expects() {
     );
 }
 
-/// A reliable doorbell reaches the device as `qpc.send_dbr_mode` NO_DBR_EXT and the handle's
-/// `QP_NO_DOORBELL_RECORD`; without the capability (a
-/// ConnectX-7) it is refused before anything is created, and it is off by default.
+/// A reliable doorbell reaches the device as `qpc.send_dbr_mode` NO_DBR_EXT and a handle that
+/// names no record; without the capability (a ConnectX-7) it is refused before anything is
+/// created, and it is off by default.
 #[test]
 fn a_reliable_doorbell_is_asked_of_the_device_only_where_it_has_one() {
-    use gdaki_layout::handle::QP_NO_DOORBELL_RECORD;
     use gdaki_layout::prm::layout::{create_qp_in, qpc};
     assert!(!QpConfig::default().reliable_doorbell);
     let (ctx, rec) = recording_context();
@@ -285,7 +284,7 @@ fn a_reliable_doorbell_is_asked_of_the_device_only_where_it_has_one() {
         assert_eq!(dbr_mode(&rec), reliable as u8, "send_dbr_mode");
         // SAFETY: the CPU handle, read whole.
         let h = unsafe { qp.device_handle().read() };
-        assert_eq!(h.flags & QP_NO_DOORBELL_RECORD != 0, reliable);
+        assert_eq!(h.no_doorbell_record(), reliable, "the handle names a record or none");
     }
     let (ctx, rec) = recording_context_of(false, true);
     assert!(!ctx.supports_reliable_doorbell());

@@ -373,7 +373,7 @@ impl Qp {
     /// posters ring the proxy word as they would the UAR and the proxy forwards (CPU-assisted).
     fn ring_word(&self, handler: DoorbellHandler) -> (u64, DoorbellKind) {
         match handler {
-            DoorbellHandler::Gpu => (self.uar.uar.base + self.doorbell_offset(), DoorbellKind::Gpu),
+            DoorbellHandler::Gpu => (self.doorbell_addr(), DoorbellKind::Gpu),
             DoorbellHandler::CpuProxy if self.queues_in_gpu_memory() => {
                 (self.proxy_word.addr(), DoorbellKind::CpuAssisted)
             }
@@ -382,9 +382,8 @@ impl Qp {
     }
 
     /// `DevQp::sq_dbrec` for a send queue at `sq` (in the address space of the handle's
-    /// posters): the send word of its record, or 0 for a QP without one
-    /// ([`QP_NO_DOORBELL_RECORD`](gdaki_layout::handle::QP_NO_DOORBELL_RECORD), which the
-    /// device code tells by this address: it needs the address to ring anyway).
+    /// posters): the send word of its record, or 0 for a QP without one, which is how the
+    /// handle says so ([`DevQp::no_doorbell_record`]).
     fn sq_dbrec_for_posters(&self, sq: u64) -> u64 {
         if self.reliable_doorbell {
             0
@@ -728,11 +727,6 @@ impl QueuePair {
             flags: reply.qp_flags()
                 | if qp.queues_in_gpu_memory() {
                     gdaki_layout::handle::QP_RINGS_IN_GPU_MEMORY
-                } else {
-                    0
-                }
-                | if cfg.reliable_doorbell {
-                    gdaki_layout::handle::QP_NO_DOORBELL_RECORD
                 } else {
                     0
                 },
@@ -1650,7 +1644,6 @@ mod tests {
         let record = |qp: &QueuePair| {
             // SAFETY: the live QP's handle, read whole.
             let h = unsafe { qp.device_handle().read() };
-            assert_ne!(h.flags & gdaki_layout::handle::QP_NO_DOORBELL_RECORD, 0);
             assert_eq!(h.sq_dbrec, 0, "the handle names no record");
             // SAFETY: the send word of the record, an aligned u32 of the QP's umem (host memory),
             // which the QP keeps.

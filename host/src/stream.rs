@@ -750,10 +750,8 @@ pub struct StreamQp<'q> {
     space: Space,
     kind: DoorbellKind,
     qpn: u32,
-    /// The record is written before the doorbell (clear for a reliable doorbell).
-    with_record: bool,
-    /// The executor's addresses of the send doorbell record, the doorbell (or proxy word) and
-    /// CQE 0.
+    /// The executor's addresses of the send doorbell record (0: the QP has none), the doorbell
+    /// (or proxy word) and CQE 0.
     record: u64,
     doorbell: u64,
     cqe_base: u64,
@@ -879,7 +877,6 @@ impl<'q> StreamQp<'q> {
             space,
             kind,
             qpn: view.qpn,
-            with_record: !view.no_doorbell_record(),
             record: view.sq_dbrec,
             doorbell: view.doorbell,
             cqe_base: view.cq.cqe_base,
@@ -960,7 +957,7 @@ impl<'q> StreamQp<'q> {
     /// The stores that ring the doorbell for every WQE before `end`: the record, then the
     /// doorbell; through a CPU proxy the producer index into the proxy's word.
     fn doorbell_stores(&self, end: u64) -> Vec<Store> {
-        match DoorbellWrites::new(self.kind, self.qpn, end, self.with_record) {
+        match DoorbellWrites::new(self.kind, self.qpn, end, self.record != 0) {
             DoorbellWrites::Doorbell { record, doorbell } => record
                 .map(|value| Store::U32 {
                     addr: self.record,

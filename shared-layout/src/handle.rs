@@ -28,10 +28,13 @@ impl DevQp {
         self.flags & QP_RINGS_IN_GPU_MEMORY != 0
     }
 
-    /// Whether the QP is rung without a doorbell record ([`QP_NO_DOORBELL_RECORD`]).
+    /// Whether the QP is rung without a doorbell record (a reliable doorbell: DOCA GPUNetIO's
+    /// `GPU_SM_NO_DBR`, the QP created with `qpc.send_dbr_mode` `NO_DBR_EXT`): its handle names
+    /// no record ([`sq_dbrec`](Self::sq_dbrec) 0), so posters and proxies ring once and the HCA
+    /// takes every doorbell as it comes.
     #[inline(always)]
     pub const fn no_doorbell_record(&self) -> bool {
-        self.flags & QP_NO_DOORBELL_RECORD != 0
+        self.sq_dbrec == 0
     }
 
     /// The byte order of fetched atomic values on this QP.
@@ -122,12 +125,6 @@ pub const QP_FLUSH_AFTER_FETCH: u8 = 1 << 1;
 /// the HCA reads from the rings; a kernel that puts data it wrote into host memory orders those
 /// writes itself first (`gdaki_device::publish_host_writes`).
 pub const QP_RINGS_IN_GPU_MEMORY: u8 = 1 << 2;
-/// `DevQp::flags`: a reliable doorbell (DOCA GPUNetIO's `GPU_SM_NO_DBR`, the QP created with
-/// `qpc.send_dbr_mode` `NO_DBR_EXT`): the HCA takes every doorbell as it comes and never reads
-/// the send doorbell record, so posters and proxies ring once and leave the record alone; clear:
-/// the record is written before the doorbell (and the GPU rings again after it). Such a handle's
-/// `sq_dbrec` is 0, which is what the posting code tests.
-pub const QP_NO_DOORBELL_RECORD: u8 = 1 << 3;
 
 /// A layout's fingerprint: FNV-1a over the words of `parts` (each as 8 little-endian bytes),
 /// folded to 16 bits. The handles' version words carry it over their fields' offsets and sizes.
@@ -287,7 +284,7 @@ pub struct DevQp {
     /// Address of WQE building block 0 (`1 << sq_log_size` blocks of 64 bytes).
     pub sq_base: u64,
     /// Address of the send word of the QP doorbell record (record + 4); 0 for a QP without a
-    /// record ([`QP_NO_DOORBELL_RECORD`]).
+    /// record ([`DevQp::no_doorbell_record`]).
     pub sq_dbrec: u64,
     /// GPU handler: address of the 8-byte doorbell register. CPU proxy: address of the u64
     /// producer index the proxy watches.
@@ -303,7 +300,7 @@ pub struct DevQp {
     /// [`DoorbellKind`] as a byte.
     pub doorbell_kind: u8,
     /// `QP_*` flags ([`QP_ATOMIC_REPLY_HOST_ORDER`], [`QP_FLUSH_AFTER_FETCH`],
-    /// [`QP_RINGS_IN_GPU_MEMORY`], [`QP_NO_DOORBELL_RECORD`]).
+    /// [`QP_RINGS_IN_GPU_MEMORY`]).
     pub flags: u8,
     /// Pads `version` to its alignment.
     pub version_pad: [u8; 2],

@@ -176,12 +176,6 @@ fn constants() -> Vec<(&'static str, u64, &'static str, &'static str)> {
             "flags: rings in GPU memory",
         ),
         (
-            "GDAKI_QP_NO_DOORBELL_RECORD",
-            handle::QP_NO_DOORBELL_RECORD as u64,
-            "u",
-            "flags: reliable doorbell, no doorbell record",
-        ),
-        (
             "GDAKI_DOORBELL_GPU",
             DoorbellKind::Gpu as u64,
             "u",

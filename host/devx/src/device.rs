@@ -105,11 +105,6 @@ impl Uar {
     pub fn reg_addr(&self) -> u64 {
         self.base + self.reg_offset
     }
-
-    /// The CPU address of the doorbell register of QPs without a doorbell record.
-    pub fn dbr_less_addr(&self) -> u64 {
-        self.base + self.dbr_less_offset
-    }
 }
 
 /// A device object (CQ or QP) as the device tracks it: its handle for modify / query /
