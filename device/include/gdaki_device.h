@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 /** version word of gdaki_dev_qp */
-#define GDAKI_DEV_QP_VERSION 322306304u
+#define GDAKI_DEV_QP_VERSION 280625408u
 /** most bytes put_inline carries */
 #define GDAKI_MAX_INLINE 28u
 /** size of gdaki_block_scratch */
@@ -68,7 +68,7 @@ extern "C" {
 /** version word of gdaki_dev_socket_service */
 #define GDAKI_DEV_SOCKET_SERVICE_VERSION 1686896704u
 /** gdaki_dev_rq.version of this layout */
-#define GDAKI_DEV_RQ_VERSION 929825024u
+#define GDAKI_DEV_RQ_VERSION 3991077120u
 /** most bytes a send_inline carries */
 #define GDAKI_MAX_SEND_INLINE 44u
 /** poll_recv kind: a SEND */
@@ -131,7 +131,7 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_cq {
    */
   uint64_t hot_pad[6];
   /**
-   * Address of CQE 0 (64-byte entries, `1 << log_size` of them).
+   * Address of CQE 0 (64-byte entries, `1 << log_size` of them; one for a collapsed CQ).
    */
   uint64_t cqe_base;
   /**
@@ -143,7 +143,9 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_cq {
    */
   uint32_t cqn;
   /**
-   * log2 of the number of CQEs.
+   * log2 of the number of CQEs the device reads; 0 for a collapsed CQ (every CQE in entry
+   * 0, the newest overwriting: see [`ring::cqe_ahead`](crate::ring::cqe_ahead)), and so
+   * for a CQ of one entry, which is read the same way.
    */
   uint32_t log_size;
   /**

@@ -102,7 +102,7 @@ GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, version, 28)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, pad, 32)
 GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
-GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 322306304u, "handle version");
+GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 280625408u, "handle version");
 GDAKI_ASSERT(GDAKI_DEV_SOCKET_VERSION == 4107600000u, "socket handle version");
 
 #endif /* GDAKI_LAYOUT_CHECK_H */

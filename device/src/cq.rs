@@ -2,7 +2,8 @@
 //! parity and WQE counter, one 8-byte load), the sticky first error, and the consumer index
 //! (doorbell record first, then the count posters read). Written once for a QP's send CQ
 //! ([`crate::qp`]) and its receive CQ ([`crate::rq`]): both complete in order, so a CQE's
-//! index is the index of the WQE it completes.
+//! index is the index of the WQE it completes. A collapsed CQ (`DevCq::log_size` 0) keeps only
+//! the newest CQE, which completes its WQE and every one before it.
 use core::marker::PhantomData;
 use core::ptr::addr_of_mut;
 
@@ -111,8 +112,8 @@ impl<M: Sharing> Cq<M> {
     /// Whether the CQE of `index` is written (successful or not), without consuming it.
     #[inline(always)]
     pub(crate) fn written(&self, index: u64) -> bool {
-        let tail = self.peek(index);
-        ring::cqe_ready(tail.op_own(), index, self.k.log_size) && tail.wqe_counter() == self.counter(index)
+        let (tail, log) = (self.peek(index), self.k.log_size);
+        ring::cqe_ready(tail.op_own(), index, log) && ring::cqe_completes(tail.wqe_counter(), self.counter(index), log)
     }
 
     /// Looks at the CQE of `index` once: `None` if not written yet, else its outcome, consuming
@@ -156,22 +157,43 @@ impl<M: Sharing> Cq<M> {
         // Its WQE counter does not match (rings are at most 2^15 entries). The counter and
         // op_own come from one load; were they ever torn, a stale counter reads as "not yet"
         // and a stale owner bit fails the check above, so a CQE is never taken for another.
-        if tail.wqe_counter() != self.counter(index) {
+        // A collapsed CQ's one entry holds the newest CQE, which may be a later WQE's.
+        if !ring::cqe_completes(tail.wqe_counter(), self.counter(index), log) {
             return None;
         }
         // What the HCA wrote before this CQE (a READ's data, say) is visible after it.
         arch::from_device_barrier();
         let outcome = if cqe::opcode(op_own).is_error() {
             let e = Self::read_cqe(self.cqe_slot(index)).as_error();
-            self.record_earlier_errors(index);
-            let word = error_word(index, e.syndrome, e.vendor_err_synd, e.wqe_opcode());
+            let word = error_word(self.failed_at(index), e.syndrome, e.vendor_err_synd, e.wqe_opcode());
             self.record_error(word);
             Err(WaitError::Cqe(CqeError::from_word(word)))
         } else {
             Ok(success(self.cqe_slot(index)))
         };
+        // A collapsed CQ's newest CQE may be a later WQE's: consumed through `index` alone, the
+        // next poll reads the same entry and is done at once.
         self.consume_through(index);
         Some(outcome)
+    }
+
+    /// Where the error the CQE for `index` holds is charged. In a ring, to `index`, after any
+    /// earlier real error is recorded (a flush seen first must not hide it). In a collapsed CQ
+    /// the CQEs before it were overwritten, so the WQE that failed is any from the first not
+    /// yet known complete: the error is charged there (those before completed, or the CQ would
+    /// have said so), and since only the newest CQE is kept, it is often the flush that
+    /// followed the failure. Error path only: cold (see
+    /// [`record_earlier_errors`](Self::record_earlier_errors) for the `#[inline]`).
+    #[cold]
+    #[inline]
+    fn failed_at(&self, index: u64) -> u64 {
+        if self.k.log_size == 0 {
+            // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+            unsafe { M::load_acquire(self.consumed()) }.min(index)
+        } else {
+            self.record_earlier_errors(index);
+            index
+        }
     }
 
     /// Reads the CQE at `slot` after its owner bit said it is written (and a barrier since).

@@ -150,6 +150,10 @@ pub struct Common {
     /// (ConnectX-8; the soft HCA does).
     #[arg(long)]
     pub reliable_doorbell: bool,
+    /// Collapsed CQs (DOCA's `cq_collapsed`): the HCA writes every CQE to one entry, which
+    /// pollers read; a wait is done once the newest CQE is its WQE's or a later one's.
+    #[arg(long)]
+    pub collapsed_cq: bool,
     /// Seconds to wait for the peer during setup and for each wait of the data path (10). A
     /// server waits for its client this long only when the flag is given; without it, for
     /// ever, as perftest's servers do.
@@ -256,12 +260,14 @@ impl Plan {
 
     /// The header block's handler line.
     pub fn handler_line(&self) -> String {
-        let line = self.handler_said();
+        let mut line = self.handler_said();
         if self.reliable_doorbell {
-            format!("{line}, reliable doorbell (no doorbell record)")
-        } else {
-            line
+            line += ", reliable doorbell (no doorbell record)";
         }
+        if self.collapsed_cq {
+            line += ", collapsed CQ";
+        }
+        line
     }
 
     fn handler_said(&self) -> String {
@@ -323,6 +329,8 @@ pub struct Plan {
     pub proxy_threads: Option<usize>,
     /// `--reliable-doorbell`: queue pairs without a doorbell record.
     pub reliable_doorbell: bool,
+    /// `--collapsed-cq`: send CQs of one entry.
+    pub collapsed_cq: bool,
     /// Whether the doorbell page could not be mapped into the GPU, so the library's fallback
     /// proxy rings instead of the posters (found when the QPs are exported).
     pub fell_back: bool,
@@ -467,6 +475,7 @@ impl Common {
             mem,
             proxy_threads: self.cpu_proxy.then_some(self.proxy_threads),
             reliable_doorbell: self.reliable_doorbell,
+            collapsed_cq: self.collapsed_cq,
             fell_back: false,
             timeout: Duration::from_secs(self.timeout.unwrap_or(DEFAULT_TIMEOUT_S)),
             accept_wait: self.timeout.map(Duration::from_secs),

@@ -232,6 +232,16 @@ impl Session {
         }
     }
 
+    /// A send CQ for a queue pair of `plan.tx_depth` WQEs, in this side's rings, collapsed
+    /// with `--collapsed-cq`.
+    pub fn create_cq(&self, plan: &Plan) -> gdaki::Result<gdaki::CompletionQueue> {
+        if plan.collapsed_cq {
+            self.ctx.create_collapsed_cq_in(plan.tx_depth, &self.rings)
+        } else {
+            self.ctx.create_cq_in(plan.tx_depth, &self.rings)
+        }
+    }
+
     /// Where the rings are, as `--json` names it: `host` or `gpu`.
     pub fn rings_name(&self) -> &'static str {
         match self.rings {

@@ -908,6 +908,24 @@ fn both_perftests_run_with_a_reliable_doorbell() {
     assert_eq!(v["params"]["reliable_doorbell"], false, "{out}");
 }
 
+/// `--collapsed-cq`: send CQs of one entry, polled by the posters (the GPU test below: blocks
+/// sharing QPs) and in the ping-pong; the header and JSON say so.
+#[test]
+fn both_perftests_run_with_a_collapsed_cq() {
+    let out = ok(
+        "put_bw",
+        &["--mode", "cpu", "--collapsed-cq", "-s", "64", "-n", "20000", "-q", "2"],
+    );
+    assert!(out.contains("collapsed CQ"), "{out}");
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let out = ok("write_lat", &["--mode", "cpu", "--collapsed-cq", "-n", "200", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["collapsed_cq"], true, "{out}");
+    let out = ok("put_bw", &["--mode", "cpu", "-s", "64", "-n", "100", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["collapsed_cq"], false, "{out}");
+}
+
 // ------------------------------------------------------------------------------ write_lat
 
 /// `--blueflame`: each message rung by a BlueFlame write of its WQE, which the soft HCA takes
@@ -1185,6 +1203,29 @@ fn perftests_on_the_gpu_in_every_scope() {
     let out = ok("write_lat", &["--mode", "gpu", "-s", "8", "-n", "200"]);
     assert_eq!(rows(&out).len(), 1, "{out}");
     assert!(out.contains("host-pinned memory"), "{out}");
+    // Collapsed CQs: kernels sharing a QP (4 blocks on 2 QPs) and the ping-pong read one entry.
+    let out = ok(
+        "put_bw",
+        &[
+            "--mode",
+            "gpu",
+            "--collapsed-cq",
+            "-s",
+            "64",
+            "-n",
+            "20000",
+            "-q",
+            "2",
+            "--blocks",
+            "4",
+        ],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let out = ok(
+        "write_lat",
+        &["--mode", "gpu", "--collapsed-cq", "-s", "8", "-n", "200"],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
     // No kernel: one stream per QP rings what the CPU wrote, into pinned and device memory.
     for mem in ["pinned", "device"] {
         let out = ok(

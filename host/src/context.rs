@@ -236,13 +236,27 @@ impl Context {
 
     /// A completion queue of `size` CQEs (a power of two), its ring in host memory.
     pub fn create_cq(&self, size: u32) -> Result<CompletionQueue> {
-        CompletionQueue::create(&self.inner, size, &Rings::Host)
+        CompletionQueue::create(&self.inner, size, &Rings::Host, false)
     }
 
     /// A completion queue of `size` CQEs (a power of two), its ring and doorbell record where
     /// `rings` says ([`Rings::Gpu`]: only kernels on that GPU can poll it).
     pub fn create_cq_in(&self, size: u32, rings: &Rings) -> Result<CompletionQueue> {
-        CompletionQueue::create(&self.inner, size, rings)
+        CompletionQueue::create(&self.inner, size, rings, false)
+    }
+
+    /// A collapsed completion queue (DOCA GPUNetIO 2.0's `cq_collapsed`, mlx5's `cqc.cc`): the
+    /// HCA writes every CQE to entry 0, the newest over the rest, and never checks for room
+    /// (`cqc.oi`). Pollers read one entry, so a CQ in host memory costs one cache line
+    /// however many WQEs complete; what is lost is every CQE but the newest: a WQE is
+    /// complete once the newest CQE is its own or a later one's (completions come in order),
+    /// and an error shows only as the newest CQE (often the flush that followed it), charged to
+    /// the first WQE not yet known complete. `size` is the ring the HCA is given (a power of
+    /// two, at least the send queue it serves, as for [`create_cq_in`](Self::create_cq_in)).
+    /// Not for stream-triggered posting (a stream waits on a CQE's owner bit, which a
+    /// collapsed entry does not keep). `docs/connectx-conformance.md` has the details.
+    pub fn create_collapsed_cq_in(&self, size: u32, rings: &Rings) -> Result<CompletionQueue> {
+        CompletionQueue::create(&self.inner, size, rings, true)
     }
 
     /// A reliable-connected queue pair completing into `cq` (which must serve no other QP).

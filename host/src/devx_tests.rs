@@ -303,6 +303,53 @@ fn a_reliable_doorbell_is_asked_of_the_device_only_where_it_has_one() {
     assert!(rec.take().is_empty(), "nothing asked of the device");
 }
 
+/// A collapsed CQ is asked of the device as DOCA asks it (`cc` and `oi`, the ring the caller
+/// sized) and handed to posters as one entry; a plain CQ asks neither.
+#[test]
+fn a_collapsed_cq_asks_cc_and_oi_and_posters_read_one_entry() {
+    use gdaki_layout::prm::layout::{cqc, create_cq_in};
+    let (ctx, rec) = recording_context();
+    let last_cq = |rec: &Recording| {
+        let creates = lock(&rec.creates);
+        let cq = creates
+            .iter()
+            .rev()
+            .find(|c| command::opcode(c) == Opcode::CreateCq)
+            .unwrap()
+            .clone();
+        [cqc::CC, cqc::OI, cqc::LOG_CQ_SIZE].map(|b| prm::get(&cq, b.within(create_cq_in::CQ_CONTEXT)))
+    };
+    for collapsed in [false, true] {
+        let cq = if collapsed {
+            ctx.create_collapsed_cq_in(32, &crate::Rings::Host).unwrap()
+        } else {
+            ctx.create_cq(32).unwrap()
+        };
+        assert_eq!(
+            last_cq(&rec),
+            [collapsed as u64, collapsed as u64, 5],
+            "cc, oi, log_cq_size"
+        );
+        assert_eq!((cq.collapsed(), cq.size()), (collapsed, 32));
+        let qp = ctx
+            .create_qp(
+                &cq,
+                QpConfig {
+                    sq_size: 32,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        // SAFETY: the CPU handle, read whole.
+        let h = unsafe { qp.device_handle().read() };
+        assert_eq!(
+            h.cq.log_size,
+            if collapsed { 0 } else { 5 },
+            "entries posters read, as log2"
+        );
+    }
+}
+
 /// The report names what gdaki needs and judges each requirement: the soft device meets
 /// them all; a device with smaller caps is limited, one without version-1 CQEs unusable.
 #[test]

@@ -186,13 +186,25 @@ pub(crate) struct Cq {
     /// The CQE ring, then the doorbell record (`[consumer index, arm]`) after it.
     umem: Umem,
     cqn: u32,
+    /// log2 of the ring's entries (what the HCA was given).
     log_size: u32,
+    /// Collapsed: every CQE in entry 0 ([`Context::create_collapsed_cq_in`](crate::Context::create_collapsed_cq_in)).
+    collapsed: bool,
     /// The QP it serves (one at most: device tickets are CQE indices).
     serves: Mutex<Option<u32>>,
     ctx: Arc<ContextInner>,
 }
 
 impl Cq {
+    /// `DevCq::log_size`: the entries posters read, one for a collapsed CQ.
+    fn device_log_size(&self) -> u32 {
+        if self.collapsed {
+            0
+        } else {
+            self.log_size
+        }
+    }
+
     fn ring(&self) -> u64 {
         self.umem.mem.addr()
     }
@@ -340,7 +352,7 @@ impl Qp {
                 cqe_base,
                 dbrec: cqe_base + (rcq.dbrec() - rcq.ring()),
                 cqn: rcq.cqn,
-                log_size: rcq.log_size,
+                log_size: rcq.device_log_size(),
                 ..bytemuck::Zeroable::zeroed()
             },
             ..bytemuck::Zeroable::zeroed()
@@ -446,12 +458,18 @@ impl fmt::Debug for CompletionQueue {
         f.debug_struct("CompletionQueue")
             .field("cqn", &self.inner.cqn)
             .field("size", &(1u32 << self.inner.log_size))
+            .field("collapsed", &self.inner.collapsed)
             .finish()
     }
 }
 
 impl CompletionQueue {
-    pub(crate) fn create(ctx: &Arc<ContextInner>, size: u32, rings: &Rings) -> Result<CompletionQueue> {
+    pub(crate) fn create(
+        ctx: &Arc<ContextInner>,
+        size: u32,
+        rings: &Rings,
+        collapsed: bool,
+    ) -> Result<CompletionQueue> {
         let dev = &ctx.device;
         let max = limit(MAX_CQ_SIZE as u64, dev.caps.general.log_max_cq_sz);
         let log_size = check_pow2("completion queue size", size as u64, 1, max)?;
@@ -479,6 +497,9 @@ impl CompletionQueue {
                     umem_id: umem.id,
                     dbr_umem_id: umem.id,
                     dbr_offset: ring_bytes as u64,
+                    // As DOCA's: the newest CQE overwrites, whatever the consumer index says.
+                    collapsed,
+                    overrun_ignore: collapsed,
                     ..Default::default()
                 }
                 .encode(),
@@ -487,6 +508,7 @@ impl CompletionQueue {
         debug!(
             cqn = format_args!("{:#x}", obj.obj.number),
             size,
+            collapsed,
             %rings,
             "completion queue created"
         );
@@ -496,6 +518,7 @@ impl CompletionQueue {
                 obj,
                 umem,
                 log_size,
+                collapsed,
                 serves: Mutex::new(None),
                 ctx: ctx.clone(),
             }),
@@ -507,9 +530,14 @@ impl CompletionQueue {
         self.inner.cqn
     }
 
-    /// Size in CQEs.
+    /// Size in CQEs (of a collapsed CQ: of the ring the HCA was given, only entry 0 written).
     pub fn size(&self) -> u32 {
         1 << self.inner.log_size
+    }
+
+    /// Whether it is collapsed ([`Context::create_collapsed_cq_in`](crate::Context::create_collapsed_cq_in)).
+    pub fn collapsed(&self) -> bool {
+        self.inner.collapsed
     }
 
     /// CQEs the HCA has written so far, modulo 2^24 (the device's `producer_counter`).
@@ -637,7 +665,7 @@ impl QueuePair {
         let rq = match rq_shape {
             None => None,
             Some((log_size, log_stride)) => {
-                let rcq = CompletionQueue::create(ctx, 1 << log_size, &cfg.rings)?;
+                let rcq = CompletionQueue::create(ctx, 1 << log_size, &cfg.rings, false)?;
                 Some(RqPart {
                     cq: CqClaim::new(&rcq.inner, 0)?,
                     log_size,
@@ -734,7 +762,7 @@ impl QueuePair {
                 cqe_base: cq.inner.ring(),
                 dbrec: cq.inner.dbrec(),
                 cqn: cq.cqn(),
-                log_size: cq.inner.log_size,
+                log_size: cq.inner.device_log_size(),
                 ..bytemuck::Zeroable::zeroed()
             },
             ..bytemuck::Zeroable::zeroed()
@@ -1694,5 +1722,94 @@ mod tests {
             drop(proxy);
             assert_eq!(qp.error(), None);
         }
+    }
+
+    /// A collapsed CQ: posters sharing the QP (and one alone) complete every WQE through its one
+    /// entry, far past the 16-bit WQE counter's wrap, with the ring's other entries never
+    /// written and no overrun; an error reaches every wait from the first WQE not known to have
+    /// completed; a reset realigns through the same entry and the QP moves data again.
+    #[test]
+    fn a_collapsed_cq_completes_every_wqe_through_its_one_entry() {
+        use gdaki_device::{Gpu, WaitError};
+        use std::thread;
+        let ctx = Context::open(Provider::Soft).unwrap();
+        let mr = ctx.alloc_region(1 << 14, Access::ALL).unwrap();
+        let data: Vec<u8> = (0..1u32 << 13).map(|i| (i * 13 + i / 253) as u8).collect();
+        mr.write(0, &data).unwrap();
+        let cq = ctx.create_collapsed_cq_in(16, &Rings::Host).unwrap();
+        assert!(cq.collapsed() && cq.size() == 16);
+        let cfg = QpConfig {
+            sq_size: 16,
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let qp = ctx.create_qp(&cq, cfg).unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        let round = |per_thread: u64| {
+            mr.write(1 << 13, &[0; 4096]).unwrap();
+            thread::scope(|s| {
+                for t in 0..4u64 {
+                    let (qp, mr) = (&qp, &mr);
+                    s.spawn(move || {
+                        // SAFETY: posters share the QP through the GPU-scope (shared) handle; the
+                        // QP outlives them.
+                        let dev = unsafe { qp.cpu::<Gpu>() }.unwrap();
+                        for i in 0..per_thread {
+                            let off = (t * 64 + i % 64) * 16;
+                            let ticket = dev.put(mr.remote((1 << 13) + off), mr.local(off), 16).unwrap();
+                            if i % 1000 == 999 {
+                                dev.poll_at(ticket).unwrap();
+                            }
+                        }
+                        dev.quiet().unwrap();
+                    });
+                }
+            });
+            let mut got = vec![0; 4096];
+            mr.read(1 << 13, &mut got).unwrap();
+            assert_eq!(got, data[..4096]);
+        };
+        // 4 x 17,000 WQEs: the WQE counter wraps.
+        round(17_000);
+        // SAFETY: the CPU handle of the live QP, which no other poster uses now.
+        let alone = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
+        for i in 0..100u64 {
+            let t = alone.put(mr.remote((1 << 13) + i * 8), mr.local(i * 8), 8).unwrap();
+            if i % 3 == 0 {
+                alone.poll_at(t).unwrap();
+            }
+        }
+        alone.quiet().unwrap();
+        let entries = cq.inner.cqes().unwrap();
+        assert_ne!(entries[0].op_own, cqe::OP_OWN_INIT, "entry 0 holds the newest CQE");
+        assert!(
+            entries[1..].iter().all(|e| e.op_own == cqe::OP_OWN_INIT),
+            "no other entry was written"
+        );
+        cq.status().unwrap();
+
+        // An error: a put to a key nobody has fails, and so does every wait from there.
+        let ok = alone.put(mr.remote(1 << 13), mr.local(0), 8).unwrap();
+        alone.poll_at(ok).unwrap();
+        let mut bad = mr.remote(0);
+        bad.rkey ^= 0x5a5a_5a00;
+        let failed = alone.put(bad, mr.local(0), 8).unwrap();
+        let after = alone.put(mr.remote(1 << 13), mr.local(0), 8).unwrap();
+        let err = alone.poll_at(after).unwrap_err();
+        assert!(matches!(err, WaitError::Cqe(_)), "{err:?}");
+        assert!(matches!(alone.poll_at(failed), Err(WaitError::Cqe(_))));
+        assert_eq!(
+            alone.poll_at(ok),
+            Ok(()),
+            "a WQE completed before the error stays a success"
+        );
+        assert!(qp.error().is_some());
+
+        // SAFETY: nobody posts until connect returns.
+        unsafe { qp.reset() }.unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        round(500);
+        assert_eq!(qp.error(), None);
+        cq.status().unwrap();
     }
 }

@@ -862,6 +862,14 @@ impl<'q> StreamQp<'q> {
             what: "stream-triggered posting to a queue pair without a doorbell",
             why: format!("its handle names doorbell kind {}", view.doorbell_kind),
         })?;
+        if view.cq.log_size == 0 {
+            return Err(crate::Error::Unsupported {
+                what: "stream-triggered posting with a collapsed (or one-entry) CQ",
+                why: "a stream waits for a CQE's owner bit to flip in the CQE's own entry, \
+                      and a collapsed CQ writes every CQE to one entry"
+                    .into(),
+            });
+        }
         if view.cq.log_size < view.sq_log_size {
             return Err(crate::Error::Unsupported {
                 what: "stream-triggered posting with a CQ smaller than the send queue",

@@ -685,6 +685,19 @@ fn a_queue_pair_that_is_not_connected_is_refused() {
     assert!(unsafe { StreamQp::new(&q, None) }.is_ok());
 }
 
+/// A collapsed CQ is refused: a stream waits for a CQE's owner bit in the CQE's own entry,
+/// and a collapsed CQ writes them all to one.
+#[test]
+fn a_collapsed_cq_is_refused() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let cq = ctx.create_collapsed_cq_in(1024, &gdaki::Rings::Host).unwrap();
+    let q = ctx.create_qp(&cq, QpConfig::default()).unwrap();
+    q.connect(&q.endpoint()).unwrap();
+    // SAFETY: no other poster; the value is dropped at once.
+    let e = unsafe { StreamQp::new(&q, None) }.unwrap_err().to_string();
+    assert!(e.contains("collapsed"), "{e}");
+}
+
 /// A stream can wait for a message to arrive in a receive: its later work runs only once the
 /// peer's SEND has landed. A receive more than a CQ ahead, and a queue pair without a receive
 /// queue, are refused.

@@ -151,7 +151,7 @@ pub const fn layout_fingerprint(parts: &[&[usize]]) -> u32 {
 
 /// The fingerprints' own revision: raise it when the meaning of a field changes but nothing
 /// moves.
-const LAYOUT_REVISION: usize = 1;
+const LAYOUT_REVISION: usize = 2;
 
 /// [`DevCq`]'s size and its fields' offsets, in both handles' fingerprints (each handle's words
 /// have the CQ's offset).
@@ -253,13 +253,15 @@ pub struct DevCq {
     pub error: u64,
     /// Pads the hot line.
     pub hot_pad: [u64; 6],
-    /// Address of CQE 0 (64-byte entries, `1 << log_size` of them).
+    /// Address of CQE 0 (64-byte entries, `1 << log_size` of them; one for a collapsed CQ).
     pub cqe_base: u64,
     /// Address of the CQ doorbell record (`set_ci`, then `arm_db`).
     pub dbrec: u64,
     /// CQ number.
     pub cqn: u32,
-    /// log2 of the number of CQEs.
+    /// log2 of the number of CQEs the device reads; 0 for a collapsed CQ (every CQE in entry
+    /// 0, the newest overwriting: see [`ring::cqe_completes`](crate::ring::cqe_completes)), and so
+    /// for a CQ of one entry, which is read the same way.
     pub log_size: u32,
     /// Pads the constant line.
     pub const_pad: [u64; 5],

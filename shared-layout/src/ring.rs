@@ -20,10 +20,24 @@ pub const fn owner_parity(index: u64, log_size: u32) -> u8 {
 
 /// Whether the CQE with `op_own` at the slot of consumer counter `index` has been written for
 /// this lap (software-owned): valid opcode and owner bit equal to the lap parity (rdma-core
-/// `get_sw_cqe`).
+/// `get_sw_cqe`). In a collapsed CQ (`log_size` 0) the owner bit says
+/// nothing: a valid opcode is all (see [`cqe_completes`]).
 #[inline(always)]
 pub const fn cqe_ready(op_own: u8, index: u64, log_size: u32) -> bool {
-    !matches!(cqe::opcode(op_own), crate::CqeOpcode::Invalid) && cqe::owner(op_own) == owner_parity(index, log_size)
+    !matches!(cqe::opcode(op_own), crate::CqeOpcode::Invalid)
+        && (cqe::owner(op_own) == owner_parity(index, log_size) || log_size == 0)
+}
+
+/// Whether a written CQE carrying `wqe_counter` says that the WQE whose counter is `counter` has
+/// completed. In a ring a CQE is its own WQE's or not yet; in a collapsed CQ (one entry,
+/// `log_size` 0: every CQE lands in entry 0, the newest overwriting the rest, as mlx5's
+/// `cqc.cc`) the newest CQE is there, and since completions come in order, a CQE of this WQE or
+/// of a later one says this one has completed. Its owner bit flips per lap of the ring the HCA
+/// was given, so only the counter tells (wrapped order: a send queue holds at most 2^15 WQEs).
+#[inline(always)]
+pub const fn cqe_completes(wqe_counter: u16, counter: u16, log_size: u32) -> bool {
+    let ahead = wqe_counter.wrapping_sub(counter);
+    ahead == 0 || (log_size == 0 && (ahead as i16) > 0)
 }
 
 /// Byte offset of WQE building block `index` in a send queue of `1 << log_size` blocks.
@@ -129,6 +143,20 @@ mod tests {
         );
         let written_lap0 = cqe::op_own(crate::CqeOpcode::Req, 0);
         assert!(cqe_ready(written_lap0, 0, log) && !cqe_ready(written_lap0, 8, log));
+    }
+
+    #[test]
+    fn a_collapsed_cq_is_read_by_its_counter_alone() {
+        let req = |owner| cqe::op_own(crate::CqeOpcode::Req, owner);
+        // Either owner bit, any index: a collapsed entry is written once its opcode is valid.
+        assert!(cqe_ready(req(0), 1, 0) && cqe_ready(req(1), 2, 0) && !cqe_ready(cqe::OP_OWN_INIT, 0, 0));
+        assert!(cqe_completes(7, 7, 0));
+        assert!(cqe_completes(9, 7, 0), "a later CQE completes this WQE too");
+        assert!(!cqe_completes(6, 7, 0), "an earlier one does not");
+        assert!(cqe_completes(2, 0xfffe, 0), "across the 16-bit wrap");
+        assert!(!cqe_completes(0xfffe, 2, 0));
+        // A ring reads its own entry only.
+        assert!(cqe_completes(7, 7, 3) && !cqe_completes(9, 7, 3));
     }
 
     #[test]

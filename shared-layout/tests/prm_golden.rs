@@ -202,10 +202,11 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             dbr_offset: r(),
             log_page_size: (r() % 32) as u8,
             overrun_ignore: r() % 2 == 1,
+            collapsed: r() % 2 == 1,
         };
         writeln!(
             input,
-            "create_cq {} {} {} {} {} {} {} {} {}",
+            "create_cq {} {} {} {} {} {} {} {} {} {}",
             cq.log_size,
             cq.uar_page,
             cq.eqn,
@@ -214,7 +215,8 @@ fn mailboxes_match_devx_set_over_the_kernel_structures() {
             cq.dbr_umem_id,
             cq.dbr_offset,
             cq.log_page_size,
-            cq.overrun_ignore as u8
+            cq.overrun_ignore as u8,
+            cq.collapsed as u8
         )
         .unwrap();
         expect.push(hex(&cq.encode()));

@@ -161,6 +161,8 @@ struct Params {
     handler: &'static str,
     /// `--reliable-doorbell`: the queue pairs have no doorbell record.
     reliable_doorbell: bool,
+    /// `--collapsed-cq`: the send CQs have one entry.
+    collapsed_cq: bool,
     /// Where the queues' rings are: `host` or `gpu`.
     rings: &'static str,
     qps: u32,
@@ -304,7 +306,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let len = buffer_len(&plan.sizes, plan.iters);
     let mut qps: Vec<(CompletionQueue, QueuePair)> = Vec::new();
     for _ in 0..cli.qps {
-        let cq = session.ctx.create_cq_in(plan.tx_depth, &session.rings)?;
+        let cq = session.create_cq(&plan)?;
         let qp = session.ctx.create_qp(&cq, cfg.clone())?;
         qps.push((cq, qp));
     }
@@ -1256,6 +1258,7 @@ fn params(cli: &Cli, plan: &gdaki_examples::cli::Plan, session: &Session, launch
         scope: plan.scope,
         handler: plan.handler_name(),
         reliable_doorbell: plan.reliable_doorbell,
+        collapsed_cq: plan.collapsed_cq,
         rings: session.rings_name(),
         qps: cli.qps,
         tx_depth: plan.tx_depth,

@@ -111,6 +111,8 @@ struct Params {
     handler: &'static str,
     /// `--reliable-doorbell`: the queue pairs have no doorbell record.
     reliable_doorbell: bool,
+    /// `--collapsed-cq`: the send CQs have one entry.
+    collapsed_cq: bool,
     /// Where the queues' rings are: `host` or `gpu`.
     rings: &'static str,
     memory: &'static str,
@@ -292,7 +294,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         m => m,
     };
     let side = |session: &Session, initiator| -> anyhow::Result<Side> {
-        let cq = session.ctx.create_cq_in(plan.tx_depth, &session.rings)?;
+        let cq = session.create_cq(&plan)?;
         let qp = session.ctx.create_qp(&cq, cfg.clone())?;
         Ok(Side {
             _cq: cq,
@@ -385,6 +387,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gpu: session.gpu_label(cli.common.gpu),
         handler: plan.handler_name(),
         reliable_doorbell: plan.reliable_doorbell,
+        collapsed_cq: plan.collapsed_cq,
         rings: session.rings_name(),
         memory: plan.mem.describe(),
         iterations: plan.iters,

@@ -931,6 +931,21 @@ enum gdaki_status gdaki_cq_create(const struct gdaki_context *ctx,
                                   struct gdaki_cq **cq);
 
 /**
+ * A collapsed completion queue (DOCA GPUNetIO 2.0's `cq_collapsed`) into `*cq`: the HCA
+ * writes every CQE to entry 0, the newest over the rest, so pollers read one entry; a WQE is
+ * complete once the newest CQE is its own or a later one's, and an error shows only as the
+ * newest CQE. `size` is the ring the HCA is given (a power of two, at least the send queue it
+ * serves); `rings_gpu` as for `gdaki_cq_create`. Not for stream-triggered posting.
+ *
+ * # Safety
+ * As `gdaki_cq_create`.
+ */
+enum gdaki_status gdaki_cq_create_collapsed(const struct gdaki_context *ctx,
+                                            uint32_t size,
+                                            const struct gdaki_gpu *rings_gpu,
+                                            struct gdaki_cq **cq);
+
+/**
  * Destroys a completion queue (NULL: nothing); a queue pair it serves keeps it alive.
  *
  * # Safety

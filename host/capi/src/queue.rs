@@ -228,6 +228,34 @@ pub unsafe extern "C" fn gdaki_cq_create(
     })
 }
 
+/// A collapsed completion queue (DOCA GPUNetIO 2.0's `cq_collapsed`) into `*cq`: the HCA
+/// writes every CQE to entry 0, the newest over the rest, so pollers read one entry; a WQE is
+/// complete once the newest CQE is its own or a later one's, and an error shows only as the
+/// newest CQE. `size` is the ring the HCA is given (a power of two, at least the send queue it
+/// serves); `rings_gpu` as for `gdaki_cq_create`. Not for stream-triggered posting.
+///
+/// # Safety
+/// As `gdaki_cq_create`.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_cq_create_collapsed(
+    ctx: *const gdaki_context,
+    size: u32,
+    rings_gpu: *const gdaki_gpu,
+    cq: *mut *mut gdaki_cq,
+) -> gdaki_status {
+    call("gdaki_cq_create_collapsed", || {
+        // SAFETY: the caller's contract.
+        let (c, out) = unsafe { (guard::borrow(ctx, "ctx")?, guard::out(cq, "cq")?) };
+        // SAFETY: the caller's contract.
+        let rings = match unsafe { guard::borrow_opt(rings_gpu, "rings_gpu") }? {
+            Some(g) => Rings::Gpu(g.clone()),
+            None => Rings::Host,
+        };
+        out.write(guard::into_handle(c.create_collapsed_cq_in(size, &rings)?));
+        Ok(())
+    })
+}
+
 /// Destroys a completion queue (NULL: nothing); a queue pair it serves keeps it alive.
 ///
 /// # Safety

@@ -97,21 +97,22 @@ pub(crate) fn flush_receives(qp: &SoftQp) {
     }
 }
 
-/// Writes `cqe` at the CQ's producer index with the lap's owner bit, unless the CQ is full.
+/// Writes `cqe` at the CQ's producer index (entry 0 of a collapsed CQ) with the lap's owner
+/// bit, unless the CQ is full (never, for a CQ that ignores overruns).
 fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
     let pi = cq.pi.load(Ordering::Relaxed);
     // Entries not yet consumed: the 24-bit distance from the consumer index to ours.
     let outstanding = |ci: u32| ((pi as u32).wrapping_sub(ci) & dbrec::CQ_CI_MASK) as u64;
     let size = 1u64 << cq.log_size;
     let mut ci = cq.ci_seen.load(Ordering::Relaxed);
-    if outstanding(ci) >= size {
+    if !cq.overrun_ignore && outstanding(ci) >= size {
         // Re-read the record only now, so its cache line is not pulled from the poller on
         // every CQE. SAFETY: word 0 of the CQ's doorbell record, aligned, alive with the CQ.
         let rec = unsafe { std::sync::atomic::AtomicU32::from_ptr(cq.dbrec.as_ptr() as *mut u32) };
         ci = u32::from_be(rec.load(Ordering::Acquire)) & dbrec::CQ_CI_MASK;
         cq.ci_seen.store(ci, Ordering::Relaxed);
     }
-    if outstanding(ci) >= size {
+    if !cq.overrun_ignore && outstanding(ci) >= size {
         if !cq.overrun.swap(true, Ordering::AcqRel) {
             error!(
                 cqn = format_args!("{:#x}", cq.cqn),
@@ -122,7 +123,12 @@ fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
     }
     cqe.op_own = (cqe.op_own & !1) | ring::owner_parity(pi, cq.log_size);
     let words: [u64; 8] = bytemuck::cast(cqe);
-    let slot = cq.ring.addr() + ring::cqe_offset(pi, cq.log_size);
+    let slot = cq.ring.addr()
+        + if cq.collapsed {
+            0
+        } else {
+            ring::cqe_offset(pi, cq.log_size)
+        };
     for (i, w) in words.iter().enumerate() {
         // The word holding op_own goes last, with release: the body is visible first.
         let order = if i == 7 { Ordering::Release } else { Ordering::Relaxed };

@@ -373,11 +373,11 @@ impl SoftDevice {
                 "ring and record must be in umems",
             );
         }
-        if c(cqc::CQE_SZ) != 0 || c(cqc::CC) != 0 || c(cqc::CQE_COMP_EN) != 0 {
+        if c(cqc::CQE_SZ) != 0 || c(cqc::CQE_COMP_EN) != 0 {
             return refuse(
                 CmdStatus::BadParam,
                 FwSyndrome::Unsupported,
-                "only 64-byte CQEs, not collapsed, not compressed",
+                "only 64-byte CQEs, not compressed",
             );
         }
         let log_size = within_cap("log_cq_size", c(cqc::LOG_CQ_SIZE), general_caps().log_max_cq_sz)?;
@@ -397,7 +397,8 @@ impl SoftDevice {
         let dbr_umem = c(cqc::DBR_UMEM_ID) as u32;
         let dbrec = t.window(dbr_umem, c(cqc::DBR_ADDR), 8, 8)?;
         let cqn = self.alloc_number(&t)?;
-        let cq = Arc::new(SoftCq::new(cqn, log_size, ring, dbrec));
+        let (cc, oi) = (c(cqc::CC) == 1, c(cqc::OI) == 1);
+        let cq = Arc::new(SoftCq::new(cqn, log_size, ring, dbrec, cc, oi));
         self.hca.attach_cq(&cq);
         t.hold(&[ring_umem, dbr_umem]);
         t.cqs.insert(
@@ -1626,9 +1627,9 @@ mod tests {
             refused(dev.create(&nowhere.encode())),
             (CmdStatus::BadRes, sy(FwSyndrome::UnknownUmem))
         );
-        // A collapsed CQ.
+        // A compressed CQ.
         let mut bad = good.encode();
-        set(&mut bad, cqc::CC.within(create_cq_in::CQ_CONTEXT), 1);
+        set(&mut bad, cqc::CQE_COMP_EN.within(create_cq_in::CQ_CONTEXT), 1);
         assert_eq!(
             refused(dev.create(&bad)),
             (CmdStatus::BadParam, sy(FwSyndrome::Unsupported))

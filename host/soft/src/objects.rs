@@ -63,16 +63,23 @@ pub(crate) struct SoftCq {
     pub overrun: AtomicBool,
     /// The QP it serves, if any.
     pub qpn: Mutex<Option<u32>>,
+    /// Collapsed (`cqc.cc`): every CQE goes to entry 0.
+    pub collapsed: bool,
+    /// Overrun ignore (`cqc.oi`): CQEs are written whatever the consumer index says.
+    pub overrun_ignore: bool,
 }
 
 impl SoftCq {
-    /// A CQ of `2^log_size` CQEs in `ring`, with its doorbell record in `dbrec`.
-    pub fn new(cqn: u32, log_size: u32, ring: Window, dbrec: Window) -> SoftCq {
+    /// A CQ of `2^log_size` CQEs in `ring`, with its doorbell record in `dbrec`, written as
+    /// `cc` (collapsed) and `oi` (overrun ignore) say.
+    pub fn new(cqn: u32, log_size: u32, ring: Window, dbrec: Window, collapsed: bool, overrun_ignore: bool) -> SoftCq {
         SoftCq {
             cqn,
             log_size,
             ring,
             dbrec,
+            collapsed,
+            overrun_ignore,
             pi: AtomicU64::new(0),
             ci_seen: std::sync::atomic::AtomicU32::new(0),
             overrun: AtomicBool::new(false),

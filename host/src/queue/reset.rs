@@ -287,6 +287,17 @@ impl QueuePair {
                 }
             }
             hw += n + 1;
+            if cq_log == 0 {
+                // A collapsed CQ's one entry still holds the CQE before (a flush, or the last
+                // round's): marked unwritten, the wait below sees only this round's. Nothing
+                // else is outstanding, so the entry is the library's to write.
+                // SAFETY: op_own, the last byte of the CQ's entry 0 in host memory (refused
+                // otherwise by `reset`), alive with the QP.
+                unsafe {
+                    &*((cqe_base + gdaki_layout::cqe::field::OP_OWN.start as u64) as *const std::sync::atomic::AtomicU8)
+                }
+                .store(gdaki_layout::cqe::OP_OWN_INIT, Ordering::Release);
+            }
             self.ring_realigning(hw);
             self.await_cqe(cqe_base, cq_log, cq, started)?;
             cq += 1;

@@ -446,8 +446,7 @@ impl AtomicCaps {
     }
 }
 
-/// `CREATE_CQ` with its ring and doorbell record in umems (DevX), 64-byte CQEs, no compression
-/// and not collapsed (gdaki's tickets are CQE indices).
+/// `CREATE_CQ` with its ring and doorbell record in umems (DevX), 64-byte CQEs, no compression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CreateCq {
     /// log2 of the number of CQEs.
@@ -468,6 +467,8 @@ pub struct CreateCq {
     pub log_page_size: u8,
     /// Overrun ignore: the device writes CQEs even when the CQ looks full.
     pub overrun_ignore: bool,
+    /// Collapsed (`cc`): every CQE is written to entry 0, the newest overwriting the rest.
+    pub collapsed: bool,
 }
 
 impl CreateCq {
@@ -483,6 +484,7 @@ impl CreateCq {
         set(&mut b, cq(cqc::DBR_ADDR), self.dbr_offset);
         set(&mut b, cq(cqc::CQE_SZ), 0);
         set(&mut b, cq(cqc::OI), self.overrun_ignore as u64);
+        set(&mut b, cq(cqc::CC), self.collapsed as u64);
         set(&mut b, cq(cqc::LOG_CQ_SIZE), self.log_size as u64);
         set(&mut b, cq(cqc::UAR_PAGE), self.uar_page as u64);
         set(&mut b, cq(cqc::C_EQN), self.eqn as u64);

@@ -4,7 +4,7 @@
  * header leaves reserved are written at the bit offsets rdma-core's own mlx5_ifc.h gives them.
  *
  * Input lines (decimal numbers):
- *   create_cq  log_size uar_page eqn umem_id umem_offset dbr_umem_id dbr_offset log_page_size oi
+ *   create_cq  log_size uar_page eqn umem_id umem_offset dbr_umem_id dbr_offset log_page_size oi cc
  *   create_qp  pd uar_page cqn_snd cqn_rcv log_sq_size user_index umem_id umem_offset
  *              dbr_umem_id dbr_offset log_page_size ts_format rq log_rq_size log_rq_stride
  *              cd_master send_dbr_mode
@@ -52,10 +52,10 @@ int main(void) {
 		uint8_t b[DEVX_ST_SZ_BYTES(create_qp_in)];
 		memset(b, 0, sizeof(b));
 		if (!strcmp(kind, "create_cq")) {
-			uint64_t log_size, uar, eqn, umem, umem_off, dbr_umem, dbr_off, lps, oi;
+			uint64_t log_size, uar, eqn, umem, umem_off, dbr_umem, dbr_off, lps, oi, cc;
 			if (scanf("%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
-				  " %" SCNu64 " %" SCNu64,
-				  &log_size, &uar, &eqn, &umem, &umem_off, &dbr_umem, &dbr_off, &lps, &oi) != 9)
+				  " %" SCNu64 " %" SCNu64 " %" SCNu64,
+				  &log_size, &uar, &eqn, &umem, &umem_off, &dbr_umem, &dbr_off, &lps, &oi, &cc) != 10)
 				return 2;
 			DEVX_SET(create_cq_in, b, opcode, MLX5_CMD_OP_CREATE_CQ);
 			DEVX_SET(create_cq_in, b, cq_umem_valid, 1);
@@ -67,6 +67,7 @@ int main(void) {
 			DEVX_SET64(cqc, cq, dbr_addr, dbr_off);
 			DEVX_SET(cqc, cq, cqe_sz, 0);
 			DEVX_SET(cqc, cq, oi, oi);
+			DEVX_SET(cqc, cq, cc, cc);
 			DEVX_SET(cqc, cq, log_cq_size, log_size);
 			DEVX_SET(cqc, cq, uar_page, uar);
 			DEVX_SET(cqc, cq, c_eqn_or_apu_element, eqn);

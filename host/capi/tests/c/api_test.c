@@ -1055,12 +1055,55 @@ static void handshake(void) {
     side_fini(&cli);
 }
 
+/* A collapsed CQ: many puts complete through its one entry, and one wait covers those before. */
+static void collapsed_cq(void) {
+    gdaki_qp_config cfg;
+    OK(gdaki_qp_config_init(&cfg));
+    cfg.sq_size = 16;
+    cfg.timeout_ms = 5000;
+    gdaki_cq *cq = NULL;
+    gdaki_qp *qp = NULL;
+    EXPECT(GDAKI_STATUS_INVALID_ARGUMENT, gdaki_cq_create_collapsed(ctx, 3, NULL, &cq));
+    EXPECT(GDAKI_STATUS_NULL_ARGUMENT, gdaki_cq_create_collapsed(ctx, 16, NULL, NULL));
+    OK(gdaki_cq_create_collapsed(ctx, 16, NULL, &cq));
+    OK(gdaki_qp_create(ctx, cq, &cfg, &qp));
+    gdaki_endpoint self;
+    OK(gdaki_qp_endpoint(qp, &self));
+    OK(gdaki_qp_connect(qp, &self));
+    gdaki_dev_qp *h = NULL;
+    OK(gdaki_qp_host_handle(qp, &h));
+    CHECK(h->cq.log_size == 0);
+    gdaki_region *mr = NULL;
+    OK(gdaki_region_alloc(ctx, 8192, GDAKI_ACCESS_ALL, &mr));
+    gdaki_region_info m;
+    OK(gdaki_region_query(mr, &m));
+    unsigned char pattern[4096];
+    for (size_t i = 0; i < sizeof pattern; i++) pattern[i] = (unsigned char)(i * 5 + 1);
+    OK(gdaki_region_write(mr, 0, pattern, sizeof pattern));
+    uint64_t ticket = 0, first = 0;
+    for (uint64_t i = 0; i < 1000; i++) {
+        uint64_t off = (i % 256) * 16;
+        CHECK(gdaki_put_thread_exclusive(h, m.addr + 4096 + off, m.rkey, m.addr + off, m.lkey, 16, 0, &ticket) ==
+              GDAKI_OK);
+        if (i == 0) first = ticket;
+    }
+    CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
+    CHECK(gdaki_wait_thread_exclusive(h, first) == GDAKI_OK);
+    unsigned char got[4096];
+    OK(gdaki_region_read(mr, 4096, got, sizeof got));
+    CHECK(memcmp(got, pattern, sizeof got) == 0);
+    OK(gdaki_qp_destroy(qp));
+    OK(gdaki_cq_destroy(cq));
+    OK(gdaki_region_destroy(mr));
+}
+
 int main(void) {
     library();
     contexts();
     regions();
     queues();
     data_path();
+    collapsed_cq();
     two_sided();
     streams();
     sockets();
