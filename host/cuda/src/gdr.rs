@@ -6,11 +6,48 @@
 //! builds and runs the same binary. Where the driver or the library is missing, [`Gdr::open`]
 //! says which, and callers use what works without it.
 //!
+//! The library's own CPU reads and writes of GPU memory ([`DeviceBuffer::read`] and
+//! [`write`](crate::DeviceBuffer::write), and so `MemoryRegion::read`/`write` of device regions and
+//! what the host reads back from GPU-memory queues) go through it wherever [`shared`] opens it.
+//!
 //! Knobs, for tests and unusual installs: `GDAKI_GDRAPI` names the library to load instead,
-//! `GDAKI_GDRDRV` the device node to look for instead of `/dev/gdrdrv`.
+//! `GDAKI_GDRDRV` the device node to look for instead of `/dev/gdrdrv`; `GDAKI_GDRCOPY=0` keeps
+//! the library's reads and writes on CUDA copies even where gdrcopy is there.
+//!
+//! [`DeviceBuffer::read`]: crate::DeviceBuffer::read
 use std::ffi::{c_int, c_ulong, c_void};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// gdrcopy for the library's own CPU reads and writes of GPU memory, opened once per process:
+/// `None` where it is absent (said once, at debug level, with why) or `GDAKI_GDRCOPY=0` turns
+/// it off.
+pub fn shared() -> Option<&'static Arc<Gdr>> {
+    static SHARED: OnceLock<Option<Arc<Gdr>>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            if std::env::var("GDAKI_GDRCOPY").is_ok_and(|v| v == "0") {
+                tracing::info!(
+                    "gdrcopy turned off (GDAKI_GDRCOPY=0): CPU reads and writes of GPU memory are CUDA copies"
+                );
+                return None;
+            }
+            match Gdr::open() {
+                Ok(gdr) => {
+                    let (major, minor) = gdr.version();
+                    tracing::info!(
+                        "gdrcopy (libgdrapi {major}.{minor}): CPU reads and writes of GPU memory go through BAR1"
+                    );
+                    Some(gdr)
+                }
+                Err(e) => {
+                    tracing::debug!("gdrcopy not used ({e}): CPU reads and writes of GPU memory are CUDA copies");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
 
 /// GPU pages as gdrdrv pins them (`GPU_PAGE_SIZE` in gdrapi.h): 64 KiB.
 pub const GPU_PAGE: u64 = 1 << 16;

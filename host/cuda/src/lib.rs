@@ -99,6 +99,9 @@ pub enum CudaError {
         /// What is wrong with it.
         why: String,
     },
+    /// A read or write through a gdrcopy mapping failed.
+    #[error("gdrcopy: {0}")]
+    Gdr(#[from] gdr::GdrError),
     /// A kernel ran but its results are wrong.
     #[error("kernel {kernel} produced wrong results: {detail}")]
     WrongResult {
@@ -540,6 +543,10 @@ pub struct DeviceBuffer {
     /// The first usable byte: `base` rounded up to a page.
     ptr: sys::CUdeviceptr,
     len: usize,
+    /// The CPU's mapping of it through gdrcopy, made at the first read or write where gdrcopy
+    /// is there ([`gdr::shared`]); `None` where it is not, or the mapping was refused (then
+    /// CUDA copies, as without gdrcopy).
+    cpu_map: std::sync::OnceLock<Option<gdr::GdrMapping>>,
 }
 
 // SAFETY: a device address range and a context handle; driver calls bind the context first.
@@ -583,6 +590,7 @@ impl DeviceBuffer {
             base,
             ptr: base.next_multiple_of(PAGE as u64),
             len: pages,
+            cpu_map: std::sync::OnceLock::new(),
         };
         // Not on the legacy stream, which waits for the application's kernels on blocking
         // streams: one of them may be waiting for what this allocation is for (a socket a
@@ -623,10 +631,54 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// The CPU mapping of the buffer through gdrcopy, made on first use; `None` where gdrcopy
+    /// is absent or refused this buffer (said once, at debug level).
+    fn cpu_map(&self) -> Option<&gdr::GdrMapping> {
+        self.cpu_map
+            .get_or_init(|| {
+                let gdr = gdr::shared()?;
+                // gdrdrv's mappings see the GPU's memory operations in order only where the
+                // buffer synchronises them (what gdrcopy asks of every buffer it pins).
+                let on: u32 = 1;
+                let made = self.ctx.bind_to_thread().map_err(|e| e.to_string()).and_then(|()| {
+                    // SAFETY: a live allocation of this context, and a u32 value as the
+                    // attribute takes.
+                    unsafe {
+                        sys::cuPointerSetAttribute(
+                            (&on as *const u32).cast(),
+                            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                            self.ptr,
+                        )
+                    }
+                    .result()
+                    .map_err(|e| e.to_string())?;
+                    // SAFETY: this allocation, which `Drop` frees only after dropping the
+                    // mapping.
+                    unsafe { gdr::GdrMapping::new(gdr, self.ptr, self.len) }.map_err(|e| e.to_string())
+                });
+                made.map_err(|e| tracing::debug!(buffer = ?self, "gdrcopy refused a mapping ({e}): CUDA copies"))
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Whether the CPU reads and writes it through a gdrcopy mapping (made now if it can be).
+    pub fn cpu_mapped(&self) -> bool {
+        self.cpu_map().is_some()
+    }
+
     /// Copies `src` to `offset`; the bytes are in device memory when it returns, for every
-    /// reader (other streams, other processes, peers over P2P).
+    /// reader (other streams, other processes, peers over P2P). Through gdrcopy where it is
+    /// there: the CPU's own stores through BAR1, ordered before its later stores as PCIe
+    /// orders posted writes.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
         self.check(offset, src.len())?;
+        if let Some(map) = self.cpu_map() {
+            map.write(offset, src)?;
+            // The write-combined stores leave the CPU before anything it does next.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
+        }
         self.ctx.bind_to_thread()?;
         // On a stream of its own, waited for: from pageable memory a copy returns once its
         // bytes are staged, before the last DMA lands (a kernel on another stream, or a peer
@@ -661,9 +713,12 @@ impl DeviceBuffer {
         stream::wait_idle(stream)
     }
 
-    /// Copies from `offset` into `dst` (synchronous).
+    /// Copies from `offset` into `dst` (synchronous; through gdrcopy where it is there).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
         self.check(offset, dst.len())?;
+        if let Some(map) = self.cpu_map() {
+            return Ok(map.read(offset, dst)?);
+        }
         self.ctx.bind_to_thread()?;
         // SAFETY: the source range lies inside this allocation (checked); `dst` is a valid
         // host slice.
@@ -674,6 +729,8 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        // Unmapped and unpinned before the memory goes.
+        drop(self.cpu_map.take());
         // Freeing waits for every kernel, the soft HCA's copiers included: stop them.
         quiesced(|| {
             if self.ctx.bind_to_thread().is_ok() {

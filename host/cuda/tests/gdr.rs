@@ -2,6 +2,7 @@
 //! here with `cc`): no machine here has the gdrdrv kernel driver, so what runs on a real one is
 //! the same calls in the same order, which this checks, and the stand-in refuses what gdrdrv
 //! refuses (unaligned pins, maps of another size, copies outside the mapping).
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -16,6 +17,7 @@ fn standin() -> PathBuf {
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
         .arg(&lib)
         .arg(&src)
+        .arg("-ldl")
         .output()
         .expect("cc (tools/setup.sh installs gcc)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -83,5 +85,63 @@ fn gdrcopy_is_opened_pinned_mapped_copied_and_released_in_order() {
     assert_eq!(calls(&kept), "open pin map copy_to copy_from unmap unpin close");
     // SAFETY: allocated above with this layout.
     unsafe { std::alloc::dealloc(base, layout) };
+
+    device_buffers_read_and_write_through_the_mapping(&kept);
     let _ = std::fs::remove_file(&node);
+}
+
+/// On a GPU (the stand-in's CUDA mode: its copies are CUDA copies of the real memory): a device
+/// buffer's reads and writes go through one gdrcopy mapping of the whole buffer, pinned only
+/// once its memory synchronises memory operations, and released before the memory is freed;
+/// the bytes are where CUDA's own copies find them. Without a GPU: says SKIPPED (fails under
+/// `GDAKI_REQUIRE_GPU=1`).
+fn device_buffers_read_and_write_through_the_mapping(kept: &libloading::Library) {
+    use cudarc::driver::sys;
+    let gpu = match gdaki_cuda::Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) if std::env::var("GDAKI_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("GDAKI_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
+        Err(e) => {
+            // Not captured by the test harness (as the other GPU tests say it).
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED (no usable GPU): device_buffers_read_and_write_through_the_mapping: {e}"
+            );
+            return;
+        }
+    };
+    // SAFETY: as above (no other thread reads the environment).
+    unsafe { std::env::set_var("STANDIN_CUDA", "1") };
+    let before = calls(kept).len();
+    let buf = gdaki_cuda::DeviceBuffer::zeroed(&gpu, 3 * GPU_PAGE as usize + 100).unwrap();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + i / 255) as u8).collect();
+    let at = GPU_PAGE as usize - 1000; // across a GPU page boundary
+    buf.write(at, &data).unwrap();
+    assert!(buf.cpu_mapped(), "{}", calls(kept));
+    let mut seen = vec![0u8; data.len()];
+    // SAFETY: a range inside the live buffer, into a host slice of its length.
+    unsafe { sys::cuMemcpyDtoH_v2(seen.as_mut_ptr().cast(), buf.device_addr() + at as u64, seen.len()) }
+        .result()
+        .unwrap();
+    assert_eq!(seen, data, "what the mapping wrote is in device memory");
+    let back: Vec<u8> = data.iter().rev().copied().collect();
+    // SAFETY: as above, from a host slice.
+    unsafe { sys::cuMemcpyHtoD_v2(buf.device_addr() + 64, back.as_ptr().cast(), back.len()) }
+        .result()
+        .unwrap();
+    let mut got = vec![0u8; back.len()];
+    buf.read(64, &mut got).unwrap();
+    assert_eq!(got, back, "the mapping reads device memory");
+    assert!(matches!(
+        buf.read(buf.len() - 10, &mut [0u8; 11]),
+        Err(gdaki_cuda::CudaError::OutOfBounds { .. })
+    ));
+    drop(buf);
+    let log = calls(kept);
+    assert_eq!(
+        &log[before..].trim(),
+        &"open pin map copy_to copy_from unmap unpin",
+        "one mapping of the whole buffer, released with it"
+    );
 }

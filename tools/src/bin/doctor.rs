@@ -370,8 +370,17 @@ fn print_report(r: &Report) {
     );
     println!("  soft provider:   needs neither (it copies GPU payloads itself)");
     match &r.gdrcopy {
-        Ok(v) => println!("  gdrcopy:         {v} (CPU mappings of GPU memory)"),
-        Err(why) => println!("  gdrcopy:         not present: {why}"),
+        Ok(v) => println!(
+            "  gdrcopy:         {v}: the library's CPU reads and writes of GPU memory go through BAR1{}",
+            if std::env::var("GDAKI_GDRCOPY").is_ok_and(|v| v == "0") {
+                " (turned off here: GDAKI_GDRCOPY=0)"
+            } else {
+                ""
+            }
+        ),
+        Err(why) => {
+            println!("  gdrcopy:         not present: {why} (the CPU reads and writes GPU memory with CUDA copies)")
+        }
     }
     println!("\nWhat `auto` chooses");
     println!("  provider:        {}", r.selection.provider);
