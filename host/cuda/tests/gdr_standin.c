@@ -46,7 +46,7 @@ typedef int (*pop_fn)(void **);
 typedef int (*htod_fn)(unsigned long long, const void *, size_t);
 typedef int (*dtoh_fn)(void *, unsigned long long, size_t);
 static struct {
-	int tried, on;
+	int loaded;
 	attr_fn attr;
 	ctx_fn push;
 	pop_fn pop;
@@ -54,21 +54,23 @@ static struct {
 	dtoh_fn dtoh;
 } cu;
 
+/* 1 in CUDA mode, 0 in the plain one, -1 when CUDA mode is asked for and libcuda is not
+ * there (every call then refuses). Asked at every call: a test turns the mode on after using
+ * the plain one. */
 static int cuda_mode(void) {
-	if (!cu.tried) {
-		cu.tried = 1;
-		const char *want = getenv("STANDIN_CUDA");
-		void *lib = want && !strcmp(want, "1") ? dlopen("libcuda.so.1", RTLD_NOW) : NULL;
-		if (lib) {
-			cu.attr = (attr_fn)dlsym(lib, "cuPointerGetAttribute");
-			cu.push = (ctx_fn)dlsym(lib, "cuCtxPushCurrent_v2");
-			cu.pop = (pop_fn)dlsym(lib, "cuCtxPopCurrent_v2");
-			cu.htod = (htod_fn)dlsym(lib, "cuMemcpyHtoD_v2");
-			cu.dtoh = (dtoh_fn)dlsym(lib, "cuMemcpyDtoH_v2");
-			cu.on = cu.attr && cu.push && cu.pop && cu.htod && cu.dtoh;
-		}
+	const char *want = getenv("STANDIN_CUDA");
+	if (!want || strcmp(want, "1")) return 0;
+	if (!cu.loaded) {
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+		if (!lib) return -1;
+		cu.attr = (attr_fn)dlsym(lib, "cuPointerGetAttribute");
+		cu.push = (ctx_fn)dlsym(lib, "cuCtxPushCurrent_v2");
+		cu.pop = (pop_fn)dlsym(lib, "cuCtxPopCurrent_v2");
+		cu.htod = (htod_fn)dlsym(lib, "cuMemcpyHtoD_v2");
+		cu.dtoh = (dtoh_fn)dlsym(lib, "cuMemcpyDtoH_v2");
+		cu.loaded = cu.attr && cu.push && cu.pop && cu.htod && cu.dtoh;
 	}
-	return cu.on;
+	return cu.loaded ? 1 : -1;
 }
 
 /* CU_POINTER_ATTRIBUTE_{CONTEXT, MEMORY_TYPE, SYNC_MEMOPS}; CU_MEMORYTYPE_DEVICE. */
@@ -98,7 +100,8 @@ int gdr_close(struct gdr *g) { note("close"); return g == &the && the.open-- == 
 int gdr_pin_buffer(struct gdr *g, unsigned long addr, size_t size, uint64_t token, uint32_t va_space, gdr_mh_t *h) {
 	(void)token; (void)va_space;
 	if (g != &the || addr % PAGE || size % PAGE || !size) { note("pin-refused"); return 22; }
-	if (cuda_mode() && !device_memory_synced(addr)) { note("pin-refused-not-synced-device-memory"); return 22; }
+	int cuda = cuda_mode();
+	if (cuda < 0 || (cuda && !device_memory_synced(addr))) { note("pin-refused-not-synced-device-memory"); return 22; }
 	for (unsigned i = 0; i < PINS; i++)
 		if (!pins[i].size) {
 			pins[i] = (struct pin){addr, size, 0};
@@ -141,8 +144,9 @@ static int inside(gdr_mh_t h, const void *at, size_t n) {
 
 int gdr_copy_to_mapping(gdr_mh_t h, void *map_d_ptr, const void *h_ptr, size_t size) {
 	if (!inside(h, map_d_ptr, size)) { note("copy_to-refused"); return 22; }
-	if (cuda_mode()) {
-		if (cuda_copy((unsigned long)map_d_ptr, (void *)h_ptr, size, 1)) { note("copy_to-failed"); return 5; }
+	int cuda = cuda_mode();
+	if (cuda) {
+		if (cuda < 0 || cuda_copy((unsigned long)map_d_ptr, (void *)h_ptr, size, 1)) { note("copy_to-failed"); return 5; }
 	} else {
 		memcpy(map_d_ptr, h_ptr, size);
 	}
@@ -152,8 +156,9 @@ int gdr_copy_to_mapping(gdr_mh_t h, void *map_d_ptr, const void *h_ptr, size_t s
 
 int gdr_copy_from_mapping(gdr_mh_t h, void *h_ptr, const void *map_d_ptr, size_t size) {
 	if (!inside(h, map_d_ptr, size)) { note("copy_from-refused"); return 22; }
-	if (cuda_mode()) {
-		if (cuda_copy((unsigned long)map_d_ptr, h_ptr, size, 0)) { note("copy_from-failed"); return 5; }
+	int cuda = cuda_mode();
+	if (cuda) {
+		if (cuda < 0 || cuda_copy((unsigned long)map_d_ptr, h_ptr, size, 0)) { note("copy_from-failed"); return 5; }
 	} else {
 		memcpy(h_ptr, map_d_ptr, size);
 	}
