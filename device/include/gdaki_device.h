@@ -144,7 +144,7 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_cq {
   uint32_t cqn;
   /**
    * log2 of the number of CQEs the device reads; 0 for a collapsed CQ (every CQE in entry
-   * 0, the newest overwriting: see [`ring::cqe_ahead`](crate::ring::cqe_ahead)), and so
+   * 0, the newest overwriting: see [`ring::cqe_completes`](crate::ring::cqe_completes)), and so
    * for a CQ of one entry, which is read the same way.
    */
   uint32_t log_size;
