@@ -19,6 +19,17 @@ use std::ffi::{c_int, c_ulong, c_void};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+/// The largest read the library makes through a mapping: the CPU's loads from BAR1 are
+/// uncached, one PCIe round trip per few words, so a larger read is faster as a CUDA copy.
+pub const READ_MAX: usize = 4096;
+/// The largest write the library makes through a mapping: the CPU's write-combined stores
+/// stream, but beyond this a CUDA copy's fixed cost is paid back.
+pub const WRITE_MAX: usize = 64 << 10;
+/// The largest buffer the library maps whole: a mapping takes BAR1 space, which GPUDirect
+/// RDMA also needs and which is a few hundred MiB on some GPUs; larger buffers keep CUDA
+/// copies.
+pub const MAP_MAX: usize = 64 << 20;
+
 /// gdrcopy for the library's own CPU reads and writes of GPU memory, opened once per process:
 /// `None` where it is absent (said once, at debug level, with why) or `GDAKI_GDRCOPY=0` turns
 /// it off.

@@ -632,10 +632,14 @@ impl DeviceBuffer {
     }
 
     /// The CPU mapping of the buffer through gdrcopy, made on first use; `None` where gdrcopy
-    /// is absent or refused this buffer (said once, at debug level).
+    /// is absent, the buffer is larger than [`gdr::MAP_MAX`], or gdrcopy refused it (said once,
+    /// at debug level).
     fn cpu_map(&self) -> Option<&gdr::GdrMapping> {
         self.cpu_map
             .get_or_init(|| {
+                if self.len > gdr::MAP_MAX {
+                    return None;
+                }
                 let gdr = gdr::shared()?;
                 // gdrdrv's mappings see the GPU's memory operations in order only where the
                 // buffer synchronises them (what gdrcopy asks of every buffer it pins).
@@ -668,12 +672,12 @@ impl DeviceBuffer {
     }
 
     /// Copies `src` to `offset`; the bytes are in device memory when it returns, for every
-    /// reader (other streams, other processes, peers over P2P). Through gdrcopy where it is
-    /// there: the CPU's own stores through BAR1, ordered before its later stores as PCIe
-    /// orders posted writes.
+    /// reader (other streams, other processes, peers over P2P). Up to [`gdr::WRITE_MAX`]
+    /// bytes through gdrcopy where it is there: the CPU's own stores through BAR1, ordered
+    /// before its later stores as PCIe orders posted writes.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
         self.check(offset, src.len())?;
-        if let Some(map) = self.cpu_map() {
+        if let Some(map) = self.cpu_map().filter(|_| src.len() <= gdr::WRITE_MAX) {
             map.write(offset, src)?;
             // The write-combined stores leave the CPU before anything it does next.
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
@@ -713,10 +717,11 @@ impl DeviceBuffer {
         stream::wait_idle(stream)
     }
 
-    /// Copies from `offset` into `dst` (synchronous; through gdrcopy where it is there).
+    /// Copies from `offset` into `dst` (synchronous; up to [`gdr::READ_MAX`] bytes through
+    /// gdrcopy where it is there).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
         self.check(offset, dst.len())?;
-        if let Some(map) = self.cpu_map() {
+        if let Some(map) = self.cpu_map().filter(|_| dst.len() <= gdr::READ_MAX) {
             return Ok(map.read(offset, dst)?);
         }
         self.ctx.bind_to_thread()?;

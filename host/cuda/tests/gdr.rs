@@ -91,10 +91,10 @@ fn gdrcopy_is_opened_pinned_mapped_copied_and_released_in_order() {
 }
 
 /// On a GPU (the stand-in's CUDA mode: its copies are CUDA copies of the real memory): a device
-/// buffer's reads and writes go through one gdrcopy mapping of the whole buffer, pinned only
-/// once its memory synchronises memory operations, and released before the memory is freed;
-/// the bytes are where CUDA's own copies find them. Without a GPU: says SKIPPED (fails under
-/// `GDAKI_REQUIRE_GPU=1`).
+/// buffer's small reads and writes go through one gdrcopy mapping of the whole buffer, pinned
+/// only once its memory synchronises memory operations, and released before the memory is
+/// freed; larger ones are CUDA copies; the bytes are where CUDA's own copies find them.
+/// Without a GPU: says SKIPPED (fails under `GDAKI_REQUIRE_GPU=1`).
 fn device_buffers_read_and_write_through_the_mapping(kept: &libloading::Library) {
     use cudarc::driver::sys;
     let gpu = match gdaki_cuda::Gpu::open(0) {
@@ -131,8 +131,15 @@ fn device_buffers_read_and_write_through_the_mapping(kept: &libloading::Library)
         .result()
         .unwrap();
     let mut got = vec![0u8; back.len()];
-    buf.read(64, &mut got).unwrap();
-    assert_eq!(got, back, "the mapping reads device memory");
+    // Reads up to READ_MAX go through the mapping, larger ones are CUDA copies.
+    buf.read(64, &mut got[..gdaki_cuda::gdr::READ_MAX]).unwrap();
+    let mapped = calls(kept);
+    buf.read(64 + gdaki_cuda::gdr::READ_MAX, &mut got[gdaki_cuda::gdr::READ_MAX..])
+        .unwrap();
+    assert_eq!(got, back, "the mapping reads device memory, and so does the CUDA copy");
+    let big = vec![7u8; gdaki_cuda::gdr::WRITE_MAX + 1];
+    buf.write(0, &big).unwrap();
+    assert_eq!(calls(kept), mapped, "the larger read and write went past the mapping");
     assert!(matches!(
         buf.read(buf.len() - 10, &mut [0u8; 11]),
         Err(gdaki_cuda::CudaError::OutOfBounds { .. })
