@@ -115,7 +115,7 @@ fn device_buffers_read_and_write_through_the_mapping(kept: &libloading::Library)
     unsafe { std::env::set_var("STANDIN_CUDA", "1") };
     let before = calls(kept).len();
     let buf = gdaki_cuda::DeviceBuffer::zeroed(&gpu, 3 * GPU_PAGE as usize + 100).unwrap();
-    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + i / 255) as u8).collect();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 255) as u8).collect();
     let at = GPU_PAGE as usize - 1000; // across a GPU page boundary
     buf.write(at, &data).unwrap();
     assert!(buf.cpu_mapped(), "{}", calls(kept));
@@ -131,7 +131,9 @@ fn device_buffers_read_and_write_through_the_mapping(kept: &libloading::Library)
         .result()
         .unwrap();
     let mut got = vec![0u8; back.len()];
-    // Reads up to READ_MAX go through the mapping, larger ones are CUDA copies.
+    // Reads up to READ_MAX go through the mapping, larger ones (the rest: 5904 bytes) are
+    // CUDA copies.
+    assert!(back.len() - gdaki_cuda::gdr::READ_MAX > gdaki_cuda::gdr::READ_MAX);
     buf.read(64, &mut got[..gdaki_cuda::gdr::READ_MAX]).unwrap();
     let mapped = calls(kept);
     buf.read(64 + gdaki_cuda::gdr::READ_MAX, &mut got[gdaki_cuda::gdr::READ_MAX..])
