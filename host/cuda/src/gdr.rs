@@ -30,6 +30,12 @@ pub const WRITE_MAX: usize = 64 << 10;
 /// copies.
 pub const MAP_MAX: usize = 64 << 20;
 
+/// Whether `GDAKI_GDRCOPY=0` keeps the library's CPU reads and writes of GPU memory on CUDA
+/// copies even where gdrcopy is there.
+pub fn turned_off() -> bool {
+    std::env::var("GDAKI_GDRCOPY").is_ok_and(|v| v == "0")
+}
+
 /// gdrcopy for the library's own CPU reads and writes of GPU memory, opened once per process:
 /// `None` where it is absent (said once, at debug level, with why) or `GDAKI_GDRCOPY=0` turns
 /// it off.
@@ -37,7 +43,7 @@ pub fn shared() -> Option<&'static Arc<Gdr>> {
     static SHARED: OnceLock<Option<Arc<Gdr>>> = OnceLock::new();
     SHARED
         .get_or_init(|| {
-            if std::env::var("GDAKI_GDRCOPY").is_ok_and(|v| v == "0") {
+            if turned_off() {
                 tracing::info!(
                     "gdrcopy turned off (GDAKI_GDRCOPY=0): CPU reads and writes of GPU memory are CUDA copies"
                 );

@@ -104,22 +104,22 @@ fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
     // Entries not yet consumed: the 24-bit distance from the consumer index to ours.
     let outstanding = |ci: u32| ((pi as u32).wrapping_sub(ci) & dbrec::CQ_CI_MASK) as u64;
     let size = 1u64 << cq.log_size;
-    let mut ci = cq.ci_seen.load(Ordering::Relaxed);
+    let ci = cq.ci_seen.load(Ordering::Relaxed);
     if !cq.overrun_ignore && outstanding(ci) >= size {
         // Re-read the record only now, so its cache line is not pulled from the poller on
         // every CQE. SAFETY: word 0 of the CQ's doorbell record, aligned, alive with the CQ.
         let rec = unsafe { std::sync::atomic::AtomicU32::from_ptr(cq.dbrec.as_ptr() as *mut u32) };
-        ci = u32::from_be(rec.load(Ordering::Acquire)) & dbrec::CQ_CI_MASK;
+        let ci = u32::from_be(rec.load(Ordering::Acquire)) & dbrec::CQ_CI_MASK;
         cq.ci_seen.store(ci, Ordering::Relaxed);
-    }
-    if !cq.overrun_ignore && outstanding(ci) >= size {
-        if !cq.overrun.swap(true, Ordering::AcqRel) {
-            error!(
-                cqn = format_args!("{:#x}", cq.cqn),
-                pi, ci, "CQ overrun: no room for a CQE"
-            );
+        if outstanding(ci) >= size {
+            if !cq.overrun.swap(true, Ordering::AcqRel) {
+                error!(
+                    cqn = format_args!("{:#x}", cq.cqn),
+                    pi, ci, "CQ overrun: no room for a CQE"
+                );
+            }
+            return false;
         }
-        return false;
     }
     cqe.op_own = (cqe.op_own & !1) | ring::owner_parity(pi, cq.log_size);
     let words: [u64; 8] = bytemuck::cast(cqe);

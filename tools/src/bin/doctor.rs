@@ -372,7 +372,7 @@ fn print_report(r: &Report) {
     match &r.gdrcopy {
         Ok(v) => println!(
             "  gdrcopy:         {v}: the library's CPU reads and writes of GPU memory go through BAR1{}",
-            if std::env::var("GDAKI_GDRCOPY").is_ok_and(|v| v == "0") {
+            if cuda::gdr::turned_off() {
                 " (turned off here: GDAKI_GDRCOPY=0)"
             } else {
                 ""
