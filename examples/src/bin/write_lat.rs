@@ -157,7 +157,9 @@ struct Row {
 /// A one-way latency split in two (medians over both directions and every round).
 #[derive(Debug, Serialize)]
 struct Breakdown {
-    /// From just before the put to its return: the WQE written, the fences and the doorbell.
+    /// From the stamp taken when the side may send (the peer's message seen) to the put's
+    /// return: the WQE written, the fences and the doorbell, and on a GPU also the end of the
+    /// wait before it (the stamp is not ordered against the wait's fence: docs/figures.md).
     post_us: f64,
     /// From the put's return to the peer seeing the message's flag: the HCA noticing the
     /// doorbell, moving the data, and the peer's poll.
@@ -503,7 +505,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         for r in &rows {
             if let Some(b) = &r.breakdown {
                 gdaki_examples::outln!(
-                    " Breakdown ({} B, medians): post {:.2} usec (the put call: WQE, fences, doorbell) + delivery {:.2} \
+                    " Breakdown ({} B, medians): post {:.2} usec (the put call, with the end of the wait before it) + delivery {:.2} \
                      usec (doorbell to the peer seeing the flag)",
                     r.lat.bytes,
                     b.post_us,
