@@ -11,6 +11,7 @@ use gdaki_layout::{dbrec, ring, CqeOpcode, Syndrome};
 use tracing::error;
 
 use crate::objects::{SoftCq, SoftQp, SoftRq};
+use crate::prefetch;
 use crate::Region;
 
 /// Vendor syndrome the soft HCA puts in error CQEs (so its errors are recognisable).
@@ -97,6 +98,9 @@ pub(crate) fn flush_receives(qp: &SoftQp) {
     }
 }
 
+/// How many CQEs ahead of the one it writes the engine asks for a CQ's line (one line each).
+const CQES_AHEAD: u64 = 4;
+
 /// Writes `cqe` at the CQ's producer index (entry 0 of a collapsed CQ) with the lap's owner
 /// bit, unless the CQ is full (never, for a CQ that ignores overruns).
 fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
@@ -120,6 +124,10 @@ fn write_cqe(cq: &SoftCq, mut cqe: Cqe64) -> bool {
             }
             return false;
         }
+    }
+    if !cq.collapsed && size >= 2 * CQES_AHEAD {
+        // The slot a few CQEs on was read by the poller a lap ago: take it back now.
+        prefetch::for_write(cq.ring.addr() + ring::cqe_offset(pi + CQES_AHEAD, cq.log_size));
     }
     cqe.op_own = (cqe.op_own & !1) | ring::owner_parity(pi, cq.log_size);
     let words: [u64; 8] = bytemuck::cast(cqe);

@@ -403,6 +403,10 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
     let mut held = requester::HeldReceives::new(local_peer.as_deref());
     while *ci < target_bb {
         let index = *ci;
+        if index + WQEBBS_AHEAD < target_bb {
+            // Rung, so written: the poster (often a GPU, over PCIe) wrote it last.
+            crate::prefetch::for_read(qp.sq.addr() + ring::wqe_offset(index + WQEBBS_AHEAD, qp.sq_log));
+        }
         let fetched = fetch(qp, index, target_bb - index, wqe);
         // An incomplete WQE consumes what was rung; only its first block was read.
         let (bbs, read) = match fetched {
@@ -519,6 +523,9 @@ fn rewind_after_rnr(qp: &SoftQp, progress: &mut SqProgress) -> Option<bool> {
         }
     }
 }
+
+/// How many send-queue blocks ahead of the one it executes the engine asks for (one line each).
+const WQEBBS_AHEAD: u64 = 2;
 
 /// Copies the WQE at building block `index` (all its blocks, across the ring's wrap) into
 /// `out`; returns its size in blocks (at least one, whatever `ds` claims), or `Err(rung)` with

@@ -38,6 +38,7 @@ pub(crate) mod firmware;
 pub(crate) mod ipc;
 pub(crate) mod net;
 pub(crate) mod objects;
+pub(crate) mod prefetch;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod shm;

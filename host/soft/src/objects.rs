@@ -133,11 +133,16 @@ impl SoftRq {
         (n <= 1 << self.log_size).then_some(n)
     }
 
+    /// Where receive WQE `index` is in the ring.
+    pub fn wqe_addr(&self, index: u64) -> u64 {
+        self.ring.addr() + gdaki_layout::recv::wqe_offset(index, self.log_size, self.log_stride)
+    }
+
     /// The bytes of receive WQE `index`: the first `wqe_size(log_stride)` of the block (at
     /// most 64: CREATE_QP refuses larger strides).
     pub fn wqe(&self, index: u64) -> ([u8; RECV_WQE_MAX], usize) {
         let size = gdaki_layout::recv::wqe_size(self.log_stride).min(RECV_WQE_MAX);
-        let at = self.ring.addr() + gdaki_layout::recv::wqe_offset(index, self.log_size, self.log_stride);
+        let at = self.wqe_addr(index);
         let mut out = [0u8; RECV_WQE_MAX];
         // SAFETY: a WQE of the live ring (checked against the umem at creation), written by
         // the poster before the record that announced it, which the caller read.

@@ -368,6 +368,9 @@ pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrom
 /// a remote operation error there. Returns the requester's syndrome, or on success the GPU copy
 /// that is still moving the payload (`InPlace` payloads): the receive completes once it is
 /// done (when `taken` is let go), and the requester's WQE must wait for it too.
+/// How many cache lines of receive WQEs ahead of the one it takes the responder asks for.
+const RECV_LINES_AHEAD: u64 = 2;
+
 pub(crate) fn deliver(
     hca: &Hca,
     cache: &mut RegionCache,
@@ -377,6 +380,11 @@ pub(crate) fn deliver(
 ) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
     let index = taken.cursor.taken;
     let (qp, rq) = (taken.qp, taken.rq);
+    // The receive WQEs two lines on, when posted: the receiver's core wrote them last.
+    let ahead = RECV_LINES_AHEAD * (64 / gdaki_layout::recv::wqe_size(rq.log_stride) as u64).max(1);
+    if taken.cursor.known > ahead {
+        crate::prefetch::for_read(rq.wqe_addr(index + ahead));
+    }
     let (outcome, copy, result) = match scatter(hca, cache, qp, rq, index, msg) {
         Ok((bytes, copy)) => {
             let (opcode, imm) = match msg {
