@@ -256,6 +256,11 @@ macro_rules! entry_points {
                 /// pointers are null where allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
                 #[allow(clippy::too_many_arguments)]
+                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
+                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
+                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                #[allow(unused_attributes)]
+                #[inline(always)]
                 pub unsafe extern "C" fn $op($h: $hty $(, $arg: $ty)*) -> u32 {
                     // SAFETY: the caller's contract is the one the enter function and the body need.
                     unsafe { $enter::<$mode, $scope>($h, <$scope as Here>::here(), |h| ops::$op(h $(, $arg)*)) }
@@ -277,6 +282,11 @@ macro_rules! entry_points {
                 /// allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
                 #[allow(clippy::too_many_arguments)]
+                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
+                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
+                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                #[allow(unused_attributes)]
+                #[inline(always)]
                 pub unsafe extern "C" fn $op($h: $hty, block_scratch: *mut BlockScratch $(, $arg: $ty)*) -> u32 {
                     let scope = if block_scratch.is_null() {
                         Err(CODE_BAD_ARGUMENT)
@@ -555,6 +565,11 @@ macro_rules! recv_entry_points {
                 /// `rq` is null or an exported receive-queue handle used in this mode; pointers
                 /// are null where allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
+                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
+                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
+                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                #[allow(unused_attributes)]
+                #[inline(always)]
                 pub unsafe extern "C" fn $op(rq: *mut DevRq $(, $arg: $ty)*) -> u32 {
                     // SAFETY: the caller's contract is the one `enter_rq` and the body need.
                     unsafe { enter_rq::<$mode>(rq, |rq| recv_ops::$op(rq $(, $arg)*)) }

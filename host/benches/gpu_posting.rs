@@ -13,10 +13,13 @@
 //!
 //! Every row runs twice more: the same kernels written in CUDA C++ against `gdaki_device.h`
 //! (`benches/cuda/post_rate.cu`, NVRTC, linked with gdaki's C PTX at run time, so each gdaki
-//! call is a real call), next to the Rust kernels' row of the same run (`c++ / rust`).
+//! call is a real call), next to the Rust kernels' row of the same run (`c++ / rust`). With
+//! `--clang-ptx FILE`, once more: the same source compiled by clang with gdaki's bitcode
+//! inlined (`tools/cuda/clang-kernel.sh host/benches/cuda/post_rate.cu FILE`, on a machine with
+//! clang-22; the GPU machine needs only the PTX), kernel `c++ clang`.
 //!
-//! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N] [--commit-every N]`;
-//! without a usable GPU it says so and exits 0.
+//! `cargo bench -p gdaki --bench gpu_posting [-- --json] [--iters N] [--commit-every N]
+//! [--clang-ptx FILE]`; without a usable GPU it says so and exits 0.
 use gdaki::cuda::{
     self, DataPathLaunch, Gpu, KernelMode, KernelScope, LinkInput, Module, PostingKernels, PostingShape, RingPlacement,
 };
@@ -44,7 +47,8 @@ fn cpp_module(gpu: &Gpu) -> anyhow::Result<Module> {
 
 #[derive(Serialize)]
 struct Row {
-    /// "rust" (gdaki's kernels) or "c++" (benches/cuda/post_rate.cu).
+    /// "rust" (gdaki's kernels), "c++" (benches/cuda/post_rate.cu, calls into gdaki's PTX) or
+    /// "c++ clang" (the same, compiled by clang with gdaki inlined: `--clang-ptx`).
     kernel: &'static str,
     placement: RingPlacement,
     scope: &'static str,
@@ -60,7 +64,7 @@ struct Row {
     /// write-combines as a ring does.
     ring_store_mrec_s: f64,
     post_vs_ring_store: f64,
-    /// C++ rows: the posting rate over the Rust kernels' in the row before.
+    /// C++ rows: the posting rate over the Rust kernels' of the same shape.
     #[serde(skip_serializing_if = "Option::is_none")]
     vs_rust: Option<f64>,
 }
@@ -73,6 +77,16 @@ fn main() -> anyhow::Result<()> {
         Ok(v.map(|v| v.parse()).transpose()?)
     };
     let iters = value("--iters")?.unwrap_or(16);
+    let clang_ptx = match args.iter().position(|a| a == "--clang-ptx") {
+        Some(i) => {
+            let path = args
+                .get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("--clang-ptx needs a file"))?;
+            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--clang-ptx {path}: {e}"))?;
+            Some(text)
+        }
+        None => None,
+    };
     // The per-post row is always measured; the batched one needs at least two posts per commit.
     let commit_every = value("--commit-every")?.unwrap_or(iters).max(2);
     let gpu = match Gpu::open(0) {
@@ -95,6 +109,16 @@ fn main() -> anyhow::Result<()> {
     let module = cpp_module(&gpu)?;
     // SAFETY: post_rate.cu's kernels have gdaki's names and parameters and post as it does.
     let cpp = unsafe { PostingKernels::module(&module) };
+    // The same source through clang, gdaki inlined: a module of its own, nothing to link.
+    let clang_module = clang_ptx
+        .as_deref()
+        .map(|ptx| gpu.link_module(&[LinkInput::Ptx(ptx)]))
+        .transpose()?;
+    let mut kernel_sets = vec![("rust", PostingKernels::GDAKI), ("c++", cpp)];
+    if let Some(m) = &clang_module {
+        // SAFETY: as above (the same source).
+        kernel_sets.push(("c++ clang", unsafe { PostingKernels::module(m) }));
+    }
     let mut rows = Vec::new();
     for placement in [
         RingPlacement::HostPinned,
@@ -109,7 +133,8 @@ fn main() -> anyhow::Result<()> {
                 grid,
                 block,
             };
-            for (kernel, kernels) in [("rust", PostingKernels::GDAKI), ("c++", cpp)] {
+            let mut rust_post = f64::NAN;
+            for &(kernel, kernels) in &kernel_sets {
                 let shape = PostingShape {
                     qps,
                     stride,
@@ -120,7 +145,10 @@ fn main() -> anyhow::Result<()> {
                 let post = r.wqes as f64 / r.post.as_secs_f64() / 1e6;
                 let store = r.wqes as f64 / r.store.as_secs_f64() / 1e6;
                 let ring_store = r.wqes as f64 / r.ring_store.as_secs_f64() / 1e6;
-                let vs_rust = (kernel == "c++").then(|| post / rows.last().map_or(f64::NAN, |r: &Row| r.post_mwqe_s));
+                if kernel == "rust" {
+                    rust_post = post;
+                }
+                let vs_rust = (kernel != "rust").then(|| post / rust_post);
                 rows.push(Row {
                     kernel,
                     placement,
@@ -152,11 +180,11 @@ fn main() -> anyhow::Result<()> {
             info.gpus[0].name
         );
         println!(
-            " kernel  placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store   ring order [M rec/s]   post/ring   c++/rust"
+            " kernel    placement            scope    doorbell per  QPs    WQEs       post [M WQE/s]   store loop [M rec/s]   post/store   ring order [M rec/s]   post/ring   c++/rust"
         );
         for r in &rows {
             println!(
-                " {:<7} {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}% {:>22.1} {:>10.1}% {:>10}",
+                " {:<9} {:<20} {:<8} {:<13} {:<6} {:<10} {:>14.1} {:>22.1} {:>11.1}% {:>22.1} {:>10.1}% {:>10}",
                 r.kernel,
                 format!("{:?}", r.placement),
                 r.scope,

@@ -43,10 +43,12 @@ fn main() {
     // build found the toolchain.
     let c_path = gdaki_build::nested_target_dir().join("gdaki_device_c.ptx");
     let c_ptx = if missing.is_empty() {
+        // Its LLVM bitcode beside it, for clang-CUDA builds that inline it (docs/cuda-cpp.md).
         let c_build = gdaki_build::PtxBuild::new(&workspace)
             .package("gdaki-device")
             .no_default_features()
-            .feature("c-abi");
+            .feature("c-abi")
+            .bitcode(gdaki_build::nested_target_dir().join("gdaki_device_c.bc"));
         c_build
             .build(&c_path)
             .unwrap_or_else(|e| panic!("gdaki-device (c-abi): {e}"))
@@ -55,5 +57,14 @@ fn main() {
         String::new()
     };
     fs::write(out_dir.join("gdaki_device_c.ptx"), c_ptx).expect("write OUT_DIR/gdaki_device_c.ptx");
+    let bitcode = gdaki_build::nested_target_dir().join("gdaki_device_c.bc");
+    println!(
+        "cargo:rustc-env=GDAKI_C_BITCODE={}",
+        if missing.is_empty() {
+            bitcode.display().to_string()
+        } else {
+            String::new()
+        }
+    );
     fs::write(out_dir.join("ptx_missing.txt"), missing).expect("write OUT_DIR/ptx_missing.txt");
 }

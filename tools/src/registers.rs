@@ -10,6 +10,11 @@
 //!   assembled whole, as a program that loads the PTX into its own module gets them
 //!   (`cuModuleLoadData` with the kernel's PTX); `ptxas` may inline.
 //!
+//! And a third way, for CUDA C++ compiled by clang with gdaki's LLVM bitcode linked in
+//! (`tools/cuda/clang-kernel.sh`): [`Assembler::measure_inlined`] writes the probes in CUDA
+//! C++ against the header, has the script compile them (every call inlined) and assembles the
+//! PTX whole.
+//!
 //! A block of 1024 threads needs at most 64 registers a thread, 512 at most 128 (65536
 //! registers per SM on sm_90). `docs/cuda-cpp.md` lists where the functions stand.
 use std::collections::BTreeMap;
@@ -73,18 +78,6 @@ impl Assembler {
             return Err(format!("{}: a parameter of {:?} bits, not 32 or 64", f.name, f.params));
         }
         let probes = probes(&functions);
-        let run = |cmd: &mut Command| -> Result<String, String> {
-            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            if !out.status.success() {
-                return Err(format!("{cmd:?} failed:\n{text}"));
-            }
-            Ok(text)
-        };
         let arch_flag = format!("-arch={arch}");
         let usages = match mode {
             Mode::OneModule => {
@@ -138,6 +131,145 @@ impl Assembler {
         }
         Ok(usages)
     }
+}
+
+impl Assembler {
+    /// The usage of a CUDA C++ probe kernel per function that `header` (`gdaki_device.h`)
+    /// declares, compiled by the command `compile(IN.cu, OUT.ptx)` gives
+    /// (`tools/cuda/clang-kernel.sh IN.cu OUT.ptx`, which inlines gdaki's bitcode) and
+    /// assembled whole for `arch`, in `work`. The probes include `gdaki_device.h`, found by the
+    /// compiler's include path. A call left in the PTX is an error: nothing was inlined then.
+    pub fn measure_inlined(
+        &self,
+        header: &str,
+        compile: impl Fn(&Path, &Path) -> Command,
+        arch: &str,
+        work: &Path,
+    ) -> Result<BTreeMap<String, Usage>, String> {
+        let prototypes = prototypes(header);
+        if prototypes.is_empty() {
+            return Err("the header declares no gdaki_* device function".into());
+        }
+        let (cu, ptx) = (work.join("inlined-probes.cu"), work.join("inlined-probes.ptx"));
+        write(&cu, &cpp_probes(&prototypes))?;
+        run(&mut compile(&cu, &ptx))?;
+        let text = std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
+        // gdaki's own calls inside its functions (as in its Rust kernels) may stay; a call to
+        // a function of the header means the boundary was not inlined.
+        let called: Vec<_> = calls(&text).into_iter().filter(|c| c.starts_with("gdaki_")).collect();
+        if !called.is_empty() {
+            return Err(format!(
+                "{} of the header's functions still called by the inlined probes: {}",
+                called.len(),
+                called.join(", ")
+            ));
+        }
+        let log = run(Command::new(self.bin.join("ptxas"))
+            .args([format!("-arch={arch}").as_str(), "-v"])
+            .arg(&ptx)
+            .arg("-o")
+            .arg(work.join("inlined-probes.cubin")))?;
+        let usages = parse_ptxas(&log);
+        let missing: Vec<_> = prototypes.iter().filter(|p| !usages.contains_key(&p.name)).collect();
+        if let Some(first) = missing.first() {
+            return Err(format!(
+                "no usage reported for {} probes, the first {}",
+                missing.len(),
+                first.name
+            ));
+        }
+        Ok(usages)
+    }
+}
+
+/// One device function as the header declares it: its name and its parameters' C types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prototype {
+    /// `gdaki_put_thread_gpu`, ...
+    pub name: String,
+    /// Each parameter's C type (`gdaki_dev_qp *`, `uint64_t`, ...).
+    pub types: Vec<String>,
+}
+
+/// The `uint32_t gdaki_*(...)` device functions `header` declares (one per line, as
+/// `gen-headers` writes them).
+pub fn prototypes(header: &str) -> Vec<Prototype> {
+    header
+        .lines()
+        .filter_map(|l| l.strip_prefix("GDAKI_DEVICE_FN uint32_t "))
+        .filter_map(|rest| {
+            let (name, params) = rest.split_once('(')?;
+            let params = params.strip_suffix(");")?;
+            let types = params
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty() && *p != "void")
+                .map(|p| {
+                    // The type is what precedes the parameter's name.
+                    let name_at = p
+                        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .map_or(0, |i| i + 1);
+                    p[..name_at].trim().to_string()
+                })
+                .collect();
+            Some(Prototype {
+                name: name.trim().to_string(),
+                types,
+            })
+        })
+        .filter(|p| p.name.starts_with("gdaki_"))
+        .collect()
+}
+
+/// A CUDA C++ probe kernel per prototype: its arguments loaded from the buffer its one
+/// parameter points at (8 bytes each), the call, the status stored.
+fn cpp_probes(prototypes: &[Prototype]) -> String {
+    let mut s = String::from("#include \"gdaki_device.h\"\n\n");
+    for p in prototypes {
+        let args: Vec<_> = p
+            .types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("({t})a[{i}]"))
+            .collect();
+        s.push_str(&format!(
+            "extern \"C\" __global__ void probe_{}(uint64_t *a) {{ *(uint32_t *)a = {}({}); }}\n",
+            p.name,
+            p.name,
+            args.join(", ")
+        ));
+    }
+    s
+}
+
+/// The functions a PTX module still calls (`call... name, (...)`), each once.
+fn calls(ptx: &str) -> Vec<String> {
+    let mut out: Vec<String> = ptx
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("call"))
+        // `.uni (retval), name, (params);` or `.uni name, (params);`: the first word list
+        // without a parenthesis ends with the name.
+        .filter_map(|rest| rest.split(',').find(|t| !t.contains('(') && !t.trim().is_empty()))
+        .filter_map(|t| t.split_whitespace().last())
+        .map(|t| t.trim_end_matches(';').to_string())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Runs `cmd`: its stdout and stderr, or why it failed.
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed:\n{text}"));
+    }
+    Ok(text)
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
@@ -371,6 +503,32 @@ mod tests {
              .param .b32 gdaki_put_thread_gpu_param_1);\n"
         );
         assert_eq!(header(PTX), ".version 8.4\n.target sm_90\n.address_size 64\n");
+    }
+
+    #[test]
+    fn prototypes_and_cpp_probes_come_from_the_header() {
+        let header = "#define GDAKI_DEVICE_FN __device__\n\
+            GDAKI_DEVICE_FN uint32_t gdaki_put_thread_gpu(gdaki_dev_qp *qp, uint64_t dst, const uint8_t *data);\n\
+            GDAKI_DEVICE_FN uint32_t gdaki_commit_block_cta(gdaki_dev_qp *qp, gdaki_block_scratch *block_scratch);\n\
+            uint32_t gdaki_host_only(void);\n";
+        let p = prototypes(header);
+        assert_eq!(
+            p[0],
+            Prototype {
+                name: "gdaki_put_thread_gpu".into(),
+                types: vec!["gdaki_dev_qp *".into(), "uint64_t".into(), "const uint8_t *".into()]
+            }
+        );
+        assert_eq!(p.len(), 2);
+        let cu = cpp_probes(&p);
+        assert!(cu.contains(
+            "extern \"C\" __global__ void probe_gdaki_put_thread_gpu(uint64_t *a) { *(uint32_t *)a = \
+             gdaki_put_thread_gpu((gdaki_dev_qp *)a[0], (uint64_t)a[1], (const uint8_t *)a[2]); }"
+        ));
+        let ptx = "\tcall.uni (retval0), gdaki_put_warp_exclusive, (param0, param1);\n\
+            \tcall.uni gdaki_x, (param0);\n\tcall.uni (retval0), gdaki_put_warp_exclusive, (param0);\n";
+        assert_eq!(calls(ptx), ["gdaki_put_warp_exclusive", "gdaki_x"]);
+        assert!(calls("\tret;\n").is_empty());
     }
 
     #[test]

@@ -257,3 +257,47 @@ fn clang_cuda_declarations_match_the_rust_definitions() {
         .arg(include_dir())
         .arg(programs.join("gin_nccl_kernel.cuh")));
 }
+
+/// `tools/cuda/clang-kernel.sh` (docs/cuda-cpp.md, "Inlined, with clang"): the posting
+/// benchmark's C++ kernels compile with gdaki's bitcode inlined, no call into a gdaki function
+/// left; without the bitcode the script says where it should be and fails.
+#[test]
+fn clang_kernel_script_inlines_gdaki_into_the_kernels() {
+    let test = "clang_kernel_script_inlines_gdaki_into_the_kernels";
+    let Some(bitcode) = gdaki::cuda::ptx::c_abi_bitcode_path() else {
+        eprintln!("SKIPPED (no PTX toolchain, so no bitcode: tools/setup.sh installs it): {test}");
+        return;
+    };
+    let dir = scratch("inline");
+    let ptx = dir.join("post_rate.ptx");
+    let script = workspace().join("tools/cuda/clang-kernel.sh");
+    // The command the doc shows, with the bitcode of this build's target directory.
+    run(Command::new(&script)
+        .arg(workspace().join("host/benches/cuda/post_rate.cu"))
+        .arg(&ptx)
+        .env("GDAKI_BITCODE", &bitcode));
+    let text = std::fs::read_to_string(&ptx).unwrap();
+    for kernel in ["warp_exclusive", "thread_cta", "block_exclusive"] {
+        assert!(
+            text.contains(&format!(".entry gdaki_post_rate_{kernel}(")),
+            "no kernel {kernel} in the PTX"
+        );
+    }
+    let calls: Vec<_> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("call") && l.contains("gdaki_"))
+        .collect();
+    assert!(calls.is_empty(), "calls into gdaki left: {calls:?}");
+
+    let out = Command::new(&script)
+        .arg(workspace().join("host/benches/cuda/post_rate.cu"))
+        .arg(dir.join("never.ptx"))
+        .env("GDAKI_BITCODE", dir.join("no-such.bc"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("no-such.bc is missing or empty"), "{said}");
+    assert!(!dir.join("never.ptx").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

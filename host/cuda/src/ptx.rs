@@ -71,6 +71,15 @@ pub fn c_abi_ptx() -> Result<&'static str, PtxUnavailable> {
     ptx().map(|_| C_ABI)
 }
 
+/// Where this build wrote the data path as LLVM bitcode (`target/ptx/gdaki_device_c.bc`): the
+/// same functions as [`c_abi_ptx`], for a clang-CUDA build that inlines them into its kernels
+/// (`tools/cuda/clang-kernel.sh`, docs/cuda-cpp.md). `None` where the PTX toolchain was
+/// missing. A file of this machine's build tree: it is not embedded.
+pub fn c_abi_bitcode_path() -> Option<std::path::PathBuf> {
+    let path = env!("GDAKI_C_BITCODE");
+    (!path.is_empty()).then(|| path.into())
+}
+
 /// What a PTX module declares, read from its text: enough to check a build before loading it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PtxSummary {

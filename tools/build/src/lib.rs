@@ -97,6 +97,7 @@ pub struct PtxBuild {
     target_dir: Option<PathBuf>,
     features: Vec<String>,
     default_features: bool,
+    bitcode: Option<PathBuf>,
 }
 
 impl PtxBuild {
@@ -109,7 +110,16 @@ impl PtxBuild {
             target_dir: None,
             features: Vec::new(),
             default_features: true,
+            bitcode: None,
         }
+    }
+
+    /// Also writes the crate as LLVM bitcode to `path`, from the same compilation as the PTX:
+    /// what a clang-CUDA build links into its kernels and inlines (`-mlink-builtin-bitcode`;
+    /// clang must share the compiler's LLVM, 22 for Debian's rustc-web 1.96).
+    pub fn bitcode(mut self, path: impl Into<PathBuf>) -> Self {
+        self.bitcode = Some(path.into());
+        self
     }
 
     /// Turns on the crate's feature `name` (any number of times).
@@ -195,7 +205,10 @@ impl PtxBuild {
             .arg("--target-dir")
             .arg(&target_dir)
             .arg("--")
-            .arg(format!("--emit=asm={}", out.display()));
+            .arg(match &self.bitcode {
+                Some(bc) => format!("--emit=asm={},llvm-bc={}", out.display(), bc.display()),
+                None => format!("--emit=asm={}", out.display()),
+            });
         let output = cmd
             .output()
             .map_err(|e| BuildError::Missing(format!("cannot run {}: {e}", Path::new(&cargo).display())))?;
