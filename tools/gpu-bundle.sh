@@ -62,6 +62,12 @@ cargo bench --locked -p gdaki-device -p gdaki -p gdaki-proxy --no-run --message-
   | tools/bench-executables.py | while read -r exe name; do
   skipped "bench-$name" || cp "$exe" "$dir/bin/bench-$name"
 done
+# The posting benchmark's C++ kernels inlined by clang, for `bench-gpu_posting --clang-ptx`
+# (the device machine has no clang).
+if ! skipped bench-gpu_posting && command -v clang-22 >/dev/null; then
+  tools/cuda/clang-kernel.sh host/benches/cuda/post_rate.cu "$dir/bin/post_rate_clang.ptx" ||
+    echo "gpu-bundle: the posting benchmark goes without its clang-inlined kernels" >&2
+fi
 strip --strip-debug "$dir"/tests/* "$dir"/bin/* 2>/dev/null || true
 
 cat > "$dir/run.sh" <<'RUNNER'
