@@ -11,6 +11,7 @@
 #   tools/cuda/clang-kernel.sh IN.cu OUT.ptx [clang arguments...]
 #   GDAKI_BITCODE=path   default target/ptx/gdaki_device_c.bc (written by gdaki's build)
 #   GDAKI_CUDA_ARCH=sm_90 (default; sm_90 or newer, as the bitcode's target)
+#   GDAKI_PTX_VERSION=ptx84 (default; the PTX ISA, as for gdaki's own build: sm_100 needs ptx86)
 #   CLANG=path           default clang-22 on PATH
 set -euo pipefail
 (($# >= 2)) || { echo "usage: tools/cuda/clang-kernel.sh IN.cu OUT.ptx [clang arguments...]" >&2; exit 2; }
@@ -18,6 +19,7 @@ in=$1 out=$2; shift 2
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bc=${GDAKI_BITCODE:-$here/target/ptx/gdaki_device_c.bc}
 arch=${GDAKI_CUDA_ARCH:-sm_90}
+isa=${GDAKI_PTX_VERSION:-ptx84}
 clang=${CLANG:-$(command -v clang-22 || echo clang-22)}
 say() { printf 'clang-kernel: %s\n' "$*" >&2; }
 command -v "$clang" >/dev/null || { say "$clang not found (tools/setup.sh installs clang-22, or set CLANG)"; exit 1; }
@@ -35,7 +37,7 @@ cat > "$work/cuda_keywords.h" <<'H'
 #include <__clang_cuda_builtin_vars.h>
 H
 "$clang" -x cuda --cuda-device-only -nocudainc -nocudalib --cuda-gpu-arch="$arch" \
-  -Xclang -target-feature -Xclang +ptx84 -O3 -include "$work/cuda_keywords.h" \
+  -Xclang -target-feature -Xclang "+$isa" -O3 -include "$work/cuda_keywords.h" \
   -I "$here/device/include" \
   -Xclang -mlink-builtin-bitcode -Xclang "$bc" "$@" -S "$in" -o "$out"
 say "wrote $out ($arch, gdaki inlined)"

@@ -289,6 +289,23 @@ fn clang_kernel_script_inlines_gdaki_into_the_kernels() {
         .collect();
     assert!(calls.is_empty(), "calls into gdaki left: {calls:?}");
 
+    // Another target: clang compiles the sm_90 bitcode for it, inlined all the same.
+    let ptx100 = dir.join("post_rate_sm100.ptx");
+    run(Command::new(&script)
+        .arg(workspace().join("host/benches/cuda/post_rate.cu"))
+        .arg(&ptx100)
+        .env("GDAKI_BITCODE", &bitcode)
+        .env("GDAKI_CUDA_ARCH", "sm_100")
+        .env("GDAKI_PTX_VERSION", "ptx86"));
+    let text = std::fs::read_to_string(&ptx100).unwrap();
+    assert!(text.lines().any(|l| l.trim() == ".target sm_100"), "not sm_100 PTX");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.trim_start().starts_with("call") && l.contains("gdaki_")),
+        "calls into gdaki left in the sm_100 PTX"
+    );
+
     let out = Command::new(&script)
         .arg(workspace().join("host/benches/cuda/post_rate.cu"))
         .arg(dir.join("never.ptx"))
