@@ -21,6 +21,12 @@
 //! alike) and its own buffers. A member's own bad argument (inline data too long, a misaligned
 //! atomic target) reaches that member only, and it still takes part, posting nothing.
 //!
+//! Every entry point is `#[inline(always)]`: rustc 1.96 warns that it ignores `#[inline]` on an
+//! exported function but still gives it LLVM's `alwaysinline`, so a clang-CUDA build that links
+//! the crate's bitcode (`tools/cuda/clang-kernel.sh`) inlines every call into its kernels, and the
+//! PTX still defines each function for callers that link. `tools/tests/registers.rs` fails if a
+//! call is left in the inlined probes, which is what would show a rustc that dropped it.
+//!
 //! [`OPERATIONS`] describes every function's C parameters; `gen-headers` (gdaki-tools) writes the
 //! header from it, so the functions and their declarations come from the one table below.
 use core::ptr::addr_of;
@@ -256,9 +262,7 @@ macro_rules! entry_points {
                 /// pointers are null where allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
                 #[allow(clippy::too_many_arguments)]
-                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
-                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
-                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                // Always inlined by clang builds that link the bitcode (module docs).
                 #[allow(unused_attributes)]
                 #[inline(always)]
                 pub unsafe extern "C" fn $op($h: $hty $(, $arg: $ty)*) -> u32 {
@@ -282,9 +286,7 @@ macro_rules! entry_points {
                 /// allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
                 #[allow(clippy::too_many_arguments)]
-                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
-                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
-                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                // Always inlined by clang builds that link the bitcode (module docs).
                 #[allow(unused_attributes)]
                 #[inline(always)]
                 pub unsafe extern "C" fn $op($h: $hty, block_scratch: *mut BlockScratch $(, $arg: $ty)*) -> u32 {
@@ -565,9 +567,7 @@ macro_rules! recv_entry_points {
                 /// `rq` is null or an exported receive-queue handle used in this mode; pointers
                 /// are null where allowed or valid for what the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
-                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
-                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
-                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                // Always inlined by clang builds that link the bitcode (module docs).
                 #[allow(unused_attributes)]
                 #[inline(always)]
                 pub unsafe extern "C" fn $op(rq: *mut DevRq $(, $arg: $ty)*) -> u32 {

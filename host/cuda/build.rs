@@ -42,13 +42,14 @@ fn main() {
     // (tools/cuda/build-device-lib.sh makes libgdaki_device.a of it). Only when the first
     // build found the toolchain.
     let c_path = gdaki_build::nested_target_dir().join("gdaki_device_c.ptx");
+    let bitcode = gdaki_build::nested_target_dir().join("gdaki_device_c.bc");
     let c_ptx = if missing.is_empty() {
         // Its LLVM bitcode beside it, for clang-CUDA builds that inline it (docs/cuda-cpp.md).
         let c_build = gdaki_build::PtxBuild::new(&workspace)
             .package("gdaki-device")
             .no_default_features()
             .feature("c-abi")
-            .bitcode(gdaki_build::nested_target_dir().join("gdaki_device_c.bc"));
+            .bitcode(&bitcode);
         c_build
             .build(&c_path)
             .unwrap_or_else(|e| panic!("gdaki-device (c-abi): {e}"))
@@ -57,7 +58,6 @@ fn main() {
         String::new()
     };
     fs::write(out_dir.join("gdaki_device_c.ptx"), c_ptx).expect("write OUT_DIR/gdaki_device_c.ptx");
-    let bitcode = gdaki_build::nested_target_dir().join("gdaki_device_c.bc");
     println!(
         "cargo:rustc-env=GDAKI_C_BITCODE={}",
         if missing.is_empty() {

@@ -121,19 +121,8 @@ impl Assembler {
                 usages
             }
         };
-        let missing: Vec<_> = functions.iter().filter(|f| !usages.contains_key(&f.name)).collect();
-        if !missing.is_empty() {
-            return Err(format!(
-                "no usage reported for {} probes, the first {}",
-                missing.len(),
-                missing[0].name
-            ));
-        }
-        Ok(usages)
+        every_probe_reported(functions.iter().map(|f| f.name.as_str()), usages)
     }
-}
-
-impl Assembler {
     /// The usage of a CUDA C++ probe kernel per function that `header` (`gdaki_device.h`)
     /// declares, compiled by the command `compile(IN.cu, OUT.ptx)` gives
     /// (`tools/cuda/clang-kernel.sh IN.cu OUT.ptx`, which inlines gdaki's bitcode) and
@@ -169,16 +158,22 @@ impl Assembler {
             .arg(&ptx)
             .arg("-o")
             .arg(work.join("inlined-probes.cubin")))?;
-        let usages = parse_ptxas(&log);
-        let missing: Vec<_> = prototypes.iter().filter(|p| !usages.contains_key(&p.name)).collect();
-        if let Some(first) = missing.first() {
-            return Err(format!(
-                "no usage reported for {} probes, the first {}",
-                missing.len(),
-                first.name
-            ));
-        }
-        Ok(usages)
+        every_probe_reported(prototypes.iter().map(|p| p.name.as_str()), parse_ptxas(&log))
+    }
+}
+
+/// `usages`, if it has every one of `names`.
+fn every_probe_reported<'a>(
+    names: impl Iterator<Item = &'a str>,
+    usages: BTreeMap<String, Usage>,
+) -> Result<BTreeMap<String, Usage>, String> {
+    let missing: Vec<_> = names.filter(|n| !usages.contains_key(*n)).collect();
+    match missing.first() {
+        Some(first) => Err(format!(
+            "no usage reported for {} probes, the first {first}",
+            missing.len()
+        )),
+        None => Ok(usages),
     }
 }
 

@@ -2,8 +2,9 @@
 //! kernels of 512 threads), measured with NVIDIA's `ptxas` and `nvlink` (`gdaki_tools::registers`)
 //! for every function of the C ABI PTX, linked as `libgdaki_device.a` is (`-rdc`), in one
 //! module with the kernel, and inlined into CUDA C++ probes by clang with gdaki's bitcode
-//! (`tools/cuda/clang-kernel.sh`; clang-22, which `tools/setup.sh` installs). `tools/setup.sh` unpacks both tools from PyPI's `nvidia-cuda-nvcc`
-//! (13.0.88, CUDA 13.0 as on the device machine); without them, or without the PTX toolchain,
+//! (`tools/cuda/clang-kernel.sh`; clang-22, which `tools/setup.sh` installs). `tools/setup.sh`
+//! unpacks both NVIDIA tools from PyPI's `nvidia-cuda-nvcc` (13.0.88, CUDA 13.0 as on the
+//! device machine); without them, or without the PTX toolchain,
 //! the test says SKIPPED. `GDAKI_CUDA_BIN` names another directory holding both.
 //!
 //! The ceilings below are the figures of 2026-11-27 (ptxas 13.0.88, sm_90): a change that needs

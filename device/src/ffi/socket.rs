@@ -216,9 +216,7 @@ macro_rules! service_abi {
                 /// scratch area every thread of the block passes and no one else uses
                 /// meanwhile; other pointers are null where allowed or valid as the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_block")]
-                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
-                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
-                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                // Always inlined by clang builds that link the bitcode (module docs).
                 #[allow(unused_attributes)]
                 #[inline(always)]
                 pub unsafe extern "C" fn $op(
@@ -248,9 +246,7 @@ macro_rules! service_abi {
                 /// `service` is null or a service handle; other pointers are null where
                 /// allowed or valid as the header says.
                 #[export_name = concat!("gdaki_", stringify!($op), "_", $suffix)]
-                // LLVM's alwaysinline, which rustc still emits on an exported function (it warns that
-                // it ignores it): a clang-CUDA build that links the bitcode inlines every call
-                // (tools/cuda/clang-kernel.sh; tools/tests/inline.rs fails if that stops).
+                // Always inlined by clang builds that link the bitcode (module docs).
                 #[allow(unused_attributes)]
                 #[inline(always)]
                 pub unsafe extern "C" fn $op(service: *const DevSocketService $(, $arg: $ty)*) -> u32 {

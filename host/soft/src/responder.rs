@@ -358,6 +358,9 @@ pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrom
     Ok(r.ready()?.then_some(r))
 }
 
+/// How many cache lines of receive WQEs ahead of the one it takes the responder asks for.
+const RECV_LINES_AHEAD: u64 = 2;
+
 /// Delivers `msg` from QP `src_qpn` into the next receive of `taken`, a responder QP's held
 /// receive queue (of HCA `hca`), which [`Receiving::ready`] said is there: scatters a SEND's
 /// payload into its buffers (each checked: key, PD, bounds, local write), then writes its
@@ -368,9 +371,6 @@ pub(crate) fn take_receive(qp: &SoftQp) -> Result<Option<Receiving<'_>>, Syndrom
 /// a remote operation error there. Returns the requester's syndrome, or on success the GPU copy
 /// that is still moving the payload (`InPlace` payloads): the receive completes once it is
 /// done (when `taken` is let go), and the requester's WQE must wait for it too.
-/// How many cache lines of receive WQEs ahead of the one it takes the responder asks for.
-const RECV_LINES_AHEAD: u64 = 2;
-
 pub(crate) fn deliver(
     hca: &Hca,
     cache: &mut RegionCache,
