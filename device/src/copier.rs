@@ -315,13 +315,6 @@ mod gpu {
         v
     }
     #[inline(always)]
-    unsafe fn ld_acquire_sys(p: *const u64) -> u64 {
-        let v: u64;
-        // SAFETY: as above.
-        unsafe { asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack)) }
-        v
-    }
-    #[inline(always)]
     unsafe fn st_release_gpu(p: *mut u64, v: u64) {
         // SAFETY: as above.
         unsafe { asm!("st.release.gpu.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) }
@@ -850,7 +843,7 @@ mod gpu {
             let d = unsafe { descs.add((mine & MASK) as usize) };
             // An acquire load: a lane that finds its descriptor posted reads it next, ordered
             // by this load alone (a system-scope fence after the poll cost microseconds).
-            let ready = unsafe { ld_acquire_sys(addr_of!((*d).seq)) } == mine;
+            let ready = unsafe { arch::load_u64_acquire(addr_of!((*d).seq)) } == mine;
             let run = (!arch::ballot(FULL_WARP, ready)).trailing_zeros() as u64;
             if run == 0 {
                 // SAFETY: `stop` is a host-pinned word (contract).

@@ -101,12 +101,14 @@ impl<M: Sharing> Cq<M> {
 
     /// Loads the last 8 bytes of the CQE slot of `index`: the WQE counter and `op_own`
     /// (opcode, format, owner), all a successful completion needs, in one load (one round
-    /// trip where the CQ is in host memory). See [`CqeTail`].
+    /// trip where the CQ is in host memory). An acquire load: once the tail says the CQE is
+    /// written, what the HCA wrote before it (the CQE's body, a READ's data) is visible
+    /// without a barrier. See [`CqeTail`].
     #[inline(always)]
     pub(crate) fn peek(&self, index: u64) -> CqeTail {
         let slot = self.cqe_slot(index);
         // SAFETY: the CQ ring of the live handle; the tail word is 8-byte aligned in its entry.
-        CqeTail(unsafe { arch::load_u64_volatile((slot + cqe::TAIL_OFFSET as u64) as *const u64) })
+        CqeTail(unsafe { arch::load_u64_acquire((slot + cqe::TAIL_OFFSET as u64) as *const u64) })
     }
 
     /// Whether the CQE of `index` is written (successful or not), without consuming it.
@@ -123,14 +125,15 @@ impl<M: Sharing> Cq<M> {
         self.complete_seen(index, self.peek(index))
     }
 
-    /// [`try_complete`](Self::try_complete) with the CQE's tail already loaded.
+    /// [`try_complete`](Self::try_complete) with the CQE's tail already loaded by [`peek`](Self::peek)
+    /// (whose acquire load orders the reads after it).
     #[inline(always)]
     pub(crate) fn complete_seen(&self, index: u64, tail: CqeTail) -> Option<Result<(), WaitError>> {
         self.complete_with(index, tail, |_| ())
     }
 
     /// [`complete_seen`](Self::complete_seen), handing a successful CQE's slot to `success`
-    /// (after the barrier that makes what the HCA wrote before it visible) for what the caller
+    /// (the tail's acquire load made what the HCA wrote before it visible) for what the caller
     /// reads from it: nothing for a send, the byte count and immediate for a receive.
     #[inline(always)]
     pub(crate) fn complete_with<T>(
@@ -161,8 +164,8 @@ impl<M: Sharing> Cq<M> {
         if !ring::cqe_completes(tail.wqe_counter(), self.counter(index), log) {
             return None;
         }
-        // What the HCA wrote before this CQE (a READ's data, say) is visible after it.
-        arch::from_device_barrier();
+        // What the HCA wrote before this CQE (a READ's data, say) is visible: `tail` was an
+        // acquire load (`peek`).
         let outcome = if cqe::opcode(op_own).is_error() {
             let e = Self::read_cqe(self.cqe_slot(index)).as_error();
             let word = error_word(self.failed_at(index), e.syndrome, e.vendor_err_synd, e.wqe_opcode());

@@ -963,7 +963,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         // SAFETY: per the caller's contract.
         self.wait_for_value(
             value as u64,
-            || unsafe { arch::load_u8_volatile(flag) } as u64,
+            || unsafe { arch::load_u8_acquire(flag) } as u64,
             |v| v == value as u64,
         )
     }
@@ -978,11 +978,13 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     #[inline(always)]
     pub unsafe fn wait_signal(&self, signal: *const u64, value: u64) -> Result<(), WaitError> {
         // SAFETY: per the caller's contract.
-        self.wait_for_value(value, || unsafe { arch::load_u64_volatile(signal) }, |v| v >= value)
+        self.wait_for_value(value, || unsafe { arch::load_u64_acquire(signal) }, |v| v >= value)
     }
 
     /// Polls `load` until `done` holds, bounded by the handle's timeout; `expected` is what a
-    /// timeout reports.
+    /// timeout reports. `load` is an acquire load, so a successful poll needs no barrier after
+    /// it (a system fence there waited for this thread's own earlier writes to the host, the
+    /// last doorbell among them: microseconds of a ping-pong's round trip).
     #[inline(always)]
     fn wait_for_value(
         &self,
@@ -998,7 +1000,6 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         loop {
             let found = load();
             if done(found) {
-                arch::from_device_barrier();
                 return Ok(());
             }
             polls = polls.wrapping_add(1);

@@ -529,8 +529,8 @@ impl<M: Sharing> Socket<M> {
         if n == 0 {
             return Ok(0);
         }
-        // The bytes up to `arrived` landed before the count did (RC order).
-        arch::from_device_barrier();
+        // The bytes up to `arrived` landed before the count did (RC order), and the leader read
+        // the count with an acquire load (`look`) before the group's broadcast.
         // SAFETY: the receive ring holds `cap` bytes; the `n` bytes from `consumed` have
         // arrived and the peer does not write them again before this side's credit says so;
         // `buf` holds at least `n`.
@@ -597,11 +597,12 @@ impl<M: Sharing> Socket<M> {
     /// A control word and the copy of `reset` beside it (`word` is [`layout::ARRIVED`] or
     /// [`layout::CREDIT`]), in one 16-byte load: one memory transaction, where the window is
     /// host memory mapped into the GPU one PCIe read (a microsecond; one after another, and
-    /// four loads to one line, cost more).
+    /// four loads to one line, cost more). An acquire load: the bytes that arrived before the
+    /// count it reads are visible after it, with no barrier.
     fn look(&self, word: u64) -> Look {
         // SAFETY: the window's control words are registered memory (the handle's contract),
         // 16-byte aligned pairs (the window is, and `word` is 0 or 16), written only by the HCA.
-        let [value, reset] = unsafe { arch::load_u64x2_volatile((self.rx_window + word) as *const [u64; 2]) };
+        let [value, reset] = unsafe { arch::load_u64x2_acquire((self.rx_window + word) as *const [u64; 2]) };
         Look { value, reset }
     }
 

@@ -189,6 +189,26 @@ pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
     unsafe { u8_at(src as *mut u8) }.load(Ordering::Relaxed)
 }
 
+/// Reads a byte the HCA writes, with acquire ordering.
+///
+/// # Safety
+/// `src` is valid for reads.
+#[inline(always)]
+pub unsafe fn load_u8_acquire(src: *const u8) -> u8 {
+    // SAFETY: per the caller's contract; atomic, since the HCA writes it concurrently.
+    unsafe { u8_at(src as *mut u8) }.load(Ordering::Acquire)
+}
+
+/// Reads a word the HCA writes, with acquire ordering.
+///
+/// # Safety
+/// `src` is valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64_acquire(src: *const u64) -> u64 {
+    // SAFETY: per the caller's contract.
+    unsafe { u64_at(src as *mut u64) }.load(Ordering::Acquire)
+}
+
 /// Reads a 4-byte word the device and HCA share (a doorbell-record word).
 ///
 /// # Safety
@@ -221,6 +241,23 @@ pub unsafe fn load_u64x2_volatile(src: *const [u64; 2]) -> [u64; 2] {
         [
             u64_at(p).load(Ordering::Relaxed),
             u64_at(p.add(1)).load(Ordering::Relaxed),
+        ]
+    }
+}
+
+/// Reads two words the HCA writes, each with acquire ordering (on a GPU one 16-byte acquire
+/// load): later reads see what was written before them.
+///
+/// # Safety
+/// `src` is valid for reads of 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64x2_acquire(src: *const [u64; 2]) -> [u64; 2] {
+    let p = src as *mut u64;
+    // SAFETY: per the caller's contract, both words are readable and aligned.
+    unsafe {
+        [
+            u64_at(p).load(Ordering::Acquire),
+            u64_at(p.add(1)).load(Ordering::Acquire),
         ]
     }
 }

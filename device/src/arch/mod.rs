@@ -7,6 +7,7 @@
 //! | [`to_device_barrier`] | earlier writes (WQEs, payloads) are visible to the HCA before later stores (doorbell record, doorbell) |
 //! | [`to_device_barrier_gpu`] | the same when the HCA reads the GPU's own memory (rings in GPU memory): GPU scope |
 //! | [`from_device_barrier`] | reads after it (CQE body, fetched values) see what the HCA wrote before the owner bit just read |
+//! | [`load_u8_acquire`] / [`load_u64_acquire`] / [`load_u64x2_acquire`] | a poll's load that needs no barrier after it: later reads see what was written before the value read (`ld.acquire.sys`; a `fence.acq_rel.sys` after a poll also waits for this thread's own system-scope writes, microseconds) |
 //! | [`store_seg`] | one 16-byte WQE segment store |
 //! | [`mmio_store`] | the 8-byte doorbell store to the UAR |
 //! | [`store_dbrec`] | the send doorbell-record word, relaxed, system or GPU scope (rings in host / GPU memory) |

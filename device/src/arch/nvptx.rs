@@ -129,6 +129,33 @@ pub unsafe fn load_u8_volatile(src: *const u8) -> u8 {
     v as u8
 }
 
+/// Reads a byte the HCA writes with acquire semantics (`ld.acquire.sys`): what the thread reads
+/// after it is ordered after it, with no fence (a poll's success needs nothing more). The
+/// acquire loads are not `readonly` asm, so the compiler does not move later reads above them
+/// either.
+///
+/// # Safety
+/// `src` is valid for reads.
+#[inline(always)]
+pub unsafe fn load_u8_acquire(src: *const u8) -> u8 {
+    let v: u16;
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("ld.acquire.sys.u8 {v}, [{p}];", v = out(reg16) v, p = in(reg64) src, options(nostack)) }
+    v as u8
+}
+
+/// Reads a word the HCA writes with acquire semantics (`ld.acquire.sys`).
+///
+/// # Safety
+/// `src` is valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64_acquire(src: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) src, options(nostack)) }
+    v
+}
+
 /// Reads a 4-byte word the device and HCA share (`ld.relaxed.sys`).
 ///
 /// # Safety
@@ -165,6 +192,22 @@ pub unsafe fn load_u64x2_volatile(src: *const [u64; 2]) -> [u64; 2] {
     unsafe {
         asm!("ld.relaxed.sys.v2.u64 {{{a}, {b}}}, [{p}];", a = out(reg64) a, b = out(reg64) b, p = in(reg64) src,
              options(nostack, readonly))
+    }
+    [a, b]
+}
+
+/// [`load_u64x2_volatile`] with acquire semantics (`ld.acquire.sys.v2`): one 16-byte load after
+/// which the thread's later reads see what was written before the words it read.
+///
+/// # Safety
+/// `src` is valid for reads of 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64x2_acquire(src: *const [u64; 2]) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    // SAFETY: per the caller's contract.
+    unsafe {
+        asm!("ld.acquire.sys.v2.u64 {{{a}, {b}}}, [{p}];", a = out(reg64) a, b = out(reg64) b, p = in(reg64) src,
+             options(nostack))
     }
     [a, b]
 }

@@ -162,10 +162,9 @@ impl Service {
         let mut gave_up = false;
         loop {
             // SAFETY: the service's half of the slot, read-only here.
-            let answered = unsafe { arch::load_u64_volatile(core::ptr::addr_of!((*c).answered)) };
+            let answered = unsafe { arch::load_u64_acquire(core::ptr::addr_of!((*c).answered)) };
             if answered == n {
-                arch::from_device_barrier();
-                // SAFETY: the answer, written before `answered` (acquired above).
+                // SAFETY: the answer, written before `answered` (an acquire load).
                 let (status, value) = unsafe {
                     (
                         arch::load_u32_volatile(core::ptr::addr_of!((*c).status)),
