@@ -238,7 +238,17 @@ pub(crate) struct Deadline {
     start: Option<u64>,
     limit: u64,
     round: u32,
+    polls: u32,
 }
+
+/// Polls between two looks at the clock in a wait on what the HCA writes
+/// ([`Deadline::poll_due`]). On a GPU a poll is a memory round trip; on the host a poll is a
+/// cache hit and the clock cheap, and a waiter must yield soon (posters, the HCA model and
+/// proxies share a few cores; under loom, every round).
+#[cfg(target_arch = "nvptx64")]
+const POLLS_PER_CHECK: u32 = 256;
+#[cfg(not(target_arch = "nvptx64"))]
+const POLLS_PER_CHECK: u32 = 1;
 
 impl Deadline {
     /// A wait bounded by `limit` nanoseconds.
@@ -248,7 +258,23 @@ impl Deadline {
             start: None,
             limit,
             round: 0,
+            polls: 0,
         }
+    }
+
+    /// Counts a poll of memory the HCA writes; true once every [`POLLS_PER_CHECK`], when the
+    /// wait should look at the clock ([`expired`](Self::expired), which also backs off). On a
+    /// GPU each such poll costs a memory round trip (a microsecond from host memory): a wait
+    /// that backed off after eight of them would sleep through a message a few microseconds
+    /// away, and a timeout is seconds.
+    #[inline(always)]
+    pub(crate) fn poll_due(&mut self) -> bool {
+        self.polls += 1;
+        if self.polls < POLLS_PER_CHECK {
+            return false;
+        }
+        self.polls = 0;
+        true
     }
 
     #[inline(always)]
@@ -435,11 +461,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
 
     #[inline(always)]
     pub(crate) fn deadline(&self) -> Deadline {
-        Deadline {
-            start: None,
-            limit: self.k.timeout_ns,
-            round: 0,
-        }
+        Deadline::new(self.k.timeout_ns)
     }
 
     /// Address of WQE `index`.
@@ -943,7 +965,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                     _ => continue,
                 }
             }
-            if deadline.expired() {
+            if deadline.poll_due() && deadline.expired() {
                 return Err(WaitError::Timeout { index });
             }
         }
@@ -992,23 +1014,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         load: impl Fn() -> u64,
         done: impl Fn(u64) -> bool,
     ) -> Result<(), WaitError> {
-        // The timer is read (and the backoff consulted) once every 256 polls: a poll costs
-        // about a memory round trip.
-        let limit = self.k.timeout_ns;
-        let mut start = None;
-        let mut polls = 0u32;
+        let mut deadline = self.deadline();
         loop {
             let found = load();
             if done(found) {
                 return Ok(());
             }
-            polls = polls.wrapping_add(1);
-            if polls % 256 == 0 {
-                let now = arch::global_timer_ns();
-                if now.wrapping_sub(*start.get_or_insert(now)) > limit {
-                    return Err(WaitError::Flag { expected, found });
-                }
-                arch::backoff(polls / 256);
+            if deadline.poll_due() && deadline.expired() {
+                return Err(WaitError::Flag { expected, found });
             }
         }
     }

@@ -565,8 +565,14 @@ impl<M: Sharing> Socket<M> {
     }
 
     /// Between looks at the control words: take this queue pair's completions (an error one
-    /// means the connection is lost), then say would-block or check the deadline.
+    /// means the connection is lost), then say would-block or check the deadline. A blocking
+    /// wait does so only every few hundred looks (`Deadline::poll_due`): each look is a memory
+    /// round trip, a CQ poll from host memory one more, and a backoff after a few of them slept
+    /// through the message (microseconds of every round trip).
     fn idle(&self, mode: Mode, deadline: &mut crate::qp::Deadline) -> Result<(), SocketError> {
+        if mode == Mode::Wait && !deadline.poll_due() {
+            return Ok(());
+        }
         if let Some(Err(e)) = self.qp.poll_one() {
             return Err(SocketError::Lost(e));
         }
