@@ -158,8 +158,9 @@ struct Row {
 #[derive(Debug, Serialize)]
 struct Breakdown {
     /// From the stamp taken when the side may send (the peer's message seen) to the put's
-    /// return: the WQE written, the fences and the doorbell, and on a GPU also the end of the
-    /// wait before it (the stamp is not ordered against the wait's fence: docs/figures.md).
+    /// return: the WQE written, the fences and the doorbell, and on a GPU possibly the end of
+    /// the wait before it (reads of the GPU's timer are not ordered against memory operations:
+    /// docs/figures.md).
     post_us: f64,
     /// From the put's return to the peer seeing the message's flag: the HCA noticing the
     /// doorbell, moving the data, and the peer's poll.
