@@ -277,6 +277,13 @@ impl Deadline {
         true
     }
 
+    /// [`poll_due`](Self::poll_due), then [`expired`](Self::expired) when it is: the round of a
+    /// wait whose every poll loads what the HCA writes.
+    #[inline(always)]
+    pub(crate) fn poll_expired(&mut self) -> bool {
+        self.poll_due() && self.expired()
+    }
+
     #[inline(always)]
     pub(crate) fn expired(&mut self) -> bool {
         let now = arch::global_timer_ns();
@@ -965,7 +972,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
                     _ => continue,
                 }
             }
-            if deadline.poll_due() && deadline.expired() {
+            if deadline.poll_expired() {
                 return Err(WaitError::Timeout { index });
             }
         }
@@ -1020,7 +1027,7 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             if done(found) {
                 return Ok(());
             }
-            if deadline.poll_due() && deadline.expired() {
+            if deadline.poll_expired() {
                 return Err(WaitError::Flag { expected, found });
             }
         }

@@ -214,7 +214,7 @@ impl<M: Sharing> Rq<M> {
             if let Some(r) = look() {
                 return r;
             }
-            if deadline.poll_due() && deadline.expired() {
+            if deadline.poll_expired() {
                 return Err(WaitError::Timeout { index });
             }
         }

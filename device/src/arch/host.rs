@@ -235,14 +235,19 @@ pub unsafe fn load_u64_volatile(src: *const u64) -> u64 {
 /// `src` is valid for reads of 16 bytes and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn load_u64x2_volatile(src: *const [u64; 2]) -> [u64; 2] {
+    // SAFETY: per the caller's contract.
+    unsafe { load_u64x2(src, Ordering::Relaxed) }
+}
+
+/// Both words at `src`, each loaded atomically with `order`.
+///
+/// # Safety
+/// `src` is valid for reads of 16 bytes and 16-byte aligned.
+#[inline(always)]
+unsafe fn load_u64x2(src: *const [u64; 2], order: Ordering) -> [u64; 2] {
     let p = src as *mut u64;
     // SAFETY: per the caller's contract, both words are readable and aligned.
-    unsafe {
-        [
-            u64_at(p).load(Ordering::Relaxed),
-            u64_at(p.add(1)).load(Ordering::Relaxed),
-        ]
-    }
+    unsafe { [u64_at(p).load(order), u64_at(p.add(1)).load(order)] }
 }
 
 /// Reads two words the HCA writes, each with acquire ordering (on a GPU one 16-byte acquire
@@ -252,14 +257,8 @@ pub unsafe fn load_u64x2_volatile(src: *const [u64; 2]) -> [u64; 2] {
 /// `src` is valid for reads of 16 bytes and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn load_u64x2_acquire(src: *const [u64; 2]) -> [u64; 2] {
-    let p = src as *mut u64;
-    // SAFETY: per the caller's contract, both words are readable and aligned.
-    unsafe {
-        [
-            u64_at(p).load(Ordering::Acquire),
-            u64_at(p.add(1)).load(Ordering::Acquire),
-        ]
-    }
+    // SAFETY: per the caller's contract.
+    unsafe { load_u64x2(src, Ordering::Acquire) }
 }
 
 /// Monotonic nanoseconds since the first call in this process.
