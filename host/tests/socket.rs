@@ -558,16 +558,31 @@ fn gpu_clients_check_their_echo_from_a_cpu_server_and_from_a_gpu_server() {
         c.into_gpu(&gpu).unwrap(),
         accepting.join().unwrap().into_gpu(&gpu).unwrap(),
     ];
-    let run = GpuSocket::bench_on_gpu(
-        &gpu,
-        &mut both,
-        &[BenchRole::Check, BenchRole::Echo],
-        size,
-        iters,
-        128,
-        size as usize,
-    )
-    .unwrap();
+    // First with a block of the device's 1024 threads: the kernel runs it, or (its registers
+    // allow fewer) the launch is refused with the kernel's limit before anything runs (never
+    // a driver failure) and the sockets serve the run with 128.
+    let mut bench = |threads| {
+        GpuSocket::bench_on_gpu(
+            &gpu,
+            &mut both,
+            &[BenchRole::Check, BenchRole::Echo],
+            size,
+            iters,
+            threads,
+            size as usize,
+        )
+    };
+    let run = match bench(1024) {
+        Ok(run) => run,
+        Err(e) => {
+            let said = e.to_string();
+            assert!(
+                said.contains("gdaki_socket_bench: a block of 1024 threads, where this kernel runs at most"),
+                "{said}"
+            );
+            bench(128).unwrap()
+        }
+    };
     assert_eq!(run.status, vec![0, 0], "{}", gdaki_device::status::Code(run.status[0]));
     assert_eq!(run.moved, vec![size * iters as u64; 2]);
 }

@@ -301,6 +301,7 @@ impl<'m> Kernel<'m> {
                 ),
             });
         }
+        self.check_block(&dims)?;
         let stream = self.gpu.ctx.default_stream();
         let arrays = args
             .values
@@ -336,6 +337,53 @@ impl<'m> Kernel<'m> {
         // kernel touches is what they name, which `args` borrows until this returns (the launch
         // is waited for in `timed`).
         timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))
+    }
+
+    /// Refuses a block larger than this kernel can run on this GPU (its registers a thread
+    /// bound it below the device's 1024), before the launch fails with "too many resources".
+    fn check_block(&self, dims: &Dims) -> Result<(), CudaError> {
+        use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
+        let max = self.function.get_attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+        block_fits(&self.name, dims.block, max, || self.function.num_regs().ok())
+    }
+}
+
+/// Whether a block of `block` threads fits kernel `name`, which runs at most `max` a block
+/// (`regs`: its registers a thread, for the message).
+fn block_fits(name: &str, block: [u32; 3], max: i32, regs: impl FnOnce() -> Option<i32>) -> Result<(), CudaError> {
+    let threads = block.iter().map(|&d| u64::from(d)).product::<u64>();
+    if threads <= max.max(0) as u64 {
+        return Ok(());
+    }
+    let regs = regs()
+        .map(|r| format!(" (it uses {r} registers a thread)"))
+        .unwrap_or_default();
+    Err(CudaError::BadArgument {
+        what: "launching a kernel",
+        why: format!(
+            "{name}: a block of {threads} threads, where this kernel runs at most {max} a block on this GPU{regs}"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block the kernel cannot run is refused with the limit and the reason, before any
+    /// launch; one that fits passes.
+    #[test]
+    fn a_block_larger_than_the_kernel_runs_is_refused_with_its_limit() {
+        assert!(block_fits("k", [256, 1, 1], 640, || Some(96)).is_ok());
+        assert!(block_fits("k", [640, 1, 1], 640, || None).is_ok());
+        let e = block_fits("gdaki_socket_bench", [32, 32, 1], 640, || Some(96)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "launching a kernel: gdaki_socket_bench: a block of 1024 threads, where this kernel runs at most \
+             640 a block on this GPU (it uses 96 registers a thread)"
+        );
+        // A nonsensical attribute refuses rather than wraps.
+        assert!(block_fits("k", [1, 1, 1], -1, || None).is_err());
     }
 }
 
