@@ -827,8 +827,13 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             stamp(0);
             on_leader(scope, || {
                 let cap = 1u64 << sock.log_tx;
+                // Whole message slots, as a stream fills the ring: a message lands on the one
+                // a ring before it, never across two (an HCA may order a WRITE after one onto
+                // the same bytes; after several it waits).
+                // (No division by zero: kernels must not carry a panic path.)
+                let slots = cap.checked_div(size).unwrap_or(1);
                 for i in 0..iters as u64 {
-                    let off = (i * size) % (cap - size + 1);
+                    let off = i.checked_rem(slots).unwrap_or(0) * size;
                     sock.qp.put(sock.peer_ring(off), sock.tx_local(off), size)?;
                 }
                 sock.qp.quiet().map_err(SocketError::Lost)?;
