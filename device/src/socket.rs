@@ -195,6 +195,47 @@ fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>
     }
 }
 
+/// Where a stream call's time goes, for the socket perftests ([`bench`]'s `Send` and `Recv`):
+/// `mark(0)` as a call starts, then `mark(k)` after its step `k` of [`STEPS`] (a send: room
+/// found, bytes copied into the staging ring, posted; a receive: bytes there, copied out,
+/// consumed and credited). The calls of the socket API mark into [`NoSteps`], which compiles
+/// to nothing.
+trait Steps {
+    fn mark(&mut self, step: usize);
+}
+
+/// Steps a stream call has ([`Steps`]).
+pub const STEPS: usize = 3;
+
+/// Marks nothing: every call but the perftests'.
+struct NoSteps;
+
+impl Steps for NoSteps {
+    #[inline(always)]
+    fn mark(&mut self, _: usize) {}
+}
+
+/// The time between the marks of every call, summed per step (ns, from
+/// `arch::global_timer_ns`), and the calls.
+#[derive(Default)]
+struct StepSums {
+    last: u64,
+    sums: [u64; STEPS],
+    calls: u64,
+}
+
+impl Steps for StepSums {
+    #[inline(always)]
+    fn mark(&mut self, step: usize) {
+        let now = arch::global_timer_ns();
+        match step.checked_sub(1).and_then(|k| self.sums.get_mut(k)) {
+            Some(sum) => *sum += now.saturating_sub(self.last),
+            None => self.calls += 1,
+        }
+        self.last = now;
+    }
+}
+
 impl From<PostError> for SocketError {
     fn from(e: PostError) -> Self {
         SocketError::Post(e)
@@ -308,23 +349,23 @@ impl<M: Sharing> Socket<M> {
     /// waits; every member gets the same count (a member other than the leader gets
     /// [`SocketError::Failed`] where the leader got a post or completion error).
     pub fn send_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<usize, SocketError> {
-        self.send_in(scope, data, Mode::Wait)
+        self.send_in(scope, data, Mode::Wait, &mut NoSteps)
     }
 
     /// [`try_send`](Self::try_send) by the group `scope`.
     pub fn try_send_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<usize, SocketError> {
-        self.send_in(scope, data, Mode::Try)
+        self.send_in(scope, data, Mode::Try, &mut NoSteps)
     }
 
     /// [`recv`](Self::recv) by the group `scope` (`grecv`): every member calls with the same
     /// `buf`, the leader waits, all copy a part out.
     pub fn recv_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<usize, SocketError> {
-        self.recv_in(scope, buf, Mode::Wait)
+        self.recv_in(scope, buf, Mode::Wait, &mut NoSteps)
     }
 
     /// [`try_recv`](Self::try_recv) by the group `scope`.
     pub fn try_recv_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<usize, SocketError> {
-        self.recv_in(scope, buf, Mode::Try)
+        self.recv_in(scope, buf, Mode::Try, &mut NoSteps)
     }
 
     /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
@@ -443,7 +484,15 @@ impl<M: Sharing> Socket<M> {
         self.flush_with(scope)
     }
 
-    fn send_in<S: Scope>(&self, scope: S, data: &[u8], mode: Mode) -> Result<usize, SocketError> {
+    /// A send (`mode`: wait for room or not), its steps marked in `steps` (see [`Steps`]).
+    fn send_in<S: Scope>(
+        &self,
+        scope: S,
+        data: &[u8],
+        mode: Mode,
+        steps: &mut impl Steps,
+    ) -> Result<usize, SocketError> {
+        steps.mark(0);
         let cap = 1u64 << self.log_tx;
         let sent = self.state().0;
         // The leader finds room; everyone learns how much.
@@ -466,6 +515,7 @@ impl<M: Sharing> Socket<M> {
                 self.idle(mode, &mut deadline)?;
             }
         })?;
+        steps.mark(1);
         if n == 0 {
             return Ok(0);
         }
@@ -485,7 +535,8 @@ impl<M: Sharing> Socket<M> {
             )
         };
         scope.sync();
-        on_leader(scope, || {
+        steps.mark(2);
+        let sent = on_leader(scope, || {
             let at = sent & (cap - 1);
             let first = n.min(cap - at);
             let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
@@ -500,11 +551,20 @@ impl<M: Sharing> Socket<M> {
             q.commit()?;
             self.set_sent(sent + n);
             Ok(n)
-        })
-        .map(|n| n as usize)
+        });
+        steps.mark(3);
+        sent.map(|n| n as usize)
     }
 
-    fn recv_in<S: Scope>(&self, scope: S, buf: &mut [u8], mode: Mode) -> Result<usize, SocketError> {
+    /// A receive (`mode`: wait for bytes or not), its steps marked in `steps` (see [`Steps`]).
+    fn recv_in<S: Scope>(
+        &self,
+        scope: S,
+        buf: &mut [u8],
+        mode: Mode,
+        steps: &mut impl Steps,
+    ) -> Result<usize, SocketError> {
+        steps.mark(0);
         let cap = 1u64 << self.log_rx;
         let (_, consumed, credited, _) = self.state();
         // The leader waits for bytes (or the end); everyone learns how many it takes.
@@ -525,6 +585,7 @@ impl<M: Sharing> Socket<M> {
                 self.idle(mode, &mut deadline)?;
             }
         })?;
+        steps.mark(1);
         let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
         if n == 0 {
             return Ok(0);
@@ -547,7 +608,8 @@ impl<M: Sharing> Socket<M> {
             )
         };
         scope.sync();
-        on_leader(scope, || {
+        steps.mark(2);
+        let taken = on_leader(scope, || {
             let consumed = consumed + n;
             self.set_consumed(consumed);
             // Credit once half a ring is read and not credited: a sender only waits for room
@@ -560,8 +622,9 @@ impl<M: Sharing> Socket<M> {
                 self.set_credited(consumed);
             }
             Ok(n)
-        })
-        .map(|n| n as usize)
+        });
+        steps.mark(3);
+        taken.map(|n| n as usize)
     }
 
     /// Between looks at the control words: take this queue pair's completions (an error one
@@ -745,10 +808,13 @@ impl BenchRole {
     }
 
     /// Timestamps the role records: two (start, end) for the bandwidth roles, a round start
-    /// for each of `iters` rounds and the end for the pings, none for the others.
+    /// for each of `iters` rounds and the end for the pings, none for the others. `Send` and
+    /// `Recv` then add their calls' step sums ([`STEPS`] of them, ns) and their calls: where
+    /// the stream's time goes.
     pub const fn timestamps(self, iters: u32) -> usize {
         match self {
-            BenchRole::Send | BenchRole::Recv | BenchRole::RawSend => 2,
+            BenchRole::Send | BenchRole::Recv => 2 + STEPS + 1,
+            BenchRole::RawSend => 2,
             BenchRole::Ping | BenchRole::RawPing => iters as usize + 1,
             _ => 0,
         }
@@ -778,29 +844,44 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             unsafe { times.add(i).write_volatile(arch::global_timer_ns()) };
         }
     };
+    let record_steps = |steps: &StepSums| {
+        if scope.is_leader() {
+            for (i, v) in steps.sums.iter().chain([&steps.calls]).enumerate() {
+                // SAFETY: the role's timestamps fit (the contract): two, then these.
+                unsafe { times.add(2 + i).write_volatile(*v) };
+            }
+        }
+    };
     let msg = size.min(buf.len() as u64) as usize;
     match role {
         BenchRole::Send => {
+            let mut steps = StepSums::default();
             stamp(0);
             for _ in 0..iters {
-                sock.send_all_with(scope, &buf[..msg])?;
+                let mut at = 0;
+                while at < msg {
+                    at += sock.send_in(scope, &buf[at..msg], Mode::Wait, &mut steps)?;
+                }
             }
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
             stamp(1);
+            record_steps(&steps);
             sock.wait_end_with(scope)?;
             Ok(msg as u64 * iters as u64)
         }
         BenchRole::Recv => {
+            let mut steps = StepSums::default();
             stamp(0);
             let mut total = 0;
             loop {
-                match sock.recv_with(scope, buf)? {
+                match sock.recv_in(scope, buf, Mode::Wait, &mut steps)? {
                     0 => break,
                     n => total += n as u64,
                 }
             }
             stamp(1);
+            record_steps(&steps);
             // The sender waits for this side's end before it closes.
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;

@@ -9,7 +9,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use gdaki::socket::{GpuSocket, Socket, SocketConfig, SocketListener, SocketMemory};
 use gdaki::{Context, Provider};
-use gdaki_device::socket::{BenchRole, Socket as DevSocket};
+use gdaki_device::socket::{BenchRole, Socket as DevSocket, STEPS};
 use serde::Serialize;
 
 use crate::cli::{Mem, Mode, SWEEP};
@@ -108,6 +108,38 @@ pub struct BwResult {
     pub put_bw_mib_s: f64,
     /// `bw_mib_s / put_bw_mib_s`.
     pub socket_vs_put: f64,
+    /// Where the sender's calls spent their time.
+    pub sender: Option<SenderSteps>,
+    /// Where the receiver's calls spent theirs, where it ran in this process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<ReceiverSteps>,
+}
+
+/// A sender's `send` calls, means a call (microseconds; the GPU's timer, or the host's clock on
+/// a CPU, read by the side's leader between the steps).
+#[derive(Debug, Clone, Serialize)]
+pub struct SenderSteps {
+    /// Calls (a message takes more than one where the ring had room for part of it).
+    pub calls: u64,
+    /// Finding room in the staging ring: the look at the peer's credit, and any wait for one.
+    pub room_us: f64,
+    /// Copying the bytes into the staging ring (the block together, then its barrier).
+    pub copy_us: f64,
+    /// Posting the WRITEs and the count's inline WRITE, with their doorbell.
+    pub post_us: f64,
+}
+
+/// A receiver's `recv` calls, means a call (as [`SenderSteps`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiverSteps {
+    /// Calls (the last one sees the end of the stream).
+    pub calls: u64,
+    /// Waiting for bytes: the looks at the count, until it moves.
+    pub wait_us: f64,
+    /// Copying the bytes out of the receive ring (the block together, then its barrier).
+    pub copy_us: f64,
+    /// Consuming them, and the credit's inline WRITE once half a ring is read.
+    pub consume_us: f64,
 }
 
 /// One `sock_lat` row: the socket's latency and the reference's, one-way, microseconds.
@@ -127,6 +159,58 @@ pub struct SideRun {
     pub moved: u64,
     /// Its role's timestamps (`BenchRole::timestamps`).
     pub times: Vec<u64>,
+}
+
+impl SideRun {
+    /// A `Send` or `Recv` side's calls and their steps' means (us): what follows its two
+    /// timestamps (`BenchRole::timestamps`); `None` for a side that made no call.
+    fn steps(&self) -> Option<(u64, [f64; STEPS])> {
+        let (sums, calls) = match self.times.get(2..3 + STEPS)? {
+            [sums @ .., calls] => (sums, *calls),
+            [] => return None,
+        };
+        let mean = |ns: u64| ns as f64 / calls as f64 / 1e3;
+        (calls > 0).then(|| (calls, std::array::from_fn(|k| mean(sums[k]))))
+    }
+
+    fn sender(&self) -> Option<SenderSteps> {
+        self.steps().map(|(calls, [room_us, copy_us, post_us])| SenderSteps {
+            calls,
+            room_us,
+            copy_us,
+            post_us,
+        })
+    }
+
+    fn receiver(&self) -> Option<ReceiverSteps> {
+        self.steps()
+            .map(|(calls, [wait_us, copy_us, consume_us])| ReceiverSteps {
+                calls,
+                wait_us,
+                copy_us,
+                consume_us,
+            })
+    }
+}
+
+impl std::fmt::Display for SenderSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "send: room {:.2} + copy {:.2} + post {:.2} usec a call ({} calls)",
+            self.room_us, self.copy_us, self.post_us, self.calls
+        )
+    }
+}
+
+impl std::fmt::Display for ReceiverSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "receive: wait {:.2} + copy {:.2} + consume {:.2} usec a call ({} calls)",
+            self.wait_us, self.copy_us, self.consume_us, self.calls
+        )
+    }
 }
 
 /// Where the sockets run.
@@ -302,8 +386,16 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
         if size == 0 || size > rx_bytes {
             bail!("a client asked for {size}-byte messages; this side's ring holds {rx_bytes}");
         }
-        runner.run(vec![sock], &[role], size, iters, args.threads)?;
+        let run = runner.run(vec![sock], &[role], size, iters, args.threads)?;
         eprintln!("{}: served {role:?}, {size} B x {iters}", test.name());
+        // A stream's receiver: where its calls went (the client has only its sender's).
+        if let Some(steps) = run
+            .first()
+            .filter(|_| role == BenchRole::Recv)
+            .and_then(SideRun::receiver)
+        {
+            eprintln!("{}: {size} B, {steps}", test.name());
+        }
     }
 }
 
@@ -496,7 +588,7 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
         match test {
             Test::Bw => {
                 let (send, recv) = peer.run(&runner, BenchRole::Send, BenchRole::Recv, size, iters, args.threads)?;
-                if let Some(recv) = recv.filter(|r| r.moved != size * iters as u64) {
+                if let Some(recv) = recv.as_ref().filter(|r| r.moved != size * iters as u64) {
                     bail!(
                         "{size} B: the receiver got {} bytes of {}",
                         recv.moved,
@@ -513,6 +605,8 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     bw_mib_s: mib_s(&send),
                     put_bw_mib_s: mib_s(&raw),
                     socket_vs_put: 0.0,
+                    sender: send.sender(),
+                    receiver: recv.as_ref().and_then(SideRun::receiver),
                 };
                 let row = BwResult {
                     socket_vs_put: row.bw_mib_s / row.put_bw_mib_s,
@@ -527,6 +621,14 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                         row.put_bw_mib_s,
                         100.0 * row.socket_vs_put
                     );
+                    let steps = [
+                        row.sender.as_ref().map(ToString::to_string),
+                        row.receiver.as_ref().map(ToString::to_string),
+                    ];
+                    let steps: Vec<String> = steps.into_iter().flatten().collect();
+                    if !steps.is_empty() {
+                        crate::outln!(" Steps ({} B, means): {}", row.bytes, steps.join("; "));
+                    }
                 }
                 bw_rows.push(row);
             }

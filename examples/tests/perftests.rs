@@ -1442,6 +1442,11 @@ fn socket_perftests_run_beside_their_references() {
     assert_eq!((num(&r[0][0]), num(&r[0][1])), (4096.0, 500.0), "{out}");
     assert!(num(&r[0][2]) > 0.0 && num(&r[0][3]) > 0.0, "{out}");
     assert!(out.contains("Socket BW Test"), "{out}");
+    // Where each side's calls went, a line under the row.
+    assert!(
+        out.contains(" Steps (4096 B, means): send: room ") && out.contains("(500 calls); receive: wait "),
+        "{out}"
+    );
     // A sweep stops at the ring.
     let out = ok("sock_bw", &["--mode", "cpu", "-a", "-n", "20", "--rx-bytes", "16384"]);
     assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB: {out}");
@@ -1450,6 +1455,29 @@ fn socket_perftests_run_beside_their_references() {
     assert_eq!(v["test"].as_str(), Some("sock_bw"));
     assert_eq!(v["results"][0]["bytes"].as_u64(), Some(100));
     assert!(v["results"][0]["put_bw_mib_s"].as_f64().unwrap_or(0.0) > 0.0, "{out}");
+    // Each message fits the ring's room: a send call each. The receiver's last call sees the
+    // end of the stream. The steps' means fit in the run.
+    let (sender, receiver) = (&v["results"][0]["sender"], &v["results"][0]["receiver"]);
+    assert_eq!(sender["calls"].as_u64(), Some(50), "{out}");
+    assert!(
+        receiver["calls"].as_u64().is_some_and(|c| (2..=51).contains(&c)),
+        "{out}"
+    );
+    let run_us = 100.0 * 50.0 / (v["results"][0]["bw_mib_s"].as_f64().unwrap() * 1048576.0) * 1e6;
+    let sent_us: f64 = ["room_us", "copy_us", "post_us"]
+        .iter()
+        .map(|k| sender[*k].as_f64().expect(k))
+        .sum();
+    assert!(
+        sent_us >= 0.0 && sent_us * 50.0 <= run_us * 1.01,
+        "{sent_us} us a call, {run_us} us in all: {out}"
+    );
+    assert!(
+        ["wait_us", "copy_us", "consume_us"]
+            .iter()
+            .all(|k| receiver[*k].as_f64().is_some_and(|x| x >= 0.0)),
+        "{out}"
+    );
     // Latency: the socket's row, then write_lat's on the same path.
     let out = ok("sock_lat", &["--mode", "cpu", "-s", "64", "-n", "200"]);
     let r = rows(&out);
@@ -1570,8 +1598,17 @@ fn socket_perftests_across_processes() {
         let client = [&flags[..], &["-a", "-n", "50"]].concat();
         let (s, c) = server_client(name, &flags, &client);
         let (_, out) = both_succeeded(&s, &c);
+        let server_err = String::from_utf8_lossy(&s.stderr);
         assert_eq!(rows(&out).len(), 16 * rows_per_size, "{name}: {out}");
         assert!(out.contains("to the server at 127.0.0.1"), "{out}");
+        if name == "sock_bw" {
+            // The client has its sender's steps, the server says its receiver's.
+            assert!(
+                out.contains("): send: room ") && !out.contains("receive: wait"),
+                "{out}"
+            );
+            assert!(server_err.contains("sock_bw: 65536 B, receive: wait "), "{server_err}");
+        }
     }
     // A server whose ring is smaller than what the client asks for refuses it.
     let (s, c) = server_client(
