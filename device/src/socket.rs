@@ -204,7 +204,8 @@ trait Steps {
     fn mark(&mut self, step: usize);
 }
 
-/// Steps a stream call has ([`Steps`]).
+/// Steps a stream call has, as the socket perftests time them (a send: room found, bytes
+/// copied into the staging ring, posted; a receive: bytes there, copied out, consumed).
 pub const STEPS: usize = 3;
 
 /// Marks nothing: every call but the perftests'.
