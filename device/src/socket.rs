@@ -196,10 +196,8 @@ fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>
 }
 
 /// Where a stream call's time goes, for the socket perftests ([`bench`]'s `Send` and `Recv`):
-/// `mark(0)` as a call starts, then `mark(k)` after its step `k` of [`STEPS`] (a send: room
-/// found, bytes copied into the staging ring, posted; a receive: bytes there, copied out,
-/// consumed and credited). The calls of the socket API mark into [`NoSteps`], which compiles
-/// to nothing.
+/// `mark(0)` as a call starts, then `mark(k)` after its step `k` of [`STEPS`]. The calls of
+/// the socket API mark into [`NoSteps`], which compiles to nothing.
 trait Steps {
     fn mark(&mut self, step: usize);
 }
@@ -408,9 +406,14 @@ impl<M: Sharing> Socket<M> {
 
     /// [`send_with`](Self::send_with) until all of `data` is sent.
     pub fn send_all_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<(), SocketError> {
+        self.send_all_in(scope, data, &mut NoSteps)
+    }
+
+    /// [`send_all_with`](Self::send_all_with), its calls' steps marked in `steps`.
+    fn send_all_in<S: Scope>(&self, scope: S, data: &[u8], steps: &mut impl Steps) -> Result<(), SocketError> {
         let mut at = 0;
         while at < data.len() {
-            at += self.send_with(scope, &data[at..])?;
+            at += self.send_in(scope, &data[at..], Mode::Wait, steps)?;
         }
         Ok(())
     }
@@ -859,10 +862,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             let mut steps = StepSums::default();
             stamp(0);
             for _ in 0..iters {
-                let mut at = 0;
-                while at < msg {
-                    at += sock.send_in(scope, &buf[at..msg], Mode::Wait, &mut steps)?;
-                }
+                sock.send_all_in(scope, &buf[..msg], &mut steps)?;
             }
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
