@@ -111,6 +111,17 @@ impl<M: Sharing> Cq<M> {
         CqeTail(unsafe { arch::load_u64_acquire((slot + cqe::TAIL_OFFSET as u64) as *const u64) })
     }
 
+    /// [`peek`](Self::peek) as a relaxed load, which orders nothing after it: several are in
+    /// flight at once, where each acquire load holds back the loads after it for its round
+    /// trip. For a look that reads nothing else of a successful CQE (a send queue's slot
+    /// count); [`complete_seen`](Self::complete_seen) reads an error CQE's body after a barrier.
+    #[inline(always)]
+    pub(crate) fn peek_relaxed(&self, index: u64) -> CqeTail {
+        let slot = self.cqe_slot(index);
+        // SAFETY: as in `peek`.
+        CqeTail(unsafe { arch::load_u64_volatile((slot + cqe::TAIL_OFFSET as u64) as *const u64) })
+    }
+
     /// Whether the CQE of `index` is written (successful or not), without consuming it.
     #[inline(always)]
     pub(crate) fn written(&self, index: u64) -> bool {
@@ -167,6 +178,8 @@ impl<M: Sharing> Cq<M> {
         // What the HCA wrote before this CQE (a READ's data, say) is visible: `tail` was an
         // acquire load (`peek`).
         let outcome = if cqe::opcode(op_own).is_error() {
+            // The tail may come from a relaxed load (`peek_relaxed`): the body after a barrier.
+            arch::from_device_barrier();
             let e = Self::read_cqe(self.cqe_slot(index)).as_error();
             let word = error_word(self.failed_at(index), e.syndrome, e.vendor_err_synd, e.wqe_opcode());
             self.record_error(word);

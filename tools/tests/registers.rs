@@ -35,7 +35,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_recv_arrived", 36),
     ("gdaki_send", 214),
     ("gdaki_send_imm", 214),
-    ("gdaki_send_inline", 214),
+    ("gdaki_send_inline", 212),
     ("gdaki_signal", 235),
     ("gdaki_socket_accept", 68),
     ("gdaki_socket_close", 254),
