@@ -308,6 +308,37 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// How long [`Gpu::open`] loads the kernels before it says why: the driver compiles the embedded
+/// PTX (every kernel of gdaki) on a machine's first run with a build, which took more than 100 s
+/// for two processes starting at once on a fresh 2 x H200 machine, and a program that prints
+/// nothing for that long looks hung.
+const LOAD_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Runs `work`; if it has not returned after `after`, calls `notice` once (from a helper
+/// thread, while `work` goes on). Returns as soon as `work` does.
+fn noting_if_slow<T>(
+    after: std::time::Duration,
+    notice: impl FnOnce() + Send + 'static,
+    work: impl FnOnce() -> T,
+) -> T {
+    let (finished, wait) = std::sync::mpsc::channel::<()>();
+    let watcher = std::thread::Builder::new()
+        .name("gdaki-load-notice".into())
+        .spawn(move || {
+            // Disconnected (the sender dropped): the work ended in time.
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(after) {
+                notice();
+            }
+        });
+    let out = work();
+    drop(finished);
+    // No watcher (the thread could not start) only means no notice.
+    if let Ok(w) = watcher {
+        let _ = w.join();
+    }
+    out
+}
+
 impl Gpu {
     /// Opens GPU `ordinal` and loads the embedded PTX into it.
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
@@ -323,13 +354,24 @@ impl Gpu {
         }
         let text = ptx::ptx()?;
         let ctx = CudaContext::new(ordinal)?;
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
-        // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is
-        // loaded at first use, and that load waits for running kernels: behind the soft HCA's
-        // persistent copier it would wait forever.
-        for name in ptx::ENTRY_POINTS {
-            module.load_function(name)?;
-        }
+        let notice = move || {
+            tracing::warn!(
+                "GPU {ordinal}: still loading gdaki's kernels after {} s: the driver compiles their \
+                 PTX on a machine's first run with this build (a minute or more), then caches the \
+                 result (CUDA_CACHE_PATH, CUDA_CACHE_MAXSIZE)",
+                LOAD_NOTICE_AFTER.as_secs()
+            )
+        };
+        let module = noting_if_slow(LOAD_NOTICE_AFTER, notice, || -> Result<_, CudaError> {
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
+            // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is
+            // loaded at first use, and that load waits for running kernels: behind the soft
+            // HCA's persistent copier it would wait forever.
+            for name in ptx::ENTRY_POINTS {
+                module.load_function(name)?;
+            }
+            Ok(module)
+        })?;
         // The driver's own memset kernels load lazily too: use them once now.
         let warm = ctx.default_stream().alloc_zeros::<u32>(64)?;
         ctx.default_stream().synchronize()?;
@@ -864,4 +906,41 @@ pub struct SelftestReport {
     pub threads: u32,
     /// Launch to results copied back, first launch included (module load excluded).
     pub elapsed_us: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::noting_if_slow;
+
+    fn noted(after: Duration, work: Duration) -> (bool, Duration) {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        let start = Instant::now();
+        let v = noting_if_slow(
+            after,
+            move || f.store(true, Ordering::SeqCst),
+            || {
+                std::thread::sleep(work);
+                7
+            },
+        );
+        assert_eq!(v, 7);
+        (flag.load(Ordering::SeqCst), start.elapsed())
+    }
+
+    #[test]
+    fn a_slow_load_is_noted_while_it_runs() {
+        assert!(noted(Duration::from_millis(20), Duration::from_millis(300)).0);
+    }
+
+    #[test]
+    fn a_quick_load_is_not_noted_and_does_not_wait_for_the_notice() {
+        let (was_noted, took) = noted(Duration::from_secs(30), Duration::from_millis(1));
+        assert!(!was_noted);
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
 }
