@@ -202,9 +202,13 @@ trait Steps {
     fn mark(&mut self, step: usize);
 }
 
-/// Steps a stream call has, as the socket perftests time them (a send: room found, bytes
-/// copied into the staging ring, posted; a receive: bytes there, copied out, consumed).
-pub const STEPS: usize = 3;
+/// Steps a stream call has, as the socket perftests time them. A send: room found (the look at
+/// the peer's credit, and any wait for one), the group told how much, bytes copied into the
+/// staging ring (with the group's barrier), WQEs written, doorbell rung, the group told the
+/// result. A receive: bytes seen (the looks at the count), the group told, bytes copied out
+/// (with the barrier), consumed, credited (the inline WRITE once half a ring is read), the
+/// group told the result. The leader's marks; in one thread the telling costs nothing.
+pub const STEPS: usize = 6;
 
 /// Marks nothing: every call but the perftests'.
 struct NoSteps;
@@ -510,16 +514,18 @@ impl<M: Sharing> Socket<M> {
                     return Err(SocketError::Closed);
                 }
                 if data.is_empty() {
+                    steps.mark(1);
                     return Ok(0);
                 }
                 let room = cap - sent.wrapping_sub(seen.value).min(cap);
                 if room > 0 {
+                    steps.mark(1);
                     return Ok((data.len() as u64).min(room));
                 }
                 self.idle(mode, &mut deadline)?;
             }
         })?;
-        steps.mark(1);
+        steps.mark(2);
         if n == 0 {
             return Ok(0);
         }
@@ -539,7 +545,7 @@ impl<M: Sharing> Socket<M> {
             )
         };
         scope.sync();
-        steps.mark(2);
+        steps.mark(3);
         let sent = on_leader(scope, || {
             let at = sent & (cap - 1);
             let first = n.min(cap - at);
@@ -552,11 +558,13 @@ impl<M: Sharing> Socket<M> {
                 q.put(dst(0), src(0), n - first)?;
             }
             q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?;
+            steps.mark(4);
             q.commit()?;
+            steps.mark(5);
             self.set_sent(sent + n);
             Ok(n)
         });
-        steps.mark(3);
+        steps.mark(6);
         sent.map(|n| n as usize)
     }
 
@@ -579,17 +587,19 @@ impl<M: Sharing> Socket<M> {
                 let seen = self.look(layout::ARRIVED);
                 self.usable(flags, &seen)?;
                 if seen.value != consumed {
+                    steps.mark(1);
                     return Ok(seen.value);
                 }
                 // Nothing new: has the stream ended? (`fin` only now: a look of its own.)
                 let fin = self.control(layout::FIN);
                 if (fin != 0 && fin - 1 == consumed) || buf.is_empty() {
+                    steps.mark(1);
                     return Ok(consumed);
                 }
                 self.idle(mode, &mut deadline)?;
             }
         })?;
-        steps.mark(1);
+        steps.mark(2);
         let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
         if n == 0 {
             return Ok(0);
@@ -612,10 +622,11 @@ impl<M: Sharing> Socket<M> {
             )
         };
         scope.sync();
-        steps.mark(2);
+        steps.mark(3);
         let taken = on_leader(scope, || {
             let consumed = consumed + n;
             self.set_consumed(consumed);
+            steps.mark(4);
             // Credit once half a ring is read and not credited: a sender only waits for room
             // when a whole ring is uncredited, so reading on always frees it, and a stream
             // costs one credit per half ring (not one per message).
@@ -625,9 +636,10 @@ impl<M: Sharing> Socket<M> {
                     .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
                 self.set_credited(consumed);
             }
+            steps.mark(5);
             Ok(n)
         });
-        steps.mark(3);
+        steps.mark(6);
         taken.map(|n| n as usize)
     }
 

@@ -123,10 +123,16 @@ pub struct SenderSteps {
     pub calls: u64,
     /// Finding room in the staging ring: the look at the peer's credit, and any wait for one.
     pub room_us: f64,
-    /// Copying the bytes into the staging ring (the block together, then its barrier).
+    /// Telling the group how much (a block's broadcast; nothing in one thread).
+    pub broadcast_us: f64,
+    /// Copying the bytes into the staging ring (the group together, then its barrier).
     pub copy_us: f64,
-    /// Posting the WRITEs and the count's inline WRITE, with their doorbell.
-    pub post_us: f64,
+    /// Writing the WQEs (the WRITEs and the count's inline WRITE), each slot reclaimed first.
+    pub wqes_us: f64,
+    /// Ringing their doorbell.
+    pub doorbell_us: f64,
+    /// Telling the group the result.
+    pub result_us: f64,
 }
 
 /// A receiver's `recv` calls, means a call (as [`SenderSteps`]).
@@ -136,10 +142,16 @@ pub struct ReceiverSteps {
     pub calls: u64,
     /// Waiting for bytes: the looks at the count, until it moves.
     pub wait_us: f64,
-    /// Copying the bytes out of the receive ring (the block together, then its barrier).
+    /// Telling the group how many.
+    pub broadcast_us: f64,
+    /// Copying the bytes out of the receive ring (the group together, then its barrier).
     pub copy_us: f64,
-    /// Consuming them, and the credit's inline WRITE once half a ring is read.
+    /// Consuming them.
     pub consume_us: f64,
+    /// The credit's inline WRITE, once half a ring is read (a mean over every call).
+    pub credit_us: f64,
+    /// Telling the group the result.
+    pub result_us: f64,
 }
 
 /// One `sock_lat` row: the socket's latency and the reference's, one-way, microseconds.
@@ -174,22 +186,31 @@ impl SideRun {
     }
 
     fn sender(&self) -> Option<SenderSteps> {
-        self.steps().map(|(calls, [room_us, copy_us, post_us])| SenderSteps {
-            calls,
-            room_us,
-            copy_us,
-            post_us,
-        })
+        self.steps().map(
+            |(calls, [room_us, broadcast_us, copy_us, wqes_us, doorbell_us, result_us])| SenderSteps {
+                calls,
+                room_us,
+                broadcast_us,
+                copy_us,
+                wqes_us,
+                doorbell_us,
+                result_us,
+            },
+        )
     }
 
     fn receiver(&self) -> Option<ReceiverSteps> {
-        self.steps()
-            .map(|(calls, [wait_us, copy_us, consume_us])| ReceiverSteps {
+        self.steps().map(
+            |(calls, [wait_us, broadcast_us, copy_us, consume_us, credit_us, result_us])| ReceiverSteps {
                 calls,
                 wait_us,
+                broadcast_us,
                 copy_us,
                 consume_us,
-            })
+                credit_us,
+                result_us,
+            },
+        )
     }
 }
 
@@ -197,8 +218,9 @@ impl std::fmt::Display for SenderSteps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "send: room {:.2} + copy {:.2} + post {:.2} usec a call ({} calls)",
-            self.room_us, self.copy_us, self.post_us, self.calls
+            "send: room {:.2} + broadcast {:.2} + copy {:.2} + WQEs {:.2} + doorbell {:.2} + result {:.2} \
+             usec a call ({} calls)",
+            self.room_us, self.broadcast_us, self.copy_us, self.wqes_us, self.doorbell_us, self.result_us, self.calls
         )
     }
 }
@@ -207,8 +229,9 @@ impl std::fmt::Display for ReceiverSteps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "receive: wait {:.2} + copy {:.2} + consume {:.2} usec a call ({} calls)",
-            self.wait_us, self.copy_us, self.consume_us, self.calls
+            "receive: wait {:.2} + broadcast {:.2} + copy {:.2} + consume {:.2} + credit {:.2} + result \
+             {:.2} usec a call ({} calls)",
+            self.wait_us, self.broadcast_us, self.copy_us, self.consume_us, self.credit_us, self.result_us, self.calls
         )
     }
 }

@@ -1464,18 +1464,32 @@ fn socket_perftests_run_beside_their_references() {
         "{out}"
     );
     let run_us = 100.0 * 50.0 / (v["results"][0]["bw_mib_s"].as_f64().unwrap() * 1048576.0) * 1e6;
-    let sent_us: f64 = ["room_us", "copy_us", "post_us"]
-        .iter()
-        .map(|k| sender[*k].as_f64().expect(k))
-        .sum();
+    let sent_us: f64 = [
+        "room_us",
+        "broadcast_us",
+        "copy_us",
+        "wqes_us",
+        "doorbell_us",
+        "result_us",
+    ]
+    .iter()
+    .map(|k| sender[*k].as_f64().expect(k))
+    .sum();
     assert!(
         sent_us >= 0.0 && sent_us * 50.0 <= run_us * 1.01,
         "{sent_us} us a call, {run_us} us in all: {out}"
     );
     assert!(
-        ["wait_us", "copy_us", "consume_us"]
-            .iter()
-            .all(|k| receiver[*k].as_f64().is_some_and(|x| x >= 0.0)),
+        [
+            "wait_us",
+            "broadcast_us",
+            "copy_us",
+            "consume_us",
+            "credit_us",
+            "result_us"
+        ]
+        .iter()
+        .all(|k| receiver[*k].as_f64().is_some_and(|x| x >= 0.0)),
         "{out}"
     );
     // Latency: the socket's row, then write_lat's on the same path.
