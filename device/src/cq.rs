@@ -175,10 +175,10 @@ impl<M: Sharing> Cq<M> {
         if !ring::cqe_completes(tail.wqe_counter(), self.counter(index), log) {
             return None;
         }
-        // What the HCA wrote before this CQE (a READ's data, say) is visible: `tail` was an
-        // acquire load (`peek`).
+        // What the HCA wrote before this CQE (a READ's data, say) is visible where `tail` was an
+        // acquire load (`peek`); an error's body is read after a barrier, as the tail may come
+        // from a relaxed load (`peek_relaxed`).
         let outcome = if cqe::opcode(op_own).is_error() {
-            // The tail may come from a relaxed load (`peek_relaxed`): the body after a barrier.
             arch::from_device_barrier();
             let e = Self::read_cqe(self.cqe_slot(index)).as_error();
             let word = error_word(self.failed_at(index), e.syndrome, e.vendor_err_synd, e.wqe_opcode());

@@ -167,6 +167,16 @@ impl Harness {
             lkey: LKEY,
         }
     }
+    /// Waits (5 s at most) until the consumer has written CQE `index` of a CQ of `2^log` entries.
+    fn wait_cqe_written(&self, index: u64, log: u32) {
+        let slot = &self.setup.cq[ring::cqe_offset(index, log) as usize / 64];
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        // op_own is a CQE's last byte.
+        while !ring::cqe_ready(unsafe { std::ptr::read_volatile(&slot.0[63]) }, index, log) {
+            assert!(std::time::Instant::now() < deadline, "CQE {index} never came");
+            thread::yield_now();
+        }
+    }
     fn remote_bytes(&self) -> Vec<u8> {
         self.setup.remote.iter().flat_map(|l| l.0).collect()
     }
@@ -503,19 +513,7 @@ fn a_poster_that_laps_the_ring_frees_half_of_it_at_once() {
         qp.put(h.remote(i * 64), h.local(i * 64), 64).expect("put");
     }
     // The HCA completes WQEs 0..12 and holds the rest.
-    // op_own is a CQE's last byte.
-    let cqe_written = |i: u64| {
-        let slot = &h.setup.cq[ring::cqe_offset(i, 4) as usize / 64];
-        ring::cqe_ready(unsafe { std::ptr::read_volatile(&slot.0[63]) }, i, 4)
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !cqe_written(11) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the consumer never completed WQE 11"
-        );
-        thread::yield_now();
-    }
+    h.wait_cqe_written(11, 4);
     assert_eq!(qp.consumed(), 0);
     // WQE 16 reuses slot 0: the look finds WQE 7 (halfway to the newest, 15) complete.
     qp.put(h.remote(0), h.local(0), 64).expect("put");
@@ -1227,14 +1225,7 @@ fn reusing_a_slot_consumes_every_completion_that_is_in() {
     h.consumer.fail_at.store(13, Release);
     let qp = h.qp::<Exclusive>();
     let consumed = || unsafe { std::ptr::read_volatile(&h.setup.qp.cq.consumed) };
-    let written = |index: u64| {
-        let slot = &h.setup.cq[ring::cqe_offset(index, 3) as usize / 64];
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !ring::cqe_ready(unsafe { std::ptr::read_volatile(&slot.0[63]) }, index, 3) {
-            assert!(std::time::Instant::now() < deadline, "CQE {index} never came");
-            thread::yield_now();
-        }
-    };
+    let written = |index: u64| h.wait_cqe_written(index, 3);
     for i in 0..8u64 {
         qp.put(h.remote(8 * i), h.local(8 * i), 8).unwrap();
     }
