@@ -502,8 +502,10 @@ impl<M: Sharing> Socket<M> {
     ) -> Result<usize, SocketError> {
         steps.mark(0);
         let cap = 1u64 << self.log_tx;
-        let sent = self.state().0;
-        // The leader finds room; everyone learns how much.
+        // The leader finds room; everyone learns how much. The others read only `sent` (no
+        // acquire of `flags`): on a GPU a member's loads are its warp's, eight warps' for a
+        // block, and the leader's are the ones that decide.
+        let sent = self.sent();
         let n = on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
@@ -578,8 +580,9 @@ impl<M: Sharing> Socket<M> {
     ) -> Result<usize, SocketError> {
         steps.mark(0);
         let cap = 1u64 << self.log_rx;
-        let (_, consumed, credited, _) = self.state();
-        // The leader waits for bytes (or the end); everyone learns how many it takes.
+        // The leader waits for bytes (or the end); everyone learns how many it takes. The
+        // others read only `consumed` (see `send_in`).
+        let consumed = self.consumed();
         let arrived = on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
@@ -588,6 +591,13 @@ impl<M: Sharing> Socket<M> {
                 self.usable(flags, &seen)?;
                 if seen.value != consumed {
                     steps.mark(1);
+                    if seen.value.wrapping_sub(consumed) > cap {
+                        // The peer's count ran past this side's ring (or back): no credit
+                        // allowed it, so the stream is broken. Its bytes stay where they are,
+                        // and every later call fails as this one.
+                        self.add_flags(SOCKET_RESET);
+                        return Err(SocketError::Reset);
+                    }
                     return Ok(seen.value);
                 }
                 // Nothing new: has the stream ended? (`fin` only now: a look of its own.)
@@ -600,6 +610,7 @@ impl<M: Sharing> Socket<M> {
             }
         })?;
         steps.mark(2);
+        // At most a ring: the leader refused a count further ahead.
         let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
         if n == 0 {
             return Ok(0);
@@ -624,6 +635,7 @@ impl<M: Sharing> Socket<M> {
         scope.sync();
         steps.mark(3);
         let taken = on_leader(scope, || {
+            let credited = self.credited();
             let consumed = consumed + n;
             self.set_consumed(consumed);
             steps.mark(4);
@@ -711,6 +723,24 @@ impl<M: Sharing> Socket<M> {
                 self.flags_word().load(Ordering::Acquire),
             )
         }
+    }
+
+    /// `sent` alone.
+    fn sent(&self) -> u64 {
+        // SAFETY: as in `state`.
+        unsafe { core::ptr::read_volatile(&raw const (*self.s).sent) }
+    }
+
+    /// `consumed` alone.
+    fn consumed(&self) -> u64 {
+        // SAFETY: as in `state`.
+        unsafe { core::ptr::read_volatile(&raw const (*self.s).consumed) }
+    }
+
+    /// `credited` alone.
+    fn credited(&self) -> u64 {
+        // SAFETY: as in `state`.
+        unsafe { core::ptr::read_volatile(&raw const (*self.s).credited) }
     }
 
     /// `flags`, which both sides (and `reset`) may change at once.

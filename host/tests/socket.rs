@@ -165,6 +165,38 @@ fn a_reset_fails_both_sides() {
     assert!(matches!(s.send(b"x"), Err(SocketFailure::Reset)));
 }
 
+/// A peer that breaks the protocol: its count of bytes sent runs past what this side's ring
+/// holds (a bug or an attack). The receiver copies nothing from outside its ring (before the
+/// check, a buffer larger than the ring took a copy that read past it) and stops trusting the
+/// stream: the call and every later one fail as reset.
+#[test]
+fn a_count_past_the_ring_is_refused_not_copied() {
+    let (s, c) = pair(small(4096));
+    c.send_all(b"honest").unwrap();
+    let mut buf = [0u8; 6];
+    let mut n = 0;
+    while n < 6 {
+        n += s.recv(&mut buf[n..]).unwrap();
+    }
+    // SAFETY: the live socket's handle; its receive window's control words are host memory
+    // (CPU mode), which this test writes as the peer's WRITE would.
+    unsafe {
+        let h = s.device_handle();
+        let arrived = ((*h).rx_window + gdaki_layout::socket::ARRIVED) as *mut u64;
+        arrived.write_volatile(6 + 4 * 4096);
+    }
+    let mut big = vec![0u8; 8 * 4096];
+    assert!(
+        matches!(s.recv(&mut big), Err(SocketFailure::Reset)),
+        "a count past the ring"
+    );
+    assert!(big.iter().all(|&b| b == 0), "nothing was copied");
+    assert!(
+        matches!(s.try_recv(&mut big), Err(SocketFailure::Reset)),
+        "and after it"
+    );
+}
+
 #[test]
 fn waits_are_bounded_and_try_forms_never_wait() {
     let cfg = SocketConfig {
