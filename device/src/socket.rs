@@ -182,6 +182,11 @@ fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>
     if S::SOLO {
         return mine.unwrap_or(Ok(0));
     }
+    // A barrier of its own before the broadcast's: on 2 x H100 a block's send and receive
+    // calls took 20-30% less time with it (docs/figures.md, "A barrier before a socket's
+    // broadcast"). Why is not known: the time the broadcast took (6 us at 64 KiB, growing
+    // with the block's copy) moved, less of it, into the copy after it.
+    scope.sync();
     let word = match &mine {
         Some(Ok(v)) => [*v, 0],
         Some(Err(e)) => [0, e.code() as u64],
