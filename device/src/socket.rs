@@ -718,33 +718,30 @@ impl<M: Sharing> Socket<M> {
 
     /// `sent`, `consumed`, `credited`, `flags`.
     fn state(&self) -> (u64, u64, u64, u64) {
-        // SAFETY: the live handle; `sent` is written only by the sending side's one caller,
-        // `consumed` and `credited` only by the receiving side's (the contract).
-        unsafe {
-            (
-                core::ptr::read_volatile(&raw const (*self.s).sent),
-                core::ptr::read_volatile(&raw const (*self.s).consumed),
-                core::ptr::read_volatile(&raw const (*self.s).credited),
-                self.flags_word().load(Ordering::Acquire),
-            )
-        }
+        (
+            self.sent(),
+            self.consumed(),
+            self.credited(),
+            self.flags_word().load(Ordering::Acquire),
+        )
     }
 
-    /// `sent` alone.
+    /// Bytes of this stream put to the peer.
     fn sent(&self) -> u64 {
-        // SAFETY: as in `state`.
+        // SAFETY: the live handle; `sent` is written only by the sending side's one caller
+        // (the contract).
         unsafe { core::ptr::read_volatile(&raw const (*self.s).sent) }
     }
 
-    /// `consumed` alone.
+    /// Bytes of the peer's stream taken out of the receive ring.
     fn consumed(&self) -> u64 {
-        // SAFETY: as in `state`.
+        // SAFETY: the live handle; written only by the receiving side's one caller.
         unsafe { core::ptr::read_volatile(&raw const (*self.s).consumed) }
     }
 
-    /// `credited` alone.
+    /// `consumed` as last credited to the peer.
     fn credited(&self) -> u64 {
-        // SAFETY: as in `state`.
+        // SAFETY: as in `consumed`.
         unsafe { core::ptr::read_volatile(&raw const (*self.s).credited) }
     }
 
@@ -755,17 +752,17 @@ impl<M: Sharing> Socket<M> {
     }
 
     fn set_sent(&self, v: u64) {
-        // SAFETY: as in `state`.
+        // SAFETY: as in `sent` and `consumed`.
         unsafe { core::ptr::write_volatile(&raw mut (*self.s).sent, v) }
     }
 
     fn set_consumed(&self, v: u64) {
-        // SAFETY: as in `state`.
+        // SAFETY: as in `sent` and `consumed`.
         unsafe { core::ptr::write_volatile(&raw mut (*self.s).consumed, v) }
     }
 
     fn set_credited(&self, v: u64) {
-        // SAFETY: as in `state`.
+        // SAFETY: as in `sent` and `consumed`.
         unsafe { core::ptr::write_volatile(&raw mut (*self.s).credited, v) }
     }
 

@@ -171,7 +171,8 @@ impl Harness {
     fn wait_cqe_written(&self, index: u64, log: u32) {
         let slot = &self.setup.cq[ring::cqe_offset(index, log) as usize / 64];
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        // op_own is a CQE's last byte.
+        // op_own is a CQE's last byte. SAFETY: a byte of the harness's live CQ, which the
+        // consumer thread writes (hence the volatile read).
         while !ring::cqe_ready(unsafe { std::ptr::read_volatile(&slot.0[63]) }, index, log) {
             assert!(std::time::Instant::now() < deadline, "CQE {index} never came");
             thread::yield_now();
