@@ -64,7 +64,7 @@ extern "C" {
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
 /** version word of gdaki_dev_socket */
-#define GDAKI_DEV_SOCKET_VERSION 4107600000u
+#define GDAKI_DEV_SOCKET_VERSION 383844480u
 /** version word of gdaki_dev_socket_service */
 #define GDAKI_DEV_SOCKET_SERVICE_VERSION 1686896704u
 /** gdaki_dev_rq.version of this layout */
@@ -357,9 +357,14 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_socket {
    */
   uint64_t flags;
   /**
+   * The peer's `credit` as the sender last read it: room it may use without looking again
+   * (a credit only grows).
+   */
+  uint64_t credit_seen;
+  /**
    * Pads the state line.
    */
-  uint64_t state_pad[4];
+  uint64_t state_pad[3];
   /**
    * The `DevQp` this socket posts through (an address the socket's users can read).
    */

@@ -11,6 +11,7 @@ use gdaki_layout::socket::{self as layout, DevSocket, DEV_SOCKET_VERSION, SOCKET
 use gdaki_layout::DevQp;
 
 use crate::arch;
+use crate::copier::copy_share;
 use crate::qp::{Local, Qp, Remote};
 use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
@@ -90,88 +91,33 @@ impl SocketError {
 
 /// Copies `len` bytes between `buf` and a ring of `cap` bytes at `ring`, starting at stream
 /// position `pos` (wrapping at the ring's end), into the ring when `into_ring`; member `rank`
-/// of `members` does its part. One member copies it all (`memcpy`); in a group, member `r`
-/// takes 16-byte chunks `r`, `r + members`, ..., so neighbouring threads touch neighbouring
-/// words (coalesced on a GPU), as 8-byte words where both sides are 8-byte aligned.
+/// of `members` does its part. One member copies it all (`memcpy`); a group copies each
+/// contiguous piece as the soft HCA's copier does ([`copy_share`]): neighbouring members move
+/// neighbouring units (coalesced on a GPU), 16 bytes where both sides allow, eight loads in
+/// flight per member (a 64 KiB send from a 256-thread block spent most of its time waiting on
+/// memory with four 16-byte chunks in flight).
 ///
 /// # Safety
-/// The ring holds `cap` bytes (a power of two, a multiple of 16) and `buf` `len`; `len <= cap`.
+/// The ring holds `cap` bytes (a power of two) and `buf` `len`; `len <= cap`; they do not
+/// overlap.
 #[allow(clippy::too_many_arguments)] // a copy's two sides and the member's place
 unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_ring: bool, rank: u32, members: u32) {
     let at = pos & (cap - 1);
-    if members <= 1 {
-        let first = len.min(cap - at);
-        for (ring_off, buf_off, n) in [(at, 0, first), (0, first, len - first)] {
-            if n == 0 {
-                continue;
-            }
-            let r = (ring + ring_off) as *mut u8;
-            // SAFETY: both ranges lie inside their buffers (the contract).
-            unsafe {
-                let b = buf.add(buf_off as usize);
-                if into_ring {
-                    core::ptr::copy_nonoverlapping(b, r, n as usize);
-                } else {
-                    core::ptr::copy_nonoverlapping(r, b, n as usize);
-                }
-            }
+    let first = len.min(cap - at);
+    for (ring_off, buf_off, n) in [(at, 0, first), (0, first, len - first)] {
+        if n == 0 {
+            continue;
         }
-        return;
-    }
-    let chunks = len.div_ceil(16);
-    let mut k = rank as u64;
-    // Four chunks at a time where all four are whole, inside the ring and 8-byte aligned on
-    // both sides: their loads issue together (a PCIe read of host-pinned memory takes a
-    // microsecond; one at a time they would queue up).
-    let fast = |k: u64| -> Option<(*const [u64; 2], *mut [u64; 2])> {
-        let lo = k * 16;
-        let off = (at + lo) & (cap - 1);
-        let (r, b) = (ring + off, buf as u64 + lo);
+        let (r, b) = (ring + ring_off, buf as u64 + buf_off);
         let (src, dst) = if into_ring { (b, r) } else { (r, b) };
-        (lo + 16 <= len && off + 16 <= cap && (src | dst) % 8 == 0).then_some((src as *const _, dst as *mut _))
-    };
-    let m = members as u64;
-    while k + 3 * m < chunks {
-        if let (Some(a), Some(b), Some(c), Some(d)) = (fast(k), fast(k + m), fast(k + 2 * m), fast(k + 3 * m)) {
-            // SAFETY: four whole chunks inside both buffers, aligned (checked by `fast`).
-            unsafe {
-                let v = [a.0.read(), b.0.read(), c.0.read(), d.0.read()];
-                a.1.write(v[0]);
-                b.1.write(v[1]);
-                c.1.write(v[2]);
-                d.1.write(v[3]);
-            }
-            k += 4 * m;
-        } else {
-            break;
-        }
-    }
-    while k < chunks {
-        let lo = k * 16;
-        let n = (len - lo).min(16);
-        let off = (at + lo) & (cap - 1);
-        let r = ring + off;
-        // SAFETY: chunk `k` lies inside `buf` (the contract).
-        let b = unsafe { buf.add(lo as usize) };
-        let (src, dst) = if into_ring { (b as u64, r) } else { (r, b as u64) };
-        if n == 16 && off + 16 <= cap && (src | dst) % 8 == 0 {
-            // SAFETY: 16 bytes inside both buffers (no wrap inside the chunk), 8-byte aligned.
-            unsafe { (dst as *mut [u64; 2]).write((src as *const [u64; 2]).read()) };
-        } else {
-            for i in 0..n {
-                let ri = (ring + ((at + lo + i) & (cap - 1))) as *mut u8;
-                // SAFETY: byte `i` of the chunk, inside both buffers.
-                unsafe {
-                    let bi = b.add(i as usize);
-                    if into_ring {
-                        ri.write(bi.read());
-                    } else {
-                        bi.write(ri.read());
-                    }
-                }
+        // SAFETY: both pieces lie inside their buffers and do not overlap (the contract).
+        unsafe {
+            if members <= 1 {
+                core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
+            } else {
+                copy_share(dst, src, n, rank as u64, members as u64);
             }
         }
-        k += members as u64;
     }
 }
 
@@ -507,31 +453,47 @@ impl<M: Sharing> Socket<M> {
     ) -> Result<usize, SocketError> {
         steps.mark(0);
         let cap = 1u64 << self.log_tx;
-        // The leader finds room; everyone learns how much. The others read only `sent` (no
-        // acquire of `flags`): on a GPU a member's loads are its warp's, eight warps' for a
-        // block, and the leader's are the ones that decide.
-        let sent = self.sent();
-        let n = on_leader(scope, || {
-            let mut deadline = self.qp.deadline();
-            loop {
-                let (.., flags) = self.state();
-                let seen = self.look(layout::CREDIT);
-                self.usable(flags, &seen)?;
-                if flags & SOCKET_SHUT_WR != 0 {
-                    return Err(SocketError::Closed);
+        let want = data.len() as u64;
+        // `sent` and the credit last seen are written by the leader alone, before the last
+        // call's closing barrier, so every member reads the same values: where that credit
+        // already leaves room for all of `data` (a credit only grows), every member knows `n`
+        // and the copy starts at once, with no look at the window and no broadcast. The leader
+        // loads `flags` and the peer's `reset` now, in flight during the copy, and checks them
+        // before it posts (bytes copied into the staging ring of a broken stream are never
+        // put). Otherwise the leader looks at the credit (and waits for room), and keeps what
+        // it saw only after the copy's barrier, when every member has read the old value.
+        let (sent, credit) = (self.sent(), self.credit_seen());
+        let mut fresh = None;
+        let room = |credit: u64| cap - sent.wrapping_sub(credit).min(cap);
+        let fast = want != 0 && room(credit) >= want;
+        let early = (fast && scope.is_leader()).then(|| (self.flags(), self.control(layout::RESET_BY_CREDIT)));
+        let n = if fast {
+            steps.mark(1);
+            want
+        } else {
+            on_leader(scope, || {
+                let mut deadline = self.qp.deadline();
+                loop {
+                    let flags = self.flags();
+                    let seen = self.look(layout::CREDIT);
+                    fresh = Some(seen.value);
+                    self.usable(flags, &seen)?;
+                    if flags & SOCKET_SHUT_WR != 0 {
+                        return Err(SocketError::Closed);
+                    }
+                    if data.is_empty() {
+                        steps.mark(1);
+                        return Ok(0);
+                    }
+                    let room = room(seen.value);
+                    if room > 0 {
+                        steps.mark(1);
+                        return Ok(want.min(room));
+                    }
+                    self.idle(mode, &mut deadline)?;
                 }
-                if data.is_empty() {
-                    steps.mark(1);
-                    return Ok(0);
-                }
-                let room = cap - sent.wrapping_sub(seen.value).min(cap);
-                if room > 0 {
-                    steps.mark(1);
-                    return Ok((data.len() as u64).min(room));
-                }
-                self.idle(mode, &mut deadline)?;
-            }
-        })?;
+            })?
+        };
         steps.mark(2);
         if n == 0 {
             return Ok(0);
@@ -554,6 +516,15 @@ impl<M: Sharing> Socket<M> {
         scope.sync();
         steps.mark(3);
         let sent = on_leader(scope, || {
+            if let Some((flags, reset)) = early {
+                self.usable(flags, &Look { value: 0, reset })?;
+                if flags & SOCKET_SHUT_WR != 0 {
+                    return Err(SocketError::Closed);
+                }
+            }
+            if let Some(credit) = fresh {
+                self.set_credit_seen(credit);
+            }
             let at = sent & (cap - 1);
             let first = n.min(cap - at);
             let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
@@ -718,12 +689,14 @@ impl<M: Sharing> Socket<M> {
 
     /// `sent`, `consumed`, `credited`, `flags`.
     fn state(&self) -> (u64, u64, u64, u64) {
-        (
-            self.sent(),
-            self.consumed(),
-            self.credited(),
-            self.flags_word().load(Ordering::Acquire),
-        )
+        (self.sent(), self.consumed(), self.credited(), self.flags())
+    }
+
+    /// `flags`, a relaxed load: its bits only fail calls and no data is published through
+    /// them, so nothing after the load needs ordering by it (a send's leader loads it beside
+    /// the copy and looks at it after).
+    fn flags(&self) -> u64 {
+        self.flags_word().load(Ordering::Relaxed)
     }
 
     /// Bytes of this stream put to the peer.
@@ -743,6 +716,17 @@ impl<M: Sharing> Socket<M> {
     fn credited(&self) -> u64 {
         // SAFETY: as in `consumed`.
         unsafe { core::ptr::read_volatile(&raw const (*self.s).credited) }
+    }
+
+    /// The peer's credit as this side last read it.
+    fn credit_seen(&self) -> u64 {
+        // SAFETY: as in `sent`: written only by the sending side's one caller.
+        unsafe { core::ptr::read_volatile(&raw const (*self.s).credit_seen) }
+    }
+
+    fn set_credit_seen(&self, v: u64) {
+        // SAFETY: as in `sent`.
+        unsafe { core::ptr::write_volatile(&raw mut (*self.s).credit_seen, v) }
     }
 
     /// `flags`, which both sides (and `reset`) may change at once.

@@ -44,8 +44,11 @@ pub struct DevSocket {
     pub credited: u64,
     /// `SOCKET_*` bits.
     pub flags: u64,
+    /// The peer's `credit` as the sender last read it: room it may use without looking again
+    /// (a credit only grows).
+    pub credit_seen: u64,
     /// Pads the state line.
-    pub state_pad: [u64; 4],
+    pub state_pad: [u64; 3],
     /// The `DevQp` this socket posts through (an address the socket's users can read).
     pub qp: u64,
     /// This side's receive window: control words, then the ring.
@@ -75,6 +78,7 @@ assert_layout!(DevSocket, 128, {
     consumed => 8..16,
     credited => 16..24,
     flags => 24..32,
+    credit_seen => 32..40,
     qp => 64..72,
     rx_window => 72..80,
     tx_ring => 80..88,
@@ -97,6 +101,7 @@ pub const DEV_SOCKET_VERSION: u32 = {
         offset_of!(DevSocket, consumed),
         offset_of!(DevSocket, credited),
         offset_of!(DevSocket, flags),
+        offset_of!(DevSocket, credit_seen),
         offset_of!(DevSocket, qp),
         offset_of!(DevSocket, rx_window),
         offset_of!(DevSocket, tx_ring),
