@@ -326,7 +326,7 @@ impl<M: Sharing> Socket<M> {
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
         on_leader(scope, || {
             let (sent, _, _, flags) = self.state();
-            self.usable(flags, &self.look(layout::ARRIVED))?;
+            self.usable(flags, self.look(layout::ARRIVED).reset)?;
             if flags & SOCKET_SHUT_WR == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
@@ -419,7 +419,7 @@ impl<M: Sharing> Socket<M> {
             loop {
                 let (_, consumed, _, flags) = self.state();
                 let seen = self.look(layout::ARRIVED);
-                self.usable(flags, &seen)?;
+                self.usable(flags, seen.reset)?;
                 if seen.value != consumed {
                     self.set_consumed(seen.value);
                     continue;
@@ -477,10 +477,7 @@ impl<M: Sharing> Socket<M> {
                     let flags = self.flags();
                     let seen = self.look(layout::CREDIT);
                     fresh = Some(seen.value);
-                    self.usable(flags, &seen)?;
-                    if flags & SOCKET_SHUT_WR != 0 {
-                        return Err(SocketError::Closed);
-                    }
+                    self.sendable(flags, seen.reset)?;
                     if data.is_empty() {
                         steps.mark(1);
                         return Ok(0);
@@ -517,10 +514,7 @@ impl<M: Sharing> Socket<M> {
         steps.mark(3);
         let sent = on_leader(scope, || {
             if let Some((flags, reset)) = early {
-                self.usable(flags, &Look { value: 0, reset })?;
-                if flags & SOCKET_SHUT_WR != 0 {
-                    return Err(SocketError::Closed);
-                }
+                self.sendable(flags, reset)?;
             }
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
@@ -564,7 +558,7 @@ impl<M: Sharing> Socket<M> {
             loop {
                 let (.., flags) = self.state();
                 let seen = self.look(layout::ARRIVED);
-                self.usable(flags, &seen)?;
+                self.usable(flags, seen.reset)?;
                 if seen.value != consumed {
                     steps.mark(1);
                     if seen.value.wrapping_sub(consumed) > cap {
@@ -652,10 +646,20 @@ impl<M: Sharing> Socket<M> {
         Ok(())
     }
 
-    /// Refuses every call once either side reset the connection.
-    fn usable(&self, flags: u64, seen: &Look) -> Result<(), SocketError> {
-        if flags & SOCKET_RESET != 0 || seen.reset != 0 {
+    /// Refuses every call once either side reset the connection (`reset`: the peer's word,
+    /// as last looked at).
+    fn usable(&self, flags: u64, reset: u64) -> Result<(), SocketError> {
+        if flags & SOCKET_RESET != 0 || reset != 0 {
             return Err(SocketError::Reset);
+        }
+        Ok(())
+    }
+
+    /// [`usable`](Self::usable), and refuses a send after this side shut down.
+    fn sendable(&self, flags: u64, reset: u64) -> Result<(), SocketError> {
+        self.usable(flags, reset)?;
+        if flags & SOCKET_SHUT_WR != 0 {
+            return Err(SocketError::Closed);
         }
         Ok(())
     }
