@@ -121,6 +121,9 @@ unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_
     }
 }
 
+/// Lanes in a warp: a group larger than this keeps its leader's warp out of a send's copy.
+const WARP: u32 = 32;
+
 /// Runs `step` on the leader of `scope` and hands its outcome to every member (the others get
 /// the leader's error as its code: [`SocketError::from_code`]).
 fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>) -> Result<u64, SocketError> {
@@ -154,11 +157,13 @@ trait Steps {
 }
 
 /// Steps a stream call has, as the socket perftests time them. A send: room found (the look at
-/// the peer's credit, and any wait for one), the group told how much, bytes copied into the
-/// staging ring (with the group's barrier), WQEs written, doorbell rung, the group told the
-/// result. A receive: bytes seen (the looks at the count), the group told, bytes copied out
-/// (with the barrier), consumed, credited (the inline WRITE once half a ring is read), the
-/// group told the result. The leader's marks; in one thread the telling costs nothing.
+/// the peer's credit, and any wait for one), the group told how much, WQEs written (by the
+/// leader of a group of more than a warp, while the others copy; in a thread or a warp, after
+/// the copy, counted with the doorbell), bytes copied into the staging ring (what is left of
+/// the group's copy, and its barrier), doorbell rung, the group told the result. A receive:
+/// bytes seen (the looks at the count), the group told, bytes copied out (with the barrier),
+/// consumed, credited (the inline WRITE once half a ring is read), the group told the result.
+/// The leader's marks; in one thread the telling costs nothing.
 pub const STEPS: usize = 6;
 
 /// Marks nothing: every call but the perftests'.
@@ -229,8 +234,8 @@ impl<M: Sharing> Socket<M> {
     /// # Safety
     /// `ptr` points to a `DevSocket` written by the host for this device (its queue pair's
     /// handle, windows and rings valid for this device or thread and registered as it says),
-    /// alive for as long as this value is used, and used by one caller at a time: one thread
-    /// owns a socket's stream state.
+    /// alive for as long as this value is used, and used by one caller at a time on each side
+    /// (a sender and a receiver may be two: each side's words are its own).
     pub unsafe fn from_raw(ptr: *mut DevSocket) -> Result<Self, SocketError> {
         // SAFETY: `ptr` is a live handle (the caller's contract); its constant fields are
         // read once.
@@ -325,7 +330,7 @@ impl<M: Sharing> Socket<M> {
     /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
         on_leader(scope, || {
-            let (sent, _, _, flags) = self.state();
+            let (sent, flags) = (self.sent(), self.flags());
             self.usable(flags, self.look(layout::ARRIVED).reset)?;
             if flags & SOCKET_SHUT_WR == 0 {
                 self.qp
@@ -340,7 +345,7 @@ impl<M: Sharing> Socket<M> {
     /// [`reset`](Self::reset) by the group `scope` (its leader posts).
     pub fn reset_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
         on_leader(scope, || {
-            let (.., flags) = self.state();
+            let flags = self.flags();
             if flags & SOCKET_RESET == 0 {
                 self.add_flags(SOCKET_RESET);
                 let q = self.qp.deferred();
@@ -417,7 +422,7 @@ impl<M: Sharing> Socket<M> {
         on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
-                let (_, consumed, _, flags) = self.state();
+                let (consumed, flags) = (self.consumed(), self.flags());
                 let seen = self.look(layout::ARRIVED);
                 self.usable(flags, seen.reset)?;
                 if seen.value != consumed {
@@ -495,49 +500,71 @@ impl<M: Sharing> Socket<M> {
         if n == 0 {
             return Ok(0);
         }
-        // Every member copies its part into the staging ring, whose bytes there the peer's
-        // credit covers (the HCA has read what was there before).
-        // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
-        unsafe {
-            ring_copy(
-                self.tx_ring,
-                cap,
-                sent,
-                data.as_ptr() as *mut u8,
-                n,
-                true,
-                scope.rank(),
-                scope.size(),
-            )
-        };
-        scope.sync();
+        // In a group of more than a warp, the leader writes the chunk's WQEs (ready, not yet
+        // rung) while the other warps copy the bytes into the staging ring, whose bytes there
+        // the peer's credit covers (the HCA has read what was there before); nothing reads them
+        // before the doorbell, which comes after the copy's barrier. Its warp stays out of the
+        // copy: a warp's lanes on two paths take turns. A thread or a warp copies first and
+        // writes the WQEs after: nothing to overlap there, and holding the WQEs' outcome across
+        // the copy spilled a thread's registers (the C API's linked build).
+        let skip = if scope.size() > WARP { WARP } else { 0 };
+        let staged = (skip != 0 && scope.is_leader()).then(|| self.stage(sent, n, early));
         steps.mark(3);
+        if scope.rank() >= skip {
+            // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
+            unsafe {
+                ring_copy(
+                    self.tx_ring,
+                    cap,
+                    sent,
+                    data.as_ptr() as *mut u8,
+                    n,
+                    true,
+                    scope.rank() - skip,
+                    scope.size() - skip,
+                )
+            };
+        }
+        scope.sync();
+        steps.mark(4);
         let sent = on_leader(scope, || {
-            if let Some((flags, reset)) = early {
-                self.sendable(flags, reset)?;
+            match staged {
+                Some(outcome) => outcome?,
+                None => self.stage(sent, n, early)?,
             }
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
             }
-            let at = sent & (cap - 1);
-            let first = n.min(cap - at);
-            let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
-            // The chunk's WRITEs (two where the ring wraps), then the stream's new length into
-            // the peer's `arrived`, under one doorbell: RC places them in posting order.
-            let q = self.qp.deferred();
-            q.put(dst(at), src(at), first)?;
-            if first < n {
-                q.put(dst(0), src(0), n - first)?;
-            }
-            q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?;
-            steps.mark(4);
-            q.commit()?;
+            self.qp.commit()?;
             steps.mark(5);
             self.set_sent(sent + n);
             Ok(n)
         });
         steps.mark(6);
         sent.map(|n| n as usize)
+    }
+
+    /// The leader's WQEs for `n` bytes of the stream from `sent` (already in the staging ring
+    /// once they are rung): the chunk's WRITEs (two where the ring wraps), then the stream's
+    /// new length into the peer's `arrived`, marked ready for one doorbell (RC places them in
+    /// posting order). A fast send's `early` look at `flags` and the peer's `reset` is checked
+    /// first, so a broken stream's bytes are never put.
+    #[inline(always)]
+    fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>) -> Result<(), SocketError> {
+        if let Some((flags, reset)) = early {
+            self.sendable(flags, reset)?;
+        }
+        let cap = 1u64 << self.log_tx;
+        let at = sent & (cap - 1);
+        let first = n.min(cap - at);
+        let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
+        let q = self.qp.deferred();
+        q.put(dst(at), src(at), first)?;
+        if first < n {
+            q.put(dst(0), src(0), n - first)?;
+        }
+        q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?;
+        Ok(())
     }
 
     /// A receive (`mode`: wait for bytes or not), its steps marked in `steps` (see [`Steps`]).
@@ -556,7 +583,7 @@ impl<M: Sharing> Socket<M> {
         let arrived = on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
-                let (.., flags) = self.state();
+                let flags = self.flags();
                 let seen = self.look(layout::ARRIVED);
                 self.usable(flags, seen.reset)?;
                 if seen.value != consumed {
@@ -691,11 +718,6 @@ impl<M: Sharing> Socket<M> {
         }
     }
 
-    /// `sent`, `consumed`, `credited`, `flags`.
-    fn state(&self) -> (u64, u64, u64, u64) {
-        (self.sent(), self.consumed(), self.credited(), self.flags())
-    }
-
     /// `flags`, a relaxed load: its bits only fail calls and no data is published through
     /// them, so nothing after the load needs ordering by it (a send's leader loads it beside
     /// the copy and looks at it after).
@@ -705,14 +727,14 @@ impl<M: Sharing> Socket<M> {
 
     /// Bytes of this stream put to the peer.
     fn sent(&self) -> u64 {
-        // SAFETY: the live handle; `sent` is written only by the sending side's one caller
-        // (the contract).
+        // SAFETY: the live handle; `sent` is the sending side's word, touched only by its one
+        // caller (the contract).
         unsafe { core::ptr::read_volatile(&raw const (*self.s).sent) }
     }
 
     /// Bytes of the peer's stream taken out of the receive ring.
     fn consumed(&self) -> u64 {
-        // SAFETY: the live handle; written only by the receiving side's one caller.
+        // SAFETY: the live handle; the receiving side's word, touched only by its one caller.
         unsafe { core::ptr::read_volatile(&raw const (*self.s).consumed) }
     }
 
@@ -724,7 +746,7 @@ impl<M: Sharing> Socket<M> {
 
     /// The peer's credit as this side last read it.
     fn credit_seen(&self) -> u64 {
-        // SAFETY: as in `sent`: written only by the sending side's one caller.
+        // SAFETY: as in `sent`: the sending side's word.
         unsafe { core::ptr::read_volatile(&raw const (*self.s).credit_seen) }
     }
 

@@ -338,20 +338,31 @@ fn a_socket_to_another_process_carries_a_stream_through_the_soft_transport() {
 /// echoes a stream that crosses its 4 KiB ring many times.
 #[test]
 fn a_block_of_threads_receives_and_sends_together() {
+    block_echoes(5);
+}
+
+/// The same with a block of more than a warp, where a send's leader writes the WQEs while the
+/// members past its warp copy (two of them here).
+#[test]
+fn a_block_of_more_than_a_warp_sends_while_it_copies() {
+    block_echoes(34);
+}
+
+/// A block of `threads` CPU threads echoes a 200 KB stream through its server socket.
+fn block_echoes(threads: u32) {
     use gdaki_device::scope::Group;
     use gdaki_device::socket::Socket as DevSocket;
     use std::sync::Mutex;
-    const THREADS: u32 = 5;
     let (s, c) = pair(small(4096));
     let data = pattern(5, 200_000);
     let echoed = std::thread::scope(|scope| {
         let reader = scope.spawn(|| read_to_end(&c, 3000));
-        let group = Group::new(THREADS).unwrap();
+        let group = Group::new(threads).unwrap();
         // One buffer for the block (as in shared memory), an odd size so the pieces vary.
         let buf = Mutex::new(vec![0u8; 1500]);
         let handle = s.device_handle() as usize;
         std::thread::scope(|block| {
-            for r in 0..THREADS {
+            for r in 0..threads {
                 let (group, buf) = (&group, &buf);
                 block.spawn(move || {
                     let me = group.block(r).unwrap();
@@ -369,7 +380,7 @@ fn a_block_of_threads_receives_and_sends_together() {
         });
         reader.join().unwrap()
     });
-    assert!(echoed == data, "the block's echo differs");
+    assert!(echoed == data, "the block of {threads}'s echo differs");
 }
 
 /// GPUnet's echo server on the GPU: every block of one kernel serves a socket of its own,
