@@ -912,6 +912,23 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         unsafe { M::store_release(self.sq_rung(), pi) };
     }
 
+    /// WQEs an RDMA WRITE or READ of `len` bytes takes ([`put`](Self::put) splits it by the
+    /// QP's largest message; 0 bytes is one NOP).
+    #[inline(always)]
+    pub fn wqes_for(&self, len: u64) -> u64 {
+        self.split(len).0
+    }
+
+    /// Whether `count` more WQEs can be reserved now without waiting for a completion (every
+    /// WQE their slots held before is consumed). A poster that marks WQEs ready before their
+    /// data is in place needs it, on a QP no one else posts to: a reservation that waits may
+    /// ring every ready WQE (see [`deferred`](Self::deferred)).
+    #[inline(always)]
+    pub fn reserves_without_waiting(&self, count: u64) -> bool {
+        let size = 1u64 << self.sq_log_size();
+        count <= size && self.consumed() + size >= self.reserved() + count
+    }
+
     /// WQEs reserved so far (the next WQE's index).
     #[inline(always)]
     pub fn reserved(&self) -> u64 {

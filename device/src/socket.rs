@@ -158,8 +158,8 @@ trait Steps {
 
 /// Steps a stream call has, as the socket perftests time them. A send: room found (the look at
 /// the peer's credit, and any wait for one), the group told how much, WQEs written (by the
-/// leader of a group of more than a warp, while the others copy; in a thread or a warp, after
-/// the copy, counted with the doorbell), bytes copied into the staging ring (what is left of
+/// leader of a group of more than a warp, while the others copy; in a thread or a warp, or on
+/// a shared queue pair, after the copy, counted with the doorbell), bytes copied into the staging ring (what is left of
 /// the group's copy, and its barrier), doorbell rung, the group told the result. A receive:
 /// bytes seen (the looks at the count), the group told, bytes copied out (with the barrier),
 /// consumed, credited (the inline WRITE once half a ring is read), the group told the result.
@@ -502,13 +502,16 @@ impl<M: Sharing> Socket<M> {
         }
         // In a group of more than a warp, the leader writes the chunk's WQEs (ready, not yet
         // rung) while the other warps copy the bytes into the staging ring, whose bytes there
-        // the peer's credit covers (the HCA has read what was there before); nothing reads them
-        // before the doorbell, which comes after the copy's barrier. Its warp stays out of the
-        // copy: a warp's lanes on two paths take turns. A thread or a warp copies first and
-        // writes the WQEs after: nothing to overlap there, and holding the WQEs' outcome across
-        // the copy spilled a thread's registers (the C API's linked build).
+        // the peer's credit covers (the HCA has read what was there before); its warp stays out
+        // of the copy (a warp's lanes on two paths take turns). Nothing may ring them before
+        // the copy's barrier, so the leader writes them first only where no one else posts to
+        // the queue pair (exclusive sharing) and its reservations cannot wait (a waiting
+        // reservation rings every ready WQE); else after the copy, as a thread or a warp
+        // always does (nothing to overlap there, and holding the WQEs' outcome across the copy
+        // spilled a thread's registers in the C API's linked build).
         let skip = if scope.size() > WARP { WARP } else { 0 };
-        let staged = (skip != 0 && scope.is_leader()).then(|| self.stage(sent, n, early));
+        let staged = (!M::SHARED && skip != 0 && scope.is_leader() && self.stage_now(sent, n))
+            .then(|| self.stage(sent, n, early));
         steps.mark(3);
         if scope.rank() >= skip {
             // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
@@ -542,6 +545,16 @@ impl<M: Sharing> Socket<M> {
         });
         steps.mark(6);
         sent.map(|n| n as usize)
+    }
+
+    /// Whether the WQEs for `n` bytes from `sent` ([`stage`](Self::stage)) can be reserved
+    /// without a wait.
+    #[inline(always)]
+    fn stage_now(&self, sent: u64, n: u64) -> bool {
+        let cap = 1u64 << self.log_tx;
+        let first = n.min(cap - (sent & (cap - 1)));
+        let rest = if first < n { self.qp.wqes_for(n - first) } else { 0 };
+        self.qp.reserves_without_waiting(self.qp.wqes_for(first) + rest + 1)
     }
 
     /// The leader's WQEs for `n` bytes of the stream from `sent` (already in the staging ring

@@ -126,8 +126,8 @@ pub struct SenderSteps {
     /// Telling the group how much (a block's broadcast; nothing in one thread).
     pub broadcast_us: f64,
     /// Writing the WQEs (the WRITEs and the count's inline WRITE), each slot reclaimed first:
-    /// the leader's, while the rest of a block copies (in a thread or a warp, 0: they are
-    /// written after the copy and counted with the doorbell).
+    /// the leader's, while the rest of a block copies (in a thread or a warp, or on a queue
+    /// pair others post to, 0: they are written after the copy and counted with the doorbell).
     pub wqes_us: f64,
     /// Copying the bytes into the staging ring: what is left of the group's copy once the
     /// WQEs are written, then its barrier.

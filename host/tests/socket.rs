@@ -338,18 +338,21 @@ fn a_socket_to_another_process_carries_a_stream_through_the_soft_transport() {
 /// echoes a stream that crosses its 4 KiB ring many times.
 #[test]
 fn a_block_of_threads_receives_and_sends_together() {
-    block_echoes(5);
+    block_echoes::<gdaki_device::Gpu>(5);
 }
 
-/// The same with a block of more than a warp, where a send's leader writes the WQEs while the
-/// members past its warp copy (two of them here).
+/// The same with a block of more than a warp on an exclusive queue pair, where a send's leader
+/// writes the WQEs while the members past its warp copy (two of them here), and, sharing the
+/// queue pair, where it writes them after the copy.
 #[test]
 fn a_block_of_more_than_a_warp_sends_while_it_copies() {
-    block_echoes(34);
+    block_echoes::<gdaki_device::Exclusive>(34);
+    block_echoes::<gdaki_device::Gpu>(34);
 }
 
-/// A block of `threads` CPU threads echoes a 200 KB stream through its server socket.
-fn block_echoes(threads: u32) {
+/// A block of `threads` CPU threads echoes a 200 KB stream through its server socket, its
+/// queue pair posted to in sharing mode `M`.
+fn block_echoes<M: gdaki_device::Sharing>(threads: u32) {
     use gdaki_device::scope::Group;
     use gdaki_device::socket::Socket as DevSocket;
     use std::sync::Mutex;
@@ -367,7 +370,7 @@ fn block_echoes(threads: u32) {
                 block.spawn(move || {
                     let me = group.block(r).unwrap();
                     // SAFETY: the server's handle, alive for the scope; the block is its only user.
-                    let dev = unsafe { DevSocket::<gdaki_device::Gpu>::from_raw(handle as *mut _) }.unwrap();
+                    let dev = unsafe { DevSocket::<M>::from_raw(handle as *mut _) }.unwrap();
                     let ptr = buf.lock().unwrap().as_mut_ptr() as usize;
                     // SAFETY: the block's buffer of 1500 bytes, alive for the scope; members
                     // write disjoint parts of it between barriers.
