@@ -102,8 +102,7 @@ impl SocketError {
 /// overlap.
 #[allow(clippy::too_many_arguments)] // a copy's two sides and the member's place
 unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_ring: bool, rank: u32, members: u32) {
-    let at = pos & (cap - 1);
-    let first = len.min(cap - at);
+    let (at, first) = ring_piece(cap, pos, len);
     for (ring_off, buf_off, n) in [(at, 0, first), (0, first, len - first)] {
         if n == 0 {
             continue;
@@ -119,6 +118,15 @@ unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_
             }
         }
     }
+}
+
+/// Where `len` bytes of a stream from position `pos` sit in a ring of `cap` bytes (a power of
+/// two): the offset of the first byte and how many fit before the ring wraps (the rest start
+/// at offset 0).
+#[inline(always)]
+fn ring_piece(cap: u64, pos: u64, len: u64) -> (u64, u64) {
+    let at = pos & (cap - 1);
+    (at, len.min(cap - at))
 }
 
 /// Lanes in a warp: a group larger than this keeps its leader's warp out of a send's copy.
@@ -159,8 +167,9 @@ trait Steps {
 /// Steps a stream call has, as the socket perftests time them. A send: room found (the look at
 /// the peer's credit, and any wait for one), the group told how much, WQEs written (by the
 /// leader of a group of more than a warp, while the others copy; in a thread or a warp, or on
-/// a shared queue pair, after the copy, counted with the doorbell), bytes copied into the staging ring (what is left of
-/// the group's copy, and its barrier), doorbell rung, the group told the result. A receive:
+/// a shared queue pair, after the copy, counted with the doorbell), bytes copied into the
+/// staging ring (what is left of the group's copy, and its barrier), doorbell rung, the group
+/// told the result. A receive:
 /// bytes seen (the looks at the count), the group told, bytes copied out (with the barrier),
 /// consumed, credited (the inline WRITE once half a ring is read), the group told the result.
 /// The leader's marks; in one thread the telling costs nothing.
@@ -551,10 +560,15 @@ impl<M: Sharing> Socket<M> {
     /// without a wait.
     #[inline(always)]
     fn stage_now(&self, sent: u64, n: u64) -> bool {
-        let cap = 1u64 << self.log_tx;
-        let first = n.min(cap - (sent & (cap - 1)));
+        let (_, first) = self.chunk(sent, n);
         let rest = if first < n { self.qp.wqes_for(n - first) } else { 0 };
         self.qp.reserves_without_waiting(self.qp.wqes_for(first) + rest + 1)
+    }
+
+    /// [`ring_piece`] of `n` bytes from `sent` in the staging ring.
+    #[inline(always)]
+    fn chunk(&self, sent: u64, n: u64) -> (u64, u64) {
+        ring_piece(1u64 << self.log_tx, sent, n)
     }
 
     /// The leader's WQEs for `n` bytes of the stream from `sent` (already in the staging ring
@@ -567,9 +581,7 @@ impl<M: Sharing> Socket<M> {
         if let Some((flags, reset)) = early {
             self.sendable(flags, reset)?;
         }
-        let cap = 1u64 << self.log_tx;
-        let at = sent & (cap - 1);
-        let first = n.min(cap - at);
+        let (at, first) = self.chunk(sent, n);
         let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
         let q = self.qp.deferred();
         q.put(dst(at), src(at), first)?;
