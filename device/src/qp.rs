@@ -912,23 +912,6 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         unsafe { M::store_release(self.sq_rung(), pi) };
     }
 
-    /// WQEs an RDMA WRITE or READ of `len` bytes takes ([`put`](Self::put) splits it by the
-    /// QP's largest message; 0 bytes is one NOP).
-    #[inline(always)]
-    pub fn wqes_for(&self, len: u64) -> u64 {
-        self.split(len).0
-    }
-
-    /// Whether `count` more WQEs can be reserved now without waiting for a completion (every
-    /// WQE their slots held before is consumed). A poster that marks WQEs ready before their
-    /// data is in place needs it, on a QP no one else posts to: a reservation that waits may
-    /// ring every ready WQE (see [`deferred`](Self::deferred)).
-    #[inline(always)]
-    pub fn reserves_without_waiting(&self, count: u64) -> bool {
-        let size = 1u64 << self.sq_log_size();
-        count <= size && self.consumed() + size >= self.reserved() + count
-    }
-
     /// WQEs reserved so far (the next WQE's index).
     #[inline(always)]
     pub fn reserved(&self) -> u64 {
@@ -1225,7 +1208,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// no doorbell kind, which every member sees in its own copy of the constants.
     #[inline(always)]
     fn leader_step_cannot_fail(&self) -> bool {
-        !M::SHARED && (self.defer || DoorbellKind::from_raw(self.k.doorbell_kind).is_some())
+        (!M::SHARED && self.defer) || self.submit_cannot_fail()
+    }
+
+    /// Whether [`submit`](Self::submit) cannot fail: in exclusive mode on a handle that names
+    /// a doorbell kind (every member sees it in its own copy of the constants).
+    #[inline(always)]
+    pub fn submit_cannot_fail(&self) -> bool {
+        !M::SHARED && DoorbellKind::from_raw(self.k.doorbell_kind).is_some()
     }
 
     /// WQEs a message of `len` bytes takes (one NOP for 0 bytes), and the bytes per WQE.

@@ -6,6 +6,9 @@
 //! `try_recv`) at a time; the two sides, `reset` and `flush` may run concurrently where the
 //! queue pair's sharing mode takes concurrent posters ([`Cta`](crate::Cta),
 //! [`Gpu`](crate::Gpu)); with [`Exclusive`](crate::Exclusive), one caller at a time in all.
+//! A group's call is over once every member has returned from it: in a block, one member may
+//! still ring a send's doorbell after the others return, so a next caller other than the same
+//! group (a thread of it calling alone, another block) first synchronises with the whole group.
 use core::sync::atomic::{AtomicU64, Ordering};
 use gdaki_layout::socket::{self as layout, DevSocket, DEV_SOCKET_VERSION, SOCKET_RESET, SOCKET_SHUT_WR};
 use gdaki_layout::DevQp;
@@ -16,8 +19,8 @@ use crate::qp::{Local, Qp, Remote};
 use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
 use crate::status::{
-    PostError, WaitError, CODE_BAD_ARGUMENT, CODE_BAD_HANDLE, CODE_CLOSED, CODE_REFUSED, CODE_RESET, CODE_TIMEOUT,
-    CODE_WOULD_BLOCK,
+    PostError, Ticket, WaitError, CODE_BAD_ARGUMENT, CODE_BAD_HANDLE, CODE_CLOSED, CODE_REFUSED, CODE_RESET,
+    CODE_TIMEOUT, CODE_WOULD_BLOCK,
 };
 
 mod service;
@@ -129,8 +132,13 @@ fn ring_piece(cap: u64, pos: u64, len: u64) -> (u64, u64) {
     (at, len.min(cap - at))
 }
 
-/// Lanes in a warp: a group larger than this keeps its leader's warp out of a send's copy.
+/// Lanes in a warp: in a group larger than this, a member outside the leader's warp rings a
+/// send's doorbell.
 const WARP: u32 = 32;
+
+/// The member that rings a block's send (see `send_in`): the first lane outside the leader's
+/// warp.
+const RINGER: u32 = WARP;
 
 /// Runs `step` on the leader of `scope` and hands its outcome to every member (the others get
 /// the leader's error as its code: [`SocketError::from_code`]).
@@ -244,7 +252,8 @@ impl<M: Sharing> Socket<M> {
     /// `ptr` points to a `DevSocket` written by the host for this device (its queue pair's
     /// handle, windows and rings valid for this device or thread and registered as it says),
     /// alive for as long as this value is used, and used by one caller at a time on each side
-    /// (a sender and a receiver may be two: each side's words are its own).
+    /// (a sender and a receiver may be two: each side's words are its own), a group's call
+    /// lasting until its last member returns (see the module's documentation).
     pub unsafe fn from_raw(ptr: *mut DevSocket) -> Result<Self, SocketError> {
         // SAFETY: `ptr` is a live handle (the caller's contract); its constant fields are
         // read once.
@@ -338,6 +347,8 @@ impl<M: Sharing> Socket<M> {
 
     /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        // A member may still be ringing for the group's last send (see `send_in`).
+        scope.sync();
         on_leader(scope, || {
             let (sent, flags) = (self.sent(), self.flags());
             self.usable(flags, self.look(layout::ARRIVED).reset)?;
@@ -353,6 +364,8 @@ impl<M: Sharing> Socket<M> {
 
     /// [`reset`](Self::reset) by the group `scope` (its leader posts).
     pub fn reset_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        // A member may still be ringing for the group's last send (see `send_in`).
+        scope.sync();
         on_leader(scope, || {
             let flags = self.flags();
             if flags & SOCKET_RESET == 0 {
@@ -370,6 +383,8 @@ impl<M: Sharing> Socket<M> {
 
     /// [`flush`](Self::flush) by the group `scope` (its leader waits).
     pub fn flush_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
+        // A member may still be ringing for the group's last send (see `send_in`).
+        scope.sync();
         on_leader(scope, || self.qp.quiet().map(|()| 0).map_err(SocketError::Lost)).map(|_| ())
     }
 
@@ -509,60 +524,51 @@ impl<M: Sharing> Socket<M> {
         if n == 0 {
             return Ok(0);
         }
-        // In a group of more than a warp, the leader writes the chunk's WQEs (ready, not yet
-        // rung) while the other warps copy the bytes into the staging ring, whose bytes there
-        // the peer's credit covers (the HCA has read what was there before); its warp stays out
-        // of the copy (a warp's lanes on two paths take turns). Nothing may ring them before
-        // the copy's barrier, so the leader writes them first only where no one else posts to
-        // the queue pair (exclusive sharing) and its reservations cannot wait (a waiting
-        // reservation rings every ready WQE); else after the copy, as a thread or a warp
-        // always does (nothing to overlap there, and holding the WQEs' outcome across the copy
-        // spilled a thread's registers in the C API's linked build).
-        let skip = if scope.size() > WARP { WARP } else { 0 };
-        let staged = (!M::SHARED && skip != 0 && scope.is_leader() && self.stage_now(sent, n))
-            .then(|| self.stage(sent, n, early));
-        steps.mark(3);
-        if scope.rank() >= skip {
-            // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
-            unsafe {
-                ring_copy(
-                    self.tx_ring,
-                    cap,
-                    sent,
-                    data.as_ptr() as *mut u8,
-                    n,
-                    true,
-                    scope.rank() - skip,
-                    scope.size() - skip,
-                )
-            };
-        }
+        // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
+        unsafe {
+            ring_copy(
+                self.tx_ring,
+                cap,
+                sent,
+                data.as_ptr() as *mut u8,
+                n,
+                true,
+                scope.rank(),
+                scope.size(),
+            )
+        };
         scope.sync();
-        steps.mark(4);
-        let sent = on_leader(scope, || {
-            match staged {
-                Some(outcome) => outcome?,
-                None => self.stage(sent, n, early)?,
-            }
+        steps.mark(3);
+        // In a group of more than a warp on an exclusive queue pair, the WQEs are rung after
+        // the result's broadcast by another member (`RINGER`), so the doorbell's fences overlap
+        // the leader's next call and the others' next copy, where they held the whole group (a
+        // 64 KiB send's 3.1 of 7.8 us on 2 x H200, docs/figures.md). Nothing can be rung out of
+        // order beside it: the leader's next WQEs are written after that call's copy barrier,
+        // which the ringer reaches only once it has rung, and the calls whose leader posts
+        // before their first barrier start with one (`shutdown_with`, `reset_with`,
+        // `flush_with`). There `submit` cannot fail, so the result the group hears is the
+        // send's. A thread, a warp (whose lanes would only take turns) or a shared queue pair
+        // ring on the leader, before the broadcast.
+        let late = scope.size() > WARP && self.qp.submit_cannot_fail();
+        let ring = on_leader(scope, || {
+            let last = self.stage(sent, n, early)?;
+            steps.mark(4);
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
             }
-            self.qp.commit()?;
-            steps.mark(5);
             self.set_sent(sent + n);
-            Ok(n)
+            if !late {
+                self.qp.commit()?;
+            }
+            steps.mark(5);
+            Ok(if late { last + 1 } else { 0 })
         });
         steps.mark(6);
-        sent.map(|n| n as usize)
-    }
-
-    /// Whether the WQEs for `n` bytes from `sent` ([`stage`](Self::stage)) can be reserved
-    /// without a wait.
-    #[inline(always)]
-    fn stage_now(&self, sent: u64, n: u64) -> bool {
-        let (_, first) = self.chunk(sent, n);
-        let rest = if first < n { self.qp.wqes_for(n - first) } else { 0 };
-        self.qp.reserves_without_waiting(self.qp.wqes_for(first) + rest + 1)
+        let ring = ring?;
+        if ring != 0 && scope.rank() == RINGER {
+            self.qp.submit(ring)?;
+        }
+        Ok(n as usize)
     }
 
     /// [`ring_piece`] of `n` bytes from `sent` in the staging ring.
@@ -577,7 +583,7 @@ impl<M: Sharing> Socket<M> {
     /// posting order). A fast send's `early` look at `flags` and the peer's `reset` is checked
     /// first, so a broken stream's bytes are never put.
     #[inline(always)]
-    fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>) -> Result<(), SocketError> {
+    fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>) -> Result<Ticket, SocketError> {
         if let Some((flags, reset)) = early {
             self.sendable(flags, reset)?;
         }
@@ -588,8 +594,7 @@ impl<M: Sharing> Socket<M> {
         if first < n {
             q.put(dst(0), src(0), n - first)?;
         }
-        q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?;
-        Ok(())
+        Ok(q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?)
     }
 
     /// A receive (`mode`: wait for bytes or not), its steps marked in `steps` (see [`Steps`]).

@@ -125,14 +125,12 @@ pub struct SenderSteps {
     pub room_us: f64,
     /// Telling the group how much (a block's broadcast; nothing in one thread).
     pub broadcast_us: f64,
-    /// Writing the WQEs (the WRITEs and the count's inline WRITE), each slot reclaimed first:
-    /// the leader's, while the rest of a block copies (in a thread or a warp, or on a queue
-    /// pair others post to, 0: they are written after the copy and counted with the doorbell).
-    pub wqes_us: f64,
-    /// Copying the bytes into the staging ring: what is left of the group's copy once the
-    /// WQEs are written, then its barrier.
+    /// Copying the bytes into the staging ring (the group together, then its barrier).
     pub copy_us: f64,
-    /// Ringing their doorbell.
+    /// Writing the WQEs (the WRITEs and the count's inline WRITE), each slot reclaimed first.
+    pub wqes_us: f64,
+    /// Ringing their doorbell (0 in a block of more than a warp on an exclusive queue pair:
+    /// another member rings, after the result, beside the leader's next call).
     pub doorbell_us: f64,
     /// Telling the group the result.
     pub result_us: f64,
@@ -190,12 +188,12 @@ impl SideRun {
 
     fn sender(&self) -> Option<SenderSteps> {
         self.steps().map(
-            |(calls, [room_us, broadcast_us, wqes_us, copy_us, doorbell_us, result_us])| SenderSteps {
+            |(calls, [room_us, broadcast_us, copy_us, wqes_us, doorbell_us, result_us])| SenderSteps {
                 calls,
                 room_us,
                 broadcast_us,
-                wqes_us,
                 copy_us,
+                wqes_us,
                 doorbell_us,
                 result_us,
             },
@@ -221,9 +219,9 @@ impl std::fmt::Display for SenderSteps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "send: room {:.2} + broadcast {:.2} + WQEs {:.2} + copy {:.2} + doorbell {:.2} + result {:.2} \
+            "send: room {:.2} + broadcast {:.2} + copy {:.2} + WQEs {:.2} + doorbell {:.2} + result {:.2} \
              usec a call ({} calls)",
-            self.room_us, self.broadcast_us, self.wqes_us, self.copy_us, self.doorbell_us, self.result_us, self.calls
+            self.room_us, self.broadcast_us, self.copy_us, self.wqes_us, self.doorbell_us, self.result_us, self.calls
         )
     }
 }

@@ -341,11 +341,12 @@ fn a_block_of_threads_receives_and_sends_together() {
     block_echoes::<gdaki_device::Gpu>(5);
 }
 
-/// The same with a block of more than a warp on an exclusive queue pair, where a send's leader
-/// writes the WQEs while the members past its warp copy (two of them here), and, sharing the
-/// queue pair, where it writes them after the copy.
+/// The same with a block of more than a warp on an exclusive queue pair, where a member other
+/// than the leader (the first past its warp) rings each send's doorbell after the block has
+/// its result, beside the leader's next call and the echo's closing shutdown; and, sharing the
+/// queue pair, where the leader rings.
 #[test]
-fn a_block_of_more_than_a_warp_sends_while_it_copies() {
+fn a_block_of_more_than_a_warp_rings_on_another_member() {
     block_echoes::<gdaki_device::Exclusive>(34);
     block_echoes::<gdaki_device::Gpu>(34);
 }

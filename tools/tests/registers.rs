@@ -40,7 +40,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_accept", 68),
     ("gdaki_socket_close", 254),
     ("gdaki_socket_connect", 70),
-    ("gdaki_socket_flush", 166),
+    ("gdaki_socket_flush", 163),
     ("gdaki_socket_listen", 68),
     ("gdaki_socket_recv", 254),
     ("gdaki_socket_recv_exact", 254),
