@@ -245,6 +245,34 @@ enum Mode {
     Try,
 }
 
+/// Where a send's bytes come from: the caller's buffer, copied into the staging ring by the
+/// group, or registered memory the HCA reads itself (`send_from`).
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Copy(&'a [u8]),
+    Region(Local, u64),
+}
+
+impl Source<'_> {
+    /// Bytes left to send.
+    #[inline(always)]
+    fn len(&self) -> u64 {
+        match self {
+            Source::Copy(data) => data.len() as u64,
+            Source::Region(_, len) => *len,
+        }
+    }
+
+    /// The same source without its first `n` bytes (`n` at most `len`).
+    #[inline(always)]
+    fn after(self, n: u64) -> Self {
+        match self {
+            Source::Copy(data) => Source::Copy(data.get(n as usize..).unwrap_or(&[])),
+            Source::Region(src, len) => Source::Region(src.offset(n), len - n.min(len)),
+        }
+    }
+}
+
 impl<M: Sharing> Socket<M> {
     /// Wraps a socket handle the host wrote.
     ///
@@ -326,12 +354,45 @@ impl<M: Sharing> Socket<M> {
     /// waits; every member gets the same count (a member other than the leader gets
     /// [`SocketError::Failed`] where the leader got a post or completion error).
     pub fn send_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<usize, SocketError> {
-        self.send_in(scope, data, Mode::Wait, &mut NoSteps)
+        self.send_in(scope, Source::Copy(data), Mode::Wait, &mut NoSteps)
     }
 
     /// [`try_send`](Self::try_send) by the group `scope`.
     pub fn try_send_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<usize, SocketError> {
-        self.send_in(scope, data, Mode::Try, &mut NoSteps)
+        self.send_in(scope, Source::Copy(data), Mode::Try, &mut NoSteps)
+    }
+
+    /// [`send`](Self::send) of `len` bytes of registered memory at `src` (its key names the
+    /// region) without the copy into the staging ring: the HCA reads them from `src` after the
+    /// call returns, so they must stay unchanged until a [`flush`](Self::flush) has returned
+    /// (or the peer has answered what they carry). The bytes land in the stream as `send`'s
+    /// would, so the two mix freely; a key the HCA refuses fails the queue pair, and the
+    /// socket's calls then fail with [`SocketError::Lost`].
+    pub fn send_from(&self, src: Local, len: u64) -> Result<usize, SocketError> {
+        self.send_from_with(Thread, src, len)
+    }
+
+    /// [`send_from`](Self::send_from) that never waits: [`SocketError::WouldBlock`] when the
+    /// peer's ring is full.
+    pub fn try_send_from(&self, src: Local, len: u64) -> Result<usize, SocketError> {
+        self.try_send_from_with(Thread, src, len)
+    }
+
+    /// [`send_from`](Self::send_from) by the group `scope`: every member calls with the same
+    /// arguments, the leader posts (after a barrier, so what the members wrote to `src` before
+    /// the call is what the HCA reads); every member gets the same count.
+    pub fn send_from_with<S: Scope>(&self, scope: S, src: Local, len: u64) -> Result<usize, SocketError> {
+        self.send_in(scope, Source::Region(src, len), Mode::Wait, &mut NoSteps)
+    }
+
+    /// [`try_send_from`](Self::try_send_from) by the group `scope`.
+    pub fn try_send_from_with<S: Scope>(&self, scope: S, src: Local, len: u64) -> Result<usize, SocketError> {
+        self.send_in(scope, Source::Region(src, len), Mode::Try, &mut NoSteps)
+    }
+
+    /// [`send_from_with`](Self::send_from_with) until all `len` bytes are sent.
+    pub fn send_all_from_with<S: Scope>(&self, scope: S, src: Local, len: u64) -> Result<(), SocketError> {
+        self.send_all_in(scope, Source::Region(src, len), &mut NoSteps)
     }
 
     /// [`recv`](Self::recv) by the group `scope` (`grecv`): every member calls with the same
@@ -390,14 +451,14 @@ impl<M: Sharing> Socket<M> {
 
     /// [`send_with`](Self::send_with) until all of `data` is sent.
     pub fn send_all_with<S: Scope>(&self, scope: S, data: &[u8]) -> Result<(), SocketError> {
-        self.send_all_in(scope, data, &mut NoSteps)
+        self.send_all_in(scope, Source::Copy(data), &mut NoSteps)
     }
 
-    /// [`send_all_with`](Self::send_all_with), its calls' steps marked in `steps`.
-    fn send_all_in<S: Scope>(&self, scope: S, data: &[u8], steps: &mut impl Steps) -> Result<(), SocketError> {
-        let mut at = 0;
-        while at < data.len() {
-            at += self.send_in(scope, &data[at..], Mode::Wait, steps)?;
+    /// Sends all of `src`, its calls' steps marked in `steps`.
+    fn send_all_in<S: Scope>(&self, scope: S, mut src: Source, steps: &mut impl Steps) -> Result<(), SocketError> {
+        while src.len() > 0 {
+            let n = self.send_in(scope, src, Mode::Wait, steps)?;
+            src = src.after(n as u64);
         }
         Ok(())
     }
@@ -476,13 +537,13 @@ impl<M: Sharing> Socket<M> {
     fn send_in<S: Scope>(
         &self,
         scope: S,
-        data: &[u8],
+        src: Source,
         mode: Mode,
         steps: &mut impl Steps,
     ) -> Result<usize, SocketError> {
         steps.mark(0);
         let cap = 1u64 << self.log_tx;
-        let want = data.len() as u64;
+        let want = src.len();
         // `sent` and the credit last seen are written by the leader alone, before the last
         // call's closing barrier, so every member reads the same values: where that credit
         // already leaves room for all of `data` (a credit only grows), every member knows `n`
@@ -507,7 +568,7 @@ impl<M: Sharing> Socket<M> {
                     let seen = self.look(layout::CREDIT);
                     fresh = Some(seen.value);
                     self.sendable(flags, seen.reset)?;
-                    if data.is_empty() {
+                    if want == 0 {
                         steps.mark(1);
                         return Ok(0);
                     }
@@ -524,19 +585,23 @@ impl<M: Sharing> Socket<M> {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds `n`.
-        unsafe {
-            ring_copy(
-                self.tx_ring,
-                cap,
-                sent,
-                data.as_ptr() as *mut u8,
-                n,
-                true,
-                scope.rank(),
-                scope.size(),
-            )
-        };
+        if let Source::Copy(data) = src {
+            // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds
+            // at least `n`.
+            unsafe {
+                ring_copy(
+                    self.tx_ring,
+                    cap,
+                    sent,
+                    data.as_ptr() as *mut u8,
+                    n,
+                    true,
+                    scope.rank(),
+                    scope.size(),
+                )
+            };
+        }
+        // After the copy, or (from registered memory) after what the members wrote there.
         scope.sync();
         steps.mark(3);
         // In a group of more than a warp on an exclusive queue pair, the WQEs are rung after
@@ -547,11 +612,16 @@ impl<M: Sharing> Socket<M> {
         // which the ringer reaches only once it has rung, and the calls whose leader posts
         // before their first barrier start with one (`shutdown_with`, `reset_with`,
         // `flush_with`). There `submit` cannot fail, so the result the group hears is the
-        // send's. A thread, a warp (whose lanes would only take turns) or a shared queue pair
-        // ring on the leader, before the broadcast.
-        let late = scope.size() > WARP && self.qp.submit_cannot_fail();
+        // send's. A thread, a warp (whose lanes would only take turns), a shared queue pair or
+        // a send from registered memory (whose next call has no copy barrier before the
+        // leader posts) ring on the leader, before the broadcast.
+        let late = matches!(src, Source::Copy(_)) && scope.size() > WARP && self.qp.submit_cannot_fail();
         let ring = on_leader(scope, || {
-            let last = self.stage(sent, n, early)?;
+            let from = match src {
+                Source::Copy(_) => None,
+                Source::Region(local, _) => Some(local),
+            };
+            let last = self.stage(sent, n, early, from)?;
             steps.mark(4);
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
@@ -577,22 +647,28 @@ impl<M: Sharing> Socket<M> {
         ring_piece(1u64 << self.log_tx, sent, n)
     }
 
-    /// The leader's WQEs for `n` bytes of the stream from `sent` (already in the staging ring
-    /// once they are rung): the chunk's WRITEs (two where the ring wraps), then the stream's
-    /// new length into the peer's `arrived`, marked ready for one doorbell (RC places them in
-    /// posting order). A fast send's `early` look at `flags` and the peer's `reset` is checked
-    /// first, so a broken stream's bytes are never put.
+    /// The leader's WQEs for `n` bytes of the stream from `sent`: the chunk's WRITEs (two
+    /// where the ring wraps), then the stream's new length into the peer's `arrived`, marked
+    /// ready for one doorbell (RC places them in posting order); the last one's index is
+    /// returned. The bytes are read from the staging ring (where they are once the WQEs are
+    /// rung), or from `from` (registered memory holding all `n`). A fast send's `early` look at
+    /// `flags` and the peer's `reset` is checked first, so a broken stream's bytes are never
+    /// put.
     #[inline(always)]
-    fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>) -> Result<Ticket, SocketError> {
+    fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>, from: Option<Local>) -> Result<Ticket, SocketError> {
         if let Some((flags, reset)) = early {
             self.sendable(flags, reset)?;
         }
         let (at, first) = self.chunk(sent, n);
-        let (src, dst) = (|off| self.tx_local(off), |off| self.peer_ring(off));
+        let (head, tail) = match from {
+            Some(local) => (local, local.offset(first)),
+            None => (self.tx_local(at), self.tx_local(0)),
+        };
+        let dst = |off| self.peer_ring(off);
         let q = self.qp.deferred();
-        q.put(dst(at), src(at), first)?;
+        q.put(dst(at), head, first)?;
         if first < n {
-            q.put(dst(0), src(0), n - first)?;
+            q.put(dst(0), tail, n - first)?;
         }
         Ok(q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?)
     }
@@ -867,6 +943,11 @@ pub enum BenchRole {
     /// (byte `i` of the stream is `pattern_byte(i)`), reads each back and compares, then closes.
     /// A byte that differs is [`SocketError::Failed`] with [`CODE_WRONG_DATA`].
     Check = 9,
+    /// [`Send`](Self::Send) from registered memory ([`Socket::send_from`]): each message is
+    /// the first `size` bytes of the staging ring's memory (registered; the bytes the
+    /// bandwidth reference puts), sent without a copy. [`SocketError::BadArgument`] where
+    /// `size` is more than the ring.
+    SendFrom = 10,
 }
 
 /// [`BenchRole::Check`]'s failure code: the echo differed from what was sent.
@@ -891,6 +972,7 @@ impl BenchRole {
             7 => BenchRole::Idle,
             8 => BenchRole::Echo,
             9 => BenchRole::Check,
+            10 => BenchRole::SendFrom,
             _ => return None,
         })
     }
@@ -901,7 +983,7 @@ impl BenchRole {
     /// the stream's time goes.
     pub const fn timestamps(self, iters: u32) -> usize {
         match self {
-            BenchRole::Send | BenchRole::Recv => 2 + STEPS + 1,
+            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv => 2 + STEPS + 1,
             BenchRole::RawSend => 2,
             BenchRole::Ping | BenchRole::RawPing => iters as usize + 1,
             _ => 0,
@@ -942,18 +1024,26 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
     };
     let msg = size.min(buf.len() as u64) as usize;
     match role {
-        BenchRole::Send => {
+        BenchRole::Send | BenchRole::SendFrom => {
+            let src = if role == BenchRole::SendFrom {
+                if size > 1u64 << sock.log_tx {
+                    return Err(SocketError::BadArgument);
+                }
+                Source::Region(sock.tx_local(0), size)
+            } else {
+                Source::Copy(&buf[..msg])
+            };
             let mut steps = StepSums::default();
             stamp(0);
             for _ in 0..iters {
-                sock.send_all_in(scope, &buf[..msg], &mut steps)?;
+                sock.send_all_in(scope, src, &mut steps)?;
             }
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
             stamp(1);
             record_steps(&steps);
             sock.wait_end_with(scope)?;
-            Ok(msg as u64 * iters as u64)
+            Ok(src.len() * iters as u64)
         }
         BenchRole::Recv => {
             let mut steps = StepSums::default();

@@ -52,6 +52,10 @@ pub struct SockArgs {
     /// The GPU, in GPU mode.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// sock_bw: send from registered memory without copying (`send_from`): each message is
+    /// the bytes the reference puts, from the staging ring's memory (at most the ring).
+    #[arg(long = "zero-copy")]
+    pub zero_copy: bool,
     /// How long a socket's wait (and the server's wait for its next client) may take, seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -549,6 +553,9 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
     if args.server && args.server_address.is_some() {
         bail!("--server and a server address together: choose one");
     }
+    if args.zero_copy && test == Test::Lat {
+        bail!("--zero-copy is sock_bw's (a ping-pong echoes what it received, which is not registered memory)");
+    }
     if args.server {
         return serve(test, &args, &runner, cfg);
     }
@@ -590,6 +597,14 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     "Rings",
                     format!("{mem_name}, {} KiB receive ring per side", args.rx_bytes >> 10),
                 ),
+                (
+                    "Sends",
+                    if args.zero_copy {
+                        "from registered memory, no copy (--zero-copy)".into()
+                    } else {
+                        "copied into the staging ring".into()
+                    },
+                ),
                 ("Iterations", format!("{iters} per size")),
                 (
                     "Reference",
@@ -611,7 +626,12 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
         crate::report::progress(test.name(), i, sizes.len(), size);
         match test {
             Test::Bw => {
-                let (send, recv) = peer.run(&runner, BenchRole::Send, BenchRole::Recv, size, iters, args.threads)?;
+                let sender = if args.zero_copy {
+                    BenchRole::SendFrom
+                } else {
+                    BenchRole::Send
+                };
+                let (send, recv) = peer.run(&runner, sender, BenchRole::Recv, size, iters, args.threads)?;
                 if let Some(recv) = recv.as_ref().filter(|r| r.moved != size * iters as u64) {
                     bail!(
                         "{size} B: the receiver got {} bytes of {}",

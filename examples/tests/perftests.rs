@@ -1450,6 +1450,13 @@ fn socket_perftests_run_beside_their_references() {
     // A sweep stops at the ring.
     let out = ok("sock_bw", &["--mode", "cpu", "-a", "-n", "20", "--rx-bytes", "16384"]);
     assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB: {out}");
+    // The same from registered memory, no copy (every byte received, or the run fails).
+    let out = ok(
+        "sock_bw",
+        &["--mode", "cpu", "-a", "-n", "20", "--rx-bytes", "16384", "--zero-copy"],
+    );
+    assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB: {out}");
+    assert!(out.contains("from registered memory, no copy"), "{out}");
     let out = ok("sock_bw", &["--mode", "cpu", "-s", "100", "-n", "50", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["test"].as_str(), Some("sock_bw"));
@@ -1519,6 +1526,14 @@ fn socket_perftests_run_beside_their_references() {
             "{args:?}"
         );
     }
+    // --zero-copy is sock_bw's.
+    let out = run("sock_lat", &["--mode", "cpu", "-s", "8", "--zero-copy"]);
+    assert!(!out.status.success(), "sock_lat --zero-copy was accepted");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--zero-copy is sock_bw's"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The socket perftests on the GPU: a block per side, rings in pinned and in GPU memory.
@@ -1530,6 +1545,9 @@ fn socket_perftests_on_the_gpu() {
     for mem in ["pinned", "device"] {
         let out = ok("sock_bw", &["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "2000"]);
         assert_eq!(rows(&out).len(), 1, "{mem}: {out}");
+        let flags = ["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "2000"];
+        let out = ok("sock_bw", &[&flags[..], &["--zero-copy"]].concat());
+        assert_eq!(rows(&out).len(), 1, "{mem}, --zero-copy: {out}");
         let out = ok("sock_lat", &["--mode", "gpu", "--mem", mem, "-s", "64", "-n", "500"]);
         assert_eq!(rows(&out).len(), 2, "{mem}: {out}");
     }

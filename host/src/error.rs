@@ -198,6 +198,10 @@ pub enum SocketFailure {
     /// The socket's rings are in GPU memory (or it was exported): only kernels use it.
     #[error("this socket's rings are in GPU memory: export it (Socket::into_gpu) and use it from kernels")]
     OnGpu,
+    /// A send from registered memory named bytes its region does not hold, or a region of
+    /// another context (nothing was sent).
+    #[error("bad source region: {0}")]
+    BadSource(String),
 }
 
 /// The library's result type.

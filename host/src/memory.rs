@@ -192,6 +192,12 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Whether `other` belongs to the same context (its keys mean something to this one's
+    /// queue pairs).
+    pub(crate) fn same_context(&self, other: &MemoryRegion) -> bool {
+        Arc::ptr_eq(&self.ctx, &other.ctx)
+    }
+
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.mr.lkey

@@ -440,6 +440,30 @@ impl Socket {
         self.dev.try_send(data).map_err(|e| SocketFailure::of(e, self.timeout))
     }
 
+    /// Sends up to `len` bytes of `region` from `offset` without copying them into the
+    /// staging ring: the HCA reads them from the region after the call returns, so they must
+    /// stay unchanged until [`flush`](Self::flush) returns. Otherwise as [`send`](Self::send).
+    /// [`SocketFailure::BadSource`] (nothing sent) where the region does not hold those bytes
+    /// or belongs to another context.
+    pub fn send_from(&self, region: &MemoryRegion, offset: u64, len: u64) -> Result<usize, SocketFailure> {
+        self.on_cpu()?;
+        if offset.checked_add(len).is_none_or(|end| end > region.len()) {
+            return Err(SocketFailure::BadSource(format!(
+                "{len} bytes from offset {offset} of a region of {} bytes",
+                region.len()
+            )));
+        }
+        if !region.same_context(&self._tx) {
+            return Err(SocketFailure::BadSource(
+                "the region belongs to another context than the socket's".into(),
+            ));
+        }
+        let _turn = hold(&self.send_lock);
+        self.dev
+            .send_from(region.local(offset), len)
+            .map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
     /// Sends all of `data`, as many sends as it takes.
     pub fn send_all(&self, mut data: &[u8]) -> Result<(), SocketFailure> {
         while !data.is_empty() {

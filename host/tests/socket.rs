@@ -912,3 +912,124 @@ fn a_call_its_caller_gave_up_on_is_undone() {
     }
     assert_eq!(server.held(), (0, 1));
 }
+
+/// A connected pair, and the client's context (for regions its socket may send from).
+fn pair_with_client_context(cfg: SocketConfig) -> (Socket, Socket, Context) {
+    let (l, addr, _sctx) = listener(&cfg);
+    let accepted = std::thread::spawn(move || l.accept().unwrap());
+    let cctx = Context::open(Provider::Soft).unwrap();
+    let c = Socket::connect(&cctx, addr, cfg).unwrap();
+    (accepted.join().unwrap(), c, cctx)
+}
+
+/// Sends from registered memory (no copy into the staging ring) land in the stream in order,
+/// between copied sends, cut where the 4 KiB ring has less room, across its wrap.
+#[test]
+fn sends_from_registered_memory_mix_with_copied_sends_in_one_stream() {
+    let (s, c, cctx) = pair_with_client_context(small(4096));
+    let data = pattern(77, 300_000);
+    let region = cctx.alloc_region(data.len(), gdaki::Access::ALL).unwrap();
+    region.write(0, &data).unwrap();
+    let reader = std::thread::spawn(move || read_to_end(&s, 1700));
+    let (mut at, mut partial, mut turn) = (0usize, 0, 0);
+    while at < data.len() {
+        let want = (2500 + turn * 611 % 3000).min(data.len() - at);
+        let n = if turn % 2 == 0 {
+            c.send_from(&region, at as u64, want as u64).unwrap()
+        } else {
+            c.send(&data[at..at + want]).unwrap()
+        };
+        assert!(n > 0 && n <= want, "a send moved {n} of {want} bytes");
+        partial += (n < want) as u32;
+        at += n;
+        turn += 1;
+    }
+    c.flush().unwrap();
+    c.shutdown().unwrap();
+    let got = reader.join().unwrap();
+    assert!(
+        got == data,
+        "the stream differs ({} bytes of {})",
+        got.len(),
+        data.len()
+    );
+    assert!(partial > 0, "no send was cut by the ring");
+}
+
+/// A send from bytes its region does not hold, or from another context's region, is refused
+/// before anything is posted, and the stream goes on.
+#[test]
+fn a_send_from_outside_its_region_or_context_is_refused_and_loses_nothing() {
+    let (s, c, cctx) = pair_with_client_context(small(4096));
+    let region = cctx.alloc_region(1000, gdaki::Access::ALL).unwrap();
+    let other = Context::open(Provider::Soft).unwrap();
+    let foreign = other.alloc_region(1000, gdaki::Access::ALL).unwrap();
+    for (r, off, len) in [
+        (&region, 900, 101),
+        (&region, 1001, 0),
+        (&region, u64::MAX, 2),
+        (&foreign, 0, 10),
+    ] {
+        match c.send_from(r, off, len) {
+            Err(SocketFailure::BadSource(why)) => assert!(!why.is_empty()),
+            other => panic!("send_from({off}, {len}) gave {other:?}"),
+        }
+    }
+    let msg = pattern(78, 5000);
+    region.write(0, &msg[..1000]).unwrap();
+    let reader = std::thread::spawn(move || read_to_end(&s, 999));
+    assert_eq!(c.send_from(&region, 0, 1000).unwrap(), 1000);
+    c.send_all(&msg[1000..]).unwrap();
+    c.shutdown().unwrap();
+    assert!(reader.join().unwrap() == msg, "the stream after the refusals differs");
+}
+
+/// A key the HCA refuses (here one no region has) fails the queue pair: the socket's next
+/// wait says the connection is lost; nothing panics.
+#[test]
+fn a_send_from_an_unknown_key_loses_the_connection_with_an_error() {
+    let (_s, c) = pair(small(4096));
+    // SAFETY: the client's handle, alive for the test; this thread is its only user.
+    let dev = unsafe { gdaki_device::socket::Socket::<gdaki_device::Exclusive>::from_raw(c.device_handle()) }.unwrap();
+    let bogus = gdaki_device::Local {
+        addr: 0x1000,
+        lkey: 0xdead_beef,
+    };
+    assert_eq!(dev.send_from(bogus, 64).unwrap(), 64, "the send is posted");
+    match dev.flush() {
+        Err(gdaki_device::socket::SocketError::Lost(_)) => {}
+        other => panic!("flush after a refused key gave {other:?}"),
+    }
+}
+
+/// A block of 34 CPU threads sends a stream from registered memory (its leader posts after
+/// the block's barrier; no member copies).
+#[test]
+fn a_block_sends_from_registered_memory() {
+    use gdaki_device::scope::Group;
+    let (s, c, cctx) = pair_with_client_context(small(4096));
+    let data = pattern(79, 100_000);
+    let region = cctx.alloc_region(data.len(), gdaki::Access::ALL).unwrap();
+    region.write(0, &data).unwrap();
+    let reader = std::thread::spawn(move || read_to_end(&s, 3000));
+    let group = Group::new(34).unwrap();
+    let (handle, src) = (c.device_handle() as usize, region.local(0));
+    std::thread::scope(|block| {
+        for r in 0..34 {
+            let group = &group;
+            block.spawn(move || {
+                let me = group.block(r).unwrap();
+                // SAFETY: the client's handle, alive for the scope; the block is its only user.
+                let dev =
+                    unsafe { gdaki_device::socket::Socket::<gdaki_device::Exclusive>::from_raw(handle as *mut _) }
+                        .unwrap();
+                for piece in 0..10u64 {
+                    dev.send_all_from_with(me, src.offset(piece * 10_000), 10_000).unwrap();
+                }
+                dev.shutdown_with(me).unwrap();
+                dev.flush_with(me).unwrap();
+            });
+        }
+    });
+    assert!(reader.join().unwrap() == data, "the block's stream differs");
+}

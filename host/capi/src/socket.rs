@@ -114,6 +114,7 @@ impl From<SocketFailure> for Failure {
             SocketFailure::Closed => gdaki_status::InvalidState,
             SocketFailure::TimedOut(_) => gdaki_status::Timeout,
             SocketFailure::OnGpu => gdaki_status::Unsupported,
+            SocketFailure::BadSource(_) => gdaki_status::InvalidArgument,
             _ => gdaki_status::QueueError,
         };
         Failure::new(status, e.to_string())
