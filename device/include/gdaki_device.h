@@ -767,6 +767,56 @@ GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_block_cta(gdaki_dev_socket *socke
 GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, const void *data, uint64_t len);
 #endif
 
+/** socket_send_from: Sends up to `len` bytes of registered memory at `addr` (local key `lkey`) without
+ * copying them into the staging ring, waiting (bounded) for room: `*sent` (unless null)
+ * gets how many. The HCA reads them after the call returns, so they must stay unchanged
+ * until `socket_flush` returns; a key the HCA refuses fails the queue pair (later calls
+ * return its code). In a block the leader posts after a barrier. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_thread_exclusive(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_thread_cta(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_thread_gpu(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_warp_exclusive(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_warp_cta(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_warp_gpu(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_from_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+#endif
+
+/** socket_try_send_from: `socket_send_from` that never waits: `GDAKI_CODE_WOULD_BLOCK` when the peer's ring is
+ * full. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_thread_exclusive(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_thread_cta(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_thread_gpu(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_warp_exclusive(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_warp_cta(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_warp_gpu(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_send_from_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len, uint64_t *sent);
+#endif
+
+/** socket_send_all_from: Sends all `len` bytes at `addr` as `socket_send_from` does, as many sends as it takes. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_thread_exclusive(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_thread_cta(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_thread_gpu(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_warp_exclusive(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_warp_cta(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_warp_gpu(gdaki_dev_socket *socket, uint64_t addr, uint32_t lkey, uint64_t len);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_send_all_from_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t addr, uint32_t lkey, uint64_t len);
+#endif
+
 /** socket_recv: Receives up to `len` bytes into `buf` (POSIX `recv`), waiting (bounded) for some:
  * `*received` (unless null) gets how many, 0 once the peer shut down and every byte it
  * sent has been read. */

@@ -446,6 +446,26 @@ impl Socket {
     /// [`SocketFailure::BadSource`] (nothing sent) where the region does not hold those bytes
     /// or belongs to another context.
     pub fn send_from(&self, region: &MemoryRegion, offset: u64, len: u64) -> Result<usize, SocketFailure> {
+        let src = self.source(region, offset, len)?;
+        let _turn = hold(&self.send_lock);
+        self.dev
+            .send_from(src, len)
+            .map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// [`send_from`](Self::send_from) without waiting: [`SocketFailure::WouldBlock`] when the
+    /// ring is full.
+    pub fn try_send_from(&self, region: &MemoryRegion, offset: u64, len: u64) -> Result<usize, SocketFailure> {
+        let src = self.source(region, offset, len)?;
+        let _turn = hold(&self.send_lock);
+        self.dev
+            .try_send_from(src, len)
+            .map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// `len` bytes of `region` from `offset` as a send's source, if the region holds them and
+    /// belongs to this socket's context.
+    fn source(&self, region: &MemoryRegion, offset: u64, len: u64) -> Result<gdaki_device::Local, SocketFailure> {
         self.on_cpu()?;
         if offset.checked_add(len).is_none_or(|end| end > region.len()) {
             return Err(SocketFailure::BadSource(format!(
@@ -458,10 +478,7 @@ impl Socket {
                 "the region belongs to another context than the socket's".into(),
             ));
         }
-        let _turn = hold(&self.send_lock);
-        self.dev
-            .send_from(region.local(offset), len)
-            .map_err(|e| SocketFailure::of(e, self.timeout))
+        Ok(region.local(offset))
     }
 
     /// Sends all of `data`, as many sends as it takes.

@@ -970,15 +970,17 @@ fn a_send_from_outside_its_region_or_context_is_refused_and_loses_nothing() {
         (&region, u64::MAX, 2),
         (&foreign, 0, 10),
     ] {
-        match c.send_from(r, off, len) {
-            Err(SocketFailure::BadSource(why)) => assert!(!why.is_empty()),
-            other => panic!("send_from({off}, {len}) gave {other:?}"),
+        for outcome in [c.send_from(r, off, len), c.try_send_from(r, off, len)] {
+            match outcome {
+                Err(SocketFailure::BadSource(why)) => assert!(!why.is_empty()),
+                other => panic!("send_from({off}, {len}) gave {other:?}"),
+            }
         }
     }
     let msg = pattern(78, 5000);
     region.write(0, &msg[..1000]).unwrap();
     let reader = std::thread::spawn(move || read_to_end(&s, 999));
-    assert_eq!(c.send_from(&region, 0, 1000).unwrap(), 1000);
+    assert_eq!(c.try_send_from(&region, 0, 1000).unwrap(), 1000);
     c.send_all(&msg[1000..]).unwrap();
     c.shutdown().unwrap();
     assert!(reader.join().unwrap() == msg, "the stream after the refusals differs");

@@ -48,9 +48,12 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_reset", 254),
     ("gdaki_socket_send", 254),
     ("gdaki_socket_send_all", 254),
+    ("gdaki_socket_send_all_from", 254),
+    ("gdaki_socket_send_from", 254),
     ("gdaki_socket_shutdown", 254),
     ("gdaki_socket_try_recv", 254),
     ("gdaki_socket_try_send", 254),
+    ("gdaki_socket_try_send_from", 254),
     ("gdaki_socket_unlisten", 62),
     ("gdaki_wait", 124),
     ("gdaki_wait_signal", 36),
@@ -68,9 +71,12 @@ const LINKED_SPILL_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_reset", 0),
     ("gdaki_socket_send", 36),
     ("gdaki_socket_send_all", 164),
+    ("gdaki_socket_send_all_from", 164),
+    ("gdaki_socket_send_from", 36),
     ("gdaki_socket_shutdown", 12),
     ("gdaki_socket_try_recv", 20),
     ("gdaki_socket_try_send", 36),
+    ("gdaki_socket_try_send_from", 36),
 ];
 
 /// In one module with the kernel every queue-pair function fits 512-thread blocks today.

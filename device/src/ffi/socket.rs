@@ -122,6 +122,26 @@ c_abi! {
         done(s.sock.send_all_with(s.scope, data))
     }
 
+    /// Sends up to `len` bytes of registered memory at `addr` (local key `lkey`) without
+    /// copying them into the staging ring, waiting (bounded) for room: `*sent` (unless null)
+    /// gets how many. The HCA reads them after the call returns, so they must stay unchanged
+    /// until `socket_flush` returns; a key the HCA refuses fails the queue pair (later calls
+    /// return its code). In a block the leader posts after a barrier.
+    fn socket_send_from(s, addr: u64, lkey: u32, len: u64, sent: *mut u64) {
+        unsafe { moved(s.sock.send_from_with(s.scope, Local { addr, lkey }, len), sent) }
+    }
+
+    /// `socket_send_from` that never waits: `GDAKI_CODE_WOULD_BLOCK` when the peer's ring is
+    /// full.
+    fn socket_try_send_from(s, addr: u64, lkey: u32, len: u64, sent: *mut u64) {
+        unsafe { moved(s.sock.try_send_from_with(s.scope, Local { addr, lkey }, len), sent) }
+    }
+
+    /// Sends all `len` bytes at `addr` as `socket_send_from` does, as many sends as it takes.
+    fn socket_send_all_from(s, addr: u64, lkey: u32, len: u64) {
+        done(s.sock.send_all_from_with(s.scope, Local { addr, lkey }, len))
+    }
+
     /// Receives up to `len` bytes into `buf` (POSIX `recv`), waiting (bounded) for some:
     /// `*received` (unless null) gets how many, 0 once the peer shut down and every byte it
     /// sent has been read.

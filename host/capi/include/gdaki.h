@@ -1315,6 +1315,25 @@ enum gdaki_status gdaki_socket_send(const struct gdaki_socket *socket,
                                     size_t *sent);
 
 /**
+ * Sends up to `len` bytes of `region` from `offset` without copying them into the socket's
+ * staging ring: `*sent` says how many (fewer when the peer's ring had less room). The HCA
+ * reads them after the call returns, so they must stay unchanged until `gdaki_socket_flush`
+ * returns. Waits (bounded) for room, or with `GDAKI_SOCKET_NONBLOCK` returns
+ * `GDAKI_STATUS_AGAIN`. Errors as `gdaki_socket_send`'s, and `GDAKI_STATUS_INVALID_ARGUMENT`
+ * (nothing sent) for bytes the region does not hold or a region of another context.
+ *
+ * # Safety
+ * `socket` is NULL or a socket handle; `region` NULL or a region handle; `sent` NULL or
+ * writable.
+ */
+enum gdaki_status gdaki_socket_send_from(const struct gdaki_socket *socket,
+                                         const struct gdaki_region *region,
+                                         uint64_t offset,
+                                         size_t len,
+                                         uint32_t flags,
+                                         size_t *sent);
+
+/**
  * Receives up to `len` bytes into `buf` (POSIX `recv`): `*received` says how many, 0 once the
  * peer shut down and everything it sent was read. Waits (bounded) for bytes, or with
  * `GDAKI_SOCKET_NONBLOCK` returns `GDAKI_STATUS_AGAIN`.

@@ -9,6 +9,7 @@ use gdaki_layout::socket::{DevSocket, DevSocketService};
 
 use crate::context::{gdaki_context, gdaki_gpu, parse_addr};
 use crate::guard::{self, call, gdaki_status, handle, Failure};
+use crate::region::gdaki_region;
 
 /// `gdaki_socket_config.memory`: the rings in host memory (CPU use).
 pub const GDAKI_SOCKET_MEMORY_HOST: u32 = 0;
@@ -277,6 +278,44 @@ pub unsafe extern "C" fn gdaki_socket_send(
             s.try_send(bytes)?
         } else {
             s.send(bytes)?
+        };
+        out.write(n);
+        Ok(())
+    })
+}
+
+/// Sends up to `len` bytes of `region` from `offset` without copying them into the socket's
+/// staging ring: `*sent` says how many (fewer when the peer's ring had less room). The HCA
+/// reads them after the call returns, so they must stay unchanged until `gdaki_socket_flush`
+/// returns. Waits (bounded) for room, or with `GDAKI_SOCKET_NONBLOCK` returns
+/// `GDAKI_STATUS_AGAIN`. Errors as `gdaki_socket_send`'s, and `GDAKI_STATUS_INVALID_ARGUMENT`
+/// (nothing sent) for bytes the region does not hold or a region of another context.
+///
+/// # Safety
+/// `socket` is NULL or a socket handle; `region` NULL or a region handle; `sent` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn gdaki_socket_send_from(
+    socket: *const gdaki_socket,
+    region: *const gdaki_region,
+    offset: u64,
+    len: usize,
+    flags: u32,
+    sent: *mut usize,
+) -> gdaki_status {
+    call("gdaki_socket_send_from", || {
+        // SAFETY: the caller's contract.
+        let (s, r, out) = unsafe {
+            (
+                guard::borrow(socket, "socket")?,
+                guard::borrow(region, "region")?,
+                guard::out(sent, "sent")?,
+            )
+        };
+        let n = if nonblocking(flags)? {
+            s.try_send_from(r, offset, len as u64)?
+        } else {
+            s.send_from(r, offset, len as u64)?
         };
         out.write(n);
         Ok(())
