@@ -173,14 +173,13 @@ trait Steps {
 }
 
 /// Steps a stream call has, as the socket perftests time them. A send: room found (the look at
-/// the peer's credit, and any wait for one), the group told how much, WQEs written (by the
-/// leader of a group of more than a warp, while the others copy; in a thread or a warp, or on
-/// a shared queue pair, after the copy, counted with the doorbell), bytes copied into the
-/// staging ring (what is left of the group's copy, and its barrier), doorbell rung, the group
-/// told the result. A receive:
-/// bytes seen (the looks at the count), the group told, bytes copied out (with the barrier),
-/// consumed, credited (the inline WRITE once half a ring is read), the group told the result.
-/// The leader's marks; in one thread the telling costs nothing.
+/// the peer's credit, and any wait for one), the group told how much, bytes copied into the
+/// staging ring (with the barrier; none from registered memory), WQEs written, doorbell rung
+/// (0 in a block of more than a warp on an exclusive queue pair: another member rings after
+/// the result), the group told the result. A receive: bytes seen (the looks at the count), the
+/// group told, bytes copied out (with the barrier), consumed, credited (the inline WRITE once
+/// half a ring is read), the group told the result. The leader's marks; in one thread the
+/// telling costs nothing.
 pub const STEPS: usize = 6;
 
 /// Marks nothing: every call but the perftests'.
@@ -268,7 +267,16 @@ impl Source<'_> {
     fn after(self, n: u64) -> Self {
         match self {
             Source::Copy(data) => Source::Copy(data.get(n as usize..).unwrap_or(&[])),
-            Source::Region(src, len) => Source::Region(src.offset(n), len - n.min(len)),
+            Source::Region(src, len) => Source::Region(src.offset(n), len.saturating_sub(n)),
+        }
+    }
+
+    /// The registered memory the WQEs read, where nothing is copied.
+    #[inline(always)]
+    fn region(&self) -> Option<Local> {
+        match self {
+            Source::Copy(_) => None,
+            Source::Region(src, _) => Some(*src),
         }
     }
 }
@@ -615,12 +623,9 @@ impl<M: Sharing> Socket<M> {
         // send's. A thread, a warp (whose lanes would only take turns), a shared queue pair or
         // a send from registered memory (whose next call has no copy barrier before the
         // leader posts) ring on the leader, before the broadcast.
-        let late = matches!(src, Source::Copy(_)) && scope.size() > WARP && self.qp.submit_cannot_fail();
+        let from = src.region();
+        let late = from.is_none() && scope.size() > WARP && self.qp.submit_cannot_fail();
         let ring = on_leader(scope, || {
-            let from = match src {
-                Source::Copy(_) => None,
-                Source::Region(local, _) => Some(local),
-            };
             let last = self.stage(sent, n, early, from)?;
             steps.mark(4);
             if let Some(credit) = fresh {
@@ -641,12 +646,6 @@ impl<M: Sharing> Socket<M> {
         Ok(n as usize)
     }
 
-    /// [`ring_piece`] of `n` bytes from `sent` in the staging ring.
-    #[inline(always)]
-    fn chunk(&self, sent: u64, n: u64) -> (u64, u64) {
-        ring_piece(1u64 << self.log_tx, sent, n)
-    }
-
     /// The leader's WQEs for `n` bytes of the stream from `sent`: the chunk's WRITEs (two
     /// where the ring wraps), then the stream's new length into the peer's `arrived`, marked
     /// ready for one doorbell (RC places them in posting order); the last one's index is
@@ -659,7 +658,7 @@ impl<M: Sharing> Socket<M> {
         if let Some((flags, reset)) = early {
             self.sendable(flags, reset)?;
         }
-        let (at, first) = self.chunk(sent, n);
+        let (at, first) = ring_piece(1u64 << self.log_tx, sent, n);
         let (head, tail) = match from {
             Some(local) => (local, local.offset(first)),
             None => (self.tx_local(at), self.tx_local(0)),

@@ -257,7 +257,7 @@ impl Half {
             handle,
             qp: self.qp,
             _rx: self.rx,
-            _tx: tx,
+            tx,
             peer,
             timeout,
             memory: self.memory,
@@ -353,7 +353,8 @@ pub struct Socket {
     handle: HostBuffer,
     qp: QueuePair,
     _rx: MemoryRegion,
-    _tx: MemoryRegion,
+    /// The staging ring (its context is the one a send's source region must share).
+    tx: MemoryRegion,
     peer: SocketAddr,
     timeout: Duration,
     memory: SocketMemory,
@@ -473,7 +474,7 @@ impl Socket {
                 region.len()
             )));
         }
-        if !region.same_context(&self._tx) {
+        if !region.same_context(&self.tx) {
             return Err(SocketFailure::BadSource(
                 "the region belongs to another context than the socket's".into(),
             ));
