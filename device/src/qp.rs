@@ -828,7 +828,11 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// 8.0 to 5.5 us on an H100 (docs/figures.md).
     ///
     /// A QP with a reliable doorbell ([`DevQp::no_doorbell_record`]) has no recovery to cover:
-    /// fence, doorbell, fence.
+    /// fence, doorbell. No fence after it: that one waited for the doorbell's store to reach
+    /// host memory (a PCIe round trip) before the poster went on, so a thread posting 64 KiB
+    /// WRITEs one after another moved 15.7 GB/s with it and 25.0 without (2 x H200, the
+    /// socket perftest's reference; docs/figures.md, "Credits and the doorbell's last fence");
+    /// 64 B latency did not move there. The next doorbell's first fence orders it.
     #[inline(always)]
     pub fn ring(&self, pi: u64) {
         // SAFETY: the record and doorbell addresses come from the live handle.
@@ -843,10 +847,6 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             // cost the shared paths up to 7 registers.
             let record = self.k.sq_dbrec as *mut u32;
             if record.is_null() {
-                // The fence after it sends the doorbell on at once: without it write_lat 8 B
-                // measured 4.5-4.8 us (t_typical, soft HCA, H100), with it 4.2-4.3, in one run
-                // (docs/figures.md, with a later run where both modes were within noise).
-                fence();
                 return;
             }
             arch::store_dbrec(record, dbrec::wq_counter(pi).to_be(), gpu);

@@ -42,8 +42,11 @@ pub struct SockArgs {
     /// device (GPU memory); auto: pinned in GPU mode, host in CPU mode.
     #[arg(long, default_value = "auto")]
     pub mem: Mem,
-    /// Bytes of each side's receive ring (a power of two, 4 KiB to 1 GiB).
-    #[arg(long = "rx-bytes", default_value_t = 1 << 20)]
+    /// Bytes of each side's receive ring (a power of two, 4 KiB to 1 GiB). The default holds
+    /// what a stream of 64 KiB messages sends during a credit's round trip between two
+    /// processes (a ring of 1 MiB made the sender wait for credits: docs/sockets.md), as
+    /// ib_write_bw keeps 128 such WRITEs outstanding.
+    #[arg(long = "rx-bytes", default_value_t = 8 << 20)]
     pub rx_bytes: u64,
     /// Threads of each side's block in GPU mode (they copy together, GPUnet's
     /// threadblock-cooperative calls).

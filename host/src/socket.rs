@@ -183,6 +183,10 @@ impl Half {
                 sq_size: cfg.sq_size,
                 timeout: cfg.timeout,
                 retry_timeout: cfg.timeout.mul_f64(0.8),
+                // Where the device has it (a ConnectX-8, the soft HCA): one doorbell store a
+                // send and no fence after it (`Qp::ring`), 64 KiB sends across two GPUs 9.7 ->
+                // 12.5 GB/s (docs/figures.md, "Credits and the doorbell's last fence").
+                reliable_doorbell: ctx.supports_reliable_doorbell(),
                 ..QpConfig::default()
             },
         )?;

@@ -60,6 +60,28 @@ fn bytes_go_both_ways() {
     assert_eq!(s.recv(&mut []).unwrap(), 0);
 }
 
+/// A socket's queue pair rings with the reliable doorbell where the device has one (the soft
+/// HCA does): no record, one doorbell store a send (docs/connectx-conformance.md).
+#[test]
+fn socket_queue_pairs_ring_without_a_doorbell_record_where_the_device_has_one() {
+    let (s, c) = pair(SocketConfig::default());
+    for (side, sock) in [("server", &s), ("client", &c)] {
+        // SAFETY: the live queue pair's handle, read as plain data.
+        let handle = unsafe { sock.queue_pair().device_handle().read_volatile() };
+        assert!(
+            handle.no_doorbell_record(),
+            "{side}: the socket's queue pair has a doorbell record"
+        );
+    }
+    c.send_all(b"rung once").unwrap();
+    let mut got = [0u8; 9];
+    let mut at = 0;
+    while at < got.len() {
+        at += s.recv(&mut got[at..]).unwrap();
+    }
+    assert_eq!(&got, b"rung once");
+}
+
 #[test]
 fn a_stream_many_rings_long_arrives_whole_and_in_order_through_partial_sends() {
     // A 4 KiB ring and 1 MiB of data in sends of 3000 bytes: sends are cut where the ring has
