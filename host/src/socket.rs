@@ -64,7 +64,10 @@ pub enum SocketMemory {
 #[derive(Debug, Clone)]
 pub struct SocketConfig {
     /// Bytes of this side's receive ring: a power of two, 4 KiB to 1 GiB (default 64 KiB).
-    /// The peer's staging ring for this direction is as large.
+    /// The peer's staging ring for this direction is as large. A sender waits for credit once
+    /// a ring is unread, so a bulk stream wants a ring that holds what it sends during a
+    /// credit's round trip: megabytes between two processes' GPUs (docs/sockets.md, "Ring
+    /// size"; `sock_bw` takes 8 MiB).
     pub rx_bytes: u64,
     /// How long a wait (for room, for bytes, for the peer in the handshake) may take.
     pub timeout: Duration,
