@@ -100,8 +100,9 @@ pub struct QpConfig {
     /// `NCCL_GDAKI_USE_RELIABLE_DB`): the QP is created with `qpc.send_dbr_mode` `NO_DBR_EXT`,
     /// so the HCA takes each doorbell as it comes and never reads the send doorbell record.
     /// Posters (and a proxy) then ring once, at the register for such QPs, and never write the
-    /// record: one store to PCIe per post instead of three, and one fence. Refused on a device without the
-    /// capability (`cmd_hca_cap_2.send_dbr_mode_no_dbr_ext`: ConnectX-8; the soft HCA has it);
+    /// record: one store to PCIe and one fence per post instead of three stores and two fences
+    /// ([`gdaki_device::Qp::ring`]). Refused on a device without the capability
+    /// (`cmd_hca_cap_2.send_dbr_mode_no_dbr_ext`: ConnectX-8; the soft HCA has it);
     /// [`Context::supports_reliable_doorbell`](crate::Context::supports_reliable_doorbell)
     /// says beforehand. Default off.
     pub reliable_doorbell: bool,
