@@ -4,8 +4,9 @@
 //! memory, up to 32 per PCIe round trip, running ahead of the others (so one warp polls across
 //! PCIe, and descriptors are fetched while earlier ones are copied). A small descriptor that
 //! arrives alone it serves itself (see
-//! [`MIRROR_SERVES_MAX`](gdaki_layout::copy::MIRROR_SERVES_MAX)): a lone small write is a
-//! latency case, and the hand-off to a worker warp costs more than the copy. Every other warp
+//! [`MIRROR_SERVES_MAX`](gdaki_layout::copy::MIRROR_SERVES_MAX)), and so a small message and
+//! the flag stored after it (see [`MIRROR_RUN_MAX`](gdaki_layout::copy::MIRROR_RUN_MAX)): those
+//! are latency cases, and the hand-off to a worker warp costs more than the copy. Every other warp
 //! walks the mirrored descriptors 32 at a time and serves its own: a small copy, a copy list (up to 32
 //! small copies, a lane each) or an atomic belongs to one warp (descriptor `n` to worker warp
 //! `n mod warps`), so many are served at once; a large copy is shared by the warps of enough
@@ -295,8 +296,8 @@ mod gpu {
     use core::ptr::{addr_of, addr_of_mut};
 
     use gdaki_layout::copy::{
-        CopyDesc, CopyDone, CopyItem, LIST_MAX, MIRROR_SERVES_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST,
-        OP_FETCH_ADD, OP_SERVED, OP_STORE, RING_SLOTS, SERVER_MIRROR,
+        CopyDesc, CopyDone, CopyItem, LIST_MAX, MIRROR_RUN_MAX, MIRROR_SERVES_MAX, OP_COMPARE_SWAP, OP_COPY,
+        OP_COPY_LIST, OP_FETCH_ADD, OP_SERVED, OP_STORE, RING_SLOTS, SERVER_MIRROR,
     };
 
     use super::{
@@ -754,12 +755,14 @@ mod gpu {
         arch::warp_sync(FULL_WARP);
     }
 
-    /// The mirror warp serves descriptor `n`, the only one ready (lane 0 holds it), itself when
-    /// it is an atomic or a copy of at most [`MIRROR_SERVES_MAX`] bytes not waiting for an
-    /// unfinished earlier copy; returns whether it did. Uniform across the warp.
+    /// The mirror warp serves descriptor `n` (lane `from` holds it: the only one ready, or one
+    /// of a message and its flag, see [`MIRROR_RUN_MAX`]) itself when it is an atomic, a store
+    /// whose earlier descriptors are done, or a copy of at most [`MIRROR_SERVES_MAX`] bytes not
+    /// waiting for an unfinished earlier copy; returns whether it did. Uniform across the warp.
     ///
     /// # Safety
-    /// As for [`serve`]; every lane of the warp calls this together.
+    /// As for [`serve`]; every lane of the warp calls this together, with the same `from`.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn serve_lone(
         dones: *mut CopyDone,
@@ -767,12 +770,13 @@ mod gpu {
         first: u64,
         n: u64,
         d: CopyDesc,
+        from: u32,
         seen: u64,
         lane: u64,
     ) -> bool {
-        let op = arch::shfl_idx(FULL_WARP, d.op, 0);
-        let len = shfl_u64(FULL_WARP, d.len, 0);
-        let arg1 = shfl_u64(FULL_WARP, d.arg1, 0);
+        let op = arch::shfl_idx(FULL_WARP, d.op, from);
+        let len = shfl_u64(FULL_WARP, d.len, from);
+        let arg1 = shfl_u64(FULL_WARP, d.arg1, from);
         let small = match op {
             OP_FETCH_ADD | OP_COMPARE_SWAP | OP_STORE => true,
             OP_COPY => len <= MIRROR_SERVES_MAX,
@@ -784,16 +788,16 @@ mod gpu {
         // A copy ordered after an earlier one goes to the workers unless that one is done
         // (acquired: its bytes land before this copy's).
         let mut free = true;
-        if op == OP_COPY && arg1 >= first && lane == 0 {
+        if op == OP_COPY && arg1 >= first && lane == from as u64 {
             // SAFETY: the work area's slot of `arg1` (contract).
             free = unsafe { ld_acquire_gpu(work.completed.add((arg1 & MASK) as usize)) } >= arg1;
         }
-        if arch::ballot(FULL_WARP, free) & 1 == 0 {
+        if arch::ballot(FULL_WARP, free) & (1 << from) == 0 {
             return false;
         }
         // Likewise a store ordered after every descriptor up to `arg1`.
         if op == OP_STORE && arg1 >= first {
-            let span = arch::shfl_idx(FULL_WARP, d.span, 0);
+            let span = arch::shfl_idx(FULL_WARP, d.span, from);
             // SAFETY: the work area (contract).
             if !unsafe { done_through(work, first, n, arg1, span, lane) } {
                 return false;
@@ -801,9 +805,9 @@ mod gpu {
             after_acquired(lane);
         }
         let (dst, src, arg0) = (
-            shfl_u64(FULL_WARP, d.dst, 0),
-            shfl_u64(FULL_WARP, d.src, 0),
-            shfl_u64(FULL_WARP, d.arg0, 0),
+            shfl_u64(FULL_WARP, d.dst, from),
+            shfl_u64(FULL_WARP, d.src, from),
+            shfl_u64(FULL_WARP, d.arg0, from),
         );
         let t = Times {
             seen,
@@ -867,10 +871,20 @@ mod gpu {
                 // its loads cross PCIe together (volatile ones would go one round trip at a time).
                 desc = unsafe { d.read() };
             }
-            if run == 1 {
-                // SAFETY: the rings and the work area are valid per the contract.
-                if unsafe { serve_lone(dones, work, first, n, desc, seen, lane) } {
-                    desc.op = OP_SERVED;
+            // A lone descriptor, or a message and its flag: served here in order, as far as
+            // each may be (the rest go to the workers, whose rules order them after these).
+            let last = (run - 1) as u32;
+            let flag =
+                arch::shfl_idx(FULL_WARP, desc.op, last) == OP_STORE && shfl_u64(FULL_WARP, desc.arg1, last) >= n;
+            if run == 1 || (run <= MIRROR_RUN_MAX && flag) {
+                for i in 0..run as u32 {
+                    // SAFETY: the rings and the work area are valid per the contract.
+                    if !unsafe { serve_lone(dones, work, first, n + i as u64, desc, i, seen, lane) } {
+                        break;
+                    }
+                    if lane == i as u64 {
+                        desc.op = OP_SERVED;
+                    }
                 }
             }
             if lane < run {

@@ -1,7 +1,8 @@
 //! The soft HCA's GPU copier alone, without the engine in front of it: one CPU thread submits
 //! device-to-device copies as fast as the copier takes them (each to its own destination, so
 //! none waits for an earlier one), then waits for the last; and, for the latency, one copy at a
-//! time. Copies cycle through the slots of two buffers. Each size is printed next to a plain
+//! time, and one copy with an 8-byte flag stored after it (a message and its flag, as a
+//! socket's chunk and its count). Copies cycle through the slots of two buffers. Each size is printed next to a plain
 //! device-to-device copy (`cuMemcpyDtoDAsync`, the same size and slots, back to back) measured
 //! in the same run.
 //!
@@ -34,6 +35,12 @@ struct Row {
     serial_handoff_us: f64,
     /// Of that, in the kernel: started to its bytes visible, median.
     serial_serve_us: f64,
+    /// One copy and an 8-byte store ordered after it, posted together: submit to the store
+    /// done, median.
+    flagged_us: f64,
+    /// Share of those pairs whose copy and store were both served by the warp that fetched
+    /// them from the ring (not handed to worker warps).
+    flagged_by_fetcher: f64,
     /// The same two for the stream's last copies (under load).
     stream_handoff_us: f64,
     /// See `stream_handoff_us`.
@@ -101,9 +108,13 @@ fn main() -> anyhow::Result<()> {
         let slots = (DST_BYTES / stride).clamp(1, SLOTS);
         eprintln!("gpu_copier: {len} B x {copies} ...");
         // Allocations and their frees wait for every kernel: with the copier stopped.
-        let (src, dst) = quiesced(|| -> anyhow::Result<_> {
+        let (src, dst, flag) = quiesced(|| -> anyhow::Result<_> {
             let bytes = (stride * slots) as usize;
-            Ok((DeviceBuffer::zeroed(&gpu, bytes)?, DeviceBuffer::zeroed(&gpu, bytes)?))
+            Ok((
+                DeviceBuffer::zeroed(&gpu, bytes)?,
+                DeviceBuffer::zeroed(&gpu, bytes)?,
+                DeviceBuffer::zeroed(&gpu, 8)?,
+            ))
         })?;
         let reference = quiesced(|| gpu.device_copy(len as usize, slots as usize, copies.min(20_000) as u32))?;
         let reference_mib_s = copies.min(20_000) as f64 * len as f64 / reference.as_secs_f64() / (1 << 20) as f64;
@@ -142,7 +153,25 @@ fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?;
         // Only the last RING_SLOTS answers are still in their slots.
         let (serial_handoff_us, serial_serve_us) = stages(&copier, serial_seqs.into_iter());
-        quiesced(|| drop((src, dst)));
+        // A copy and its flag, one pair at a time.
+        let mut by_fetcher = 0u32;
+        let mut flagged: Vec<f64> = (0..200u64)
+            .map(|i| {
+                let t = Instant::now();
+                let copy = submit(i)?;
+                // SAFETY: `flag` is a live 8-byte device allocation of this GPU that nothing
+                // else touches.
+                let store = unsafe { copier.submit_store(flag.device_addr(), &(i + 1).to_le_bytes()) }
+                    .map_err(|_| anyhow::anyhow!("the copier failed (see the log)"))?;
+                copier.settle(store).map_err(|_| anyhow::anyhow!("the copier failed"))?;
+                let took = t.elapsed();
+                if copier.served_by_mirror(copy) == Some(true) && copier.served_by_mirror(store) == Some(true) {
+                    by_fetcher += 1;
+                }
+                Ok(took.as_secs_f64() * 1e6)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        quiesced(|| drop((src, dst, flag)));
         rows.push(Row {
             bytes: len,
             copies,
@@ -152,6 +181,8 @@ fn main() -> anyhow::Result<()> {
             serial_us: median(&mut serial),
             serial_handoff_us,
             serial_serve_us,
+            flagged_us: median(&mut flagged),
+            flagged_by_fetcher: by_fetcher as f64 / 200.0,
             stream_handoff_us,
             stream_serve_us,
             ring_full: (after.ring_full - before.ring_full) as f64 / (after.posted - before.posted).max(1) as f64,
@@ -166,11 +197,12 @@ fn main() -> anyhow::Result<()> {
         println!("GPU copier alone, {} (one CPU thread submitting)", info.gpus[0].name);
         println!(
             " bytes      copies    copies/s     MiB/s        D2D MiB/s    vs D2D   ring full  | one copy [us] \
-             (handoff, serve) | streamed (handoff, serve) [us]"
+             (handoff, serve) | copy+flag [us] (by fetcher) | streamed (handoff, serve) [us]"
         );
         for r in &rows {
             println!(
-                " {:<10} {:<9} {:>9.2} M {:>12.0} {:>12.0} {:>8.1}% {:>9.1}%  | {:>7.2} ({:.2}, {:.2}) | ({:.2}, {:.2})",
+                " {:<10} {:<9} {:>9.2} M {:>12.0} {:>12.0} {:>8.1}% {:>9.1}%  | {:>7.2} ({:.2}, {:.2}) | {:>7.2} ({:>3.0}%) \
+                 | ({:.2}, {:.2})",
                 r.bytes,
                 r.copies,
                 r.copies_per_s / 1e6,
@@ -181,13 +213,16 @@ fn main() -> anyhow::Result<()> {
                 r.serial_us,
                 r.serial_handoff_us,
                 r.serial_serve_us,
+                r.flagged_us,
+                100.0 * r.flagged_by_fetcher,
                 r.stream_handoff_us,
                 r.stream_serve_us,
             );
         }
         println!(
             " handoff: seen in the host ring -> started by its warp; serve: started -> bytes visible \
-             (GPU global timer, coarse)"
+             (GPU global timer, coarse); copy+flag: a copy and an 8-byte store ordered after it, \
+             by fetcher: both served by the warp that fetched them"
         );
     }
     Ok(())

@@ -1088,6 +1088,61 @@ fn a_lone_small_copy_is_served_by_the_warp_that_fetched_it() {
     }
 }
 
+/// A small copy and an 8-byte store ordered after it, posted together (a message and its flag:
+/// a socket's chunk and its count), are both served by the warp that fetched them, in order:
+/// handed to worker warps, the pair cost two hand-offs and a wait between them, the larger part
+/// of a socket's 64-byte latency into GPU memory. A large copy's flag still lands after it.
+#[test]
+fn a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them() {
+    let name = "a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them";
+    let Some((gpu, _one)) = gpu_or_skip(name) else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let src = ctx.alloc_device_region(&gpu, 4 << 20, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, 4 << 20, Access::ALL).unwrap();
+    let data = pattern(23, 4 << 20);
+    src.write(0, &data).unwrap();
+    let copier = gdaki_soft::copier::Copier::of(&gpu).unwrap();
+    let flag_at = dst.addr() + (4 << 20) - 64;
+    // One copy and its flag, settled; whether each was served by the fetching warp.
+    let pair = |to: u64, from: u64, len: u64, flag: u64| {
+        // SAFETY: both ranges and the flag's 8 bytes lie inside the two live device regions of
+        // this GPU, which do not overlap, and not in each other; nothing else touches them until
+        // the store (ordered after the copy) is settled.
+        let (copy, store) = unsafe {
+            let copy = copier.submit_copy(dst.addr() + to, src.addr() + from, len).unwrap();
+            (copy, copier.submit_store(flag_at, &flag.to_le_bytes()).unwrap())
+        };
+        copier.settle(store).unwrap();
+        (
+            copier.served_by_mirror(copy).expect("answer still in its slot"),
+            copier.served_by_mirror(store).expect("answer still in its slot"),
+        )
+    };
+    for (len, fetcher) in [(8u64, true), (64, true), (256, true), (64 << 10, false)] {
+        // Enough rounds that the pair arrives together in most (the fetching warp backs off
+        // between empty looks at the ring, so a pair posted back to back is usually one run).
+        for round in 0..64u64 {
+            let (to, from, flag) = (round * 8192 + 3, round * 64 + 1, len << 8 | round);
+            let (copy, store) = pair(to, from, len, flag);
+            if fetcher {
+                assert!(copy && store, "{len} B, round {round}: copy {copy}, flag {store}");
+            } else {
+                assert!(!copy, "{len} B, round {round}: a large copy went to the fetching warp");
+            }
+            let got = dst.read_vec(to, len as usize).unwrap();
+            assert_eq!(
+                got,
+                data[from as usize..(from + len) as usize],
+                "{len} B, round {round}"
+            );
+            let got = dst.read_vec(flag_at - dst.addr(), 8).unwrap();
+            assert_eq!(got, flag.to_le_bytes(), "{len} B, round {round}");
+        }
+    }
+}
+
 #[test]
 fn copier_orders_what_needs_order() {
     let Some((gpu, _one)) = gpu_or_skip("copier_orders_what_needs_order") else {

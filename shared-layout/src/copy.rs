@@ -30,8 +30,8 @@ pub const OP_STORE: u32 = 6;
 pub const STORE_MAX: usize = 16;
 
 /// [`CopyDesc::op`] in the kernel's mirror only, never posted by the host: the mirror warp has
-/// already served this descriptor itself (a lone small one, see [`MIRROR_SERVES_MAX`]), so no
-/// worker warp takes it.
+/// already served this descriptor itself (a lone small one, see [`MIRROR_SERVES_MAX`], or one
+/// of a message and its flag, see [`MIRROR_RUN_MAX`]), so no worker warp takes it.
 pub const OP_SERVED: u32 = 5;
 
 /// A descriptor that arrives alone (nothing else ready behind it) and is an atomic, or a copy
@@ -40,6 +40,13 @@ pub const OP_SERVED: u32 = 5;
 /// (mirror, fences, the worker's poll) costs more than such a copy. Larger copies still go to
 /// the workers, so the fetching warp never stops watching the ring for long.
 pub const MIRROR_SERVES_MAX: u64 = 256;
+
+/// A run of at most this many descriptors that arrive together and end in an [`OP_STORE`]
+/// ordered after the others (a message and its flag: a socket's chunk and its count, a put and
+/// its signal) is served in order by the fetching warp too, as far as each would be served
+/// alone (see [`MIRROR_SERVES_MAX`]): the store would wait for the copies anyway, and handing
+/// them to worker warps costs a hand-off each and a wait between them.
+pub const MIRROR_RUN_MAX: u64 = 4;
 
 /// [`CopyDone::server`] of a descriptor that the mirror warp served (see [`OP_SERVED`]).
 pub const SERVER_MIRROR: u64 = u64::MAX;
