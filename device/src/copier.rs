@@ -445,23 +445,50 @@ mod gpu {
         id: u64,
     }
 
-    /// Publishes the answer to descriptor `n`: everything this thread saw written (the copy's
-    /// bytes, through the warp barrier or the `finished` chain) is made visible system-wide
-    /// first, then the stamps and the result, then the sequence number.
+    /// Publishes the answer to descriptor `n` (see [`publish_done`] and [`answer_host`]).
     #[inline(always)]
     unsafe fn answer(dones: *mut CopyDone, work: &Work, n: u64, result: u64, t: Times, server: u64) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let finished = publish_done(work, n);
+            answer_host(dones, n, result, t, finished, server);
+        }
+    }
+
+    /// Makes everything this thread saw written for descriptor `n` (the copy's bytes, through
+    /// the warp barrier or the `finished` chain) visible system-wide, then marks `n` done for
+    /// the descriptors ordered after it (`wait_done`, `done_through`); returns when (GPU global
+    /// timer).
+    #[inline(always)]
+    unsafe fn publish_done(work: &Work, n: u64) -> u64 {
         arch::to_device_barrier();
         let finished = arch::global_timer_ns();
-        // SAFETY: the slot of a live answer ring and of the work area (the kernel's contract).
+        // SAFETY: the slot of the work area (the kernel's contract).
+        unsafe { st_release_gpu(work.completed.add((n & MASK) as usize), n) };
+        finished
+    }
+
+    /// The host's answer to descriptor `n`, done ([`publish_done`]) at `finished`: the stamps
+    /// and the result, then the sequence number with a system-scope release.
+    #[inline(always)]
+    unsafe fn answer_host(dones: *mut CopyDone, n: u64, result: u64, t: Times, finished: u64, server: u64) {
+        // SAFETY: the slot of a live answer ring (the kernel's contract).
         unsafe {
-            // For copies ordered after this one (`wait_done`): the bytes are visible (above).
-            st_release_gpu(work.completed.add((n & MASK) as usize), n);
             let done = dones.add((n & MASK) as usize);
             addr_of_mut!((*done).stamps).write_volatile([t.seen, t.started, finished]);
             addr_of_mut!((*done).result).write_volatile(result);
             addr_of_mut!((*done).server).write_volatile(server);
             st_release_sys(addr_of_mut!((*done).seq), n);
         }
+    }
+
+    /// A served descriptor's answer, held back until the rest of its run is served (see
+    /// [`mirror`]): lane 0's values.
+    #[derive(Clone, Copy)]
+    struct Held {
+        result: u64,
+        started: u64,
+        finished: u64,
     }
 
     /// Reads mirrored descriptor `n` as a seqlock reader: `Some` with the descriptor, or `None`
@@ -599,7 +626,7 @@ mod gpu {
                 unsafe {
                     if warp_sized(op, len) {
                         let who = Server { lane, id: me };
-                        serve_small(dones, work, k, op, dst, src, len, arg0, arg1, who, t);
+                        serve_small(dones, work, k, op, dst, src, len, arg0, arg1, who, t, false);
                     } else {
                         serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, (lane, me), per_block, t);
                     }
@@ -610,7 +637,9 @@ mod gpu {
     }
 
     /// One warp serves descriptor `k` whole: the copy's body by every lane, its final unit by
-    /// lane 0 after the body is visible, or the atomic by lane 0; lane 0 answers.
+    /// lane 0 after the body is visible, or the atomic by lane 0; lane 0 answers, or with
+    /// `hold` only publishes it done ([`publish_done`]) and returns the answer's values for a
+    /// later [`answer_host`].
     ///
     /// # Safety
     /// As for [`serve`]; every lane of the warp calls this together.
@@ -628,9 +657,11 @@ mod gpu {
         arg1: u64,
         who: Server,
         t: Times,
-    ) {
+        hold: bool,
+    ) -> Held {
         let lane = who.lane;
         let mut result = 0;
+        let mut finished = 0;
         // SAFETY (all arms): the caller's contract.
         unsafe {
             match op {
@@ -650,10 +681,19 @@ mod gpu {
                 _ => {}
             }
             if lane == 0 {
-                answer(dones, work, k, result, t, who.id);
+                if hold {
+                    finished = publish_done(work, k);
+                } else {
+                    answer(dones, work, k, result, t, who.id);
+                }
             }
         }
         arch::warp_sync(FULL_WARP);
+        Held {
+            result,
+            started: t.started,
+            finished,
+        }
     }
 
     /// The copies of a list descriptor (`count` [`CopyItem`]s at `list`): lane i reads item i;
@@ -758,7 +798,8 @@ mod gpu {
     /// The mirror warp serves descriptor `n` (lane `from` holds it: the only one ready, or one
     /// of a message and its flag, see [`MIRROR_RUN_MAX`]) itself when it is an atomic, a store
     /// whose earlier descriptors are done, or a copy of at most [`MIRROR_SERVES_MAX`] bytes not
-    /// waiting for an unfinished earlier copy; returns whether it did. Uniform across the warp.
+    /// waiting for an unfinished earlier copy; returns whether it did (with `hold`, with the
+    /// answer held back, see [`serve_small`]). Uniform across the warp.
     ///
     /// # Safety
     /// As for [`serve`]; every lane of the warp calls this together, with the same `from`.
@@ -773,7 +814,8 @@ mod gpu {
         from: u32,
         seen: u64,
         lane: u64,
-    ) -> bool {
+        hold: bool,
+    ) -> Option<Held> {
         let op = arch::shfl_idx(FULL_WARP, d.op, from);
         let len = shfl_u64(FULL_WARP, d.len, from);
         let arg1 = shfl_u64(FULL_WARP, d.arg1, from);
@@ -783,7 +825,7 @@ mod gpu {
             _ => false,
         };
         if !small {
-            return false;
+            return None;
         }
         // A copy ordered after an earlier one goes to the workers unless that one is done
         // (acquired: its bytes land before this copy's).
@@ -793,14 +835,14 @@ mod gpu {
             free = unsafe { ld_acquire_gpu(work.completed.add((arg1 & MASK) as usize)) } >= arg1;
         }
         if arch::ballot(FULL_WARP, free) & (1 << from) == 0 {
-            return false;
+            return None;
         }
         // Likewise a store ordered after every descriptor up to `arg1`.
         if op == OP_STORE && arg1 >= first {
             let span = arch::shfl_idx(FULL_WARP, d.span, from);
             // SAFETY: the work area (contract).
             if !unsafe { done_through(work, first, n, arg1, span, lane) } {
-                return false;
+                return None;
             }
             after_acquired(lane);
         }
@@ -819,8 +861,7 @@ mod gpu {
         };
         // SAFETY: the host names valid, non-overlapping ranges and aligned atomic targets
         // (contract).
-        unsafe { serve_small(dones, work, n, op, dst, src, len, arg0, arg1, who, t) };
-        true
+        Some(unsafe { serve_small(dones, work, n, op, dst, src, len, arg0, arg1, who, t, hold) })
     }
 
     /// Block 0's first warp: mirrors the descriptors the host has posted, up to 32 at a time
@@ -876,16 +917,38 @@ mod gpu {
             let last = (run - 1) as u32;
             let flag =
                 arch::shfl_idx(FULL_WARP, desc.op, last) == OP_STORE && shfl_u64(FULL_WARP, desc.arg1, last) >= n;
+            // In a run, each descriptor is published done at once (so the flag lands right after
+            // the message) and the host's answers follow the last one (each a system-scope
+            // release of a write to host memory: a PCIe round trip the flag need not wait for).
+            // Lane i holds descriptor i's answer.
+            let hold = run > 1;
+            let mut held = None;
             if run == 1 || (run <= MIRROR_RUN_MAX && flag) {
                 for i in 0..run as u32 {
                     // SAFETY: the rings and the work area are valid per the contract.
-                    if !unsafe { serve_lone(dones, work, first, n + i as u64, desc, i, seen, lane) } {
+                    let Some(h) = (unsafe { serve_lone(dones, work, first, n + i as u64, desc, i, seen, lane, hold) })
+                    else {
                         break;
-                    }
+                    };
+                    let h = Held {
+                        result: shfl_u64(FULL_WARP, h.result, 0),
+                        started: shfl_u64(FULL_WARP, h.started, 0),
+                        finished: shfl_u64(FULL_WARP, h.finished, 0),
+                    };
                     if lane == i as u64 {
                         desc.op = OP_SERVED;
+                        held = Some(h);
                     }
                 }
+            }
+            if let (true, Some(h)) = (hold, held) {
+                let t = Times {
+                    seen,
+                    started: h.started,
+                };
+                // SAFETY: the answer ring (contract); descriptor `mine` was served and published
+                // done above, by lane 0, before the warp barrier that ended its serving.
+                unsafe { answer_host(dones, mine, h.result, t, h.finished, SERVER_MIRROR) };
             }
             if lane < run {
                 // SAFETY: the mirror slot of `mine` (contract). seq cleared first and set
