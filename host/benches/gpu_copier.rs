@@ -2,9 +2,9 @@
 //! device-to-device copies as fast as the copier takes them (each to its own destination, so
 //! none waits for an earlier one), then waits for the last; and, for the latency, one copy at a
 //! time, and one copy with an 8-byte flag stored after it (a message and its flag, as a
-//! socket's chunk and its count). Copies cycle through the slots of two buffers. Each size is printed next to a plain
-//! device-to-device copy (`cuMemcpyDtoDAsync`, the same size and slots, back to back) measured
-//! in the same run.
+//! socket's chunk and its count). Copies cycle through the slots of two buffers. Each size is
+//! printed next to a plain device-to-device copy (`cuMemcpyDtoDAsync`, the same size and slots,
+//! back to back) measured in the same run.
 //!
 //! Read against `put_bw --mem device`: what the copier can do bounds what a put can; the gap
 //! between the two is the engine's share.
