@@ -94,11 +94,12 @@ impl SocketError {
 
 /// Copies `len` bytes between `buf` and a ring of `cap` bytes at `ring`, starting at stream
 /// position `pos` (wrapping at the ring's end), into the ring when `into_ring`; member `rank`
-/// of `members` does its part. One member copies it all (`memcpy`); a group copies each
-/// contiguous piece as the soft HCA's copier does ([`copy_share`]): neighbouring members move
-/// neighbouring units (coalesced on a GPU), 16 bytes where both sides allow, eight loads in
-/// flight per member (a 64 KiB send from a 256-thread block spent most of its time waiting on
-/// memory with four 16-byte chunks in flight).
+/// of `members` does its part. One CPU thread copies it all (`memcpy`); a group, or one GPU
+/// thread (nvptx lowers `memcpy` to a byte loop), copies each contiguous piece as the soft
+/// HCA's copier does ([`copy_share`]): neighbouring members move neighbouring units (coalesced
+/// on a GPU), 16 bytes where both sides allow, eight loads in flight per member (a 64 KiB send
+/// from a 256-thread block spent most of its time waiting on memory with four 16-byte chunks
+/// in flight).
 ///
 /// # Safety
 /// The ring holds `cap` bytes (a power of two) and `buf` `len`; `len <= cap`; they do not
@@ -114,10 +115,10 @@ unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_
         let (src, dst) = if into_ring { (b, r) } else { (r, b) };
         // SAFETY: both pieces lie inside their buffers and do not overlap (the contract).
         unsafe {
-            if members <= 1 {
+            if members <= 1 && cfg!(not(target_arch = "nvptx64")) {
                 core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
             } else {
-                copy_share(dst, src, n, rank as u64, members as u64);
+                copy_share(dst, src, n, rank as u64, members.max(1) as u64);
             }
         }
     }
