@@ -1089,7 +1089,8 @@ fn a_lone_small_copy_is_served_by_the_warp_that_fetched_it() {
 }
 
 /// A small copy and an 8-byte store ordered after it, posted together (a message and its flag:
-/// a socket's chunk and its count), are both served by the warp that fetched them, in order:
+/// a socket's chunk and its count), are both served by the warp that fetched them, found in
+/// one look at the ring, in order:
 /// handed to worker warps, the pair cost two hand-offs and a wait between them, the larger part
 /// of a socket's 64-byte latency into GPU memory. A large copy's flag still lands after it.
 #[test]
@@ -1105,7 +1106,8 @@ fn a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them() {
     src.write(0, &data).unwrap();
     let copier = gdaki_soft::copier::Copier::of(&gpu).unwrap();
     let flag_at = dst.addr() + (4 << 20) - 64;
-    // One copy and its flag, settled; whether each was served by the fetching warp.
+    // One copy and its flag, settled; whether each was served by the fetching warp, and
+    // whether it found both in one look at the ring (the same `seen` stamp).
     let pair = |to: u64, from: u64, len: u64, flag: u64| {
         // SAFETY: both ranges and the flag's 8 bytes lie inside the two live device regions of
         // this GPU, which do not overlap, and not in each other; nothing else touches them until
@@ -1115,17 +1117,24 @@ fn a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them() {
             (copy, copier.submit_store(flag_at, &flag.to_le_bytes()).unwrap())
         };
         copier.settle(store).unwrap();
+        let seen = |n| copier.stamps(n).expect("answer still in its slot")[0];
         (
             copier.served_by_mirror(copy).expect("answer still in its slot"),
             copier.served_by_mirror(store).expect("answer still in its slot"),
+            seen(copy) == seen(store),
         )
     };
+    // Rounds whose flag the fetching warp found a look after its message: the copier publishes
+    // a list and the store after it together, so there are none (1 to 4 of 192 before).
+    let mut apart = 0;
     for (len, fetcher) in [(8u64, true), (64, true), (256, true), (64 << 10, false)] {
-        // Enough rounds that the pair arrives together in most (the fetching warp backs off
-        // between empty looks at the ring, so a pair posted back to back is usually one run).
+        // Enough rounds that a pair the warp could find apart would be, in some.
         for round in 0..64u64 {
             let (to, from, flag) = (round * 8192 + 3, round * 64 + 1, len << 8 | round);
-            let (copy, store) = pair(to, from, len, flag);
+            let (copy, store, together) = pair(to, from, len, flag);
+            if fetcher && !together {
+                apart += 1;
+            }
             if fetcher {
                 assert!(copy && store, "{len} B, round {round}: copy {copy}, flag {store}");
             } else {
@@ -1141,6 +1150,7 @@ fn a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them() {
             assert_eq!(got, flag.to_le_bytes(), "{len} B, round {round}");
         }
     }
+    assert_eq!(apart, 0, "rounds of 192 whose flag was fetched apart from its message");
 }
 
 #[test]

@@ -140,6 +140,13 @@ impl std::fmt::Debug for Copier {
     }
 }
 
+/// A descriptor written into its ring slot but not yet visible to the kernel (its `seq`
+/// unpublished).
+struct Unpublished {
+    p: *mut CopyDesc,
+    n: u64,
+}
+
 /// A descriptor (its `seq` is set when it is posted).
 fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc {
     CopyDesc {
@@ -405,8 +412,17 @@ impl Copier {
 
     /// Posts the open copy list as descriptor `st.next` (a list of one as a plain copy).
     fn flush_open(&self, st: &mut State) -> Result<(), DmaFault> {
+        if let Some(list) = self.write_open(st)? {
+            self.publish(list);
+        }
+        Ok(())
+    }
+
+    /// Writes the open copy list (if any) as descriptor `st.next`, unpublished (see
+    /// [`write_slot`](Self::write_slot)).
+    fn write_open(&self, st: &mut State) -> Result<Option<Unpublished>, DmaFault> {
         let Some(open) = st.open.take() else {
-            return Ok(());
+            return Ok(None);
         };
         let slot = (st.next & (RING_SLOTS as u64 - 1)) as usize;
         let d = if open.count == 1 {
@@ -417,25 +433,38 @@ impl Copier {
             let at = self.lists.device_addr((slot * LIST_BYTES) as u64);
             desc(OP_COPY_LIST, 0, at, open.count as u64, 0, 0)
         };
-        self.post_now(st, d).map(|_| ())
+        self.write_slot(st, d).map(Some)
     }
 
     /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
     /// to be answered) and returns its sequence number.
     fn post_now(&self, st: &mut State, desc: CopyDesc) -> Result<u64, DmaFault> {
+        let d = self.write_slot(st, desc)?;
+        let n = d.n;
+        self.publish(d);
+        Ok(n)
+    }
+
+    /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
+    /// to be answered), all but its `seq`: the kernel does not see it until
+    /// [`publish`](Self::publish), and sees none after it before then (it takes descriptors
+    /// in order).
+    fn write_slot(&self, st: &mut State, desc: CopyDesc) -> Result<Unpublished, DmaFault> {
         self.free_slot(st)?;
         let n = st.next;
-        let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
-        let p = self.desc(slot);
+        let p = self.desc((n & (RING_SLOTS as u64 - 1)) as usize);
         // SAFETY: the slot is free (its previous descriptor was answered, above); the kernel
-        // reads it only once `seq` says so, published last (release).
-        unsafe {
-            p.write_volatile(desc);
-            AtomicU64::from_ptr(p as *mut u64).store(n, Ordering::Release);
-        }
+        // reads it only once `seq` says so, published last (`publish`).
+        unsafe { p.write_volatile(CopyDesc { seq: 0, ..desc }) };
         st.next += 1;
         st.stats.posted += 1;
-        Ok(n)
+        Ok(Unpublished { p, n })
+    }
+
+    /// Publishes a written descriptor: its `seq`, with release.
+    fn publish(&self, d: Unpublished) {
+        // SAFETY: `seq` is the first, aligned word of a live ring slot that `write_slot` filled.
+        unsafe { AtomicU64::from_ptr(d.p as *mut u64).store(d.n, Ordering::Release) };
     }
 
     /// Whether descriptor `n` has been answered (slots are reused for `n + RING_SLOTS`, ...,
@@ -706,8 +735,12 @@ impl Copier {
         }
         let [first, second] = carried(data);
         let mut st = self.running(lock(&self.state))?;
-        // After the open list too: it is posted first, so it is among the descriptors before.
-        self.flush_open(&mut st)?;
+        // After the open list too: it is written first, so it is among the descriptors before.
+        // Its `seq` is published after the store's, so the kernel, which takes descriptors in
+        // order, finds the message and its flag in one look and serves them as one run (a
+        // look at the ring is a PCIe round trip; the flag found a look after its message came
+        // that much later).
+        let list = self.write_open(&mut st)?;
         // The kernel looks only at those the host has not seen answered (none: no wait at all);
         // a look at every slot of the ring cost a lone store microseconds.
         let last = st.next - 1;
@@ -719,7 +752,17 @@ impl Copier {
             d.span = (last - through).min(RING_SLOTS as u64) as u32;
         }
         let after = d.arg1;
-        let n = self.post_now(&mut st, d)?;
+        let posted = self.write_slot(&mut st, d).map(|store| {
+            let n = store.n;
+            self.publish(store);
+            n
+        });
+        // Published even when the store could not be (its slot stayed busy): the list's copies
+        // were queued.
+        if let Some(list) = list {
+            self.publish(list);
+        }
+        let n = posted?;
         let end = addr + data.len() as u64;
         // Ordered after everything, so after every copy onto its bytes too: a later copy onto
         // them is ordered after it.
