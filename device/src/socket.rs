@@ -475,9 +475,14 @@ impl<M: Sharing> Socket<M> {
     /// [`recv_with`](Self::recv_with) until `buf` is full; [`SocketError::Closed`] if the
     /// stream ends first.
     pub fn recv_exact_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<(), SocketError> {
+        self.recv_exact_in(scope, buf, &mut NoSteps)
+    }
+
+    /// Fills `buf`, its calls' steps marked in `steps`.
+    fn recv_exact_in<S: Scope>(&self, scope: S, buf: &mut [u8], steps: &mut impl Steps) -> Result<(), SocketError> {
         let mut at = 0;
         while at < buf.len() {
-            match self.recv_with(scope, &mut buf[at..])? {
+            match self.recv_in(scope, &mut buf[at..], Mode::Wait, steps)? {
                 0 => return Err(SocketError::Closed),
                 n => at += n,
             }
@@ -978,14 +983,16 @@ impl BenchRole {
     }
 
     /// Timestamps the role records: two (start, end) for the bandwidth roles, a round start
-    /// for each of `iters` rounds and the end for the pings, none for the others. `Send` and
-    /// `Recv` then add their calls' step sums ([`STEPS`] of them, ns) and their calls: where
-    /// the stream's time goes.
+    /// for each of `iters` rounds and the end for the pings, none for the others. Then where
+    /// the stream's time goes: `Send` and `Recv` add their calls' step sums ([`STEPS`] of them,
+    /// ns) and their calls, `Ping` and `Pong` those of their sends and then of their receives.
     pub const fn timestamps(self, iters: u32) -> usize {
         match self {
             BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv => 2 + STEPS + 1,
             BenchRole::RawSend => 2,
-            BenchRole::Ping | BenchRole::RawPing => iters as usize + 1,
+            BenchRole::Ping => iters as usize + 1 + 2 * (STEPS + 1),
+            BenchRole::Pong => 2 * (STEPS + 1),
+            BenchRole::RawPing => iters as usize + 1,
             _ => 0,
         }
     }
@@ -1014,11 +1021,12 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             unsafe { times.add(i).write_volatile(arch::global_timer_ns()) };
         }
     };
-    let record_steps = |steps: &StepSums| {
+    // A side's step sums and calls, at timestamp `at` on.
+    let record_steps = |at: usize, steps: &StepSums| {
         if scope.is_leader() {
             for (i, v) in steps.sums.iter().chain([&steps.calls]).enumerate() {
-                // SAFETY: the role's timestamps fit (the contract): two, then these.
-                unsafe { times.add(2 + i).write_volatile(*v) };
+                // SAFETY: the role's timestamps fit (the contract): its stamps, then these.
+                unsafe { times.add(at + i).write_volatile(*v) };
             }
         }
     };
@@ -1041,7 +1049,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
             stamp(1);
-            record_steps(&steps);
+            record_steps(2, &steps);
             sock.wait_end_with(scope)?;
             Ok(src.len() * iters as u64)
         }
@@ -1056,26 +1064,31 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
                 }
             }
             stamp(1);
-            record_steps(&steps);
+            record_steps(2, &steps);
             // The sender waits for this side's end before it closes.
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
             Ok(total)
         }
         BenchRole::Ping | BenchRole::Pong => {
+            let (mut sends, mut recvs) = (StepSums::default(), StepSums::default());
             for i in 0..iters as usize {
                 if role == BenchRole::Ping {
                     stamp(i);
-                    sock.send_all_with(scope, &buf[..msg])?;
-                    sock.recv_exact_with(scope, &mut buf[..msg])?;
+                    sock.send_all_in(scope, Source::Copy(&buf[..msg]), &mut sends)?;
+                    sock.recv_exact_in(scope, &mut buf[..msg], &mut recvs)?;
                 } else {
-                    sock.recv_exact_with(scope, &mut buf[..msg])?;
-                    sock.send_all_with(scope, &buf[..msg])?;
+                    sock.recv_exact_in(scope, &mut buf[..msg], &mut recvs)?;
+                    sock.send_all_in(scope, Source::Copy(&buf[..msg]), &mut sends)?;
                 }
             }
+            let mut at = 0;
             if role == BenchRole::Ping {
                 stamp(iters as usize);
+                at = iters as usize + 1;
             }
+            record_steps(at, &sends);
+            record_steps(at + STEPS + 1, &recvs);
             sock.close_with(scope)?;
             Ok(msg as u64 * iters as u64)
         }

@@ -171,6 +171,60 @@ pub struct LatResult {
     pub write_lat: crate::report::LatRow,
     /// `socket.t_typical_us / write_lat.t_typical_us`.
     pub socket_vs_write_lat: f64,
+    /// Where a round trip through the socket goes, where both sides ran in this process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<RoundTripSteps>,
+}
+
+/// A socket round trip taken apart (`sock_lat` in one process): each side's calls, means a call
+/// (as [`SenderSteps`]), and what is left of the ping's wait once the pong's calls are taken
+/// out of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundTripSteps {
+    /// The pinging side's sends.
+    pub ping_send: SenderSteps,
+    /// The pinging side's receives (its wait holds the pong's calls and both trips).
+    pub ping_receive: ReceiverSteps,
+    /// The ponging side's receives (its wait is idle time: the ping's calls).
+    pub pong_receive: ReceiverSteps,
+    /// The ponging side's sends.
+    pub pong_send: SenderSteps,
+    /// Both trips through the HCA (from a send's doorbell to the peer seeing its count), per
+    /// round trip: the ping's wait less the pong's calls but their wait, microseconds.
+    pub wire_us: f64,
+}
+
+impl RoundTripSteps {
+    /// From the two sides' runs of `iters` rounds (`BenchRole::Ping` and `Pong` record their
+    /// sends' and then their receives' steps).
+    fn of(ping: &SideRun, pong: &SideRun, iters: u32) -> Option<RoundTripSteps> {
+        let at = iters as usize + 1;
+        let ping_send = ping.sender_at(at)?;
+        let ping_receive = ping.receiver_at(at + STEPS + 1)?;
+        let pong_send = pong.sender_at(0)?;
+        let pong_receive = pong.receiver_at(STEPS + 1)?;
+        let round = |mean: f64, calls: u64| mean * calls as f64 / iters.max(1) as f64;
+        let wire_us = round(ping_receive.wait_us, ping_receive.calls)
+            - round(pong_receive.total_us() - pong_receive.wait_us, pong_receive.calls)
+            - round(pong_send.total_us(), pong_send.calls);
+        Some(RoundTripSteps {
+            ping_send,
+            ping_receive,
+            pong_receive,
+            pong_send,
+            wire_us,
+        })
+    }
+}
+
+impl std::fmt::Display for RoundTripSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ping {}; ping {}; pong {}; pong {}; both trips through the HCA {:.2} usec a round trip",
+            self.ping_send, self.ping_receive, self.pong_receive, self.pong_send, self.wire_us
+        )
+    }
 }
 
 /// What a side ran: its bytes, its timestamps.
@@ -182,10 +236,10 @@ pub struct SideRun {
 }
 
 impl SideRun {
-    /// A `Send` or `Recv` side's calls and their steps' means (us): what follows its two
-    /// timestamps (`BenchRole::timestamps`); `None` for a side that made no call.
-    fn steps(&self) -> Option<(u64, [f64; STEPS])> {
-        let (sums, calls) = match self.times.get(2..3 + STEPS)? {
+    /// A side's calls and their steps' means (us), recorded from timestamp `at` on
+    /// (`BenchRole::timestamps`); `None` for a side that made no call.
+    fn steps(&self, at: usize) -> Option<(u64, [f64; STEPS])> {
+        let (sums, calls) = match self.times.get(at..at + STEPS + 1)? {
             [sums @ .., calls] => (sums, *calls),
             [] => return None,
         };
@@ -193,8 +247,18 @@ impl SideRun {
         (calls > 0).then(|| (calls, std::array::from_fn(|k| mean(sums[k]))))
     }
 
+    /// A `Send` side's steps (after its two timestamps).
     fn sender(&self) -> Option<SenderSteps> {
-        self.steps().map(
+        self.sender_at(2)
+    }
+
+    /// A `Recv` side's steps (after its two timestamps).
+    fn receiver(&self) -> Option<ReceiverSteps> {
+        self.receiver_at(2)
+    }
+
+    fn sender_at(&self, at: usize) -> Option<SenderSteps> {
+        self.steps(at).map(
             |(calls, [room_us, broadcast_us, copy_us, wqes_us, doorbell_us, result_us])| SenderSteps {
                 calls,
                 room_us,
@@ -207,8 +271,8 @@ impl SideRun {
         )
     }
 
-    fn receiver(&self) -> Option<ReceiverSteps> {
-        self.steps().map(
+    fn receiver_at(&self, at: usize) -> Option<ReceiverSteps> {
+        self.steps(at).map(
             |(calls, [wait_us, broadcast_us, copy_us, consume_us, credit_us, result_us])| ReceiverSteps {
                 calls,
                 wait_us,
@@ -219,6 +283,20 @@ impl SideRun {
                 result_us,
             },
         )
+    }
+}
+
+impl SenderSteps {
+    /// A call, all its steps.
+    pub fn total_us(&self) -> f64 {
+        self.room_us + self.broadcast_us + self.copy_us + self.wqes_us + self.doorbell_us + self.result_us
+    }
+}
+
+impl ReceiverSteps {
+    /// A call, all its steps.
+    pub fn total_us(&self) -> f64 {
+        self.wait_us + self.broadcast_us + self.copy_us + self.consume_us + self.credit_us + self.result_us
     }
 }
 
@@ -419,13 +497,19 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
         }
         let run = runner.run(vec![sock], &[role], size, iters, args.threads)?;
         eprintln!("{}: served {role:?}, {size} B x {iters}", test.name());
-        // A stream's receiver: where its calls went (the client has only its sender's).
-        if let Some(steps) = run
-            .first()
-            .filter(|_| role == BenchRole::Recv)
-            .and_then(SideRun::receiver)
-        {
-            eprintln!("{}: {size} B, {steps}", test.name());
+        // A stream's receiver, or a pong: where its calls went (the client has only its own).
+        match (role, run.first()) {
+            (BenchRole::Recv, Some(side)) => {
+                if let Some(steps) = side.receiver() {
+                    eprintln!("{}: {size} B, {steps}", test.name());
+                }
+            }
+            (BenchRole::Pong, Some(side)) => {
+                if let (Some(receive), Some(send)) = (side.receiver_at(STEPS + 1), side.sender_at(0)) {
+                    eprintln!("{}: {size} B, pong {receive}; pong {send}", test.name());
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -680,7 +764,8 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 bw_rows.push(row);
             }
             Test::Lat => {
-                let (ping, _) = peer.run(&runner, BenchRole::Ping, BenchRole::Pong, size, iters, args.threads)?;
+                let (ping, pong) = peer.run(&runner, BenchRole::Ping, BenchRole::Pong, size, iters, args.threads)?;
+                let steps = pong.and_then(|pong| RoundTripSteps::of(&ping, &pong, iters));
                 let (raw, _) = peer.run(
                     &runner,
                     BenchRole::RawPing,
@@ -689,8 +774,9 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     iters,
                     args.threads,
                 )?;
+                // The rounds' stamps (the ping's step sums follow them).
                 let trips = |r: &SideRun| {
-                    r.times
+                    r.times[..r.times.len().min(iters as usize + 1)]
                         .windows(2)
                         .map(|w| w[1].saturating_sub(w[0]))
                         .collect::<Vec<u64>>()
@@ -700,11 +786,15 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 if !args.json {
                     crate::outln!("{}", socket.line());
                     crate::outln!("{}", write_lat.line());
+                    if let Some(steps) = &steps {
+                        crate::outln!(" Steps ({size} B, means): {steps}");
+                    }
                 }
                 lat_rows.push(LatResult {
                     socket_vs_write_lat: socket.t_typical_us / write_lat.t_typical_us,
                     socket,
                     write_lat,
+                    steps,
                 });
             }
         }

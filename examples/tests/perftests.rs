@@ -1503,13 +1503,22 @@ fn socket_perftests_run_beside_their_references() {
     let out = ok("sock_lat", &["--mode", "cpu", "-s", "64", "-n", "200"]);
     let r = rows(&out);
     assert_eq!(r.len(), 2, "{out}");
-    assert!(r.iter().all(|row| num(&row[0]) == 64.0 && num(&row[4]) > 0.0), "{out}");
-    let out = ok("sock_lat", &["--mode", "cpu", "-s", "8", "-n", "100", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(
-        v["results"][0]["socket_vs_write_lat"].as_f64().unwrap_or(0.0) > 0.0,
+        r.iter()
+            .all(|row| num(&row[0]) == 64.0 && num(&row[1]) == 200.0 && num(&row[4]) > 0.0),
         "{out}"
     );
+    assert!(out.contains(" Steps (64 B, means): ping send: room "), "{out}");
+    let out = ok("sock_lat", &["--mode", "cpu", "-s", "8", "-n", "100", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = &v["results"][0];
+    assert!(row["socket_vs_write_lat"].as_f64().unwrap_or(0.0) > 0.0, "{out}");
+    // Where a round trip goes: every side's calls, one a round each at 8 bytes.
+    let steps = &row["steps"];
+    for side in ["ping_send", "ping_receive", "pong_receive", "pong_send"] {
+        assert_eq!(steps[side]["calls"].as_u64(), Some(100), "{side}: {out}");
+    }
+    assert!(steps["wire_us"].as_f64().is_some_and(f64::is_finite), "{out}");
     // Refused: a message larger than the ring, a ring that is not a power of two, -s with
     // -a, too few iterations, GPU memory without a GPU.
     for args in [
