@@ -174,6 +174,18 @@ pub struct LatResult {
     /// Where a round trip through the socket goes, where both sides ran in this process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<RoundTripSteps>,
+    /// What the GPU copier saw of each ping-pong, where it served them (rings in GPU memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copier: Option<CopierTraces>,
+}
+
+/// [`CopierTrace`]s of a `sock_lat` size.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopierTraces {
+    /// Of the socket's ping-pong.
+    pub socket: CopierTrace,
+    /// Of write_lat's.
+    pub write_lat: CopierTrace,
 }
 
 /// A socket round trip taken apart (`sock_lat` in one process): each side's calls, means a call
@@ -223,6 +235,79 @@ impl std::fmt::Display for RoundTripSteps {
             f,
             "ping {}; ping {}; pong {}; pong {}; both trips through the HCA {:.2} usec a round trip",
             self.ping_send, self.ping_receive, self.pong_receive, self.pong_send, self.wire_us
+        )
+    }
+}
+
+/// What the soft HCA's GPU copier saw of a ping-pong into GPU memory, from the stamps its kernel
+/// leaves in its answers (the GPU's timer, as the sockets' own steps): the ring's last
+/// descriptors, grouped by the look at the ring that fetched them (a message's copy and its
+/// count are fetched together).
+#[derive(Debug, Clone, Serialize)]
+pub struct CopierTrace {
+    /// Looks counted (the last ring's worth of descriptors, less the close's).
+    pub looks: usize,
+    /// Descriptors a look fetched, mean.
+    pub per_look: f64,
+    /// From a look to its last descriptor landing, median, microseconds.
+    pub served_us: f64,
+    /// From a look's last descriptor landing to the next look that fetched any, median,
+    /// microseconds: the peer seeing the message, its calls, its doorbell, its engine and the
+    /// copier's look at its ring.
+    pub turnaround_us: f64,
+}
+
+impl CopierTrace {
+    /// The trace of `copier` now, if it answered enough descriptors.
+    fn of(copier: &gdaki_soft::copier::Copier) -> Option<CopierTrace> {
+        use gdaki_layout::copy::{RING_SLOTS, STAMP_FINISHED, STAMP_SEEN};
+        let last = copier.stats().posted;
+        // (seen, last finished, descriptors) of each look, in order.
+        let mut looks: Vec<(u64, u64, usize)> = Vec::new();
+        for seq in last.saturating_sub(RING_SLOTS as u64 - 1).max(1)..=last {
+            let Some(stamps) = copier.stamps(seq) else {
+                continue;
+            };
+            let (seen, finished) = (stamps[STAMP_SEEN], stamps[STAMP_FINISHED]);
+            match looks.last_mut() {
+                Some(look) if look.0 == seen => {
+                    look.1 = look.1.max(finished);
+                    look.2 += 1;
+                }
+                _ => looks.push((seen, finished, 1)),
+            }
+        }
+        // The close's descriptors are not the ping-pong's.
+        looks.truncate(looks.len().saturating_sub(4));
+        if looks.len() < 8 {
+            return None;
+        }
+        let us = |ns: u64| ns as f64 / 1e3;
+        let mut served: Vec<f64> = looks
+            .iter()
+            .map(|&(seen, done, _)| us(done.saturating_sub(seen)))
+            .collect();
+        let mut turnaround: Vec<f64> = looks.windows(2).map(|w| us(w[1].0.saturating_sub(w[0].1))).collect();
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        Some(CopierTrace {
+            looks: looks.len(),
+            per_look: looks.iter().map(|l| l.2).sum::<usize>() as f64 / looks.len() as f64,
+            served_us: median(&mut served),
+            turnaround_us: median(&mut turnaround),
+        })
+    }
+}
+
+impl std::fmt::Display for CopierTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} descriptors a look at its ring, all landed {:.2} usec after it, the next look {:.2} usec \
+             after that ({} looks, medians)",
+            self.per_look, self.served_us, self.turnaround_us, self.looks
         )
     }
 }
@@ -707,6 +792,12 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
             Test::Lat => crate::outln!("{}   (socket; then write_lat's)", crate::report::LatRow::header()),
         }
     }
+    // The GPU copier that serves copies into GPU memory, held across the runs so that its
+    // answers (and the stamps in them) outlive each run's sockets.
+    let copier = match (&runner, args.mem) {
+        (Runner::Gpu(gpu), Mem::Device) => Some(gdaki_soft::copier::Copier::of(gpu)?),
+        _ => None,
+    };
     let mut bw_rows = Vec::new();
     let mut lat_rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
@@ -766,6 +857,8 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
             Test::Lat => {
                 let (ping, pong) = peer.run(&runner, BenchRole::Ping, BenchRole::Pong, size, iters, args.threads)?;
                 let steps = pong.and_then(|pong| RoundTripSteps::of(&ping, &pong, iters));
+                let trace = || copier.as_deref().and_then(CopierTrace::of);
+                let socket_trace = trace();
                 let (raw, _) = peer.run(
                     &runner,
                     BenchRole::RawPing,
@@ -774,6 +867,9 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     iters,
                     args.threads,
                 )?;
+                let traces = socket_trace
+                    .zip(trace())
+                    .map(|(socket, write_lat)| CopierTraces { socket, write_lat });
                 // The rounds' stamps (the ping's step sums follow them).
                 let trips = |r: &SideRun| {
                     r.times[..r.times.len().min(iters as usize + 1)]
@@ -789,12 +885,20 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     if let Some(steps) = &steps {
                         crate::outln!(" Steps ({size} B, means): {steps}");
                     }
+                    if let Some(c) = &traces {
+                        crate::outln!(
+                            " GPU copier ({size} B): socket: {}; write_lat: {}",
+                            c.socket,
+                            c.write_lat
+                        );
+                    }
                 }
                 lat_rows.push(LatResult {
                     socket_vs_write_lat: socket.t_typical_us / write_lat.t_typical_us,
                     socket,
                     write_lat,
                     steps,
+                    copier: traces,
                 });
             }
         }

@@ -1559,6 +1559,18 @@ fn socket_perftests_on_the_gpu() {
         assert_eq!(rows(&out).len(), 1, "{mem}, --zero-copy: {out}");
         let out = ok("sock_lat", &["--mode", "gpu", "--mem", mem, "-s", "64", "-n", "500"]);
         assert_eq!(rows(&out).len(), 2, "{mem}: {out}");
+        // Into GPU memory the copier's view of both ping-pongs: a message and its count fetched
+        // in one look, write_lat's WRITE alone.
+        assert_eq!(
+            out.contains(" GPU copier (64 B): socket: 2.0 descriptors a look"),
+            mem == "device",
+            "{mem}: {out}"
+        );
+        assert_eq!(
+            out.contains("; write_lat: 1.0 descriptors a look"),
+            mem == "device",
+            "{mem}: {out}"
+        );
     }
     let out = ok("sock_bw", &["--mode", "gpu", "-a", "-n", "100", "--rx-bytes", "65536"]);
     assert_eq!(rows(&out).len(), 16, "{out}");
