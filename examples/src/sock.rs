@@ -188,9 +188,9 @@ pub struct CopierTraces {
     pub write_lat: CopierTrace,
 }
 
-/// A socket round trip taken apart (`sock_lat` in one process): each side's calls, means a call
-/// (as [`SenderSteps`]), and what is left of the ping's wait once the pong's calls are taken
-/// out of it.
+/// A socket round trip taken apart: each side's calls, means a call (as [`SenderSteps`]), and
+/// what is left of the ping's wait once the pong's calls are taken out of it. The pong's
+/// (and so the trips) only where it ran in this process; a `--server` prints its own.
 #[derive(Debug, Clone, Serialize)]
 pub struct RoundTripSteps {
     /// The pinging side's sends.
@@ -198,27 +198,32 @@ pub struct RoundTripSteps {
     /// The pinging side's receives (its wait holds the pong's calls and both trips).
     pub ping_receive: ReceiverSteps,
     /// The ponging side's receives (its wait is idle time: the ping's calls).
-    pub pong_receive: ReceiverSteps,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pong_receive: Option<ReceiverSteps>,
     /// The ponging side's sends.
-    pub pong_send: SenderSteps,
-    /// Both trips through the HCA (from a send's doorbell to the peer seeing its count), per
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pong_send: Option<SenderSteps>,
+    /// Both trips through the HCA (from a send's return to the peer seeing its count), per
     /// round trip: the ping's wait less the pong's calls but their wait, microseconds.
-    pub wire_us: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wire_us: Option<f64>,
 }
 
 impl RoundTripSteps {
     /// From the two sides' runs of `iters` rounds (`BenchRole::Ping` and `Pong` record their
     /// sends' and then their receives' steps).
-    fn of(ping: &SideRun, pong: &SideRun, iters: u32) -> Option<RoundTripSteps> {
+    fn of(ping: &SideRun, pong: Option<&SideRun>, iters: u32) -> Option<RoundTripSteps> {
         let at = iters as usize + 1;
         let ping_send = ping.sender_at(at)?;
         let ping_receive = ping.receiver_at(at + STEPS + 1)?;
-        let pong_send = pong.sender_at(0)?;
-        let pong_receive = pong.receiver_at(STEPS + 1)?;
+        let pong_send = pong.and_then(|p| p.sender_at(0));
+        let pong_receive = pong.and_then(|p| p.receiver_at(STEPS + 1));
         let round = |mean: f64, calls: u64| mean * calls as f64 / iters.max(1) as f64;
-        let wire_us = round(ping_receive.wait_us, ping_receive.calls)
-            - round(pong_receive.total_us() - pong_receive.wait_us, pong_receive.calls)
-            - round(pong_send.total_us(), pong_send.calls);
+        let wire_us = pong_send.as_ref().zip(pong_receive.as_ref()).map(|(send, receive)| {
+            round(ping_receive.wait_us, ping_receive.calls)
+                - round(receive.total_us() - receive.wait_us, receive.calls)
+                - round(send.total_us(), send.calls)
+        });
         Some(RoundTripSteps {
             ping_send,
             ping_receive,
@@ -231,11 +236,14 @@ impl RoundTripSteps {
 
 impl std::fmt::Display for RoundTripSteps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "ping {}; ping {}; pong {}; pong {}; both trips through the HCA {:.2} usec a round trip",
-            self.ping_send, self.ping_receive, self.pong_receive, self.pong_send, self.wire_us
-        )
+        write!(f, "ping {}; ping {}", self.ping_send, self.ping_receive)?;
+        if let (Some(receive), Some(send), Some(wire)) = (&self.pong_receive, &self.pong_send, self.wire_us) {
+            write!(
+                f,
+                "; pong {receive}; pong {send}; both trips through the HCA {wire:.2} usec a round trip"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -856,7 +864,7 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
             }
             Test::Lat => {
                 let (ping, pong) = peer.run(&runner, BenchRole::Ping, BenchRole::Pong, size, iters, args.threads)?;
-                let steps = pong.and_then(|pong| RoundTripSteps::of(&ping, &pong, iters));
+                let steps = RoundTripSteps::of(&ping, pong.as_ref(), iters);
                 let trace = || copier.as_deref().and_then(CopierTrace::of);
                 let socket_trace = trace();
                 let (raw, _) = peer.run(

@@ -1661,6 +1661,17 @@ fn socket_perftests_across_processes() {
                 "{out}"
             );
             assert!(server_err.contains("sock_bw: 65536 B, receive: wait "), "{server_err}");
+        } else {
+            // The client has its ping's steps (no trips: the pong's are the server's), the
+            // server says its pong's.
+            assert!(
+                out.contains("): ping send: room ") && !out.contains("pong") && !out.contains("trips"),
+                "{out}"
+            );
+            assert!(
+                server_err.contains("sock_lat: 64 B, pong receive: wait "),
+                "{server_err}"
+            );
         }
     }
     // A server whose ring is smaller than what the client asks for refuses it.
