@@ -171,7 +171,8 @@ pub struct LatResult {
     pub write_lat: crate::report::LatRow,
     /// `socket.t_typical_us / write_lat.t_typical_us`.
     pub socket_vs_write_lat: f64,
-    /// Where a round trip through the socket goes, where both sides ran in this process.
+    /// Where a round trip through the socket goes (the other side's share only where it ran
+    /// in this process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<RoundTripSteps>,
     /// What the GPU copier saw of each ping-pong, where it served them (rings in GPU memory).
