@@ -269,14 +269,21 @@ pub struct CopierTrace {
 impl CopierTrace {
     /// The trace of `copier` now, if it answered enough descriptors.
     fn of(copier: &gdaki_soft::copier::Copier) -> Option<CopierTrace> {
-        use gdaki_layout::copy::{RING_SLOTS, STAMP_FINISHED, STAMP_SEEN};
+        use gdaki_layout::copy::RING_SLOTS;
         let last = copier.stats().posted;
+        let first = last.saturating_sub(RING_SLOTS as u64 - 1).max(1);
+        CopierTrace::from_stamps((first..=last).filter_map(|seq| copier.stamps(seq)))
+    }
+
+    /// The trace of descriptors' stamps ([`CopyDone::stamps`]), in posting order: `None` for
+    /// fewer than 8 looks (after the last 4, a close's, are left out).
+    ///
+    /// [`CopyDone::stamps`]: gdaki_layout::copy::CopyDone::stamps
+    fn from_stamps(stamps: impl IntoIterator<Item = [u64; 3]>) -> Option<CopierTrace> {
+        use gdaki_layout::copy::{STAMP_FINISHED, STAMP_SEEN};
         // (seen, last finished, descriptors) of each look, in order.
         let mut looks: Vec<(u64, u64, usize)> = Vec::new();
-        for seq in last.saturating_sub(RING_SLOTS as u64 - 1).max(1)..=last {
-            let Some(stamps) = copier.stamps(seq) else {
-                continue;
-            };
+        for stamps in stamps {
             let (seen, finished) = (stamps[STAMP_SEEN], stamps[STAMP_FINISHED]);
             match looks.last_mut() {
                 Some(look) if look.0 == seen => {
@@ -944,4 +951,39 @@ struct Json<R: Serialize> {
     version: &'static str,
     params: Params,
     results: Vec<R>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CopierTrace;
+
+    /// Pairs fetched in one look (equal `seen`), each landing 5 us after it, the next look 9 us
+    /// later; a lone straggler in between counts as a look of its own; the close's last four
+    /// looks are left out, and too few looks give no trace.
+    #[test]
+    fn a_copier_trace_groups_descriptors_by_the_look_that_fetched_them() {
+        let mut stamps = Vec::new();
+        let mut t = 1_000_000u64;
+        for i in 0..20 {
+            // (seen, started, finished): the copy, then its count, which lands last.
+            stamps.push([t, t + 100, t + 3_000]);
+            stamps.push([t, t + 3_100, t + 5_000]);
+            t += 5_000 + 9_000;
+            if i == 10 {
+                stamps.push([t, t + 50, t + 5_000]);
+                t += 5_000 + 9_000;
+            }
+        }
+        for _ in 0..4 {
+            stamps.push([t, t, t + 100_000]);
+            t += 1_000_000;
+        }
+        let trace = CopierTrace::from_stamps(stamps).expect("enough looks");
+        assert_eq!(trace.looks, 21);
+        assert!((trace.per_look - 41.0 / 21.0).abs() < 1e-9, "{}", trace.per_look);
+        assert_eq!(trace.served_us, 5.0);
+        assert_eq!(trace.turnaround_us, 9.0);
+        let few: Vec<[u64; 3]> = (0..11u64).map(|i| [i * 10, i * 10, i * 10 + 1]).collect();
+        assert!(CopierTrace::from_stamps(few).is_none(), "7 looks after the close's 4");
+    }
 }
