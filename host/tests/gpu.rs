@@ -1117,7 +1117,7 @@ fn a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them() {
             (copy, copier.submit_store(flag_at, &flag.to_le_bytes()).unwrap())
         };
         copier.settle(store).unwrap();
-        let seen = |n| copier.stamps(n).expect("answer still in its slot")[0];
+        let seen = |n| copier.stamps(n).expect("answer still in its slot")[gdaki_layout::copy::STAMP_SEEN];
         (
             copier.served_by_mirror(copy).expect("answer still in its slot"),
             copier.served_by_mirror(store).expect("answer still in its slot"),

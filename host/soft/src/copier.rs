@@ -140,12 +140,9 @@ impl std::fmt::Debug for Copier {
     }
 }
 
-/// A descriptor written into its ring slot but not yet visible to the kernel (its `seq`
-/// unpublished).
-struct Unpublished {
-    p: *mut CopyDesc,
-    n: u64,
-}
+/// Descriptor `.0`, written into its ring slot but not yet visible to the kernel (its `seq`
+/// unpublished): for [`Copier::publish`].
+struct Unpublished(u64);
 
 /// A descriptor (its `seq` is set when it is posted).
 fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc {
@@ -440,7 +437,7 @@ impl Copier {
     /// to be answered) and returns its sequence number.
     fn post_now(&self, st: &mut State, desc: CopyDesc) -> Result<u64, DmaFault> {
         let d = self.write_slot(st, desc)?;
-        let n = d.n;
+        let n = d.0;
         self.publish(d);
         Ok(n)
     }
@@ -458,13 +455,14 @@ impl Copier {
         unsafe { p.write_volatile(CopyDesc { seq: 0, ..desc }) };
         st.next += 1;
         st.stats.posted += 1;
-        Ok(Unpublished { p, n })
+        Ok(Unpublished(n))
     }
 
     /// Publishes a written descriptor: its `seq`, with release.
-    fn publish(&self, d: Unpublished) {
+    fn publish(&self, Unpublished(n): Unpublished) {
+        let p = self.desc((n & (RING_SLOTS as u64 - 1)) as usize);
         // SAFETY: `seq` is the first, aligned word of a live ring slot that `write_slot` filled.
-        unsafe { AtomicU64::from_ptr(d.p as *mut u64).store(d.n, Ordering::Release) };
+        unsafe { AtomicU64::from_ptr(p as *mut u64).store(n, Ordering::Release) };
     }
 
     /// Whether descriptor `n` has been answered (slots are reused for `n + RING_SLOTS`, ...,
@@ -752,11 +750,7 @@ impl Copier {
             d.span = (last - through).min(RING_SLOTS as u64) as u32;
         }
         let after = d.arg1;
-        let posted = self.write_slot(&mut st, d).map(|store| {
-            let n = store.n;
-            self.publish(store);
-            n
-        });
+        let posted = self.post_now(&mut st, d);
         // Published even when the store could not be (its slot stayed busy): the list's copies
         // were queued.
         if let Some(list) = list {
