@@ -987,13 +987,25 @@ impl BenchRole {
     /// the stream's time goes: `Send` and `Recv` add their calls' step sums ([`STEPS`] of them,
     /// ns) and their calls, `Ping` and `Pong` those of their sends and then of their receives.
     pub const fn timestamps(self, iters: u32) -> usize {
-        match self {
-            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv => 2 + STEPS + 1,
-            BenchRole::RawSend => 2,
-            BenchRole::Ping => iters as usize + 1 + 2 * (STEPS + 1),
-            BenchRole::Pong => 2 * (STEPS + 1),
-            BenchRole::RawPing => iters as usize + 1,
+        match (self, self.steps_at(iters)) {
+            (BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv, Some(at)) => at + STEPS + 1,
+            (BenchRole::Ping | BenchRole::Pong, Some(at)) => at + 2 * (STEPS + 1),
+            (BenchRole::RawSend, _) => 2,
+            (BenchRole::RawPing, _) => iters as usize + 1,
             _ => 0,
+        }
+    }
+
+    /// Where the role's step sums start among its timestamps (see
+    /// [`timestamps`](Self::timestamps)): after the bandwidth roles' two stamps, after the
+    /// ping's round stamps, first for the pong; `Ping` and `Pong` put their receives' sums
+    /// [`STEPS`] + 1 words after their sends'. `None` for a role that records none.
+    pub const fn steps_at(self, iters: u32) -> Option<usize> {
+        match self {
+            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv => Some(2),
+            BenchRole::Ping => Some(iters as usize + 1),
+            BenchRole::Pong => Some(0),
+            _ => None,
         }
     }
 }
@@ -1021,7 +1033,8 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             unsafe { times.add(i).write_volatile(arch::global_timer_ns()) };
         }
     };
-    // A side's step sums and calls, at timestamp `at` on.
+    // A side's step sums and calls, at timestamp `at` on (`BenchRole::steps_at`).
+    let at = role.steps_at(iters).unwrap_or(0);
     let record_steps = |at: usize, steps: &StepSums| {
         if scope.is_leader() {
             for (i, v) in steps.sums.iter().chain([&steps.calls]).enumerate() {
@@ -1049,7 +1062,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
             stamp(1);
-            record_steps(2, &steps);
+            record_steps(at, &steps);
             sock.wait_end_with(scope)?;
             Ok(src.len() * iters as u64)
         }
@@ -1064,7 +1077,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
                 }
             }
             stamp(1);
-            record_steps(2, &steps);
+            record_steps(at, &steps);
             // The sender waits for this side's end before it closes.
             sock.shutdown_with(scope)?;
             sock.flush_with(scope)?;
@@ -1082,10 +1095,8 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
                     sock.send_all_in(scope, Source::Copy(&buf[..msg]), &mut sends)?;
                 }
             }
-            let mut at = 0;
             if role == BenchRole::Ping {
                 stamp(iters as usize);
-                at = iters as usize + 1;
             }
             record_steps(at, &sends);
             record_steps(at + STEPS + 1, &recvs);

@@ -214,11 +214,10 @@ impl RoundTripSteps {
     /// From the two sides' runs of `iters` rounds (`BenchRole::Ping` and `Pong` record their
     /// sends' and then their receives' steps).
     fn of(ping: &SideRun, pong: Option<&SideRun>, iters: u32) -> Option<RoundTripSteps> {
-        let at = iters as usize + 1;
-        let ping_send = ping.sender_at(at)?;
-        let ping_receive = ping.receiver_at(at + STEPS + 1)?;
-        let pong_send = pong.and_then(|p| p.sender_at(0));
-        let pong_receive = pong.and_then(|p| p.receiver_at(STEPS + 1));
+        let (Some(ping_send), Some(ping_receive)) = ping.steps_of(BenchRole::Ping, iters) else {
+            return None;
+        };
+        let (pong_send, pong_receive) = pong.map_or((None, None), |p| p.steps_of(BenchRole::Pong, iters));
         let round = |mean: f64, calls: u64| mean * calls as f64 / iters.max(1) as f64;
         let wire_us = pong_send.as_ref().zip(pong_receive.as_ref()).map(|(send, receive)| {
             round(ping_receive.wait_us, ping_receive.calls)
@@ -348,14 +347,17 @@ impl SideRun {
         (calls > 0).then(|| (calls, std::array::from_fn(|k| mean(sums[k]))))
     }
 
-    /// A `Send` side's steps (after its two timestamps).
-    fn sender(&self) -> Option<SenderSteps> {
-        self.sender_at(2)
-    }
-
-    /// A `Recv` side's steps (after its two timestamps).
-    fn receiver(&self) -> Option<ReceiverSteps> {
-        self.receiver_at(2)
+    /// The side's sends' and receives' steps as `role` recorded them over `iters` rounds
+    /// (`BenchRole::steps_at`): a `Send` side has only sends, a `Recv` side only receives.
+    fn steps_of(&self, role: BenchRole, iters: u32) -> (Option<SenderSteps>, Option<ReceiverSteps>) {
+        let Some(at) = role.steps_at(iters) else {
+            return (None, None);
+        };
+        match role {
+            BenchRole::Recv => (None, self.receiver_at(at)),
+            BenchRole::Ping | BenchRole::Pong => (self.sender_at(at), self.receiver_at(at + STEPS + 1)),
+            _ => (self.sender_at(at), None),
+        }
     }
 
     fn sender_at(&self, at: usize) -> Option<SenderSteps> {
@@ -599,16 +601,10 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
         let run = runner.run(vec![sock], &[role], size, iters, args.threads)?;
         eprintln!("{}: served {role:?}, {size} B x {iters}", test.name());
         // A stream's receiver, or a pong: where its calls went (the client has only its own).
-        match (role, run.first()) {
-            (BenchRole::Recv, Some(side)) => {
-                if let Some(steps) = side.receiver() {
-                    eprintln!("{}: {size} B, {steps}", test.name());
-                }
-            }
-            (BenchRole::Pong, Some(side)) => {
-                if let (Some(receive), Some(send)) = (side.receiver_at(STEPS + 1), side.sender_at(0)) {
-                    eprintln!("{}: {size} B, pong {receive}; pong {send}", test.name());
-                }
+        match (role, run.first().map(|side| side.steps_of(role, iters))) {
+            (BenchRole::Recv, Some((_, Some(receive)))) => eprintln!("{}: {size} B, {receive}", test.name()),
+            (BenchRole::Pong, Some((Some(send), Some(receive)))) => {
+                eprintln!("{}: {size} B, pong {receive}; pong {send}", test.name());
             }
             _ => {}
         }
@@ -843,8 +839,8 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     bw_mib_s: mib_s(&send),
                     put_bw_mib_s: mib_s(&raw),
                     socket_vs_put: 0.0,
-                    sender: send.sender(),
-                    receiver: recv.as_ref().and_then(SideRun::receiver),
+                    sender: send.steps_of(sender, iters).0,
+                    receiver: recv.as_ref().and_then(|r| r.steps_of(BenchRole::Recv, iters).1),
                 };
                 let row = BwResult {
                     socket_vs_put: row.bw_mib_s / row.put_bw_mib_s,
