@@ -837,14 +837,19 @@ mod gpu {
         if arch::ballot(FULL_WARP, free) & (1 << from) == 0 {
             return None;
         }
-        // Likewise a store ordered after every descriptor up to `arg1`.
+        // Likewise a store ordered after every descriptor up to `arg1`, unless those are all
+        // earlier in this run (a message and its count): this warp served them, each published
+        // done by lane 0 (its fence) before this store, which lane 0 makes.
         if op == OP_STORE && arg1 >= first {
-            let span = arch::shfl_idx(FULL_WARP, d.span, from);
-            // SAFETY: the work area (contract).
-            if !unsafe { done_through(work, first, n, arg1, span, lane) } {
-                return None;
+            let span = arch::shfl_idx(FULL_WARP, d.span, from) as u64;
+            let in_run = span != 0 && arg1 < n && arg1 + 1 >= n - from as u64 + span;
+            if !in_run {
+                // SAFETY: the work area (contract).
+                if !unsafe { done_through(work, first, n, arg1, span as u32, lane) } {
+                    return None;
+                }
+                after_acquired(lane);
             }
-            after_acquired(lane);
         }
         let (dst, src, arg0) = (
             shfl_u64(FULL_WARP, d.dst, from),

@@ -691,7 +691,11 @@ impl<M: Sharing> Socket<M> {
         // The leader waits for bytes (or the end); everyone learns how many it takes. The
         // others read only `consumed` (see `send_in`).
         let consumed = self.consumed();
+        // The leader's last credit, loaded as the call starts (beside `consumed`), not after the
+        // copy's barrier: one memory round trip less on a call's path.
+        let mut credited = 0;
         let arrived = on_leader(scope, || {
+            credited = self.credited();
             let mut deadline = self.qp.deadline();
             loop {
                 let flags = self.flags();
@@ -743,7 +747,6 @@ impl<M: Sharing> Socket<M> {
         scope.sync();
         steps.mark(3);
         let taken = on_leader(scope, || {
-            let credited = self.credited();
             let consumed = consumed + n;
             self.set_consumed(consumed);
             steps.mark(4);
