@@ -297,7 +297,7 @@ mod gpu {
 
     use gdaki_layout::copy::{
         CopyDesc, CopyDone, CopyItem, LIST_MAX, MIRROR_RUN_MAX, MIRROR_SERVES_MAX, OP_COMPARE_SWAP, OP_COPY,
-        OP_COPY_LIST, OP_FETCH_ADD, OP_SERVED, OP_STORE, RING_SLOTS, SERVER_MIRROR,
+        OP_COPY_LIST, OP_FETCH_ADD, OP_SERVED, OP_STORE, RING_SLOTS, SERVER_MIRROR, SPAN_FLAG_FOLLOWS,
     };
 
     use super::{
@@ -307,6 +307,9 @@ mod gpu {
     use crate::scope::shfl_u64;
 
     const MASK: u64 = RING_SLOTS as u64 - 1;
+    /// Looks at a message's flag slot before the fetching warp gives up on it (the host
+    /// publishes the flag first, so one is enough unless it failed to post it).
+    const FOLLOW_LOOKS: u32 = 4;
 
     #[inline(always)]
     unsafe fn ld_acquire_gpu(p: *const u64) -> u64 {
@@ -894,7 +897,7 @@ mod gpu {
             // An acquire load: a lane that finds its descriptor posted reads it next, ordered
             // by this load alone (a system-scope fence after the poll cost microseconds).
             let ready = unsafe { arch::load_u64_acquire(addr_of!((*d).seq)) } == mine;
-            let run = (!arch::ballot(FULL_WARP, ready)).trailing_zeros() as u64;
+            let mut run = (!arch::ballot(FULL_WARP, ready)).trailing_zeros() as u64;
             if run == 0 {
                 // SAFETY: `stop` is a host-pinned word (contract).
                 let stopping = lane == 0 && unsafe { stop.read_volatile() } != 0;
@@ -916,6 +919,28 @@ mod gpu {
                 // SAFETY: per the contract. A plain read after this lane's acquire of its `seq`:
                 // its loads cross PCIe together (volatile ones would go one round trip at a time).
                 desc = unsafe { d.read() };
+            }
+            // A message whose flag the host published before it, found without the flag: this
+            // lane's load overtook the one before it. The flag is in host memory already; one
+            // look at its slot alone (bounded, should the host not have posted it after all).
+            let last = (run - 1) as u32;
+            let (last_op, last_span) = (
+                arch::shfl_idx(FULL_WARP, desc.op, last),
+                arch::shfl_idx(FULL_WARP, desc.span, last),
+            );
+            if run < 32 && last_span == SPAN_FLAG_FOLLOWS && (last_op == OP_COPY || last_op == OP_COPY_LIST) {
+                for _ in 0..FOLLOW_LOOKS {
+                    // SAFETY: as the look above, for this lane's slot.
+                    let ready = lane == run && unsafe { arch::load_u64_acquire(addr_of!((*d).seq)) } == mine;
+                    if arch::ballot(FULL_WARP, ready) != 0 {
+                        if ready {
+                            // SAFETY: as above.
+                            desc = unsafe { d.read() };
+                        }
+                        run += 1;
+                        break;
+                    }
+                }
             }
             // A lone descriptor, or a message and its flag: served here in order, as far as
             // each may be (the rest go to the workers, whose rules order them after these).

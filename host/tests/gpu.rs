@@ -1125,7 +1125,10 @@ fn a_small_copy_and_its_flag_are_served_by_the_warp_that_fetched_them() {
         )
     };
     // Rounds whose flag the fetching warp found a look after its message: the copier publishes
-    // a list and the store after it together, so there are none (1 to 4 of 192 before).
+    // the store before the list and marks the list (`SPAN_FLAG_FOLLOWS`), and a look that finds
+    // the list without its flag (the lanes' loads are not ordered) looks again at the flag's
+    // slot, so there are none (1 to 4 of 192 published the other way round; now and then one,
+    // published in this order but unmarked).
     let mut apart = 0;
     for (len, fetcher) in [(8u64, true), (64, true), (256, true), (64 << 10, false)] {
         // Enough rounds that a pair the warp could find apart would be, in some.

@@ -48,6 +48,13 @@ pub const MIRROR_SERVES_MAX: u64 = 256;
 /// them to worker warps costs a hand-off each and a wait between them.
 pub const MIRROR_RUN_MAX: u64 = 4;
 
+/// [`CopyDesc::span`] of an [`OP_COPY`] or [`OP_COPY_LIST`] whose next descriptor is an
+/// [`OP_STORE`] that the host published before it (a message and its flag). The fetching warp's
+/// lanes read their slots with loads that are not ordered with each other, so a look can find
+/// the message without its flag; one that ends in a descriptor so marked looks once more at the
+/// next slot alone, and serves the pair as one run (otherwise the flag waited a whole look).
+pub const SPAN_FLAG_FOLLOWS: u32 = 1;
+
 /// [`CopyDone::server`] of a descriptor that the mirror warp served (see [`OP_SERVED`]).
 pub const SERVER_MIRROR: u64 = u64::MAX;
 
@@ -93,7 +100,7 @@ pub struct CopyDesc {
     pub op: u32,
     /// For an [`OP_STORE`] ordered after `arg1`: how many descriptors up to `arg1` it waits
     /// for (`arg1 - span + 1 ..= arg1`, the ones the host has not seen answered; 0: every one
-    /// still in the ring). Else 0.
+    /// still in the ring). For a copy, [`SPAN_FLAG_FOLLOWS`] or 0. Else 0.
     pub span: u32,
     /// The host leaves it 0; in the kernel's mirror, when the descriptor was seen (GPU global
     /// timer, ns), for [`CopyDone::stamps`].

@@ -22,7 +22,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gdaki_layout::copy::{
     CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, OP_STORE, RING_SLOTS,
-    SERVER_MIRROR, STORE_MAX, WORK_BYTES,
+    SERVER_MIRROR, SPAN_FLAG_FOLLOWS, STORE_MAX, WORK_BYTES,
 };
 use tracing::{debug, error};
 
@@ -409,15 +409,16 @@ impl Copier {
 
     /// Posts the open copy list as descriptor `st.next` (a list of one as a plain copy).
     fn flush_open(&self, st: &mut State) -> Result<(), DmaFault> {
-        if let Some(list) = self.write_open(st)? {
+        if let Some(list) = self.write_open(st, false)? {
             self.publish(list);
         }
         Ok(())
     }
 
     /// Writes the open copy list (if any) as descriptor `st.next`, unpublished (see
-    /// [`write_slot`](Self::write_slot)).
-    fn write_open(&self, st: &mut State) -> Result<Option<Unpublished>, DmaFault> {
+    /// [`write_slot`](Self::write_slot)); `flag_follows`: the next descriptor is a store that
+    /// will be published before this one ([`SPAN_FLAG_FOLLOWS`]).
+    fn write_open(&self, st: &mut State, flag_follows: bool) -> Result<Option<Unpublished>, DmaFault> {
         let Some(open) = st.open.take() else {
             return Ok(None);
         };
@@ -430,7 +431,8 @@ impl Copier {
             let at = self.lists.device_addr((slot * LIST_BYTES) as u64);
             desc(OP_COPY_LIST, 0, at, open.count as u64, 0, 0)
         };
-        self.write_slot(st, d).map(Some)
+        let span = if flag_follows { SPAN_FLAG_FOLLOWS } else { 0 };
+        self.write_slot(st, CopyDesc { span, ..d }).map(Some)
     }
 
     /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
@@ -456,6 +458,14 @@ impl Copier {
         st.next += 1;
         st.stats.posted += 1;
         Ok(Unpublished(n))
+    }
+
+    /// Clears a written, unpublished descriptor's [`SPAN_FLAG_FOLLOWS`].
+    fn unmark(&self, Unpublished(n): &Unpublished) {
+        let p = self.desc((n & (RING_SLOTS as u64 - 1)) as usize);
+        // SAFETY: a live ring slot that `write_slot` filled; the kernel does not read it before
+        // its `seq` is published, after this.
+        unsafe { std::ptr::addr_of_mut!((*p).span).write_volatile(0) };
     }
 
     /// Publishes a written descriptor: its `seq`, with release.
@@ -738,7 +748,7 @@ impl Copier {
         // order, finds the message and its flag in one look and serves them as one run (a
         // look at the ring is a PCIe round trip; the flag found a look after its message came
         // that much later).
-        let list = self.write_open(&mut st)?;
+        let list = self.write_open(&mut st, true)?;
         // The kernel looks only at those the host has not seen answered (none: no wait at all);
         // a look at every slot of the ring cost a lone store microseconds.
         let last = st.next - 1;
@@ -752,8 +762,11 @@ impl Copier {
         let after = d.arg1;
         let posted = self.post_now(&mut st, d);
         // Published even when the store could not be (its slot stayed busy): the list's copies
-        // were queued.
+        // were queued; but then no flag follows it.
         if let Some(list) = list {
+            if posted.is_err() {
+                self.unmark(&list);
+            }
             self.publish(list);
         }
         let n = posted?;
