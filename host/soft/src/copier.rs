@@ -285,7 +285,9 @@ impl Copier {
         unsafe { AtomicU32::from_ptr(self.ctl_buf.as_ptr() as *mut u32) }
     }
 
-    fn desc(&self, slot: usize) -> *mut CopyDesc {
+    /// The ring slot of descriptor `n`.
+    fn desc(&self, n: u64) -> *mut CopyDesc {
+        let slot = (n & (RING_SLOTS as u64 - 1)) as usize;
         // SAFETY: slot < RING_SLOTS, inside the ring buffer.
         unsafe { (self.descs_buf.as_ptr() as *mut CopyDesc).add(slot) }
     }
@@ -409,16 +411,15 @@ impl Copier {
 
     /// Posts the open copy list as descriptor `st.next` (a list of one as a plain copy).
     fn flush_open(&self, st: &mut State) -> Result<(), DmaFault> {
-        if let Some(list) = self.write_open(st, false)? {
+        if let Some(list) = self.write_open(st)? {
             self.publish(list);
         }
         Ok(())
     }
 
     /// Writes the open copy list (if any) as descriptor `st.next`, unpublished (see
-    /// [`write_slot`](Self::write_slot)); `flag_follows`: the next descriptor is a store that
-    /// will be published before this one ([`SPAN_FLAG_FOLLOWS`]).
-    fn write_open(&self, st: &mut State, flag_follows: bool) -> Result<Option<Unpublished>, DmaFault> {
+    /// [`write_slot`](Self::write_slot)).
+    fn write_open(&self, st: &mut State) -> Result<Option<Unpublished>, DmaFault> {
         let Some(open) = st.open.take() else {
             return Ok(None);
         };
@@ -431,8 +432,7 @@ impl Copier {
             let at = self.lists.device_addr((slot * LIST_BYTES) as u64);
             desc(OP_COPY_LIST, 0, at, open.count as u64, 0, 0)
         };
-        let span = if flag_follows { SPAN_FLAG_FOLLOWS } else { 0 };
-        self.write_slot(st, CopyDesc { span, ..d }).map(Some)
+        self.write_slot(st, d).map(Some)
     }
 
     /// Writes descriptor `st.next` into its slot (waiting for the slot's previous descriptor
@@ -451,7 +451,7 @@ impl Copier {
     fn write_slot(&self, st: &mut State, desc: CopyDesc) -> Result<Unpublished, DmaFault> {
         self.free_slot(st)?;
         let n = st.next;
-        let p = self.desc((n & (RING_SLOTS as u64 - 1)) as usize);
+        let p = self.desc(n);
         // SAFETY: the slot is free (its previous descriptor was answered, above); the kernel
         // reads it only once `seq` says so, published last (`publish`).
         unsafe { p.write_volatile(CopyDesc { seq: 0, ..desc }) };
@@ -460,17 +460,18 @@ impl Copier {
         Ok(Unpublished(n))
     }
 
-    /// Clears a written, unpublished descriptor's [`SPAN_FLAG_FOLLOWS`].
-    fn unmark(&self, Unpublished(n): &Unpublished) {
-        let p = self.desc((n & (RING_SLOTS as u64 - 1)) as usize);
+    /// Marks a written, unpublished copy [`SPAN_FLAG_FOLLOWS`]: the store after it is
+    /// published.
+    fn mark_flag_follows(&self, Unpublished(n): &Unpublished) {
+        let p = self.desc(*n);
         // SAFETY: a live ring slot that `write_slot` filled; the kernel does not read it before
-        // its `seq` is published, after this.
-        unsafe { std::ptr::addr_of_mut!((*p).span).write_volatile(0) };
+        // its `seq` is published (with release), after this.
+        unsafe { std::ptr::addr_of_mut!((*p).span).write_volatile(SPAN_FLAG_FOLLOWS) };
     }
 
     /// Publishes a written descriptor: its `seq`, with release.
     fn publish(&self, Unpublished(n): Unpublished) {
-        let p = self.desc((n & (RING_SLOTS as u64 - 1)) as usize);
+        let p = self.desc(n);
         // SAFETY: `seq` is the first, aligned word of a live ring slot that `write_slot` filled.
         unsafe { AtomicU64::from_ptr(p as *mut u64).store(n, Ordering::Release) };
     }
@@ -748,7 +749,7 @@ impl Copier {
         // order, finds the message and its flag in one look and serves them as one run (a
         // look at the ring is a PCIe round trip; the flag found a look after its message came
         // that much later).
-        let list = self.write_open(&mut st, true)?;
+        let list = self.write_open(&mut st)?;
         // The kernel looks only at those the host has not seen answered (none: no wait at all);
         // a look at every slot of the ring cost a lone store microseconds.
         let last = st.next - 1;
@@ -762,10 +763,10 @@ impl Copier {
         let after = d.arg1;
         let posted = self.post_now(&mut st, d);
         // Published even when the store could not be (its slot stayed busy): the list's copies
-        // were queued; but then no flag follows it.
+        // were queued; marked only where its flag was.
         if let Some(list) = list {
-            if posted.is_err() {
-                self.unmark(&list);
+            if posted.is_ok() {
+                self.mark_flag_follows(&list);
             }
             self.publish(list);
         }
