@@ -240,10 +240,21 @@ impl std::fmt::Display for RoundTripSteps {
         if let (Some(receive), Some(send), Some(wire)) = (&self.pong_receive, &self.pong_send, self.wire_us) {
             write!(
                 f,
-                "; pong {receive}; pong {send}; both trips through the HCA {wire:.2} usec a round trip"
+                "; {}; both trips through the HCA {wire:.2} usec a round trip",
+                PongSteps(receive, send)
             )?;
         }
         Ok(())
+    }
+}
+
+/// The ponging side's calls, as a round trip's line shows them (and a `--server` pong its
+/// own): its receives, then its sends.
+struct PongSteps<'a>(&'a ReceiverSteps, &'a SenderSteps);
+
+impl std::fmt::Display for PongSteps<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pong {}; pong {}", self.0, self.1)
     }
 }
 
@@ -604,7 +615,7 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
         match (role, run.first().map(|side| side.steps_of(role, iters))) {
             (BenchRole::Recv, Some((_, Some(receive)))) => eprintln!("{}: {size} B, {receive}", test.name()),
             (BenchRole::Pong, Some((Some(send), Some(receive)))) => {
-                eprintln!("{}: {size} B, pong {receive}; pong {send}", test.name());
+                eprintln!("{}: {size} B, {}", test.name(), PongSteps(&receive, &send));
             }
             _ => {}
         }
