@@ -190,17 +190,62 @@ pub unsafe fn copy_share(dst: u64, src: u64, len: u64, tid: u64, n: u64) {
 /// `dst..dst + len` is writable by the caller.
 #[inline(always)]
 pub unsafe fn store_carried(dst: u64, words: [u64; 2], len: u64) {
-    let data = Unit16(words);
-    let src = &data as *const Unit16 as u64;
     let len = if len < 16 { len } else { 16 };
-    let body = body(dst, src, len);
-    // SAFETY: `data` holds 16 bytes, `len` of them are read; the caller vouches for `dst`.
-    unsafe { copy_share(dst, src, body, 0, 1) };
+    // The units are a copy's from a 16-byte aligned source (offset 0): the bytes never go
+    // through memory on their way (parked in a 16-byte local and copied out of it, they cost
+    // the copier's lane a local-memory round trip, byte by byte where unaligned, for every
+    // store it served).
+    let body = body(dst, 0, len);
+    // SAFETY: the caller vouches for `dst..dst + len`.
+    unsafe { store_bytes(dst, words, 0, body) };
     if body != 0 {
         order_stores();
     }
     // SAFETY: as above.
-    unsafe { copy_share(dst + body, src + body, len - body, 0, 1) };
+    unsafe { store_bytes(dst + body, words, body, len - body) };
+}
+
+/// Stores bytes `from..from + len` (within 16) of `words`, in memory order, at `dst`, in the
+/// units a copy of them from a 16-byte aligned source would take ([`unit()`]).
+///
+/// # Safety
+/// `dst..dst + len` is writable by the caller.
+#[inline(always)]
+unsafe fn store_bytes(dst: u64, words: [u64; 2], from: u64, len: u64) {
+    let u = unit(dst, from, len);
+    let mut i = 0;
+    while i < len {
+        let at = dst + i;
+        let v = bytes_from(words, from + i, u.min(8));
+        // SAFETY (all arms): `at..at + u` lies in `dst..dst + len` (the caller's), aligned
+        // for the unit (`unit` divides `dst` and `len`).
+        unsafe {
+            match u {
+                16 => Unit16::store(at as *mut Unit16, Unit16(words)),
+                8 => u64::store(at as *mut u64, v),
+                4 => u32::store(at as *mut u32, v as u32),
+                _ => u8::store(at as *mut u8, v as u8),
+            }
+        }
+        i += u;
+    }
+}
+
+/// The `width` bytes (1, 4 or 8; `at + width` at most 16) of `words` (16 bytes in memory
+/// order) from byte `at`, as a value of that width stored in native order holds them.
+#[inline(always)]
+const fn bytes_from(words: [u64; 2], at: u64, width: u64) -> u64 {
+    let (all, shift) = if cfg!(target_endian = "little") {
+        ((words[1] as u128) << 64 | words[0] as u128, 8 * at)
+    } else {
+        ((words[0] as u128) << 64 | words[1] as u128, 8 * (16 - at - width))
+    };
+    let v = (all >> (shift & 127)) as u64;
+    if width >= 8 {
+        v
+    } else {
+        v & ((1u64 << (8 * width)) - 1)
+    }
 }
 
 /// Orders this thread's earlier stores before its later ones for every observer of the GPU.
@@ -924,7 +969,7 @@ mod gpu {
             // lane's load overtook the one before it. The flag is in host memory already; one
             // look at its slot alone (bounded, should the host not have posted it after all).
             let last = (run - 1) as u32;
-            let (last_op, last_span) = (
+            let (mut last_op, last_span) = (
                 arch::shfl_idx(FULL_WARP, desc.op, last),
                 arch::shfl_idx(FULL_WARP, desc.span, last),
             );
@@ -937,6 +982,7 @@ mod gpu {
                             // SAFETY: as above.
                             desc = unsafe { d.read() };
                         }
+                        last_op = arch::shfl_idx(FULL_WARP, desc.op, run as u32);
                         run += 1;
                         break;
                     }
@@ -944,9 +990,9 @@ mod gpu {
             }
             // A lone descriptor, or a message and its flag: served here in order, as far as
             // each may be (the rest go to the workers, whose rules order them after these).
+            // (`last_op` is the run's last descriptor's, shuffled once a look.)
             let last = (run - 1) as u32;
-            let flag =
-                arch::shfl_idx(FULL_WARP, desc.op, last) == OP_STORE && shfl_u64(FULL_WARP, desc.arg1, last) >= n;
+            let flag = last_op == OP_STORE && shfl_u64(FULL_WARP, desc.arg1, last) >= n;
             // In a run, each descriptor is published done at once (so the flag lands right after
             // the message) and the host's answers follow the last one (each a system-scope
             // release of a write to host memory: a PCIe round trip the flag need not wait for).
