@@ -144,25 +144,34 @@ const RINGER: u32 = WARP;
 /// Runs `step` on the leader of `scope` and hands its outcome to every member (the others get
 /// the leader's error as its code: [`SocketError::from_code`]).
 fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>) -> Result<u64, SocketError> {
-    let mine = if scope.is_leader() { Some(step()) } else { None };
-    if S::SOLO {
-        return mine.unwrap_or(Ok(0));
+    // The leader's error itself is set aside where there is one: the barriers and the
+    // broadcast see two words, so a call that succeeds tests a word, not the variants of an
+    // `Option<Result<..>>` (which compiled to indirect branches through jump tables on every
+    // call, its error's `code()` among them).
+    let mut failure = None;
+    let mut word = [0, 0];
+    if scope.is_leader() {
+        match step() {
+            Ok(v) => word[0] = v,
+            Err(e) => {
+                word[1] = e.code() as u64;
+                failure = Some(e);
+            }
+        }
     }
-    // A barrier of its own before the broadcast's: on 2 x H100 a block's send and receive
-    // calls took 20-30% less time with it (docs/figures.md, "A barrier before a socket's
-    // broadcast"). Why is not known: the time the broadcast took (6 us at 64 KiB, growing
-    // with the block's copy) moved, less of it, into the copy after it.
-    scope.sync();
-    let word = match &mine {
-        Some(Ok(v)) => [*v, 0],
-        Some(Err(e)) => [0, e.code() as u64],
-        None => [0, 0],
-    };
-    let [value, code] = scope.broadcast(word);
-    match mine {
-        Some(outcome) => outcome,
-        None if code == 0 => Ok(value),
-        None => Err(SocketError::from_code(code as u32)),
+    if !S::SOLO {
+        // A barrier of its own before the broadcast's: on 2 x H100 a block's send and receive
+        // calls took 20-30% less time with it (docs/figures.md, "A barrier before a socket's
+        // broadcast"). Why is not known: the time the broadcast took (6 us at 64 KiB, growing
+        // with the block's copy) moved, less of it, into the copy after it.
+        scope.sync();
+        word = scope.broadcast(word);
+    }
+    // The leader's own error first: its word would read as success were its code ever 0.
+    match (failure, word) {
+        (Some(e), _) => Err(e),
+        (None, [value, 0]) => Ok(value),
+        (None, [_, code]) => Err(SocketError::from_code(code as u32)),
     }
 }
 
@@ -1191,5 +1200,21 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             sock.close_with(scope)?;
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scope::Thread;
+    use crate::status::CODE_OK;
+
+    #[test]
+    fn on_leader_hands_back_the_leaders_value_or_its_own_error() {
+        assert_eq!(on_leader(Thread, || Ok(7)), Ok(7));
+        assert_eq!(on_leader(Thread, || Err(SocketError::Reset)), Err(SocketError::Reset));
+        // An error whose code reads as "ok" in the broadcast word is still the leader's error.
+        let odd = SocketError::Failed { code: CODE_OK };
+        assert_eq!(on_leader(Thread, || Err(odd)), Err(odd));
     }
 }
