@@ -12,7 +12,10 @@
 # With the device tool of this workplace (about 10 MB per revision: five fit in its carry):
 #   run(command="ab-bundle/run.sh 3 put_bw -s 65536 -n 20000", carry=["ab-bundle"])
 # Outputs go to $OUT/ab/<program>.<rev>.<round>.txt (stderr beside them, .err); run.sh prints the
-# machine, then each run's figure lines.
+# machine, then each run's figure lines (and the socket perftests' Steps and GPU copier lines).
+# Each run stops after AB_TIMEOUT seconds (default 300; exit 124), so one revision that hangs
+# leaves the others' figures in the device call. A revision's first run includes the driver's
+# compile of its PTX (60-100 s on a fresh machine), outside the timed part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=ab-bundle
@@ -63,6 +66,9 @@ cat >"$dir/run.sh" <<'RUNNER'
 set -u
 cd "$(dirname "$0")"
 rounds=$1 program=$2; shift 2
+# The driver caches each revision's compiled PTX; its default cache (256 MiB) held too few
+# revisions of a 14 MB PTX, and runs compiled again inside their time limit.
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 out=${OUT:-$PWD}/ab; mkdir -p "$out"
 bin=$(mktemp -d)
 mapfile -t revs <revisions.txt
@@ -75,10 +81,11 @@ echo "$program $* (revisions: ${revs[*]})"
 for ((r = 1; r <= rounds; r++)); do
   for rev in "${revs[@]}"; do
     f=$out/$program.$rev.$r
-    "$bin/$program.$rev" "$@" >"$f.txt" 2>"$f.err"; rc=$?
+    timeout "${AB_TIMEOUT:-300}" "$bin/$program.$rev" "$@" >"$f.txt" 2>"$f.err"; rc=$?
     echo "== $rev round $r (exit $rc)"
-    # The figure lines: a perftest's result rows, the posting benchmark's Rust rows.
-    grep -E '^ +[0-9]+ +[0-9]|^ +rust ' "$f.txt" | head -20
+    # The figure lines: a perftest's result rows and a socket perftest's Steps and GPU copier
+    # lines, the posting benchmark's Rust rows.
+    grep -E '^ +[0-9]+ +[0-9]|^ +rust |^ (Steps|GPU copier) ' "$f.txt" | head -24
   done
 done
 RUNNER
