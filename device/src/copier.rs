@@ -990,7 +990,8 @@ mod gpu {
             }
             // A lone descriptor, or a message and its flag: served here in order, as far as
             // each may be (the rest go to the workers, whose rules order them after these).
-            // (`last_op` is the run's last descriptor's, shuffled once a look.)
+            // (`last_op` is the run's last descriptor's op: shuffled with the look's, again only
+            // where the look at the next slot found one more.)
             let last = (run - 1) as u32;
             let flag = last_op == OP_STORE && shfl_u64(FULL_WARP, desc.arg1, last) >= n;
             // In a run, each descriptor is published done at once (so the flag lands right after
