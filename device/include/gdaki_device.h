@@ -64,7 +64,7 @@ extern "C" {
 /** gdaki_dev_cq.error holds an error */
 #define GDAKI_ERROR_VALID 9223372036854775808ull
 /** version word of gdaki_dev_socket */
-#define GDAKI_DEV_SOCKET_VERSION 383844480u
+#define GDAKI_DEV_SOCKET_VERSION 34472064u
 /** version word of gdaki_dev_socket_service */
 #define GDAKI_DEV_SOCKET_SERVICE_VERSION 1686896704u
 /** gdaki_dev_rq.version of this layout */
@@ -341,11 +341,11 @@ typedef struct gdaki_remote_region {
  */
 typedef struct GDAKI_ALIGNED(64) gdaki_dev_socket {
   /**
-   * Bytes of this stream put to the peer.
+   * Ring position after this side's last frame put to the peer.
    */
   uint64_t sent;
   /**
-   * Bytes of the peer's stream taken out of the receive ring.
+   * Ring position of the frame this side reads next.
    */
   uint64_t consumed;
   /**
@@ -362,9 +362,17 @@ typedef struct GDAKI_ALIGNED(64) gdaki_dev_socket {
    */
   uint64_t credit_seen;
   /**
-   * Pads the state line.
+   * Bytes of the frame at `consumed` already read (a receive that took part of a frame).
    */
-  uint64_t state_pad[3];
+  uint64_t taken;
+  /**
+   * This side's frame key: the tag of every frame the peer writes here (see [`frame_tag`]).
+   */
+  uint64_t rx_key;
+  /**
+   * The peer's frame key, for the frames this side writes.
+   */
+  uint64_t tx_key;
   /**
    * The `DevQp` this socket posts through (an address the socket's users can read).
    */

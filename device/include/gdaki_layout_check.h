@@ -81,7 +81,9 @@ GDAKI_OFFSET_CHECK(gdaki_dev_socket, consumed, 8)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, credited, 16)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, flags, 24)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, credit_seen, 32)
-GDAKI_OFFSET_CHECK(gdaki_dev_socket, state_pad, 40)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, taken, 40)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, rx_key, 48)
+GDAKI_OFFSET_CHECK(gdaki_dev_socket, tx_key, 56)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, qp, 64)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, rx_window, 72)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket, tx_ring, 80)
@@ -104,6 +106,6 @@ GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, pad, 32)
 GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 280625408u, "handle version");
-GDAKI_ASSERT(GDAKI_DEV_SOCKET_VERSION == 383844480u, "socket handle version");
+GDAKI_ASSERT(GDAKI_DEV_SOCKET_VERSION == 34472064u, "socket handle version");
 
 #endif /* GDAKI_LAYOUT_CHECK_H */

@@ -1258,6 +1258,26 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         );
     }
 
+    /// WQEs an RDMA WRITE of `len` bytes takes as [`put`](Self::put) posts it (a NOP for 0
+    /// bytes): for a caller that reserves several operations' slots at once.
+    #[inline(always)]
+    pub(crate) fn put_wqes(&self, len: u64) -> u64 {
+        self.split(len).0
+    }
+
+    /// Writes an RDMA WRITE of `len` bytes from `src` to `dst` as [`put`](Self::put) would,
+    /// into the reserved slots from `index` ([`put_wqes`](Self::put_wqes) of them); the
+    /// index after them.
+    #[inline(always)]
+    pub(crate) fn wqe_prepare_put(&self, index: u64, dst: Remote, src: Local, len: u64) -> u64 {
+        let (count, max) = self.split(len);
+        for k in 0..count {
+            let flags = if k == 0 { self.fence } else { 0 };
+            self.write_chunk(WqeOpcode::RdmaWrite, index + k, k, dst, src, len, max, flags);
+        }
+        index + count
+    }
+
     /// Whether fetched data (READ data, atomic results) needs a fenced DUMP before the device
     /// may read it ([`QP_FLUSH_AFTER_FETCH`]).
     #[inline(always)]

@@ -92,45 +92,124 @@ impl SocketError {
     }
 }
 
-/// Copies `len` bytes between `buf` and a ring of `cap` bytes at `ring`, starting at stream
-/// position `pos` (wrapping at the ring's end), into the ring when `into_ring`; member `rank`
-/// of `members` does its part. One CPU thread copies it all (`memcpy`); a group, or one GPU
-/// thread (nvptx lowers `memcpy` to a byte loop), copies each contiguous piece as the soft
-/// HCA's copier does ([`copy_share`]): neighbouring members move neighbouring units (coalesced
-/// on a GPU), 16 bytes where both sides allow, eight loads in flight per member (a 64 KiB send
-/// from a 256-thread block spent most of its time waiting on memory with four 16-byte chunks
-/// in flight).
+/// Copies `len` bytes from `src` to `dst`, member `rank` of `members` doing its part. One CPU
+/// thread copies it all (`memcpy`); a group, or one GPU thread (nvptx lowers `memcpy` to a byte
+/// loop), copies as the soft HCA's copier does ([`copy_share`]): neighbouring members move
+/// neighbouring units (coalesced on a GPU), 16 bytes where both sides allow, eight loads in
+/// flight per member (a 64 KiB send from a 256-thread block spent most of its time waiting on
+/// memory with four 16-byte chunks in flight).
 ///
 /// # Safety
-/// The ring holds `cap` bytes (a power of two) and `buf` `len`; `len <= cap`; they do not
-/// overlap.
-#[allow(clippy::too_many_arguments)] // a copy's two sides and the member's place
-unsafe fn ring_copy(ring: u64, cap: u64, pos: u64, buf: *mut u8, len: u64, into_ring: bool, rank: u32, members: u32) {
-    let (at, first) = ring_piece(cap, pos, len);
-    for (ring_off, buf_off, n) in [(at, 0, first), (0, first, len - first)] {
-        if n == 0 {
-            continue;
-        }
-        let (r, b) = (ring + ring_off, buf as u64 + buf_off);
-        let (src, dst) = if into_ring { (b, r) } else { (r, b) };
-        // SAFETY: both pieces lie inside their buffers and do not overlap (the contract).
-        unsafe {
-            if members <= 1 && cfg!(not(target_arch = "nvptx64")) {
-                core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
-            } else {
-                copy_share(dst, src, n, rank as u64, members.max(1) as u64);
-            }
+/// Both ranges are valid (`dst` for writes) and do not overlap.
+#[inline(always)]
+unsafe fn group_copy(dst: u64, src: u64, len: u64, rank: u32, members: u32) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        if members <= 1 && cfg!(not(target_arch = "nvptx64")) {
+            core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len as usize);
+        } else {
+            copy_share(dst, src, len, rank as u64, members.max(1) as u64);
         }
     }
 }
 
-/// Where `len` bytes of a stream from position `pos` sit in a ring of `cap` bytes (a power of
-/// two): the offset of the first byte and how many fit before the ring wraps (the rest start
-/// at offset 0).
+/// The stream bytes a send of `want` puts at ring position `pos` of a ring of `cap` bytes (a
+/// power of two) whose receiver has credited up to `credit`: those of the frame at `pos`, and
+/// of a second frame at the top of the ring where the first fills the lap to its end (the
+/// first may then carry none: a 16-byte trailer alone). A frame takes at most half the ring:
+/// the receiver frees a frame's space only once it has read all of it, and credits every half
+/// ring, so a stream of frames keeps the ring in use. `(0, 0)` where no byte fits.
 #[inline(always)]
-fn ring_piece(cap: u64, pos: u64, len: u64) -> (u64, u64) {
-    let at = pos & (cap - 1);
-    (at, len.min(cap - at))
+fn frame_plan(cap: u64, pos: u64, credit: u64, want: u64) -> (u64, u64) {
+    let free = cap - pos.wrapping_sub(credit).min(cap);
+    let to_end = cap - (pos & (cap - 1));
+    let Some(room) = free.min(to_end).min(cap / 2).checked_sub(layout::TRAILER_BYTES) else {
+        return (0, 0);
+    };
+    let first = want.min(room);
+    if first == want || layout::frame_bytes(first) < to_end {
+        return (first, 0);
+    }
+    let second = (want - first).min((free - to_end).min(cap / 2).saturating_sub(layout::TRAILER_BYTES));
+    if second == 0 {
+        return (first, 0);
+    }
+    (first, second)
+}
+
+/// What a receive's leader found: ring bytes of empty frames skipped before the frame it reads
+/// (both below 2^32: at most a ring, [`layout::MAX_LOG_RING`]), and that frame's length.
+#[inline(always)]
+fn found_word(skipped: u64, len: u64) -> u64 {
+    skipped << 32 | len
+}
+
+/// A send's frames: one, or two where the second carries bytes (see [`frame_plan`]).
+#[inline(always)]
+fn frame_count(second: u64) -> u32 {
+    if second > 0 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Frame `k` (0 or 1) of a send at ring position `pos` whose frames carry `first` and
+/// `second` bytes: its ring position, offset in the send and bytes. (Selected, not an array a
+/// loop indexes: a GPU keeps such an array in local memory, stores and loads on every send.)
+#[inline(always)]
+fn nth_frame(pos: u64, first: u64, second: u64, k: u32) -> (u64, u64, u64) {
+    if k == 0 {
+        (pos, 0, first)
+    } else {
+        (pos + layout::frame_bytes(first), first, second)
+    }
+}
+
+/// The ring position after a send's frames.
+#[inline(always)]
+fn frames_end(pos: u64, first: u64, second: u64) -> u64 {
+    let (last, _, len) = nth_frame(pos, first, second, frame_count(second) - 1);
+    last + layout::frame_bytes(len)
+}
+
+/// How a send of `n` bytes (as [`frame_plan`] chose) splits between its two frames, from `n`
+/// alone (so a group's members need only the count): a frame holds at most the bytes before
+/// the ring's end (and half the ring) less its trailer.
+#[inline(always)]
+fn frame_split(cap: u64, pos: u64, n: u64) -> (u64, u64) {
+    let to_end = cap - (pos & (cap - 1));
+    let first = n.min(to_end.min(cap / 2) - layout::TRAILER_BYTES);
+    (first, n - first)
+}
+
+/// What a step called out of line returns where it failed, its error left in the caller's
+/// slot (see [`fail_into`]).
+const FAILED: u64 = u64::MAX;
+
+/// An out-of-line step's end: its word (never [`FAILED`]), or [`FAILED`] with the error in
+/// `failure`.
+#[inline(always)]
+fn fail_into(outcome: Result<u64, SocketError>, failure: &mut Option<SocketError>) -> u64 {
+    match outcome {
+        Ok(word) => word,
+        Err(e) => {
+            *failure = Some(e);
+            FAILED
+        }
+    }
+}
+
+/// The caller's side of [`fail_into`]: the word, or the error the step left.
+#[inline(always)]
+fn outcome(word: u64, failure: &Option<SocketError>) -> Result<u64, SocketError> {
+    match failure {
+        Some(e) if word == FAILED => Err(*e),
+        _ => Ok(word),
+    }
 }
 
 /// Lanes in a warp: in a group larger than this, a member outside the leader's warp rings a
@@ -238,6 +317,8 @@ pub struct Socket<M: Sharing> {
     peer: Remote,
     log_rx: u32,
     log_tx: u32,
+    rx_key: u64,
+    tx_key: u64,
 }
 
 /// One look at a control word of this side's receive window and the copy of `reset` beside
@@ -320,6 +401,8 @@ impl<M: Sharing> Socket<M> {
             },
             log_rx: h.log_rx,
             log_tx: h.log_tx,
+            rx_key: h.rx_key,
+            tx_key: h.tx_key,
         })
     }
 
@@ -430,7 +513,7 @@ impl<M: Sharing> Socket<M> {
         scope.sync();
         on_leader(scope, || {
             let (sent, flags) = (self.sent(), self.flags());
-            self.usable(flags, self.look(layout::ARRIVED).reset)?;
+            self.usable(flags, self.control(layout::RESET))?;
             if flags & SOCKET_SHUT_WR == 0 {
                 self.qp
                     .put_inline(self.peer_word(layout::FIN), &(sent + 1).to_le_bytes())?;
@@ -530,11 +613,12 @@ impl<M: Sharing> Socket<M> {
         on_leader(scope, || {
             let mut deadline = self.qp.deadline();
             loop {
-                let (consumed, flags) = (self.consumed(), self.flags());
-                let seen = self.look(layout::ARRIVED);
-                self.usable(flags, seen.reset)?;
-                if seen.value != consumed {
-                    self.set_consumed(seen.value);
+                let (consumed, flags, reset) = (self.consumed(), self.flags(), self.control(layout::RESET));
+                let frame = self.frame_at(consumed);
+                self.usable(flags, reset)?;
+                if let Some(len) = frame? {
+                    self.set_consumed(consumed + layout::frame_bytes(len));
+                    self.set_taken(0);
                     continue;
                 }
                 let fin = self.control(layout::FIN);
@@ -577,8 +661,11 @@ impl<M: Sharing> Socket<M> {
         // it saw only after the copy's barrier, when every member has read the old value.
         let (sent, credit) = (self.sent(), self.credit_seen());
         let mut fresh = None;
-        let room = |credit: u64| cap - sent.wrapping_sub(credit).min(cap);
-        let fast = want != 0 && room(credit) >= want;
+        let plan = |credit: u64| {
+            let (first, second) = frame_plan(cap, sent, credit, want);
+            first + second
+        };
+        let fast = want != 0 && plan(credit) == want;
         let early = (fast && scope.is_leader()).then(|| (self.flags(), self.control(layout::RESET_BY_CREDIT)));
         let n = if fast {
             steps.mark(1);
@@ -588,17 +675,23 @@ impl<M: Sharing> Socket<M> {
                 let mut deadline = self.qp.deadline();
                 loop {
                     let flags = self.flags();
-                    let seen = self.look(layout::CREDIT);
+                    let seen = self.look_credit();
                     fresh = Some(seen.value);
                     self.sendable(flags, seen.reset)?;
                     if want == 0 {
                         steps.mark(1);
                         return Ok(0);
                     }
-                    let room = room(seen.value);
-                    if room > 0 {
+                    // A blocking send takes all of `data` or, where it cannot wait for that
+                    // (more than a frame holds), at least half a ring: bytes dribbled into
+                    // what a frame's padding left cost a call and a WRITE each. It waits only
+                    // while more than half a ring is uncredited, which a receiver that reads on
+                    // always credits.
+                    let n = plan(seen.value);
+                    let free = cap - sent.wrapping_sub(seen.value).min(cap);
+                    if n == want || (n > 0 && (mode == Mode::Try || free >= cap / 2)) {
                         steps.mark(1);
-                        return Ok(want.min(room));
+                        return Ok(n);
                     }
                     self.idle(mode, &mut deadline)?;
                 }
@@ -608,21 +701,15 @@ impl<M: Sharing> Socket<M> {
         if n == 0 {
             return Ok(0);
         }
+        // One frame, or two where the first fills the ring to its end: each is composed in the
+        // staging ring where it lands in the peer's (the bytes, then the leader's trailer) and
+        // put with one WRITE.
+        let (first, second) = frame_split(cap, sent, n);
         if let Source::Copy(data) = src {
-            // SAFETY: the staging ring holds `cap` bytes (the handle's contract); `data` holds
-            // at least `n`.
-            unsafe {
-                ring_copy(
-                    self.tx_ring,
-                    cap,
-                    sent,
-                    data.as_ptr() as *mut u8,
-                    n,
-                    true,
-                    scope.rank(),
-                    scope.size(),
-                )
-            };
+            for k in 0..frame_count(second) {
+                let (pos, at, len) = nth_frame(sent, first, second, k);
+                self.compose(scope, pos, data.as_ptr() as u64 + at, len);
+            }
         }
         // After the copy, or (from registered memory) after what the members wrote there.
         scope.sync();
@@ -646,7 +733,7 @@ impl<M: Sharing> Socket<M> {
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
             }
-            self.set_sent(sent + n);
+            self.set_sent(frames_end(sent, first, second));
             if !late {
                 self.qp.commit()?;
             }
@@ -661,30 +748,179 @@ impl<M: Sharing> Socket<M> {
         Ok(n as usize)
     }
 
-    /// The leader's WQEs for `n` bytes of the stream from `sent`: the chunk's WRITEs (two
-    /// where the ring wraps), then the stream's new length into the peer's `arrived`, marked
-    /// ready for one doorbell (RC places them in posting order); the last one's index is
-    /// returned. The bytes are read from the staging ring (where they are once the WQEs are
-    /// rung), or from `from` (registered memory holding all `n`). A fast send's `early` look at
-    /// `flags` and the peer's `reset` is checked first, so a broken stream's bytes are never
-    /// put.
+    /// The leader's WQEs for the `n` bytes of a send's frames at ring position `sent` (see
+    /// [`frame_split`]), marked ready for one doorbell; the last one's index is returned. A
+    /// frame composed in the staging ring goes as one WRITE; from registered memory (`from`,
+    /// holding all `n`), a frame is its bytes' WRITE and its trailer's inline WRITE after it
+    /// (RC places them in posting order). A fast send's `early` look at `flags` and the peer's
+    /// `reset` is checked first, so a broken stream's bytes are never put.
+    ///
+    /// One reservation for all of them: as a post each (up to four), the reservation's path
+    /// was inlined four times, and the send took 255 registers and spilled (ptxas, sm_90).
     #[inline(always)]
     fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>, from: Option<Local>) -> Result<Ticket, SocketError> {
         if let Some((flags, reset)) = early {
             self.sendable(flags, reset)?;
         }
-        let (at, first) = ring_piece(1u64 << self.log_tx, sent, n);
-        let (head, tail) = match from {
-            Some(local) => (local, local.offset(first)),
-            None => (self.tx_local(at), self.tx_local(0)),
-        };
-        let dst = |off| self.peer_ring(off);
+        let cap = 1u64 << self.log_tx;
+        let (first, second) = frame_split(cap, sent, n);
         let q = self.qp.deferred();
-        q.put(dst(at), head, first)?;
-        if first < n {
-            q.put(dst(0), tail, n - first)?;
+        let mut count = 0;
+        for k in 0..frame_count(second) {
+            let (_, _, len) = nth_frame(sent, first, second, k);
+            count += match from {
+                None => q.put_wqes(layout::frame_bytes(len)),
+                Some(_) if len == 0 => 1,
+                Some(_) => q.put_wqes(len) + 1,
+            };
         }
-        Ok(q.put_inline(self.peer_word(layout::ARRIVED), &(sent + n).to_le_bytes())?)
+        let base = q.reserve(count.min(u32::MAX as u64) as u32)?;
+        let mut next = base;
+        let mut written = Ok(());
+        for k in 0..frame_count(second) {
+            let (pos, at, len) = nth_frame(sent, first, second, k);
+            next = self.stage_frame(q, next, pos, at, len, from, &mut written);
+        }
+        q.mark_ready(base, next).map_err(PostError::from)?;
+        written?;
+        Ok(next - 1)
+    }
+
+    /// The group's part of composing the frame of `len` bytes at ring position `pos` in the
+    /// staging ring: the bytes from `src`, copied by every member, and the leader's trailer.
+    #[inline(always)]
+    fn compose<S: Scope>(&self, scope: S, pos: u64, src: u64, len: u64) {
+        let cap = 1u64 << self.log_tx;
+        let frame = layout::frame_bytes(len);
+        let off = layout::frame_offset(cap, pos, frame);
+        // SAFETY: the frame lies in the staging ring (`frame_offset`: it never wraps), which
+        // the peer's credit freed; the send's `src` holds `len` bytes from here.
+        unsafe { group_copy(self.tx_ring + off, src, len, scope.rank(), scope.size()) };
+        if scope.is_leader() {
+            self.write_trailer(off + frame - layout::TRAILER_BYTES, pos, len);
+        }
+    }
+
+    /// Writes the WQEs of the frame of `len` bytes at ring position `pos`, bytes `at..` of the
+    /// send (see [`stage`](Self::stage)), into the reserved slots from `index`; the index after
+    /// them. A WQE that cannot be written is a NOP in its slot and its error goes to `written`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // a frame's place, its source and the slot's outcome
+    fn stage_frame(
+        &self,
+        q: Qp<M>,
+        index: u64,
+        pos: u64,
+        at: u64,
+        len: u64,
+        from: Option<Local>,
+        written: &mut Result<(), SocketError>,
+    ) -> u64 {
+        let cap = 1u64 << self.log_tx;
+        let frame = layout::frame_bytes(len);
+        let off = layout::frame_offset(cap, pos, frame);
+        let Some(local) = from else {
+            return q.wqe_prepare_put(index, self.peer_ring(off), self.tx_local(off), frame);
+        };
+        let next = if len > 0 {
+            q.wqe_prepare_put(index, self.peer_ring(off), local.offset(at), len)
+        } else {
+            index
+        };
+        let words = self.trailer(pos, len);
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&words[0].to_le_bytes());
+        bytes[8..].copy_from_slice(&words[1].to_le_bytes());
+        let trailer = self.peer_ring(off + frame - layout::TRAILER_BYTES);
+        if let Err(e) = q.wqe_prepare_write_inline(next, trailer, &bytes, 0) {
+            // Keep the ring consistent: the slot must hold a valid WQE before it is ready.
+            q.wqe_prepare_nop(next, 0);
+            *written = Err(e.into());
+        }
+        next + 1
+    }
+
+    /// The trailer of the frame of `len` bytes at ring position `pos` of this side's stream.
+    #[inline(always)]
+    fn trailer(&self, pos: u64, len: u64) -> [u64; 2] {
+        [len, layout::frame_tag(pos, len, self.tx_key)]
+    }
+
+    /// Writes the trailer of the frame of `len` bytes at ring position `pos` into the staging
+    /// ring at `off`.
+    #[inline(always)]
+    fn write_trailer(&self, off: u64, pos: u64, len: u64) {
+        // SAFETY: `off` is a frame's last 16 bytes in the staging ring (16-byte aligned: the
+        // ring is, and frames are multiples of `FRAME_ALIGN`), which the peer's credit freed.
+        unsafe { ((self.tx_ring + off) as *mut [u64; 2]).write_volatile(self.trailer(pos, len)) };
+    }
+
+    /// The frame at ring position `pos` of this side's receive ring: its length, once its
+    /// trailer has landed (an acquire load: its bytes, placed before the trailer, are visible
+    /// after it); `Err` where the trailer claims a frame the ring cannot hold (a broken peer).
+    #[inline(always)]
+    fn frame_at(&self, pos: u64) -> Result<Option<u64>, SocketError> {
+        let cap = 1u64 << self.log_rx;
+        let off = layout::frame_offset(cap, pos, layout::TRAILER_BYTES);
+        // SAFETY: the trailer's 16 bytes lie in this side's receive ring (registered, alive,
+        // 16-byte aligned), written only by the HCA.
+        let [len, tag] =
+            unsafe { arch::load_u64x2_acquire((self.rx_window + layout::CONTROL_BYTES + off) as *const [u64; 2]) };
+        if tag != layout::frame_tag(pos, len, self.rx_key) {
+            return Ok(None);
+        }
+        if len > cap - layout::TRAILER_BYTES || layout::frame_bytes(len) > cap - (pos & (cap - 1)) {
+            return Err(SocketError::Reset);
+        }
+        Ok(Some(len))
+    }
+
+    /// A receive's leader: waits for a frame at `consumed` with bytes beyond `taken` (skipping
+    /// empty frames), or the end of the stream (or, for an empty buffer, nothing); returns
+    /// [`found_word`].
+    #[inline(always)]
+    fn wait_frame(
+        &self,
+        consumed: u64,
+        taken: u64,
+        empty: bool,
+        mode: Mode,
+        steps: &mut impl Steps,
+    ) -> Result<u64, SocketError> {
+        let mut deadline = self.qp.deadline();
+        let mut pos = consumed;
+        loop {
+            let (flags, reset) = (self.flags(), self.control(layout::RESET));
+            let frame = self.frame_at(pos);
+            self.usable(flags, reset)?;
+            let done = if pos == consumed { taken } else { 0 };
+            match frame {
+                // A trailer claiming more than the ring holds: no credit allowed it, so the
+                // stream is broken. Its bytes stay where they are, and every later call fails
+                // as this one.
+                Err(e) => {
+                    self.add_flags(SOCKET_RESET);
+                    return Err(e);
+                }
+                Ok(Some(len)) if len > done => {
+                    steps.mark(1);
+                    return Ok(found_word(pos - consumed, len));
+                }
+                // An empty frame (the rest of a lap that had room for a trailer only).
+                Ok(Some(len)) => {
+                    pos += layout::frame_bytes(len);
+                    continue;
+                }
+                Ok(None) => {}
+            }
+            // Nothing new: has the stream ended? (`fin` only now: a look of its own.)
+            let fin = self.control(layout::FIN);
+            if (fin != 0 && fin - 1 == pos) || empty {
+                steps.mark(1);
+                return Ok(found_word(pos - consumed, done));
+            }
+            self.idle(mode, &mut deadline)?;
+        }
     }
 
     /// A receive (`mode`: wait for bytes or not), its steps marked in `steps` (see [`Steps`]).
@@ -697,58 +933,46 @@ impl<M: Sharing> Socket<M> {
     ) -> Result<usize, SocketError> {
         steps.mark(0);
         let cap = 1u64 << self.log_rx;
-        // The leader waits for bytes (or the end); everyone learns how many it takes. The
-        // others read only `consumed` (see `send_in`).
-        let consumed = self.consumed();
+        // The leader waits for a frame (or the end); everyone learns how far it skipped (empty
+        // frames) and the frame's length. The others read only `consumed` and `taken` (see
+        // `send_in`).
+        let (consumed, taken) = (self.consumed(), self.taken());
         // The leader's last credit, loaded as the call starts (beside `consumed`), not after the
         // copy's barrier: one memory round trip less on a call's path.
         let mut credited = 0;
-        let arrived = on_leader(scope, || {
+        let found = on_leader(scope, || {
             credited = self.credited();
-            let mut deadline = self.qp.deadline();
-            loop {
-                let flags = self.flags();
-                let seen = self.look(layout::ARRIVED);
-                self.usable(flags, seen.reset)?;
-                if seen.value != consumed {
-                    steps.mark(1);
-                    if seen.value.wrapping_sub(consumed) > cap {
-                        // The peer's count ran past this side's ring (or back): no credit
-                        // allowed it, so the stream is broken. Its bytes stay where they are,
-                        // and every later call fails as this one.
-                        self.add_flags(SOCKET_RESET);
-                        return Err(SocketError::Reset);
-                    }
-                    return Ok(seen.value);
-                }
-                // Nothing new: has the stream ended? (`fin` only now: a look of its own.)
-                let fin = self.control(layout::FIN);
-                if (fin != 0 && fin - 1 == consumed) || buf.is_empty() {
-                    steps.mark(1);
-                    return Ok(consumed);
-                }
-                self.idle(mode, &mut deadline)?;
-            }
+            self.wait_frame(consumed, taken, buf.is_empty(), mode, steps)
         })?;
         steps.mark(2);
-        // At most a ring: the leader refused a count further ahead.
-        let n = (buf.len() as u64).min(arrived.wrapping_sub(consumed));
+        let (skipped, len) = (found >> 32, found & u32::MAX as u64);
+        let (pos, done) = if skipped == 0 {
+            (consumed, taken)
+        } else {
+            (consumed + skipped, 0)
+        };
+        let n = (buf.len() as u64).min(len.saturating_sub(done));
         if n == 0 {
             return Ok(0);
         }
-        // The bytes up to `arrived` landed before the count did (RC order), and the leader read
-        // the count with an acquire load (`look`) before the group's broadcast.
-        // SAFETY: the receive ring holds `cap` bytes; the `n` bytes from `consumed` have
-        // arrived and the peer does not write them again before this side's credit says so;
-        // `buf` holds at least `n`.
+        // The frame's bytes landed before its trailer, which the leader read with an acquire
+        // load (`frame_at`) before the group's broadcast.
+        let frame = layout::frame_bytes(len);
+        let off = layout::frame_offset(cap, pos, frame) + done;
+        // What the leader records after the copy, computed before it: fewer words live across
+        // the copy's loop (more of them spilled inside it).
+        let (consumed, taken) = if done + n == len {
+            (pos + frame, 0)
+        } else {
+            (pos, done + n)
+        };
+        // SAFETY: the frame lies in the receive ring (`frame_at` checked it); the peer does not
+        // write it again before this side's credit says so; `buf` holds at least `n`.
         unsafe {
-            ring_copy(
-                self.rx_window + layout::CONTROL_BYTES,
-                cap,
-                consumed,
-                buf.as_mut_ptr(),
+            group_copy(
+                buf.as_mut_ptr() as u64,
+                self.rx_window + layout::CONTROL_BYTES + off,
                 n,
-                false,
                 scope.rank(),
                 scope.size(),
             )
@@ -756,23 +980,38 @@ impl<M: Sharing> Socket<M> {
         scope.sync();
         steps.mark(3);
         let taken = on_leader(scope, || {
-            let consumed = consumed + n;
             self.set_consumed(consumed);
+            self.set_taken(taken);
             steps.mark(4);
             // Credit once half a ring is read and not credited: a sender only waits for room
-            // when a whole ring is uncredited, so reading on always frees it, and a stream
-            // costs one credit per half ring (not one per message).
+            // while more than half a ring is uncredited, so reading on always frees it, and a
+            // stream costs one credit per half ring (not one per message).
             // No credit once the peer has shut down: it sends nothing more, and it may be gone.
             if consumed - credited >= cap / 2 && self.control(layout::FIN) == 0 {
-                self.qp
-                    .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes())?;
-                self.set_credited(consumed);
+                let mut failure = None;
+                outcome(self.credit(consumed, &mut failure), &failure)?;
             }
             steps.mark(5);
             Ok(n)
         });
         steps.mark(6);
         taken.map(|n| n as usize)
+    }
+
+    /// Credits the peer up to ring position `consumed` (an inline WRITE): 0, or [`FAILED`] with
+    /// the error in `failure`. Not inlined: once every half ring, and its WQE's registers would
+    /// otherwise count against every receive. (Its error comes back beside a word, not in a
+    /// `Result`: that would come back through local memory, copied there piece by piece on
+    /// every call.)
+    #[inline(never)]
+    fn credit(&self, consumed: u64, failure: &mut Option<SocketError>) -> u64 {
+        let put = self
+            .qp
+            .put_inline(self.peer_word(layout::CREDIT), &consumed.to_le_bytes());
+        if put.is_ok() {
+            self.set_credited(consumed);
+        }
+        fail_into(put.map(|_| 0).map_err(SocketError::from), failure)
     }
 
     /// Between looks at the control words: take this queue pair's completions (an error one
@@ -821,15 +1060,13 @@ impl<M: Sharing> Socket<M> {
         unsafe { arch::load_u64_volatile((self.rx_window + word) as *const u64) }
     }
 
-    /// A control word and the copy of `reset` beside it (`word` is [`layout::ARRIVED`] or
-    /// [`layout::CREDIT`]), in one 16-byte load: one memory transaction, where the window is
-    /// host memory mapped into the GPU one PCIe read (a microsecond; one after another, and
-    /// four loads to one line, cost more). An acquire load: the bytes that arrived before the
-    /// count it reads are visible after it, with no barrier.
-    fn look(&self, word: u64) -> Look {
+    /// `credit` and the copy of `reset` beside it, in one 16-byte load: one memory
+    /// transaction, where the window is host memory mapped into the GPU one PCIe read (a
+    /// microsecond; one after another, and four loads to one line, cost more).
+    fn look_credit(&self) -> Look {
         // SAFETY: the window's control words are registered memory (the handle's contract),
-        // 16-byte aligned pairs (the window is, and `word` is 0 or 16), written only by the HCA.
-        let [value, reset] = unsafe { arch::load_u64x2_acquire((self.rx_window + word) as *const [u64; 2]) };
+        // a 16-byte aligned pair (the window is, and `CREDIT` is 16), written only by the HCA.
+        let [value, reset] = unsafe { arch::load_u64x2_acquire((self.rx_window + layout::CREDIT) as *const [u64; 2]) };
         Look { value, reset }
     }
 
@@ -859,6 +1096,17 @@ impl<M: Sharing> Socket<M> {
     fn consumed(&self) -> u64 {
         // SAFETY: the live handle; the receiving side's word, touched only by its one caller.
         unsafe { core::ptr::read_volatile(&raw const (*self.s).consumed) }
+    }
+
+    /// Bytes of the frame at `consumed` already taken.
+    fn taken(&self) -> u64 {
+        // SAFETY: as in `consumed`.
+        unsafe { core::ptr::read_volatile(&raw const (*self.s).taken) }
+    }
+
+    fn set_taken(&self, v: u64) {
+        // SAFETY: as in `consumed`.
+        unsafe { core::ptr::write_volatile(&raw mut (*self.s).taken, v) }
     }
 
     /// `consumed` as last credited to the peer.
@@ -1216,5 +1464,53 @@ mod tests {
         // An error whose code reads as "ok" in the broadcast word is still the leader's error.
         let odd = SocketError::Failed { code: CODE_OK };
         assert_eq!(on_leader(Thread, || Err(odd)), Err(odd));
+    }
+
+    /// Every plan fits: frames inside the lap and the credit, at most half a ring each, the
+    /// second only at the top of the ring; the members' split from the count alone agrees; and
+    /// a send blocks only where the receiver, once it reads on, must credit.
+    #[test]
+    fn a_send_plans_frames_that_fit_and_its_members_agree() {
+        let cap = 4096u64;
+        // Positions and credits are frame boundaries: multiples of `FRAME_ALIGN`.
+        let step = layout::FRAME_ALIGN as usize;
+        for pos in (0..3 * cap).step_by(step) {
+            for used in (0..=cap).step_by(step) {
+                let credit = pos.saturating_sub(used);
+                for want in [0, 1, 15, 16, 17, 100, 112, 113, 2000, 2032, 2033, 4096, 10_000] {
+                    let (first, second) = frame_plan(cap, pos, credit, want);
+                    let n = first + second;
+                    assert!(n <= want);
+                    assert_eq!(frame_split(cap, pos, n), (first, second), "{pos} {credit} {want}");
+                    let mut end = pos;
+                    for k in 0..frame_count(second) {
+                        let (at, _, len) = nth_frame(pos, first, second, k);
+                        let frame = layout::frame_bytes(len);
+                        assert!(
+                            frame <= cap / 2 && (at & (cap - 1)) + frame <= cap,
+                            "{pos} {credit} {want}"
+                        );
+                        end = at + frame;
+                    }
+                    assert_eq!(end, frames_end(pos, first, second));
+                    if n > 0 {
+                        assert!(end - credit <= cap, "past the credit: {pos} {credit} {want}");
+                    }
+                    if second > 0 {
+                        assert_eq!(
+                            (pos + layout::frame_bytes(first)) & (cap - 1),
+                            0,
+                            "second not at the top"
+                        );
+                    }
+                    if want > 0 && n == 0 {
+                        assert!(
+                            pos - credit > cap / 2,
+                            "blocked with half a ring credited: {pos} {credit}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -1559,10 +1559,10 @@ fn socket_perftests_on_the_gpu() {
         assert_eq!(rows(&out).len(), 1, "{mem}, --zero-copy: {out}");
         let out = ok("sock_lat", &["--mode", "gpu", "--mem", mem, "-s", "64", "-n", "500"]);
         assert_eq!(rows(&out).len(), 2, "{mem}: {out}");
-        // Into GPU memory the copier's view of both ping-pongs: a message and its count fetched
-        // in one look, write_lat's WRITE alone.
+        // Into GPU memory the copier's view of both ping-pongs: a message's frame, one WRITE,
+        // as write_lat's WRITE.
         assert_eq!(
-            out.contains(" GPU copier (64 B): socket: 2.0 descriptors a look"),
+            out.contains(" GPU copier (64 B): socket: 1.0 descriptors a look"),
             mem == "device",
             "{mem}: {out}"
         );

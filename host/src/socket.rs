@@ -141,10 +141,14 @@ impl SocketFailure {
 /// The most bytes of application data a connection carries in its hello ([`Socket::connect_with`]).
 pub const MAX_CONNECT_DATA: usize = 1024;
 
-/// `gdaki-socket/N log_rx=L` (N the protocol version), then a newline and the application's data: what each side's
-/// hello says.
-fn hello_app(log_rx: u32, data: &[u8]) -> Vec<u8> {
-    let mut app = format!("gdaki-socket/{} log_rx={log_rx}\n", layout::PROTOCOL_VERSION).into_bytes();
+/// `gdaki-socket/N log_rx=L key=K` (N the protocol version, K this side's frame key in hex),
+/// then a newline and the application's data: what each side's hello says.
+fn hello_app(log_rx: u32, key: u64, data: &[u8]) -> Vec<u8> {
+    let mut app = format!(
+        "gdaki-socket/{} log_rx={log_rx} key={key:x}\n",
+        layout::PROTOCOL_VERSION
+    )
+    .into_bytes();
     app.extend_from_slice(data);
     app
 }
@@ -154,18 +158,36 @@ fn app_data(app: &[u8]) -> &[u8] {
     app.iter().position(|&b| b == b'\n').map_or(&[][..], |i| &app[i + 1..])
 }
 
-/// The peer's `log_rx`, or why its hello is not a socket's of this version.
-fn peer_log_rx(app: &[u8]) -> std::result::Result<u32, String> {
+/// The peer's `log_rx` and frame key, or why its hello is not a socket's of this version.
+fn peer_params(app: &[u8]) -> std::result::Result<(u32, u64), String> {
     let line = app.split(|&b| b == b'\n').next().unwrap_or_default();
     let text = std::str::from_utf8(line).map_err(|_| "its hello is not a socket's".to_string())?;
     let want = format!("gdaki-socket/{} log_rx=", layout::PROTOCOL_VERSION);
     let Some(rest) = text.strip_prefix(&want) else {
-        return Err(format!("it speaks {text:?}, this side {want}N"));
+        return Err(format!("it speaks {text:?}, this side {want}N key=K"));
     };
-    rest.parse::<u32>()
+    let (log, key) = rest.split_once(" key=").unwrap_or((rest, ""));
+    let log = log
+        .parse::<u32>()
         .ok()
         .filter(|l| (layout::MIN_LOG_RING..=layout::MAX_LOG_RING).contains(l))
-        .ok_or_else(|| format!("its receive ring (log2 {rest:?}) is out of range"))
+        .ok_or_else(|| format!("its receive ring (log2 {log:?}) is out of range"))?;
+    let key = u64::from_str_radix(key, 16)
+        .ok()
+        .filter(|&k| k != 0)
+        .ok_or_else(|| format!("its frame key {key:?} is not a non-zero hex number"))?;
+    Ok((log, key))
+}
+
+/// A fresh frame key for a receive ring: random, so that nothing but this connection's frames
+/// (not a zeroed ring, not an earlier connection's bytes) passes for one.
+fn frame_key() -> Result<u64> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| Error::Io {
+        what: "drawing a socket's frame key",
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(u64::from_le_bytes(b) | 1)
 }
 
 /// A socket's resources before the peer is known: the queue pair and the receive window.
@@ -173,6 +195,8 @@ struct Half {
     qp: QueuePair,
     rx: MemoryRegion,
     log_rx: u32,
+    /// The tag key of the frames the peer writes into `rx`.
+    key: u64,
     memory: SocketMemory,
 }
 
@@ -198,13 +222,14 @@ impl Half {
             qp,
             rx,
             log_rx,
+            key: frame_key()?,
             memory: cfg.memory.clone(),
         })
     }
 
     fn hello(&self, data: &[u8]) -> Hello {
         Hello {
-            app: hello_app(self.log_rx, data),
+            app: hello_app(self.log_rx, self.key, data),
             endpoints: vec![self.qp.endpoint()],
             regions: vec![self.rx.remote_region()],
         }
@@ -216,7 +241,7 @@ impl Half {
             peer: peer.to_string(),
             reason: why,
         };
-        let log_tx = peer_log_rx(&theirs.app).map_err(bad)?;
+        let (log_tx, tx_key) = peer_params(&theirs.app).map_err(bad)?;
         let (Some(ep), Some(window)) = (theirs.endpoints.first(), theirs.regions.first()) else {
             return Err(bad("its hello carries no queue pair or no window".into()));
         };
@@ -244,6 +269,8 @@ impl Half {
             peer_rkey: window.rkey,
             log_rx: self.log_rx,
             log_tx,
+            rx_key: self.key,
+            tx_key,
             version: DEV_SOCKET_VERSION,
             ..bytemuck::Zeroable::zeroed()
         };
@@ -333,7 +360,7 @@ impl SocketListener {
     fn accept_from(&self, mut ch: Channel) -> Result<Socket> {
         self.ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))?;
         let theirs = ch.receive()?;
-        if let Err(why) = peer_log_rx(&theirs.app) {
+        if let Err(why) = peer_params(&theirs.app) {
             let _ = ch.reject(&why);
             return Err(Error::Rejected {
                 peer: ch.peer_addr().to_string(),

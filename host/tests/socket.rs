@@ -130,7 +130,8 @@ fn a_receiver_that_stops_reading_holds_the_sender_back_and_loses_nothing() {
             Err(e) => panic!("{e}"),
         }
     }
-    assert_eq!(at, 4096);
+    // Two frames of half a ring, each less its 16-byte trailer.
+    assert_eq!(at, 4096 - 2 * 16);
     // A blocking send waits for room and times out when none comes.
     let c = {
         let timeout = small(4096).timeout;
@@ -139,7 +140,8 @@ fn a_receiver_that_stops_reading_holds_the_sender_back_and_loses_nothing() {
         assert!(start.elapsed() >= timeout);
         c
     };
-    // The receiver reads half: the credit lets the sender go on from where it stopped.
+    // The receiver reads the first frame: the credit lets the sender go on from where it
+    // stopped.
     let mut got = vec![0u8; 2048];
     let mut n = 0;
     while n < got.len() {
@@ -187,10 +189,9 @@ fn a_reset_fails_both_sides() {
     assert!(matches!(s.send(b"x"), Err(SocketFailure::Reset)));
 }
 
-/// A peer that breaks the protocol: its count of bytes sent runs past what this side's ring
-/// holds (a bug or an attack). The receiver copies nothing from outside its ring (before the
-/// check, a buffer larger than the ring took a copy that read past it) and stops trusting the
-/// stream: the call and every later one fail as reset.
+/// A peer that breaks the protocol: a frame whose trailer (its tag right) claims more bytes
+/// than this side's ring holds (a bug or an attack). The receiver copies nothing from outside
+/// its ring and stops trusting the stream: the call and every later one fail as reset.
 #[test]
 fn a_count_past_the_ring_is_refused_not_copied() {
     let (s, c) = pair(small(4096));
@@ -200,12 +201,16 @@ fn a_count_past_the_ring_is_refused_not_copied() {
     while n < 6 {
         n += s.recv(&mut buf[n..]).unwrap();
     }
-    // SAFETY: the live socket's handle; its receive window's control words are host memory
-    // (CPU mode), which this test writes as the peer's WRITE would.
+    // SAFETY: the live socket's handle; its receive ring is host memory (CPU mode), which
+    // this test writes as the peer's WRITE would: the trailer of the next frame, at the ring
+    // position after "honest"'s frame.
     unsafe {
+        use gdaki_layout::socket::{frame_bytes, frame_offset, frame_tag, CONTROL_BYTES, TRAILER_BYTES};
         let h = s.device_handle();
-        let arrived = ((*h).rx_window + gdaki_layout::socket::ARRIVED) as *mut u64;
-        arrived.write_volatile(6 + 4 * 4096);
+        let (pos, len) = ((*h).consumed, 4 * 4096);
+        assert_eq!(pos, frame_bytes(6));
+        let at = (*h).rx_window + CONTROL_BYTES + frame_offset(4096, pos, TRAILER_BYTES);
+        (at as *mut [u64; 2]).write_volatile([len, frame_tag(pos, len, (*h).rx_key)]);
     }
     let mut big = vec![0u8; 8 * 4096];
     assert!(
@@ -259,14 +264,14 @@ fn a_peer_speaking_another_protocol_is_refused() {
     let server = std::thread::spawn(move || l.accept());
     let mut ch = Channel::connect(addr, Duration::from_secs(5)).unwrap();
     ch.send(&Hello {
-        app: b"gdaki-socket/1 log_rx=16".to_vec(),
+        app: b"gdaki-socket/2 log_rx=16".to_vec(),
         endpoints: vec![],
         regions: vec![],
     })
     .unwrap();
     assert!(matches!(ch.receive(), Err(Error::Rejected { .. })));
     match server.join().unwrap() {
-        Err(Error::Rejected { reason, .. }) => assert!(reason.contains("gdaki-socket/2"), "{reason}"),
+        Err(Error::Rejected { reason, .. }) => assert!(reason.contains("gdaki-socket/3"), "{reason}"),
         other => panic!("{other:?}"),
     }
     // Rings outside 4 KiB..1 GiB or not a power of two are refused before anything is made.

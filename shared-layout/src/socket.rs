@@ -3,23 +3,54 @@
 use bytemuck::{Pod, Zeroable};
 
 /// The wire protocol's version, in the handshake's `gdaki-socket/N`.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Bytes of control words at the start of a receive window; the receive ring follows.
 pub const CONTROL_BYTES: u64 = 256;
-/// `arrived`: stream bytes the peer has put into the ring (its inline WRITE of its stream
-/// length, after the bytes' WRITEs).
-pub const ARRIVED: u64 = 0;
-/// `reset`: non-zero once the peer reset the connection. Written twice, here beside `arrived`
-/// and at [`RESET_BY_CREDIT`] beside `credit`, so a receiver's and a sender's look are one
-/// 16-byte load each.
+/// `reset`: non-zero once the peer reset the connection. Written twice, here (a receiver reads
+/// it beside its look at the ring) and at [`RESET_BY_CREDIT`] beside `credit`, so a sender's
+/// look is one 16-byte load. (Word 0, version 2's `arrived`, is unused: a frame's trailer says
+/// what arrived.)
 pub const RESET: u64 = 8;
-/// `credit`: how much of this side's stream the peer has read (its inline WRITE).
+/// `credit`: the ring position up to which the peer has read this side's frames (its inline
+/// WRITE).
 pub const CREDIT: u64 = 16;
 /// The second copy of `reset`.
 pub const RESET_BY_CREDIT: u64 = 24;
-/// `fin`: 0 while the peer sends; its stream's length + 1 once it shut down its sending side.
+/// `fin`: 0 while the peer sends; the ring position after its last frame + 1 once it shut down
+/// its sending side.
 pub const FIN: u64 = 32;
+
+/// Bytes of a frame's trailer: `[len, tag]` (little-endian u64s), the frame's last 16 bytes.
+pub const TRAILER_BYTES: u64 = 16;
+
+/// Frames are multiples of this many bytes, so every frame starts on a GPU cache line (128
+/// bytes) as the ring does: a receiver's copy out of a frame reads whole lines, and the
+/// copier's writes of it cover whole lines.
+pub const FRAME_ALIGN: u64 = 128;
+
+/// Ring bytes of a frame carrying `len` bytes of the stream: the bytes, padding, then the
+/// trailer, [`FRAME_ALIGN`] bytes or a multiple. (`len` is at most a ring, so this does not
+/// overflow.)
+pub const fn frame_bytes(len: u64) -> u64 {
+    (len + TRAILER_BYTES).next_multiple_of(FRAME_ALIGN)
+}
+
+/// A frame's tag: the ring position it starts at and its length, under the receiver's key
+/// (from the handshake). A receiver takes a trailer whose tag is the one it expects at its
+/// position: a lap-old trailer has another position, a zeroed ring fails the key, and a
+/// trailer read half-written (its words from two frames) fails the length's part.
+pub const fn frame_tag(pos: u64, len: u64, key: u64) -> u64 {
+    pos ^ key ^ len.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Where the frame of `frame` ring bytes at ring position `pos` starts, as an offset into a
+/// ring of `cap` bytes: frames are laid from the ring's end down, so a frame's trailer, the
+/// last bytes its WRITE lands, sits just below the receiver's position, where it looks.
+/// (`pos mod cap + frame <= cap`: a frame never wraps.)
+pub const fn frame_offset(cap: u64, pos: u64, frame: u64) -> u64 {
+    cap - (pos & (cap - 1)) - frame
+}
 
 /// The smallest ring, as log2 bytes (4 KiB).
 pub const MIN_LOG_RING: u32 = 12;
@@ -36,9 +67,9 @@ pub const SOCKET_RESET: u64 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C, align(64))]
 pub struct DevSocket {
-    /// Bytes of this stream put to the peer.
+    /// Ring position after this side's last frame put to the peer.
     pub sent: u64,
-    /// Bytes of the peer's stream taken out of the receive ring.
+    /// Ring position of the frame this side reads next.
     pub consumed: u64,
     /// `consumed` as last written to the peer's `credit`.
     pub credited: u64,
@@ -47,8 +78,12 @@ pub struct DevSocket {
     /// The peer's `credit` as the sender last read it: room it may use without looking again
     /// (a credit only grows).
     pub credit_seen: u64,
-    /// Pads the state line.
-    pub state_pad: [u64; 3],
+    /// Bytes of the frame at `consumed` already read (a receive that took part of a frame).
+    pub taken: u64,
+    /// This side's frame key: the tag of every frame the peer writes here (see [`frame_tag`]).
+    pub rx_key: u64,
+    /// The peer's frame key, for the frames this side writes.
+    pub tx_key: u64,
     /// The `DevQp` this socket posts through (an address the socket's users can read).
     pub qp: u64,
     /// This side's receive window: control words, then the ring.
@@ -79,6 +114,9 @@ assert_layout!(DevSocket, 128, {
     credited => 16..24,
     flags => 24..32,
     credit_seen => 32..40,
+    taken => 40..48,
+    rx_key => 48..56,
+    tx_key => 56..64,
     qp => 64..72,
     rx_window => 72..80,
     tx_ring => 80..88,
@@ -102,6 +140,9 @@ pub const DEV_SOCKET_VERSION: u32 = {
         offset_of!(DevSocket, credited),
         offset_of!(DevSocket, flags),
         offset_of!(DevSocket, credit_seen),
+        offset_of!(DevSocket, taken),
+        offset_of!(DevSocket, rx_key),
+        offset_of!(DevSocket, tx_key),
         offset_of!(DevSocket, qp),
         offset_of!(DevSocket, rx_window),
         offset_of!(DevSocket, tx_ring),
@@ -244,10 +285,36 @@ mod tests {
 
     #[test]
     fn the_control_words_fit_their_block_and_the_version_carries_the_size() {
-        for w in [ARRIVED, RESET, CREDIT, RESET_BY_CREDIT, FIN] {
+        for w in [RESET, CREDIT, RESET_BY_CREDIT, FIN] {
             assert!(w % 8 == 0 && w + 8 <= CONTROL_BYTES);
         }
         assert_eq!(DEV_SOCKET_VERSION & 0xffff, 128);
         assert_ne!(DEV_SOCKET_VERSION >> 16, 0);
+    }
+
+    #[test]
+    fn frames_are_padded_laid_from_the_end_down_and_tagged_by_position_and_length() {
+        assert_eq!(
+            [
+                frame_bytes(0),
+                frame_bytes(1),
+                frame_bytes(112),
+                frame_bytes(113),
+                frame_bytes(65536)
+            ],
+            [128, 128, 128, 256, 65536 + 128]
+        );
+        // The first frame of a 4 KiB ring ends at its end; the next below it; a frame that
+        // fills the lap starts at offset 0, and the next lap starts at the end again.
+        assert_eq!(frame_offset(4096, 0, 80), 4016);
+        assert_eq!(frame_offset(4096, 80, 32), 3984);
+        assert_eq!(frame_offset(4096, 96, 4000), 0);
+        assert_eq!(frame_offset(4096, 4096, 32), 4064);
+        let key = 0x1234_5678_9abc_def1;
+        let tag = frame_tag(4096, 64, key);
+        assert_ne!(tag, frame_tag(0, 64, key), "a lap-old trailer");
+        assert_ne!(tag, frame_tag(4096, 48, key), "another length");
+        assert_ne!(tag, frame_tag(4096, 64, key ^ 2), "another connection");
+        assert_ne!(frame_tag(0, 0, key), 0, "a zeroed ring");
     }
 }

@@ -115,7 +115,7 @@ fn layouts() -> Vec<Layout> {
         }),
         layout!(DevRemote as "gdaki_remote_region" { addr, len, rkey, reserved }),
         layout!(DevSocket as "gdaki_dev_socket" {
-            sent, consumed, credited, flags, credit_seen, state_pad, qp, rx_window, tx_ring, peer_window, rx_lkey,
+            sent, consumed, credited, flags, credit_seen, taken, rx_key, tx_key, qp, rx_window, tx_ring, peer_window, rx_lkey,
             tx_lkey, peer_rkey, log_rx, log_tx, version, tail_pad
         }),
         layout!(DevSocketService as "gdaki_dev_socket_service" {

@@ -70,8 +70,24 @@ unsafe impl Dma for HostDma {
         Ok(())
     }
     fn write(&self, addr: u64, src: &[u8]) -> Result<(), DmaFault> {
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::copy(src.as_ptr(), addr as *mut u8, src.len()) };
+        // The final 16 bytes land after the rest, as a NIC's in-order PCIe writes and the GPU
+        // copier's final unit do: a reader polling a message's last bytes (a socket frame's
+        // trailer, write_lat's flag) then finds all of it. `memcpy` promises no order (glibc
+        // stores a large copy's head last). An overlapping copy (loopback within one region)
+        // keeps `memmove`'s semantics instead.
+        let (dst, n) = (addr as *mut u8, src.len());
+        let head = n.saturating_sub(16);
+        let apart = addr >= src.as_ptr() as u64 + n as u64 || src.as_ptr() as u64 >= addr + n as u64;
+        // SAFETY: as in `read`; the split copies are used only where the ranges do not overlap.
+        unsafe {
+            if head == 0 || !apart {
+                std::ptr::copy(src.as_ptr(), dst, n);
+            } else {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+                std::sync::atomic::fence(Ordering::Release);
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(head), dst.add(head), n - head);
+            }
+        }
         Ok(())
     }
     fn fetch_add(&self, addr: u64, add: u64) -> Result<u64, DmaFault> {
