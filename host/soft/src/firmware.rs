@@ -250,7 +250,7 @@ impl SoftDevice {
     /// same-host connections travelling as `same_host` allows, with its engine started and
     /// idling as `idle` says.
     pub fn open(atomic_reply: AtomicReplyOrder, same_host: SameHost, idle: Idle) -> Result<SoftDevice, DeviceError> {
-        let hca = Hca::new(same_host);
+        let hca = Hca::new(same_host, idle);
         let engine = Engine::start(hca.clone(), idle).map_err(|e| DeviceError::Call {
             what: "starting the soft HCA's engine thread",
             why: e.to_string(),

@@ -217,6 +217,9 @@ pub(crate) struct Hca {
     pub(crate) unverified: net::Waiting,
     /// How transport connections to a peer on this machine may travel.
     pub same_host: SameHost,
+    /// How the engine idles; a shared-memory connection's threads spin as long (see
+    /// [`Hca::link_spin`]).
+    pub idle: Idle,
 }
 
 /// How a soft HCA's transport connections to a peer process on this machine may travel; a
@@ -246,8 +249,9 @@ fn registry() -> &'static Mutex<HashMap<u64, Weak<Hca>>> {
 }
 
 impl Hca {
-    /// A new HCA, registered in the process's table; `same_host`: see [`Hca::same_host`].
-    pub fn new(same_host: SameHost) -> Arc<Hca> {
+    /// A new HCA, registered in the process's table; `same_host` and `idle`: see
+    /// [`Hca::same_host`] and [`Hca::idle`].
+    pub fn new(same_host: SameHost, idle: Idle) -> Arc<Hca> {
         let mut reg = lock(registry());
         let id = loop {
             let id = (random_u32() as u64) << 32 | random_u32() as u64;
@@ -270,9 +274,20 @@ impl Hca {
             listening: Mutex::new(None),
             unverified: Default::default(),
             same_host,
+            idle,
         });
         reg.insert(hca.id, Arc::downgrade(&hca));
         hca
+    }
+
+    /// How long a shared-memory connection's threads (the responder reading requests, the
+    /// requester reading answers) spin with nothing to read before they sleep on a futex: as
+    /// long as the engine spins, and at least [`shm::MIN_SPIN`]. A ping-pong whose round trip
+    /// outlasts the spin pays a futex wake (a system call on the sender's side and a wake-up on
+    /// the sleeper's) on every message: with 20 us, a socket ping-pong across two GPUs (a 48
+    /// us round trip) did, write_lat's (24 us) mostly did not.
+    pub fn link_spin(&self) -> std::time::Duration {
+        self.idle.spin.max(shm::MIN_SPIN)
     }
 
     /// The transport listener's address, once listening.
@@ -520,5 +535,24 @@ pub(crate) mod tests {
         drop(Keep::new(Some(Arc::new(Witness(tx)))));
         let on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
         assert_eq!(on, std::thread::current().name().map(str::to_owned));
+    }
+
+    /// A shared-memory connection spins as long as the engine does, never less than the
+    /// ring's own minimum (an engine that does not spin, on a machine of few cores).
+    #[test]
+    fn a_shared_memory_link_spins_as_long_as_the_engine() {
+        use std::time::Duration;
+        let spin = |us| {
+            Hca::new(
+                SameHost::default(),
+                Idle {
+                    spin: Duration::from_micros(us),
+                },
+            )
+            .link_spin()
+        };
+        assert_eq!(spin(0), shm::MIN_SPIN);
+        assert_eq!(spin(200), Duration::from_micros(200));
+        assert_eq!(spin(5000), Duration::from_millis(5));
     }
 }

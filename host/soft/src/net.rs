@@ -786,7 +786,7 @@ fn offer(
     }
     match (seg, mapped?) {
         (Some(seg), true) => {
-            let (tx, rx) = shm::ends(seg, Side::Requester, qp.retry_timeout(), stream)?;
+            let (tx, rx) = shm::ends(seg, Side::Requester, qp.retry_timeout(), hca.link_spin(), stream)?;
             let closer = rx.closer();
             reader.switch(rx)?;
             Ok((Outbound::Shm(tx), Some(closer)))
@@ -823,7 +823,13 @@ fn answer_offer(
     w.write_all(&wire::encode_shm_answer(seg.is_some()))?;
     w.flush()?;
     let Some(seg) = seg else { return Ok(Outbound::Tcp(w)) };
-    let (tx, rx) = shm::ends(seg, Side::Responder, target.retry_timeout(), w.get_ref())?;
+    let (tx, rx) = shm::ends(
+        seg,
+        Side::Responder,
+        target.retry_timeout(),
+        hca.link_spin(),
+        w.get_ref(),
+    )?;
     reader.switch(rx)?;
     Ok(Outbound::Shm(tx))
 }

@@ -18,7 +18,7 @@
 //!   frames are parsed as untrusted bytes above, and the segment is never grown or remapped.
 //!
 //! Each ring is single-producer, single-consumer: the producer publishes its tail with a
-//! release store, the consumer its head. A side with nothing to do spins [`SPIN`] and then
+//! release store, the consumer its head. A side with nothing to do spins (at least [`MIN_SPIN`]) and then
 //! sleeps on a futex in the segment (not process-private, so the other process can wake it);
 //! the other side only pays the wake system call when the waiting flag says someone sleeps.
 use std::fs::File;
@@ -47,9 +47,10 @@ pub(crate) const SEGMENT_BYTES: usize = HEADER + 2 * RING_BYTES;
 const MAGIC: u64 = u64::from_be_bytes(*b"GDKISHM1");
 /// Where the segments live (tmpfs on Linux).
 const DIR: &str = "/dev/shm";
-/// How long a side with nothing to read (or no room) spins before it sleeps: a few round
-/// trips of the other side, so back-to-back traffic never pays a futex.
-pub(crate) const SPIN: Duration = Duration::from_micros(20);
+/// The shortest time a side with nothing to read (or no room) spins before it sleeps: a few
+/// round trips of the other side, so back-to-back traffic never pays a futex. A connection
+/// spins as long as its HCA's engine, where that is longer (`Hca::link_spin`).
+pub(crate) const MIN_SPIN: Duration = Duration::from_micros(20);
 /// The producer publishes at least every quarter ring, so the consumer starts on a long
 /// message before the producer's flush.
 const PUBLISH_EVERY: u64 = RING_BYTES as u64 / 4;
@@ -101,16 +102,23 @@ pub(crate) enum Side {
 
 /// `side`'s ends of `seg`'s rings, both watching the set-up connection `stream`: the producer
 /// of its outgoing ring (whose writes wait at most `timeout` for room) and the consumer of the
-/// other.
-pub(crate) fn ends(seg: Arc<Segment>, side: Side, timeout: Duration, stream: &TcpStream) -> io::Result<(Tx, Rx)> {
+/// other, each spinning for `spin` (at least [`MIN_SPIN`]) before it sleeps.
+pub(crate) fn ends(
+    seg: Arc<Segment>,
+    side: Side,
+    timeout: Duration,
+    spin: Duration,
+    stream: &TcpStream,
+) -> io::Result<(Tx, Rx)> {
+    let spin = spin.max(MIN_SPIN);
     let watch = Arc::new(Watch::new(stream)?);
     let (out, back) = match side {
         Side::Requester => (Dir::Requests, Dir::Responses),
         Side::Responder => (Dir::Responses, Dir::Requests),
     };
     Ok((
-        Tx::new(seg.clone(), out, timeout, watch.clone()),
-        Rx::new(seg, back, watch),
+        Tx::new(seg.clone(), out, timeout, spin, watch.clone()),
+        Rx::new(seg, back, spin, watch),
     ))
 }
 
@@ -285,9 +293,9 @@ fn wake(seq: &AtomicU32) {
     let _ = futex::wake(seq, futex::Flags::empty(), 1);
 }
 
-/// Spins until `ready` or [`SPIN`] passed; whether it became ready.
-fn spin(mut ready: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + SPIN;
+/// Spins until `ready` or `spin` passed; whether it became ready.
+fn spin(spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + spin;
     loop {
         for _ in 0..64 {
             if ready() {
@@ -311,18 +319,21 @@ pub(crate) struct Tx {
     published: u64,
     /// How long a write waits for room (the QP's retry timeout, as TCP's write timeout).
     timeout: Duration,
+    /// How long it spins for room before it sleeps.
+    spin: Duration,
     watch: Arc<Watch>,
 }
 
 impl Tx {
     /// The producer of `seg`'s ring `dir`.
-    fn new(seg: Arc<Segment>, dir: Dir, timeout: Duration, watch: Arc<Watch>) -> Tx {
+    fn new(seg: Arc<Segment>, dir: Dir, timeout: Duration, spin: Duration, watch: Arc<Watch>) -> Tx {
         Tx {
             seg,
             dir,
             tail: 0,
             published: 0,
             timeout,
+            spin,
             watch,
         }
     }
@@ -347,7 +358,7 @@ impl Tx {
     fn wait_room(&self, seen: u64) -> io::Result<()> {
         let ctl = self.seg.ctl(self.dir);
         let moved = || ctl.head.load(Ordering::Acquire) != seen || ctl.reader_closed.load(Ordering::Acquire) != 0;
-        if spin(moved) {
+        if spin(self.spin, moved) {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout;
@@ -455,16 +466,19 @@ pub(crate) struct Rx {
     seg: Arc<Segment>,
     dir: Dir,
     head: u64,
+    /// How long it spins for bytes before it sleeps.
+    spin: Duration,
     watch: Arc<Watch>,
 }
 
 impl Rx {
     /// The consumer of `seg`'s ring `dir`.
-    fn new(seg: Arc<Segment>, dir: Dir, watch: Arc<Watch>) -> Rx {
+    fn new(seg: Arc<Segment>, dir: Dir, spin: Duration, watch: Arc<Watch>) -> Rx {
         Rx {
             seg,
             dir,
             head: 0,
+            spin,
             watch,
         }
     }
@@ -550,7 +564,7 @@ impl Rx {
                 }
                 return Err(io::ErrorKind::TimedOut.into());
             }
-            if spin(|| ended() || matches!(self.available(), Ok(1..) | Err(_))) {
+            if spin(self.spin, || ended() || matches!(self.available(), Ok(1..) | Err(_))) {
                 continue;
             }
             let seq = ctl.data_seq.load(Ordering::Acquire);
@@ -585,8 +599,14 @@ mod tests {
         let (b, _) = l.accept().unwrap();
         let seg = Segment::create(1, 2).unwrap();
         let other = Segment::open(seg.name()).unwrap();
-        let tx = Tx::new(seg.clone(), Dir::Requests, timeout, Arc::new(Watch::new(&a).unwrap()));
-        let rx = Rx::new(other, Dir::Requests, Arc::new(Watch::new(&b).unwrap()));
+        let tx = Tx::new(
+            seg.clone(),
+            Dir::Requests,
+            timeout,
+            MIN_SPIN,
+            Arc::new(Watch::new(&a).unwrap()),
+        );
+        let rx = Rx::new(other, Dir::Requests, MIN_SPIN, Arc::new(Watch::new(&b).unwrap()));
         (tx, rx, a, seg)
     }
 
