@@ -217,9 +217,8 @@ pub(crate) struct Hca {
     pub(crate) unverified: net::Waiting,
     /// How transport connections to a peer on this machine may travel.
     pub same_host: SameHost,
-    /// How the engine idles; a shared-memory connection's threads spin as long (see
-    /// [`Hca::link_spin`]).
-    pub idle: Idle,
+    /// How the threads of its shared-memory connections spin (see [`Hca::link_spin`]).
+    link_spin: shm::LinkSpin,
 }
 
 /// How a soft HCA's transport connections to a peer process on this machine may travel; a
@@ -249,8 +248,8 @@ fn registry() -> &'static Mutex<HashMap<u64, Weak<Hca>>> {
 }
 
 impl Hca {
-    /// A new HCA, registered in the process's table; `same_host` and `idle`: see
-    /// [`Hca::same_host`] and [`Hca::idle`].
+    /// A new HCA, registered in the process's table; `same_host`: see [`Hca::same_host`];
+    /// `idle`: how its engine idles, which its shared-memory links follow ([`Hca::link_spin`]).
     pub fn new(same_host: SameHost, idle: Idle) -> Arc<Hca> {
         let mut reg = lock(registry());
         let id = loop {
@@ -274,7 +273,7 @@ impl Hca {
             listening: Mutex::new(None),
             unverified: Default::default(),
             same_host,
-            idle,
+            link_spin: shm::LinkSpin::new(idle.spin, Hca::long_link_spinners()),
         });
         reg.insert(hca.id, Arc::downgrade(&hca));
         hca
@@ -282,12 +281,20 @@ impl Hca {
 
     /// How long a shared-memory connection's threads (the responder reading requests, the
     /// requester reading answers) spin with nothing to read before they sleep on a futex: as
-    /// long as the engine spins, and at least [`shm::MIN_SPIN`]. A ping-pong whose round trip
-    /// outlasts the spin pays a futex wake (a system call on the sender's side and a wake-up on
-    /// the sleeper's) on every message: with 20 us, a socket ping-pong across two GPUs (a 48
-    /// us round trip) did, write_lat's (24 us) mostly did not.
-    pub fn link_spin(&self) -> std::time::Duration {
-        self.idle.spin.max(shm::MIN_SPIN)
+    /// long as the engine spins (at least [`shm::MIN_SPIN`]), for as many of them at a time as
+    /// [`Hca::long_link_spinners`] says, the others [`shm::MIN_SPIN`]. A ping-pong whose round
+    /// trip outlasts the spin pays a futex wake (a system call on the sender's side and a
+    /// wake-up on the sleeper's) on every message: with 20 us, a socket ping-pong across two
+    /// GPUs (a 48 us round trip) did, write_lat's (24 us) mostly did not.
+    pub(crate) fn link_spin(&self) -> shm::LinkSpin {
+        self.link_spin.clone()
+    }
+
+    /// How many link threads of one HCA may spin as long as the engine at a time: a quarter of
+    /// the machine's cores, at least the two a ping-pong keeps waiting.
+    fn long_link_spinners() -> u32 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / 4).max(2) as u32
     }
 
     /// The transport listener's address, once listening.
@@ -550,9 +557,11 @@ pub(crate) mod tests {
                 },
             )
             .link_spin()
+            .long()
         };
         assert_eq!(spin(0), shm::MIN_SPIN);
         assert_eq!(spin(200), Duration::from_micros(200));
         assert_eq!(spin(5000), Duration::from_millis(5));
+        assert!(Hca::long_link_spinners() >= 2);
     }
 }

@@ -49,8 +49,84 @@ const MAGIC: u64 = u64::from_be_bytes(*b"GDKISHM1");
 const DIR: &str = "/dev/shm";
 /// The shortest time a side with nothing to read (or no room) spins before it sleeps: a few
 /// round trips of the other side, so back-to-back traffic never pays a futex. A connection
-/// spins as long as its HCA's engine, where that is longer (`Hca::link_spin`).
+/// spins as long as its HCA's engine, where that is longer, while few others do ([`LinkSpin`]).
 pub(crate) const MIN_SPIN: Duration = Duration::from_micros(20);
+
+/// How long the waiting threads of an HCA's shared-memory links spin before they sleep on a
+/// futex: `long` (the engine's spin) for at most `max_long` of them at a time, [`MIN_SPIN`] for
+/// the others, so an HCA with many idle connections does not hold as many cores. A ping-pong
+/// needs two at a time (the responder waiting for the next request, the requester's receiver
+/// for the next answer).
+#[derive(Debug, Clone)]
+pub(crate) struct LinkSpin(Arc<SpinShared>);
+
+/// What an HCA's links share of their spin.
+#[derive(Debug)]
+struct SpinShared {
+    long: Duration,
+    max_long: u32,
+    /// Threads spinning `long` now.
+    long_now: AtomicU32,
+}
+
+impl LinkSpin {
+    /// `long` (at least [`MIN_SPIN`]) for at most `max_long` (at least 1) threads at a time.
+    pub fn new(long: Duration, max_long: u32) -> LinkSpin {
+        LinkSpin(Arc::new(SpinShared {
+            long: long.max(MIN_SPIN),
+            max_long: max_long.max(1),
+            long_now: AtomicU32::new(0),
+        }))
+    }
+
+    /// [`MIN_SPIN`] for every thread: links that never spin longer.
+    #[cfg(test)]
+    pub fn short() -> LinkSpin {
+        LinkSpin::new(MIN_SPIN, 1)
+    }
+
+    /// The longest spin a thread may get.
+    #[cfg(test)]
+    pub fn long(&self) -> Duration {
+        self.0.long
+    }
+
+    /// How long the calling thread spins now; a long spin is counted until the turn drops.
+    fn turn(&self) -> SpinTurn<'_> {
+        let s = &*self.0;
+        let long = s.long > MIN_SPIN
+            && s.long_now
+                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
+                    (n < s.max_long).then_some(n + 1)
+                })
+                .is_ok();
+        SpinTurn { spin: s, long }
+    }
+}
+
+/// One thread's spin ([`LinkSpin::turn`]).
+struct SpinTurn<'a> {
+    spin: &'a SpinShared,
+    long: bool,
+}
+
+impl SpinTurn<'_> {
+    fn len(&self) -> Duration {
+        if self.long {
+            self.spin.long
+        } else {
+            MIN_SPIN
+        }
+    }
+}
+
+impl Drop for SpinTurn<'_> {
+    fn drop(&mut self) {
+        if self.long {
+            self.spin.long_now.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
 /// The producer publishes at least every quarter ring, so the consumer starts on a long
 /// message before the producer's flush.
 const PUBLISH_EVERY: u64 = RING_BYTES as u64 / 4;
@@ -102,22 +178,21 @@ pub(crate) enum Side {
 
 /// `side`'s ends of `seg`'s rings, both watching the set-up connection `stream`: the producer
 /// of its outgoing ring (whose writes wait at most `timeout` for room) and the consumer of the
-/// other, each spinning for `spin` (at least [`MIN_SPIN`]) before it sleeps.
+/// other, each spinning as `spin` says before it sleeps.
 pub(crate) fn ends(
     seg: Arc<Segment>,
     side: Side,
     timeout: Duration,
-    spin: Duration,
+    spin: LinkSpin,
     stream: &TcpStream,
 ) -> io::Result<(Tx, Rx)> {
-    let spin = spin.max(MIN_SPIN);
     let watch = Arc::new(Watch::new(stream)?);
     let (out, back) = match side {
         Side::Requester => (Dir::Requests, Dir::Responses),
         Side::Responder => (Dir::Responses, Dir::Requests),
     };
     Ok((
-        Tx::new(seg.clone(), out, timeout, spin, watch.clone()),
+        Tx::new(seg.clone(), out, timeout, spin.clone(), watch.clone()),
         Rx::new(seg, back, spin, watch),
     ))
 }
@@ -293,9 +368,10 @@ fn wake(seq: &AtomicU32) {
     let _ = futex::wake(seq, futex::Flags::empty(), 1);
 }
 
-/// Spins until `ready` or `spin` passed; whether it became ready.
-fn spin(spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + spin;
+/// Spins until `ready` or this thread's turn of `spin` passed; whether it became ready.
+fn spin(spin: &LinkSpin, mut ready: impl FnMut() -> bool) -> bool {
+    let turn = spin.turn();
+    let until = Instant::now() + turn.len();
     loop {
         for _ in 0..64 {
             if ready() {
@@ -320,13 +396,13 @@ pub(crate) struct Tx {
     /// How long a write waits for room (the QP's retry timeout, as TCP's write timeout).
     timeout: Duration,
     /// How long it spins for room before it sleeps.
-    spin: Duration,
+    spin: LinkSpin,
     watch: Arc<Watch>,
 }
 
 impl Tx {
     /// The producer of `seg`'s ring `dir`.
-    fn new(seg: Arc<Segment>, dir: Dir, timeout: Duration, spin: Duration, watch: Arc<Watch>) -> Tx {
+    fn new(seg: Arc<Segment>, dir: Dir, timeout: Duration, spin: LinkSpin, watch: Arc<Watch>) -> Tx {
         Tx {
             seg,
             dir,
@@ -358,7 +434,7 @@ impl Tx {
     fn wait_room(&self, seen: u64) -> io::Result<()> {
         let ctl = self.seg.ctl(self.dir);
         let moved = || ctl.head.load(Ordering::Acquire) != seen || ctl.reader_closed.load(Ordering::Acquire) != 0;
-        if spin(self.spin, moved) {
+        if spin(&self.spin, moved) {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout;
@@ -467,13 +543,13 @@ pub(crate) struct Rx {
     dir: Dir,
     head: u64,
     /// How long it spins for bytes before it sleeps.
-    spin: Duration,
+    spin: LinkSpin,
     watch: Arc<Watch>,
 }
 
 impl Rx {
     /// The consumer of `seg`'s ring `dir`.
-    fn new(seg: Arc<Segment>, dir: Dir, spin: Duration, watch: Arc<Watch>) -> Rx {
+    fn new(seg: Arc<Segment>, dir: Dir, spin: LinkSpin, watch: Arc<Watch>) -> Rx {
         Rx {
             seg,
             dir,
@@ -564,7 +640,7 @@ impl Rx {
                 }
                 return Err(io::ErrorKind::TimedOut.into());
             }
-            if spin(self.spin, || ended() || matches!(self.available(), Ok(1..) | Err(_))) {
+            if spin(&self.spin, || ended() || matches!(self.available(), Ok(1..) | Err(_))) {
                 continue;
             }
             let seq = ctl.data_seq.load(Ordering::Acquire);
@@ -603,11 +679,37 @@ mod tests {
             seg.clone(),
             Dir::Requests,
             timeout,
-            MIN_SPIN,
+            LinkSpin::short(),
             Arc::new(Watch::new(&a).unwrap()),
         );
-        let rx = Rx::new(other, Dir::Requests, MIN_SPIN, Arc::new(Watch::new(&b).unwrap()));
+        let rx = Rx::new(
+            other,
+            Dir::Requests,
+            LinkSpin::short(),
+            Arc::new(Watch::new(&b).unwrap()),
+        );
         (tx, rx, a, seg)
+    }
+
+    /// At most `max_long` threads spin long at a time, the others the minimum; a turn that ends
+    /// hands its place back. A spin no longer than the minimum takes no place.
+    #[test]
+    fn only_a_few_threads_at_a_time_spin_long() {
+        let s = LinkSpin::new(Duration::from_micros(200), 2);
+        let (a, b, c) = (s.turn(), s.turn(), s.turn());
+        let long = Duration::from_micros(200);
+        assert_eq!([a.len(), b.len(), c.len()], [long, long, MIN_SPIN]);
+        drop(a);
+        let d = s.turn();
+        assert_eq!(d.len(), long);
+        drop((b, c, d));
+        assert_eq!(s.0.long_now.load(Ordering::Relaxed), 0);
+        let short = LinkSpin::short();
+        let turn = short.turn();
+        assert_eq!(turn.len(), MIN_SPIN);
+        assert_eq!(short.0.long_now.load(Ordering::Relaxed), 0);
+        // A shorter spin than the minimum is raised to it.
+        assert_eq!(LinkSpin::new(Duration::ZERO, 4).long(), MIN_SPIN);
     }
 
     fn read_exact(rx: &mut Rx, n: usize) -> io::Result<Vec<u8>> {
