@@ -194,8 +194,8 @@ impl ContextOptions {
     /// awake across pauses in an application (a doorbell that finds it asleep waits up to
     /// 200 us more), a shorter one gives its core back sooner on a machine with few cores.
     /// A shared-memory connection to another process spins as long (at least 20 us; as many
-    /// of its threads at a time as a quarter of the cores, the others 20 us) before its
-    /// threads sleep on a futex.
+    /// of an HCA's link threads at a time as an eighth of the cores, the others 20 us) before
+    /// its threads sleep on a futex.
     pub fn engine_idle_spin(mut self, spin: Duration) -> ContextOptions {
         self.engine_idle_spin = Some(spin);
         self

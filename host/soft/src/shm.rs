@@ -70,11 +70,11 @@ struct SpinShared {
 }
 
 impl LinkSpin {
-    /// `long` (at least [`MIN_SPIN`]) for at most `max_long` (at least 1) threads at a time.
+    /// `long` (at least [`MIN_SPIN`]) for at most `max_long` threads at a time (0: none).
     pub fn new(long: Duration, max_long: u32) -> LinkSpin {
         LinkSpin(Arc::new(SpinShared {
             long: long.max(MIN_SPIN),
-            max_long: max_long.max(1),
+            max_long,
             long_now: AtomicU32::new(0),
         }))
     }
@@ -82,7 +82,7 @@ impl LinkSpin {
     /// [`MIN_SPIN`] for every thread: links that never spin longer.
     #[cfg(test)]
     pub fn short() -> LinkSpin {
-        LinkSpin::new(MIN_SPIN, 1)
+        LinkSpin::new(MIN_SPIN, 0)
     }
 
     /// The longest spin a thread may get.
@@ -708,8 +708,10 @@ mod tests {
         let turn = short.turn();
         assert_eq!(turn.len(), MIN_SPIN);
         assert_eq!(short.0.long_now.load(Ordering::Relaxed), 0);
-        // A shorter spin than the minimum is raised to it.
+        // A shorter spin than the minimum is raised to it; no long spinners, no long spin.
         assert_eq!(LinkSpin::new(Duration::ZERO, 4).long(), MIN_SPIN);
+        let none = LinkSpin::new(Duration::from_micros(200), 0);
+        assert_eq!(none.turn().len(), MIN_SPIN);
     }
 
     fn read_exact(rx: &mut Rx, n: usize) -> io::Result<Vec<u8>> {
