@@ -1,6 +1,8 @@
 //! The soft provider in CPU mode, loopback: the 8-byte put rate (one poster thread, the engine
-//! thread executing) and 1 MiB put bandwidth next to a plain memcpy of the same size measured
-//! in the same run. `--transport tcp` puts the two QPs in two contexts connected over loopback
+//! thread executing), the 8-byte SEND rate next to it (a second pair of QPs, the receiver's queue
+//! kept posted by the same thread between its sends: what the engine's two-sided path costs
+//! against its WRITE path, #42's message-rate aim being 0.8), and 1 MiB put bandwidth next to a
+//! plain memcpy of the same size measured in the same run. `--transport tcp` puts the two QPs in two contexts connected over loopback
 //! TCP (as two processes would be) and adds a raw TCP stream of the same bytes as a reference.
 //!
 //! Then the round trip of one 8-byte put (post, wait for its CQE) while the same HCA also
@@ -13,8 +15,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
 
-use gdaki::{Access, Context, Endpoint, Provider, QpConfig};
-use gdaki_device::Exclusive;
+use gdaki::{Access, Context, Endpoint, Provider, QpConfig, ReceiveConfig};
+use gdaki_device::{Exclusive, RecvBuf};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -22,6 +24,10 @@ struct Report {
     transport: String,
     put_8b_messages: u64,
     put_8b_msgs_per_s: f64,
+    /// 8-byte SENDs, each taken by a posted receive, same run.
+    send_8b_msgs_per_s: f64,
+    /// The SEND rate over the put rate.
+    send_vs_put: f64,
     put_1mib_gb_per_s: f64,
     memcpy_1mib_gb_per_s: f64,
     put_vs_memcpy: f64,
@@ -90,6 +96,75 @@ fn tcp_stream(reps: usize) -> anyhow::Result<f64> {
     Ok(bw)
 }
 
+/// `messages` 8-byte SENDs from a QP of `ctx` to one with a receive queue (of `peer`, or of
+/// `ctx`), this thread keeping receives posted ahead of them; SENDs a second.
+fn send_rate(ctx: &Context, peer: Option<&Context>, tcp: bool, messages: u64) -> anyhow::Result<f64> {
+    /// Receives kept posted; the thread takes completions and posts again every `BATCH` sends.
+    const DEPTH: u32 = 2048;
+    const BATCH: u64 = 256;
+    let on = peer.unwrap_or(ctx);
+    let (scq, rcq) = (ctx.create_cq(4096)?, on.create_cq(4096)?);
+    let sqp = ctx.create_qp(
+        &scq,
+        QpConfig {
+            sq_size: 4096,
+            ..Default::default()
+        },
+    )?;
+    let rqp = on.create_qp(
+        &rcq,
+        QpConfig {
+            sq_size: 64,
+            receive: Some(ReceiveConfig {
+                size: 4096,
+                max_bufs: 1,
+            }),
+            ..Default::default()
+        },
+    )?;
+    // Over TCP the zero GID names no HCA of this process (as for the puts).
+    let gid = |e: Endpoint| if tcp { Endpoint { gid: [0; 16], ..e } } else { e };
+    sqp.connect(&gid(rqp.endpoint()))?;
+    rqp.connect(&gid(sqp.endpoint()))?;
+    let (src, dst) = (ctx.alloc_region(8, Access::ALL)?, on.alloc_region(8, Access::ALL)?);
+    // SAFETY: both QPs outlive the handles; only this thread posts to either queue.
+    let (dev, rq) = unsafe { (sqp.cpu::<Exclusive>()?, rqp.cpu_receive::<Exclusive>()?) };
+    let post = |n: u32| {
+        rq.post_recvs(n, |_| RecvBuf {
+            local: dst.local(0),
+            len: 8,
+        })
+        .map_err(|e| anyhow::anyhow!("post_recvs: {e}"))
+    };
+    let first = post(DEPTH)?;
+    let (mut posted, mut taken) = (u64::from(DEPTH), 0u64);
+    let take = |upto: u64, taken: &mut u64| -> anyhow::Result<()> {
+        while *taken < upto {
+            rq.poll(first + *taken).map_err(|e| anyhow::anyhow!("receive: {e}"))?;
+            *taken += 1;
+        }
+        Ok(())
+    };
+    let started = Instant::now();
+    for i in 0..messages {
+        if i % BATCH == 0 && i > 0 {
+            // Every receive a SEND took up to a batch ago has completed or is about to: take
+            // them and post as many again, so a SEND never finds none (an RNR wait).
+            take(i - BATCH, &mut taken)?;
+            let n = (taken + u64::from(DEPTH) - posted).min(messages - posted.min(messages));
+            if n > 0 {
+                post(n as u32)?;
+                posted += n;
+            }
+        }
+        dev.send(src.local(0), 8).map_err(|e| anyhow::anyhow!("send: {e}"))?;
+    }
+    take(messages, &mut taken)?;
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    dev.quiet().map_err(|e| anyhow::anyhow!("quiet: {e}"))?;
+    Ok(rate)
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
     args.iter()
         .position(|a| a == name)
@@ -156,6 +231,9 @@ fn main() -> anyhow::Result<()> {
     dev.quiet().map_err(|e| anyhow::anyhow!("quiet: {e}"))?;
     let rate = messages as f64 / started.elapsed().as_secs_f64();
 
+    eprintln!("8-byte sends: {messages} messages ...");
+    let send_rate = send_rate(&ctx, peer.as_ref().map(|(p, _, _)| p), tcp, messages)?;
+
     eprintln!("1 MiB puts and memcpy ...");
     let reps = 200;
     let started = Instant::now();
@@ -212,6 +290,8 @@ fn main() -> anyhow::Result<()> {
         tcp_stream_1mib_gb_per_s: stream_bw,
         put_8b_messages: messages,
         put_8b_msgs_per_s: rate,
+        send_8b_msgs_per_s: send_rate,
+        send_vs_put: send_rate / rate,
         put_1mib_gb_per_s: put_bw,
         memcpy_1mib_gb_per_s: memcpy_bw,
         put_vs_memcpy: put_bw / memcpy_bw,
@@ -225,6 +305,11 @@ fn main() -> anyhow::Result<()> {
             "  8-byte put rate:     {:>8.2} M msg/s ({} messages)",
             rate / 1e6,
             messages
+        );
+        println!(
+            "  8-byte send rate:    {:>8.2} M msg/s ({:.2} of the put rate, same run)",
+            send_rate / 1e6,
+            send_rate / rate
         );
         println!("  1 MiB put bandwidth: {:>8.2} GB/s", put_bw);
         println!("  1 MiB memcpy:        {:>8.2} GB/s (reference, same run)", memcpy_bw);
