@@ -14,7 +14,10 @@
 # Outputs go to $OUT/ab/<program>.<rev>.<round>.txt (stderr beside them, .err); run.sh prints the
 # machine, then each run's figure lines (and the socket perftests' Steps and GPU copier lines).
 # Each run stops after AB_TIMEOUT seconds (default 300; exit 124), so one revision that hangs
-# leaves the others' figures in the device call. A revision's first run includes the driver's
+# leaves the others' figures in the device call. AB_TWO=1 runs each revision as two processes,
+# a server (`--server -p PORT $AB_SERVER_ARGS`) and a client (`127.0.0.1 -p PORT $AB_CLIENT_ARGS`)
+# whose output holds the figures: e.g. AB_SERVER_ARGS="--gpu 1" on two GPUs (on one GPU, start
+# MPS first: nvidia-cuda-mps-control -d), what #44's aims and the cross-process figures read. A revision's first run includes the driver's
 # compile of its PTX (60-100 s on a fresh machine), outside the timed part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,11 +80,32 @@ for rev in "${revs[@]}"; do
   gunzip -c "$rev/$program.gz" >"$bin/$program.$rev" && chmod +x "$bin/$program.$rev"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
-echo "$program $* (revisions: ${revs[*]})"
+two=""
+[[ ${AB_TWO:-0} == 1 ]] && two=", two processes (server: ${AB_SERVER_ARGS:-}; client: ${AB_CLIENT_ARGS:-})"
+echo "$program $* (revisions: ${revs[*]})$two"
+# Two processes (AB_TWO=1): a port of their own for each run, from AB_PORT (default 19300).
+port=${AB_PORT:-19300}
+run_one() { # REV FILE ARGS...: one run of REV's program, its output in FILE.txt and FILE.err
+  local exe=$bin/$program.$1 f=$2; shift 2
+  if [[ ${AB_TWO:-0} == 1 ]]; then
+    port=$((port + 1))
+    # shellcheck disable=SC2086 # the extra arguments are words by design
+    timeout "${AB_TIMEOUT:-300}" "$exe" --server -p "$port" ${AB_SERVER_ARGS:-} "$@" >"$f.server.txt" 2>"$f.server.err" &
+    local server=$!
+    sleep "${AB_SERVER_WAIT:-1}"
+    # shellcheck disable=SC2086
+    timeout "${AB_TIMEOUT:-300}" "$exe" 127.0.0.1 -p "$port" ${AB_CLIENT_ARGS:-} "$@" >"$f.txt" 2>"$f.err"
+    local rc=$? src=0
+    wait "$server" || src=$?
+    ((rc == 0)) && rc=$src
+    return "$rc"
+  fi
+  timeout "${AB_TIMEOUT:-300}" "$exe" "$@" >"$f.txt" 2>"$f.err"
+}
 for ((r = 1; r <= rounds; r++)); do
   for rev in "${revs[@]}"; do
     f=$out/$program.$rev.$r
-    timeout "${AB_TIMEOUT:-300}" "$bin/$program.$rev" "$@" >"$f.txt" 2>"$f.err"; rc=$?
+    run_one "$rev" "$f" "$@"; rc=$?
     echo "== $rev round $r (exit $rc)"
     # The figure lines: a perftest's result rows and a socket perftest's Steps and GPU copier
     # lines, the posting benchmark's Rust rows.
