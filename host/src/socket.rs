@@ -182,12 +182,10 @@ fn peer_params(app: &[u8]) -> std::result::Result<(u32, u64), String> {
 /// A fresh frame key for a receive ring: random, so that nothing but this connection's frames
 /// (not a zeroed ring, not an earlier connection's bytes) passes for one.
 fn frame_key() -> Result<u64> {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).map_err(|e| Error::Io {
+    gdaki_devx::util::random_secret().ok_or_else(|| Error::Io {
         what: "drawing a socket's frame key",
-        source: std::io::Error::other(e.to_string()),
-    })?;
-    Ok(u64::from_le_bytes(b) | 1)
+        source: std::io::Error::other("the OS random generator failed"),
+    })
 }
 
 /// A socket's resources before the peer is known: the queue pair and the receive window.
