@@ -96,6 +96,12 @@ fn tcp_stream(reps: usize) -> anyhow::Result<f64> {
     Ok(bw)
 }
 
+/// `e` with the zero GID, which names no HCA of this process: a connection to it goes over
+/// TCP even to a context of this process.
+fn over_tcp(e: Endpoint) -> Endpoint {
+    Endpoint { gid: [0; 16], ..e }
+}
+
 /// `messages` 8-byte SENDs from a QP of `ctx` to one with a receive queue (of `peer`, or of
 /// `ctx`), this thread keeping receives posted ahead of them; SENDs a second.
 fn send_rate(ctx: &Context, peer: Option<&Context>, tcp: bool, messages: u64) -> anyhow::Result<f64> {
@@ -122,10 +128,9 @@ fn send_rate(ctx: &Context, peer: Option<&Context>, tcp: bool, messages: u64) ->
             ..Default::default()
         },
     )?;
-    // Over TCP the zero GID names no HCA of this process (as for the puts).
-    let gid = |e: Endpoint| if tcp { Endpoint { gid: [0; 16], ..e } } else { e };
-    sqp.connect(&gid(rqp.endpoint()))?;
-    rqp.connect(&gid(sqp.endpoint()))?;
+    let reach = |e: Endpoint| if tcp { over_tcp(e) } else { e };
+    sqp.connect(&reach(rqp.endpoint()))?;
+    rqp.connect(&reach(sqp.endpoint()))?;
     let (src, dst) = (ctx.alloc_region(8, Access::ALL)?, on.alloc_region(8, Access::ALL)?);
     // SAFETY: both QPs outlive the handles; only this thread posts to either queue.
     let (dev, rq) = unsafe { (sqp.cpu::<Exclusive>()?, rqp.cpu_receive::<Exclusive>()?) };
@@ -200,15 +205,8 @@ fn main() -> anyhow::Result<()> {
         peer.listen(loopback)?;
         let pcq = peer.create_cq(4096)?;
         let pqp = peer.create_qp(&pcq, cfg)?;
-        // The zero GID names no HCA of this process, so the connection goes over TCP.
-        qp.connect(&Endpoint {
-            gid: [0; 16],
-            ..pqp.endpoint()
-        })?;
-        pqp.connect(&Endpoint {
-            gid: [0; 16],
-            ..qp.endpoint()
-        })?;
+        qp.connect(&over_tcp(pqp.endpoint()))?;
+        pqp.connect(&over_tcp(qp.endpoint()))?;
         Some((peer, pcq, pqp))
     } else {
         qp.connect(&qp.endpoint())?;
