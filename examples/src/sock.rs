@@ -55,6 +55,12 @@ pub struct SockArgs {
     /// The GPU, in GPU mode.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// sock_bw: sockets streaming at once, each its own connection and queue pair, a block (or
+    /// a thread) each per side; the reference puts on the same queue pairs at once (as
+    /// ib_write_bw's `-q`). Bandwidth is all of their bytes over the span from the first start
+    /// to the last end; steps are means over every socket's calls.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
     /// sock_bw: send from registered memory without copying (`send_from`): each message is
     /// the bytes the reference puts, from the staging ring's memory (at most the ring).
     #[arg(long = "zero-copy")]
@@ -96,6 +102,8 @@ pub struct Params {
     pub rx_bytes: u64,
     /// Threads per side (GPU mode).
     pub threads: u32,
+    /// Sockets streaming at once (`-q`).
+    pub qps: u32,
     /// Iterations per size.
     pub iters: u32,
     /// Sizes.
@@ -347,6 +355,36 @@ pub struct SideRun {
 }
 
 impl SideRun {
+    /// The sides of one bandwidth `role` (start and end stamps, then step sums and calls) as
+    /// one: their bytes, the first start and the last end, every step's sums and calls added.
+    /// A single side stays as it is, sides without stamps (`Idle`) add their bytes; other
+    /// roles' stamps (per round) are not merged (`None`).
+    fn merged(mut runs: Vec<SideRun>, role: BenchRole) -> Option<SideRun> {
+        if runs.len() == 1 {
+            return runs.pop();
+        }
+        let bandwidth = matches!(
+            role,
+            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv | BenchRole::RawSend
+        );
+        if !bandwidth && runs.iter().any(|r| !r.times.is_empty()) {
+            return None;
+        }
+        let mut all = runs.into_iter();
+        let mut one = all.next()?;
+        for run in all {
+            one.moved += run.moved;
+            for (k, (mine, theirs)) in one.times.iter_mut().zip(run.times).enumerate() {
+                *mine = match k {
+                    0 => (*mine).min(theirs),
+                    1 => (*mine).max(theirs),
+                    _ => *mine + theirs,
+                };
+            }
+        }
+        Some(one)
+    }
+
     /// A side's calls and their steps' means (us), recorded from timestamp `at` on
     /// (`BenchRole::timestamps`); `None` for a side that made no call.
     fn steps(&self, at: usize) -> Option<(u64, [f64; STEPS])> {
@@ -556,41 +594,84 @@ impl Peer {
         iters: u32,
         threads: u32,
     ) -> anyhow::Result<(SideRun, Option<SideRun>)> {
+        self.run_many(runner, [mine, theirs], 1, size, iters, threads)
+    }
+
+    /// [`run`](Self::run) over `qps` connections at once, each side's runs merged
+    /// ([`SideRun::merged`]; a bandwidth role where `qps` is more than one).
+    fn run_many(
+        &self,
+        runner: &Runner,
+        [mine, theirs]: [BenchRole; 2],
+        qps: u32,
+        size: u64,
+        iters: u32,
+        threads: u32,
+    ) -> anyhow::Result<(SideRun, Option<SideRun>)> {
+        let n = qps.max(1) as usize;
+        let merged = |runs: Vec<SideRun>, role: BenchRole| {
+            SideRun::merged(runs, role).with_context(|| format!("{role:?} runs one socket at a time"))
+        };
         match self {
-            Peer::Loopback(pairs) => {
+            Peer::Loopback(pairs) if n == 1 => {
                 let [a, b] = runner.run_pair(pairs.pair()?, [mine, theirs], size, iters, threads)?;
                 Ok((a, Some(b)))
             }
+            Peer::Loopback(pairs) => {
+                let (mut sockets, mut theirs_sockets) = (Vec::with_capacity(2 * n), Vec::with_capacity(n));
+                for _ in 0..n {
+                    let (a, b) = pairs.pair()?;
+                    sockets.push(a);
+                    theirs_sockets.push(b);
+                }
+                sockets.append(&mut theirs_sockets);
+                let roles: Vec<BenchRole> = [mine, theirs].iter().flat_map(|&r| std::iter::repeat_n(r, n)).collect();
+                let mut runs = runner.run(sockets, &roles, size, iters, threads)?;
+                let other = runs.split_off(n);
+                Ok((merged(runs, mine)?, Some(merged(other, theirs)?)))
+            }
             Peer::Remote { ctx, addr, cfg } => {
-                let ask = format!("role={} size={size} iters={iters}", theirs as u32);
-                let sock = Socket::connect_with(ctx, *addr, cfg.clone(), ask.as_bytes())
-                    .with_context(|| format!("cannot connect to the server at {addr}"))?;
-                let run = runner.run(vec![sock], &[mine], size, iters, threads)?;
-                Ok((run.into_iter().next().context("no side ran")?, None))
+                let ask = format!("role={} size={size} iters={iters} qps={n}", theirs as u32);
+                let sockets = (0..n)
+                    .map(|_| {
+                        Socket::connect_with(ctx, *addr, cfg.clone(), ask.as_bytes())
+                            .with_context(|| format!("cannot connect to the server at {addr}"))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let runs = runner.run(sockets, &vec![mine; n], size, iters, threads)?;
+                Ok((merged(runs, mine)?, None))
             }
         }
     }
 }
 
-/// What a client asks the server to run, from its connection data.
-fn parse_ask(data: &[u8]) -> anyhow::Result<(BenchRole, u64, u32)> {
+/// What a client asks the server to run, from its connection data: the role, message size,
+/// messages, and the connections that run together (`qps`, 1 when not said; each of them
+/// asks the same).
+fn parse_ask(data: &[u8]) -> anyhow::Result<(BenchRole, u64, u32, u32)> {
     let text = std::str::from_utf8(data).context("a client's request is not text")?;
     let mut role = None;
     let mut size = None;
     let mut iters = None;
+    let mut qps = Some(1);
     for word in text.split_whitespace() {
         match word.split_once('=') {
             Some(("role", v)) => role = v.parse::<u32>().ok().and_then(BenchRole::from_code),
             Some(("size", v)) => size = v.parse::<u64>().ok(),
             Some(("iters", v)) => iters = v.parse::<u32>().ok(),
+            Some(("qps", v)) => qps = v.parse::<u32>().ok().filter(|q| (1..=MAX_QPS).contains(q)),
             _ => bail!("a client asked {text:?}"),
         }
     }
-    match (role, size, iters) {
-        (Some(r), Some(s), Some(n)) => Ok((r, s, n)),
-        _ => bail!("a client asked {text:?}: role, size and iters are needed"),
+    match (role, size, iters, qps) {
+        (Some(r), Some(s), Some(n), Some(q)) => Ok((r, s, n, q)),
+        _ => bail!("a client asked {text:?}: role, size and iters are needed, and qps 1 to {MAX_QPS}"),
     }
 }
+
+/// The most sockets `-q` runs at once: a block each per side on a GPU (in one process both
+/// sides' blocks share it), each block of the socket kernel taking an SM.
+pub const MAX_QPS: u32 = 32;
 
 /// The `--server` side: runs what each client connection asks (its connection data) until a
 /// client says `end`.
@@ -605,14 +686,32 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
             // Nothing was sent on it: dropped as is (a FIN could meet the client's closed side).
             return Ok(());
         }
-        let (role, size, iters) = parse_ask(sock.peer_data())?;
+        let ask = sock.peer_data().to_vec();
+        let (role, size, iters, qps) = parse_ask(&ask)?;
         if size == 0 || size > rx_bytes {
             bail!("a client asked for {size}-byte messages; this side's ring holds {rx_bytes}");
         }
-        let run = runner.run(vec![sock], &[role], size, iters, args.threads)?;
-        eprintln!("{}: served {role:?}, {size} B x {iters}", test.name());
+        // The client's other connections of the same run, asking the same.
+        let mut sockets = vec![sock];
+        while sockets.len() < qps as usize {
+            let more = listener.accept_within(Duration::from_secs(args.timeout.max(1)))?;
+            if more.peer_data() != ask.as_slice() {
+                bail!(
+                    "a client asked {:?} while {qps} connections asking {:?} were coming",
+                    String::from_utf8_lossy(more.peer_data()),
+                    String::from_utf8_lossy(&ask)
+                );
+            }
+            sockets.push(more);
+        }
+        let runs = runner.run(sockets, &vec![role; qps as usize], size, iters, args.threads)?;
+        eprintln!(
+            "{}: served {role:?}, {size} B x {iters} on {qps} socket(s)",
+            test.name()
+        );
+        let run = SideRun::merged(runs, role);
         // A stream's receiver, or a pong: where its calls went (the client has only its own).
-        match (role, run.first().map(|side| side.steps_of(role, iters))) {
+        match (role, run.as_ref().map(|side| side.steps_of(role, iters))) {
             (BenchRole::Recv, Some((_, Some(receive)))) => eprintln!("{}: {size} B, {receive}", test.name()),
             (BenchRole::Pong, Some((Some(send), Some(receive)))) => {
                 eprintln!("{}: {size} B, {}", test.name(), PongSteps(&receive, &send));
@@ -727,11 +826,18 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
     if iters < 2 {
         bail!("-n {iters}: at least 2");
     }
+    if !(1..=MAX_QPS).contains(&args.qps) {
+        bail!("-q {}: 1 to {MAX_QPS}", args.qps);
+    }
+    if args.qps > 1 && test == Test::Lat {
+        bail!("-q is sock_bw's (a latency test runs one ping-pong)");
+    }
     let params = Params {
         mode: if gpu.is_some() { "gpu" } else { "cpu" },
         mem: mem_name,
         rx_bytes: args.rx_bytes,
         threads: args.threads,
+        qps: args.qps,
         iters,
         sizes: sizes.clone(),
     };
@@ -772,20 +878,28 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
             &[
                 (
                     "Sockets",
-                    match &peer {
-                        Peer::Loopback(_) => "one pair in this process, over the soft HCA (two contexts)".into(),
-                        Peer::Remote { addr, .. } => format!("to the server at {addr}, a connection per size and test"),
+                    match (&peer, args.qps) {
+                        (Peer::Loopback(_), 1) => "one pair in this process, over the soft HCA (two contexts)".into(),
+                        (Peer::Loopback(_), q) => {
+                            format!("{q} pairs streaming at once in this process, over the soft HCA (two contexts)")
+                        }
+                        (Peer::Remote { addr, .. }, 1) => {
+                            format!("to the server at {addr}, a connection per size and test")
+                        }
+                        (Peer::Remote { addr, .. }, q) => {
+                            format!("to the server at {addr}, {q} connections at once per size and test")
+                        }
                     },
                 ),
                 (
                     "Mode",
                     match &runner {
                         Runner::Gpu(g) => format!(
-                            "gpu: a block of {} threads per side on GPU {}",
+                            "gpu: a block of {} threads per socket and side on GPU {}",
                             args.threads,
                             g.ordinal()
                         ),
-                        Runner::Cpu => "cpu: a thread per side".into(),
+                        Runner::Cpu => "cpu: a thread per socket and side".into(),
                     },
                 ),
                 (
@@ -832,15 +946,20 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 } else {
                     BenchRole::Send
                 };
-                let (send, recv) = peer.run(&runner, sender, BenchRole::Recv, size, iters, args.threads)?;
-                if let Some(recv) = recv.as_ref().filter(|r| r.moved != size * iters as u64) {
-                    bail!(
-                        "{size} B: the receiver got {} bytes of {}",
-                        recv.moved,
-                        size * iters as u64
-                    );
+                let qps = args.qps;
+                let (send, recv) = peer.run_many(&runner, [sender, BenchRole::Recv], qps, size, iters, args.threads)?;
+                let sent = size * iters as u64 * qps as u64;
+                if let Some(recv) = recv.as_ref().filter(|r| r.moved != sent) {
+                    bail!("{size} B: the receivers got {} bytes of {sent}", recv.moved);
                 }
-                let (raw, _) = peer.run(&runner, BenchRole::RawSend, BenchRole::Idle, size, iters, args.threads)?;
+                let (raw, _) = peer.run_many(
+                    &runner,
+                    [BenchRole::RawSend, BenchRole::Idle],
+                    qps,
+                    size,
+                    iters,
+                    args.threads,
+                )?;
                 let mib_s = |r: &SideRun| {
                     send.moved as f64 / crate::report::MIB / (r.times[1].saturating_sub(r.times[0]).max(1) as f64 / 1e9)
                 };

@@ -1545,6 +1545,69 @@ fn socket_perftests_run_beside_their_references() {
     );
 }
 
+/// `sock_bw -q N`: N sockets streaming at once (their own connections and queue pairs), the
+/// reference on the same N queue pairs; every socket's bytes arrive (the run fails
+/// otherwise) and the steps count every socket's calls. In one process and across two.
+#[test]
+fn sock_bw_streams_several_sockets_at_once() {
+    let out = ok(
+        "sock_bw",
+        &[
+            "--mode",
+            "cpu",
+            "-s",
+            "4096",
+            "-n",
+            "200",
+            "-q",
+            "3",
+            "--rx-bytes",
+            "65536",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["qps"].as_u64(), Some(3), "{out}");
+    let row = &v["results"][0];
+    assert!(row["bw_mib_s"].as_f64().unwrap_or(0.0) > 0.0 && row["put_bw_mib_s"].as_f64().unwrap_or(0.0) > 0.0);
+    // A send call a message on each socket. A receiver reads a message in two calls where it
+    // wraps the ring's end (a dozen laps of a 64 KiB ring each), and its last call sees the
+    // end of its stream.
+    assert_eq!(row["sender"]["calls"].as_u64(), Some(600), "{out}");
+    assert!(
+        row["receiver"]["calls"]
+            .as_u64()
+            .is_some_and(|c| (603..=700).contains(&c)),
+        "{out}"
+    );
+    let out = ok("sock_bw", &["--mode", "cpu", "-s", "4096", "-n", "100", "-q", "2"]);
+    assert!(out.contains("2 pairs streaming at once"), "{out}");
+    assert!(out.contains("(200 calls)"), "{out}");
+    // Across processes: the client's connections of one run reach the server together.
+    let flags = ["--mode", "cpu", "--rx-bytes", "65536"];
+    let client = [&flags[..], &["-s", "8192", "-n", "100", "-q", "4"]].concat();
+    let (s, c) = server_client("sock_bw", &flags, &client);
+    let (_, out) = both_succeeded(&s, &c);
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    assert!(out.contains("4 connections at once"), "{out}");
+    let server_err = String::from_utf8_lossy(&s.stderr);
+    assert!(
+        server_err.contains("served Recv, 8192 B x 100 on 4 socket(s)"),
+        "{server_err}"
+    );
+    assert!(server_err.contains("usec a call (4"), "{server_err}");
+    // Refused: none, more than the most, and in the latency test.
+    for (name, q, says) in [
+        ("sock_bw", "0", "-q 0: 1 to 32"),
+        ("sock_bw", "33", "-q 33: 1 to 32"),
+        ("sock_lat", "2", "-q is sock_bw's"),
+    ] {
+        let out = run(name, &["--mode", "cpu", "-q", q]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{name} -q {q}: {err}");
+    }
+}
+
 /// The socket perftests on the GPU: a block per side, rings in pinned and in GPU memory.
 #[test]
 fn socket_perftests_on_the_gpu() {
@@ -1554,6 +1617,13 @@ fn socket_perftests_on_the_gpu() {
     for mem in ["pinned", "device"] {
         let out = ok("sock_bw", &["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "2000"]);
         assert_eq!(rows(&out).len(), 1, "{mem}: {out}");
+        // Four sockets at once, a block each per side.
+        let out = ok(
+            "sock_bw",
+            &["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "500", "-q", "4"],
+        );
+        assert_eq!(rows(&out).len(), 1, "{mem}, -q 4: {out}");
+        assert!(out.contains("(2000 calls)"), "{mem}, -q 4: {out}");
         let flags = ["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "2000"];
         let out = ok("sock_bw", &[&flags[..], &["--zero-copy"]].concat());
         assert_eq!(rows(&out).len(), 1, "{mem}, --zero-copy: {out}");

@@ -341,6 +341,19 @@ impl<'m> Kernel<'m> {
 
     /// Refuses a block larger than this kernel can run on this GPU (its registers a thread
     /// bound it below the device's 1024), before the launch fails with "too many resources".
+    /// Refuses a launch of `blocks` blocks of `threads` that wait on one another (a socket's
+    /// sender on its receiver's credits) where this GPU cannot hold them all at once beside
+    /// the soft HCA's resident copier (a quarter of the SMs): blocks left waiting for an SM
+    /// would never start, and the resident ones would wait for them until their deadlines.
+    pub(super) fn check_resident(&self, blocks: u32, threads: u32) -> Result<(), CudaError> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let per_sm = self
+            .function
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+        let sms = self.gpu.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        resident_fit(&self.name, blocks, threads, per_sm, sms)
+    }
+
     fn check_block(&self, dims: &Dims) -> Result<(), CudaError> {
         use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
         let max = self.function.get_attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
@@ -366,9 +379,46 @@ fn block_fits(name: &str, block: [u32; 3], max: i32, regs: impl FnOnce() -> Opti
     })
 }
 
+/// Whether `blocks` blocks of `threads` of kernel `name`, `per_sm` of which fit an SM, all fit
+/// at once on `sms` SMs less the quarter the soft HCA's copier holds (see
+/// [`Kernel::check_resident`]).
+fn resident_fit(name: &str, blocks: u32, threads: u32, per_sm: u32, sms: i32) -> Result<(), CudaError> {
+    let sms = u64::try_from(sms).unwrap_or(0);
+    let room = u64::from(per_sm) * (sms - sms / 4);
+    if u64::from(blocks) <= room {
+        return Ok(());
+    }
+    Err(CudaError::BadArgument {
+        what: "launching a kernel",
+        why: format!(
+            "{name}: {blocks} blocks of {threads} threads that wait on one another, where this GPU holds at most \
+             {room} of them at once ({per_sm} an SM on {} of its {sms} SMs; the soft HCA's copier may hold the rest)",
+            sms - sms / 4
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blocks that wait on one another are refused where they cannot all be resident, with
+    /// the numbers; a launch that fits passes.
+    #[test]
+    fn blocks_that_cannot_all_be_resident_are_refused() {
+        assert!(resident_fit("k", 99, 256, 1, 132).is_ok());
+        assert!(resident_fit("k", 198, 256, 2, 132).is_ok());
+        let e = resident_fit("gdaki_socket_bench", 100, 256, 1, 132).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "launching a kernel: gdaki_socket_bench: 100 blocks of 256 threads that wait on one another, where \
+             this GPU holds at most 99 of them at once (1 an SM on 99 of its 132 SMs; the soft HCA's copier may \
+             hold the rest)"
+        );
+        // A kernel that fits nowhere (0 an SM) or a nonsensical count refuses.
+        assert!(resident_fit("k", 1, 1024, 0, 132).is_err());
+        assert!(resident_fit("k", 1, 1, 1, -1).is_err());
+    }
 
     /// A block the kernel cannot run is refused with the limit and the reason, before any
     /// launch; one that fits passes.

@@ -350,6 +350,10 @@ impl Gpu {
             });
         }
         let n = sockets.len();
+        let kernel = Kernel::own(self, "gdaki_socket_bench")?;
+        // A sender's block waits for its receiver's credits (in one process both are blocks
+        // of this launch), and an echo client for every server block.
+        kernel.check_resident(u32::try_from(n).unwrap_or(u32::MAX), threads)?;
         let stream = self.ctx.default_stream();
         let handles = stream.clone_htod(sockets)?;
         let role_codes = stream.clone_htod(roles)?;
@@ -375,7 +379,7 @@ impl Gpu {
         // times_per_block, scratch, status, moved)`, one block per socket: the handles are
         // exported sockets this launch alone uses (the caller's contract), every other area
         // allocated above with one entry (or `timestamps`, or `buf_len` bytes) per block.
-        let elapsed = unsafe { Kernel::own(self, "gdaki_socket_bench")?.run(Dims::linear(n as u32, threads), args) }?;
+        let elapsed = unsafe { kernel.run(Dims::linear(n as u32, threads), args) }?;
         let all = stream.clone_dtoh(&times)?;
         Ok(SocketBenchRun {
             status: stream.clone_dtoh(&status)?,
