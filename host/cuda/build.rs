@@ -30,13 +30,41 @@ fn main() {
     let path = gdaki_build::nested_target_dir().join("gdaki_device.ptx");
     let build = gdaki_build::PtxBuild::new(&workspace).package("gdaki-device");
     let (ptx, missing) = match build.build(&path) {
-        Ok(ptx) => (ptx.text, String::new()),
+        Ok(ptx) => (Some(ptx), String::new()),
         Err(e @ gdaki_build::BuildError::Missing(_)) => {
             println!("cargo:warning=gdaki: {e}; CPU mode only");
-            (String::new(), e.to_string())
+            (None, e.to_string())
         }
         Err(e) => panic!("gdaki-device: {e}"),
     };
+    // The same kernels as machine code for the PTX's architecture, where a ptxas is at hand:
+    // GPUs of that architecture load it as it is, without the driver's minute-long compile of
+    // the PTX on each machine's first run. Without one the PTX alone serves (said once).
+    let sass = match ptx.as_ref().map(gdaki_build::assemble) {
+        Some(Ok(sass)) => Some(sass),
+        Some(Err(gdaki_build::BuildError::Missing(why))) => {
+            println!("cargo:warning=gdaki: kernels as PTX only ({why}): GPUs compile them on first use");
+            None
+        }
+        // Another toolkit's ptxas may refuse what the driver's compiler takes: the PTX stays.
+        Some(Err(e)) => {
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            println!("cargo:warning=gdaki: kernels as PTX only (assembling them failed: {first})");
+            None
+        }
+        None => None,
+    };
+    fs::write(
+        out_dir.join("gdaki_device.cubin"),
+        sass.as_ref().map_or(&[][..], |s| &s.bytes[..]),
+    )
+    .expect("write OUT_DIR/gdaki_device.cubin");
+    fs::write(
+        out_dir.join("gdaki_device_sass_arch.txt"),
+        sass.as_ref().map_or("", |s| s.arch.as_str()),
+    )
+    .expect("write OUT_DIR/gdaki_device_sass_arch.txt");
+    let ptx = ptx.map(|p| p.text).unwrap_or_default();
     fs::write(out_dir.join("gdaki_device.ptx"), ptx).expect("write OUT_DIR/gdaki_device.ptx");
     // The data path as `extern "C"` functions, without gdaki's kernels: what CUDA C++ links
     // (tools/cuda/build-device-lib.sh makes libgdaki_device.a of it). Only when the first

@@ -882,6 +882,27 @@ fn sends_between_gpu_buffers_are_gpu_copies_into_the_receive() {
     assert_eq!(qp.error(), None);
 }
 
+/// A build that embedded machine code for this GPU's architecture loads gdaki's kernels from it
+/// (no driver compile on a machine's first run); any other from the PTX. Either way they run.
+#[test]
+fn gdaki_kernels_load_from_machine_code_where_the_build_has_it() {
+    let Some((gpu, _one)) = gpu_or_skip("gdaki_kernels_load_from_machine_code_where_the_build_has_it") else {
+        return;
+    };
+    let cc = gpu.compute_capability().unwrap();
+    let want = match gdaki::ptx::sass_for(cc) {
+        Some(_) => cuda::ModuleImage::Sass,
+        None => cuda::ModuleImage::Ptx,
+    };
+    assert_eq!(
+        gpu.loaded_from(),
+        want,
+        "compute capability {cc:?}, SASS for {:?}",
+        gdaki::ptx::sass_arch()
+    );
+    gpu.selftest(64).unwrap();
+}
+
 #[test]
 fn other_kernels_run_while_the_copier_runs() {
     let Some((gpu, _one)) = gpu_or_skip("other_kernels_run_while_the_copier_runs") else {

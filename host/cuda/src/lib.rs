@@ -298,6 +298,16 @@ fn checked_driver_version() -> Result<i32, CudaError> {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
+    loaded_from: ModuleImage,
+}
+
+/// What a GPU's copy of gdaki's kernels came from ([`Gpu::loaded_from`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ModuleImage {
+    /// Machine code assembled at build time for this GPU's architecture ([`ptx::sass_for`]).
+    Sass,
+    /// The PTX, compiled by the driver (on a machine's first run; cached after).
+    Ptx,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -354,6 +364,7 @@ impl Gpu {
         }
         let text = ptx::ptx()?;
         let ctx = CudaContext::new(ordinal)?;
+        let sass = ptx::sass_for(ctx.compute_capability()?);
         let notice = move || {
             tracing::warn!(
                 "GPU {ordinal}: still loading gdaki's kernels after {} s: the driver compiles their \
@@ -362,21 +373,42 @@ impl Gpu {
                 LOAD_NOTICE_AFTER.as_secs()
             )
         };
-        let module = noting_if_slow(LOAD_NOTICE_AFTER, notice, || -> Result<_, CudaError> {
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
+        let (module, loaded_from) = noting_if_slow(LOAD_NOTICE_AFTER, notice, || -> Result<_, CudaError> {
+            // The build's machine code for this GPU where it has some; the PTX (compiled by
+            // the driver) where it has none or the driver refuses it.
+            let machine_code = sass.map(|image| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec())));
+            let (module, loaded_from) = match machine_code {
+                Some(Ok(module)) => (module, ModuleImage::Sass),
+                other => {
+                    if let Some(Err(e)) = other {
+                        tracing::warn!("GPU {ordinal}: gdaki's machine code did not load ({e}); compiling its PTX");
+                    }
+                    (ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?, ModuleImage::Ptx)
+                }
+            };
             // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is
             // loaded at first use, and that load waits for running kernels: behind the soft
             // HCA's persistent copier it would wait forever.
             for name in ptx::ENTRY_POINTS {
                 module.load_function(name)?;
             }
-            Ok(module)
+            Ok((module, loaded_from))
         })?;
         // The driver's own memset kernels load lazily too: use them once now.
         let warm = ctx.default_stream().alloc_zeros::<u32>(64)?;
         ctx.default_stream().synchronize()?;
         drop(warm);
-        Ok(Gpu { ctx, module })
+        Ok(Gpu {
+            ctx,
+            module,
+            loaded_from,
+        })
+    }
+
+    /// What gdaki's kernels were loaded from on this GPU: the build's machine code, or its PTX
+    /// compiled by the driver.
+    pub fn loaded_from(&self) -> ModuleImage {
+        self.loaded_from
     }
 
     /// How this GPU orders NIC writes into its memory (read from the driver each call).

@@ -6,6 +6,8 @@ use thiserror::Error;
 const EMBEDDED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device.ptx"));
 const C_ABI: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device_c.ptx"));
 const MISSING_REASON: &str = include_str!(concat!(env!("OUT_DIR"), "/ptx_missing.txt"));
+const SASS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdaki_device.cubin"));
+const SASS_ARCH: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_device_sass_arch.txt"));
 
 /// The kernel entry points the PTX must declare; the host launches them by these names.
 pub const ENTRY_POINTS: &[&str] = &[
@@ -62,6 +64,24 @@ pub fn ptx() -> Result<&'static str, PtxUnavailable> {
     } else {
         Ok(EMBEDDED)
     }
+}
+
+/// The same kernels as [`ptx`], assembled at build time into machine code (a cubin) for a GPU
+/// of compute capability `cc` (`(9, 0)`: `sm_90`): loaded as it is, it spares the driver's
+/// compile of the PTX on a machine's first run. `None` where this build has none for that
+/// architecture (no `ptxas` at build time, `GDAKI_SASS=off`, or another GPU: a cubin runs
+/// only on the architecture it was assembled for).
+pub fn sass_for(cc: (i32, i32)) -> Option<&'static [u8]> {
+    sass_matching(SASS, SASS_ARCH, cc)
+}
+
+/// The architecture this build assembled its kernels for (`sm_90`), if it did.
+pub fn sass_arch() -> Option<&'static str> {
+    (!SASS.is_empty() && !SASS_ARCH.is_empty()).then_some(SASS_ARCH)
+}
+
+fn sass_matching(sass: &'static [u8], arch: &str, (major, minor): (i32, i32)) -> Option<&'static [u8]> {
+    (!sass.is_empty() && arch == format!("sm_{major}{minor}")).then_some(sass)
 }
 
 /// The PTX of the data path as `extern "C"` functions (`gdaki_device::ffi`, no kernels): what
@@ -136,6 +156,23 @@ impl PtxSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cubin serves only the compute capability it was assembled for (sm_90 code does not
+    /// run on 8.0 or 10.0), and an empty one never.
+    #[test]
+    fn machine_code_is_offered_only_to_its_own_architecture() {
+        static CUBIN: &[u8] = b"\x7fELF...";
+        assert_eq!(sass_matching(CUBIN, "sm_90", (9, 0)), Some(CUBIN));
+        assert_eq!(sass_matching(CUBIN, "sm_90", (8, 0)), None);
+        assert_eq!(sass_matching(CUBIN, "sm_90", (10, 0)), None);
+        assert_eq!(sass_matching(CUBIN, "sm_100", (10, 0)), Some(CUBIN));
+        assert_eq!(sass_matching(b"", "sm_90", (9, 0)), None);
+        // This build's own: where it has one, for the PTX's architecture.
+        if let Some(arch) = sass_arch() {
+            assert_eq!(PtxSummary::parse(ptx().unwrap()).target, arch);
+            assert!(sass_for((9, 0)).is_some() == (arch == "sm_90"));
+        }
+    }
 
     #[test]
     fn parse_finds_entries_and_externs() {

@@ -29,13 +29,21 @@ use std::process::Command;
 pub const FIX: &str = "run tools/setup.sh (it installs Debian's rustc-web, cargo-web and rust-web-src)";
 
 /// The environment variables that change what is built.
-pub const KNOBS: [&str; 5] = [
+pub const KNOBS: [&str; 7] = [
     "GDAKI_PTX",
     "GDAKI_PTX_CARGO",
     "GDAKI_PTX_RUSTC",
     "GDAKI_PTX_ARCH",
     "GDAKI_PTX_VERSION",
+    "GDAKI_SASS",
+    "GDAKI_PTXAS",
 ];
+
+/// The GPU architecture the PTX is built for (`GDAKI_PTX_ARCH`, default `sm_90`), and the one
+/// [`assemble`] assembles it for.
+pub fn target_arch() -> String {
+    env::var("GDAKI_PTX_ARCH").unwrap_or_else(|_| "sm_90".into())
+}
 
 /// The reason given when `GDAKI_PTX=off` switched the build off (tests that need the PTX
 /// say SKIPPED on it rather than fail).
@@ -154,7 +162,7 @@ impl PtxBuild {
         }
         let cargo = env::var_os("GDAKI_PTX_CARGO").unwrap_or_else(|| "/usr/bin/cargo".into());
         let rustc = env::var_os("GDAKI_PTX_RUSTC").unwrap_or_else(|| "/usr/bin/rustc".into());
-        let arch = env::var("GDAKI_PTX_ARCH").unwrap_or_else(|_| "sm_90".into());
+        let arch = target_arch();
         let isa = env::var("GDAKI_PTX_VERSION").unwrap_or_else(|_| "ptx84".into());
         for tool in [&cargo, &rustc] {
             if !Path::new(tool).exists() {
@@ -274,6 +282,112 @@ impl PtxBuild {
     }
 }
 
+/// Machine code (SASS) assembled from a PTX module for one architecture: a cubin the driver
+/// loads as it is, where the PTX would be compiled on each machine's first run (a minute or
+/// more for gdaki's kernels, then cached per user by the driver).
+#[derive(Debug, Clone)]
+pub struct Sass {
+    /// The cubin file.
+    pub path: PathBuf,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// The architecture (`sm_90`).
+    pub arch: String,
+}
+
+/// Assembles `ptx` for [`target_arch`] with NVIDIA's `ptxas` ([`find_ptxas`]) into
+/// `<ptx>.<arch>.cubin` beside it. The cubin is kept with a copy of the PTX it came from and
+/// reused while that PTX is the same, byte for byte (assembling gdaki's kernels takes a
+/// minute and a half on two cores). Knobs: `GDAKI_SASS=off` skips it; `GDAKI_PTXAS` names
+/// the assembler. [`BuildError::Missing`] where skipped or no `ptxas` is found: the PTX alone
+/// still works.
+pub fn assemble(ptx: &Ptx) -> Result<Sass, BuildError> {
+    if env::var("GDAKI_SASS").is_ok_and(|v| v == "off" || v == "0") {
+        return Err(BuildError::Missing("GDAKI_SASS=off".into()));
+    }
+    let ptxas = find_ptxas().ok_or_else(|| {
+        BuildError::Missing("no ptxas (GDAKI_PTXAS, PATH, /usr/local/cuda/bin, or tools/setup.sh's copy)".into())
+    })?;
+    assemble_with(&ptxas, ptx, &target_arch())
+}
+
+/// [`assemble`] with the assembler at `ptxas`, for `arch`.
+pub fn assemble_with(ptxas: &Path, ptx: &Ptx, arch: &str) -> Result<Sass, BuildError> {
+    let io = |what: &str, p: &Path, e: std::io::Error| BuildError::Io(format!("{what} {}: {e}", p.display()));
+    let cubin = ptx.path.with_extension(format!("{arch}.cubin"));
+    let source = ptx.path.with_extension(format!("{arch}.cubin.ptx"));
+    let done = |bytes: Vec<u8>| Sass {
+        path: cubin.clone(),
+        bytes,
+        arch: arch.to_string(),
+    };
+    if fs::read(&source).is_ok_and(|kept| kept == ptx.text.as_bytes()) {
+        if let Ok(bytes) = fs::read(&cubin) {
+            return Ok(done(bytes));
+        }
+    }
+    // Written under names of this process and renamed into place: a debug and a release
+    // build may assemble the same PTX at once.
+    let tmp = |p: &Path| p.with_extension(format!("tmp{}", std::process::id()));
+    let (tmp_cubin, tmp_source) = (tmp(&cubin), tmp(&source));
+    let output = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg(&ptx.path)
+        .arg("-o")
+        .arg(&tmp_cubin)
+        .output()
+        .map_err(|e| BuildError::Missing(format!("cannot run {}: {e}", ptxas.display())))?;
+    if !output.status.success() {
+        let _ = fs::remove_file(&tmp_cubin);
+        return Err(BuildError::Failed {
+            output: format!(
+                "{} -arch={arch} {}: {}",
+                ptxas.display(),
+                ptx.path.display(),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        });
+    }
+    let bytes = fs::read(&tmp_cubin).map_err(|e| io("reading", &tmp_cubin, e))?;
+    fs::write(&tmp_source, &ptx.text).map_err(|e| io("writing", &tmp_source, e))?;
+    // The cubin first: a kept source names the cubin beside it.
+    fs::rename(&tmp_cubin, &cubin).map_err(|e| io("renaming to", &cubin, e))?;
+    fs::rename(&tmp_source, &source).map_err(|e| io("renaming to", &source, e))?;
+    Ok(done(bytes))
+}
+
+/// NVIDIA's `ptxas`: `GDAKI_PTXAS`, else the first on `PATH`, in `/usr/local/cuda/bin`, or
+/// unpacked by `tools/setup.sh` from PyPI's `nvidia-cuda-nvcc` (`~/.cache/gdaki/cuda-nvcc-*`).
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = env::var_os("GDAKI_PTXAS") {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let path_dirs = env::var_os("PATH")
+        .map(|p| env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let mut cached: Vec<PathBuf> = env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/gdaki"))
+        .and_then(|d| fs::read_dir(d).ok())
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("cuda-nvcc-"))
+                })
+                .map(|p| p.join("nvidia/cu13/bin"))
+                .collect()
+        })
+        .unwrap_or_default();
+    cached.sort(); // the same choice on every run
+    path_dirs
+        .into_iter()
+        .chain([PathBuf::from("/usr/local/cuda/bin")])
+        .chain(cached.into_iter().rev())
+        .map(|d| d.join("ptxas"))
+        .find(|p| p.is_file())
+}
+
 /// The names of functions PTX text declares `.extern .func` (defined by no one in it).
 pub fn unresolved(ptx: &str) -> Vec<String> {
     ptx.lines()
@@ -374,6 +488,43 @@ mod tests {
                 workspace.join("Cargo.lock")
             ]
         );
+    }
+
+    /// A tiny module assembles into an ELF cubin, which is kept and reused while its PTX is
+    /// the same and assembled again once it changes; PTX that does not assemble fails with
+    /// ptxas's message. Skipped where no ptxas is found (tools/setup.sh unpacks one).
+    #[test]
+    fn ptx_assembles_into_a_kept_cubin() {
+        let Some(ptxas) = find_ptxas() else {
+            eprintln!("SKIPPED: no ptxas (tools/setup.sh unpacks one from PyPI)");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("gdaki-build-sass-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let module = |body: &str| {
+            let path = dir.join("k.ptx");
+            let text =
+                format!(".version 8.4\n.target sm_90\n.address_size 64\n.visible .entry k()\n{{\n{body}ret;\n}}\n");
+            fs::write(&path, &text).unwrap();
+            Ptx { path, text }
+        };
+        let ptx = module("");
+        let first = assemble_with(&ptxas, &ptx, "sm_90").unwrap();
+        assert_eq!(&first.bytes[..4], b"\x7fELF");
+        assert_eq!(first.path, dir.join("k.sm_90.cubin"));
+        // Kept: a marker written over the cubin comes back as it is.
+        fs::write(&first.path, b"kept").unwrap();
+        assert_eq!(assemble_with(&ptxas, &ptx, "sm_90").unwrap().bytes, b"kept");
+        // A changed module is assembled again.
+        let changed = module("membar.gl;\n");
+        assert_eq!(
+            &assemble_with(&ptxas, &changed, "sm_90").unwrap().bytes[..4],
+            b"\x7fELF"
+        );
+        let err = assemble_with(&ptxas, &module("not_an_instruction;\n"), "sm_90").unwrap_err();
+        assert!(matches!(err, BuildError::Failed { .. }), "{err}");
+        assert!(err.to_string().contains("not_an_instruction"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

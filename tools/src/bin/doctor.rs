@@ -305,6 +305,12 @@ fn print_report(r: &Report) {
         ),
         Err(e) => println!("  kernels (PTX):   missing: {e}"),
     }
+    if r.ptx.is_ok() {
+        match ptx::sass_arch() {
+            Some(arch) => println!("  kernels (SASS):  built in for {arch}: such GPUs load them without compiling the PTX"),
+            None => println!("  kernels (SASS):  none (no ptxas at build time, or GDAKI_SASS=off): GPUs compile the PTX on first use"),
+        }
+    }
     for t in &r.selftests {
         match &t.result {
             Ok(s) => println!(
