@@ -768,11 +768,7 @@ impl<M: Sharing> Socket<M> {
         let mut count = 0;
         for k in 0..frame_count(second) {
             let (_, _, len) = nth_frame(sent, first, second, k);
-            count += match from {
-                None => q.put_wqes(layout::frame_bytes(len)),
-                Some(_) if len == 0 => 1,
-                Some(_) => q.put_wqes(len) + 1,
-            };
+            count += Self::frame_wqes(q, len, from);
         }
         let base = q.reserve(count.min(u32::MAX as u64) as u32)?;
         let mut next = base;
@@ -781,6 +777,7 @@ impl<M: Sharing> Socket<M> {
             let (pos, at, len) = nth_frame(sent, first, second, k);
             next = self.stage_frame(q, next, pos, at, len, from, &mut written);
         }
+        debug_assert_eq!(next, base + count, "a send's frames took other slots than it reserved");
         q.mark_ready(base, next).map_err(PostError::from)?;
         written?;
         Ok(next - 1)
@@ -801,9 +798,22 @@ impl<M: Sharing> Socket<M> {
         }
     }
 
+    /// The WQE slots [`stage_frame`](Self::stage_frame) writes for a frame of `len` bytes: the
+    /// frame's WRITE from the staging ring (its bytes and trailer), or from registered memory
+    /// the bytes' WRITE (none for none) and the trailer's inline WRITE.
+    #[inline(always)]
+    fn frame_wqes(q: Qp<M>, len: u64, from: Option<Local>) -> u64 {
+        match from {
+            None => q.put_wqes(layout::frame_bytes(len)),
+            Some(_) if len == 0 => 1,
+            Some(_) => q.put_wqes(len) + 1,
+        }
+    }
+
     /// Writes the WQEs of the frame of `len` bytes at ring position `pos`, bytes `at..` of the
-    /// send (see [`stage`](Self::stage)), into the reserved slots from `index`; the index after
-    /// them. A WQE that cannot be written is a NOP in its slot and its error goes to `written`.
+    /// send (see [`stage`](Self::stage)), into the reserved slots from `index`
+    /// ([`frame_wqes`](Self::frame_wqes) of them); the index after them. A WQE that cannot be
+    /// written is a NOP in its slot and its error goes to `written`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // a frame's place, its source and the slot's outcome
     fn stage_frame(
