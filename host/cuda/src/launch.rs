@@ -315,6 +315,16 @@ impl Gpu {
         })
     }
 
+    /// Refuses `blocks` blocks of `threads` threads of `gdaki_socket_bench` that this GPU cannot
+    /// hold all at once beside the soft HCA's copier (see `Kernel::check_resident`): for
+    /// launches whose blocks must run together, such as a stream's sender and receiver in one
+    /// launch (the sender waits for the receiver's credits) or streams measured side by side.
+    /// Blocks that need not (an echo server's, each serving its own client) may outnumber
+    /// the SMs: the later ones start as earlier ones finish.
+    pub fn socket_blocks_fit(&self, blocks: usize, threads: u32) -> Result<(), CudaError> {
+        Kernel::own(self, "gdaki_socket_bench")?.check_resident(u32::try_from(blocks).unwrap_or(u32::MAX), threads)
+    }
+
     /// Runs `gdaki_socket_bench`: block `b`, `threads` threads together, runs role code
     /// `roles[b]` (`gdaki_device::socket::BenchRole`) on the socket whose device handle is
     /// `sockets[b]`, `iters` messages of `size` bytes through a buffer of `buf_len` bytes in GPU
@@ -350,10 +360,6 @@ impl Gpu {
             });
         }
         let n = sockets.len();
-        let kernel = Kernel::own(self, "gdaki_socket_bench")?;
-        // A sender's block waits for its receiver's credits (in one process both are blocks
-        // of this launch), and an echo client for every server block.
-        kernel.check_resident(u32::try_from(n).unwrap_or(u32::MAX), threads)?;
         let stream = self.ctx.default_stream();
         let handles = stream.clone_htod(sockets)?;
         let role_codes = stream.clone_htod(roles)?;
@@ -379,7 +385,7 @@ impl Gpu {
         // times_per_block, scratch, status, moved)`, one block per socket: the handles are
         // exported sockets this launch alone uses (the caller's contract), every other area
         // allocated above with one entry (or `timestamps`, or `buf_len` bytes) per block.
-        let elapsed = unsafe { kernel.run(Dims::linear(n as u32, threads), args) }?;
+        let elapsed = unsafe { Kernel::own(self, "gdaki_socket_bench")?.run(Dims::linear(n as u32, threads), args) }?;
         let all = stream.clone_dtoh(&times)?;
         Ok(SocketBenchRun {
             status: stream.clone_dtoh(&status)?,
