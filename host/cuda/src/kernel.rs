@@ -347,6 +347,8 @@ impl<'m> Kernel<'m> {
     /// would never start, and the resident ones would wait for them until their deadlines.
     pub(super) fn check_resident(&self, blocks: u32, threads: u32) -> Result<(), CudaError> {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        // A block the kernel cannot run at all is refused as such first (none fits an SM).
+        self.check_block(&Dims::linear(blocks, threads))?;
         let per_sm = self
             .function
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
