@@ -1081,7 +1081,29 @@ struct Json<R: Serialize> {
 
 #[cfg(test)]
 mod tests {
-    use super::CopierTrace;
+    use super::{BenchRole, CopierTrace, SideRun};
+
+    /// `-q`'s sides as one: bytes added, the first start and the last end, every step's sums
+    /// and calls added; sides without stamps add their bytes; per-round stamps (a ping's) are
+    /// not merged; one side stays as it is.
+    #[test]
+    fn a_bandwidth_role_s_sides_merge_into_one() {
+        let side = |moved, start, end, step, calls| SideRun {
+            moved,
+            times: vec![start, end, step, 0, 0, 0, 0, 0, calls],
+        };
+        let one = SideRun::merged(vec![side(10, 100, 200, 5, 2), side(30, 90, 250, 7, 3)], BenchRole::Recv).unwrap();
+        assert_eq!(one.moved, 40);
+        assert_eq!(one.times, vec![90, 250, 12, 0, 0, 0, 0, 0, 5]);
+        let idle = |moved| SideRun { moved, times: vec![] };
+        assert_eq!(
+            SideRun::merged(vec![idle(1), idle(2)], BenchRole::Idle).unwrap().moved,
+            3
+        );
+        assert!(SideRun::merged(vec![side(1, 1, 2, 0, 1), side(1, 1, 2, 0, 1)], BenchRole::Ping).is_none());
+        let alone = SideRun::merged(vec![side(5, 1, 9, 3, 1)], BenchRole::Ping).unwrap();
+        assert_eq!((alone.moved, alone.times[1]), (5, 9));
+    }
 
     /// Pairs fetched in one look (equal `seen`), each landing 5 us after it, the next look 9 us
     /// later; a lone straggler in between counts as a look of its own; the close's last four
