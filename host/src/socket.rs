@@ -673,15 +673,15 @@ impl GpuSocket {
         buf_len: usize,
     ) -> Result<gdaki_cuda::SocketBenchRun> {
         let roles = vec![gdaki_device::socket::BenchRole::Echo; sockets.len()];
-        // More blocks than fit at once are fine: each serves its own client.
-        Self::launch(gpu, sockets, &roles, buf_len as u64, 0, threads, buf_len)
+        Self::bench_on_gpu(gpu, sockets, &roles, buf_len as u64, 0, threads, buf_len)
     }
 
     /// Runs the socket perftests' roles on `gpu` (`gdaki_device::socket::bench`): block `b` of
     /// `threads` threads runs `roles[b]` on `sockets[b]`, `iters` messages of `size` bytes
     /// through a `buf_len`-byte buffer; waits for every block. The sockets are this launch's
-    /// alone while it runs. Refused where the GPU cannot hold every block at once (a stream's
-    /// two sides in one launch wait on each other, and streams are measured together).
+    /// alone while it runs. Unless every role is `Echo`, refused where the GPU cannot hold
+    /// every block at once (a stream's two sides in one launch wait on each other, and streams
+    /// are measured together).
     #[allow(clippy::too_many_arguments)] // the benchmark's parameters
     pub fn bench_on_gpu(
         gpu: &gdaki_cuda::Gpu,
@@ -692,22 +692,11 @@ impl GpuSocket {
         threads: u32,
         buf_len: usize,
     ) -> Result<gdaki_cuda::SocketBenchRun> {
-        gpu.socket_blocks_fit(sockets.len(), threads)?;
-        Self::launch(gpu, sockets, roles, size, iters, threads, buf_len)
-    }
-
-    /// [`bench_on_gpu`](Self::bench_on_gpu) without the check that every block fits at once
-    /// ([`echo_on_gpu`](Self::echo_on_gpu)'s blocks serve independent clients).
-    #[allow(clippy::too_many_arguments)] // the benchmark's parameters
-    fn launch(
-        gpu: &gdaki_cuda::Gpu,
-        sockets: &mut [GpuSocket],
-        roles: &[gdaki_device::socket::BenchRole],
-        size: u64,
-        iters: u32,
-        threads: u32,
-        buf_len: usize,
-    ) -> Result<gdaki_cuda::SocketBenchRun> {
+        // Echo servers serve independent clients: more of them than fit start as others end.
+        // Any other role runs with a peer in this launch, or is measured beside the others.
+        if roles.iter().any(|&r| r != gdaki_device::socket::BenchRole::Echo) {
+            gpu.socket_blocks_fit(sockets.len(), threads)?;
+        }
         Self::check_gpu(gpu, sockets)?;
         let handles: Vec<u64> = sockets.iter().map(GpuSocket::device_handle).collect();
         let codes: Vec<u32> = roles.iter().map(|&r| r as u32).collect();
