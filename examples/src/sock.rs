@@ -553,21 +553,6 @@ impl Runner {
             }
         }
     }
-
-    /// Runs `roles` on the two sockets of `pair` at once.
-    fn run_pair(
-        &self,
-        pair: (Socket, Socket),
-        roles: [BenchRole; 2],
-        size: u64,
-        iters: u32,
-        threads: u32,
-    ) -> anyhow::Result<[SideRun; 2]> {
-        let mut sides = self
-            .run(vec![pair.0, pair.1], &roles, size, iters, threads)?
-            .into_iter();
-        Ok([sides.next().context("side A")?, sides.next().context("side B")?])
-    }
 }
 
 /// Where the other side runs.
@@ -613,10 +598,6 @@ impl Peer {
             SideRun::merged(runs, role).with_context(|| format!("{role:?} runs one socket at a time"))
         };
         match self {
-            Peer::Loopback(pairs) if n == 1 => {
-                let [a, b] = runner.run_pair(pairs.pair()?, [mine, theirs], size, iters, threads)?;
-                Ok((a, Some(b)))
-            }
             Peer::Loopback(pairs) => {
                 let (mut sockets, mut theirs_sockets) = (Vec::with_capacity(2 * n), Vec::with_capacity(n));
                 for _ in 0..n {
