@@ -339,11 +339,9 @@ impl<'m> Kernel<'m> {
         timed(&stream, || unsafe { b.launch(config) }.map(|_| ()))
     }
 
-    /// Refuses a block larger than this kernel can run on this GPU (its registers a thread
-    /// bound it below the device's 1024), before the launch fails with "too many resources".
     /// Refuses a launch of `blocks` blocks of `threads` that wait on one another (a socket's
     /// sender on its receiver's credits) where this GPU cannot hold them all at once beside
-    /// the soft HCA's resident copier (a quarter of the SMs): blocks left waiting for an SM
+    /// the soft HCA's resident copier ([`copier_blocks`](super::copier_blocks)): blocks left waiting for an SM
     /// would never start, and the resident ones would wait for them until their deadlines.
     pub(super) fn check_resident(&self, blocks: u32, threads: u32) -> Result<(), CudaError> {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
@@ -356,6 +354,8 @@ impl<'m> Kernel<'m> {
         resident_fit(&self.name, blocks, threads, per_sm, sms)
     }
 
+    /// Refuses a block larger than this kernel can run on this GPU (its registers a thread
+    /// bound it below the device's 1024), before the launch fails with "too many resources".
     fn check_block(&self, dims: &Dims) -> Result<(), CudaError> {
         use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
         let max = self.function.get_attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
@@ -382,11 +382,13 @@ fn block_fits(name: &str, block: [u32; 3], max: i32, regs: impl FnOnce() -> Opti
 }
 
 /// Whether `blocks` blocks of `threads` of kernel `name`, `per_sm` of which fit an SM, all fit
-/// at once on `sms` SMs less the quarter the soft HCA's copier holds (see
-/// [`Kernel::check_resident`]).
+/// at once on `sms` SMs less those the soft HCA's copier may hold ([`copier_blocks`](super::copier_blocks);
+/// see [`Kernel::check_resident`]).
 fn resident_fit(name: &str, blocks: u32, threads: u32, per_sm: u32, sms: i32) -> Result<(), CudaError> {
-    let sms = u64::try_from(sms).unwrap_or(0);
-    let room = u64::from(per_sm) * (sms - sms / 4);
+    let free = u64::try_from(sms)
+        .unwrap_or(0)
+        .saturating_sub(u64::from(super::copier_blocks(sms)));
+    let room = u64::from(per_sm) * free;
     if u64::from(blocks) <= room {
         return Ok(());
     }
@@ -394,8 +396,7 @@ fn resident_fit(name: &str, blocks: u32, threads: u32, per_sm: u32, sms: i32) ->
         what: "launching a kernel",
         why: format!(
             "{name}: {blocks} blocks of {threads} threads that wait on one another, where this GPU holds at most \
-             {room} of them at once ({per_sm} an SM on {} of its {sms} SMs; the soft HCA's copier may hold the rest)",
-            sms - sms / 4
+             {room} of them at once ({per_sm} an SM on {free} of its {sms} SMs; the soft HCA's copier may hold the rest)"
         ),
     })
 }

@@ -833,6 +833,13 @@ pub trait Resident: Send + Sync {
 /// The resident kernels of the process.
 static RESIDENT: std::sync::Mutex<Vec<std::sync::Weak<dyn Resident>>> = std::sync::Mutex::new(Vec::new());
 
+/// Blocks of the soft HCA's resident copier kernel on a GPU of `sms` SMs, an SM each: a
+/// quarter of them, enough for bulk copies and leaving the rest to the application. Kernels
+/// whose blocks must all run at once fit beside them ([`Kernel::check_resident`](kernel::Kernel)).
+pub fn copier_blocks(sms: i32) -> u32 {
+    (sms.max(8) / 4) as u32
+}
+
 /// Registers a resident kernel for [`quiesced`] (for as long as it lives).
 pub fn resident(kernel: std::sync::Weak<dyn Resident>) {
     let mut all = lock(&RESIDENT);

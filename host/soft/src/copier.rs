@@ -230,9 +230,8 @@ impl Copier {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::from)?;
-        // A quarter of the SMs: enough for bulk copies, leaving the rest to the application
-        // (block 0 only fetches descriptors; at least one block copies).
-        let grid = (sms.max(8) / 4) as u32;
+        // Block 0 only fetches descriptors; at least one block copies.
+        let grid = gdaki_cuda::copier_blocks(sms);
         let descs_buf = HostBuffer::new("the copier's descriptor ring", RING_SLOTS * 64)?;
         let dones_buf = HostBuffer::new("the copier's answers", RING_SLOTS * 64)?;
         let lists_buf = HostBuffer::new("the copier's copy lists", RING_SLOTS * LIST_BYTES)?;
