@@ -357,17 +357,25 @@ pub struct SideRun {
 impl SideRun {
     /// The sides of one bandwidth `role` (start and end stamps, then step sums and calls) as
     /// one: their bytes, the first start and the last end, every step's sums and calls added.
-    /// A single side stays as it is, sides without stamps (`Idle`) add their bytes; other
-    /// roles' stamps (per round) are not merged (`None`).
+    /// A single side stays as it is; the sides of a role that records no stamps (`Idle`) add
+    /// their bytes, whatever their (unwritten) timestamp words hold: a GPU run gives every
+    /// side as many as its busiest role; other roles' stamps (per round) are not merged (`None`).
     fn merged(mut runs: Vec<SideRun>, role: BenchRole) -> Option<SideRun> {
         if runs.len() == 1 {
             return runs.pop();
+        }
+        if role.timestamps(1) == 0 {
+            let moved = runs.iter().map(|r| r.moved).sum();
+            return Some(SideRun {
+                moved,
+                times: Vec::new(),
+            });
         }
         let bandwidth = matches!(
             role,
             BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv | BenchRole::RawSend
         );
-        if !bandwidth && runs.iter().any(|r| !r.times.is_empty()) {
+        if !bandwidth {
             return None;
         }
         let mut all = runs.into_iter();
@@ -1079,6 +1087,18 @@ mod tests {
         let idle = |moved| SideRun { moved, times: vec![] };
         assert_eq!(
             SideRun::merged(vec![idle(1), idle(2)], BenchRole::Idle).unwrap().moved,
+            3
+        );
+        // On a GPU an idle side comes back with its busiest neighbour's count of (unwritten)
+        // timestamp words.
+        let gpu_idle = |moved| SideRun {
+            moved,
+            times: vec![0; 9],
+        };
+        assert_eq!(
+            SideRun::merged(vec![gpu_idle(1), gpu_idle(2)], BenchRole::Idle)
+                .unwrap()
+                .moved,
             3
         );
         assert!(SideRun::merged(vec![side(1, 1, 2, 0, 1), side(1, 1, 2, 0, 1)], BenchRole::Ping).is_none());
