@@ -306,6 +306,57 @@ impl From<PostError> for SocketError {
     }
 }
 
+/// Stream bytes that have landed in this side's receive ring, read where they lie: what
+/// [`Socket::peek_with`] found (up to one frame's bytes), until [`Socket::consume_with`] lets
+/// them go. The peer writes over them only once they are consumed and credited, so they hold
+/// still until then. Reading them in place saves a receive's copy out of the ring (GPUnet's
+/// `grecv` copies; Linux's `TCP_ZEROCOPY_RECEIVE` maps instead).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(Debug))]
+pub struct Landed {
+    addr: u64,
+    len: u64,
+    /// The frame's ring position, its stream bytes, the bytes of it read before this view,
+    /// and the ring's frame key (a view of another socket is refused).
+    pos: u64,
+    frame_len: u64,
+    done: u64,
+    key: u64,
+}
+
+impl Landed {
+    /// The bytes' address (in the receive ring's memory: GPU memory for a GPU socket with
+    /// rings there); 0 for an empty view.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// How many bytes: 0 once the stream has ended (or for a peek of 0 bytes).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// No bytes: the stream has ended (or the peek asked for none).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, in place.
+    ///
+    /// # Safety
+    /// The socket is alive and connected, this view has not been consumed (nor the bytes after
+    /// it received), and the reader is the group that peeked, after the peek returned (its
+    /// acquire of the frame's trailer is what orders the bytes before these reads).
+    pub unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the caller's contract: `len` bytes at `addr` lie in the live receive ring,
+        // and the peer writes them again only after they are consumed and credited.
+        unsafe { core::slice::from_raw_parts(self.addr as *const u8, self.len as usize) }
+    }
+}
+
 /// A connected socket: what [`from_raw`](Self::from_raw) reads out of a [`DevSocket`] once,
 /// and the queue pair it posts through.
 pub struct Socket<M: Sharing> {
@@ -505,6 +556,48 @@ impl<M: Sharing> Socket<M> {
     /// [`try_recv`](Self::try_recv) by the group `scope`.
     pub fn try_recv_with<S: Scope>(&self, scope: S, buf: &mut [u8]) -> Result<usize, SocketError> {
         self.recv_in(scope, buf, Mode::Try, &mut NoSteps)
+    }
+
+    /// Waits (bounded) until stream bytes have landed and says where they lie in the receive
+    /// ring, up to `max` of them (and of one frame), without copying them out: read them there
+    /// ([`Landed::bytes`]), then let them go with [`consume`](Self::consume). Until then a
+    /// peek sees the same bytes again. An empty view once the peer has shut down and every
+    /// byte it sent has been consumed.
+    pub fn peek(&self, max: u64) -> Result<Landed, SocketError> {
+        self.peek_with(Thread, max)
+    }
+
+    /// [`peek`](Self::peek) that never waits: [`SocketError::WouldBlock`] when nothing has
+    /// arrived and the stream has not ended.
+    pub fn try_peek(&self, max: u64) -> Result<Landed, SocketError> {
+        self.try_peek_with(Thread, max)
+    }
+
+    /// Lets go of the first `n` bytes of `view`, this socket's latest peek: a later receive or
+    /// peek starts after them, and their ring space goes back to the peer (credited as a
+    /// receive's). [`SocketError::BadArgument`], consuming nothing, where `n` is more than the
+    /// view holds or the view is not of the stream's next bytes (already consumed, received
+    /// since, or another socket's).
+    pub fn consume(&self, view: &Landed, n: u64) -> Result<(), SocketError> {
+        self.consume_with(Thread, view, n)
+    }
+
+    /// [`peek`](Self::peek) by the group `scope`: every member calls with the same `max`, the
+    /// leader waits, all get the same view.
+    pub fn peek_with<S: Scope>(&self, scope: S, max: u64) -> Result<Landed, SocketError> {
+        self.peek_in(scope, max, Mode::Wait, &mut NoSteps)
+    }
+
+    /// [`try_peek`](Self::try_peek) by the group `scope`.
+    pub fn try_peek_with<S: Scope>(&self, scope: S, max: u64) -> Result<Landed, SocketError> {
+        self.peek_in(scope, max, Mode::Try, &mut NoSteps)
+    }
+
+    /// [`consume`](Self::consume) by the group `scope`: every member calls with the same
+    /// arguments once its reads of the bytes are done (a barrier orders them before the
+    /// credit that lets the peer write there again).
+    pub fn consume_with<S: Scope>(&self, scope: S, view: &Landed, n: u64) -> Result<(), SocketError> {
+        self.consume_in(scope, view, n, &mut NoSteps)
     }
 
     /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
@@ -721,12 +814,13 @@ impl<M: Sharing> Socket<M> {
         // order beside it: the leader's next WQEs are written after that call's copy barrier,
         // which the ringer reaches only once it has rung, and the calls whose leader posts
         // before their first barrier start with one (`shutdown_with`, `reset_with`,
-        // `flush_with`). There `submit` cannot fail, so the result the group hears is the
-        // send's. A thread, a warp (whose lanes would only take turns), a shared queue pair or
-        // a send from registered memory (whose next call has no copy barrier before the
-        // leader posts) ring on the leader, before the broadcast.
+        // `flush_with`). A send from registered memory has the same barrier (above, after
+        // what the members wrote), so it rings late too: on the leader its fences took 1.7 us
+        // of a 64 KiB send (2 x H200). There `submit` cannot fail, so the result the group
+        // hears is the send's. A thread, a warp (whose lanes would only take turns) or a shared
+        // queue pair ring on the leader, before the broadcast.
         let from = src.region();
-        let late = from.is_none() && scope.size() > WARP && self.qp.submit_cannot_fail();
+        let late = scope.size() > WARP && self.qp.submit_cannot_fail();
         let ring = on_leader(scope, || {
             let last = self.stage(sent, n, early, from)?;
             steps.mark(4);
@@ -989,7 +1083,25 @@ impl<M: Sharing> Socket<M> {
         };
         scope.sync();
         steps.mark(3);
-        let taken = on_leader(scope, || {
+        self.finish_read(scope, consumed, taken, credited, n, steps)
+            .map(|n| n as usize)
+    }
+
+    /// The end of a read whose bytes the group has read (its barrier behind them): the leader
+    /// records the stream's new position (`consumed`, `taken`) and credits the peer where due
+    /// (`credited` its last credit); every member gets `n`, or the leader's error.
+    #[inline(always)]
+    fn finish_read<S: Scope>(
+        &self,
+        scope: S,
+        consumed: u64,
+        taken: u64,
+        credited: u64,
+        n: u64,
+        steps: &mut impl Steps,
+    ) -> Result<u64, SocketError> {
+        let cap = 1u64 << self.log_rx;
+        let read = on_leader(scope, || {
             self.set_consumed(consumed);
             self.set_taken(taken);
             steps.mark(4);
@@ -1005,7 +1117,72 @@ impl<M: Sharing> Socket<M> {
             Ok(n)
         });
         steps.mark(6);
-        taken.map(|n| n as usize)
+        read
+    }
+
+    /// A peek (`mode`: wait for bytes or not), its steps marked in `steps` as a receive's
+    /// first two; nothing is recorded (a skipped empty frame is skipped again, or consumed).
+    fn peek_in<S: Scope>(&self, scope: S, max: u64, mode: Mode, steps: &mut impl Steps) -> Result<Landed, SocketError> {
+        steps.mark(0);
+        let cap = 1u64 << self.log_rx;
+        let (consumed, taken) = (self.consumed(), self.taken());
+        let found = on_leader(scope, || self.wait_frame(consumed, taken, max == 0, mode, steps))?;
+        steps.mark(2);
+        let (skipped, len) = (found >> 32, found & u32::MAX as u64);
+        let (pos, done) = if skipped == 0 {
+            (consumed, taken)
+        } else {
+            (consumed + skipped, 0)
+        };
+        let n = max.min(len.saturating_sub(done));
+        // The frame's bytes landed before its trailer, which the leader read with an acquire
+        // load (`frame_at`) before the group's broadcast.
+        let addr = if n == 0 {
+            0
+        } else {
+            self.rx_window + layout::CONTROL_BYTES + layout::frame_offset(cap, pos, layout::frame_bytes(len)) + done
+        };
+        Ok(Landed {
+            addr,
+            len: n,
+            pos,
+            frame_len: len,
+            done,
+            key: self.rx_key,
+        })
+    }
+
+    /// A consume, its steps marked in `steps` as a receive's last four (the barrier in the
+    /// copy's place).
+    fn consume_in<S: Scope>(&self, scope: S, view: &Landed, n: u64, steps: &mut impl Steps) -> Result<(), SocketError> {
+        let cap = 1u64 << self.log_rx;
+        let (consumed, taken) = (self.consumed(), self.taken());
+        // The view is of the stream's next bytes: at its position, or past empty frames the
+        // peek skipped (recorded by no one), with nothing of the frame taken yet. Every member
+        // reads the same words (written by the leader before the last call's broadcast), so
+        // all refuse together.
+        let next = if view.pos == consumed {
+            view.done == taken
+        } else {
+            taken == 0 && view.done == 0 && view.pos.wrapping_sub(consumed) < cap
+        };
+        if view.key != self.rx_key || !next || n > view.len {
+            return Err(SocketError::BadArgument);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (consumed, taken) = if view.done + n == view.frame_len {
+            (view.pos + layout::frame_bytes(view.frame_len), 0)
+        } else {
+            (view.pos, view.done + n)
+        };
+        // Every member's reads of the bytes (and of `consumed`) before the leader lets the
+        // ring space go.
+        scope.sync();
+        steps.mark(3);
+        self.finish_read(scope, consumed, taken, self.credited(), n, steps)
+            .map(|_| ())
     }
 
     /// Credits the peer up to ring position `consumed` (an inline WRITE): 0, or [`FAILED`] with
@@ -1223,6 +1400,9 @@ pub enum BenchRole {
     /// bandwidth reference puts), sent without a copy. [`SocketError::BadArgument`] where
     /// `size` is more than the ring.
     SendFrom = 10,
+    /// [`Recv`](Self::Recv) in place: peeks at each message where it landed
+    /// ([`Socket::peek_with`], up to the buffer's length) and consumes it, copying nothing out.
+    RecvInPlace = 11,
 }
 
 /// [`BenchRole::Check`]'s failure code: the echo differed from what was sent.
@@ -1248,6 +1428,7 @@ impl BenchRole {
             8 => BenchRole::Echo,
             9 => BenchRole::Check,
             10 => BenchRole::SendFrom,
+            11 => BenchRole::RecvInPlace,
             _ => return None,
         })
     }
@@ -1258,7 +1439,9 @@ impl BenchRole {
     /// ns) and their calls, `Ping` and `Pong` those of their sends and then of their receives.
     pub const fn timestamps(self, iters: u32) -> usize {
         match (self, self.steps_at(iters)) {
-            (BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv, Some(at)) => at + STEPS + 1,
+            (BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv | BenchRole::RecvInPlace, Some(at)) => {
+                at + STEPS + 1
+            }
             (BenchRole::Ping | BenchRole::Pong, Some(at)) => at + 2 * (STEPS + 1),
             (BenchRole::RawSend, _) => 2,
             (BenchRole::RawPing, _) => iters as usize + 1,
@@ -1272,7 +1455,7 @@ impl BenchRole {
     /// [`STEPS`] + 1 words after their sends'. `None` for a role that records none.
     pub const fn steps_at(self, iters: u32) -> Option<usize> {
         match self {
-            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv => Some(2),
+            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv | BenchRole::RecvInPlace => Some(2),
             BenchRole::Ping => Some(iters as usize + 1),
             BenchRole::Pong => Some(0),
             _ => None,
@@ -1336,15 +1519,22 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             sock.wait_end_with(scope)?;
             Ok(src.len() * iters as u64)
         }
-        BenchRole::Recv => {
+        BenchRole::Recv | BenchRole::RecvInPlace => {
             let mut steps = StepSums::default();
             stamp(0);
             let mut total = 0;
             loop {
-                match sock.recv_in(scope, buf, Mode::Wait, &mut steps)? {
-                    0 => break,
-                    n => total += n as u64,
+                let n = if role == BenchRole::RecvInPlace {
+                    let view = sock.peek_in(scope, buf.len() as u64, Mode::Wait, &mut steps)?;
+                    sock.consume_in(scope, &view, view.len(), &mut steps)?;
+                    view.len()
+                } else {
+                    sock.recv_in(scope, buf, Mode::Wait, &mut steps)? as u64
+                };
+                if n == 0 {
+                    break;
                 }
+                total += n;
             }
             stamp(1);
             record_steps(at, &steps);

@@ -65,6 +65,14 @@ pub struct SockArgs {
     /// the bytes the reference puts, from the staging ring's memory (at most the ring).
     #[arg(long = "zero-copy")]
     pub zero_copy: bool,
+    /// Send queue depth of each socket's queue pair, in WQEs (a power of two; ib_write_bw's
+    /// `-t`). A message takes one WQE, two from registered memory (its bytes and its trailer).
+    #[arg(short = 't', long = "tx-depth", default_value_t = 256)]
+    pub tx_depth: u32,
+    /// sock_bw: the receiver reads each message where it landed in its ring (`peek`, then
+    /// `consume`) instead of copying it out into its buffer.
+    #[arg(long = "in-place")]
+    pub in_place: bool,
     /// How long a socket's wait (and the server's wait for its next client) may take, seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -104,6 +112,12 @@ pub struct Params {
     pub threads: u32,
     /// Sockets streaming at once (`-q`).
     pub qps: u32,
+    /// Send queue depth (`-t`).
+    pub tx_depth: u32,
+    /// Sends from registered memory, no copy (`--zero-copy`).
+    pub zero_copy: bool,
+    /// Receives read in place, no copy (`--in-place`).
+    pub in_place: bool,
     /// Iterations per size.
     pub iters: u32,
     /// Sizes.
@@ -373,7 +387,7 @@ impl SideRun {
         }
         let bandwidth = matches!(
             role,
-            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv | BenchRole::RawSend
+            BenchRole::Send | BenchRole::SendFrom | BenchRole::Recv | BenchRole::RecvInPlace | BenchRole::RawSend
         );
         if !bandwidth {
             return None;
@@ -411,7 +425,7 @@ impl SideRun {
             return (None, None);
         };
         match role {
-            BenchRole::Recv => (None, self.receiver_at(at)),
+            BenchRole::Recv | BenchRole::RecvInPlace => (None, self.receiver_at(at)),
             BenchRole::Ping | BenchRole::Pong => (self.sender_at(at), self.receiver_at(at + STEPS + 1)),
             _ => (self.sender_at(at), None),
         }
@@ -701,7 +715,9 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
         let run = SideRun::merged(runs, role);
         // A stream's receiver, or a pong: where its calls went (the client has only its own).
         match (role, run.as_ref().map(|side| side.steps_of(role, iters))) {
-            (BenchRole::Recv, Some((_, Some(receive)))) => eprintln!("{}: {size} B, {receive}", test.name()),
+            (BenchRole::Recv | BenchRole::RecvInPlace, Some((_, Some(receive)))) => {
+                eprintln!("{}: {size} B, {receive}", test.name())
+            }
             (BenchRole::Pong, Some((Some(send), Some(receive)))) => {
                 eprintln!("{}: {size} B, {}", test.name(), PongSteps(&receive, &send));
             }
@@ -827,14 +843,17 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
         rx_bytes: args.rx_bytes,
         threads: args.threads,
         qps: args.qps,
+        tx_depth: args.tx_depth,
+        zero_copy: args.zero_copy,
+        in_place: args.in_place,
         iters,
         sizes: sizes.clone(),
     };
     let cfg = SocketConfig {
         rx_bytes: args.rx_bytes,
         timeout: Duration::from_secs(args.timeout.max(1)),
+        sq_size: args.tx_depth,
         memory,
-        ..SocketConfig::default()
     };
     let runner = match gpu {
         Some(g) => Runner::Gpu(g),
@@ -845,6 +864,15 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
     }
     if args.zero_copy && test == Test::Lat {
         bail!("--zero-copy is sock_bw's (a ping-pong echoes what it received, which is not registered memory)");
+    }
+    if !args.tx_depth.is_power_of_two() || !(8..=32768).contains(&args.tx_depth) {
+        bail!(
+            "-t {}: the send queue depth must be a power of two from 8 to 32768",
+            args.tx_depth
+        );
+    }
+    if args.in_place && test == Test::Lat {
+        bail!("--in-place is sock_bw's (a ping-pong echoes what it received from its buffer)");
     }
     if args.server {
         return serve(test, &args, &runner, cfg);
@@ -903,6 +931,14 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                         "copied into the staging ring".into()
                     },
                 ),
+                (
+                    "Receives",
+                    if args.in_place {
+                        "read in place in the receive ring, no copy (--in-place)".into()
+                    } else {
+                        "copied out of the receive ring".into()
+                    },
+                ),
                 ("Iterations", format!("{iters} per size")),
                 (
                     "Reference",
@@ -935,8 +971,13 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 } else {
                     BenchRole::Send
                 };
+                let receiver = if args.in_place {
+                    BenchRole::RecvInPlace
+                } else {
+                    BenchRole::Recv
+                };
                 let qps = args.qps;
-                let (send, recv) = peer.run_many(&runner, [sender, BenchRole::Recv], qps, size, iters, args.threads)?;
+                let (send, recv) = peer.run_many(&runner, [sender, receiver], qps, size, iters, args.threads)?;
                 let sent = size * iters as u64 * qps as u64;
                 if let Some(recv) = recv.as_ref().filter(|r| r.moved != sent) {
                     bail!("{size} B: the receivers got {} bytes of {sent}", recv.moved);
@@ -959,7 +1000,7 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     put_bw_mib_s: mib_s(&raw),
                     socket_vs_put: 0.0,
                     sender: send.steps_of(sender, iters).0,
-                    receiver: recv.as_ref().and_then(|r| r.steps_of(BenchRole::Recv, iters).1),
+                    receiver: recv.as_ref().and_then(|r| r.steps_of(receiver, iters).1),
                 };
                 let row = BwResult {
                     socket_vs_put: row.bw_mib_s / row.put_bw_mib_s,

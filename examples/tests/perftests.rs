@@ -1457,6 +1457,32 @@ fn socket_perftests_run_beside_their_references() {
     );
     assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB: {out}");
     assert!(out.contains("from registered memory, no copy"), "{out}");
+    // The smallest send queue, sends from registered memory (two WQEs a message, four where
+    // one wraps the ring).
+    let out = ok(
+        "sock_bw",
+        &[
+            "--mode",
+            "cpu",
+            "-s",
+            "3000",
+            "-n",
+            "200",
+            "--rx-bytes",
+            "16384",
+            "-t",
+            "8",
+            "--zero-copy",
+        ],
+    );
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    // Read in place at the receiver, and both sides without a copy.
+    for extra in [&["--in-place"][..], &["--in-place", "--zero-copy"]] {
+        let flags = ["--mode", "cpu", "-a", "-n", "20", "--rx-bytes", "16384"];
+        let out = ok("sock_bw", &[&flags[..], extra].concat());
+        assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB, {extra:?}: {out}");
+        assert!(out.contains("read in place in the receive ring, no copy"), "{out}");
+    }
     let out = ok("sock_bw", &["--mode", "cpu", "-s", "100", "-n", "50", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["test"].as_str(), Some("sock_bw"));
@@ -1520,9 +1546,12 @@ fn socket_perftests_run_beside_their_references() {
     }
     assert!(steps["wire_us"].as_f64().is_some_and(f64::is_finite), "{out}");
     // Refused: a message larger than the ring, a ring that is not a power of two, -s with
-    // -a, too few iterations, GPU memory without a GPU.
+    // -a, too few iterations, GPU memory without a GPU, send queues too small for a send's
+    // WQEs or not a power of two.
     for args in [
         &["--mode", "cpu", "-s", "8192", "--rx-bytes", "4096"][..],
+        &["--mode", "cpu", "-t", "4"],
+        &["--mode", "cpu", "-t", "12"],
         &["--mode", "cpu", "--rx-bytes", "5000"],
         &["--mode", "cpu", "-s", "8", "-a"],
         &["--mode", "cpu", "-n", "1"],
@@ -1535,14 +1564,16 @@ fn socket_perftests_run_beside_their_references() {
             "{args:?}"
         );
     }
-    // --zero-copy is sock_bw's.
-    let out = run("sock_lat", &["--mode", "cpu", "-s", "8", "--zero-copy"]);
-    assert!(!out.status.success(), "sock_lat --zero-copy was accepted");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--zero-copy is sock_bw's"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // --zero-copy and --in-place are sock_bw's.
+    for flag in ["--zero-copy", "--in-place"] {
+        let out = run("sock_lat", &["--mode", "cpu", "-s", "8", flag]);
+        assert!(!out.status.success(), "sock_lat {flag} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(&format!("{flag} is sock_bw's")),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// `sock_bw -q N`: N sockets streaming at once (their own connections and queue pairs), the
@@ -1596,6 +1627,16 @@ fn sock_bw_streams_several_sockets_at_once() {
         "{server_err}"
     );
     assert!(server_err.contains("usec a call (4"), "{server_err}");
+    // The server's receivers read in place where the client asks (the role travels in its ask).
+    let client = [&flags[..], &["-s", "8192", "-n", "100", "-q", "2", "--in-place"]].concat();
+    let (s, c) = server_client("sock_bw", &flags, &client);
+    let (_, out) = both_succeeded(&s, &c);
+    assert_eq!(rows(&out).len(), 1, "{out}");
+    let server_err = String::from_utf8_lossy(&s.stderr);
+    assert!(
+        server_err.contains("served RecvInPlace, 8192 B x 100 on 2 socket(s)"),
+        "{server_err}"
+    );
     // Refused: none, more than the most, and in the latency test.
     for (name, q, says) in [
         ("sock_bw", "0", "-q 0: 1 to 32"),
@@ -1627,6 +1668,8 @@ fn socket_perftests_on_the_gpu() {
         let flags = ["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "2000"];
         let out = ok("sock_bw", &[&flags[..], &["--zero-copy"]].concat());
         assert_eq!(rows(&out).len(), 1, "{mem}, --zero-copy: {out}");
+        let out = ok("sock_bw", &[&flags[..], &["--zero-copy", "--in-place"]].concat());
+        assert_eq!(rows(&out).len(), 1, "{mem}, --zero-copy --in-place: {out}");
         let out = ok("sock_lat", &["--mode", "gpu", "--mem", mem, "-s", "64", "-n", "500"]);
         assert_eq!(rows(&out).len(), 2, "{mem}: {out}");
         // Into GPU memory the copier's view of both ping-pongs: a message's frame, one WRITE,

@@ -202,6 +202,9 @@ pub enum SocketFailure {
     /// another context (nothing was sent).
     #[error("bad source region: {0}")]
     BadSource(String),
+    /// A call's argument is out of range (nothing was received or sent).
+    #[error("bad argument: {0}")]
+    BadArgument(String),
 }
 
 /// The library's result type.

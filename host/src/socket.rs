@@ -71,7 +71,7 @@ pub struct SocketConfig {
     pub rx_bytes: u64,
     /// How long a wait (for room, for bytes, for the peer in the handshake) may take.
     pub timeout: Duration,
-    /// Send queue size of the socket's queue pair (default 256).
+    /// Send queue size of the socket's queue pair: a power of two, 8 to 32768 (default 256).
     pub sq_size: u32,
     /// Where the rings live (default host memory).
     pub memory: SocketMemory,
@@ -109,6 +109,14 @@ impl SocketConfig {
         }
     }
 
+    /// Checks the sizes: the receive ring's log2, or why not.
+    fn checked(&self) -> Result<u32> {
+        // A send takes up to four WQEs (two frames, each its bytes and its trailer from
+        // registered memory), and credits, `fin` and `reset` share the queue.
+        check_pow2("a socket's send queue", self.sq_size.into(), MIN_SQ_SIZE, 1 << 15)?;
+        self.log_rx()
+    }
+
     fn log_rx(&self) -> Result<u32> {
         check_pow2(
             "a socket's receive ring",
@@ -137,6 +145,9 @@ impl SocketFailure {
         }
     }
 }
+
+/// The smallest send queue a socket takes ([`SocketConfig::sq_size`]).
+pub const MIN_SQ_SIZE: u64 = 8;
 
 /// The most bytes of application data a connection carries in its hello ([`Socket::connect_with`]).
 pub const MAX_CONNECT_DATA: usize = 1024;
@@ -200,7 +211,7 @@ struct Half {
 
 impl Half {
     fn new(ctx: &Context, cfg: &SocketConfig) -> Result<Half> {
-        let log_rx = cfg.log_rx()?;
+        let log_rx = cfg.checked()?;
         let cq: CompletionQueue = ctx.create_cq(cfg.sq_size)?;
         let qp = ctx.create_qp(
             &cq,
@@ -318,7 +329,7 @@ impl SocketListener {
     /// Listens at `addr` (port 0: any free port) for sockets on `ctx`'s device (whose soft
     /// transport then listens on the same interface).
     pub fn bind(ctx: &Context, addr: SocketAddr, cfg: SocketConfig) -> Result<SocketListener> {
-        cfg.log_rx()?;
+        cfg.checked()?;
         let tcp = TcpListener::bind(addr).map_err(|source| Error::Io {
             what: "binding a socket listener",
             source,
@@ -448,6 +459,8 @@ impl Socket {
                 max: MAX_CONNECT_DATA as u64,
             });
         }
+        // Refused before anything is made (a connection the server would have to drop).
+        cfg.checked()?;
         let mut ch = Channel::connect(addr, cfg.timeout)?;
         ctx.listen(SocketAddr::new(ch.local_addr().ip(), 0))?;
         let half = Half::new(ctx, &cfg)?;
@@ -536,6 +549,52 @@ impl Socket {
         self.on_cpu()?;
         let _turn = hold(&self.recv_lock);
         self.dev.try_recv(buf).map_err(|e| SocketFailure::of(e, self.timeout))
+    }
+
+    /// Receives in place: waits (bounded) for bytes, hands up to `max` of them (and of one
+    /// frame) to `read` where they lie in the receive ring, and consumes as many as `read`
+    /// returns; the rest stay for the next receive. What [`recv`](Self::recv) delivers, with
+    /// no copy out of the ring. Returns the bytes consumed: 0 once the peer shut down and
+    /// everything it sent has been read (`read` is then not called), or where `read` took
+    /// none. `read` returning more than it was given is [`SocketFailure::BadArgument`], and
+    /// nothing is consumed.
+    pub fn recv_in_place(&self, max: usize, read: impl FnOnce(&[u8]) -> usize) -> Result<usize, SocketFailure> {
+        self.in_place(true, max, read)
+    }
+
+    /// [`recv_in_place`](Self::recv_in_place) without waiting: [`SocketFailure::WouldBlock`]
+    /// when nothing arrived.
+    pub fn try_recv_in_place(&self, max: usize, read: impl FnOnce(&[u8]) -> usize) -> Result<usize, SocketFailure> {
+        self.in_place(false, max, read)
+    }
+
+    /// A receive in place, waiting for bytes where `wait` says.
+    fn in_place(&self, wait: bool, max: usize, read: impl FnOnce(&[u8]) -> usize) -> Result<usize, SocketFailure> {
+        self.on_cpu()?;
+        let _turn = hold(&self.recv_lock);
+        let peek = if wait {
+            self.dev.peek(max as u64)
+        } else {
+            self.dev.try_peek(max as u64)
+        };
+        let view = peek.map_err(|e| SocketFailure::of(e, self.timeout))?;
+        if view.is_empty() {
+            return Ok(0);
+        }
+        // SAFETY: the view is this socket's latest peek, not consumed; the receive lock keeps
+        // every other receive out until the consume below; the rings are in host memory
+        // (`on_cpu`), read by this thread after the peek's acquire of the frame's trailer.
+        let n = read(unsafe { view.bytes() });
+        if n as u64 > view.len() {
+            return Err(SocketFailure::BadArgument(format!(
+                "the reader took {n} bytes of the {} it was given",
+                view.len()
+            )));
+        }
+        self.dev
+            .consume(&view, n as u64)
+            .map_err(|e| SocketFailure::of(e, self.timeout))?;
+        Ok(n)
     }
 
     /// Shuts down the sending side (the peer reads the rest, then 0); receiving goes on.

@@ -286,6 +286,32 @@ fn a_peer_speaking_another_protocol_is_refused() {
             Err(Error::BadSize { .. })
         ));
     }
+    // So are send queues too small for a send's WQEs (up to four) or not a power of two, at
+    // a bind and at a connect (which makes nothing: the listener serves the next client).
+    let (l, addr, _lctx) = listener(&SocketConfig::default());
+    for sq_size in [4, 12, 1 << 16] {
+        let bad = SocketConfig {
+            sq_size,
+            ..SocketConfig::default()
+        };
+        assert!(matches!(
+            SocketListener::bind(&ctx, "127.0.0.1:0".parse().unwrap(), bad.clone()),
+            Err(Error::BadSize {
+                what: "a socket's send queue",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Socket::connect(&ctx, addr, bad),
+            Err(Error::BadSize {
+                what: "a socket's send queue",
+                ..
+            })
+        ));
+    }
+    let served = std::thread::spawn(move || l.accept().map(|_| ()));
+    Socket::connect(&ctx, addr, SocketConfig::default()).unwrap();
+    served.join().unwrap().unwrap();
 }
 
 #[test]
@@ -1061,4 +1087,159 @@ fn a_block_sends_from_registered_memory() {
         }
     });
     assert!(reader.join().unwrap() == data, "the block's stream differs");
+}
+
+/// A receive in place hands the reader the bytes where they landed and consumes what it
+/// takes: a stream many rings long arrives whole through reads that take part of what they
+/// see; a reader that claims more than it was given is refused and loses nothing; the end of
+/// the stream is 0 without a call of the reader.
+#[test]
+fn a_receive_in_place_reads_the_stream_where_it_landed() {
+    let (s, c) = pair(small(4096));
+    let data = pattern(83, 60_000);
+    let got = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            c.send_all(&data).unwrap();
+            c.shutdown().unwrap();
+        });
+        let mut got = Vec::new();
+        // One refusal first: the bytes stay for the next read.
+        let err = s.recv_in_place(3000, |b| b.len() + 1).unwrap_err();
+        assert!(matches!(err, SocketFailure::BadArgument(_)), "{err:?}");
+        for round in 0.. {
+            let n = s
+                .recv_in_place(3000, |b| {
+                    assert!(!b.is_empty() && b.len() <= 3000, "a view of {} bytes", b.len());
+                    // Every third read takes all it sees, the others a part.
+                    let take = if round % 3 == 0 { b.len() } else { b.len().div_ceil(2) };
+                    got.extend_from_slice(&b[..take]);
+                    take
+                })
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+        }
+        // Ended: the reader is not called.
+        assert_eq!(s.recv_in_place(3000, |_| panic!("called at the end")).unwrap(), 0);
+        got
+    });
+    assert!(got == data, "the stream read in place differs");
+}
+
+/// In place and copied receives mix in one stream, and `try_recv_in_place` never waits.
+#[test]
+fn receives_in_place_and_copied_mix() {
+    let (s, c) = pair(small(4096));
+    assert!(matches!(
+        s.try_recv_in_place(100, |b| b.len()),
+        Err(SocketFailure::WouldBlock)
+    ));
+    c.send_all(b"hello, world").unwrap();
+    let mut first = Vec::new();
+    let n = s
+        .recv_in_place(5, |b| {
+            first.extend_from_slice(b);
+            b.len()
+        })
+        .unwrap();
+    assert_eq!((n, first.as_slice()), (5, &b"hello"[..]));
+    let mut buf = [0u8; 3];
+    assert_eq!(s.recv(&mut buf).unwrap(), 3);
+    assert_eq!(&buf, b", w");
+    // A reader may take nothing: the bytes stay.
+    assert_eq!(s.try_recv_in_place(100, |_| 0).unwrap(), 0);
+    let mut rest = Vec::new();
+    s.try_recv_in_place(100, |b| {
+        rest.extend_from_slice(b);
+        b.len()
+    })
+    .unwrap();
+    assert_eq!(rest, b"orld");
+}
+
+/// The device calls refuse a view that is not the stream's next bytes (consumed already,
+/// received since, another socket's) or a count past it, consuming nothing.
+#[test]
+fn a_view_that_is_not_the_streams_next_bytes_is_refused() {
+    use gdaki_device::socket::{Socket as Dev, SocketError};
+    let (s1, c1) = pair(small(4096));
+    let (s2, c2) = pair(small(4096));
+    c1.send_all(&pattern(1, 100)).unwrap();
+    c2.send_all(&pattern(2, 100)).unwrap();
+    // SAFETY: the servers' handles, alive for the test; this thread is their only user.
+    let (d1, d2) = unsafe {
+        (
+            Dev::<gdaki_device::Exclusive>::from_raw(s1.device_handle()).unwrap(),
+            Dev::<gdaki_device::Exclusive>::from_raw(s2.device_handle()).unwrap(),
+        )
+    };
+    let view = d1.peek(1000).unwrap();
+    assert_eq!(view.len(), 100);
+    // SAFETY: the latest peek, not consumed, read by the thread that peeked.
+    assert!(unsafe { view.bytes() } == pattern(1, 100).as_slice());
+    let other = d2.peek(1000).unwrap();
+    assert_eq!(
+        d1.consume(&other, 1),
+        Err(SocketError::BadArgument),
+        "another socket's view"
+    );
+    assert_eq!(d1.consume(&view, 101), Err(SocketError::BadArgument), "past the view");
+    d1.consume(&view, 40).unwrap();
+    assert_eq!(d1.consume(&view, 10), Err(SocketError::BadArgument), "consumed already");
+    let next = d1.peek(1000).unwrap();
+    assert_eq!((next.len(), next.addr()), (60, view.addr() + 40));
+    let mut buf = [0u8; 10];
+    assert_eq!(d1.recv(&mut buf).unwrap(), 10);
+    assert_eq!(d1.consume(&next, 1), Err(SocketError::BadArgument), "received since");
+    // Nothing was lost: the rest of each stream is where it was.
+    let mut rest = [0u8; 50];
+    assert_eq!(d1.recv(&mut rest).unwrap(), 50);
+    assert!(rest[..] == pattern(1, 100)[50..]);
+    assert_eq!(d2.recv(&mut [0u8; 100]).unwrap(), 100);
+}
+
+/// A block of 34 CPU threads reads a stream in place: every member gets the same view, the
+/// members check their shares, the block consumes after its barrier.
+#[test]
+fn a_block_reads_a_stream_in_place() {
+    use gdaki_device::scope::Group;
+    use std::sync::Mutex;
+    let (s, c) = pair(small(4096));
+    let data = pattern(97, 80_000);
+    let got = Mutex::new(Vec::new());
+    let group = Group::new(34).unwrap();
+    let handle = s.device_handle() as usize;
+    std::thread::scope(|block| {
+        for r in 0..34u32 {
+            let (group, got, data) = (&group, &got, &data);
+            block.spawn(move || {
+                let me = group.block(r).unwrap();
+                // SAFETY: the server's handle, alive for the scope; the block is its only user.
+                let dev =
+                    unsafe { gdaki_device::socket::Socket::<gdaki_device::Exclusive>::from_raw(handle as *mut _) }
+                        .unwrap();
+                let mut at = 0usize;
+                loop {
+                    let view = dev.peek_with(me, 2500).unwrap();
+                    if view.is_empty() {
+                        break;
+                    }
+                    // SAFETY: the block's latest peek, not consumed, read after it returned.
+                    let bytes = unsafe { view.bytes() };
+                    for (i, &b) in bytes.iter().enumerate().skip(r as usize).step_by(34) {
+                        assert_eq!(b, data[at + i], "member {r}, stream byte {}", at + i);
+                    }
+                    if r == 0 {
+                        got.lock().unwrap().extend_from_slice(bytes);
+                    }
+                    dev.consume_with(me, &view, view.len()).unwrap();
+                    at += view.len() as usize;
+                }
+            });
+        }
+        c.send_all(&data).unwrap();
+        c.shutdown().unwrap();
+    });
+    assert!(*got.lock().unwrap() == data, "the block's stream differs");
 }
