@@ -874,6 +874,61 @@ GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_block_cta(gdaki_dev_socket *soc
 GDAKI_DEVICE_FN uint32_t gdaki_socket_recv_exact_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, void *buf, uint64_t len);
 #endif
 
+/** socket_peek: Waits (bounded) until stream bytes have landed and says where they lie in the socket's
+ * receive ring, without copying them out: `*addr` and `*len` (unless null) get the
+ * address and count of up to `max` of them (one frame's at most); `*len` is 0 once the
+ * peer shut down and every byte it sent has been consumed. Read them there, then
+ * `socket_consume` what was read; until then a peek sees the same bytes. In warp and block
+ * scope every member gets the same view and reads it after the call returns. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_thread_exclusive(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_thread_cta(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_thread_gpu(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_warp_exclusive(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_warp_cta(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_warp_gpu(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_peek_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t max, uint64_t *addr, uint64_t *len);
+#endif
+
+/** socket_try_peek: `socket_peek` that never waits: `GDAKI_CODE_WOULD_BLOCK` when nothing has arrived and
+ * the stream has not ended. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_thread_exclusive(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_thread_cta(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_thread_gpu(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_warp_exclusive(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_warp_cta(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_warp_gpu(gdaki_dev_socket *socket, uint64_t max, uint64_t *addr, uint64_t *len);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t max, uint64_t *addr, uint64_t *len);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_try_peek_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t max, uint64_t *addr, uint64_t *len);
+#endif
+
+/** socket_consume: Consumes the stream's next `n` bytes, those a `socket_peek` showed: a later receive or
+ * peek starts after them, and their ring space goes back to the peer (the peer writes
+ * there again only after this). `GDAKI_CODE_BAD_ARGUMENT`, consuming nothing, where fewer
+ * than `n` have landed in the frame a peek shows. In warp and block scope every member
+ * calls once its reads of the bytes are done. */
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_thread_exclusive(gdaki_dev_socket *socket, uint64_t n);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_thread_cta(gdaki_dev_socket *socket, uint64_t n);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_thread_gpu(gdaki_dev_socket *socket, uint64_t n);
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_warp_exclusive(gdaki_dev_socket *socket, uint64_t n);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_warp_cta(gdaki_dev_socket *socket, uint64_t n);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_warp_gpu(gdaki_dev_socket *socket, uint64_t n);
+#endif
+#ifdef GDAKI_CUDA
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_block_exclusive(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t n);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_block_cta(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t n);
+GDAKI_DEVICE_FN uint32_t gdaki_socket_consume_block_gpu(gdaki_dev_socket *socket, gdaki_block_scratch *block_scratch, uint64_t n);
+#endif
+
 /** socket_shutdown: Shuts down the sending side: the peer reads what was sent, then gets 0; later sends
  * fail with `GDAKI_CODE_CLOSED`. A second call does nothing. */
 GDAKI_DEVICE_FN uint32_t gdaki_socket_shutdown_thread_exclusive(gdaki_dev_socket *socket);

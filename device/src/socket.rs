@@ -600,6 +600,21 @@ impl<M: Sharing> Socket<M> {
         self.consume_in(scope, view, n, &mut NoSteps)
     }
 
+    /// [`consume_with`](Self::consume_with) of the stream's next `n` bytes, looked at again
+    /// (no wait: they have landed): for callers that keep no view (the C ABI).
+    /// [`SocketError::BadArgument`], consuming nothing, where fewer than `n` of the frame have
+    /// landed (more than a peek could show).
+    pub fn consume_next_with<S: Scope>(&self, scope: S, n: u64) -> Result<(), SocketError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let view = match self.peek_in(scope, n, Mode::Try, &mut NoSteps) {
+            Err(SocketError::WouldBlock) => return Err(SocketError::BadArgument),
+            other => other?,
+        };
+        self.consume_in(scope, &view, n, &mut NoSteps)
+    }
+
     /// [`shutdown`](Self::shutdown) by the group `scope` (its leader posts).
     pub fn shutdown_with<S: Scope>(&self, scope: S) -> Result<(), SocketError> {
         // A member may still be ringing for the group's last send (see `send_in`).

@@ -1197,6 +1197,25 @@ fn a_view_that_is_not_the_streams_next_bytes_is_refused() {
     assert_eq!(d1.recv(&mut rest).unwrap(), 50);
     assert!(rest[..] == pattern(1, 100)[50..]);
     assert_eq!(d2.recv(&mut [0u8; 100]).unwrap(), 100);
+    // The C ABI's consume (no view: the next bytes looked at again) refuses bytes that have
+    // not landed, and takes those that have.
+    let me = gdaki_device::scope::Thread;
+    assert_eq!(
+        d2.consume_next_with(me, 1),
+        Err(SocketError::BadArgument),
+        "nothing landed"
+    );
+    c2.send_all(b"abc").unwrap();
+    assert_eq!(d2.peek(3).unwrap().len(), 3);
+    assert_eq!(
+        d2.consume_next_with(me, 4),
+        Err(SocketError::BadArgument),
+        "past what landed"
+    );
+    d2.consume_next_with(me, 2).unwrap();
+    let mut last = [0u8; 1];
+    assert_eq!(d2.recv(&mut last).unwrap(), 1);
+    assert_eq!(&last, b"c");
 }
 
 /// A block of 34 CPU threads reads a stream in place: every member gets the same view, the

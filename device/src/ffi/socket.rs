@@ -92,6 +92,25 @@ unsafe fn moved(r: Result<usize, SocketError>, out: *mut u64) -> u32 {
     }
 }
 
+/// The code of a peek, its view's address and length written to `addr` and `len`.
+///
+/// # Safety
+/// `addr` and `len` are null or writable.
+#[inline(always)]
+unsafe fn view(r: Result<crate::socket::Landed, SocketError>, addr: *mut u64, len: *mut u64) -> u32 {
+    match r {
+        Ok(v) => {
+            // SAFETY: per the contract.
+            unsafe {
+                give(addr, v.addr());
+                give(len, v.len());
+            }
+            CODE_OK
+        }
+        Err(e) => e.code(),
+    }
+}
+
 /// The code of a call that moves nothing.
 #[inline(always)]
 fn done(r: Result<(), SocketError>) -> u32 {
@@ -162,6 +181,31 @@ c_abi! {
     fn socket_recv_exact(s, buf: *mut u8, len: u64) {
         let Some(buf) = (unsafe { buffer_mut(buf, len) }) else { return CODE_BAD_ARGUMENT };
         done(s.sock.recv_exact_with(s.scope, buf))
+    }
+
+    /// Waits (bounded) until stream bytes have landed and says where they lie in the socket's
+    /// receive ring, without copying them out: `*addr` and `*len` (unless null) get the
+    /// address and count of up to `max` of them (one frame's at most); `*len` is 0 once the
+    /// peer shut down and every byte it sent has been consumed. Read them there, then
+    /// `socket_consume` what was read; until then a peek sees the same bytes. In warp and block
+    /// scope every member gets the same view and reads it after the call returns.
+    fn socket_peek(s, max: u64, addr: *mut u64, len: *mut u64) {
+        unsafe { view(s.sock.peek_with(s.scope, max), addr, len) }
+    }
+
+    /// `socket_peek` that never waits: `GDAKI_CODE_WOULD_BLOCK` when nothing has arrived and
+    /// the stream has not ended.
+    fn socket_try_peek(s, max: u64, addr: *mut u64, len: *mut u64) {
+        unsafe { view(s.sock.try_peek_with(s.scope, max), addr, len) }
+    }
+
+    /// Consumes the stream's next `n` bytes, those a `socket_peek` showed: a later receive or
+    /// peek starts after them, and their ring space goes back to the peer (the peer writes
+    /// there again only after this). `GDAKI_CODE_BAD_ARGUMENT`, consuming nothing, where fewer
+    /// than `n` have landed in the frame a peek shows. In warp and block scope every member
+    /// calls once its reads of the bytes are done.
+    fn socket_consume(s, n: u64) {
+        done(s.sock.consume_next_with(s.scope, n))
     }
 
     /// Shuts down the sending side: the peer reads what was sent, then gets 0; later sends

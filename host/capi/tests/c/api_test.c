@@ -838,7 +838,14 @@ static void socket_service(void) {
     CHECK(gdaki_socket_accept_thread(h, port, &s) == GDAKI_OK && s != NULL);
     char buf[64];
     uint64_t n = 0;
-    CHECK(gdaki_socket_recv_thread_gpu(s, buf, sizeof buf, &n) == GDAKI_OK && n > 0);
+    /* The greeting's first bytes read in place: a peek says where they landed, a count past
+     * them is refused (consuming nothing), then they are consumed. */
+    uint64_t at = 0, len = 0;
+    CHECK(gdaki_socket_peek_thread_gpu(s, sizeof buf, &at, &len) == GDAKI_OK && len > 0 && at != 0);
+    CHECK(gdaki_socket_consume_thread_gpu(s, len + 1) == GDAKI_CODE_BAD_ARGUMENT);
+    memcpy(buf, (const void *)(uintptr_t)at, (size_t)len);
+    CHECK(gdaki_socket_consume_thread_gpu(s, len) == GDAKI_OK);
+    n = len;
     CHECK(gdaki_socket_send_all_thread_gpu(s, buf, n) == GDAKI_OK);
     /* The rest of the greeting, if it came in pieces, then its end. */
     while (n > 0) {
