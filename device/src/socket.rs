@@ -147,6 +147,18 @@ fn found_word(skipped: u64, len: u64) -> u64 {
     skipped << 32 | len
 }
 
+/// [`found_word`] read back from a receive that started at `consumed` with `taken` bytes of
+/// that frame read: the frame's ring position, the bytes of it read before, and its length.
+#[inline(always)]
+fn found_frame(found: u64, consumed: u64, taken: u64) -> (u64, u64, u64) {
+    let (skipped, len) = (found >> 32, found & u32::MAX as u64);
+    if skipped == 0 {
+        (consumed, taken, len)
+    } else {
+        (consumed + skipped, 0, len)
+    }
+}
+
 /// A send's frames: one, or two where the second carries bytes (see [`frame_plan`]).
 #[inline(always)]
 fn frame_count(second: u64) -> u32 {
@@ -1064,12 +1076,7 @@ impl<M: Sharing> Socket<M> {
             self.wait_frame(consumed, taken, buf.is_empty(), mode, steps)
         })?;
         steps.mark(2);
-        let (skipped, len) = (found >> 32, found & u32::MAX as u64);
-        let (pos, done) = if skipped == 0 {
-            (consumed, taken)
-        } else {
-            (consumed + skipped, 0)
-        };
+        let (pos, done, len) = found_frame(found, consumed, taken);
         let n = (buf.len() as u64).min(len.saturating_sub(done));
         if n == 0 {
             return Ok(0);
@@ -1143,12 +1150,7 @@ impl<M: Sharing> Socket<M> {
         let (consumed, taken) = (self.consumed(), self.taken());
         let found = on_leader(scope, || self.wait_frame(consumed, taken, max == 0, mode, steps))?;
         steps.mark(2);
-        let (skipped, len) = (found >> 32, found & u32::MAX as u64);
-        let (pos, done) = if skipped == 0 {
-            (consumed, taken)
-        } else {
-            (consumed + skipped, 0)
-        };
+        let (pos, done, len) = found_frame(found, consumed, taken);
         let n = max.min(len.saturating_sub(done));
         // The frame's bytes landed before its trailer, which the leader read with an acquire
         // load (`frame_at`) before the group's broadcast.
