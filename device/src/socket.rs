@@ -159,6 +159,18 @@ fn found_frame(found: u64, consumed: u64, taken: u64) -> (u64, u64, u64) {
     }
 }
 
+/// The stream position (`consumed`, `taken`) once `n` more bytes are read of the frame of
+/// `len` stream bytes at ring position `pos`, `done` of them read before: past the frame once
+/// all of it is read.
+#[inline(always)]
+fn read_on(pos: u64, done: u64, len: u64, n: u64) -> (u64, u64) {
+    if done + n == len {
+        (pos + layout::frame_bytes(len), 0)
+    } else {
+        (pos, done + n)
+    }
+}
+
 /// A send's frames: one, or two where the second carries bytes (see [`frame_plan`]).
 #[inline(always)]
 fn frame_count(second: u64) -> u32 {
@@ -1083,26 +1095,13 @@ impl<M: Sharing> Socket<M> {
         }
         // The frame's bytes landed before its trailer, which the leader read with an acquire
         // load (`frame_at`) before the group's broadcast.
-        let frame = layout::frame_bytes(len);
-        let off = layout::frame_offset(cap, pos, frame) + done;
+        let src = self.rx_byte(cap, pos, len, done);
         // What the leader records after the copy, computed before it: fewer words live across
         // the copy's loop (more of them spilled inside it).
-        let (consumed, taken) = if done + n == len {
-            (pos + frame, 0)
-        } else {
-            (pos, done + n)
-        };
+        let (consumed, taken) = read_on(pos, done, len, n);
         // SAFETY: the frame lies in the receive ring (`frame_at` checked it); the peer does not
         // write it again before this side's credit says so; `buf` holds at least `n`.
-        unsafe {
-            group_copy(
-                buf.as_mut_ptr() as u64,
-                self.rx_window + layout::CONTROL_BYTES + off,
-                n,
-                scope.rank(),
-                scope.size(),
-            )
-        };
+        unsafe { group_copy(buf.as_mut_ptr() as u64, src, n, scope.rank(), scope.size()) };
         scope.sync();
         steps.mark(3);
         self.finish_read(scope, consumed, taken, credited, n, steps)
@@ -1142,6 +1141,14 @@ impl<M: Sharing> Socket<M> {
         read
     }
 
+    /// The address of byte `done` of the frame of `len` stream bytes at ring position `pos`
+    /// in this side's receive ring of `cap` bytes (read once a call: a load after the call's
+    /// barriers otherwise).
+    #[inline(always)]
+    fn rx_byte(&self, cap: u64, pos: u64, len: u64, done: u64) -> u64 {
+        self.rx_window + layout::CONTROL_BYTES + layout::frame_offset(cap, pos, layout::frame_bytes(len)) + done
+    }
+
     /// A peek (`mode`: wait for bytes or not), its steps marked in `steps` as a receive's
     /// first two; nothing is recorded (a skipped empty frame is skipped again, or consumed).
     fn peek_in<S: Scope>(&self, scope: S, max: u64, mode: Mode, steps: &mut impl Steps) -> Result<Landed, SocketError> {
@@ -1154,11 +1161,7 @@ impl<M: Sharing> Socket<M> {
         let n = max.min(len.saturating_sub(done));
         // The frame's bytes landed before its trailer, which the leader read with an acquire
         // load (`frame_at`) before the group's broadcast.
-        let addr = if n == 0 {
-            0
-        } else {
-            self.rx_window + layout::CONTROL_BYTES + layout::frame_offset(cap, pos, layout::frame_bytes(len)) + done
-        };
+        let addr = if n == 0 { 0 } else { self.rx_byte(cap, pos, len, done) };
         Ok(Landed {
             addr,
             len: n,
@@ -1189,11 +1192,7 @@ impl<M: Sharing> Socket<M> {
         if n == 0 {
             return Ok(());
         }
-        let (consumed, taken) = if view.done + n == view.frame_len {
-            (view.pos + layout::frame_bytes(view.frame_len), 0)
-        } else {
-            (view.pos, view.done + n)
-        };
+        let (consumed, taken) = read_on(view.pos, view.done, view.frame_len, n);
         // Every member's reads of the bytes (and of `consumed`) before the leader lets the
         // ring space go.
         scope.sync();
