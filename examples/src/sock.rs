@@ -865,10 +865,13 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
     if args.zero_copy && test == Test::Lat {
         bail!("--zero-copy is sock_bw's (a ping-pong echoes what it received, which is not registered memory)");
     }
-    if !args.tx_depth.is_power_of_two() || !(8..=32768).contains(&args.tx_depth) {
+    let depths = gdaki::socket::MIN_SQ_SIZE..=gdaki::socket::MAX_SQ_SIZE;
+    if !args.tx_depth.is_power_of_two() || !depths.contains(&u64::from(args.tx_depth)) {
         bail!(
-            "-t {}: the send queue depth must be a power of two from 8 to 32768",
-            args.tx_depth
+            "-t {}: the send queue depth must be a power of two from {} to {}",
+            args.tx_depth,
+            depths.start(),
+            depths.end()
         );
     }
     if args.in_place && test == Test::Lat {

@@ -71,7 +71,8 @@ pub struct SocketConfig {
     pub rx_bytes: u64,
     /// How long a wait (for room, for bytes, for the peer in the handshake) may take.
     pub timeout: Duration,
-    /// Send queue size of the socket's queue pair: a power of two, 8 to 32768 (default 256).
+    /// Send queue size of the socket's queue pair: a power of two, [`MIN_SQ_SIZE`] to
+    /// [`MAX_SQ_SIZE`] (default 256).
     pub sq_size: u32,
     /// Where the rings live (default host memory).
     pub memory: SocketMemory,
@@ -113,7 +114,7 @@ impl SocketConfig {
     fn checked(&self) -> Result<u32> {
         // A send takes up to four WQEs (two frames, each its bytes and its trailer from
         // registered memory), and credits, `fin` and `reset` share the queue.
-        check_pow2("a socket's send queue", self.sq_size.into(), MIN_SQ_SIZE, 1 << 15)?;
+        check_pow2("a socket's send queue", self.sq_size.into(), MIN_SQ_SIZE, MAX_SQ_SIZE)?;
         self.log_rx()
     }
 
@@ -148,6 +149,9 @@ impl SocketFailure {
 
 /// The smallest send queue a socket takes ([`SocketConfig::sq_size`]).
 pub const MIN_SQ_SIZE: u64 = 8;
+
+/// The largest send queue a socket takes ([`SocketConfig::sq_size`]).
+pub const MAX_SQ_SIZE: u64 = 1 << 15;
 
 /// The most bytes of application data a connection carries in its hello ([`Socket::connect_with`]).
 pub const MAX_CONNECT_DATA: usize = 1024;
