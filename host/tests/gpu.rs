@@ -1412,3 +1412,98 @@ fn the_ring_order_store_loop_fills_each_ring_as_its_posters_would() {
         }
     }
 }
+
+// ------------------------------------------------------------------------------ own kernels beside the copier
+
+/// A kernel of the user's: `own_store(dst, value)` stores `value` at `dst`.
+const OWN_STORE_PTX: &str = ".version 8.4\n.target sm_90\n.address_size 64\n\
+.visible .entry own_store(.param .u64 dst, .param .u32 value)\n{\n\
+.reg .b64 %rd<3>;\n.reg .b32 %r<2>;\n\
+ld.param.u64 %rd1, [dst];\nld.param.u32 %r1, [value];\n\
+cvta.to.global.u64 %rd2, %rd1;\nst.global.u32 [%rd2], %r1;\nret;\n}\n";
+
+/// Runs `f`, or aborts the test process with `what` if it has not returned within 60 s: a
+/// kernel that never ends would otherwise hang the run with no word of which one.
+fn within_a_minute<T: Send>(what: &str, f: impl FnOnce() -> T + Send) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(v) => v,
+            Err(_) => {
+                eprintln!("FAILED: {what} did not finish within 60 s; aborting");
+                std::process::abort();
+            }
+        }
+    })
+}
+
+/// Stores a word into `region` (GPU memory of a soft HCA with a running copier) from a kernel
+/// of `module`, and reads it back.
+fn own_store_into(module: &cuda::Module, region: &gdaki::MemoryRegion, value: u32) {
+    let kernel = module.kernel("own_store").unwrap();
+    let args = cuda::Args::new().region(region).u32(value);
+    // SAFETY: `own_store(dst, value)` writes the 4 bytes at `dst`, the region's first.
+    within_a_minute("a kernel of an own module", || unsafe {
+        kernel.run(cuda::Dims::linear(1, 1), args)
+    })
+    .unwrap();
+    let mut back = [0u8; 4];
+    region.read(0, &mut back).unwrap();
+    assert_eq!(u32::from_le_bytes(back), value);
+}
+
+/// A module of the user's, loaded while the soft HCA's resident copier runs (GPU memory was
+/// registered first), launches and finishes as it does without one, and unloads: neither its
+/// load, its launch nor its unload waits for the copier, which never ends.
+#[test]
+fn an_own_module_loaded_beside_the_copier_runs() {
+    let Some((gpu, _one)) = gpu_or_skip("an_own_module_loaded_beside_the_copier_runs") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let region = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let module = within_a_minute("loading an own module", || gpu.load_module(OWN_STORE_PTX)).unwrap();
+    own_store_into(&module, &region, 0x5eed_0001);
+    // And again once a second region (the copier is already running) exists.
+    let again = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    own_store_into(&module, &again, 0x5eed_0002);
+    // Unloading a module waits for every kernel of the context: the copier's too, unless it
+    // is stopped around the unload.
+    within_a_minute("unloading an own module beside the copier", move || drop(module));
+    own_store_into(
+        &within_a_minute("loading it again", || gpu.load_module(OWN_STORE_PTX)).unwrap(),
+        &region,
+        0x5eed_0004,
+    );
+}
+
+/// The same module loaded before any copier exists, its kernel launched once the copier runs.
+#[test]
+fn an_own_module_loaded_before_the_copier_runs_beside_it() {
+    let Some((gpu, _one)) = gpu_or_skip("an_own_module_loaded_before_the_copier_runs_beside_it") else {
+        return;
+    };
+    let module = gpu.load_module(OWN_STORE_PTX).unwrap();
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let region = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    own_store_into(&module, &region, 0x5eed_0003);
+}
+
+/// A second handle to the same GPU, opened and dropped while a copier runs: it loads gdaki's
+/// kernels again, makes a stream and unloads them, and none of it waits for the copier.
+#[test]
+fn a_second_gpu_handle_comes_and_goes_beside_the_copier() {
+    let Some((gpu, _one)) = gpu_or_skip("a_second_gpu_handle_comes_and_goes_beside_the_copier") else {
+        return;
+    };
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let region = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let second = within_a_minute("opening a second handle", || Gpu::open(0)).unwrap();
+    second.selftest(32).unwrap();
+    within_a_minute("a stream of the second handle", || second.context().new_stream()).unwrap();
+    within_a_minute("dropping the second handle", move || drop(second));
+    own_store_into(&gpu.load_module(OWN_STORE_PTX).unwrap(), &region, 0x5eed_0005);
+}

@@ -12,12 +12,11 @@
 //! code either ahead of time (`nvcc -rdc`, then [`Gpu::load_image`]) or at run time through the
 //! driver's linker ([`Gpu::link_module`], for NVRTC output).
 use std::ffi::{c_void, CString};
-use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{CudaError, DeviceBuffer, Gpu};
+use super::{CudaError, DeviceBuffer, Gpu, LoadedModule};
 use crate::ptx::PtxSummary;
 use crate::stream::timed;
 
@@ -59,10 +58,11 @@ pub unsafe trait GpuRegion: std::fmt::Debug {
     fn lkey(&self) -> u32;
 }
 
-/// A PTX module loaded into a GPU, every kernel in it loaded too.
+/// A PTX module loaded into a GPU, every kernel in it loaded too. Dropped, it is unloaded with
+/// the resident kernels stopped around the unload ([`quiesced`](super::quiesced)).
 pub struct Module {
     gpu: Gpu,
-    module: Arc<CudaModule>,
+    module: LoadedModule,
     entries: Vec<String>,
 }
 
@@ -150,7 +150,7 @@ impl Gpu {
         })?;
         Ok(Module {
             gpu: self.clone(),
-            module,
+            module: LoadedModule::new(module),
             entries,
         })
     }

@@ -297,8 +297,12 @@ fn checked_driver_version() -> Result<i32, CudaError> {
 #[derive(Clone)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
-    module: Arc<CudaModule>,
+    module: Arc<LoadedModule>,
     loaded_from: ModuleImage,
+    /// A stream held for the handle's life: cudarc synchronizes the whole context when a
+    /// handle's first stream is made, which beside a running copier (another handle's: the
+    /// copier is one per GPU) would wait for ever. The first is made in `open`, quiesced.
+    _first_stream: Arc<CudaStream>,
 }
 
 /// What a GPU's copy of gdaki's kernels came from ([`Gpu::loaded_from`]).
@@ -373,35 +377,44 @@ impl Gpu {
                 LOAD_NOTICE_AFTER.as_secs()
             )
         };
-        let (module, loaded_from) = noting_if_slow(LOAD_NOTICE_AFTER, notice, || -> Result<_, CudaError> {
-            // The build's machine code for this GPU where it has some; the PTX (compiled by
-            // the driver) where it has none or the driver refuses it.
-            let machine_code = sass.map(|image| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec())));
-            let (module, loaded_from) = match machine_code {
-                Some(Ok(module)) => (module, ModuleImage::Sass),
-                other => {
-                    if let Some(Err(e)) = other {
-                        tracing::warn!("GPU {ordinal}: gdaki's machine code did not load ({e}); compiling its PTX");
+        // Loading a module and its kernels, the driver's first memset and cudarc's first stream
+        // wait for every running kernel: with another handle's copier running (a second `Gpu`
+        // of this device), for ever, unless it is stopped meanwhile.
+        let (module, loaded_from, first_stream) = quiesced(|| {
+            noting_if_slow(LOAD_NOTICE_AFTER, notice, || -> Result<_, CudaError> {
+                // The build's machine code for this GPU where it has some; the PTX (compiled by
+                // the driver) where it has none or the driver refuses it.
+                let machine_code = sass.map(|image| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec())));
+                let (module, loaded_from) = match machine_code {
+                    Some(Ok(module)) => (module, ModuleImage::Sass),
+                    other => {
+                        if let Some(Err(e)) = other {
+                            tracing::warn!("GPU {ordinal}: gdaki's machine code did not load ({e}); compiling its PTX");
+                        }
+                        (ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?, ModuleImage::Ptx)
                     }
-                    (ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?, ModuleImage::Ptx)
+                };
+                // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is
+                // loaded at first use, and that load waits for running kernels: behind the soft
+                // HCA's persistent copier it would wait forever.
+                for name in ptx::ENTRY_POINTS {
+                    module.load_function(name)?;
                 }
-            };
-            // Load every kernel now. Under CUDA's lazy loading (the default) a kernel's code is
-            // loaded at first use, and that load waits for running kernels: behind the soft
-            // HCA's persistent copier it would wait forever.
-            for name in ptx::ENTRY_POINTS {
-                module.load_function(name)?;
-            }
-            Ok((module, loaded_from))
+                Ok((module, loaded_from))
+            })
+            .and_then(|(module, loaded_from)| {
+                // The driver's own memset kernels load lazily too: use them once now.
+                let warm = ctx.default_stream().alloc_zeros::<u32>(64)?;
+                ctx.default_stream().synchronize()?;
+                drop(warm);
+                Ok((module, loaded_from, ctx.new_stream()?))
+            })
         })?;
-        // The driver's own memset kernels load lazily too: use them once now.
-        let warm = ctx.default_stream().alloc_zeros::<u32>(64)?;
-        ctx.default_stream().synchronize()?;
-        drop(warm);
         Ok(Gpu {
             ctx,
-            module,
+            module: Arc::new(LoadedModule::new(module)),
             loaded_from,
+            _first_stream: first_stream,
         })
     }
 
@@ -856,6 +869,37 @@ pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     kernels.iter().for_each(|k| k.resume());
     r
+}
+
+/// A loaded module, unloaded with the resident kernels stopped: `cuModuleUnload` waits for every
+/// kernel of the context, and the soft HCA's copier never ends on its own, so an unload beside
+/// it (a user's module dropped, or a second [`Gpu`] handle's copy of gdaki's kernels) would
+/// wait forever. Kernels of the module hold references of their own (`CudaFunction`); the last
+/// holder unloads it.
+pub(crate) struct LoadedModule(std::mem::ManuallyDrop<Arc<CudaModule>>);
+
+impl LoadedModule {
+    pub(crate) fn new(module: Arc<CudaModule>) -> LoadedModule {
+        LoadedModule(std::mem::ManuallyDrop::new(module))
+    }
+}
+
+impl std::ops::Deref for LoadedModule {
+    type Target = Arc<CudaModule>;
+    fn deref(&self) -> &Arc<CudaModule> {
+        &self.0
+    }
+}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and the field is not used again.
+        let module = unsafe { std::mem::ManuallyDrop::take(&mut self.0) };
+        // `into_inner` yields the module only to its last holder, which unloads it on drop.
+        if let Some(last) = Arc::into_inner(module) {
+            quiesced(|| drop(last));
+        }
+    }
 }
 
 /// Locks a mutex, taking it over if a thread panicked while holding it (the list it guards

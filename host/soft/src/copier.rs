@@ -56,6 +56,9 @@ pub struct Copier {
     /// Its GPU's identity across processes (`cuDeviceGetUuid`).
     gpu: GpuUuid,
     function: CudaFunction,
+    /// gdaki's kernels, `function`'s module: held after it (field order = drop order) so the
+    /// module's last holder is a `Gpu`, which unloads it with the other copiers stopped.
+    _kernels: Gpu,
     stream: Arc<CudaStream>,
     grid: u32,
     // Mappings before their buffers (field order = drop order).
@@ -251,6 +254,7 @@ impl Copier {
             ctx,
             gpu: uuid,
             function,
+            _kernels: gpu.clone(),
             stream,
             grid,
             descs,
