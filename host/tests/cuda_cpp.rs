@@ -595,12 +595,13 @@ fn sockets_in_thread_warp_and_block_scope() {
         || cfg(SocketMemory::Host),
     );
     // Blocks 0 and 1 serve CPU clients (rings pinned, then in GPU memory), block 2 serves the
-    // warp client of block 4, block 3 the thread client of block 5.
+    // warp client of block 4, block 3 the thread client of block 5. Blocks 1 and 2 read in
+    // place (role 3: the echo sent from where the bytes landed).
     let (s0, cpu0) = common::socket_pair(pinned(), host());
     let (s1, cpu1) = common::socket_pair(device(), host());
     let (s2, warp) = common::socket_pair(pinned(), device());
     let (s3, thread) = common::socket_pair(device(), pinned());
-    let roles = [0u32, 0, 0, 0, 1, 2];
+    let roles = [0u32, 3, 3, 0, 1, 2];
     let on_gpu: Vec<_> = [s0, s1, s2, s3, warp, thread]
         .into_iter()
         .map(|s| s.into_gpu(&gpu).unwrap())

@@ -8,6 +8,7 @@
 #define ROLE_ECHO 0
 #define ROLE_WARP_CLIENT 1
 #define ROLE_THREAD_CLIENT 2
+#define ROLE_ECHO_IN_PLACE 3
 
 // Byte i of a client's stream.
 __device__ static uint8_t pattern(uint64_t i) { return (uint8_t)(i * 131 + 7); }
@@ -31,8 +32,30 @@ __device__ static void echo(gdaki_dev_socket *s, uint8_t *buf, uint64_t buf_len,
   status[t] = GDAKI_OK;
 }
 
+// The echo server reading in place: each peek shows where the next bytes landed in the receive
+// ring, the block sends them back from there and only then consumes them (the peer may write
+// there again once they are credited). A count past what landed is refused, nothing consumed.
+__device__ static void echo_in_place(gdaki_dev_socket *s, uint32_t *status, uint64_t *echoed) {
+  __shared__ gdaki_block_scratch scratch;
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  uint64_t total = 0;
+  for (;;) {
+    uint64_t addr = 0, n = 0;
+    // No bound of its own: the view ends where the frame does.
+    GDAKI_TEST_CHECK(gdaki_socket_peek_block_cta(s, &scratch, ~0ull, &addr, &n), GDAKI_OK);
+    if (n == 0) break;
+    GDAKI_TEST_CHECK(gdaki_socket_consume_block_cta(s, &scratch, n + 1), GDAKI_CODE_BAD_ARGUMENT);
+    GDAKI_TEST_CHECK(gdaki_socket_send_all_block_cta(s, &scratch, (const void *)addr, n), GDAKI_OK);
+    GDAKI_TEST_CHECK(gdaki_socket_consume_block_cta(s, &scratch, n), GDAKI_OK);
+    total += n;
+  }
+  GDAKI_TEST_CHECK(gdaki_socket_close_block_cta(s, &scratch), GDAKI_OK);
+  if (threadIdx.x == 0) echoed[blockIdx.x] = total;
+  status[t] = GDAKI_OK;
+}
+
 // A warp sends `rounds` messages of `len` bytes (partial sends allowed), reads each back whole
-// and compares, then closes.
+// and compares (odd rounds read it in place: peek, copy out, consume), then closes.
 __device__ static void warp_client(gdaki_dev_socket *s, uint8_t *buf, uint64_t len, uint32_t rounds,
                                    uint32_t *status, uint64_t *echoed) {
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -43,6 +66,8 @@ __device__ static void warp_client(gdaki_dev_socket *s, uint8_t *buf, uint64_t l
   // Nothing was sent yet: nothing can come back.
   uint64_t n = 1;
   GDAKI_TEST_CHECK(gdaki_socket_try_recv_warp_cta(s, buf, len, &n), GDAKI_CODE_WOULD_BLOCK);
+  uint64_t landed = 0;
+  GDAKI_TEST_CHECK(gdaki_socket_try_peek_warp_cta(s, len, &landed, &n), GDAKI_CODE_WOULD_BLOCK);
   for (uint32_t r = 0; r < rounds; r++) {
     for (uint64_t i = threadIdx.x; i < len; i += 32) buf[i] = pattern(r * len + i);
     __syncwarp();
@@ -54,7 +79,20 @@ __device__ static void warp_client(gdaki_dev_socket *s, uint8_t *buf, uint64_t l
     }
     for (uint64_t i = threadIdx.x; i < len; i += 32) buf[i] = 0;
     __syncwarp();
-    GDAKI_TEST_CHECK(gdaki_socket_recv_exact_warp_cta(s, buf, len), GDAKI_OK);
+    if (r % 2 == 0) {
+      GDAKI_TEST_CHECK(gdaki_socket_recv_exact_warp_cta(s, buf, len), GDAKI_OK);
+    } else {
+      for (uint64_t got = 0; got < len;) {
+        uint64_t k = 0;
+        GDAKI_TEST_CHECK(gdaki_socket_peek_warp_cta(s, len - got, &landed, &k), GDAKI_OK);
+        GDAKI_TEST_CHECK(k != 0 ? GDAKI_OK : 4000u, GDAKI_OK);
+        const uint8_t *from = (const uint8_t *)landed;
+        for (uint64_t i = threadIdx.x; i < k; i += 32) buf[got + i] = from[i];
+        __syncwarp();
+        GDAKI_TEST_CHECK(gdaki_socket_consume_warp_cta(s, k), GDAKI_OK);
+        got += k;
+      }
+    }
     for (uint64_t i = threadIdx.x; i < len; i += 32) {
       if (buf[i] != pattern(r * len + i)) {
         status[t] = (__LINE__ << 16) | 0xdada;
@@ -108,6 +146,9 @@ extern "C" __global__ void cpp_sockets(gdaki_dev_socket **socks, const uint32_t 
   switch (roles[blockIdx.x]) {
     case ROLE_ECHO:
       echo(s, buf, buf_len, status, echoed);
+      break;
+    case ROLE_ECHO_IN_PLACE:
+      echo_in_place(s, status, echoed);
       break;
     case ROLE_WARP_CLIENT:
       warp_client(s, buf, msg_len, rounds, status, echoed);
