@@ -297,7 +297,7 @@ fn checked_driver_version() -> Result<i32, CudaError> {
 #[derive(Clone)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
-    module: Arc<LoadedModule>,
+    module: LoadedModule,
     loaded_from: ModuleImage,
     /// A stream held for the handle's life: cudarc synchronizes the whole context when a
     /// handle's first stream is made, which beside a running copier (another handle's: the
@@ -400,9 +400,6 @@ impl Gpu {
                 for name in ptx::ENTRY_POINTS {
                     module.load_function(name)?;
                 }
-                Ok((module, loaded_from))
-            })
-            .and_then(|(module, loaded_from)| {
                 // The driver's own memset kernels load lazily too: use them once now.
                 let warm = ctx.default_stream().alloc_zeros::<u32>(64)?;
                 ctx.default_stream().synchronize()?;
@@ -412,7 +409,7 @@ impl Gpu {
         })?;
         Ok(Gpu {
             ctx,
-            module: Arc::new(LoadedModule::new(module)),
+            module: LoadedModule::new(module),
             loaded_from,
             _first_stream: first_stream,
         })
@@ -874,8 +871,9 @@ pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
 /// A loaded module, unloaded with the resident kernels stopped: `cuModuleUnload` waits for every
 /// kernel of the context, and the soft HCA's copier never ends on its own, so an unload beside
 /// it (a user's module dropped, or a second [`Gpu`] handle's copy of gdaki's kernels) would
-/// wait forever. Kernels of the module hold references of their own (`CudaFunction`); the last
-/// holder unloads it.
+/// wait forever. Clones (a `Gpu`'s) and the module's kernels (`CudaFunction`) share it; the
+/// last holder unloads it.
+#[derive(Clone)]
 pub(crate) struct LoadedModule(std::mem::ManuallyDrop<Arc<CudaModule>>);
 
 impl LoadedModule {

@@ -52,13 +52,13 @@ static COPIERS: Mutex<Vec<Weak<Copier>>> = Mutex::new(Vec::new());
 /// A GPU's copier: the descriptor ring, the answers, the kernel's state and the stream it runs
 /// on. One per GPU per process, alive while device-memory regions on that GPU are.
 pub struct Copier {
-    ctx: Arc<CudaContext>,
     /// Its GPU's identity across processes (`cuDeviceGetUuid`).
     gpu: GpuUuid,
     function: CudaFunction,
-    /// gdaki's kernels, `function`'s module: held after it (field order = drop order) so the
-    /// module's last holder is a `Gpu`, which unloads it with the other copiers stopped.
-    _kernels: Gpu,
+    /// Its GPU, whose context everything here binds and whose module holds `function`: held
+    /// after it (field order = drop order), so the module's last holder is a `Gpu`, which
+    /// unloads it with the other copiers stopped.
+    handle: Gpu,
     stream: Arc<CudaStream>,
     grid: u32,
     // Mappings before their buffers (field order = drop order).
@@ -137,7 +137,7 @@ pub struct CopierStats {
 impl std::fmt::Debug for Copier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Copier")
-            .field("gpu", &self.ctx.ordinal())
+            .field("gpu", &self.handle.ordinal())
             .field("grid", &self.grid)
             .finish_non_exhaustive()
     }
@@ -208,7 +208,7 @@ impl Copier {
         lock(&COPIERS)
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|c| c.ctx.ordinal() == ordinal)
+            .find(|c| c.handle.ordinal() == ordinal)
     }
 
     /// The live copiers of this process, oldest first (none is started).
@@ -223,11 +223,11 @@ impl Copier {
 
     /// The context of its GPU.
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+        self.handle.context()
     }
 
     fn new(gpu: &Gpu) -> crate::error::Result<Copier> {
-        let ctx = gpu.context().clone();
+        let ctx = gpu.context();
         let function = gpu.module().load_function("gdaki_copier").map_err(CudaError::from)?;
         let stream = ctx.new_stream().map_err(CudaError::from)?;
         let sms = ctx
@@ -248,13 +248,12 @@ impl Copier {
         let (descs, dones, lists) = (map(&descs_buf)?, map(&dones_buf)?, map(&lists_buf)?);
         let (ctl, bounce) = (map(&ctl_buf)?, map(&bounce_buf)?);
         let work = DeviceBuffer::zeroed(gpu, WORK_BYTES)?;
-        let uuid = gdaki_cuda::gpu_uuid(&ctx)?;
+        let uuid = gdaki_cuda::gpu_uuid(ctx)?;
         debug!(gpu = ctx.ordinal(), grid, "GPU copier ready");
         Ok(Copier {
-            ctx,
             gpu: uuid,
             function,
-            _kernels: gpu.clone(),
+            handle: gpu.clone(),
             stream,
             grid,
             descs,
@@ -302,7 +301,7 @@ impl Copier {
 
     /// Launches the kernel (its state zeroed first).
     fn start(&self, st: &mut State) -> Result<(), CudaError> {
-        self.ctx.bind_to_thread()?;
+        self.handle.context().bind_to_thread()?;
         self.stop_word().store(0, Ordering::Release);
         // Zeroed by a copy, not a memset (a memset is a kernel: it could wait behind others),
         // on the copier's own stream: a copy on the legacy stream would wait for every kernel
@@ -327,7 +326,7 @@ impl Copier {
         // are mapped for this GPU, `work` holds WORK_BYTES zeroed (above, stream-ordered).
         unsafe { b.launch(config) }?;
         st.running = true;
-        debug!(gpu = self.ctx.ordinal(), first, "GPU copier started");
+        debug!(gpu = self.handle.ordinal(), first, "GPU copier started");
         Ok(())
     }
 
@@ -359,7 +358,7 @@ impl Copier {
             }
         }
         st.running = false;
-        debug!(gpu = self.ctx.ordinal(), "GPU copier stopped");
+        debug!(gpu = self.handle.ordinal(), "GPU copier stopped");
         Ok(())
     }
 
