@@ -159,6 +159,40 @@ pub const fn body(dst: u64, src: u64, len: u64) -> u64 {
     len.saturating_sub(unit(dst, src, len))
 }
 
+/// How a copy is moved: the bytes every thread shares first, then its final unit alone, last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Bytes from the copy's source, shared first (all of them when it has a tail).
+    pub main: u64,
+    /// Bytes from the tail's source, shared first.
+    pub tail_body: u64,
+    /// The final unit: destination, source and length, written last.
+    pub last: (u64, u64, u64),
+}
+
+/// The [`Plan`] of a copy of `len` bytes from `src` to `dst`, then `tail` bytes (0: none) from
+/// `tail_src` to `dst + len` (see [`CopyDesc::tail`](gdaki_layout::copy::CopyDesc::tail)):
+/// the final unit is the tail's where there is one, so a poller of the tail's last byte sees
+/// both parts.
+#[inline(always)]
+pub const fn plan(dst: u64, src: u64, len: u64, tail_src: u64, tail: u64) -> Plan {
+    if tail == 0 {
+        let b = body(dst, src, len);
+        return Plan {
+            main: b,
+            tail_body: 0,
+            last: (dst + b, src + b, len - b),
+        };
+    }
+    let at = dst + len;
+    let b = body(at, tail_src, tail);
+    Plan {
+        main: len,
+        tail_body: b,
+        last: (at + b, tail_src + b, tail - b),
+    }
+}
+
 /// Thread `tid`'s share (of `n` threads) of copying `len` bytes from `src` to `dst`, in the
 /// [`unit()`] of the three.
 ///
@@ -346,7 +380,7 @@ mod gpu {
     };
 
     use super::{
-        block_part, block_share, body, copy_share, participants, store_carried, warp_sized, Work, LANE_COPY_MAX,
+        block_part, block_share, body, copy_share, participants, plan, store_carried, warp_sized, Work, LANE_COPY_MAX,
     };
     use crate::arch::{self, FULL_WARP};
     use crate::scope::shfl_u64;
@@ -654,6 +688,7 @@ mod gpu {
                 let len = shfl_u64(FULL_WARP, d.len, i);
                 let arg0 = shfl_u64(FULL_WARP, d.arg0, i);
                 let arg1 = shfl_u64(FULL_WARP, d.arg1, i);
+                let tail = arch::shfl_idx(FULL_WARP, d.tail as u32, i) as u64;
                 // A copy onto bytes an earlier copy writes starts once that one is done. Every
                 // descriptor before `first` was done before this launch.
                 if (op == OP_COPY || op == OP_COPY_LIST) && arg1 >= first {
@@ -663,7 +698,7 @@ mod gpu {
                 // A store ordered after the descriptors before it lands once they are all done.
                 if op == OP_STORE && arg1 >= first {
                     // SAFETY: the work area (contract).
-                    unsafe { wait_through(work, first, k, arg1, arch::shfl_idx(FULL_WARP, d.span, i), lane) };
+                    unsafe { wait_through(work, first, k, arg1, arch::shfl_idx(FULL_WARP, d.span as u32, i), lane) };
                 }
                 let t = Times {
                     seen: shfl_u64(FULL_WARP, d.seen, i),
@@ -674,9 +709,26 @@ mod gpu {
                 unsafe {
                     if warp_sized(op, len) {
                         let who = Server { lane, id: me };
-                        serve_small(dones, work, k, op, dst, src, len, arg0, arg1, who, t, false);
+                        let args = Args { arg0, arg1, tail };
+                        serve_small(dones, work, k, op, dst, src, len, args, who, t, false);
                     } else {
-                        serve_share(dones, work, k, dst, src, len, wb, nw, tid, nt, (lane, me), per_block, t);
+                        let tail = (arg0, tail);
+                        serve_share(
+                            dones,
+                            work,
+                            k,
+                            dst,
+                            src,
+                            len,
+                            tail,
+                            wb,
+                            nw,
+                            tid,
+                            nt,
+                            (lane, me),
+                            per_block,
+                            t,
+                        );
                     }
                 }
             }
@@ -684,8 +736,17 @@ mod gpu {
         }
     }
 
-    /// One warp serves descriptor `k` whole: the copy's body by every lane, its final unit by
-    /// lane 0 after the body is visible, or the atomic by lane 0; lane 0 answers, or with
+    /// A descriptor's operands besides its addresses and length: `arg0`, `arg1` and the
+    /// copy's `tail` (see [`CopyDesc`]).
+    #[derive(Clone, Copy)]
+    struct Args {
+        arg0: u64,
+        arg1: u64,
+        tail: u64,
+    }
+
+    /// One warp serves descriptor `k` whole: the copy's body (and its tail's) by every lane,
+    /// its final unit by lane 0 after the rest is visible, or the atomic by lane 0; lane 0 answers, or with
     /// `hold` only publishes it done ([`publish_done`]) and returns the answer's values for a
     /// later [`answer_host`].
     ///
@@ -701,8 +762,7 @@ mod gpu {
         dst: u64,
         src: u64,
         len: u64,
-        arg0: u64,
-        arg1: u64,
+        Args { arg0, arg1, tail }: Args,
         who: Server,
         t: Times,
         hold: bool,
@@ -714,12 +774,14 @@ mod gpu {
         unsafe {
             match op {
                 OP_COPY => {
-                    let body = body(dst, src, len);
-                    copy_share(dst, src, body, lane, 32);
+                    let p = plan(dst, src, len, arg0, tail);
+                    copy_share(dst, src, p.main, lane, 32);
+                    copy_share(dst + len, arg0, p.tail_body, lane, 32);
                     arch::warp_sync(FULL_WARP);
                     if lane == 0 {
                         fence_gpu();
-                        copy_share(dst + body, src + body, len - body, 0, 1);
+                        let (d, s, n) = p.last;
+                        copy_share(d, s, n, 0, 1);
                     }
                 }
                 OP_COPY_LIST => serve_list(src, len, lane),
@@ -799,7 +861,8 @@ mod gpu {
     }
 
     /// This warp's part of large copy `k`: block `wb`'s share of the body, split over the
-    /// block's warps; the last of all participating warps writes the final unit and answers.
+    /// block's warps; the last of all participating warps writes the `tail` (source and
+    /// length, see [`CopyDesc::tail`]) and the final unit, and answers.
     ///
     /// # Safety
     /// As for [`serve`]; every lane of the warp calls this together.
@@ -812,6 +875,7 @@ mod gpu {
         dst: u64,
         src: u64,
         len: u64,
+        (tail_src, tail): (u64, u64),
         wb: u64,
         nw: u64,
         tid: u64,
@@ -821,10 +885,10 @@ mod gpu {
         t: Times,
     ) {
         let parts = participants(len, nw);
-        let body = body(dst, src, len);
+        let p = plan(dst, src, len, tail_src, tail);
         // Always Some here: the walk picked this block for the copy.
         let part = block_part(k, wb, parts, nw).unwrap_or(parts);
-        let (lo, hi) = block_share(body, part, parts);
+        let (lo, hi) = block_share(p.main, part, parts);
         // SAFETY: the caller's contract.
         unsafe { copy_share(dst + lo, src + lo, hi - lo, tid, nt) };
         arch::warp_sync(FULL_WARP);
@@ -835,7 +899,12 @@ mod gpu {
                 let finished = work.finished.add((k & MASK) as usize);
                 if add_acq_rel_gpu(finished, 1) == parts * per_block - 1 {
                     finished.write_volatile(0);
-                    copy_share(dst + body, src + body, len - body, 0, 1);
+                    if p.tail_body != 0 {
+                        copy_share(dst + len, tail_src, p.tail_body, 0, 1);
+                        fence_gpu();
+                    }
+                    let (d, s, n) = p.last;
+                    copy_share(d, s, n, 0, 1);
                     answer(dones, work, k, 0, t, me);
                 }
             }
@@ -867,9 +936,10 @@ mod gpu {
         let op = arch::shfl_idx(FULL_WARP, d.op, from);
         let len = shfl_u64(FULL_WARP, d.len, from);
         let arg1 = shfl_u64(FULL_WARP, d.arg1, from);
+        let tail = arch::shfl_idx(FULL_WARP, d.tail as u32, from) as u64;
         let small = match op {
             OP_FETCH_ADD | OP_COMPARE_SWAP | OP_STORE => true,
-            OP_COPY => len <= MIRROR_SERVES_MAX,
+            OP_COPY => len + tail <= MIRROR_SERVES_MAX,
             _ => false,
         };
         if !small {
@@ -889,7 +959,7 @@ mod gpu {
         // earlier in this run (a message and its count): this warp served them, each published
         // done by lane 0 (its fence) before this store, which lane 0 makes.
         if op == OP_STORE && arg1 >= first {
-            let span = arch::shfl_idx(FULL_WARP, d.span, from) as u64;
+            let span = arch::shfl_idx(FULL_WARP, d.span as u32, from) as u64;
             let in_run = span != 0 && arg1 < n && arg1 + 1 >= n - from as u64 + span;
             if !in_run {
                 // SAFETY: the work area (contract).
@@ -914,7 +984,8 @@ mod gpu {
         };
         // SAFETY: the host names valid, non-overlapping ranges and aligned atomic targets
         // (contract).
-        Some(unsafe { serve_small(dones, work, n, op, dst, src, len, arg0, arg1, who, t, hold) })
+        let args = Args { arg0, arg1, tail };
+        Some(unsafe { serve_small(dones, work, n, op, dst, src, len, args, who, t, hold) })
     }
 
     /// Block 0's first warp: mirrors the descriptors the host has posted, up to 32 at a time
@@ -971,9 +1042,9 @@ mod gpu {
             let last = (run - 1) as u32;
             let (mut last_op, last_span) = (
                 arch::shfl_idx(FULL_WARP, desc.op, last),
-                arch::shfl_idx(FULL_WARP, desc.span, last),
+                arch::shfl_idx(FULL_WARP, desc.span as u32, last),
             );
-            if run < 32 && last_span == SPAN_FLAG_FOLLOWS && (last_op == OP_COPY || last_op == OP_COPY_LIST) {
+            if run < 32 && last_span == SPAN_FLAG_FOLLOWS as u32 && (last_op == OP_COPY || last_op == OP_COPY_LIST) {
                 for _ in 0..FOLLOW_LOOKS {
                     // SAFETY: as the look above, for this lane's slot.
                     let ready = lane == run && unsafe { arch::load_u64_acquire(addr_of!((*d).seq)) } == mine;
@@ -1106,6 +1177,53 @@ mod tests {
         }
         assert!(warp_sized(OP_COPY, WARP_COPY_MAX) && !warp_sized(OP_COPY, WARP_COPY_MAX + 1));
         assert!(warp_sized(gdaki_layout::copy::OP_FETCH_ADD, 8));
+    }
+
+    #[test]
+    fn a_copy_with_a_tail_ends_in_the_tails_final_unit() {
+        // Without a tail: the body, then the copy's own final unit.
+        let p = plan(0x1000, 0x2000, 64, 0, 0);
+        assert_eq!(
+            p,
+            Plan {
+                main: 48,
+                tail_body: 0,
+                last: (0x1030, 0x2030, 16)
+            }
+        );
+        // A 64 KiB message and its 128-byte padded trailer: all the message first, then the
+        // tail's body, its last 16 bytes last.
+        let p = plan(0x10000, 0x90000, 65536, 0x5000, 128);
+        assert_eq!(
+            p,
+            Plan {
+                main: 65536,
+                tail_body: 112,
+                last: (0x10000 + 65536 + 112, 0x5070, 16)
+            }
+        );
+        // An unaligned message: the tail's unit follows its own alignment.
+        let p = plan(0x10000, 0x90001, 5, 0x5000, 27);
+        assert_eq!(p.main, 5);
+        assert_eq!((p.tail_body, p.last), (26, (0x10000 + 5 + 26, 0x5000 + 26, 1)));
+        // Moving it as planned copies both parts exactly, into one contiguous range.
+        let body: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        let tail: Vec<u8> = (0..40u32).map(|i| 200 - i as u8).collect();
+        for (len, t) in [(300u64, 40u64), (256, 16), (3, 33), (0, 16)] {
+            let mut dst = std::vec![0u8; 400];
+            let (d, s, ts) = (dst.as_mut_ptr() as u64, body.as_ptr() as u64, tail.as_ptr() as u64);
+            let p = plan(d, s, len, ts, t);
+            // SAFETY: every range lies inside the vectors (`len + t` <= 340 < 400).
+            unsafe {
+                copy_share(d, s, p.main, 0, 1);
+                copy_share(d + len, ts, p.tail_body, 0, 1);
+                copy_share(p.last.0, p.last.1, p.last.2, 0, 1);
+            }
+            let (l, t) = (len as usize, t as usize);
+            assert_eq!(&dst[..l], &body[..l], "{len} {t}");
+            assert_eq!(&dst[l..l + t], &tail[..t], "{len} {t}");
+            assert!(dst[l + t..].iter().all(|&b| b == 0), "{len} {t}");
+        }
     }
 
     #[test]

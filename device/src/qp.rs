@@ -567,6 +567,31 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         self.prepare_rdma(WqeOpcode::RdmaWrite, index, dst, src, len, flags);
     }
 
+    /// Writes an RDMA WRITE at reserved slot `index` gathered from two local buffers: the
+    /// `first.1` bytes at `first.0`, then the `second.1` bytes at `second.0`, landing
+    /// contiguously at `dst` (a message and a trailer kept elsewhere, as one WRITE whose last
+    /// bytes are the trailer's). Both lengths are non-zero (a data segment's 0 means 2 GiB to
+    /// a ConnectX) and their sum at most the QP's largest message; one 64-byte WQE.
+    #[inline(always)]
+    pub fn wqe_prepare_write_gather(
+        &self,
+        index: u64,
+        dst: Remote,
+        first: (Local, u32),
+        second: (Local, u32),
+        flags: u8,
+    ) {
+        self.write_wqe(
+            index,
+            &[
+                self.ctrl(WqeOpcode::RdmaWrite, index, ring::DS_RDMA_GATHER2, flags),
+                RaddrSeg::new(dst.addr, dst.rkey).to_words(),
+                DataSeg::new(first.1, first.0.lkey, first.0.addr).to_words(),
+                DataSeg::new(second.1, second.0.lkey, second.0.addr).to_words(),
+            ],
+        );
+    }
+
     /// Writes an RDMA WRITE with immediate data at reserved slot `index`: `len` bytes from
     /// `src` land at `dst`, then the peer's next receive completes with `imm` and the count.
     #[inline(always)]
@@ -1276,6 +1301,21 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
             self.write_chunk(WqeOpcode::RdmaWrite, index + k, k, dst, src, len, max, flags);
         }
         index + count
+    }
+
+    /// Writes an RDMA WRITE gathered from two local buffers as [`put`](Self::put) would write a
+    /// one-WQE put (its fence bits), at reserved slot `index` (see
+    /// [`wqe_prepare_write_gather`](Self::wqe_prepare_write_gather)); the index after it.
+    #[inline(always)]
+    pub(crate) fn wqe_prepare_put_gather(
+        &self,
+        index: u64,
+        dst: Remote,
+        first: (Local, u32),
+        second: (Local, u32),
+    ) -> u64 {
+        self.wqe_prepare_write_gather(index, dst, first, second, self.fence);
+        index + 1
     }
 
     /// Whether fetched data (READ data, atomic results) needs a fenced DUMP before the device

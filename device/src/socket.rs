@@ -884,8 +884,10 @@ impl<M: Sharing> Socket<M> {
     /// The leader's WQEs for the `n` bytes of a send's frames at ring position `sent` (see
     /// [`frame_split`]), marked ready for one doorbell; the last one's index is returned. A
     /// frame composed in the staging ring goes as one WRITE; from registered memory (`from`,
-    /// holding all `n`), a frame is its bytes' WRITE and its trailer's inline WRITE after it
-    /// (RC places them in posting order). A fast send's `early` look at `flags` and the peer's
+    /// holding all `n`), a frame is one WRITE gathered from there and from the staging ring
+    /// (its padding and trailer, written there first), or, past one message, its bytes'
+    /// WRITEs and its trailer's inline WRITE after them (RC places them in posting order). A
+    /// fast send's `early` look at `flags` and the peer's
     /// `reset` is checked first, so a broken stream's bytes are never put.
     ///
     /// One reservation for all of them: as a post each (up to four), the reservation's path
@@ -932,15 +934,24 @@ impl<M: Sharing> Socket<M> {
     }
 
     /// The WQE slots [`stage_frame`](Self::stage_frame) writes for a frame of `len` bytes: the
-    /// frame's WRITE from the staging ring (its bytes and trailer), or from registered memory
-    /// the bytes' WRITE (none for none) and the trailer's inline WRITE.
+    /// frame's WRITE from the staging ring (its bytes and trailer); from registered memory, one
+    /// WRITE gathered from there and the staging ring where the frame is one message, else the
+    /// bytes' WRITEs (none for none) and the trailer's inline WRITE.
     #[inline(always)]
     fn frame_wqes(q: Qp<M>, len: u64, from: Option<Local>) -> u64 {
         match from {
             None => q.put_wqes(layout::frame_bytes(len)),
             Some(_) if len == 0 => 1,
+            Some(_) if Self::gathered(q, len) => 1,
             Some(_) => q.put_wqes(len) + 1,
         }
+    }
+
+    /// Whether a frame of `len` bytes (more than 0) from registered memory goes as one WRITE
+    /// gathered from there and the staging ring: when the frame is one message.
+    #[inline(always)]
+    fn gathered(q: Qp<M>, len: u64) -> bool {
+        len > 0 && q.put_wqes(layout::frame_bytes(len)) == 1
     }
 
     /// Writes the WQEs of the frame of `len` bytes at ring position `pos`, bytes `at..` of the
@@ -965,6 +976,15 @@ impl<M: Sharing> Socket<M> {
         let Some(local) = from else {
             return q.wqe_prepare_put(index, self.peer_ring(off), self.tx_local(off), frame);
         };
+        if Self::gathered(q, len) {
+            // The trailer goes where the frame's would be composed; the WRITE takes the bytes
+            // from the caller's memory and the padding and trailer from there, so its last
+            // bytes are the trailer, as a frame composed in the staging ring has them.
+            self.write_trailer(off + frame - layout::TRAILER_BYTES, pos, len);
+            let bytes = (local.offset(at), len as u32);
+            let tail = (self.tx_local(off + len), (frame - len) as u32);
+            return q.wqe_prepare_put_gather(index, self.peer_ring(off), bytes, tail);
+        }
         let next = if len > 0 {
             q.wqe_prepare_put(index, self.peer_ring(off), local.offset(at), len)
         } else {

@@ -1276,6 +1276,75 @@ fn inline_flags_land_after_the_puts_before_them() {
     assert_eq!(qp.error(), None);
 }
 
+/// A WRITE gathered from a message and a short tail (a socket frame from registered memory:
+/// its bytes, then the padding and trailer from the staging ring) is one copy with a tail, not
+/// a copy and a store ordered after it: the tail lands last, so a poller of its last word
+/// sees the whole message, whether the copier's fetching warp, one worker warp or the warps
+/// of several blocks move it.
+#[test]
+fn a_write_gathered_with_a_tail_is_one_copy_that_lands_the_tail_last() {
+    use cudarc::driver::sys;
+    use gdaki::cuda::{stream_wait_u32, StreamWait};
+    let Some((gpu, _one)) = gpu_or_skip("a_write_gathered_with_a_tail_is_one_copy_that_lands_the_tail_last") else {
+        return;
+    };
+    const N: usize = 4 << 20;
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let src = ctx.alloc_device_region(&gpu, 2 * N, Access::ALL).unwrap();
+    let tail = ctx.alloc_device_region(&gpu, 4096, Access::ALL).unwrap();
+    let dst = ctx.alloc_device_region(&gpu, N + 4096, Access::ALL).unwrap();
+    let seen = cuda::DeviceBuffer::zeroed(&gpu, N).unwrap();
+    let data = pattern(12, 2 * N);
+    src.write(0, &data).unwrap();
+    let qp = loopback_qp(&ctx, 64, QpConfig::default());
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<gdaki_device::Exclusive>() }.unwrap();
+    let observer = gpu.context().new_stream().unwrap();
+    let copier = gdaki_soft::copier::Copier::existing(&gpu).unwrap();
+    let before = copier.stats();
+    let mut round = 0u32;
+    // A lone small one (the fetching warp's), one worker warp's, several blocks'.
+    for len in [96usize, 3000, N] {
+        for _ in 0..4 {
+            round += 1;
+            // The tail: padding, then a 16-byte trailer whose first word is the round.
+            let mut trailer = [0u8; 128];
+            trailer[112..116].copy_from_slice(&round.to_ne_bytes());
+            tail.write(0, &trailer).unwrap();
+            let flag = dst.remote(len as u64 + 112).addr;
+            gpu.context().bind_to_thread().unwrap();
+            // SAFETY: the flag word and both ranges lie in live allocations of this GPU until
+            // the stream is idle (synchronised below, before the next round).
+            unsafe {
+                stream_wait_u32(&observer, flag, StreamWait::Geq, round).unwrap();
+                sys::cuMemcpyDtoDAsync_v2(seen.device_addr(), dst.remote(0).addr, len, observer.cu_stream())
+                    .result()
+                    .unwrap();
+            }
+            // Each round takes the other half of `src`, so a stale or torn message shows.
+            let from = (round as usize % 2) * N;
+            let i = dev.reserve(1).unwrap();
+            let parts = ((src.local(from as u64), len as u32), (tail.local(0), 128));
+            dev.wqe_prepare_write_gather(i, dst.remote(0), parts.0, parts.1, 0);
+            dev.mark_ready(i, i + 1).unwrap();
+            dev.submit(i + 1).unwrap();
+            dev.wait(i).unwrap();
+            observer.synchronize().unwrap();
+            let mut got = vec![0u8; len];
+            seen.read(0, &mut got).unwrap();
+            assert!(
+                got == data[from..from + len],
+                "{len} bytes, round {round}: the tail landed first"
+            );
+            assert_eq!(dst.read_vec(len as u64, 128).unwrap(), trailer, "{len} bytes: the tail");
+        }
+    }
+    let after = copier.stats();
+    assert_eq!(after.stores, before.stores, "a gathered WRITE took an ordered store");
+    assert_eq!(after.copies - before.copies, u64::from(round), "one copy a WRITE");
+    assert_eq!(qp.error(), None);
+}
+
 /// GPU memory reaches a NIC through a dma-buf export of whole pages: device buffers start on a
 /// page and span whole pages, they export where the GPU supports dma-buf, and a range that does
 /// not start and end on page boundaries is refused with a clear error before the driver is asked.

@@ -49,6 +49,11 @@ fn writes() -> Vec<(usize, u64, u64, u64)> {
 
 /// The large WRITE of [`writes`] that the peer's observer checks once [`FLAG`] is set.
 const OBSERVED: (usize, u64, u64, u64) = (0, 1 << 20, (1 << 20) + 1, (2 << 20) + 5);
+/// A WRITE gathered from two ranges of the source (a message, then a 128-byte tail: a socket
+/// frame's bytes and its padded trailer), into the peer's device region: `(offset in the
+/// target, message offset in the source, its length, tail offset in the source, its length)`.
+/// One copy with a tail on the peer's GPU where both ranges go as references.
+const GATHERED: (u64, u64, u64, u64, u64) = ((3 << 20) + 4096, 9, 65536, (3 << 20) + 100, 128);
 /// Where in the peer's device region the requester's inline flag goes, after every WRITE.
 const FLAG: u64 = LEN as u64 - 16;
 
@@ -107,6 +112,17 @@ fn peer_process() {
             eprintln!("peer: target {t} at {at}: {len} bytes differ");
             ok = false;
         }
+    }
+    let (at_g, from_g, len_g, tail_g, tail_len) = GATHERED;
+    let got = dev.read_vec(at_g, (len_g + tail_len) as usize).unwrap();
+    let want = [
+        &src[from_g as usize..][..len_g as usize],
+        &src[tail_g as usize..][..tail_len as usize],
+    ]
+    .concat();
+    if got != want {
+        eprintln!("peer: the gathered WRITE differs");
+        ok = false;
     }
     // The signal of the put_signal, after its put.
     ok &= dev.load_u64(LEN as u64 - 8).unwrap() == 1;
@@ -336,6 +352,12 @@ fn run(test: &str, mode: &str, ipc: bool, bad: Bad, peer_gpu: usize) -> Option<(
     for &(t, off, from, len) in &w[1..] {
         dev.put(at(t, off), src.local(from), len).unwrap();
     }
+    let (at_g, from_g, len_g, tail_g, tail_len) = GATHERED;
+    let i = dev.reserve(1).unwrap();
+    let parts = ((src.local(from_g), len_g as u32), (src.local(tail_g), tail_len as u32));
+    dev.wqe_prepare_write_gather(i, at(0, at_g), parts.0, parts.1, 0);
+    dev.mark_ready(i, i + 1).unwrap();
+    dev.submit(i + 1).unwrap();
     // The peer's observer waits for this flag, then checks the WRITEs before it landed.
     dev.put_inline(at(0, FLAG), &1u32.to_ne_bytes()).unwrap();
     // Each range back where it came from in `src`, through the peer's memory.
@@ -385,15 +407,15 @@ fn references(test: &str, bad: Bad, peer_gpu: usize) {
     let Some((copies, ran)) = run(test, "on", true, bad, peer_gpu) else {
         return;
     };
-    // Every WRITE after the first, and the signal's put, was one copy on the peer's GPU, and so
-    // was every READ after the first, but the ones to and from plain host memory (bounced, not
-    // counted); none touched this side's memory here.
+    // Every WRITE after the first, the gathered one and the signal's put, was one copy on the
+    // peer's GPU, and so was every READ after the first, but the ones to and from plain host
+    // memory (bounced, not counted); none touched this side's memory here.
     let after_the_first = writes().len() as u64 - 1;
     let bounced = 1; // into plain host memory
-    let signal = 1;
+    let (gathered, signal) = (1, 1);
     assert_eq!(
         copies,
-        2 * (after_the_first - bounced) + signal,
+        2 * (after_the_first - bounced) + gathered + signal,
         "copies the peer's copier was handed"
     );
     assert_eq!(

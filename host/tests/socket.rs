@@ -1009,6 +1009,33 @@ fn sends_from_registered_memory_mix_with_copied_sends_in_one_stream() {
     assert!(partial > 0, "no send was cut by the ring");
 }
 
+/// A frame sent from registered memory is one WRITE gathered from there and from the staging
+/// ring (the frame's padding and trailer), not its bytes' WRITE and an inline WRITE of the
+/// trailer: one WQE a frame, at every padding, and the stream arrives whole.
+#[test]
+fn a_frame_from_registered_memory_is_one_gathered_write() {
+    let (s, c, cctx) = pair_with_client_context(small(1 << 16));
+    // Every padding a frame can have (its bytes and trailer rounded up to 128), within half
+    // the ring in all: each send is one frame, never cut.
+    let lens = [1usize, 15, 16, 17, 111, 112, 113, 127, 128, 129, 1000, 4096, 5000];
+    let total: usize = lens.iter().sum();
+    let data = pattern(80, total);
+    let region = cctx.alloc_region(total, gdaki::Access::ALL).unwrap();
+    region.write(0, &data).unwrap();
+    // SAFETY: the live queue pair's handle, read as plain data between posts.
+    let reserved = || unsafe { c.queue_pair().device_handle().read_volatile() }.sq_reserved;
+    let before = reserved();
+    let mut at = 0;
+    for &len in &lens {
+        assert_eq!(c.send_from(&region, at as u64, len as u64).unwrap(), len);
+        at += len;
+    }
+    assert_eq!(reserved() - before, lens.len() as u64, "WQEs for {} frames", lens.len());
+    c.shutdown().unwrap();
+    let got = read_to_end(&s, 999);
+    assert!(got == data, "the stream differs ({} bytes of {total})", got.len());
+}
+
 /// A send from bytes its region does not hold, or from another context's region, is refused
 /// before anything is posted, and the stream goes on.
 #[test]

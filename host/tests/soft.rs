@@ -721,6 +721,41 @@ fn ping_pong_messages_up_to_inline_max_travel_in_their_wqe() {
 /// The doorbell register takes what rdma-core stores there (the last WQE's control segment's
 /// first 8 bytes) and a BlueFlame write (the whole 64-byte WQE), not only gdaki's producer
 /// index: the soft HCA then executes up to the end of that WQE, as a ConnectX does.
+/// A WRITE gathered from two buffers (a message, then a short tail kept elsewhere: a socket
+/// frame's trailer) lands as one contiguous range, each part whole, at every length.
+#[test]
+fn a_write_gathered_from_two_buffers_lands_contiguously() {
+    let ctx = Context::open(Provider::Soft).unwrap();
+    let qp = loopback_qp(&ctx, 8, QpConfig::default());
+    let src = ctx.alloc_region(8192, Access::ALL).unwrap();
+    let tail = ctx.alloc_region(4096, Access::ALL).unwrap();
+    let dst = ctx.alloc_region(16384, Access::ALL).unwrap();
+    let (body, trailer) = (pattern(21, 8192), pattern(22, 4096));
+    src.write(0, &body).unwrap();
+    tail.write(0, &trailer).unwrap();
+    // SAFETY: one poster (this thread); the QP outlives it.
+    let dev = unsafe { qp.cpu::<Exclusive>() }.unwrap();
+    for (len, t, at) in [(1u32, 16u32, 0u64), (4096, 128, 64), (5000, 143, 7), (8192, 1, 3)] {
+        dst.write(0, &[0u8; 16384]).unwrap();
+        let i = dev.reserve(1).unwrap();
+        dev.wqe_prepare_write_gather(i, dst.remote(at), (src.local(0), len), (tail.local(100), t), 0);
+        dev.mark_ready(i, i + 1).unwrap();
+        dev.submit(i + 1).unwrap();
+        dev.wait(i).unwrap();
+        let got = dst.read_vec(0, 16384).unwrap();
+        let (at, len, t) = (at as usize, len as usize, t as usize);
+        assert!(got[at..at + len] == body[..len], "{len} + {t}: the message");
+        assert!(
+            got[at + len..at + len + t] == trailer[100..100 + t],
+            "{len} + {t}: the tail"
+        );
+        assert!(
+            got[..at].iter().chain(&got[at + len + t..]).all(|&b| b == 0),
+            "{len} + {t}: bytes outside"
+        );
+    }
+}
+
 #[test]
 fn a_control_segment_written_to_the_doorbell_rings_it() {
     let ctx = Context::open(Provider::Soft).unwrap();

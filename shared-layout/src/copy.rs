@@ -5,7 +5,9 @@
 //! both sides share.
 use bytemuck::{Pod, Zeroable};
 
-/// [`CopyDesc::op`]: copy `len` bytes from `src` to `dst` (ranges do not overlap).
+/// [`CopyDesc::op`]: copy `len` bytes from `src` to `dst` (ranges do not overlap); with a
+/// [`CopyDesc::tail`], then `tail` bytes from `arg0` to `dst + len`, landed last (a gather of
+/// two: a message's bytes from one buffer and its trailer from another, as one WRITE).
 pub const OP_COPY: u32 = 1;
 /// [`CopyDesc::op`]: 8-byte fetch-and-add of `arg0` at `dst`; the old value is the result.
 pub const OP_FETCH_ADD: u32 = 2;
@@ -53,10 +55,14 @@ pub const MIRROR_RUN_MAX: u64 = 4;
 /// lanes read their slots with loads that are not ordered with each other, so a look can find
 /// the message without its flag; one that ends in a descriptor so marked looks once more at the
 /// next slot alone, and serves the pair as one run (otherwise the flag waited a whole look).
-pub const SPAN_FLAG_FOLLOWS: u32 = 1;
+pub const SPAN_FLAG_FOLLOWS: u16 = 1;
 
 /// [`CopyDone::server`] of a descriptor that the mirror warp served (see [`OP_SERVED`]).
 pub const SERVER_MIRROR: u64 = u64::MAX;
+
+/// Most bytes of an [`OP_COPY`]'s [`CopyDesc::tail`]: a trailer and its padding, which one
+/// lane moves after the copy's body.
+pub const TAIL_MAX: usize = 256;
 
 /// Most copies in one [`OP_COPY_LIST`] descriptor: one per lane of a warp.
 pub const LIST_MAX: usize = 32;
@@ -89,7 +95,8 @@ pub struct CopyDesc {
     pub src: u64,
     /// Bytes (copies).
     pub len: u64,
-    /// First operand (atomics); for [`OP_STORE`], bytes 8 to 15 to store.
+    /// First operand (atomics); for [`OP_STORE`], bytes 8 to 15 to store; for an [`OP_COPY`]
+    /// with a [`tail`](Self::tail), where the tail's bytes come from.
     pub arg0: u64,
     /// Second operand (compare-and-swap); for [`OP_COPY`] and [`OP_COPY_LIST`], the
     /// descriptor that must be done before this one starts (0: none): a copy onto bytes an
@@ -100,8 +107,12 @@ pub struct CopyDesc {
     pub op: u32,
     /// For an [`OP_STORE`] ordered after `arg1`: how many descriptors up to `arg1` it waits
     /// for (`arg1 - span + 1 ..= arg1`, the ones the host has not seen answered; 0: every one
-    /// still in the ring). For a copy, [`SPAN_FLAG_FOLLOWS`] or 0. Else 0.
-    pub span: u32,
+    /// still in the ring; at most [`RING_SLOTS`]). For a copy, [`SPAN_FLAG_FOLLOWS`] or 0.
+    /// Else 0.
+    pub span: u16,
+    /// For an [`OP_COPY`]: bytes (at most [`TAIL_MAX`]) copied from `arg0` to `dst + len`
+    /// after the `len` bytes, its final unit landing last; 0: none. Else 0.
+    pub tail: u16,
     /// The host leaves it 0; in the kernel's mirror, when the descriptor was seen (GPU global
     /// timer, ns), for [`CopyDone::stamps`].
     pub seen: u64,
@@ -170,5 +181,5 @@ const _: () = {
     use core::mem::size_of;
     assert!(size_of::<CopyDesc>() == 64 && size_of::<CopyDone>() == 64 && size_of::<CopierState>() == 64);
     assert!(size_of::<CopyItem>() == 32 && LIST_MAX <= 32);
-    assert!(RING_SLOTS.is_power_of_two());
+    assert!(RING_SLOTS.is_power_of_two() && RING_SLOTS <= u16::MAX as usize && TAIL_MAX <= u16::MAX as usize);
 };

@@ -62,6 +62,8 @@ pub const fn wqebbs(ds: u32) -> u32 {
 pub const DS_NOP: u8 = (ctrl::SIZE / WQE_DS_UNIT) as u8;
 /// `ds` of an RDMA WRITE or READ with one data segment.
 pub const DS_RDMA: u8 = ((ctrl::SIZE + raddr::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
+/// `ds` of an RDMA WRITE gathered from two data segments (one 64-byte WQE building block).
+pub const DS_RDMA_GATHER2: u8 = ((ctrl::SIZE + raddr::SIZE + 2 * data::SIZE) / WQE_DS_UNIT) as u8;
 /// `ds` of an 8-byte atomic: control, remote address, atomic and one data segment.
 pub const DS_ATOMIC: u8 = ((ctrl::SIZE + raddr::SIZE + atomic::SIZE + data::SIZE) / WQE_DS_UNIT) as u8;
 
@@ -116,6 +118,7 @@ mod tests {
     #[test]
     fn sizes_per_request() {
         assert_eq!((DS_NOP, DS_RDMA, DS_ATOMIC, DS_DUMP, DS_WAIT), (1, 3, 4, 2, 2));
+        assert_eq!((DS_RDMA_GATHER2, wqebbs(DS_RDMA_GATHER2 as u32)), (4, 1));
         assert_eq!(
             (
                 ds_write_inline(0),

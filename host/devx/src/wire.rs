@@ -33,8 +33,9 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// responder to write: [`Kind::ReadRef`]; 7: endpoints carry `rd_atomic`; 8: two-sided
 /// requests, [`Kind::Send`] and [`Kind::WriteImm`], and the "receiver not ready" answer,
 /// [`Kind::RnrNak`]; 9: a SEND from GPU memory may travel as a CUDA IPC reference,
-/// [`Kind::SendRef`]).
-pub const VERSION: u16 = 9;
+/// [`Kind::SendRef`]; 10: a [`Kind::WriteRef`] may carry a tail, a second referenced range
+/// whose bytes follow, [`RefTail`]).
+pub const VERSION: u16 = 10;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
 /// Largest application blob in a [`Hello`].
@@ -211,7 +212,8 @@ impl Kind {
             Kind::FetchAdd => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8),
             Kind::CompareSwap => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::GpuOffer => (GPU_OFFER_LEN as u32, GPU_OFFER_LEN as u32),
-            Kind::WriteRef | Kind::ReadRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
+            Kind::WriteRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 32),
+            Kind::ReadRef => (REQ_HEAD as u32 + 16, REQ_HEAD as u32 + 16),
             Kind::Send => (REQ_HEAD as u32 + 8, REQ_HEAD as u32 + 8 + MAX_MESSAGE),
             Kind::WriteImm => (REQ_HEAD as u32 + 4, REQ_HEAD as u32 + 4 + MAX_MESSAGE),
             Kind::SendRef => (REQ_HEAD as u32 + 24, REQ_HEAD as u32 + 24),
@@ -687,8 +689,8 @@ pub const CONNECT_LEN: usize = 8 + 4 + 4 + 4 + 8;
 /// Fixed part of every request: seq, rkey, addr.
 pub const REQ_HEAD: usize = 4 + 4 + 8;
 /// The longest fixed part of a request or response (what a reader holds before the data that
-/// follows it): a [`Kind::SendRef`]'s.
-pub const MAX_FIXED: usize = REQ_HEAD + 24;
+/// follows it): a [`Kind::WriteRef`]'s with a tail.
+pub const MAX_FIXED: usize = REQ_HEAD + 32;
 
 /// A requester's opening of a transport connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -871,6 +873,33 @@ impl GpuAnswer {
     }
 }
 
+/// Most bytes of a [`RefTail`].
+pub const MAX_REF_TAIL: u32 = 256;
+
+/// The tail of an [`Op::WriteRef`]: 1 to [`MAX_REF_TAIL`] bytes at `offset` of offered
+/// allocation `alloc`, written after the reference's own bytes, contiguously, and landed after
+/// them (a WRITE whose gather list is a message and its trailer, from two buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefTail {
+    /// The allocation, as offered and accepted.
+    pub alloc: u32,
+    /// Where the tail's bytes start in it.
+    pub offset: u64,
+    /// The tail's bytes.
+    pub len: u32,
+}
+
+/// Checks a [`RefTail`]'s length after a reference of `len` bytes.
+fn check_tail(len: u32, tail: u32) -> Result<(), WireError> {
+    if tail == 0 || tail > MAX_REF_TAIL || len.checked_add(tail).is_none_or(|n| n > MAX_MESSAGE) {
+        return Err(invalid(
+            "tail length",
+            format!("{tail} (1 to {MAX_REF_TAIL}, with the rest at most {MAX_MESSAGE})"),
+        ));
+    }
+    Ok(())
+}
+
 /// What a request asks for (the WRITE data follows the head on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -888,6 +917,9 @@ pub enum Op {
         offset: u64,
         /// Data bytes.
         len: u32,
+        /// A second range whose bytes follow these (a gather of two: a message and its
+        /// trailer), landed last.
+        tail: Option<RefTail>,
     },
     /// RDMA READ of `len` bytes.
     Read {
@@ -975,7 +1007,19 @@ impl Request {
         message_len(what, len)?;
         let (kind, extra, tail): (Kind, u32, Vec<u8>) = match self.op {
             Op::Write { len } => (Kind::Write, len, Vec::new()),
-            Op::WriteRef { alloc, offset, len } => (Kind::WriteRef, 0, encode_reference(alloc, offset, len)),
+            Op::WriteRef {
+                alloc,
+                offset,
+                len,
+                tail,
+            } => {
+                let mut t = encode_reference(alloc, offset, len);
+                if let Some(tail) = tail {
+                    check_tail(len, tail.len)?;
+                    t.extend_from_slice(&encode_reference(tail.alloc, tail.offset, tail.len));
+                }
+                (Kind::WriteRef, 0, t)
+            }
             Op::ReadRef { alloc, offset, len } => (Kind::ReadRef, 0, encode_reference(alloc, offset, len)),
             Op::Read { len } => (Kind::Read, 0, len.to_be_bytes().to_vec()),
             Op::FetchAdd { add } => (Kind::FetchAdd, 0, add.to_be_bytes().to_vec()),
@@ -1016,7 +1060,17 @@ impl Request {
                 Kind::Read | Kind::WriteImm => 4,
                 Kind::Send => 8,
                 Kind::FetchAdd => 8,
-                Kind::CompareSwap | Kind::WriteRef | Kind::ReadRef => 16,
+                Kind::CompareSwap | Kind::ReadRef => 16,
+                // With a tail or without: nothing follows the fixed part.
+                Kind::WriteRef => match (header.len as usize).saturating_sub(REQ_HEAD) {
+                    n @ (16 | 32) => n,
+                    n => {
+                        return Err(invalid(
+                            "referenced write",
+                            format!("{n} bytes after the head (16 or 32)"),
+                        ))
+                    }
+                },
                 Kind::SendRef => 24,
                 k => {
                     return Err(WireError::Unexpected {
@@ -1049,7 +1103,23 @@ impl Request {
             Kind::FetchAdd => Op::FetchAdd { add: c.u64("addend")? },
             Kind::WriteRef => {
                 let (alloc, offset, len) = decode_reference(&mut c, "write length")?;
-                Op::WriteRef { alloc, offset, len }
+                let tail = if n == REQ_HEAD + 32 {
+                    let (alloc, offset, tail) = decode_reference(&mut c, "tail length")?;
+                    check_tail(len, tail)?;
+                    Some(RefTail {
+                        alloc,
+                        offset,
+                        len: tail,
+                    })
+                } else {
+                    None
+                };
+                Op::WriteRef {
+                    alloc,
+                    offset,
+                    len,
+                    tail,
+                }
             }
             Kind::ReadRef => {
                 let (alloc, offset, len) = decode_reference(&mut c, "read length")?;
@@ -1326,6 +1396,7 @@ mod tests {
                 alloc: 1,
                 offset: 0,
                 len: MAX_MESSAGE + 1,
+                tail: None,
             },
             Op::ReadRef {
                 alloc: 1,
@@ -1546,9 +1617,12 @@ mod tests {
     fn fixed_parts_fit_max_fixed() {
         for k in 0..=u16::MAX {
             let Ok(kind) = Kind::from_raw(k) else { continue };
-            let h = Header::new(kind, kind.limits().0);
-            for n in [Request::fixed_len(h), Response::fixed_len(h)].into_iter().flatten() {
-                assert!(n <= MAX_FIXED, "{kind:?}: {n} bytes fixed");
+            // At the shortest and the longest payload: a fixed part may grow with it.
+            let (shortest, longest) = kind.limits();
+            for h in [Header::new(kind, shortest), Header::new(kind, longest)] {
+                for n in [Request::fixed_len(h), Response::fixed_len(h)].into_iter().flatten() {
+                    assert!(n <= MAX_FIXED, "{kind:?}: {n} bytes fixed");
+                }
             }
         }
     }
@@ -1564,6 +1638,17 @@ mod tests {
                 alloc: 3,
                 offset: 0x1234_5678_9abc,
                 len: MAX_MESSAGE,
+                tail: None,
+            },
+            Op::WriteRef {
+                alloc: 3,
+                offset: 0x1000,
+                len: 65536,
+                tail: Some(RefTail {
+                    alloc: 7,
+                    offset: 0x20_0000,
+                    len: MAX_REF_TAIL,
+                }),
             },
             Op::ReadRef {
                 alloc: 4,
@@ -1699,7 +1784,12 @@ mod tests {
                 let op = if read {
                     Op::ReadRef { alloc: 0, offset, len }
                 } else {
-                    Op::WriteRef { alloc: 0, offset, len }
+                    Op::WriteRef {
+                        alloc: 0,
+                        offset,
+                        len,
+                        tail: None,
+                    }
                 };
                 Request {
                     seq: 1,
@@ -1722,6 +1812,45 @@ mod tests {
         }
         // Neither is a request or a response.
         assert!(Request::fixed_len(Header::new(Kind::GpuOffer, GPU_OFFER_LEN as u32)).is_err());
+    }
+
+    /// A referenced WRITE's tail is 1 to `MAX_REF_TAIL` bytes, within a message with the rest,
+    /// and its fixed part is 16 or 32 bytes: the encoder refuses others, the decoder too.
+    #[test]
+    fn a_referenced_writes_tail_is_checked_both_ways() {
+        let with = |len: u32, tail: u32| Request {
+            seq: 1,
+            rkey: 2,
+            addr: 3,
+            op: Op::WriteRef {
+                alloc: 0,
+                offset: 0,
+                len,
+                tail: Some(RefTail {
+                    alloc: 1,
+                    offset: 64,
+                    len: tail,
+                }),
+            },
+        };
+        for (len, tail) in [(8, 0), (8, MAX_REF_TAIL + 1), (MAX_MESSAGE, 16)] {
+            let err = with(len, tail).encode_head().unwrap_err();
+            assert!(err.to_string().contains("tail length"), "{len} {tail}: {err}");
+        }
+        let good = with(8, 16).encode_head().unwrap();
+        assert_eq!(good.len(), HEADER_LEN + REQ_HEAD + 32);
+        assert!(check_frame(&good).is_ok());
+        // A peer may still send a bad one: each is refused.
+        let tail_len_at = HEADER_LEN + REQ_HEAD + 16 + 4;
+        for bad in [0u32, MAX_REF_TAIL + 1] {
+            let mut f = good.clone();
+            f[tail_len_at..][..4].copy_from_slice(&bad.to_be_bytes());
+            assert!(check_frame(&f).is_err(), "a tail of {bad}");
+        }
+        // 20 bytes after the head: neither form.
+        let mut odd = good[..HEADER_LEN + REQ_HEAD + 20].to_vec();
+        odd[..HEADER_LEN].copy_from_slice(&Header::new(Kind::WriteRef, (REQ_HEAD + 20) as u32).encode());
+        assert!(check_frame(&odd).is_err());
         assert!(Response::fixed_len(Header::new(Kind::GpuAnswer, 5)).is_err());
     }
 }

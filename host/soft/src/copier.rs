@@ -22,7 +22,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gdaki_layout::copy::{
     CopyDesc, CopyDone, CopyItem, LIST_MAX, OP_COMPARE_SWAP, OP_COPY, OP_COPY_LIST, OP_FETCH_ADD, OP_STORE, RING_SLOTS,
-    SERVER_MIRROR, SPAN_FLAG_FOLLOWS, STORE_MAX, WORK_BYTES,
+    SERVER_MIRROR, SPAN_FLAG_FOLLOWS, STORE_MAX, TAIL_MAX, WORK_BYTES,
 };
 use tracing::{debug, error};
 
@@ -158,6 +158,7 @@ fn desc(op: u32, dst: u64, src: u64, len: u64, arg0: u64, arg1: u64) -> CopyDesc
         arg1,
         op,
         span: 0,
+        tail: 0,
         seen: 0,
     }
 }
@@ -577,10 +578,45 @@ impl Copier {
     /// memory of it, or host memory mapped into it), the two do not overlap, and nothing else
     /// accesses `dst..dst + len` until the copy is [`done`](Self::done).
     pub unsafe fn submit_copy(&self, dst: u64, src: u64, len: u64) -> Result<u64, DmaFault> {
+        // SAFETY: the caller's contract.
+        unsafe { self.submit(dst, src, len, None) }
+    }
+
+    /// [`submit_copy`](Self::submit_copy) of a gather of two into one range: `len` bytes from
+    /// `src`, then `tail` bytes (1 to [`TAIL_MAX`]) from `tail_src`, to `dst..dst + len + tail`,
+    /// the tail's final unit landing after everything else (a message from one buffer and its
+    /// trailer from another, as one WRITE of two gather entries). A longer tail is refused.
+    ///
+    /// # Safety
+    /// As for [`submit_copy`](Self::submit_copy), for both sources and the whole destination.
+    pub unsafe fn submit_copy_with_tail(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        tail_src: u64,
+        tail: u64,
+    ) -> Result<u64, DmaFault> {
+        if tail == 0 || tail > TAIL_MAX as u64 {
+            return Err(fault("copy", format!("a tail of {tail} bytes (1 to {TAIL_MAX})")));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.submit(dst, src, len, Some((tail_src, tail as u16))) }
+    }
+
+    /// [`submit_copy`](Self::submit_copy), with a tail or not.
+    unsafe fn submit(&self, dst: u64, src: u64, len: u64, tail: Option<(u64, u16)>) -> Result<u64, DmaFault> {
         let mut st = self.running(lock(&self.state))?;
-        let end = dst.saturating_add(len);
+        let end = dst.saturating_add(len).saturating_add(tail.map_or(0, |t| t.1 as u64));
         let after = self.order_after_overlaps(&mut st, dst, end)?;
-        let n = if after != 0 || len > LIST_ITEM_MAX || len == 0 {
+        let n = if let Some((tail_src, tail)) = tail {
+            // (A gather travels alone: list items have one source each.)
+            let d = CopyDesc {
+                tail,
+                ..desc(OP_COPY, dst, src, len, tail_src, after)
+            };
+            self.post(&mut st, d)?
+        } else if after != 0 || len > LIST_ITEM_MAX || len == 0 {
             // (A copy ordered after another travels alone: a list would wait with it.)
             self.post(&mut st, desc(OP_COPY, dst, src, len, 0, after))?
         } else {
@@ -760,7 +796,7 @@ impl Copier {
         let mut d = desc(OP_STORE, addr, first, data.len() as u64, second, 0);
         if through < last {
             d.arg1 = last;
-            d.span = (last - through).min(RING_SLOTS as u64) as u32;
+            d.span = (last - through).min(RING_SLOTS as u64) as u16;
         }
         let after = d.arg1;
         let posted = self.post_now(&mut st, d);

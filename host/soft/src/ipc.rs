@@ -45,7 +45,7 @@ use gdaki_cuda::{GpuUuid, IpcExport, IpcImport, IPC_HANDLE_BYTES};
 use gdaki_devx::util::lock;
 #[cfg(doc)]
 use gdaki_devx::wire::Op;
-use gdaki_devx::wire::{GpuAnswer, GpuOffer};
+use gdaki_devx::wire::{GpuAnswer, GpuOffer, RefTail};
 
 /// Allocations one connection may offer: a peer cannot make a responder hold more mappings.
 pub(crate) const MAX_OFFERS: u32 = 1024;
@@ -100,6 +100,27 @@ pub(crate) struct Reference {
     pub offset: u64,
     /// Data bytes.
     pub len: u32,
+}
+
+/// A WRITE reference's tail names its range as a reference does.
+impl From<RefTail> for Reference {
+    fn from(t: RefTail) -> Reference {
+        Reference {
+            alloc: t.alloc,
+            offset: t.offset,
+            len: t.len,
+        }
+    }
+}
+
+impl From<Reference> for RefTail {
+    fn from(r: Reference) -> RefTail {
+        RefTail {
+            alloc: r.alloc,
+            offset: r.offset,
+            len: r.len,
+        }
+    }
 }
 
 /// What [`Exports::reference`] decided.

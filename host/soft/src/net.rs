@@ -603,8 +603,8 @@ impl Link {
     /// Sends a request for WQE `meta` (`data`: a WRITE's payload) and queues its completion.
     pub(crate) fn post(&mut self, meta: Meta, remote: gdaki_device::Remote, op: Op, data: &[u8], sink: Sink) {
         let bytes = match op {
+            Op::WriteRef { len, tail, .. } => len.saturating_add(tail.map_or(0, |t| t.len)),
             Op::Write { len }
-            | Op::WriteRef { len, .. }
             | Op::Read { len }
             | Op::ReadRef { len, .. }
             | Op::Send { len, .. }
@@ -1569,13 +1569,19 @@ fn execute(
         imports,
     } = io;
     Ok(match req.op {
-        Op::WriteRef { alloc, offset, len } => {
+        Op::WriteRef {
+            alloc,
+            offset,
+            len,
+            tail,
+        } => {
             let r = ipc::Reference { alloc, offset, len };
-            by_reference(hca, cache, pd, remote, imports, bounce, Way::Write, r)?
+            let tail = tail.map(ipc::Reference::from);
+            by_reference(hca, cache, pd, remote, imports, bounce, Way::Write, r, tail)?
         }
         Op::ReadRef { alloc, offset, len } => {
             let r = ipc::Reference { alloc, offset, len };
-            by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r)?
+            by_reference(hca, cache, pd, remote, imports, bounce, Way::Read, r, None)?
         }
         Op::Write { len } if (1..=STORE_MAX).contains(&(len as usize)) => {
             // An inline WRITE (a flag, a length): stored by the GPU behind the copies before
@@ -1644,8 +1650,9 @@ fn referenced(imports: &Imports, r: ipc::Reference) -> Result<(Arc<ipc::Import>,
 }
 
 /// Executes a WRITE or a READ (`way`) whose bytes are at `r` in an allocation of
-/// the peer's mapped here: one GPU copy when the region and the mapping have a copier in common
-/// (waited for before the acknowledgement), else through host memory.
+/// the peer's mapped here (a WRITE's perhaps followed by a `tail`'s): one GPU copy when the
+/// region and the mappings have a copier in common (waited for before the acknowledgement),
+/// else through host memory.
 #[allow(clippy::too_many_arguments)]
 fn by_reference(
     hca: &Hca,
@@ -1656,35 +1663,54 @@ fn by_reference(
     bounce: &mut Vec<u8>,
     way: Way,
     r: ipc::Reference,
+    tail: Option<ipc::Reference>,
 ) -> Result<Result<bool, Syndrome>, Fault> {
-    let len = r.len;
+    let len = r.len as usize;
     let (mapped, at) = referenced(imports, r)?;
-    Ok(
-        match responder::copy_by_gpu(hca, cache, pd, remote, way, &mapped.dma, at, len as u64) {
-            Some(Ok((copier, seq))) => {
-                imports.pending().add(&copier, seq, way);
-                crate::copier::release(copier);
-                Ok(true)
-            }
-            Some(Err(s)) => Err(s),
-            // Not one copier's step (the region is on another GPU, or host memory no GPU maps;
-            // or nothing to move): through host memory, after the copies before it.
-            None => {
-                imports.settle().map_err(copy_failed)?;
-                bounce.resize(len as usize, 0);
-                match way {
-                    Way::Write => match mapped.dma.read(at, &mut bounce[..]) {
+    let tail = match tail {
+        Some(t) => Some((referenced(imports, t)?, t.len as usize)),
+        None => None,
+    };
+    let side = responder::Side {
+        dma: &mapped.dma,
+        addr: at,
+        len: len as u64,
+        tail: tail
+            .as_ref()
+            .map(|((m, at), n)| (&m.dma as &dyn crate::dma::Dma, *at, *n as u64)),
+    };
+    Ok(match responder::copy_by_gpu(hca, cache, pd, remote, way, side) {
+        Some(Ok((copier, seq))) => {
+            imports.pending().add(&copier, seq, way);
+            crate::copier::release(copier);
+            Ok(true)
+        }
+        Some(Err(s)) => Err(s),
+        // Not one copier's step (the region is on another GPU, or host memory no GPU maps;
+        // or nothing to move): through host memory, after the copies before it.
+        None => {
+            imports.settle().map_err(copy_failed)?;
+            let tail_len = tail.as_ref().map_or(0, |t| t.1);
+            bounce.resize(len + tail_len, 0);
+            match way {
+                Way::Write => {
+                    let (main, rest) = bounce.split_at_mut(len);
+                    let read = match &tail {
+                        Some(((m, t_at), _)) => mapped.dma.read(at, main).and_then(|()| m.dma.read(*t_at, rest)),
+                        None => mapped.dma.read(at, main),
+                    };
+                    match read {
                         Ok(()) => responder::write(hca, cache, pd, remote, &bounce[..]).map(|()| true),
                         Err(_) => Err(Syndrome::RemoteOp),
-                    },
-                    Way::Read => match responder::read(hca, cache, pd, remote, &mut bounce[..]) {
-                        Ok(()) if mapped.dma.write(at, &bounce[..]).is_err() => Err(Syndrome::RemoteOp),
-                        r => r.map(|()| true),
-                    },
+                    }
                 }
+                Way::Read => match responder::read(hca, cache, pd, remote, &mut bounce[..]) {
+                    Ok(()) if mapped.dma.write(at, &bounce[..]).is_err() => Err(Syndrome::RemoteOp),
+                    r => r.map(|()| true),
+                },
             }
-        },
-    )
+        }
+    })
 }
 
 fn atomic(

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use gdaki_device::Remote as DevRemote;
-use gdaki_layout::copy::STORE_MAX;
+use gdaki_layout::copy::{STORE_MAX, TAIL_MAX};
 use gdaki_layout::ctrl::FenceMode;
 use gdaki_layout::wait::WaitSeg;
 use gdaki_layout::wqe::{Operation, Payload, Sge, WorkRequest};
@@ -15,11 +15,12 @@ use gdaki_layout::{Syndrome, WqeOpcode};
 
 use crate::completer::Locals;
 use crate::copier::{Copier, Pending, Way};
+use crate::ipc;
 use crate::net::{Link, Meta, Sink};
 use crate::objects::SoftQp;
-use crate::responder::{self, AtomicOp, Message, Receiving, SendData, SmallWrite};
+use crate::responder::{self, AtomicOp, Message, Receiving, SendData, Side, SmallWrite};
 use crate::{Hca, RegionCache};
-use gdaki_devx::wire::Op;
+use gdaki_devx::wire::{Op, RefTail};
 use gdaki_devx::Access;
 
 /// Buffers the engine thread reuses between WQEs, and the GPU copies it has in flight.
@@ -93,15 +94,15 @@ fn gpu_copy(
     local: &Locals,
     way: Way,
 ) -> Result<Option<(Arc<Copier>, u64)>, Syndrome> {
-    let (Target::Local(peer, tq), Some((s, region))) = (target, local.single()) else {
+    let (Target::Local(peer, tq), Some(side)) = (target, side(local, way == Way::Write)) else {
         return Ok(None);
     };
     // Plain host memory never pairs with a copier: no target lookup for it.
-    if region.dma.gpu_copier().is_none() && !region.dma.gpu_mapped() {
+    if side.dma.gpu_copier().is_none() && !side.dma.gpu_mapped() {
         return Ok(None);
     }
     copies.before(way).map_err(|_| Syndrome::LocalAccess)?;
-    let copy = responder::copy_by_gpu(peer, regions, tq.pd, r, way, &*region.dma, s.addr, s.length as u64);
+    let copy = responder::copy_by_gpu(peer, regions, tq.pd, r, way, side);
     let copy = copy.transpose()?;
     if let Some((copier, seq)) = &copy {
         copies.add(copier, *seq, way);
@@ -109,20 +110,65 @@ fn gpu_copy(
     Ok(copy)
 }
 
-/// A WRITE from (`Way::Write`) or READ into (`Way::Read`) one local buffer of GPU memory, to or
-/// from a peer process on this machine: posted as a CUDA IPC reference to the buffer, acknowledged
-/// once the peer's copier has moved the bytes, when the peer has mapped its allocation (see
-/// [`ipc`](crate::ipc)). Whether it was posted (if not, the bytes must travel).
+/// The local buffers of a request as one GPU copy's side: one buffer, or where a `tail` may
+/// follow (a WRITE's gather list) one and a tail of at most [`TAIL_MAX`] bytes (a message and
+/// its trailer); `None` for other lists (their bytes are gathered in host memory).
+fn side(local: &Locals, tail: bool) -> Option<Side<'_>> {
+    // A tail the copier takes travels in a referenced WRITE to a peer process too.
+    const _: () = assert!(gdaki_devx::wire::MAX_REF_TAIL as usize == TAIL_MAX);
+    let mut items = local.iter();
+    let (s, region) = items.next()?;
+    let tail = match (items.next(), items.next(), tail) {
+        (None, _, _) => None,
+        (Some((t, r)), None, true) if t.length as usize <= TAIL_MAX => Some((&*r.dma, t.addr, t.length as u64)),
+        _ => return None,
+    };
+    Some(Side {
+        dma: &*region.dma,
+        addr: s.addr,
+        len: s.length as u64,
+        tail,
+    })
+}
+
+/// A WRITE from (`Way::Write`) or READ into (`Way::Read`) one local buffer of GPU memory (a
+/// WRITE's perhaps with a tail, see [`side`]), to or from a peer process on this machine:
+/// posted as CUDA IPC references to the buffers, acknowledged once the peer's copier has moved
+/// the bytes, when the peer has mapped their allocations (see [`ipc`](crate::ipc)). Whether it
+/// was posted (if not, the bytes must travel).
 fn post_reference(link: &mut Link, meta: Meta, r: DevRemote, local: &Locals, way: Way) -> bool {
-    let Some((alloc, offset, len)) = reference(link, local) else {
+    let Some((first, tail)) = references(link, local, way == Way::Write) else {
         return false;
     };
+    let ipc::Reference { alloc, offset, len } = first;
     let op = match way {
-        Way::Write => Op::WriteRef { alloc, offset, len },
+        Way::Write => Op::WriteRef {
+            alloc,
+            offset,
+            len,
+            tail: tail.map(RefTail::from),
+        },
         Way::Read => Op::ReadRef { alloc, offset, len },
     };
     link.post(meta, r, op, &[], Sink::Ack);
     true
+}
+
+/// The CUDA IPC references to a request's local buffers (a [`side`]: one, or where a `tail`
+/// may follow, one and its tail), when the peer has mapped their allocations; `None`: the
+/// bytes must travel.
+fn references(link: &mut Link, local: &Locals, tail: bool) -> Option<(ipc::Reference, Option<ipc::Reference>)> {
+    let side = side(local, tail)?;
+    // Zero bytes touch no memory: nothing to refer to.
+    if side.len == 0 {
+        return None;
+    }
+    let first = link.reference(side.dma, side.addr, side.len as u32)?;
+    let tail = match side.tail {
+        Some((dma, addr, len)) => Some(link.reference(dma, addr, len as u32)?),
+        None => None,
+    };
+    Some((first, tail))
 }
 
 fn remote(r: gdaki_layout::wqe::Remote) -> DevRemote {
@@ -214,18 +260,6 @@ impl<'q> HeldReceives<'q> {
         };
         Ok(if r.ready()? { Some(r) } else { None })
     }
-}
-
-/// The CUDA IPC reference (allocation, offset, length) to one local buffer of GPU memory, when
-/// the peer has mapped its allocation (see [`ipc`](crate::ipc)); `None`: the bytes must travel.
-fn reference(link: &mut Link, local: &Locals) -> Option<(u32, u64, u32)> {
-    let (s, region) = local.single()?;
-    // Zero bytes touch no memory: nothing to refer to.
-    if s.length == 0 {
-        return None;
-    }
-    let at = link.reference(&*region.dma, s.addr, s.length)?;
-    Some((at.alloc, at.offset, at.len))
 }
 
 /// Executes `wr` (whose bytes are `wqe`; `meta` names it) for `qp`, or says why not. `held`
@@ -324,7 +358,7 @@ pub(crate) fn execute(
                     // One buffer of GPU memory to a peer process on this machine: a reference
                     // that the peer's copier reads (CUDA IPC), once it has mapped the allocation.
                     if let Source::Buffers(local) = &src {
-                        if let Some((alloc, offset, len)) = reference(link, local) {
+                        if let Some((ipc::Reference { alloc, offset, len }, None)) = references(link, local, false) {
                             let op = Op::SendRef {
                                 alloc,
                                 offset,

@@ -2,6 +2,7 @@
 //! NIC checks (the target QP's state, the rkey, bounds, access rights, atomic alignment) and
 //! answering with a NAK syndrome instead of touching memory when a check fails.
 use gdaki_device::Remote;
+use gdaki_layout::copy::TAIL_MAX;
 use gdaki_layout::{CqeOpcode, Syndrome};
 use tracing::warn;
 
@@ -76,24 +77,34 @@ pub(crate) fn write(hca: &Hca, cache: &mut RegionCache, pd: u32, remote: Remote,
     write_into(r, remote.addr, data)
 }
 
-/// An RDMA WRITE into (`Way::Write`) or READ from (`Way::Read`) the region at `remote`, of
-/// `len` bytes at `other` in memory that `other_dma` moves (a requester's region in this
-/// process, or a peer process's allocation mapped here), handed to a GPU copier (one step) when
-/// one side is device memory and the other is reachable by the same GPU: the copier and the
-/// copy's sequence number, not waited for. `None`: not such a pair, or nothing to move (the
-/// caller moves the bytes through host memory).
-#[allow(clippy::too_many_arguments)]
+/// The other side of a GPU copy with a region ([`copy_by_gpu`]): `len` bytes at `addr` in
+/// memory that `dma` moves (a requester's region in this process, or a peer process's
+/// allocation mapped here), and for a WRITE perhaps a short `tail` gathered after them (a
+/// message's trailer from another buffer: memory, address, bytes, at most
+/// [`TAIL_MAX`](gdaki_layout::copy::TAIL_MAX)).
+pub(crate) struct Side<'a> {
+    pub dma: &'a dyn Dma,
+    pub addr: u64,
+    pub len: u64,
+    pub tail: Option<(&'a dyn Dma, u64, u64)>,
+}
+
+/// An RDMA WRITE into (`Way::Write`) or READ from (`Way::Read`) the region at `remote` of the
+/// bytes of `other`, handed to a GPU copier (one step) when one side is device memory and the
+/// other (each of its buffers) is reachable by the same GPU: the copier and the copy's
+/// sequence number, not waited for. `None`: not such a pair, or nothing to move (the caller
+/// moves the bytes through host memory).
 pub(crate) fn copy_by_gpu(
     hca: &Hca,
     cache: &mut RegionCache,
     pd: u32,
     remote: Remote,
     way: Way,
-    other_dma: &dyn Dma,
-    other: u64,
-    len: u64,
+    other: Side<'_>,
 ) -> Option<Result<(Arc<Copier>, u64), Syndrome>> {
-    if len == 0 {
+    let tail_len = other.tail.map_or(0, |t| t.2);
+    let len = other.len + tail_len;
+    if len == 0 || (other.tail.is_some() && (way != Way::Write || tail_len > TAIL_MAX as u64)) {
         return None;
     }
     let access = match way {
@@ -104,17 +115,27 @@ pub(crate) fn copy_by_gpu(
         Some(r) => r.clone(),
         None => return Some(Err(Syndrome::RemoteAccess)),
     };
-    let copier = shared_copier(other_dma, &*region.dma)?.clone();
+    let copier = shared_copier(other.dma, &*region.dma)?.clone();
+    if let Some((dma, _, _)) = other.tail {
+        // Both sources on the one copier's reach, or the bytes travel through host memory.
+        if !shared_copier(dma, &*region.dma).is_some_and(|c| Arc::ptr_eq(c, &copier)) {
+            return None;
+        }
+    }
     let (dst, src) = match way {
-        Way::Write => (remote.addr, other),
-        Way::Read => (other, remote.addr),
+        Way::Write => (remote.addr, other.addr),
+        Way::Read => (other.addr, remote.addr),
     };
     // SAFETY: the region's side lies in a live registered region this copier's GPU reaches
-    // (checked above, with the right the copy needs), the other side in memory the caller
-    // keeps mapped until the copy is done (a live registered region, or a peer's allocation
-    // whose mapping outlives its pending copies); overlap and concurrent access are the
-    // application's, as with a NIC's DMA.
-    Some(match unsafe { copier.submit_copy(dst, src, len) } {
+    // (checked above, with the right the copy needs, for the whole gather), the other side in
+    // memory the caller keeps mapped until the copy is done (live registered regions, or a
+    // peer's allocations whose mappings outlive their pending copies); overlap and concurrent
+    // access are the application's, as with a NIC's DMA.
+    let submitted = match other.tail {
+        None => unsafe { copier.submit_copy(dst, src, other.len) },
+        Some((_, tail_src, tail)) => unsafe { copier.submit_copy_with_tail(dst, src, other.len, tail_src, tail) },
+    };
+    Some(match submitted {
         Ok(seq) => Ok((copier, seq)),
         Err(_) => Err(Syndrome::RemoteOp),
     })
