@@ -281,8 +281,10 @@ fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>
 /// Where a stream call's time goes, for the socket perftests ([`bench`]'s `Send` and `Recv`):
 /// `mark(0)` as a call starts, then `mark(k)` after its step `k` of [`STEPS`]. The calls of
 /// the socket API mark into [`NoSteps`], which compiles to nothing.
-trait Steps {
+trait Steps: Default {
     fn mark(&mut self, step: usize);
+    /// The step sums and the calls, where they were kept (see [`bench`]).
+    fn sums(&self) -> Option<([u64; STEPS], u64)>;
 }
 
 /// Steps a stream call has, as the socket perftests time them. A send: room found (the look at
@@ -295,12 +297,17 @@ trait Steps {
 /// telling costs nothing.
 pub const STEPS: usize = 6;
 
-/// Marks nothing: every call but the perftests'.
+/// Marks nothing: every call but the perftests' timed ones.
+#[derive(Default)]
 struct NoSteps;
 
 impl Steps for NoSteps {
     #[inline(always)]
     fn mark(&mut self, _: usize) {}
+    #[inline(always)]
+    fn sums(&self) -> Option<([u64; STEPS], u64)> {
+        None
+    }
 }
 
 /// The time between the marks of every call, summed per step (ns, from
@@ -321,6 +328,10 @@ impl Steps for StepSums {
             None => self.calls += 1,
         }
         self.last = now;
+    }
+    #[inline(always)]
+    fn sums(&self) -> Option<([u64; STEPS], u64)> {
+        Some((self.sums, self.calls))
     }
 }
 
@@ -1502,12 +1513,39 @@ impl BenchRole {
 /// Runs `role` on `sock` in group `scope` (every member with the same arguments) for `iters`
 /// messages of `size` bytes through `buf` (at least `size` bytes); the leader writes the
 /// role's timestamps ([`BenchRole::timestamps`], `arch::global_timer_ns`) at `times`. Returns
-/// the bytes this side moved.
+/// the bytes this side moved. With `TIMED` the calls' steps are timed and their sums written
+/// after the stamps; without, those words are left as they were (zero: no calls), and the
+/// calls run as an application's do: in a GPU kernel the timing's code cost a copying 64 KiB
+/// stream 7-8% (docs/figures.md, "Where a send's WQE step goes").
 ///
 /// # Safety
 /// `times` is valid for the role's timestamps; `size` is at most a ring (the raw roles put
 /// whole messages into the peer's ring) and, for the raw roles, at least 1.
-pub unsafe fn bench<M: Sharing, S: Scope>(
+#[inline(always)]
+pub unsafe fn bench<M: Sharing, S: Scope, const TIMED: bool>(
+    sock: &Socket<M>,
+    scope: S,
+    role: BenchRole,
+    size: u64,
+    iters: u32,
+    buf: &mut [u8],
+    times: *mut u64,
+) -> Result<u64, SocketError> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if TIMED {
+            bench_with::<M, S, StepSums>(sock, scope, role, size, iters, buf, times)
+        } else {
+            bench_with::<M, S, NoSteps>(sock, scope, role, size, iters, buf, times)
+        }
+    }
+}
+
+/// [`bench`], its calls' steps kept in `T`.
+///
+/// # Safety
+/// As for [`bench`].
+unsafe fn bench_with<M: Sharing, S: Scope, T: Steps>(
     sock: &Socket<M>,
     scope: S,
     role: BenchRole,
@@ -1524,9 +1562,9 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
     };
     // A side's step sums and calls, at timestamp `at` on (`BenchRole::steps_at`).
     let at = role.steps_at(iters).unwrap_or(0);
-    let record_steps = |at: usize, steps: &StepSums| {
-        if scope.is_leader() {
-            for (i, v) in steps.sums.iter().chain([&steps.calls]).enumerate() {
+    let record_steps = |at: usize, steps: &T| {
+        if let (true, Some((sums, calls))) = (scope.is_leader(), steps.sums()) {
+            for (i, v) in sums.iter().chain([&calls]).enumerate() {
                 // SAFETY: the role's timestamps fit (the contract): its stamps, then these.
                 unsafe { times.add(at + i).write_volatile(*v) };
             }
@@ -1543,7 +1581,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             } else {
                 Source::Copy(&buf[..msg])
             };
-            let mut steps = StepSums::default();
+            let mut steps = T::default();
             stamp(0);
             for _ in 0..iters {
                 sock.send_all_in(scope, src, &mut steps)?;
@@ -1556,7 +1594,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             Ok(src.len() * iters as u64)
         }
         BenchRole::Recv | BenchRole::RecvInPlace => {
-            let mut steps = StepSums::default();
+            let mut steps = T::default();
             stamp(0);
             let mut total = 0;
             loop {
@@ -1580,7 +1618,7 @@ pub unsafe fn bench<M: Sharing, S: Scope>(
             Ok(total)
         }
         BenchRole::Ping | BenchRole::Pong => {
-            let (mut sends, mut recvs) = (StepSums::default(), StepSums::default());
+            let (mut sends, mut recvs) = (T::default(), T::default());
             for i in 0..iters as usize {
                 if role == BenchRole::Ping {
                     stamp(i);

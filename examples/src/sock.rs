@@ -66,13 +66,19 @@ pub struct SockArgs {
     #[arg(long = "zero-copy")]
     pub zero_copy: bool,
     /// Send queue depth of each socket's queue pair, in WQEs (a power of two; ib_write_bw's
-    /// `-t`). A message takes one WQE, two from registered memory (its bytes and its trailer).
+    /// `-t`). A message takes one WQE (from registered memory too: one gathered WRITE), two
+    /// where it wraps the ring.
     #[arg(short = 't', long = "tx-depth", default_value_t = 256)]
     pub tx_depth: u32,
     /// sock_bw: the receiver reads each message where it landed in its ring (`peek`, then
     /// `consume`) instead of copying it out into its buffer.
     #[arg(long = "in-place")]
     pub in_place: bool,
+    /// Time each call's steps and print where a call's time goes (the Steps lines; a server
+    /// prints its side's on stderr). The timing costs the calls (a copying 64 KiB stream 7-8%
+    /// in a GPU kernel), so the rates printed with it are lower than without.
+    #[arg(long)]
+    pub steps: bool,
     /// How long a socket's wait (and the server's wait for its next client) may take, seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -118,6 +124,8 @@ pub struct Params {
     pub zero_copy: bool,
     /// Receives read in place, no copy (`--in-place`).
     pub in_place: bool,
+    /// The calls' steps timed (`--steps`).
+    pub steps: bool,
     /// Iterations per size.
     pub iters: u32,
     /// Sizes.
@@ -507,14 +515,14 @@ pub enum Runner {
 impl Runner {
     /// Runs `roles[i]` on `sockets[i]`, all at once (a thread each, or a block each of one
     /// kernel of `threads` threads), `iters` messages of `size` bytes through a buffer of
-    /// `size` bytes; fails with the first side that failed.
+    /// `size` bytes, the calls' steps `timed` or not; fails with the first side that failed.
     pub fn run(
         &self,
         sockets: Vec<Socket>,
         roles: &[BenchRole],
-        size: u64,
-        iters: u32,
+        (size, iters): (u64, u32),
         threads: u32,
+        timed: bool,
     ) -> anyhow::Result<Vec<SideRun>> {
         let buf_len = size.max(1) as usize;
         match self {
@@ -534,16 +542,18 @@ impl Runner {
                                 let mut times = vec![0u64; role.timestamps(iters)];
                                 // SAFETY: `times` holds the role's timestamps; sizes are checked
                                 // against the rings before any run.
+                                let (t, buf) = (times.as_mut_ptr(), &mut buf[..]);
+                                let thread = gdaki_device::Thread;
                                 let moved = unsafe {
-                                    gdaki_device::socket::bench(
-                                        &dev,
-                                        gdaki_device::Thread,
-                                        role,
-                                        size,
-                                        iters,
-                                        &mut buf,
-                                        times.as_mut_ptr(),
-                                    )
+                                    if timed {
+                                        gdaki_device::socket::bench::<_, _, true>(
+                                            &dev, thread, role, size, iters, buf, t,
+                                        )
+                                    } else {
+                                        gdaki_device::socket::bench::<_, _, false>(
+                                            &dev, thread, role, size, iters, buf, t,
+                                        )
+                                    }
                                 }
                                 .map_err(|e| anyhow::anyhow!("{role:?}: {}", gdaki_device::status::Code(e.code())))?;
                                 Ok(SideRun { moved, times })
@@ -562,7 +572,7 @@ impl Runner {
                     .into_iter()
                     .map(|s| s.into_gpu(gpu))
                     .collect::<gdaki::Result<Vec<GpuSocket>>>()?;
-                let run = GpuSocket::bench_on_gpu(gpu, &mut exported, roles, size, iters, threads, buf_len)?;
+                let run = GpuSocket::bench_on_gpu(gpu, &mut exported, roles, size, iters, threads, buf_len, timed)?;
                 if let Some((side, code)) = run.status.iter().enumerate().find(|(_, c)| **c != 0) {
                     bail!("side {side} ({:?}): {}", roles[side], gdaki_device::status::Code(*code));
                 }
@@ -595,17 +605,19 @@ impl Peer {
     fn run(
         &self,
         runner: &Runner,
-        mine: BenchRole,
-        theirs: BenchRole,
+        [mine, theirs]: [BenchRole; 2],
         size: u64,
         iters: u32,
         threads: u32,
+        timed: bool,
     ) -> anyhow::Result<(SideRun, Option<SideRun>)> {
-        self.run_many(runner, [mine, theirs], 1, size, iters, threads)
+        self.run_many(runner, [mine, theirs], 1, size, iters, threads, timed)
     }
 
     /// [`run`](Self::run) over `qps` connections at once, each side's runs merged
-    /// ([`SideRun::merged`]; a bandwidth role where `qps` is more than one).
+    /// ([`SideRun::merged`]; a bandwidth role where `qps` is more than one). A server times
+    /// its side's steps where the client asks it to (`timed`).
+    #[allow(clippy::too_many_arguments)] // a run's roles, shape and timing
     fn run_many(
         &self,
         runner: &Runner,
@@ -614,6 +626,7 @@ impl Peer {
         size: u64,
         iters: u32,
         threads: u32,
+        timed: bool,
     ) -> anyhow::Result<(SideRun, Option<SideRun>)> {
         let n = qps.max(1) as usize;
         let merged = |runs: Vec<SideRun>, role: BenchRole| {
@@ -629,46 +642,75 @@ impl Peer {
                 }
                 sockets.append(&mut theirs_sockets);
                 let roles: Vec<BenchRole> = [mine, theirs].iter().flat_map(|&r| std::iter::repeat_n(r, n)).collect();
-                let mut runs = runner.run(sockets, &roles, size, iters, threads)?;
+                let mut runs = runner.run(sockets, &roles, (size, iters), threads, timed)?;
                 let other = runs.split_off(n);
                 Ok((merged(runs, mine)?, Some(merged(other, theirs)?)))
             }
             Peer::Remote { ctx, addr, cfg } => {
-                let ask = format!("role={} size={size} iters={iters} qps={n}", theirs as u32);
+                let ask = format!(
+                    "role={} size={size} iters={iters} qps={n} steps={}",
+                    theirs as u32, timed as u32
+                );
                 let sockets = (0..n)
                     .map(|_| {
                         Socket::connect_with(ctx, *addr, cfg.clone(), ask.as_bytes())
                             .with_context(|| format!("cannot connect to the server at {addr}"))
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let runs = runner.run(sockets, &vec![mine; n], size, iters, threads)?;
+                let runs = runner.run(sockets, &vec![mine; n], (size, iters), threads, timed)?;
                 Ok((merged(runs, mine)?, None))
             }
         }
     }
 }
 
+/// What a client asks the server to run ([`parse_ask`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ask {
+    role: BenchRole,
+    size: u64,
+    iters: u32,
+    /// The connections that run together (each of them asks the same).
+    qps: u32,
+    /// Whether the server times its calls' steps (`--steps` on the client).
+    steps: bool,
+}
+
 /// What a client asks the server to run, from its connection data: the role, message size,
-/// messages, and the connections that run together (`qps`, 1 when not said; each of them
-/// asks the same).
-fn parse_ask(data: &[u8]) -> anyhow::Result<(BenchRole, u64, u32, u32)> {
+/// messages, the connections that run together (`qps`, 1 when not said) and whether to time
+/// the calls' steps (`steps`, 0 or 1, 0 when not said).
+fn parse_ask(data: &[u8]) -> anyhow::Result<Ask> {
     let text = std::str::from_utf8(data).context("a client's request is not text")?;
     let mut role = None;
     let mut size = None;
     let mut iters = None;
     let mut qps = Some(1);
+    let mut steps = Some(false);
     for word in text.split_whitespace() {
         match word.split_once('=') {
             Some(("role", v)) => role = v.parse::<u32>().ok().and_then(BenchRole::from_code),
             Some(("size", v)) => size = v.parse::<u64>().ok(),
             Some(("iters", v)) => iters = v.parse::<u32>().ok(),
             Some(("qps", v)) => qps = v.parse::<u32>().ok().filter(|q| (1..=MAX_QPS).contains(q)),
+            Some(("steps", v)) => {
+                steps = match v {
+                    "0" => Some(false),
+                    "1" => Some(true),
+                    _ => None,
+                }
+            }
             _ => bail!("a client asked {text:?}"),
         }
     }
-    match (role, size, iters, qps) {
-        (Some(r), Some(s), Some(n), Some(q)) => Ok((r, s, n, q)),
-        _ => bail!("a client asked {text:?}: role, size and iters are needed, and qps 1 to {MAX_QPS}"),
+    match (role, size, iters, qps, steps) {
+        (Some(role), Some(size), Some(iters), Some(qps), Some(steps)) => Ok(Ask {
+            role,
+            size,
+            iters,
+            qps,
+            steps,
+        }),
+        _ => bail!("a client asked {text:?}: role, size and iters are needed, qps 1 to {MAX_QPS} and steps 0 or 1"),
     }
 }
 
@@ -690,7 +732,13 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
             return Ok(());
         }
         let ask = sock.peer_data().to_vec();
-        let (role, size, iters, qps) = parse_ask(&ask)?;
+        let Ask {
+            role,
+            size,
+            iters,
+            qps,
+            steps,
+        } = parse_ask(&ask)?;
         if size == 0 || size > rx_bytes {
             bail!("a client asked for {size}-byte messages; this side's ring holds {rx_bytes}");
         }
@@ -707,7 +755,7 @@ fn serve(test: Test, args: &SockArgs, runner: &Runner, cfg: SocketConfig) -> any
             }
             sockets.push(more);
         }
-        let runs = runner.run(sockets, &vec![role; qps as usize], size, iters, args.threads)?;
+        let runs = runner.run(sockets, &vec![role; qps as usize], (size, iters), args.threads, steps)?;
         eprintln!(
             "{}: served {role:?}, {size} B x {iters} on {qps} socket(s)",
             test.name()
@@ -846,6 +894,7 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
         tx_depth: args.tx_depth,
         zero_copy: args.zero_copy,
         in_place: args.in_place,
+        steps: args.steps,
         iters,
         sizes: sizes.clone(),
     };
@@ -944,6 +993,14 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 ),
                 ("Iterations", format!("{iters} per size")),
                 (
+                    "Steps",
+                    if args.steps {
+                        "each call's timed (--steps), which lowers the rates".into()
+                    } else {
+                        "not timed (--steps prints where a call's time goes)".into()
+                    },
+                ),
+                (
                     "Reference",
                     match test {
                         Test::Bw => "put_bw on the same queue pairs and memory (RDMA WRITEs, no protocol)".into(),
@@ -980,7 +1037,8 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     BenchRole::Recv
                 };
                 let qps = args.qps;
-                let (send, recv) = peer.run_many(&runner, [sender, receiver], qps, size, iters, args.threads)?;
+                let pair = [sender, receiver];
+                let (send, recv) = peer.run_many(&runner, pair, qps, size, iters, args.threads, args.steps)?;
                 let sent = size * iters as u64 * qps as u64;
                 if let Some(recv) = recv.as_ref().filter(|r| r.moved != sent) {
                     bail!("{size} B: the receivers got {} bytes of {sent}", recv.moved);
@@ -992,6 +1050,7 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                     size,
                     iters,
                     args.threads,
+                    false,
                 )?;
                 let mib_s = |r: &SideRun| {
                     send.moved as f64 / crate::report::MIB / (r.times[1].saturating_sub(r.times[0]).max(1) as f64 / 1e9)
@@ -1030,17 +1089,18 @@ pub fn main(test: Test, args: SockArgs) -> anyhow::Result<()> {
                 bw_rows.push(row);
             }
             Test::Lat => {
-                let (ping, pong) = peer.run(&runner, BenchRole::Ping, BenchRole::Pong, size, iters, args.threads)?;
+                let pair = [BenchRole::Ping, BenchRole::Pong];
+                let (ping, pong) = peer.run(&runner, pair, size, iters, args.threads, args.steps)?;
                 let steps = RoundTripSteps::of(&ping, pong.as_ref(), iters);
                 let trace = || copier.as_deref().and_then(CopierTrace::of);
                 let socket_trace = trace();
                 let (raw, _) = peer.run(
                     &runner,
-                    BenchRole::RawPing,
-                    BenchRole::RawPong,
+                    [BenchRole::RawPing, BenchRole::RawPong],
                     size,
                     iters,
                     args.threads,
+                    false,
                 )?;
                 let traces = socket_trace
                     .zip(trace())
@@ -1114,7 +1174,37 @@ struct Json<R: Serialize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{BenchRole, CopierTrace, SideRun};
+    use super::{parse_ask, Ask, BenchRole, CopierTrace, SideRun};
+
+    /// A client's ask: `qps` and `steps` may be left out (1 and untimed: what a client before
+    /// `--steps` asked), anything else is refused.
+    #[test]
+    fn a_clients_ask_names_its_run_and_whether_to_time_it() {
+        let ask = |s: &str| parse_ask(s.as_bytes());
+        let want = Ask {
+            role: BenchRole::Recv,
+            size: 4096,
+            iters: 50,
+            qps: 1,
+            steps: false,
+        };
+        assert_eq!(ask("role=1 size=4096 iters=50").unwrap(), want);
+        assert_eq!(
+            ask("role=1 size=4096 iters=50 qps=2 steps=1").unwrap(),
+            Ask {
+                qps: 2,
+                steps: true,
+                ..want
+            }
+        );
+        for bad in [
+            "role=1 size=4096 iters=50 steps=2",
+            "role=1 size=4096",
+            "role=1 size=4096 iters=50 x=1",
+        ] {
+            assert!(ask(bad).is_err(), "{bad}");
+        }
+    }
 
     /// `-q`'s sides as one: bytes added, the first start and the last end, every step's sums
     /// and calls added; sides without stamps add their bytes; per-round stamps (a ping's) are

@@ -1433,16 +1433,17 @@ fn stream_posting_across_processes_on_the_gpu() {
 /// the refusals of sizes and placements that cannot work.
 #[test]
 fn socket_perftests_run_beside_their_references() {
-    let out = ok(
-        "sock_bw",
-        &["--mode", "cpu", "-s", "4096", "-n", "500", "--rx-bytes", "65536"],
-    );
+    let flags = ["--mode", "cpu", "-s", "4096", "-n", "500", "--rx-bytes", "65536"];
+    let out = ok("sock_bw", &flags);
     let r = rows(&out);
     assert_eq!(r.len(), 1, "{out}");
     assert_eq!((num(&r[0][0]), num(&r[0][1])), (4096.0, 500.0), "{out}");
     assert!(num(&r[0][2]) > 0.0 && num(&r[0][3]) > 0.0, "{out}");
     assert!(out.contains("Socket BW Test"), "{out}");
+    // The calls run untimed unless asked: no Steps line.
+    assert!(out.contains("not timed (--steps") && !out.contains(" Steps ("), "{out}");
     // Where each side's calls went, a line under the row.
+    let out = ok("sock_bw", &[&flags[..], &["--steps"]].concat());
     assert!(
         out.contains(" Steps (4096 B, means): send: room ") && out.contains("(500 calls); receive: wait "),
         "{out}"
@@ -1457,8 +1458,8 @@ fn socket_perftests_run_beside_their_references() {
     );
     assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB: {out}");
     assert!(out.contains("from registered memory, no copy"), "{out}");
-    // The smallest send queue, sends from registered memory (two WQEs a message, four where
-    // one wraps the ring).
+    // The smallest send queue, sends from registered memory (one WQE a message, two where one
+    // wraps the ring).
     let out = ok(
         "sock_bw",
         &[
@@ -1483,7 +1484,10 @@ fn socket_perftests_run_beside_their_references() {
         assert_eq!(rows(&out).len(), 14, "2 B .. 16 KiB, {extra:?}: {out}");
         assert!(out.contains("read in place in the receive ring, no copy"), "{out}");
     }
-    let out = ok("sock_bw", &["--mode", "cpu", "-s", "100", "-n", "50", "--json"]);
+    let out = ok(
+        "sock_bw",
+        &["--mode", "cpu", "-s", "100", "-n", "50", "--json", "--steps"],
+    );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["test"].as_str(), Some("sock_bw"));
     assert_eq!(v["results"][0]["bytes"].as_u64(), Some(100));
@@ -1526,7 +1530,7 @@ fn socket_perftests_run_beside_their_references() {
         "{out}"
     );
     // Latency: the socket's row, then write_lat's on the same path.
-    let out = ok("sock_lat", &["--mode", "cpu", "-s", "64", "-n", "200"]);
+    let out = ok("sock_lat", &["--mode", "cpu", "-s", "64", "-n", "200", "--steps"]);
     let r = rows(&out);
     assert_eq!(r.len(), 2, "{out}");
     assert!(
@@ -1535,7 +1539,10 @@ fn socket_perftests_run_beside_their_references() {
         "{out}"
     );
     assert!(out.contains(" Steps (64 B, means): ping send: room "), "{out}");
-    let out = ok("sock_lat", &["--mode", "cpu", "-s", "8", "-n", "100", "--json"]);
+    let out = ok(
+        "sock_lat",
+        &["--mode", "cpu", "-s", "8", "-n", "100", "--json", "--steps"],
+    );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let row = &v["results"][0];
     assert!(row["socket_vs_write_lat"].as_f64().unwrap_or(0.0) > 0.0, "{out}");
@@ -1595,6 +1602,7 @@ fn sock_bw_streams_several_sockets_at_once() {
             "--rx-bytes",
             "65536",
             "--json",
+            "--steps",
         ],
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -1611,12 +1619,15 @@ fn sock_bw_streams_several_sockets_at_once() {
             .is_some_and(|c| (603..=700).contains(&c)),
         "{out}"
     );
-    let out = ok("sock_bw", &["--mode", "cpu", "-s", "4096", "-n", "100", "-q", "2"]);
+    let out = ok(
+        "sock_bw",
+        &["--mode", "cpu", "-s", "4096", "-n", "100", "-q", "2", "--steps"],
+    );
     assert!(out.contains("2 pairs streaming at once"), "{out}");
     assert!(out.contains("(200 calls)"), "{out}");
     // Across processes: the client's connections of one run reach the server together.
     let flags = ["--mode", "cpu", "--rx-bytes", "65536"];
-    let client = [&flags[..], &["-s", "8192", "-n", "100", "-q", "4"]].concat();
+    let client = [&flags[..], &["-s", "8192", "-n", "100", "-q", "4", "--steps"]].concat();
     let (s, c) = server_client("sock_bw", &flags, &client);
     let (_, out) = both_succeeded(&s, &c);
     assert_eq!(rows(&out).len(), 1, "{out}");
@@ -1661,7 +1672,9 @@ fn socket_perftests_on_the_gpu() {
         // Four sockets at once, a block each per side.
         let out = ok(
             "sock_bw",
-            &["--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "500", "-q", "4"],
+            &[
+                "--mode", "gpu", "--mem", mem, "-s", "65536", "-n", "500", "-q", "4", "--steps",
+            ],
         );
         assert_eq!(rows(&out).len(), 1, "{mem}, -q 4: {out}");
         assert!(out.contains("(2000 calls)"), "{mem}, -q 4: {out}");
@@ -1761,7 +1774,7 @@ fn sock_echo_serves_many_connections_at_once() {
 fn socket_perftests_across_processes() {
     for (name, rows_per_size) in [("sock_bw", 1), ("sock_lat", 2)] {
         let flags = ["--mode", "cpu", "--rx-bytes", "65536"];
-        let client = [&flags[..], &["-a", "-n", "50"]].concat();
+        let client = [&flags[..], &["-a", "-n", "50", "--steps"]].concat();
         let (s, c) = server_client(name, &flags, &client);
         let (_, out) = both_succeeded(&s, &c);
         let server_err = String::from_utf8_lossy(&s.stderr);
@@ -1787,6 +1800,15 @@ fn socket_perftests_across_processes() {
             );
         }
     }
+    // Unasked, the server times nothing and says no steps.
+    let flags = ["--mode", "cpu", "--rx-bytes", "65536"];
+    let (s, c) = server_client("sock_bw", &flags, &[&flags[..], &["-s", "4096", "-n", "50"]].concat());
+    let (_, out) = both_succeeded(&s, &c);
+    let server_err = String::from_utf8_lossy(&s.stderr);
+    assert!(
+        !out.contains(" Steps (") && !server_err.contains("receive: wait"),
+        "{out}{server_err}"
+    );
     // A server whose ring is smaller than what the client asks for refuses it.
     let (s, c) = server_client(
         "sock_bw",

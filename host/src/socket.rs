@@ -112,8 +112,8 @@ impl SocketConfig {
 
     /// Checks the sizes: the receive ring's log2, or why not.
     fn checked(&self) -> Result<u32> {
-        // A send takes up to four WQEs (two frames, each its bytes and its trailer from
-        // registered memory), and credits, `fin` and `reset` share the queue.
+        // A send takes up to two frames of a WQE each (from registered memory too: one
+        // gathered WRITE), and credits, `fin` and `reset` share the queue.
         check_pow2("a socket's send queue", self.sq_size.into(), MIN_SQ_SIZE, MAX_SQ_SIZE)?;
         self.log_rx()
     }
@@ -736,10 +736,11 @@ impl GpuSocket {
         buf_len: usize,
     ) -> Result<gdaki_cuda::SocketBenchRun> {
         let roles = vec![gdaki_device::socket::BenchRole::Echo; sockets.len()];
-        Self::bench_on_gpu(gpu, sockets, &roles, buf_len as u64, 0, threads, buf_len)
+        Self::bench_on_gpu(gpu, sockets, &roles, buf_len as u64, 0, threads, buf_len, false)
     }
 
-    /// Runs the socket perftests' roles on `gpu` (`gdaki_device::socket::bench`): block `b` of
+    /// Runs the socket perftests' roles on `gpu` (`gdaki_device::socket::bench`, its calls'
+    /// steps `timed` or not): block `b` of
     /// `threads` threads runs `roles[b]` on `sockets[b]`, `iters` messages of `size` bytes
     /// through a `buf_len`-byte buffer; waits for every block. The sockets are this launch's
     /// alone while it runs. Unless every role is `Echo`, refused where the GPU cannot hold
@@ -754,11 +755,12 @@ impl GpuSocket {
         iters: u32,
         threads: u32,
         buf_len: usize,
+        timed: bool,
     ) -> Result<gdaki_cuda::SocketBenchRun> {
         // Echo servers serve independent clients: more of them than fit start as others end.
         // Any other role runs with a peer in this launch, or is measured beside the others.
         if roles.iter().any(|&r| r != gdaki_device::socket::BenchRole::Echo) {
-            gpu.socket_blocks_fit(sockets.len(), threads)?;
+            gpu.socket_blocks_fit(sockets.len(), threads, timed)?;
         }
         Self::check_gpu(gpu, sockets)?;
         let handles: Vec<u64> = sockets.iter().map(GpuSocket::device_handle).collect();
@@ -766,7 +768,7 @@ impl GpuSocket {
         let timestamps = roles.iter().map(|r| r.timestamps(iters)).max().unwrap_or(1);
         // SAFETY: every handle is a socket exported to this GPU (checked), alive and borrowed
         // mutably until the launch returns; the timestamps fit every role.
-        Ok(unsafe { gpu.run_socket_bench(&handles, &codes, size, iters, threads, buf_len, timestamps) }?)
+        Ok(unsafe { gpu.run_socket_bench(&handles, &codes, size, iters, threads, buf_len, timestamps, timed) }?)
     }
 
     fn check_gpu(gpu: &gdaki_cuda::Gpu, sockets: &[GpuSocket]) -> Result<()> {

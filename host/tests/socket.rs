@@ -637,6 +637,7 @@ fn gpu_clients_check_their_echo_from_a_cpu_server_and_from_a_gpu_server() {
         iters,
         128,
         size as usize,
+        false,
     )
     .unwrap();
     assert_eq!(
@@ -670,6 +671,7 @@ fn gpu_clients_check_their_echo_from_a_cpu_server_and_from_a_gpu_server() {
             iters,
             threads,
             size as usize,
+            false,
         )
     };
     let run = match bench(1024) {
@@ -677,7 +679,7 @@ fn gpu_clients_check_their_echo_from_a_cpu_server_and_from_a_gpu_server() {
         Err(e) => {
             let said = e.to_string();
             assert!(
-                said.contains("gdaki_socket_bench: a block of 1024 threads, where this kernel runs at most"),
+                said.contains("gdaki_socket_bench_untimed: a block of 1024 threads, where this kernel runs at most"),
                 "{said}"
             );
             bench(128).unwrap()
@@ -712,7 +714,7 @@ fn the_checking_client_notices_a_changed_byte() {
         let mut buf = vec![0u8; 2000];
         // SAFETY: Check records no timestamps.
         let outcome = unsafe {
-            bench(
+            bench::<_, _, false>(
                 &dev,
                 gdaki_device::Thread,
                 BenchRole::Check,

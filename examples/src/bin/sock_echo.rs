@@ -131,7 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // GPUnet's echo server (`gdaki_device::socket::echo`) through a ring-sized buffer.
             let roles = vec![BenchRole::Echo; sockets.len()];
             for (i, side) in runner
-                .run(sockets, &roles, cli.rx_bytes, 0, threads)?
+                .run(sockets, &roles, (cli.rx_bytes, 0), threads, false)?
                 .iter()
                 .enumerate()
             {
@@ -156,7 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let start = Instant::now();
             let roles = vec![BenchRole::Check; sockets.len()];
             let checked: u64 = runner
-                .run(sockets, &roles, cli.size, cli.iters, threads)?
+                .run(sockets, &roles, (cli.size, cli.iters), threads, false)?
                 .iter()
                 .map(|side| side.moved)
                 .sum();

@@ -131,6 +131,15 @@ pub struct WriteLatRun {
     pub elapsed: Duration,
 }
 
+/// The socket perftests' kernel, with its calls' steps `timed` or not.
+fn socket_bench_kernel(timed: bool) -> &'static str {
+    if timed {
+        "gdaki_socket_bench"
+    } else {
+        "gdaki_socket_bench_untimed"
+    }
+}
+
 /// What [`Gpu::run_socket_bench`] returned.
 #[derive(Debug, Clone)]
 pub struct SocketBenchRun {
@@ -315,17 +324,22 @@ impl Gpu {
         })
     }
 
-    /// Refuses `blocks` blocks of `threads` threads of `gdaki_socket_bench` that this GPU cannot
-    /// hold all at once beside the soft HCA's copier (see `Kernel::check_resident`): for
+    /// Refuses `blocks` blocks of `threads` threads of the socket perftests' kernel (`timed`:
+    /// see [`run_socket_bench`](Self::run_socket_bench)) that this GPU cannot hold all at once
+    /// beside the soft HCA's copier (see `Kernel::check_resident`): for
     /// launches whose blocks must run together, such as a stream's sender and receiver in one
     /// launch (the sender waits for the receiver's credits) or streams measured side by side.
     /// Blocks that need not (an echo server's, each serving its own client) may outnumber
     /// the SMs: the later ones start as earlier ones finish.
-    pub fn socket_blocks_fit(&self, blocks: usize, threads: u32) -> Result<(), CudaError> {
-        Kernel::own(self, "gdaki_socket_bench")?.check_resident(u32::try_from(blocks).unwrap_or(u32::MAX), threads)
+    pub fn socket_blocks_fit(&self, blocks: usize, threads: u32, timed: bool) -> Result<(), CudaError> {
+        Kernel::own(self, socket_bench_kernel(timed))?
+            .check_resident(u32::try_from(blocks).unwrap_or(u32::MAX), threads)
     }
 
-    /// Runs `gdaki_socket_bench`: block `b`, `threads` threads together, runs role code
+    /// Runs the socket perftests' kernel, `gdaki_socket_bench` where the calls' steps are
+    /// `timed` (their sums follow each role's stamps), else `gdaki_socket_bench_untimed` (those
+    /// words stay zero; the calls run as an application's, without the timing's cost): block
+    /// `b`, `threads` threads together, runs role code
     /// `roles[b]` (`gdaki_device::socket::BenchRole`) on the socket whose device handle is
     /// `sockets[b]`, `iters` messages of `size` bytes through a buffer of `buf_len` bytes in GPU
     /// memory, with `timestamps` timestamps per block; waits for every block.
@@ -344,6 +358,7 @@ impl Gpu {
         threads: u32,
         buf_len: usize,
         timestamps: usize,
+        timed: bool,
     ) -> Result<SocketBenchRun, CudaError> {
         if sockets.is_empty()
             || roles.len() != sockets.len()
@@ -381,11 +396,12 @@ impl Gpu {
             .slice(&scratch)
             .slice(&status)
             .slice(&moved);
-        // SAFETY: `gdaki_socket_bench(sockets, roles, size, iters, bufs, buf_len, times,
-        // times_per_block, scratch, status, moved)`, one block per socket: the handles are
-        // exported sockets this launch alone uses (the caller's contract), every other area
+        // SAFETY: `gdaki_socket_bench[_untimed](sockets, roles, size, iters, bufs, buf_len,
+        // times, times_per_block, scratch, status, moved)`, one block per socket: the handles
+        // are exported sockets this launch alone uses (the caller's contract), every other area
         // allocated above with one entry (or `timestamps`, or `buf_len` bytes) per block.
-        let elapsed = unsafe { Kernel::own(self, "gdaki_socket_bench")?.run(Dims::linear(n as u32, threads), args) }?;
+        let kernel = Kernel::own(self, socket_bench_kernel(timed))?;
+        let elapsed = unsafe { kernel.run(Dims::linear(n as u32, threads), args) }?;
         let all = stream.clone_dtoh(&times)?;
         Ok(SocketBenchRun {
             status: stream.clone_dtoh(&status)?,

@@ -45,6 +45,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "gdaki_store_loop_rings",
     "gdaki_copier",
     "gdaki_socket_bench",
+    "gdaki_socket_bench_untimed",
 ];
 
 /// The PTX was not built into this copy of the library.
