@@ -44,7 +44,7 @@ extern "C" {
 /** most bytes put_inline carries */
 #define GDAKI_MAX_INLINE 28u
 /** size of gdaki_block_scratch */
-#define GDAKI_BLOCK_SCRATCH_BYTES 272u
+#define GDAKI_BLOCK_SCRATCH_BYTES 288u
 /** post flag: ring later (commit) */
 #define GDAKI_POST_DEFER 1u
 /** post flag: after earlier gets and atomics */

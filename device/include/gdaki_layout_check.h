@@ -103,7 +103,7 @@ GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, timeout_ns, 16)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, slots, 24)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, version, 28)
 GDAKI_OFFSET_CHECK(gdaki_dev_socket_service, pad, 32)
-GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 272, "size of gdaki_block_scratch");
+GDAKI_ASSERT(sizeof(gdaki_block_scratch) == 288, "size of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_ALIGNOF(gdaki_block_scratch) == 16, "alignment of gdaki_block_scratch");
 GDAKI_ASSERT(GDAKI_DEV_QP_VERSION == 280625408u, "handle version");
 GDAKI_ASSERT(GDAKI_DEV_SOCKET_VERSION == 34472064u, "socket handle version");

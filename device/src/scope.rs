@@ -45,6 +45,14 @@ pub unsafe trait Scope: Copy {
     fn scan(&self, value: u64) -> (u64, u64);
     /// The leader's `value`, for every member.
     fn broadcast(&self, value: [u64; 2]) -> [u64; 2];
+    /// [`broadcast`](Self::broadcast) where the group has just met ([`sync`](Self::sync))
+    /// and meets again before the leader's next call of this: the member that reads last
+    /// has then always read before the leader writes again, so a block needs one barrier for
+    /// it, not two. Every member calls it right after the same `sync`.
+    #[inline(always)]
+    fn broadcast_met(&self, value: [u64; 2]) -> [u64; 2] {
+        self.broadcast(value)
+    }
     /// The leader's one word, for every member: what a successful step hands on, for half
     /// the collective work of [`broadcast`](Self::broadcast) in a warp.
     #[inline(always)]
@@ -265,6 +273,9 @@ mod gpu {
     pub struct BlockScratch {
         warp_totals: [u64; 32],
         value: [u64; 2],
+        /// [`Scope::broadcast_met`]'s value: apart from `value`, so a plain broadcast between
+        /// two of its calls never overwrites what a member is still to read.
+        met: [u64; 2],
     }
 
     /// Loads a word of the block's scratch: a relaxed load at block scope, ordered by the
@@ -374,6 +385,23 @@ mod gpu {
             arch::block_sync();
             v
         }
+        #[inline(always)]
+        fn broadcast_met(&self, value: [u64; 2]) -> [u64; 2] {
+            // SAFETY: as in `scan`.
+            let slot = unsafe { core::ptr::addr_of_mut!((*self.scratch).met) } as *mut u64;
+            // The barrier every member just passed came after its read of the last value here
+            // (the contract), so the leader may write it now.
+            if self.is_leader() {
+                // SAFETY: the two words of the scratch's value.
+                unsafe {
+                    st_cta(slot, value[0]);
+                    st_cta(slot.add(1), value[1]);
+                }
+            }
+            arch::block_sync();
+            // SAFETY: as above; the barrier orders the leader's writes before these reads.
+            unsafe { [ld_cta(slot), ld_cta(slot.add(1))] }
+        }
     }
 }
 #[cfg(target_arch = "nvptx64")]
@@ -381,7 +409,7 @@ pub use gpu::{Block, BlockScratch, Coalesced, Warp};
 
 /// Size of one block's `BlockScratch` (the GPU type), for hosts that allocate it for
 /// block-scope launches.
-pub const BLOCK_SCRATCH_BYTES: usize = 32 * 8 + 2 * 8;
+pub const BLOCK_SCRATCH_BYTES: usize = 32 * 8 + 2 * 8 + 2 * 8;
 #[cfg(target_arch = "nvptx64")]
 const _: () = assert!(core::mem::size_of::<BlockScratch>() == BLOCK_SCRATCH_BYTES);
 
