@@ -331,102 +331,67 @@ pub unsafe extern "ptx-kernel" fn gdaki_write_lat(sides: *const PingPongSide, si
     unsafe { status.add(global_thread() as usize).write_volatile(code) };
 }
 
-/// The socket perftests ([`socket::bench`](crate::socket::bench)), their calls' steps timed
-/// (the Steps lines): block `b` runs role `roles[b]` on the socket whose handle is
-/// `sockets[b]`, all its threads together, `iters` messages of `size` bytes through `buf_len`
-/// bytes at `bufs + b * buf_len`; its leader writes its timestamps from
-/// `times + b * times_per_block`, `status[b]` and `moved[b]`.
-///
-/// # Safety
-/// `sockets` and `roles` hold one entry per block, each socket this block's alone; the
-/// buffers are GPU memory of `buf_len` (at least `size`) bytes per block; `times` holds
-/// `times_per_block` (at least the role's timestamps) per block; `scratch` one
-/// [`BlockScratch`] per block; `status` and `moved` one entry per block.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn gdaki_socket_bench(
-    sockets: *const u64,
-    roles: *const u32,
-    size: u64,
-    iters: u32,
-    bufs: u64,
-    buf_len: u64,
-    times: *mut u64,
-    times_per_block: u64,
-    scratch: *mut BlockScratch,
-    status: *mut u32,
-    moved: *mut u64,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        socket_bench::<true>(
-            sockets,
-            roles,
-            size,
-            iters,
-            bufs,
-            buf_len,
-            times,
-            times_per_block,
-            scratch,
-            status,
-            moved,
-        )
-    }
+/// Defines a socket perftest kernel `$name` over [`socket_bench`], its calls' steps `$timed`.
+macro_rules! socket_bench_kernel {
+    ($(#[$doc:meta])* $name:ident, $timed:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `sockets` and `roles` hold one entry per block, each socket this block's alone; the
+        /// buffers are GPU memory of `buf_len` (at least `size`) bytes per block; `times` holds
+        /// `times_per_block` (at least the role's timestamps) per block; `scratch` one
+        /// [`BlockScratch`] per block; `status` and `moved` one entry per block.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            sockets: *const u64,
+            roles: *const u32,
+            size: u64,
+            iters: u32,
+            bufs: u64,
+            buf_len: u64,
+            times: *mut u64,
+            times_per_block: u64,
+            scratch: *mut BlockScratch,
+            status: *mut u32,
+            moved: *mut u64,
+        ) {
+            let area = (bufs, buf_len, times, times_per_block, scratch);
+            // SAFETY: the caller's contract.
+            unsafe { socket_bench::<$timed>(sockets, roles, size, iters, area, status, moved) }
+        }
+    };
 }
 
-/// [`gdaki_socket_bench`] without the steps' timing: the calls run as an application's, whose
-/// rates the perftests print (the timing's code cost a copying stream 7-8%).
-///
-/// # Safety
-/// As for [`gdaki_socket_bench`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn gdaki_socket_bench_untimed(
-    sockets: *const u64,
-    roles: *const u32,
-    size: u64,
-    iters: u32,
-    bufs: u64,
-    buf_len: u64,
-    times: *mut u64,
-    times_per_block: u64,
-    scratch: *mut BlockScratch,
-    status: *mut u32,
-    moved: *mut u64,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        socket_bench::<false>(
-            sockets,
-            roles,
-            size,
-            iters,
-            bufs,
-            buf_len,
-            times,
-            times_per_block,
-            scratch,
-            status,
-            moved,
-        )
-    }
-}
+socket_bench_kernel!(
+    /// The socket perftests ([`socket::bench`](crate::socket::bench)), their calls' steps
+    /// timed (the Steps lines): block `b` runs role `roles[b]` on the socket whose handle is
+    /// `sockets[b]`, all its threads together, `iters` messages of `size` bytes through
+    /// `buf_len` bytes at `bufs + b * buf_len`; its leader writes its timestamps from
+    /// `times + b * times_per_block`, `status[b]` and `moved[b]`.
+    gdaki_socket_bench,
+    true
+);
+
+socket_bench_kernel!(
+    /// [`gdaki_socket_bench`] without the steps' timing: the calls run as an application's,
+    /// whose rates the perftests print (the timing's code cost a copying stream 7-8%).
+    gdaki_socket_bench_untimed,
+    false
+);
 
 /// The body of the two socket perftest kernels (see [`gdaki_socket_bench`]).
 ///
 /// # Safety
 /// As for [`gdaki_socket_bench`].
+/// `area`: the buffers, their length, the timestamps and their count per block, the
+/// scratch.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the kernels' parameters
 unsafe fn socket_bench<const TIMED: bool>(
     sockets: *const u64,
     roles: *const u32,
     size: u64,
     iters: u32,
-    bufs: u64,
-    buf_len: u64,
-    times: *mut u64,
-    times_per_block: u64,
-    scratch: *mut BlockScratch,
+    (bufs, buf_len, times, times_per_block, scratch): (u64, u64, *mut u64, u64, *mut BlockScratch),
     status: *mut u32,
     moved: *mut u64,
 ) {
