@@ -46,7 +46,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_peek", 165),
     ("gdaki_socket_recv", 254),
     ("gdaki_socket_recv_exact", 254),
-    ("gdaki_socket_release", 62),
+    ("gdaki_socket_release", 60),
     ("gdaki_socket_reset", 254),
     ("gdaki_socket_send", 254),
     ("gdaki_socket_send_all", 254),
@@ -57,7 +57,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_try_recv", 254),
     ("gdaki_socket_try_send", 254),
     ("gdaki_socket_try_send_from", 254),
-    ("gdaki_socket_unlisten", 60),
+    ("gdaki_socket_unlisten", 62),
     ("gdaki_wait", 126), // 124 with the fence after a reliable doorbell (gone: Qp::ring)
     ("gdaki_wait_signal", 36),
     ("gdaki_write_imm", 220),
