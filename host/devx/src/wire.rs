@@ -34,7 +34,7 @@ pub const MAGIC: u32 = 0x4744_4b49;
 /// requests, [`Kind::Send`] and [`Kind::WriteImm`], and the "receiver not ready" answer,
 /// [`Kind::RnrNak`]; 9: a SEND from GPU memory may travel as a CUDA IPC reference,
 /// [`Kind::SendRef`]; 10: a [`Kind::WriteRef`] may carry a tail, a second referenced range
-/// whose bytes follow, [`RefTail`]).
+/// whose bytes follow).
 pub const VERSION: u16 = 10;
 /// Header size.
 pub const HEADER_LEN: usize = 12;
@@ -873,23 +873,24 @@ impl GpuAnswer {
     }
 }
 
-/// Most bytes of a [`RefTail`].
+/// Most bytes of an [`Op::WriteRef`]'s tail.
 pub const MAX_REF_TAIL: u32 = 256;
 
-/// The tail of an [`Op::WriteRef`]: 1 to [`MAX_REF_TAIL`] bytes at `offset` of offered
-/// allocation `alloc`, written after the reference's own bytes, contiguously, and landed after
-/// them (a WRITE whose gather list is a message and its trailer, from two buffers).
+/// `len` bytes at `offset` of offered allocation `alloc` ([`GpuOffer::id`], accepted): where a
+/// referenced request's bytes are, such as an [`Op::WriteRef`]'s tail (1 to [`MAX_REF_TAIL`]
+/// bytes written after the reference's own, contiguously, and landed after them: a WRITE whose
+/// gather list is a message and its trailer, from two buffers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RefTail {
+pub struct Reference {
     /// The allocation, as offered and accepted.
     pub alloc: u32,
-    /// Where the tail's bytes start in it.
+    /// Where the bytes start in it.
     pub offset: u64,
-    /// The tail's bytes.
+    /// The bytes.
     pub len: u32,
 }
 
-/// Checks a [`RefTail`]'s length after a reference of `len` bytes.
+/// Checks the length of an [`Op::WriteRef`]'s tail after a reference of `len` bytes.
 fn check_tail(len: u32, tail: u32) -> Result<(), WireError> {
     if tail == 0 || tail > MAX_REF_TAIL || len.checked_add(tail).is_none_or(|n| n > MAX_MESSAGE) {
         return Err(invalid(
@@ -919,7 +920,7 @@ pub enum Op {
         len: u32,
         /// A second range whose bytes follow these (a gather of two: a message and its
         /// trailer), landed last.
-        tail: Option<RefTail>,
+        tail: Option<Reference>,
     },
     /// RDMA READ of `len` bytes.
     Read {
@@ -1106,7 +1107,7 @@ impl Request {
                 let tail = if n == REQ_HEAD + 32 {
                     let (alloc, offset, tail) = decode_reference(&mut c, "tail length")?;
                     check_tail(len, tail)?;
-                    Some(RefTail {
+                    Some(Reference {
                         alloc,
                         offset,
                         len: tail,
@@ -1644,7 +1645,7 @@ mod tests {
                 alloc: 3,
                 offset: 0x1000,
                 len: 65536,
-                tail: Some(RefTail {
+                tail: Some(Reference {
                     alloc: 7,
                     offset: 0x20_0000,
                     len: MAX_REF_TAIL,
@@ -1826,7 +1827,7 @@ mod tests {
                 alloc: 0,
                 offset: 0,
                 len,
-                tail: Some(RefTail {
+                tail: Some(Reference {
                     alloc: 1,
                     offset: 64,
                     len: tail,

@@ -45,7 +45,7 @@ use gdaki_cuda::{GpuUuid, IpcExport, IpcImport, IPC_HANDLE_BYTES};
 use gdaki_devx::util::lock;
 #[cfg(doc)]
 use gdaki_devx::wire::Op;
-use gdaki_devx::wire::{GpuAnswer, GpuOffer, RefTail};
+use gdaki_devx::wire::{GpuAnswer, GpuOffer};
 
 /// Allocations one connection may offer: a peer cannot make a responder hold more mappings.
 pub(crate) const MAX_OFFERS: u32 = 1024;
@@ -91,37 +91,8 @@ pub(crate) struct Exports {
 pub(crate) type Answers = Mutex<Vec<Option<bool>>>;
 
 /// Where a WRITE's data is (or a READ's goes) for the peer: `len` bytes in allocation `alloc`
-/// (accepted) at `offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reference {
-    /// The offer id.
-    pub alloc: u32,
-    /// Where the data starts in the allocation.
-    pub offset: u64,
-    /// Data bytes.
-    pub len: u32,
-}
-
-/// A WRITE reference's tail names its range as a reference does.
-impl From<RefTail> for Reference {
-    fn from(t: RefTail) -> Reference {
-        Reference {
-            alloc: t.alloc,
-            offset: t.offset,
-            len: t.len,
-        }
-    }
-}
-
-impl From<Reference> for RefTail {
-    fn from(r: Reference) -> RefTail {
-        RefTail {
-            alloc: r.alloc,
-            offset: r.offset,
-            len: r.len,
-        }
-    }
-}
+/// (accepted) at `offset`, as the wire names it.
+pub(crate) use gdaki_devx::wire::Reference;
 
 /// What [`Exports::reference`] decided.
 pub(crate) enum Choice {

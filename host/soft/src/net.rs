@@ -1576,7 +1576,6 @@ fn execute(
             tail,
         } => {
             let r = ipc::Reference { alloc, offset, len };
-            let tail = tail.map(ipc::Reference::from);
             by_reference(hca, cache, pd, remote, imports, bounce, Way::Write, r, tail)?
         }
         Op::ReadRef { alloc, offset, len } => {

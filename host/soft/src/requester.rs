@@ -20,7 +20,7 @@ use crate::net::{Link, Meta, Sink};
 use crate::objects::SoftQp;
 use crate::responder::{self, AtomicOp, Message, Receiving, SendData, Side, SmallWrite};
 use crate::{Hca, RegionCache};
-use gdaki_devx::wire::{Op, RefTail};
+use gdaki_devx::wire::Op;
 use gdaki_devx::Access;
 
 /// Buffers the engine thread reuses between WQEs, and the GPU copies it has in flight.
@@ -146,7 +146,7 @@ fn post_reference(link: &mut Link, meta: Meta, r: DevRemote, local: &Locals, way
             alloc,
             offset,
             len,
-            tail: tail.map(RefTail::from),
+            tail,
         },
         Way::Read => Op::ReadRef { alloc, offset, len },
     };
