@@ -776,7 +776,10 @@ mod gpu {
                 OP_COPY => {
                     let p = plan(dst, src, len, arg0, tail);
                     copy_share(dst, src, p.main, lane, 32);
-                    copy_share(dst + len, arg0, p.tail_body, lane, 32);
+                    // (Only a gather has a tail: no call on every other copy's path.)
+                    if p.tail_body != 0 {
+                        copy_share(dst + len, arg0, p.tail_body, lane, 32);
+                    }
                     arch::warp_sync(FULL_WARP);
                     if lane == 0 {
                         fence_gpu();
