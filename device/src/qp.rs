@@ -225,6 +225,13 @@ impl Consts {
     }
 }
 
+/// A send queue's counters, loaded ahead of a reservation ([`Qp::reserve_ahead`]).
+#[derive(Clone, Copy)]
+pub(crate) struct ReserveAhead {
+    reserved: u64,
+    consumed: u64,
+}
+
 impl<M: Sharing, S: Scope> Clone for Qp<M, S> {
     fn clone(&self) -> Self {
         *self
@@ -492,6 +499,47 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
         let last = base + count as u64 - 1;
         if last >= size {
             // Completions are in order, so the CQE of the last slot's previous user covers all.
+            self.reclaim(last - size)?;
+        }
+        Ok(base)
+    }
+
+    /// For an exclusive poster: the counters [`reserve`](Self::reserve) reads (the slots
+    /// reserved, the CQEs consumed), loaded now, so that a call can issue the loads as it
+    /// starts, beside its own, instead of one after the other in its post (each a round trip
+    /// to L2, the second waiting for the first). `None` for a shared handle, whose counters
+    /// other posters move meanwhile.
+    #[inline(always)]
+    pub(crate) fn reserve_ahead(&self) -> Option<ReserveAhead> {
+        if M::SHARED {
+            return None;
+        }
+        Some(ReserveAhead {
+            // SAFETY: a counter of the live handle, touched only through `M`'s atomics.
+            reserved: unsafe { M::load_acquire(self.sq_reserved()) },
+            consumed: self.consumed(),
+        })
+    }
+
+    /// [`reserve`](Self::reserve), from the counters `ahead` that this poster loaded with
+    /// [`reserve_ahead`](Self::reserve_ahead) since its last reservation on this handle (the
+    /// caller's invariant: with the handle exclusive, nothing else reserved or consumed
+    /// meanwhile but this poster; a completion consumed since only makes `ahead` cautious).
+    /// `None`: as `reserve`.
+    #[inline(always)]
+    pub(crate) fn reserve_from(&self, ahead: Option<ReserveAhead>, count: u32) -> Result<u64, PostError> {
+        let Some(ahead) = ahead.filter(|_| !M::SHARED) else {
+            return self.reserve(count);
+        };
+        let size = 1u64 << self.sq_log_size();
+        if count == 0 || count as u64 > size {
+            return Err(PostError::BadCount { count, ring: size });
+        }
+        let base = ahead.reserved;
+        // SAFETY: the counter belongs to the live handle, which only this poster moves.
+        unsafe { M::store_release(self.sq_reserved(), base + count as u64) };
+        let last = base + count as u64 - 1;
+        if last >= size && ahead.consumed <= last - size {
             self.reclaim(last - size)?;
         }
         Ok(base)

@@ -15,7 +15,7 @@ use gdaki_layout::DevQp;
 
 use crate::arch;
 use crate::copier::copy_share;
-use crate::qp::{Local, Qp, Remote};
+use crate::qp::{Local, Qp, Remote, ReserveAhead};
 use crate::scope::{Scope, Thread};
 use crate::sharing::Sharing;
 use crate::status::{
@@ -804,6 +804,13 @@ impl<M: Sharing> Socket<M> {
         // put). Otherwise the leader looks at the credit (and waits for room), and keeps what
         // it saw only after the copy's barrier, when every member has read the old value.
         let (sent, credit) = (self.sent(), self.credit_seen());
+        // The leader's post reads the send queue's counters: loaded now, beside the words
+        // above, not one after the other after the copy (an exclusive queue pair: see `stage`).
+        let ahead = if scope.is_leader() {
+            self.qp.reserve_ahead()
+        } else {
+            None
+        };
         let mut fresh = None;
         let plan = |credit: u64| {
             let (first, second) = frame_plan(cap, sent, credit, want);
@@ -873,7 +880,7 @@ impl<M: Sharing> Socket<M> {
         let from = src.region();
         let late = scope.size() > WARP && self.qp.submit_cannot_fail();
         let ring = on_leader(scope, || {
-            let last = self.stage(sent, n, early, from)?;
+            let last = self.stage(sent, n, early, ahead, from)?;
             steps.mark(4);
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
@@ -905,7 +912,14 @@ impl<M: Sharing> Socket<M> {
     /// One reservation for all of them: as a post each (up to four), the reservation's path
     /// was inlined four times, and the send took 255 registers and spilled (ptxas, sm_90).
     #[inline(always)]
-    fn stage(&self, sent: u64, n: u64, early: Option<(u64, u64)>, from: Option<Local>) -> Result<Ticket, SocketError> {
+    fn stage(
+        &self,
+        sent: u64,
+        n: u64,
+        early: Option<(u64, u64)>,
+        ahead: Option<ReserveAhead>,
+        from: Option<Local>,
+    ) -> Result<Ticket, SocketError> {
         if let Some((flags, reset)) = early {
             self.sendable(flags, reset)?;
         }
@@ -917,7 +931,9 @@ impl<M: Sharing> Socket<M> {
             let (_, _, len) = nth_frame(sent, first, second, k);
             count += Self::frame_wqes(q, len, from);
         }
-        let base = q.reserve(count.min(u32::MAX as u64) as u32)?;
+        // `ahead` was loaded as this call started: one caller at a time on an exclusive
+        // socket, so nothing reserved on its queue pair since.
+        let base = q.reserve_from(ahead, count.min(u32::MAX as u64) as u32)?;
         let mut next = base;
         let mut written = Ok(());
         for k in 0..frame_count(second) {
