@@ -278,35 +278,6 @@ mod gpu {
         met: [u64; 2],
     }
 
-    /// Loads a word of the block's scratch: a relaxed load at block scope, ordered by the
-    /// barriers around it (the compiler keeps asm in place). A volatile load is a system-scope
-    /// access that goes to L2 for every thread after each barrier; the profile of block-scope
-    /// posting had most of its stalls there.
-    ///
-    /// # Safety
-    /// `p` is valid and 8-byte aligned.
-    #[inline(always)]
-    unsafe fn ld_cta(p: *const u64) -> u64 {
-        let v: u64;
-        // SAFETY: the caller's contract.
-        unsafe {
-            core::arch::asm!("ld.relaxed.cta.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack))
-        };
-        v
-    }
-
-    /// Stores a word of the block's scratch at block scope (see [`ld_cta`]).
-    ///
-    /// # Safety
-    /// `p` is valid and 8-byte aligned.
-    #[inline(always)]
-    unsafe fn st_cta(p: *mut u64, v: u64) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            core::arch::asm!("st.relaxed.cta.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
-        };
-    }
-
     /// Every thread of a block.
     #[derive(Clone, Copy)]
     pub struct Block {
@@ -350,16 +321,16 @@ mod gpu {
             let lanes = (size - warp * 32).min(32);
             let mask = if lanes == 32 { FULL_WARP } else { (1u32 << lanes) - 1 };
             let (excl, warp_total) = warp_scan(mask, lane, value);
-            // SAFETY (scratch accesses): valid per `new`; barriers order them (`ld_cta`).
+            // SAFETY (scratch accesses): valid per `new`; barriers order them (`arch::load_u64_block`).
             let totals = unsafe { core::ptr::addr_of_mut!((*self.scratch).warp_totals) } as *mut u64;
             if lane == lanes - 1 {
-                unsafe { st_cta(totals.add(warp as usize), warp_total) };
+                unsafe { arch::store_u64_block(totals.add(warp as usize), warp_total) };
             }
             arch::block_sync();
             let (mut before, mut total) = (0, 0);
             for w in 0..size.div_ceil(32) {
                 // SAFETY: the block scratch holds one total per warp of the block, and `w` is below their number.
-                let t = unsafe { ld_cta(totals.add(w as usize)) };
+                let t = unsafe { arch::load_u64_block(totals.add(w as usize)) };
                 if w < warp {
                     before += t;
                 }
@@ -375,13 +346,13 @@ mod gpu {
             if self.is_leader() {
                 // SAFETY: the two words of the scratch's broadcast value.
                 unsafe {
-                    st_cta(slot, value[0]);
-                    st_cta(slot.add(1), value[1]);
+                    arch::store_u64_block(slot, value[0]);
+                    arch::store_u64_block(slot.add(1), value[1]);
                 }
             }
             arch::block_sync();
             // SAFETY: as above; the barrier orders the leader's writes before these reads.
-            let v = unsafe { [ld_cta(slot), ld_cta(slot.add(1))] };
+            let v = unsafe { [arch::load_u64_block(slot), arch::load_u64_block(slot.add(1))] };
             arch::block_sync();
             v
         }
@@ -394,13 +365,13 @@ mod gpu {
             if self.is_leader() {
                 // SAFETY: the two words of the scratch's value.
                 unsafe {
-                    st_cta(slot, value[0]);
-                    st_cta(slot.add(1), value[1]);
+                    arch::store_u64_block(slot, value[0]);
+                    arch::store_u64_block(slot.add(1), value[1]);
                 }
             }
             arch::block_sync();
             // SAFETY: as above; the barrier orders the leader's writes before these reads.
-            unsafe { [ld_cta(slot), ld_cta(slot.add(1))] }
+            unsafe { [arch::load_u64_block(slot), arch::load_u64_block(slot.add(1))] }
         }
     }
 }

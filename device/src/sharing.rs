@@ -1,5 +1,5 @@
 //! Sharing modes: how many posters share a QP, and so which atomics its counters need.
-//! [`Exclusive`]: one thread (plain loads and stores); [`Cta`]: threads of one block
+//! [`Exclusive`]: one thread (plain loads and stores; block scope on a GPU); [`Cta`]: threads of one block
 //! (block-scope atomics); [`Gpu`]: threads of any block (device-scope atomics). On the host all
 //! three use std atomics; `Exclusive` avoids read-modify-writes there too.
 
@@ -216,36 +216,39 @@ mod imp {
     shared_ptx!(Cta, "cta", "cta");
     shared_ptx!(Gpu, "gpu", "gpu");
 
-    // SAFETY: one thread owns the QP: volatile loads and stores; the release/acquire pairs that
-    // matter (ring against HCA) are made by the arch barriers.
+    // SAFETY: one thread owns the QP (or a group that hands it on through its barriers, as a
+    // socket's leader to its ringer): block-scope loads and stores, which the SM's L1 serves
+    // after the owner's own store (a volatile access went to L2 on every post, a dependent round
+    // trip on a post's path); the release/acquire pairs that matter (ring against HCA) are made
+    // by the arch barriers, and they write through to L2 for the host's diagnostics.
     unsafe impl Sharing for Exclusive {
         const SHARED: bool = false;
         const NAME: &'static str = "exclusive";
         #[inline(always)]
         unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
             // SAFETY: one thread owns the QP, and `p` is valid and aligned (the trait's contract).
-            let old = unsafe { p.read_volatile() };
+            let old = unsafe { crate::arch::load_u64_block(p) };
             // SAFETY: as above.
-            unsafe { p.write_volatile(old + v) };
+            unsafe { crate::arch::store_u64_block(p, old + v) };
             old
         }
         #[inline(always)]
         unsafe fn load_acquire(p: *const u64) -> u64 {
             // SAFETY: as above.
-            unsafe { p.read_volatile() }
+            unsafe { crate::arch::load_u64_block(p) }
         }
         #[inline(always)]
         unsafe fn store_release(p: *mut u64, v: u64) {
             // SAFETY: as above.
-            unsafe { p.write_volatile(v) }
+            unsafe { crate::arch::store_u64_block(p, v) }
         }
         #[inline(always)]
         unsafe fn fetch_max(p: *mut u64, v: u64) -> u64 {
             // SAFETY: as above.
-            let old = unsafe { p.read_volatile() };
+            let old = unsafe { crate::arch::load_u64_block(p) };
             if v > old {
                 // SAFETY: as above.
-                unsafe { p.write_volatile(v) };
+                unsafe { crate::arch::store_u64_block(p, v) };
             }
             old
         }

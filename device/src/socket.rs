@@ -811,13 +811,16 @@ impl<M: Sharing> Socket<M> {
         } else {
             None
         };
+        let words = scope
+            .is_leader()
+            .then(|| (self.flags(), self.control(layout::RESET_BY_CREDIT)));
         let mut fresh = None;
         let plan = |credit: u64| {
             let (first, second) = frame_plan(cap, sent, credit, want);
             first + second
         };
         let fast = want != 0 && plan(credit) == want;
-        let early = (fast && scope.is_leader()).then(|| (self.flags(), self.control(layout::RESET_BY_CREDIT)));
+        let early = words.filter(|_| fast);
         let n = if fast {
             steps.mark(1);
             want
@@ -920,7 +923,11 @@ impl<M: Sharing> Socket<M> {
         ahead: Option<ReserveAhead>,
         from: Option<Local>,
     ) -> Result<Ticket, SocketError> {
-        if let Some((flags, reset)) = early {
+        // On an exclusive queue pair the early look is checked once the WQEs are written, as
+        // late as it can be and with its loads in flight meanwhile (the reservation is given
+        // back where it fails); a shared one checks before it reserves.
+        let late = ahead.is_some();
+        if let Some((flags, reset)) = early.filter(|_| !late) {
             self.sendable(flags, reset)?;
         }
         let cap = 1u64 << self.log_tx;
@@ -941,6 +948,12 @@ impl<M: Sharing> Socket<M> {
             next = self.stage_frame(q, next, pos, at, len, from, &mut written);
         }
         debug_assert_eq!(next, base + count, "a send's frames took other slots than it reserved");
+        if let Some((flags, reset)) = early.filter(|_| late) {
+            if let Err(e) = self.sendable(flags, reset) {
+                q.unreserve(ahead, base);
+                return Err(e);
+            }
+        }
         q.mark_ready(base, next).map_err(PostError::from)?;
         written?;
         Ok(next - 1)
@@ -1336,45 +1349,75 @@ impl<M: Sharing> Socket<M> {
         self.flags_word().load(Ordering::Relaxed)
     }
 
+    /// A word of the stream's state that one side's one caller at a time reads and writes
+    /// (`sent`, `credit_seen`: the sender's; `consumed`, `taken`, `credited`: the receiver's).
+    /// On an exclusive socket (one caller at a time in all: one group) a block-scope load,
+    /// which an SM's L1 serves after the group's own store; where the queue pair takes
+    /// concurrent posters, the two sides may be other blocks, so a volatile load.
+    #[inline(always)]
+    fn own(&self, word: *const u64) -> u64 {
+        // SAFETY: `word` is a field of the live handle (8-byte aligned), touched only by the
+        // side's caller, whose group's barriers order its members' accesses (the contract).
+        unsafe {
+            if M::SHARED {
+                core::ptr::read_volatile(word)
+            } else {
+                arch::load_u64_block(word)
+            }
+        }
+    }
+
+    /// Stores a word of the stream's state (see [`own`](Self::own)).
+    #[inline(always)]
+    fn set_own(&self, word: *mut u64, v: u64) {
+        // SAFETY: as in `own`.
+        unsafe {
+            if M::SHARED {
+                core::ptr::write_volatile(word, v)
+            } else {
+                arch::store_u64_block(word, v)
+            }
+        }
+    }
+
     /// Bytes of this stream put to the peer.
     fn sent(&self) -> u64 {
-        // SAFETY: the live handle; `sent` is the sending side's word, touched only by its one
-        // caller (the contract).
-        unsafe { core::ptr::read_volatile(&raw const (*self.s).sent) }
+        // SAFETY (field addresses): the live handle's; only the address is taken.
+        self.own(unsafe { &raw const (*self.s).sent })
     }
 
     /// Bytes of the peer's stream taken out of the receive ring.
     fn consumed(&self) -> u64 {
-        // SAFETY: the live handle; the receiving side's word, touched only by its one caller.
-        unsafe { core::ptr::read_volatile(&raw const (*self.s).consumed) }
+        // SAFETY: as in `sent`.
+        self.own(unsafe { &raw const (*self.s).consumed })
     }
 
     /// Bytes of the frame at `consumed` already taken.
     fn taken(&self) -> u64 {
-        // SAFETY: as in `consumed`.
-        unsafe { core::ptr::read_volatile(&raw const (*self.s).taken) }
+        // SAFETY: as in `sent`.
+        self.own(unsafe { &raw const (*self.s).taken })
     }
 
     fn set_taken(&self, v: u64) {
-        // SAFETY: as in `consumed`.
-        unsafe { core::ptr::write_volatile(&raw mut (*self.s).taken, v) }
+        // SAFETY: as in `sent`.
+        self.set_own(unsafe { &raw mut (*self.s).taken }, v)
     }
 
     /// `consumed` as last credited to the peer.
     fn credited(&self) -> u64 {
-        // SAFETY: as in `consumed`.
-        unsafe { core::ptr::read_volatile(&raw const (*self.s).credited) }
+        // SAFETY: as in `sent`.
+        self.own(unsafe { &raw const (*self.s).credited })
     }
 
     /// The peer's credit as this side last read it.
     fn credit_seen(&self) -> u64 {
-        // SAFETY: as in `sent`: the sending side's word.
-        unsafe { core::ptr::read_volatile(&raw const (*self.s).credit_seen) }
+        // SAFETY: as in `sent`.
+        self.own(unsafe { &raw const (*self.s).credit_seen })
     }
 
     fn set_credit_seen(&self, v: u64) {
         // SAFETY: as in `sent`.
-        unsafe { core::ptr::write_volatile(&raw mut (*self.s).credit_seen, v) }
+        self.set_own(unsafe { &raw mut (*self.s).credit_seen }, v)
     }
 
     /// `flags`, which both sides (and `reset`) may change at once.
@@ -1384,18 +1427,18 @@ impl<M: Sharing> Socket<M> {
     }
 
     fn set_sent(&self, v: u64) {
-        // SAFETY: as in `sent` and `consumed`.
-        unsafe { core::ptr::write_volatile(&raw mut (*self.s).sent, v) }
+        // SAFETY: as in `sent`.
+        self.set_own(unsafe { &raw mut (*self.s).sent }, v)
     }
 
     fn set_consumed(&self, v: u64) {
-        // SAFETY: as in `sent` and `consumed`.
-        unsafe { core::ptr::write_volatile(&raw mut (*self.s).consumed, v) }
+        // SAFETY: as in `sent`.
+        self.set_own(unsafe { &raw mut (*self.s).consumed }, v)
     }
 
     fn set_credited(&self, v: u64) {
-        // SAFETY: as in `sent` and `consumed`.
-        unsafe { core::ptr::write_volatile(&raw mut (*self.s).credited, v) }
+        // SAFETY: as in `sent`.
+        self.set_own(unsafe { &raw mut (*self.s).credited }, v)
     }
 
     fn add_flags(&self, bits: u64) {

@@ -189,6 +189,30 @@ fn a_reset_fails_both_sides() {
     assert!(matches!(s.send(b"x"), Err(SocketFailure::Reset)));
 }
 
+/// A send that finds the peer's reset posts nothing: on an exclusive queue pair the fast send
+/// reserves and writes its WQEs before it looks at the early-loaded reset word, and gives the
+/// slots back when the look fails, so the queue pair's counters stay where they were.
+#[test]
+fn a_send_on_a_reset_stream_posts_nothing_and_gives_its_slots_back() {
+    let (s, c) = pair(small(4096));
+    // SAFETY: the client's handle, alive for the test; this thread is its only user.
+    let dev = unsafe { gdaki_device::socket::Socket::<gdaki_device::Exclusive>::from_raw(c.device_handle()) }.unwrap();
+    assert_eq!(dev.send(b"first").unwrap(), 5);
+    dev.flush().unwrap();
+    s.reset().unwrap();
+    s.flush().unwrap();
+    let h = c.queue_pair().device_handle();
+    // SAFETY: the client's live queue-pair handle, which nothing posts to meanwhile.
+    let counters = || unsafe { ((*h).sq_reserved, (*h).sq_ready, (*h).sq_rung) };
+    let before = counters();
+    assert_eq!(
+        dev.send(b"after the reset"),
+        Err(gdaki_device::socket::SocketError::Reset)
+    );
+    assert_eq!(counters(), before, "a refused send reserved, readied or rang slots");
+    assert!(before.0 > 0, "the first send went through these counters");
+}
+
 /// A peer that breaks the protocol: a frame whose trailer (its tag right) claims more bytes
 /// than this side's ring holds (a bug or an attack). The receiver copies nothing from outside
 /// its ring and stops trusting the stream: the call and every later one fail as reset.

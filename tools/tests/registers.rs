@@ -25,7 +25,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_commit", 61),
     ("gdaki_count_when_done", 228),
     ("gdaki_get", 236),
-    ("gdaki_poll_recv", 109),
+    ("gdaki_poll_recv", 110),
     ("gdaki_post_recv", 70),
     ("gdaki_post_recvs", 101),
     ("gdaki_put", 243),

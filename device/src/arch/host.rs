@@ -179,6 +179,27 @@ pub unsafe fn store_sys(dst: *mut u64, value: u64) {
     unsafe { u64_at(dst) }.store(value, Ordering::Release)
 }
 
+/// Reads a word that only the caller's group touches while it runs (on a GPU served from the
+/// block's L1): a volatile read here, ordered by the group's barriers.
+///
+/// # Safety
+/// `src` is valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64_block(src: *const u64) -> u64 {
+    // SAFETY: per the caller's contract.
+    unsafe { src.read_volatile() }
+}
+
+/// Stores a word that only the caller's group touches while it runs (see [`load_u64_block`]).
+///
+/// # Safety
+/// `dst` is valid for writes and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn store_u64_block(dst: *mut u64, value: u64) {
+    // SAFETY: per the caller's contract.
+    unsafe { dst.write_volatile(value) }
+}
+
 /// Reads a byte the HCA writes (a CQE's `op_own`).
 ///
 /// # Safety

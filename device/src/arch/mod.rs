@@ -14,6 +14,7 @@
 //! | [`store_cq_dbrec`] | the CQ doorbell-record word, release, system scope |
 //! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
 //! | [`fetch_max_sys`] / [`store_sys`] | raise / store a host-visible u64 (the CPU proxy's producer index) |
+//! | [`load_u64_block`] / [`store_u64_block`] | a word only the calling block touches while it runs (`ld`/`st.relaxed.cta`: an L1 hit after the block's own store) |
 //! | [`load_u8_volatile`] / [`load_u32_volatile`] / [`load_u64_volatile`] / [`load_u64x2_volatile`] | reads of memory the HCA writes |
 //! | [`global_timer_ns`] | monotonic nanoseconds (GPU `%globaltimer`) |
 //! | [`backoff`] | what a waiter does between polls |

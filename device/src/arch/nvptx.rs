@@ -117,6 +117,34 @@ pub unsafe fn store_sys(dst: *mut u64, value: u64) {
     unsafe { asm!("st.relaxed.sys.u64 [{p}], {v};", p = in(reg64) dst, v = in(reg64) value, options(nostack)) }
 }
 
+/// Reads a word that only the calling block's threads touch while it runs (`ld.relaxed.cta`):
+/// served from the SM's L1 where the block last wrote it, where a volatile load is a
+/// system-scope access that goes to L2 on every call (a dependent round trip on a call's path).
+/// The block's barriers order it against the other members' [`store_u64_block`]s; a next
+/// owner in another block synchronises first (at GPU scope, whose acquire empties L1).
+///
+/// # Safety
+/// `src` is valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_u64_block(src: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("ld.relaxed.cta.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) src, options(nostack)) }
+    v
+}
+
+/// Stores a word that only the calling block's threads touch while it runs (`st.relaxed.cta`;
+/// see [`load_u64_block`]). It still writes through to L2, where the host's diagnostics and
+/// the kernel's next launch read it.
+///
+/// # Safety
+/// `dst` is valid for writes and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn store_u64_block(dst: *mut u64, value: u64) {
+    // SAFETY: per the caller's contract.
+    unsafe { asm!("st.relaxed.cta.u64 [{p}], {v};", p = in(reg64) dst, v = in(reg64) value, options(nostack)) }
+}
+
 /// Reads a byte the HCA writes (`ld.relaxed.sys`).
 ///
 /// # Safety

@@ -131,7 +131,10 @@ impl QueuePair {
     ///
     /// # Safety
     /// No poster (CPU thread or kernel) uses the QP's handles from this call until `connect`
-    /// has returned: the handles' counters are rewritten meanwhile.
+    /// has returned: the handles' counters are rewritten meanwhile. A kernel that posts on
+    /// afterwards first learns that `connect` returned through an acquire at system scope: a
+    /// GPU poster's exclusive counters are block-scope accesses, which the SM's L1 may serve
+    /// from before the reset until such an acquire empties it.
     pub unsafe fn reset(&self) -> Result<()> {
         if self.rings_in_gpu_memory() {
             return Err(Error::Unsupported {
