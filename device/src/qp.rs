@@ -548,15 +548,14 @@ impl<M: Sharing, S: Scope> Qp<M, S> {
     /// Gives back the reservation that [`reserve_from`](Self::reserve_from) made from `base`,
     /// before any of its WQEs is marked ready: the slots go to the next reservation, whatever
     /// was written into them is never rung. Only where `ahead` was `Some` (an exclusive
-    /// handle: nothing reserved since); a shared handle keeps its reservation (`false`).
+    /// handle: nothing reserved since); a shared handle keeps its reservation.
     #[inline(always)]
-    pub(crate) fn unreserve(&self, ahead: Option<ReserveAhead>, base: u64) -> bool {
+    pub(crate) fn unreserve(&self, ahead: Option<ReserveAhead>, base: u64) {
         if ahead.is_none() || M::SHARED {
-            return false;
+            return;
         }
         // SAFETY: the counter belongs to the live handle, which only this poster moves.
         unsafe { M::store_release(self.sq_reserved(), base) };
-        true
     }
 
     /// Waits (bounded) until WQE `index` has completed, so that its slot can be reused. Its

@@ -909,8 +909,8 @@ impl<M: Sharing> Socket<M> {
     /// holding all `n`), a frame is one WRITE gathered from there and from the staging ring
     /// (its padding and trailer, written there first), or, past one message, its bytes'
     /// WRITEs and its trailer's inline WRITE after them (RC places them in posting order). A
-    /// fast send's `early` look at `flags` and the peer's
-    /// `reset` is checked first, so a broken stream's bytes are never put.
+    /// fast send's `early` look at `flags` and the peer's `reset` is checked before any WQE is
+    /// marked ready, so a broken stream's bytes are never put.
     ///
     /// One reservation for all of them: as a post each (up to four), the reservation's path
     /// was inlined four times, and the send took 255 registers and spilled (ptxas, sm_90).
