@@ -247,6 +247,18 @@ const RINGER: u32 = WARP;
 /// Runs `step` on the leader of `scope` and hands its outcome to every member (the others get
 /// the leader's error as its code: [`SocketError::from_code`]).
 fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>) -> Result<u64, SocketError> {
+    on_leader_settle(scope, step, || ())
+}
+
+/// [`on_leader`], where the leader also runs `settle` once `step` succeeded and every member
+/// has come this far, before it hands the outcome on: for the words that every member read
+/// as the call started and that the leader may change only once they all have (a send's
+/// `sent`), where no earlier barrier of the call says so.
+fn on_leader_settle<S: Scope>(
+    scope: S,
+    step: impl FnOnce() -> Result<u64, SocketError>,
+    settle: impl FnOnce(),
+) -> Result<u64, SocketError> {
     // The leader's error itself is set aside where there is one: the barriers and the
     // broadcast see two words, so a call that succeeds tests a word, not the variants of an
     // `Option<Result<..>>` (which compiled to indirect branches through jump tables on every
@@ -262,12 +274,19 @@ fn on_leader<S: Scope>(scope: S, step: impl FnOnce() -> Result<u64, SocketError>
             }
         }
     }
-    if !S::SOLO {
+    if S::SOLO {
+        if failure.is_none() {
+            settle();
+        }
+    } else {
         // A barrier of its own before the broadcast's: on 2 x H100 a block's send and receive
         // calls took 20-30% less time with it (docs/figures.md, "A barrier before a socket's
         // broadcast"). Why is not known: the time the broadcast took (6 us at 64 KiB, growing
         // with the block's copy) moved, less of it, into the copy after it.
         scope.sync();
+        if scope.is_leader() && failure.is_none() {
+            settle();
+        }
         // Every call of this starts with that barrier: one barrier less than a broadcast.
         word = scope.broadcast_met(word);
     }
@@ -802,7 +821,7 @@ impl<M: Sharing> Socket<M> {
         // loads `flags` and the peer's `reset` now, in flight during the copy, and checks them
         // before it posts (bytes copied into the staging ring of a broken stream are never
         // put). Otherwise the leader looks at the credit (and waits for room), and keeps what
-        // it saw only after the copy's barrier, when every member has read the old value.
+        // it saw only once every member has read the old value (see `publish` below).
         let (sent, credit) = (self.sent(), self.credit_seen());
         // The leader's post reads the send queue's counters: loaded now, beside the words
         // above, not one after the other after the copy (an exclusive queue pair: see `stage`).
@@ -865,36 +884,55 @@ impl<M: Sharing> Socket<M> {
                 self.compose(scope, pos, data.as_ptr() as u64 + at, len);
             }
         }
-        // After the copy, or (from registered memory) after what the members wrote there.
-        scope.sync();
-        steps.mark(3);
         // In a group of more than a warp on an exclusive queue pair, the WQEs are rung after
         // the result's broadcast by another member (`RINGER`), so the doorbell's fences overlap
         // the leader's next call and the others' next copy, where they held the whole group (a
-        // 64 KiB send's 3.1 of 7.8 us on 2 x H200, docs/figures.md). Nothing can be rung out of
-        // order beside it: the leader's next WQEs are written after that call's copy barrier,
-        // which the ringer reaches only once it has rung, and the calls whose leader posts
-        // before their first barrier start with one (`shutdown_with`, `reset_with`,
-        // `flush_with`). A send from registered memory has the same barrier (above, after
-        // what the members wrote), so it rings late too: on the leader its fences took 1.7 us
-        // of a 64 KiB send (2 x H200). There `submit` cannot fail, so the result the group
-        // hears is the send's. A thread, a warp (whose lanes would only take turns) or a shared
-        // queue pair ring on the leader, before the broadcast.
+        // 64 KiB send's 3.1 of 7.8 us on 2 x H200, docs/figures.md). A thread, a warp (whose
+        // lanes would only take turns) or a shared queue pair ring on the leader, before the
+        // broadcast. Where the ring is late, `submit` cannot fail, so the result the group
+        // hears is the send's.
         let from = src.region();
         let late = scope.size() > WARP && self.qp.submit_cannot_fail();
-        let ring = on_leader(scope, || {
-            let last = self.stage(sent, n, early, ahead, from)?;
-            steps.mark(4);
+        // The bytes must be in place before the doorbell that lets the HCA read them: where the
+        // leader rings, a barrier after the copy (or after what the members wrote into
+        // registered memory). A late doorbell comes after the result's barriers, which order
+        // every member's bytes before the ringer's fence: there the leader posts as soon as
+        // its own part is done, and the ringer, still in the last call's fences, holds no
+        // barrier of this call before the leader has posted. Nothing is rung out of order:
+        // the ringer rings each call's WQEs, all written before the barrier it passed, in
+        // call order; calls whose leader posts before their first barrier start with one
+        // (`shutdown_with`, `reset_with`, `flush_with`).
+        if !late {
+            scope.sync();
+        }
+        steps.mark(3);
+        // `sent` and the credit seen change only once every member read them for this call
+        // (they all did by the result's first barrier): before it, where no copy barrier
+        // says so.
+        let publish = || {
             if let Some(credit) = fresh {
                 self.set_credit_seen(credit);
             }
             self.set_sent(frames_end(sent, first, second));
-            if !late {
-                self.qp.commit()?;
-            }
-            steps.mark(5);
-            Ok(if late { last + 1 } else { 0 })
-        });
+        };
+        let ring = on_leader_settle(
+            scope,
+            || {
+                let last = self.stage(sent, n, early, ahead, from)?;
+                steps.mark(4);
+                if !late {
+                    publish();
+                    self.qp.commit()?;
+                }
+                steps.mark(5);
+                Ok(if late { last + 1 } else { 0 })
+            },
+            || {
+                if late {
+                    publish();
+                }
+            },
+        );
         steps.mark(6);
         let ring = ring?;
         if ring != 0 && scope.rank() == RINGER {
