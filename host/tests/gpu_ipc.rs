@@ -68,6 +68,9 @@ fn peer_process() {
     if mode == "receive" {
         return receiving_peer();
     }
+    if mode == "exit" {
+        return exiting_peer();
+    }
     let ordinal = std::env::var("GDAKI_GPU_IPC_PEER_GPU").map_or(0, |g| g.parse().unwrap());
     let gpu = gdaki::cuda::Gpu::open(ordinal).unwrap();
     let ctx = listening(mode == "on");
@@ -421,6 +424,38 @@ fn references(test: &str, bad: Bad, peer_gpu: usize) {
     assert_eq!(
         ran, 0,
         "this side's copier moved bytes of WRITEs or READs sent as references"
+    );
+}
+
+/// The peer of the exit test: starts its GPU's copier, lets its handle go without stopping it
+/// (as an exit that ends the thread holding the last handle would), and ends.
+fn exiting_peer() {
+    let gpu = gdaki::cuda::Gpu::open(0).unwrap();
+    let copier = Copier::of(&gpu).unwrap();
+    std::mem::forget(copier);
+    eprintln!("peer: leaving with the copier running");
+}
+
+/// A process that exits while its copier kernel runs stops the kernel on the way out (left to
+/// the driver's teardown, the exit could hang under MPS). The peer says so in its log.
+#[test]
+fn a_process_stops_its_copier_as_it_exits() {
+    let Some((_gpu, _one)) = gpu_or_skip("a_process_stops_its_copier_as_it_exits") else {
+        return;
+    };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
+        .envs([("GDAKI_GPU_IPC_PEER", "exit"), ("RUST_LOG", "gdaki_soft::copier=debug")])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the peer failed: {log}");
+    let left = log
+        .find("leaving with the copier running")
+        .expect("the peer did not get to its end");
+    assert!(
+        log[left..].contains("GPU copier stopped"),
+        "the copier was still running at exit: {log}"
     );
 }
 

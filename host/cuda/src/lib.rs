@@ -850,11 +850,36 @@ pub fn copier_blocks(sms: i32) -> u32 {
     (sms.max(8) / 4) as u32
 }
 
-/// Registers a resident kernel for [`quiesced`] (for as long as it lives).
+/// Registers a resident kernel for [`quiesced`] (for as long as it lives), and stops it when
+/// the process exits, should it still run then.
 pub fn resident(kernel: std::sync::Weak<dyn Resident>) {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        extern "C" {
+            fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;
+        }
+        // SAFETY: `atexit` takes a function that lives as long as the program; this one never
+        // unwinds (it catches panics).
+        if unsafe { atexit(stop_residents_at_exit) } != 0 {
+            tracing::warn!("no exit hook: a copier kernel alive at exit is left to the driver");
+        }
+    });
     let mut all = lock(&RESIDENT);
     all.retain(|w| w.strong_count() > 0);
     all.push(kernel);
+}
+
+/// Stops every resident kernel as the process exits (an `atexit` hook, registered after
+/// `cuInit` registered the driver's, so it runs before the driver tears down). A resident
+/// kernel never ends on its own, and its last holder may be a thread that exit ends first
+/// (the reaper, an engine). Left running, it is ended by the driver's teardown, and under MPS
+/// the exiting client can stay stuck in the driver, past SIGKILL. The pauses are never
+/// resumed: nothing restarts a kernel once the process is ending.
+extern "C" fn stop_residents_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let kernels: Vec<Arc<dyn Resident>> = lock(&RESIDENT).iter().filter_map(|w| w.upgrade()).collect();
+        kernels.iter().for_each(|k| k.pause());
+    });
 }
 
 /// Runs `f` with every resident kernel of the process stopped (the soft HCA's GPU copiers), and
