@@ -436,16 +436,14 @@ fn exiting_peer() {
     eprintln!("peer: leaving with the copier running");
 }
 
-/// A process that exits while its copier kernel runs stops the kernel on the way out (left to
-/// the driver's teardown, the exit could hang under MPS). The peer says so in its log.
+/// A process that exits while its copier kernel runs stops the kernel on the way out, rather
+/// than leaving it to the driver's teardown. The peer says so in its log.
 #[test]
 fn a_process_stops_its_copier_as_it_exits() {
     let Some((_gpu, _one)) = gpu_or_skip("a_process_stops_its_copier_as_it_exits") else {
         return;
     };
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
-        .envs([("GDAKI_GPU_IPC_PEER", "exit"), ("RUST_LOG", "gdaki_soft::copier=debug")])
+    let out = PeerProcess::command(&[("GDAKI_GPU_IPC_PEER", "exit"), ("RUST_LOG", "gdaki_soft::copier=debug")])
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);

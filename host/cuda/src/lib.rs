@@ -861,7 +861,7 @@ pub fn resident(kernel: std::sync::Weak<dyn Resident>) {
         // SAFETY: `atexit` takes a function that lives as long as the program; this one never
         // unwinds (it catches panics).
         if unsafe { atexit(stop_residents_at_exit) } != 0 {
-            tracing::warn!("no exit hook: a copier kernel alive at exit is left to the driver");
+            tracing::warn!("no exit hook: a resident kernel alive at exit is left to the driver");
         }
     });
     let mut all = lock(&RESIDENT);
@@ -869,24 +869,25 @@ pub fn resident(kernel: std::sync::Weak<dyn Resident>) {
     all.push(kernel);
 }
 
+/// The resident kernels alive now.
+fn live_residents() -> Vec<Arc<dyn Resident>> {
+    lock(&RESIDENT).iter().filter_map(|w| w.upgrade()).collect()
+}
+
 /// Stops every resident kernel as the process exits (an `atexit` hook, registered after
 /// `cuInit` registered the driver's, so it runs before the driver tears down). A resident
 /// kernel never ends on its own, and its last holder may be a thread that exit ends first
-/// (the reaper, an engine). Left running, it is ended by the driver's teardown, and under MPS
-/// the exiting client can stay stuck in the driver, past SIGKILL. The pauses are never
-/// resumed: nothing restarts a kernel once the process is ending.
+/// (the reaper, an engine): it would be left running to the driver's teardown. The pauses are
+/// never resumed: nothing restarts a kernel once the process is ending.
 extern "C" fn stop_residents_at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        let kernels: Vec<Arc<dyn Resident>> = lock(&RESIDENT).iter().filter_map(|w| w.upgrade()).collect();
-        kernels.iter().for_each(|k| k.pause());
-    });
+    let _ = std::panic::catch_unwind(|| live_residents().iter().for_each(|k| k.pause()));
 }
 
 /// Runs `f` with every resident kernel of the process stopped (the soft HCA's GPU copiers), and
 /// restarts them after: for CUDA calls that wait for every kernel, such as freeing device memory
 /// or unpinning host memory. Nests.
 pub fn quiesced<R>(f: impl FnOnce() -> R) -> R {
-    let kernels: Vec<Arc<dyn Resident>> = lock(&RESIDENT).iter().filter_map(|w| w.upgrade()).collect();
+    let kernels = live_residents();
     kernels.iter().for_each(|k| k.pause());
     let r = f();
     kernels.iter().for_each(|k| k.resume());

@@ -159,12 +159,18 @@ pub struct PeerProcess {
 }
 
 impl PeerProcess {
+    /// The command that runs this test binary's `peer_process` test alone, with `env` set.
+    pub fn command(env: &[(&str, &str)]) -> std::process::Command {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
+            .envs(env.iter().copied());
+        c
+    }
+
     /// Starts the peer with `env` set and waits for its port.
     pub fn spawn(env: &[(&str, &str)]) -> PeerProcess {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "peer_process", "--nocapture", "--test-threads", "1"])
-            .envs(env.iter().copied())
+        let mut child = PeerProcess::command(env)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
