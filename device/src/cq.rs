@@ -140,17 +140,20 @@ impl<M: Sharing> Cq<M> {
     /// (whose acquire load orders the reads after it).
     #[inline(always)]
     pub(crate) fn complete_seen(&self, index: u64, tail: CqeTail) -> Option<Result<(), WaitError>> {
-        self.complete_with(index, tail, |_| ())
+        self.complete_with(index, tail, false, |_| ())
     }
 
     /// [`complete_seen`](Self::complete_seen), handing a successful CQE's slot to `success`
     /// (the tail's acquire load made what the HCA wrote before it visible) for what the caller
     /// reads from it: nothing for a send, the byte count and immediate for a receive.
+    /// `reads_body`: `success` loads from the slot, so the doorbell record that frees it is
+    /// stored after those loads (see [`consume_through`](Self::consume_through)).
     #[inline(always)]
     pub(crate) fn complete_with<T>(
         &self,
         index: u64,
         tail: CqeTail,
+        reads_body: bool,
         success: impl FnOnce(u64) -> T,
     ) -> Option<Result<T, WaitError>> {
         let log = self.k.log_size;
@@ -178,7 +181,8 @@ impl<M: Sharing> Cq<M> {
         // What the HCA wrote before this CQE (a READ's data, say) is visible where `tail` was an
         // acquire load (`peek`); an error's body is read after a barrier, as the tail may come
         // from a relaxed load (`peek_relaxed`).
-        let outcome = if cqe::opcode(op_own).is_error() {
+        let is_error = cqe::opcode(op_own).is_error();
+        let outcome = if is_error {
             arch::from_device_barrier();
             let e = Self::read_cqe(self.cqe_slot(index)).as_error();
             let word = error_word(self.failed_at(index), e.syndrome, e.vendor_err_synd, e.wqe_opcode());
@@ -189,7 +193,7 @@ impl<M: Sharing> Cq<M> {
         };
         // A collapsed CQ's newest CQE may be a later WQE's: consumed through `index` alone, the
         // next poll reads the same entry and is done at once.
-        self.consume_through(index);
+        self.consume_through(index, reads_body || is_error);
         Some(outcome)
     }
 
@@ -269,8 +273,12 @@ impl<M: Sharing> Cq<M> {
     /// slot may complete at once. Were the count raised first, the HCA could complete that WQE
     /// while the record still said the CQ was full, and overrun it (the soft HCA reported
     /// "CQ overrun" and a kernel timed out, in about one GPU test run in four).
+    ///
+    /// `after_reads`: the caller read CQE bodies (not only the tail its poll loaded), so the
+    /// record is a release store; a tail-only consumer (a send's completion) stores it relaxed
+    /// and keeps a system-scope fence off its path (see [`arch::store_cq_dbrec`]).
     #[inline(always)]
-    pub(crate) fn consume_through(&self, index: u64) {
+    pub(crate) fn consume_through(&self, index: u64, after_reads: bool) {
         let next = index + 1;
         // SAFETY: counters and record of the live handle.
         if unsafe { M::load_acquire(self.consumed()) } >= next {
@@ -279,8 +287,8 @@ impl<M: Sharing> Cq<M> {
         let rec = self.k.dbrec as *mut u32;
         let want = dbrec::cq_ci(next);
         if !M::SHARED {
-            // SAFETY: as above; a release store, before the count below.
-            unsafe { arch::store_cq_dbrec(rec, want.to_be()) };
+            // SAFETY: as above; stored before the count below.
+            unsafe { arch::store_cq_dbrec(rec, want.to_be(), after_reads) };
         } else {
             // SAFETY: `rec` is the CQ's doorbell record from the live handle, 4-byte aligned.
             let mut cur = unsafe { arch::load_u32_volatile(rec) };

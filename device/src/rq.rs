@@ -345,7 +345,7 @@ impl<M: Sharing> Rq<M> {
     #[inline(always)]
     pub fn try_poll(&self, index: Ticket) -> Option<Result<Recv, WaitError>> {
         let cq = self.cq();
-        cq.complete_with(index, cq.peek(index), Self::read_recv_cqe)
+        cq.complete_with(index, cq.peek(index), true, Self::read_recv_cqe)
             .map(|r| r.and_then(|cqe| Self::decode(index, &cqe)))
     }
 

@@ -136,15 +136,21 @@ pub unsafe fn store_dbrec(dst: *mut u32, value: u32, _gpu: bool) {
     unsafe { u32_at(dst).store(value, Ordering::Relaxed) }
 }
 
-/// Stores a CQ doorbell-record word, a release store: the consumer index is raised only after
-/// the CQEs below it were read.
+/// Stores a CQ doorbell-record word: a release store where the caller read a CQE's body
+/// (`after_reads`: those reads come before the HCA may reuse the slot), else relaxed (the
+/// store depends on the polled tail through a branch). See the nvptx twin.
 ///
 /// # Safety
 /// `dst` is a valid, 4-byte aligned doorbell-record word.
 #[inline(always)]
-pub unsafe fn store_cq_dbrec(dst: *mut u32, value: u32) {
+pub unsafe fn store_cq_dbrec(dst: *mut u32, value: u32, after_reads: bool) {
+    let order = if after_reads {
+        Ordering::Release
+    } else {
+        Ordering::Relaxed
+    };
     // SAFETY: per the caller's contract.
-    unsafe { u32_at(dst).store(value, Ordering::Release) }
+    unsafe { u32_at(dst).store(value, order) }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.

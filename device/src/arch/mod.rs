@@ -11,7 +11,7 @@
 //! | [`store_seg`] | one 16-byte WQE segment store |
 //! | [`mmio_store`] | the 8-byte doorbell store to the UAR |
 //! | [`store_dbrec`] | the send doorbell-record word, relaxed, system or GPU scope (rings in host / GPU memory) |
-//! | [`store_cq_dbrec`] | the CQ doorbell-record word, release, system scope |
+//! | [`store_cq_dbrec`] | the CQ doorbell-record word: relaxed, system scope, after a tail-only poll; release, GPU scope, after reading a CQE's body |
 //! | [`cas_dbrec`] | compare-and-swap a doorbell-record word, system scope |
 //! | [`fetch_max_sys`] / [`store_sys`] | raise / store a host-visible u64 (the CPU proxy's producer index) |
 //! | [`load_u64_block`] / [`store_u64_block`] | a word only the calling block touches while it runs (`ld`/`st.relaxed.cta`: an L1 hit after the block's own store) |

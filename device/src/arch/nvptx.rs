@@ -65,15 +65,27 @@ pub unsafe fn store_dbrec(dst: *mut u32, value: u32, gpu: bool) {
     }
 }
 
-/// Stores a CQ doorbell-record word (`st.release.sys`): the consumer index is raised only
-/// after the CQEs below it were read.
+/// Stores a CQ doorbell-record word: the consumer index the HCA may overwrite CQEs below.
+///
+/// `after_reads`: the caller read a CQE's body after its tail, and those loads must return
+/// before the HCA may reuse the slot: `st.release.gpu` (a GPU-scope fence waits for the
+/// thread's loads; DOCA's choice for its CQ records). Otherwise `st.relaxed.sys`: the tail
+/// was an acquire load (`Cq::peek`), or the store waits on its value through a branch
+/// (`Cq::peek_relaxed`). A system-scope release here (a MEMBAR.SYS, which also waits for the
+/// thread's earlier system-scope stores) cost a SEND ping-pong about a microsecond a round trip.
 ///
 /// # Safety
 /// `dst` is a valid, 4-byte aligned address.
 #[inline(always)]
-pub unsafe fn store_cq_dbrec(dst: *mut u32, value: u32) {
+pub unsafe fn store_cq_dbrec(dst: *mut u32, value: u32, after_reads: bool) {
     // SAFETY: per the caller's contract.
-    unsafe { asm!("st.release.sys.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack)) }
+    unsafe {
+        if after_reads {
+            asm!("st.release.gpu.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack))
+        } else {
+            asm!("st.relaxed.sys.b32 [{p}], {v};", p = in(reg64) dst, v = in(reg32) value, options(nostack))
+        }
+    }
 }
 
 /// Compare-and-swap on a doorbell-record word; returns the previous value.
