@@ -1159,6 +1159,20 @@ fn write_lat_send_ping_pongs_sends_through_receives() {
     );
 }
 
+/// A --send ping-pong's receives are posted before its first round starts, as perftest's
+/// are: the first SEND never meets "receiver not ready" (which costs the round an RNR timer,
+/// seen only in t_max).
+#[test]
+fn write_lat_send_posts_its_receives_before_the_first_round() {
+    let env = [("RUST_LOG", "gdaki_soft=debug")];
+    for _ in 0..3 {
+        let out = run_env("write_lat", &["--mode", "cpu", "--send", "-s", "8", "-n", "20"], &env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(!err.contains("receiver not ready"), "{err}");
+    }
+}
+
 // ------------------------------------------------------------------------------ on a GPU
 
 /// Whether a GPU test may run here; prints the skip otherwise (fails under GDAKI_REQUIRE_GPU=1).

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use gdaki_layout::wqe::{WorkRequest, WqeView, MAX_WQEBBS};
 use gdaki_layout::{ctrl, doorbell, ring, Syndrome, SEND_WQE_BB};
-use tracing::{trace, warn};
+use tracing::{debug, trace, warn};
 
 use std::collections::VecDeque;
 
@@ -438,7 +438,16 @@ fn service(hca: &Hca, served: &Served, wqe: &mut [u8; MAX_WQEBBS * SEND_WQE_BB],
                         None
                     }
                     Ok(Executed::NotReady(delay)) => {
-                        if !rnr_nak(rnr, index, qp) {
+                        let retry = rnr_nak(rnr, index, qp);
+                        if matches!(*rnr, Some((_, 1))) {
+                            debug!(
+                                qpn = format_args!("{:#x}", qp.qpn),
+                                wqe = index,
+                                ?delay,
+                                "receiver not ready"
+                            );
+                        }
+                        if !retry {
                             Some((Outcome::Error(Syndrome::RnrRetryExc), None))
                         } else {
                             *rnr_until = Some(Instant::now() + delay);
@@ -512,7 +521,11 @@ fn rewind_after_rnr(qp: &SoftQp, progress: &mut SqProgress) -> Option<bool> {
         Rnr::Retry { index, seq } => {
             // The full counter of that WQE: at most a ring behind the next one to fetch.
             let wqe = *ci - (*ci as u16).wrapping_sub(index) as u64;
-            if rnr_nak(rnr, wqe, qp) {
+            let retry = rnr_nak(rnr, wqe, qp);
+            if matches!(*rnr, Some((_, 1))) {
+                debug!(qpn = format_args!("{:#x}", qp.qpn), wqe, "receiver not ready");
+            }
+            if retry {
                 trace!(qpn = format_args!("{:#x}", qp.qpn), wqe, "receiver not ready: again");
                 link.rewind(seq);
                 *ci = wqe;
