@@ -1018,6 +1018,14 @@ GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_exclusive(gdaki_dev_rq *rq, uint64_t
 GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_cta(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *arrived);
 GDAKI_DEVICE_FN uint32_t gdaki_recv_arrived_gpu(gdaki_dev_rq *rq, uint64_t ticket, uint32_t *arrived);
 
+/** wait_recv_arrived: Waits (bounded by the queue's timeout) until receive `ticket` has completed (its
+ * completion is written, successful or not), without consuming it, as `gdaki_recv_arrived`
+ * in a loop: a responder answers first and then retires the receive with
+ * `gdaki_poll_recv`, which reports its error if it has one. */
+GDAKI_DEVICE_FN uint32_t gdaki_wait_recv_arrived_exclusive(gdaki_dev_rq *rq, uint64_t ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_wait_recv_arrived_cta(gdaki_dev_rq *rq, uint64_t ticket);
+GDAKI_DEVICE_FN uint32_t gdaki_wait_recv_arrived_gpu(gdaki_dev_rq *rq, uint64_t ticket);
+
 /** poll_recv: Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the
  * message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);
  * each unless null. An error CQE (a flushed receive, one too small) is its code. */

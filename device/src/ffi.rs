@@ -615,6 +615,14 @@ recv_abi! {
         CODE_OK
     }
 
+    /// Waits (bounded by the queue's timeout) until receive `ticket` has completed (its
+    /// completion is written, successful or not), without consuming it, as `gdaki_recv_arrived`
+    /// in a loop: a responder answers first and then retires the receive with
+    /// `gdaki_poll_recv`, which reports its error if it has one.
+    fn wait_recv_arrived(rq, ticket: u64) {
+        rq.wait_arrived(ticket).map_or_else(|e| e.code(), |()| CODE_OK)
+    }
+
     /// Waits (bounded by the queue's timeout) for receive `ticket`: `*bytes` gets the
     /// message's length, `*kind` a `GDAKI_RECV_*`, `*imm` its immediate data (0 without);
     /// each unless null. An error CQE (a flushed receive, one too small) is its code.

@@ -169,10 +169,10 @@ pub fn post_only<M: Sharing, S: Scope>(
 /// WQE and in the post buffer alike.
 ///
 /// With `side.rq` set (`write_lat --send`, perftest's `ib_send_lat`) the messages are SENDs and
-/// each side waits for the completion of its next receive instead of a flag. It keeps
-/// [`RECEIVES_AHEAD`] receives into its poll buffer posted and reposts the one a message took
-/// right after its own next send, off the round trip's path: the peer's next message comes
-/// after that send and finds the other one.
+/// each side waits for the completion of its next receive instead of a flag, without consuming
+/// it. It keeps [`RECEIVES_AHEAD`] receives into its poll buffer posted, and consumes and
+/// reposts the one a message took right after its own next send, off the round trip's path:
+/// the peer's next message comes after that send and finds the other one.
 ///
 /// # Safety
 /// `qp` is `side.qp`; `side.post` and `side.poll` are valid for `size` bytes (reads and writes
@@ -221,12 +221,21 @@ pub unsafe fn ping_pong<M: Sharing>(
         // SAFETY: the post buffer holds `size` bytes (caller's contract), at most `carried`'s.
         unsafe { core::ptr::copy_nonoverlapping(side.post as *const u8, carried.as_mut_ptr(), size as usize) };
     }
-    // The next message: its flag in the poll buffer, or the completion of the next receive.
+    // The next message: its flag in the poll buffer, or the completion of the next receive, left
+    // unconsumed: consuming it stores the CQ's doorbell record, which would then sit before the
+    // answer's doorbell fence, on the round trip's path. `retire` consumes it after the answer.
     let arrived = |flag: u8| -> Result<(), PostError> {
         match rq {
             // SAFETY: the poll buffer is valid (caller's contract).
             None => unsafe { qp.wait_until_u8(poll_flag, flag) }?,
-            Some(rq) => rq.wait(rq.next_to_complete())?,
+            Some(rq) => rq.wait_arrived(rq.next_to_complete())?,
+        }
+        Ok(())
+    };
+    // Consumes the receive `arrived` saw (its completion is written: no wait).
+    let retire = || -> Result<(), PostError> {
+        if let Some(rq) = rq {
+            rq.wait(rq.next_to_complete())?;
         }
         Ok(())
     };
@@ -269,11 +278,19 @@ pub unsafe fn ping_pong<M: Sharing>(
             // SAFETY: `posted` holds `iters` entries (caller's contract).
             unsafe { posted.add(i as usize).write_volatile(arch::global_timer_ns()) };
         }
-        // Off the round trip's path: the message is out.
+        // Off the round trip's path: the message is out. The receive the responder answered,
+        // or the one the initiator's previous round took, is retired before the top-up (whose
+        // slot it may free).
+        if side.initiator == 0 || i > 0 {
+            retire()?;
+        }
         top_up()?;
         if side.initiator != 0 {
             arrived(flag)?;
         }
+    }
+    if side.initiator != 0 && iters > 0 {
+        retire()?;
     }
     top_up()?;
     qp.quiet()?;

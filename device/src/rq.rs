@@ -386,6 +386,16 @@ impl<M: Sharing> Rq<M> {
         self.cq().written(index)
     }
 
+    /// Waits (bounded) until receive `index` has completed (its CQE is written, successful or
+    /// not), without consuming it: [`arrived`](Self::arrived) in a loop. The receive keeps its
+    /// slots until [`poll`](Self::poll) or [`wait`](Self::wait) consumes it, which then reports
+    /// its error if it has one. For a responder that answers before it retires the receive: the
+    /// consumption (a doorbell-record store) then stays off the answer's path.
+    pub fn wait_arrived(&self, index: Ticket) -> Result<(), WaitError> {
+        let cq = self.cq();
+        self.until(index, || cq.written(index).then_some(Ok(())))
+    }
+
     /// The ticket of the oldest receive not consumed yet: the receive the next message takes
     /// when every receive posted before it has completed and been consumed.
     #[inline(always)]

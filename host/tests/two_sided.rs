@@ -416,6 +416,48 @@ fn a_receive_a_ring_ahead_of_unpolled_completions_waits_for_a_poll() {
     assert_eq!((p.a.error(), p.b.error()), (None, None));
 }
 
+/// `wait_arrived` returns once a receive's completion is written and leaves it there: the
+/// receive still counts as outstanding, its slot is not reusable, and `poll` (or `wait`) then
+/// reads and consumes it; a receive nothing arrives for times out, consuming nothing; an error
+/// completion is arrived too, and its error is the poll's.
+#[test]
+fn waiting_for_a_receive_to_arrive_leaves_its_completion_for_the_poll() {
+    let p = pair_with_short_waits(4);
+    let (sa, rb) = unsafe { (p.a.cpu::<Exclusive>().unwrap(), p.b.cpu_receive::<Exclusive>().unwrap()) };
+    assert_eq!(rb.size(), 4);
+    let r0 = rb.post_recv_one(p.lb.local(0), 64).unwrap();
+    let r1 = rb.post_recv_one(p.lb.local(64), 64).unwrap();
+    rb.post_recvs(2, |i| RecvBuf {
+        local: p.lb.local(128 + 64 * i as u64),
+        len: 64,
+    })
+    .unwrap();
+    let started = Instant::now();
+    assert_eq!(rb.wait_arrived(r0), Err(WaitError::Timeout { index: r0 }));
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    sa.wait(sa.send_inline(b"arrived").unwrap()).unwrap();
+    rb.wait_arrived(r0).unwrap();
+    rb.wait_arrived(r0).unwrap();
+    assert_eq!((rb.next_to_complete(), rb.outstanding()), (r0, 4), "nothing consumed");
+    // Every slot is taken until a poll frees one.
+    assert_eq!(
+        rb.post_recv_one(p.lb.local(512), 64),
+        Err(PostError::Wait(WaitError::Timeout { index: r0 }))
+    );
+    let got = rb.poll(r0).unwrap();
+    assert_eq!((got.index, got.bytes, got.kind), (r0, 7, RecvKind::Send));
+    assert_eq!(rb.next_to_complete(), r1);
+    let r4 = rb.post_recv_one(p.lb.local(512), 64).unwrap();
+    p.b.to_error().unwrap();
+    rb.wait_arrived(r1).unwrap();
+    assert_eq!(cqe_error(rb.poll(r1)), Syndrome::WrFlush);
+    for r in r1 + 1..r4 {
+        assert_eq!(cqe_error(rb.poll(r)), Syndrome::WrFlush);
+    }
+    rb.wait_arrived(r4).unwrap();
+    assert_eq!(cqe_error(rb.wait(r4)), Syndrome::WrFlush);
+}
+
 /// `post_recvs` posts a batch behind one record update: consecutive tickets, each receive
 /// its own buffer; a batch larger than the queue, or with a buffer too long, posts nothing;
 /// one that needs slots whose completions nobody polled waits (bounded), posting nothing.

@@ -59,6 +59,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_try_send_from", 254),
     ("gdaki_socket_unlisten", 62),
     ("gdaki_wait", 126), // 124 with the fence after a reliable doorbell (gone: Qp::ring)
+    ("gdaki_wait_recv_arrived", 38),
     ("gdaki_wait_signal", 36),
     ("gdaki_write_imm", 220),
 ];

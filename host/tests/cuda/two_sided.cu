@@ -83,6 +83,7 @@ extern "C" __global__ void cpp_poll_recvs(gdaki_dev_rq *rq, const uint64_t *tick
     status[t] = GDAKI_OK;
     return;
   }
+  GDAKI_TEST_CHECK(gdaki_wait_recv_arrived_gpu(rq, ticket), GDAKI_OK);
   uint32_t bytes = 0, kind = 0, imm = 0;
   GDAKI_TEST_CHECK(gdaki_poll_recv_gpu(rq, ticket, &bytes, &kind, &imm), GDAKI_OK);
   got[3 * ticket] = bytes;

@@ -479,6 +479,7 @@ static void two_sided(void) {
     }
     CHECK(gdaki_wait_thread_exclusive(h, ticket) == GDAKI_OK);
     CHECK(gdaki_recv_arrived_exclusive(rq, first + 2, &arrived) == GDAKI_OK && arrived == 1);
+    CHECK(gdaki_wait_recv_arrived_exclusive(rq, first + 2) == GDAKI_OK);
     for (uint64_t i = 0; i < 3; i++) {
         bytes = 0;
         CHECK(gdaki_poll_recv_exclusive(rq, first + i, &bytes, NULL, NULL) == GDAKI_OK && bytes == 3);
@@ -490,6 +491,7 @@ static void two_sided(void) {
     CHECK(gdaki_post_recvs_exclusive(rq, 3, NULL, m.lkey, 256, NULL) == GDAKI_CODE_BAD_ARGUMENT);
     CHECK(gdaki_post_recvs_exclusive(rq, 3, addrs, m.lkey, 0x80000000u, NULL) == GDAKI_CODE_TOO_LONG);
     CHECK(gdaki_recv_arrived_exclusive(NULL, 0, &arrived) == GDAKI_CODE_BAD_HANDLE);
+    CHECK(gdaki_wait_recv_arrived_exclusive(NULL, 0) == GDAKI_CODE_BAD_HANDLE);
     /* A receive too small: the SEND completes in error, so does the receive. */
     uint64_t small = 0;
     CHECK(gdaki_post_recv_exclusive(rq, m.addr + 12288, m.lkey, 2, &small) == GDAKI_OK && small == 5);
