@@ -232,7 +232,8 @@ pub unsafe fn ping_pong<M: Sharing>(
         }
         Ok(())
     };
-    // Consumes the receive `arrived` saw (its completion is written: no wait).
+    // Consumes the receive `arrived` saw: its completion is written, so the wait's first look
+    // (one more load of the CQE's tail, off the round trip's path) finds it.
     let retire = || -> Result<(), PostError> {
         if let Some(rq) = rq {
             rq.wait(rq.next_to_complete())?;
