@@ -11,7 +11,8 @@
 #   tools/cuda/clang-kernel.sh IN.cu OUT.ptx [clang arguments...]
 #   GDAKI_BITCODE=path   default target/ptx/gdaki_device_c.bc (written by gdaki's build)
 #   GDAKI_CUDA_ARCH=sm_90 (default; sm_90 or newer, as the bitcode's target)
-#   GDAKI_PTX_VERSION=ptx84 (default; the PTX ISA, as for gdaki's own build: sm_100 needs ptx86)
+#   GDAKI_PTX_VERSION=ptx86 (default; the PTX ISA, as for gdaki's own build; ptx84 for CUDA 12.4
+#                        drivers, with doorbell fences that also invalidate the SM's L1)
 #   CLANG=path           default clang-22 on PATH
 set -euo pipefail
 (($# >= 2)) || { echo "usage: tools/cuda/clang-kernel.sh IN.cu OUT.ptx [clang arguments...]" >&2; exit 2; }
@@ -19,7 +20,7 @@ in=$1 out=$2; shift 2
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bc=${GDAKI_BITCODE:-$here/target/ptx/gdaki_device_c.bc}
 arch=${GDAKI_CUDA_ARCH:-sm_90}
-isa=${GDAKI_PTX_VERSION:-ptx84}
+isa=${GDAKI_PTX_VERSION:-ptx86}
 clang=${CLANG:-$(command -v clang-22 || echo clang-22)}
 say() { printf 'clang-kernel: %s\n' "$*" >&2; }
 command -v "$clang" >/dev/null || { say "$clang not found (tools/setup.sh installs clang-22, or set CLANG)"; exit 1; }

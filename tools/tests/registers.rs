@@ -47,7 +47,7 @@ const LINKED_CEILINGS: &[(&str, u32)] = &[
     ("gdaki_socket_recv", 254),
     ("gdaki_socket_recv_exact", 254),
     ("gdaki_socket_release", 60),
-    ("gdaki_socket_reset", 254),
+    ("gdaki_socket_reset", 252),
     ("gdaki_socket_send", 254),
     ("gdaki_socket_send_all", 254),
     ("gdaki_socket_send_all_from", 254),

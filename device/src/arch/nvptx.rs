@@ -1,12 +1,16 @@
-//! NVIDIA GPUs (sm_90, PTX ISA 8.4): inline PTX. Scopes: `.sys` for anything the HCA or the
-//! CPU observes.
+//! NVIDIA GPUs (sm_90, PTX ISA 8.6; 8.4 builds too): inline PTX. Scopes: `.sys` for anything the
+//! HCA or the CPU observes.
 use core::arch::asm;
 
-/// Earlier writes are visible to the HCA before later stores (`fence.acq_rel.sys`).
+/// Earlier writes are visible to the HCA before later stores: a system-scope release fence,
+/// which LLVM writes as `fence.release.sys` for PTX ISA 8.6 and newer and as
+/// `fence.acq_rel.sys` before it. The acquire half is what a doorbell does not need and what
+/// costs: ptxas follows it with an invalidation of the SM's whole L1 (`CCTL.IVALL`), so every
+/// warp of the SM reloads from L2 after each doorbell (docs/figures.md, "A release fence before
+/// the doorbell").
 #[inline(always)]
 pub fn to_device_barrier() {
-    // SAFETY: a fence has no operands and no memory effect other than ordering.
-    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) }
+    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
 }
 
 /// [`to_device_barrier`] for an HCA that reads this GPU's own memory (rings in GPU memory, read

@@ -155,6 +155,24 @@ impl PtxSummary {
 }
 
 #[cfg(test)]
+/// The fences that come last before a doorbell store (`st.mmio`) in `text`, one per store, as
+/// written (`fence.release.sys`, ...; `none` where the function has no fence before it).
+fn doorbell_fences(text: &str) -> Vec<&str> {
+    let mut last = "none";
+    let mut fences = vec![];
+    for line in text.lines().map(str::trim) {
+        if line.starts_with(".func") || line.starts_with(".visible") || line.starts_with(".entry") {
+            last = "none";
+        } else if line.starts_with("fence.") {
+            last = line.trim_end_matches(';');
+        } else if line.starts_with("st.mmio") {
+            fences.push(last);
+        }
+    }
+    fences
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -215,6 +233,55 @@ mod tests {
         assert!(
             !s.version.is_empty() && s.target.starts_with("sm_"),
             "odd PTX header: {s:?}"
+        );
+    }
+
+    #[test]
+    fn the_last_fence_before_a_doorbell_is_found_per_function() {
+        let text = ".visible .entry k(\n{\nfence.acq_rel.sys;\nst.mmio.relaxed.sys.global.b64 [a], b;\n\
+                    fence.release.sys;\nst.mmio.relaxed.sys.global.b64 [a], b;\n}\n.func f(\n{\n\
+                    st.mmio.relaxed.sys.global.b64 [a], b;\n}\n";
+        assert_eq!(
+            doorbell_fences(text),
+            ["fence.acq_rel.sys", "fence.release.sys", "none"]
+        );
+    }
+
+    /// A doorbell needs the WQEs before it (a release), not the acquire half of `fence.acq_rel`,
+    /// which ptxas follows with an invalidation of the SM's whole L1 (`CCTL.IVALL`): every
+    /// warp of the SM then reloads from L2 (docs/figures.md, "A release fence before the
+    /// doorbell"). From PTX ISA 8.6 on, no system-scope doorbell is fenced with it.
+    #[test]
+    fn doorbells_are_fenced_by_release_only_fences() {
+        let Ok(text) = ptx() else {
+            println!("SKIPPED: doorbells_are_fenced_by_release_only_fences: no PTX in this build");
+            return;
+        };
+        let version = PtxSummary::parse(text).version;
+        let (major, minor) = version.split_once('.').unwrap_or((&version, "0"));
+        let isa = (major.parse::<u32>().unwrap_or(0), minor.parse::<u32>().unwrap_or(0));
+        let fences = doorbell_fences(text);
+        assert!(!fences.is_empty(), "no doorbell store (st.mmio) in the PTX");
+        if isa < (8, 6) {
+            println!(
+                "SKIPPED: doorbells_are_fenced_by_release_only_fences: PTX ISA {version} has no release-only fence"
+            );
+            return;
+        }
+        let acquiring: Vec<_> = fences
+            .iter()
+            .filter(|f| **f == "fence.acq_rel.sys" || **f == "fence.sc.sys")
+            .collect();
+        assert!(
+            acquiring.is_empty(),
+            "{} of {} doorbells follow an acquiring system-scope fence ({:?})",
+            acquiring.len(),
+            fences.len(),
+            acquiring.first()
+        );
+        assert!(
+            fences.contains(&"fence.release.sys"),
+            "no doorbell follows fence.release.sys"
         );
     }
 }

@@ -16,8 +16,10 @@
 //! an `.extern .func` is refused with the names. Knobs (environment): `GDAKI_PTX=off` skips the
 //! build; `GDAKI_PTX_CARGO` / `GDAKI_PTX_RUSTC` name another compiler pair (default
 //! `/usr/bin/cargo`, `/usr/bin/rustc`); `GDAKI_PTX_ARCH` (default `sm_90`) and
-//! `GDAKI_PTX_VERSION` (default `ptx84`: PTX ISA 8.4, which CUDA 12.4 drivers and newer load;
-//! gdaki's own host library needs a CUDA 13.0 driver for its bindings) select the target.
+//! `GDAKI_PTX_VERSION` (default `ptx86`: PTX ISA 8.6, which CUDA 12.8 drivers and newer load,
+//! and the first with a release-only fence, which a doorbell needs; `ptx84` builds for CUDA 12.4
+//! drivers, its doorbell fences also invalidating the SM's L1; gdaki's own host library needs a
+//! CUDA 13.0 driver for its bindings) select the target.
 use std::env;
 use std::ffi::OsString;
 use std::fmt;
@@ -163,7 +165,7 @@ impl PtxBuild {
         let cargo = env::var_os("GDAKI_PTX_CARGO").unwrap_or_else(|| "/usr/bin/cargo".into());
         let rustc = env::var_os("GDAKI_PTX_RUSTC").unwrap_or_else(|| "/usr/bin/rustc".into());
         let arch = target_arch();
-        let isa = env::var("GDAKI_PTX_VERSION").unwrap_or_else(|_| "ptx84".into());
+        let isa = env::var("GDAKI_PTX_VERSION").unwrap_or_else(|_| "ptx86".into());
         for tool in [&cargo, &rustc] {
             if !Path::new(tool).exists() {
                 return Err(BuildError::Missing(format!("{} not found", Path::new(tool).display())));
