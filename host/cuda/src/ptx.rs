@@ -155,26 +155,25 @@ impl PtxSummary {
 }
 
 #[cfg(test)]
-/// The fences that come last before a doorbell store (`st.mmio`) in `text`, one per store, as
-/// written (`fence.release.sys`, ...; `none` where the function has no fence before it).
-fn doorbell_fences(text: &str) -> Vec<&str> {
-    let mut last = "none";
-    let mut fences = vec![];
-    for line in text.lines().map(str::trim) {
-        if line.starts_with(".func") || line.starts_with(".visible") || line.starts_with(".entry") {
-            last = "none";
-        } else if line.starts_with("fence.") {
-            last = line.trim_end_matches(';');
-        } else if line.starts_with("st.mmio") {
-            fences.push(last);
-        }
-    }
-    fences
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fences that come last before a doorbell store (`st.mmio`) in `text`, one per store, as
+    /// written (`fence.release.sys`, ...; `none` where the function has no fence before it).
+    fn doorbell_fences(text: &str) -> Vec<&str> {
+        let mut last = "none";
+        let mut fences = vec![];
+        for line in text.lines().map(str::trim) {
+            if line.starts_with(".func") || line.starts_with(".visible") || line.starts_with(".entry") {
+                last = "none";
+            } else if line.starts_with("fence.") {
+                last = line.trim_end_matches(';');
+            } else if line.starts_with("st.mmio") {
+                fences.push(last);
+            }
+        }
+        fences
+    }
 
     /// A cubin serves only the compute capability it was assembled for (sm_90 code does not
     /// run on 8.0 or 10.0), and an empty one never.
