@@ -488,27 +488,37 @@ impl<M: Sharing> Socket<M> {
     /// (a sender and a receiver may be two: each side's words are its own), a group's call
     /// lasting until its last member returns (see the module's documentation).
     pub unsafe fn from_raw(ptr: *mut DevSocket) -> Result<Self, SocketError> {
-        // SAFETY: `ptr` is a live handle (the caller's contract); its constant fields are
-        // read once.
-        let h = unsafe { core::ptr::read_volatile(ptr) };
-        if h.version != DEV_SOCKET_VERSION {
-            return Err(SocketError::BadHandle { version: h.version });
+        // The constants, each read once: a volatile read of the whole handle also loaded the
+        // stream's words (`sent` .. `taken`, which the calls load themselves where they need
+        // them), volatile loads the compiler must keep, and more registers for them.
+        macro_rules! field {
+            ($f:ident) => {
+                // SAFETY: `ptr` is a live handle (the caller's contract); an aligned field of it.
+                unsafe { core::ptr::read_volatile(&raw const (*ptr).$f) }
+            };
+        }
+        let version = field!(version);
+        if version != DEV_SOCKET_VERSION {
+            return Err(SocketError::BadHandle { version });
         }
         Ok(Socket {
             s: ptr,
-            // SAFETY: the socket's queue pair handle, valid as the socket is (the contract).
-            qp: unsafe { Qp::<M>::from_raw(h.qp as *mut DevQp) },
-            rx_window: h.rx_window,
-            tx_ring: h.tx_ring,
-            tx_lkey: h.tx_lkey,
-            peer: Remote {
-                addr: h.peer_window,
-                rkey: h.peer_rkey,
+            qp: {
+                let qp = field!(qp) as *mut DevQp;
+                // SAFETY: the socket's queue pair handle, valid as the socket is (the contract).
+                unsafe { Qp::<M>::from_raw(qp) }
             },
-            log_rx: h.log_rx,
-            log_tx: h.log_tx,
-            rx_key: h.rx_key,
-            tx_key: h.tx_key,
+            rx_window: field!(rx_window),
+            tx_ring: field!(tx_ring),
+            tx_lkey: field!(tx_lkey),
+            peer: Remote {
+                addr: field!(peer_window),
+                rkey: field!(peer_rkey),
+            },
+            log_rx: field!(log_rx),
+            log_tx: field!(log_tx),
+            rx_key: field!(rx_key),
+            tx_key: field!(tx_key),
         })
     }
 
