@@ -210,26 +210,57 @@ impl PtxBuild {
         if !self.features.is_empty() {
             cmd.args(["--features", &self.features.join(",")]);
         }
+        // rustc writes its --emit files only when it runs, and cargo keeps an artifact per
+        // configuration (the flags are in its hash) and runs rustc for none that is fresh: built
+        // for one ISA, then another, then the first again, a shared `out` kept the second's
+        // PTX. So each configuration emits into files of its own, copied to `out`.
+        let emit_dir = target_dir.join("emit").join(self.configuration(&arch, &isa));
+        let file = |path: &Path, fallback: &str| emit_dir.join(path.file_name().unwrap_or(fallback.as_ref()));
+        let (asm, bc) = (
+            file(out, "kernels.ptx"),
+            self.bitcode.as_deref().map(|b| file(b, "kernels.bc")),
+        );
+        fs::create_dir_all(&emit_dir).map_err(|e| BuildError::Io(format!("{}: {e}", emit_dir.display())))?;
         cmd.args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
             .args(["--config", "profile.release.debug=false"])
             .arg("--target-dir")
             .arg(&target_dir)
             .arg("--")
-            .arg(match &self.bitcode {
-                Some(bc) => format!("--emit=asm={},llvm-bc={}", out.display(), bc.display()),
-                None => format!("--emit=asm={}", out.display()),
+            .arg(match &bc {
+                Some(bc) => format!("--emit=asm={},llvm-bc={}", asm.display(), bc.display()),
+                None => format!("--emit=asm={}", asm.display()),
             });
-        let output = cmd
-            .output()
-            .map_err(|e| BuildError::Missing(format!("cannot run {}: {e}", Path::new(&cargo).display())))?;
-        if !output.status.success() {
-            return Err(BuildError::Failed {
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                ),
-            });
+        let run = |cmd: &mut Command| -> Result<(), BuildError> {
+            let output = cmd
+                .output()
+                .map_err(|e| BuildError::Missing(format!("cannot run {}: {e}", Path::new(&cargo).display())))?;
+            if !output.status.success() {
+                return Err(BuildError::Failed {
+                    output: format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&output.stdout),
+                        String::from_utf8_lossy(&output.stderr)
+                    ),
+                });
+            }
+            Ok(())
+        };
+        run(&mut cmd)?;
+        // A fresh artifact whose emitted files are gone (removed by hand): only a build from
+        // scratch writes them again.
+        if !asm.exists() || bc.as_ref().is_some_and(|b| !b.exists()) {
+            let stale = target_dir.join("nvptx64-nvidia-cuda");
+            remove_dir_if_any(&stale)?;
+            run(&mut cmd)?;
+        }
+        let copy = |from: &Path, to: &Path| {
+            fs::copy(from, to)
+                .map(|_| ())
+                .map_err(|e| BuildError::Io(format!("copying {} to {}: {e}", from.display(), to.display())))
+        };
+        copy(&asm, out)?;
+        if let (Some(from), Some(to)) = (&bc, &self.bitcode) {
+            copy(from, to)?;
         }
         let text = fs::read_to_string(out).map_err(|e| BuildError::Io(format!("no PTX at {}: {e}", out.display())))?;
         let unresolved = unresolved(&text);
@@ -269,7 +300,27 @@ impl PtxBuild {
     }
 }
 
+/// Removes `dir` and everything in it, where it exists.
+fn remove_dir_if_any(dir: &Path) -> Result<(), BuildError> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(BuildError::Io(format!("removing {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
+}
+
 impl PtxBuild {
+    /// A name for what this build compiles (the crate, its features, the architecture and the
+    /// ISA): the folder its emitted files live in, so another configuration's never stand in.
+    fn configuration(&self, arch: &str, isa: &str) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let dir = self.dir.canonicalize().unwrap_or_else(|_| self.dir.clone());
+        (dir, &self.package, &self.features, self.default_features).hash(&mut h);
+        format!("{arch}-{isa}-{:016x}", h.finish())
+    }
+
     /// What a change to rebuilds the PTX: the crate's sources and manifest, and the lock file
     /// cargo uses for it, the nearest `Cargo.lock` at or above the crate (a workspace member has
     /// none of its own). Only paths that exist: cargo reruns a script that watches a missing one
@@ -529,9 +580,57 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The tests that set the knobs (the process's environment) take turns.
+    static KNOBS_SET: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Built for ISA 8.6, then 8.4, then 8.6 again: the third build's artifact is fresh in the
+    /// nested cargo (the second did not replace it), and the PTX must still be 8.6, not the
+    /// 8.4 that the last compilation emitted. Skipped without the PTX toolchain.
+    #[test]
+    fn a_configuration_built_again_gets_its_own_ptx_back() {
+        let _turn = KNOBS_SET.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("gdaki-build-knobs-{}", std::process::id()));
+        fs::create_dir_all(dir.join("src")).unwrap();
+        fs::write(
+            dir.join("Cargo.toml"),
+            "[package]\nname = \"knobs\"\nversion = \"0.1.0\"\nedition = \"2021\"\n[workspace]\n",
+        )
+        .unwrap();
+        fs::write(
+            dir.join("src/lib.rs"),
+            "#![no_std]\n#![feature(abi_ptx)]\n#[no_mangle]\npub unsafe extern \"ptx-kernel\" fn k(p: *mut u32) {\n    unsafe { *p = 1 }\n}\n",
+        )
+        .unwrap();
+        let out = dir.join("k.ptx");
+        let build = PtxBuild::new(&dir).target_dir(dir.join("target"));
+        let mut versions = vec![];
+        for isa in ["ptx86", "ptx84", "ptx86"] {
+            std::env::set_var("GDAKI_PTX_VERSION", isa);
+            let built = build.build(&out);
+            std::env::remove_var("GDAKI_PTX_VERSION");
+            match built {
+                Ok(ptx) => versions.push(
+                    ptx.text
+                        .lines()
+                        .find_map(|l| l.strip_prefix(".version "))
+                        .unwrap_or("")
+                        .to_string(),
+                ),
+                Err(BuildError::Missing(why)) => {
+                    eprintln!("SKIPPED: a_configuration_built_again_gets_its_own_ptx_back: {why}");
+                    fs::remove_dir_all(&dir).unwrap();
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(versions, ["8.6", "8.4", "8.6"]);
+    }
+
     #[test]
     fn a_switched_off_build_is_missing_not_failed() {
-        // No other test of this crate reads the variable.
+        let _turn = KNOBS_SET.lock().unwrap_or_else(|e| e.into_inner());
         std::env::set_var("GDAKI_PTX", "off");
         let err = PtxBuild::new(".").build(Path::new("/nonexistent/x.ptx")).unwrap_err();
         std::env::remove_var("GDAKI_PTX");
