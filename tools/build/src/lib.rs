@@ -311,13 +311,22 @@ fn remove_dir_if_any(dir: &Path) -> Result<(), BuildError> {
 }
 
 impl PtxBuild {
-    /// A name for what this build compiles (the crate, its features, the architecture and the
-    /// ISA): the folder its emitted files live in, so another configuration's never stand in.
+    /// A name for what this build compiles and emits (the crate, its features, whether it
+    /// writes bitcode, the architecture and the ISA): the folder its emitted files live in, so
+    /// another configuration's never stand in (a build without bitcode leaves an older bitcode
+    /// file beside a newer PTX).
     fn configuration(&self, arch: &str, isa: &str) -> String {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let dir = self.dir.canonicalize().unwrap_or_else(|_| self.dir.clone());
-        (dir, &self.package, &self.features, self.default_features).hash(&mut h);
+        (
+            dir,
+            &self.package,
+            &self.features,
+            self.default_features,
+            self.bitcode.is_some(),
+        )
+            .hash(&mut h);
         format!("{arch}-{isa}-{:016x}", h.finish())
     }
 
