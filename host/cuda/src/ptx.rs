@@ -175,6 +175,47 @@ mod tests {
         fences
     }
 
+    /// Why this PTX cannot have release-only and acquire-only fences, if it cannot: LLVM writes
+    /// them from PTX ISA 8.6 on and for sm_90 and newer only; before, every fence is
+    /// `fence.acq_rel` (a `GDAKI_PTX_ARCH=sm_80` build, say).
+    fn no_split_fences(text: &str) -> Option<String> {
+        let summary = PtxSummary::parse(text);
+        let number = |s: &str| s.parse::<u32>().unwrap_or(0);
+        let (major, minor) = summary.version.split_once('.').unwrap_or((&summary.version, "0"));
+        let sm = summary.target.strip_prefix("sm_").unwrap_or("0");
+        let sm = number(sm.trim_end_matches(|c: char| !c.is_ascii_digit()));
+        if (number(major), number(minor)) < (8, 6) {
+            Some(format!(
+                "PTX ISA {} has no release- or acquire-only fence",
+                summary.version
+            ))
+        } else if sm < 90 {
+            Some(format!("{} has no release- or acquire-only fence", summary.target))
+        } else {
+            None
+        }
+    }
+
+    /// The fence tests judge only PTX that can have split fences: ISA 8.6 and sm_90 (with its
+    /// `a` variant) and newer.
+    #[test]
+    fn split_fences_need_isa_8_6_and_sm_90() {
+        let module = |version: &str, target: &str| format!(".version {version}\n.target {target}\n.address_size 64\n");
+        for (version, target, split) in [
+            ("8.6", "sm_90", true),
+            ("8.6", "sm_90a", true),
+            ("8.7", "sm_100", true),
+            ("9.0", "sm_120", true),
+            ("8.4", "sm_90", false),
+            ("8.6", "sm_80", false),
+            ("8.6", "sm_89", false),
+            ("", "", false),
+        ] {
+            let why = no_split_fences(&module(version, target));
+            assert_eq!(why.is_none(), split, "{version} {target}: {why:?}");
+        }
+    }
+
     /// A cubin serves only the compute capability it was assembled for (sm_90 code does not
     /// run on 8.0 or 10.0), and an empty one never.
     #[test]
@@ -249,22 +290,18 @@ mod tests {
     /// A doorbell needs the WQEs before it (a release), not the acquire half of `fence.acq_rel`,
     /// which ptxas follows with an invalidation of the SM's whole L1 (`CCTL.IVALL`): every
     /// warp of the SM then reloads from L2 (docs/figures.md, "A release fence before the
-    /// doorbell"). From PTX ISA 8.6 on, no system-scope doorbell is fenced with it.
+    /// doorbell"). From PTX ISA 8.6 on (for sm_90 and newer), no system-scope doorbell is
+    /// fenced with it.
     #[test]
     fn doorbells_are_fenced_by_release_only_fences() {
         let Ok(text) = ptx() else {
             println!("SKIPPED: doorbells_are_fenced_by_release_only_fences: no PTX in this build");
             return;
         };
-        let version = PtxSummary::parse(text).version;
-        let (major, minor) = version.split_once('.').unwrap_or((&version, "0"));
-        let isa = (major.parse::<u32>().unwrap_or(0), minor.parse::<u32>().unwrap_or(0));
         let fences = doorbell_fences(text);
         assert!(!fences.is_empty(), "no doorbell store (st.mmio) in the PTX");
-        if isa < (8, 6) {
-            println!(
-                "SKIPPED: doorbells_are_fenced_by_release_only_fences: PTX ISA {version} has no release-only fence"
-            );
+        if let Some(why) = no_split_fences(text) {
+            println!("SKIPPED: doorbells_are_fenced_by_release_only_fences: {why}");
             return;
         }
         let acquiring: Vec<_> = fences
